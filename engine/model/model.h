@@ -1,0 +1,29 @@
+// A loaded model folder: config, mapped weights, tokenizer, chat template and fingerprint.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/core/status.h"
+#include "engine/model/chat_template.h"
+#include "engine/model/model_config.h"
+#include "engine/model/safetensors.h"
+#include "engine/model/tokenizer.h"
+#include "engine/model/weights.h"
+
+namespace anchorage {
+
+struct Model {
+  std::string dir;
+  ModelConfig config;
+  std::unique_ptr<SafetensorsSet> tensors;  // owns the maps ModelWeights points into
+  ModelWeights weights;
+  Tokenizer tokenizer;
+  ChatTemplate chat_template;
+  std::string fingerprint;  // hex sha256 over weights, config and tokenizer
+};
+
+// Loads dir (config.json, *.safetensors, tokenizer.json, the chat template); errors name the file.
+Result<std::unique_ptr<Model>> LoadModel(const std::string& dir);
+
+}  // namespace anchorage

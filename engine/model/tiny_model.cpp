@@ -1,0 +1,210 @@
+#include "engine/model/tiny_model.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/core/bf16.h"
+#include "engine/core/file_util.h"
+#include "engine/model/bpe_trainer.h"
+#include "engine/model/safetensors.h"
+#include "engine/model/tokenizer.h"
+
+namespace anchorage {
+
+namespace embedded {
+extern const std::string_view kTinyCorpus;
+extern const std::string_view kTinyChatTemplate;
+}  // namespace embedded
+
+namespace {
+
+constexpr int kTinyMerges = 400;
+constexpr int kSmallMerges = 2000;
+constexpr int64_t kSmallVocab = 32768;
+
+// splitmix64: a portable, seedable stream; the same seed gives the same bytes on every platform.
+class Random {
+ public:
+  explicit Random(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [lo, hi), from the top 24 bits so every step is exact in fp32.
+  float Uniform(float lo, float hi) { return lo + (hi - lo) * static_cast<float>(Next() >> 40) * (1.0f / 16777216.0f); }
+
+ private:
+  uint64_t state_;
+};
+
+uint64_t HashName(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+class Writer {
+ public:
+  explicit Writer(uint64_t seed) : seed_(seed) {}
+
+  // Fills a BF16 tensor uniformly in [center - spread, center + spread); each tensor has its own stream.
+  void Bf16(const std::string& name, std::vector<int64_t> shape, float center, float spread) {
+    Random rng(seed_ ^ HashName(name));
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::string data(static_cast<size_t>(n) * 2, '\0');
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h = FloatToBf16(rng.Uniform(center - spread, center + spread));
+      std::memcpy(&data[static_cast<size_t>(i) * 2], &h, 2);
+    }
+    tensors_.push_back({name, DType::kBF16, std::move(shape), std::move(data)});
+  }
+
+  void F32(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& values) {
+    std::string data(values.size() * 4, '\0');
+    std::memcpy(data.data(), values.data(), data.size());
+    tensors_.push_back({name, DType::kF32, std::move(shape), std::move(data)});
+  }
+
+  uint64_t seed() const { return seed_; }
+  const std::vector<TensorToWrite>& tensors() const { return tensors_; }
+
+ private:
+  uint64_t seed_;
+  std::vector<TensorToWrite> tensors_;
+};
+
+int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+}  // namespace
+
+Result<TinyModelSize> ParseTinyModelSize(const std::string& name) {
+  if (name == "tiny") return TinyModelSize::kTiny;
+  if (name == "small") return TinyModelSize::kSmall;
+  return InvalidArgument("unknown model size '" + name + "' (expected tiny or small)");
+}
+
+ModelConfig TinyModelConfig(TinyModelSize size, int64_t vocab_size) {
+  ModelConfig c;
+  c.model_type = "qwen3_5_text";
+  c.linear_conv_kernel_dim = 4;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 1e7;
+  c.partial_rotary_factor = 0.25;
+  c.attn_output_gate = true;
+  if (size == TinyModelSize::kTiny) {
+    c.hidden_size = 64;
+    c.num_hidden_layers = 4;
+    c.intermediate_size = 128;
+    c.num_attention_heads = 2;
+    c.num_key_value_heads = 1;
+    c.head_dim = 64;
+    c.linear_num_key_heads = 2;
+    c.linear_num_value_heads = 4;
+    c.linear_key_head_dim = 16;
+    c.linear_value_head_dim = 16;
+    c.vocab_size = RoundUp(vocab_size, 64);
+    c.max_position_embeddings = 32768;
+    c.tie_word_embeddings = true;
+  } else {
+    c.hidden_size = 1024;
+    c.num_hidden_layers = 12;
+    c.intermediate_size = 3584;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 2;
+    c.head_dim = 256;
+    c.linear_num_key_heads = 16;
+    c.linear_num_value_heads = 16;
+    c.linear_key_head_dim = 128;
+    c.linear_value_head_dim = 128;
+    c.vocab_size = std::max(kSmallVocab, RoundUp(vocab_size, 64));
+    c.max_position_embeddings = 262144;
+    c.tie_word_embeddings = false;
+  }
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    c.layer_types.push_back((i + 1) % 4 == 0 ? LayerKind::kFullAttention : LayerKind::kLinearAttention);
+  return c;
+}
+
+Status GenerateTinyModel(TinyModelSize size, uint64_t seed, const std::string& dir) {
+  namespace fs = std::filesystem;
+  RETURN_IF_ERROR(MakeDirectories(dir));
+
+  const std::string tokenizer_json = BuildTinyTokenizerJson(embedded::kTinyCorpus, size == TinyModelSize::kTiny ? kTinyMerges : kSmallMerges);
+  ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Parse(tokenizer_json, "generated tokenizer.json"));
+  ModelConfig c = TinyModelConfig(size, tokenizer.vocab_size());
+  for (const char* eos : {"<|im_end|>", "<|endoftext|>"}) {
+    auto id = tokenizer.TokenId(eos);
+    if (!id) return Internal(std::string("generated tokenizer lacks ") + eos);
+    c.eos_token_ids.push_back(*id);
+  }
+
+  Writer w(seed);
+  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const float in_h = 1.0f / std::sqrt(static_cast<float>(H)) * std::sqrt(3.0f);
+  const float in_i = 1.0f / std::sqrt(static_cast<float>(I)) * std::sqrt(3.0f);
+  w.Bf16("model.embed_tokens.weight", {V, H}, 0.0f, 1.0f);
+  w.Bf16("model.norm.weight", {H}, 0.0f, 0.1f);
+  if (!c.tie_word_embeddings) w.Bf16("lm_head.weight", {V, H}, 0.0f, in_h);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    w.Bf16(p + "input_layernorm.weight", {H}, 0.0f, 0.1f);
+    w.Bf16(p + "post_attention_layernorm.weight", {H}, 0.0f, 0.1f);
+    if (c.layer_types[static_cast<size_t>(i)] == LayerKind::kLinearAttention) {
+      const int64_t nv = c.linear_num_value_heads, vd = c.value_dim();
+      const float in_v = 1.0f / std::sqrt(static_cast<float>(vd)) * std::sqrt(3.0f);
+      w.Bf16(p + "linear_attn.in_proj_qkv.weight", {c.conv_dim(), H}, 0.0f, in_h);
+      w.Bf16(p + "linear_attn.in_proj_z.weight", {vd, H}, 0.0f, in_h);
+      w.Bf16(p + "linear_attn.in_proj_b.weight", {nv, H}, 0.0f, in_h);
+      w.Bf16(p + "linear_attn.in_proj_a.weight", {nv, H}, 0.0f, in_h);
+      w.Bf16(p + "linear_attn.conv1d.weight", {c.conv_dim(), 1, c.linear_conv_kernel_dim}, 0.0f, 0.8f);
+      Random rng(seed ^ HashName(p + "linear_attn.A_log"));
+      std::vector<float> a_log;
+      for (int64_t h = 0; h < nv; ++h) a_log.push_back(std::log(rng.Uniform(0.5f, 8.0f)));
+      w.F32(p + "linear_attn.A_log", {nv}, a_log);
+      w.Bf16(p + "linear_attn.dt_bias", {nv}, -3.0f, 2.0f);
+      w.Bf16(p + "linear_attn.norm.weight", {c.linear_value_head_dim}, 1.0f, 0.1f);
+      w.Bf16(p + "linear_attn.out_proj.weight", {H, vd}, 0.0f, in_v);
+    } else {
+      const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+      const float in_o = 1.0f / std::sqrt(static_cast<float>(nh * hd)) * std::sqrt(3.0f);
+      w.Bf16(p + "self_attn.q_proj.weight", {2 * nh * hd, H}, 0.0f, in_h);
+      w.Bf16(p + "self_attn.k_proj.weight", {nkv * hd, H}, 0.0f, in_h);
+      w.Bf16(p + "self_attn.v_proj.weight", {nkv * hd, H}, 0.0f, in_h);
+      w.Bf16(p + "self_attn.o_proj.weight", {H, nh * hd}, 0.0f, in_o);
+      w.Bf16(p + "self_attn.q_norm.weight", {hd}, 0.0f, 0.1f);
+      w.Bf16(p + "self_attn.k_norm.weight", {hd}, 0.0f, 0.1f);
+    }
+    w.Bf16(p + "mlp.gate_proj.weight", {I, H}, 0.0f, in_h);
+    w.Bf16(p + "mlp.up_proj.weight", {I, H}, 0.0f, in_h);
+    w.Bf16(p + "mlp.down_proj.weight", {H, I}, 0.0f, in_i);
+  }
+
+  nlohmann::ordered_json config;
+  config["architectures"] = {"Qwen3_5ForCausalLM"};
+  for (auto& [k, v] : c.ToJson().items()) config[k] = v;
+  config["dtype"] = "bfloat16";
+  config["anchorage_generator"] = {{"size", size == TinyModelSize::kTiny ? "tiny" : "small"}, {"seed", seed}};
+
+  nlohmann::ordered_json tokenizer_config = {
+      {"add_bos_token", false},
+      {"bos_token", nullptr},
+      {"eos_token", "<|im_end|>"},
+      {"pad_token", "<|endoftext|>"},
+      {"model_max_length", c.max_position_embeddings},
+      {"tokenizer_class", "Qwen2Tokenizer"}};
+
+  const fs::path d(dir);
+  RETURN_IF_ERROR(WriteFileAtomic((d / "config.json").string(), config.dump(2) + "\n"));
+  RETURN_IF_ERROR(WriteFileAtomic((d / "tokenizer.json").string(), tokenizer_json));
+  RETURN_IF_ERROR(WriteFileAtomic((d / "tokenizer_config.json").string(), tokenizer_config.dump(2) + "\n"));
+  RETURN_IF_ERROR(WriteFileAtomic((d / "chat_template.jinja").string(), embedded::kTinyChatTemplate));
+  return WriteSafetensors((d / "model.safetensors").string(), w.tensors());
+}
+
+}  // namespace anchorage

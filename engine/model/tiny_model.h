@@ -1,0 +1,23 @@
+// Generates a random Qwen3.5-structured model folder, deterministic from a seed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/core/status.h"
+#include "engine/model/model_config.h"
+
+namespace anchorage {
+
+enum class TinyModelSize { kTiny, kSmall };
+
+Result<TinyModelSize> ParseTinyModelSize(const std::string& name);
+
+// The config a generated model of this size has (vocab_size filled from the tokenizer).
+ModelConfig TinyModelConfig(TinyModelSize size, int64_t vocab_size);
+
+// Writes config.json, model.safetensors (BF16, A_log F32), tokenizer.json, tokenizer_config.json
+// and chat_template.jinja into dir. The same size and seed always write the same bytes.
+Status GenerateTinyModel(TinyModelSize size, uint64_t seed, const std::string& dir);
+
+}  // namespace anchorage

@@ -1,0 +1,92 @@
+#include "engine/model/weights.h"
+
+namespace anchorage {
+
+namespace {
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+class Mapper {
+ public:
+  Mapper(const SafetensorsSet& set, std::string prefix) : set_(set), prefix_(std::move(prefix)) {}
+
+  // Finds prefix + name with the given shape; a 1-element trailing dim is tolerated for conv weights.
+  Status Get(const std::string& name, std::vector<int64_t> shape, TensorView* out, bool float_only = false) {
+    const std::string full = prefix_ + name;
+    const TensorView* t = set_.Find(full);
+    if (t == nullptr) return NotFound("checkpoint lacks tensor '" + full + "'");
+    if (t->shape != shape)
+      return InvalidArgument("tensor '" + full + "' in " + t->file + " has shape " + ShapeText(t->shape) + ", expected " + ShapeText(shape));
+    if (float_only && t->dtype == DType::kF16) return Unsupported("tensor '" + full + "' in " + t->file + " must be F32 or BF16");
+    *out = *t;
+    return Status::Ok();
+  }
+
+ private:
+  const SafetensorsSet& set_;
+  std::string prefix_;
+};
+
+}  // namespace
+
+Result<ModelWeights> MapWeights(const ModelConfig& c, const SafetensorsSet& set) {
+  std::string prefix;
+  if (set.Find("model.language_model.embed_tokens.weight") != nullptr) prefix = "model.language_model.";
+  else if (set.Find("model.embed_tokens.weight") != nullptr) prefix = "model.";
+  else return NotFound("checkpoint lacks 'model.language_model.embed_tokens.weight' and 'model.embed_tokens.weight'");
+
+  Mapper m(set, prefix);
+  ModelWeights w;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  RETURN_IF_ERROR(m.Get("embed_tokens.weight", {V, H}, &w.embed_tokens));
+  RETURN_IF_ERROR(m.Get("norm.weight", {H}, &w.norm));
+  if (c.tie_word_embeddings) {
+    w.lm_head = w.embed_tokens;
+  } else {
+    Mapper root(set, "");
+    RETURN_IF_ERROR(root.Get("lm_head.weight", {V, H}, &w.lm_head));
+  }
+
+  const int64_t hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int64_t nv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    LayerWeights lw;
+    lw.kind = c.layer_types[static_cast<size_t>(i)];
+    const std::string p = "layers." + std::to_string(i) + ".";
+    RETURN_IF_ERROR(m.Get(p + "input_layernorm.weight", {H}, &lw.input_layernorm));
+    RETURN_IF_ERROR(m.Get(p + "post_attention_layernorm.weight", {H}, &lw.post_attention_layernorm));
+    if (lw.kind == LayerKind::kLinearAttention) {
+      GdnWeights& g = lw.gdn;
+      const std::string q = p + "linear_attn.";
+      RETURN_IF_ERROR(m.Get(q + "in_proj_qkv.weight", {c.conv_dim(), H}, &g.in_proj_qkv));
+      RETURN_IF_ERROR(m.Get(q + "in_proj_z.weight", {nv * dv, H}, &g.in_proj_z));
+      RETURN_IF_ERROR(m.Get(q + "in_proj_b.weight", {nv, H}, &g.in_proj_b));
+      RETURN_IF_ERROR(m.Get(q + "in_proj_a.weight", {nv, H}, &g.in_proj_a));
+      RETURN_IF_ERROR(m.Get(q + "conv1d.weight", {c.conv_dim(), 1, c.linear_conv_kernel_dim}, &g.conv1d));
+      RETURN_IF_ERROR(m.Get(q + "A_log", {nv}, &g.A_log, /*float_only=*/true));
+      RETURN_IF_ERROR(m.Get(q + "dt_bias", {nv}, &g.dt_bias));
+      RETURN_IF_ERROR(m.Get(q + "norm.weight", {dv}, &g.norm));
+      RETURN_IF_ERROR(m.Get(q + "out_proj.weight", {H, nv * dv}, &g.out_proj));
+    } else {
+      AttentionWeights& a = lw.attn;
+      const std::string q = p + "self_attn.";
+      RETURN_IF_ERROR(m.Get(q + "q_proj.weight", {(c.attn_output_gate ? 2 : 1) * nh * hd, H}, &a.q_proj));
+      RETURN_IF_ERROR(m.Get(q + "k_proj.weight", {nkv * hd, H}, &a.k_proj));
+      RETURN_IF_ERROR(m.Get(q + "v_proj.weight", {nkv * hd, H}, &a.v_proj));
+      RETURN_IF_ERROR(m.Get(q + "o_proj.weight", {H, nh * hd}, &a.o_proj));
+      RETURN_IF_ERROR(m.Get(q + "q_norm.weight", {hd}, &a.q_norm));
+      RETURN_IF_ERROR(m.Get(q + "k_norm.weight", {hd}, &a.k_norm));
+    }
+    RETURN_IF_ERROR(m.Get(p + "mlp.gate_proj.weight", {I, H}, &lw.gate_proj));
+    RETURN_IF_ERROR(m.Get(p + "mlp.up_proj.weight", {I, H}, &lw.up_proj));
+    RETURN_IF_ERROR(m.Get(p + "mlp.down_proj.weight", {H, I}, &lw.down_proj));
+    w.layers.push_back(std::move(lw));
+  }
+  return w;
+}
+
+}  // namespace anchorage

@@ -1,0 +1,56 @@
+// The Qwen3.5 text model's tensors by role, mapped from Hugging Face names (with or without the
+// multimodal wrapper's model.language_model. prefix; vision and MTP tensors are ignored).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "engine/model/model_config.h"
+#include "engine/model/safetensors.h"
+
+namespace anchorage {
+
+struct GdnWeights {
+  TensorView in_proj_qkv;  // [conv_dim, H]
+  TensorView in_proj_z;    // [Nv*dv, H]
+  TensorView in_proj_b;    // [Nv, H]
+  TensorView in_proj_a;    // [Nv, H]
+  TensorView conv1d;       // [conv_dim, 1, K]
+  TensorView A_log;        // [Nv], fp32 or bf16 in the file
+  TensorView dt_bias;      // [Nv]
+  TensorView norm;         // [dv], plain weight (no +1)
+  TensorView out_proj;     // [H, Nv*dv]
+};
+
+struct AttentionWeights {
+  TensorView q_proj;  // [2*Nh*head_dim, H], per head [query | gate]
+  TensorView k_proj;  // [Nkv*head_dim, H]
+  TensorView v_proj;  // [Nkv*head_dim, H]
+  TensorView o_proj;  // [H, Nh*head_dim]
+  TensorView q_norm;  // [head_dim], zero-centred
+  TensorView k_norm;  // [head_dim], zero-centred
+};
+
+struct LayerWeights {
+  LayerKind kind = LayerKind::kLinearAttention;
+  TensorView input_layernorm;           // [H], zero-centred
+  TensorView post_attention_layernorm;  // [H], zero-centred
+  GdnWeights gdn;                       // set for linear-attention layers
+  AttentionWeights attn;                // set for full-attention layers
+  TensorView gate_proj;                 // [I, H]
+  TensorView up_proj;                   // [I, H]
+  TensorView down_proj;                 // [H, I]
+};
+
+struct ModelWeights {
+  TensorView embed_tokens;  // [V, H]
+  TensorView norm;          // [H], zero-centred
+  TensorView lm_head;       // [V, H]; equals embed_tokens when tied
+  std::vector<LayerWeights> layers;
+};
+
+// Finds and shape-checks every tensor the forward needs; an error names the tensor and the file.
+Result<ModelWeights> MapWeights(const ModelConfig& config, const SafetensorsSet& set);
+
+}  // namespace anchorage
