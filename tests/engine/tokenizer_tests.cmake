@@ -1,0 +1,1 @@
+anchorage_add_test(test_tokenizer SOURCES test_tokenizer.cpp LIBS anchorage_model)

@@ -1,0 +1,183 @@
+#!/usr/bin/python3
+"""Generates engine/model/unicode_tables.cpp from the Unicode Character Database.
+
+Usage: /usr/bin/python3 tools/gen_unicode_tables.py [UCD_DIR] [OUTPUT]
+Defaults: UCD_DIR=/usr/share/unicode, OUTPUT=engine/model/unicode_tables.cpp.
+Reads UnicodeData.txt, PropList.txt and CompositionExclusions.txt; the output is committed so the
+build needs neither Python nor the UCD.
+"""
+
+import os
+import re
+import sys
+
+FLAG_LETTER = 1
+FLAG_MARK = 2
+FLAG_NUMBER = 4
+FLAG_WHITE_SPACE = 8
+FLAG_NFC_CHECK = 16  # may change under NFC: has a decomposition, ccc != 0, or composes backwards
+
+HANGUL_S_BASE, HANGUL_S_COUNT = 0xAC00, 11172
+HANGUL_V_BASE, HANGUL_V_COUNT = 0x1161, 21
+HANGUL_T_BASE, HANGUL_T_COUNT = 0x11A7, 28
+
+
+def read_unicode_data(path):
+    """Returns {cp: (category, ccc, decomposition_field)} with ranges expanded."""
+    chars = {}
+    range_start = None
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            fields = line.rstrip("\n").split(";")
+            if len(fields) < 6:
+                continue
+            cp = int(fields[0], 16)
+            name, cat, ccc, decomp = fields[1], fields[2], int(fields[3]), fields[5]
+            if name.endswith(", First>"):
+                range_start = cp
+                continue
+            if name.endswith(", Last>"):
+                for c in range(range_start, cp + 1):
+                    chars[c] = (cat, ccc, "")
+                range_start = None
+                continue
+            chars[cp] = (cat, ccc, decomp)
+    return chars
+
+
+def read_property(path, prop):
+    cps = set()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            rng, name = [x.strip() for x in line.split(";")]
+            if name != prop:
+                continue
+            if ".." in rng:
+                a, b = rng.split("..")
+                cps.update(range(int(a, 16), int(b, 16) + 1))
+            else:
+                cps.add(int(rng, 16))
+    return cps
+
+
+def read_exclusions(path):
+    cps = set()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                cps.add(int(line, 16))
+    return cps
+
+
+def to_ranges(values):
+    """values: {cp: v} with v != 0 -> [(first, last, v)] merging runs of equal v."""
+    out = []
+    for cp in sorted(values):
+        v = values[cp]
+        if out and out[-1][1] == cp - 1 and out[-1][2] == v:
+            out[-1][1] = cp
+        else:
+            out.append([cp, cp, v])
+    return out
+
+
+def main():
+    ucd = sys.argv[1] if len(sys.argv) > 1 else "/usr/share/unicode"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    output = sys.argv[2] if len(sys.argv) > 2 else os.path.join(root, "engine/model/unicode_tables.cpp")
+
+    chars = read_unicode_data(os.path.join(ucd, "UnicodeData.txt"))
+    white_space = read_property(os.path.join(ucd, "PropList.txt"), "White_Space")
+    exclusions = read_exclusions(os.path.join(ucd, "CompositionExclusions.txt"))
+    with open(os.path.join(ucd, "ReadMe.txt"), encoding="utf-8") as f:
+        version_line = next((l.strip() for l in f if "Date:" in l), "unknown")
+
+    ccc = {cp: v[1] for cp, v in chars.items() if v[1] != 0}
+    decomp = {}  # canonical, one or two code points
+    for cp, (_, _, d) in chars.items():
+        if d and not d.startswith("<"):
+            parts = [int(x, 16) for x in d.split()]
+            assert 1 <= len(parts) <= 2, hex(cp)
+            decomp[cp] = parts
+
+    # Primary composites: canonical pair decompositions that are not excluded and whose first
+    # element is a starter (this drops singletons and non-starter decompositions).
+    compose = []
+    for cp, parts in decomp.items():
+        if len(parts) != 2 or cp in exclusions:
+            continue
+        if ccc.get(cp, 0) != 0 or ccc.get(parts[0], 0) != 0:
+            continue
+        compose.append((parts[0], parts[1], cp))
+    compose.sort()
+    second_elements = {b for _, b, _ in compose}
+
+    flags = {}
+    for cp, (cat, c, _) in chars.items():
+        f = 0
+        if cat.startswith("L"):
+            f |= FLAG_LETTER
+        if cat.startswith("M"):
+            f |= FLAG_MARK
+        if cat.startswith("N"):
+            f |= FLAG_NUMBER
+        if f:
+            flags[cp] = f
+    for cp in white_space:
+        flags[cp] = flags.get(cp, 0) | FLAG_WHITE_SPACE
+    nfc_check = set(decomp) | set(ccc) | second_elements
+    nfc_check.update(range(HANGUL_V_BASE, HANGUL_V_BASE + HANGUL_V_COUNT))
+    nfc_check.update(range(HANGUL_T_BASE + 1, HANGUL_T_BASE + HANGUL_T_COUNT))
+    for cp in nfc_check:
+        flags[cp] = flags.get(cp, 0) | FLAG_NFC_CHECK
+
+    flag_ranges = to_ranges(flags)
+    ccc_ranges = to_ranges(ccc)
+    decomp_rows = sorted((cp, p[0], p[1] if len(p) > 1 else 0) for cp, p in decomp.items())
+
+    lines = []
+    w = lines.append
+    w("// Generated by tools/gen_unicode_tables.py from the Unicode Character Database")
+    w("// (%s). Do not edit; rerun the generator." % version_line.replace("# ", ""))
+    w('#include "engine/model/unicode_tables.h"')
+    w("")
+    w("namespace anchorage::unicode {")
+    w("")
+    w("const UnicodeRange kPropertyRanges[] = {")
+    for a, b, v in flag_ranges:
+        w("    {0x%X, 0x%X, %d}," % (a, b, v))
+    w("};")
+    w("const size_t kPropertyRangeCount = sizeof(kPropertyRanges) / sizeof(kPropertyRanges[0]);")
+    w("")
+    w("const UnicodeRange kCombiningClassRanges[] = {")
+    for a, b, v in ccc_ranges:
+        w("    {0x%X, 0x%X, %d}," % (a, b, v))
+    w("};")
+    w("const size_t kCombiningClassRangeCount =")
+    w("    sizeof(kCombiningClassRanges) / sizeof(kCombiningClassRanges[0]);")
+    w("")
+    w("const Decomposition kDecompositions[] = {")
+    for cp, a, b in decomp_rows:
+        w("    {0x%X, 0x%X, 0x%X}," % (cp, a, b))
+    w("};")
+    w("const size_t kDecompositionCount = sizeof(kDecompositions) / sizeof(kDecompositions[0]);")
+    w("")
+    w("const Composition kCompositions[] = {")
+    for a, b, cp in compose:
+        w("    {0x%X, 0x%X, 0x%X}," % (a, b, cp))
+    w("};")
+    w("const size_t kCompositionCount = sizeof(kCompositions) / sizeof(kCompositions[0]);")
+    w("")
+    w("}  // namespace anchorage::unicode")
+    with open(output, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    print("wrote %s: %d property ranges, %d ccc ranges, %d decompositions, %d compositions"
+          % (output, len(flag_ranges), len(ccc_ranges), len(decomp_rows), len(compose)))
+
+
+if __name__ == "__main__":
+    main()
