@@ -1,0 +1,31 @@
+// Causal attention of query rows over cached fp32 K/V rows (GQA), softmax in fp32.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/core/thread_pool.h"
+
+namespace anchorage::cpu {
+
+// Query rows per prefill attention task.
+inline constexpr int64_t kAttentionQueryBlock = 64;
+
+struct AttentionShape {
+  int64_t num_heads = 0;     // Nh
+  int64_t num_kv_heads = 0;  // Nkv; query head h reads kv head h / (Nh / Nkv)
+  int64_t head_dim = 0;
+  float scale = 0.0f;        // score multiplier, 1/sqrt(head_dim)
+};
+
+// Query row t (position pos0 + t) of head h is at q + t*q_stride + h*q_head_stride; it attends to
+// key rows 0..pos0+t of k/v (row stride kv_stride, kv head at kv_head*head_dim). Writes
+// out fp32 [T, Nh*head_dim] (row stride out_stride). Tasks are (kv head, block of query rows).
+void AttentionPrefill(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t q_stride,
+                      int64_t q_head_stride, int64_t rows, int64_t pos0, const float* k, const float* v,
+                      int64_t kv_stride, float* out, int64_t out_stride);
+
+// One query row per head attending to key rows 0..length-1; tasks are kv heads.
+void AttentionDecode(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t q_head_stride,
+                     int64_t length, const float* k, const float* v, int64_t kv_stride, float* out);
+
+}  // namespace anchorage::cpu

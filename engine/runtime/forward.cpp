@@ -1,0 +1,432 @@
+#include "engine/runtime/forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "engine/compute/cpu/attention.h"
+#include "engine/compute/cpu/gated_delta.h"
+#include "engine/compute/cpu/matmul.h"
+#include "engine/compute/cpu/vec.h"
+#include "engine/core/bf16.h"
+
+namespace anchorage {
+
+using cpu::MatMulBf16;
+
+struct Forward::Layer {
+  LayerKind kind = LayerKind::kLinearAttention;
+  std::vector<float> in_norm, post_norm;  // fp32 [H], 1 + w
+  const uint16_t* gate = nullptr;         // bf16 [I, H]
+  const uint16_t* up = nullptr;           // bf16 [I, H]
+  const uint16_t* down = nullptr;         // bf16 [H, I]
+  // GDN.
+  const uint16_t* qkv = nullptr;          // bf16 [conv_dim, H]
+  const uint16_t* z = nullptr;            // bf16 [Nv*dv, H]
+  const uint16_t* b = nullptr;            // bf16 [Nv, H]
+  const uint16_t* a = nullptr;            // bf16 [Nv, H]
+  const uint16_t* out = nullptr;          // bf16 [H, Nv*dv]
+  std::vector<float> conv;                // fp32 [K, conv_dim], tap-major
+  std::vector<float> a_exp;               // fp32 [Nv], exp(A_log)
+  std::vector<float> dt_bias;             // fp32 [Nv]
+  std::vector<float> gdn_norm;            // fp32 [dv], plain w
+  // Attention.
+  const uint16_t* q = nullptr;            // bf16 [2*Nh*hd, H]
+  const uint16_t* k = nullptr;            // bf16 [Nkv*hd, H]
+  const uint16_t* v = nullptr;            // bf16 [Nkv*hd, H]
+  const uint16_t* o = nullptr;            // bf16 [H, Nh*hd]
+  std::vector<float> q_norm, k_norm;      // fp32 [hd], 1 + w
+};
+
+struct Forward::Workspace {
+  std::vector<float> x, a, mix;           // fp32 [n, H]
+  std::vector<float> qkv, conv;           // fp32 [n, conv_dim]
+  std::vector<float> z, core;             // fp32 [n, Nv*dv]
+  std::vector<float> bb, aa, beta, g;     // fp32 [n, Nv]
+  std::vector<float> qg;                  // fp32 [n, 2*Nh*hd]
+  std::vector<float> attn;                // fp32 [n, Nh*hd]
+  std::vector<float> gate, up;            // fp32 [n, I]
+  std::vector<float> cos, sin;            // fp32 [n, rotary/2]
+};
+
+namespace {
+
+template <typename T>
+T* Sized(std::vector<T>& v, int64_t count) {
+  if (v.size() < static_cast<size_t>(count)) v.resize(static_cast<size_t>(count));
+  return v.data();
+}
+
+Status CheckMatrix(const TensorView& t, int64_t rows, int64_t cols, const char* role) {
+  if (t.empty()) return NotFound(std::string("Forward: missing tensor for ") + role);
+  if (t.dtype != DType::kBF16)
+    return Unsupported("Forward: " + t.name + " is " + DTypeName(t.dtype) + "; large matrices must be BF16");
+  if (t.numel() != rows * cols)
+    return InvalidArgument("Forward: " + t.name + " has " + std::to_string(t.numel()) + " elements, expected " +
+                           std::to_string(rows) + "x" + std::to_string(cols));
+  return Status::Ok();
+}
+
+Result<std::vector<float>> Vector(const TensorView& t, int64_t n, float add, const char* role) {
+  if (t.empty()) return NotFound(std::string("Forward: missing tensor for ") + role);
+  if (t.numel() != n)
+    return InvalidArgument("Forward: " + t.name + " has " + std::to_string(t.numel()) + " elements, expected " +
+                           std::to_string(n));
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[i] = add + t.At(i);
+  return out;
+}
+
+const uint16_t* Bf16Data(const TensorView& t) { return reinterpret_cast<const uint16_t*>(t.data); }
+
+}  // namespace
+
+Forward::Forward(const ModelConfig& config, const ForwardOptions& options)
+    : config_(config), options_(options), pool_(std::make_unique<ThreadPool>(options.threads)),
+      ws_(std::make_unique<Workspace>()) {}
+
+Forward::~Forward() = default;
+
+Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const ModelWeights& w,
+                                                 const ForwardOptions& options) {
+  if (options.grid_tokens <= 0 || options.grid_tokens % cpu::kDeltaChunkTokens != 0)
+    return InvalidArgument("Forward: grid_tokens " + std::to_string(options.grid_tokens) +
+                           " is not a positive multiple of 64");
+  if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers ||
+      static_cast<int64_t>(c.layer_types.size()) != c.num_hidden_layers)
+    return InvalidArgument("Forward: " + std::to_string(w.layers.size()) + " weight layers for " +
+                           std::to_string(c.num_hidden_layers) + " configured layers");
+  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0 ||
+      c.linear_num_key_heads <= 0 || c.linear_num_value_heads % c.linear_num_key_heads != 0)
+    return InvalidArgument("Forward: head counts do not group evenly");
+  std::unique_ptr<Forward> f(new Forward(c, options));
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  RETURN_IF_ERROR(CheckMatrix(w.embed_tokens, c.vocab_size, H, "embed_tokens"));
+  RETURN_IF_ERROR(CheckMatrix(w.lm_head, c.vocab_size, H, "lm_head"));
+  f->embed_ = Bf16Data(w.embed_tokens);
+  f->lm_head_ = Bf16Data(w.lm_head);
+  ASSIGN_OR_RETURN(f->final_norm_, Vector(w.norm, H, 1.0f, "norm"));
+  const int64_t rot = c.rotary_dim();
+  for (int64_t i = 0; i < rot / 2; ++i)
+    f->inv_freq_.push_back(1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(rot)));
+  const int64_t K = c.linear_conv_kernel_dim, conv_dim = c.conv_dim(), Nv = c.linear_num_value_heads;
+  const int64_t hd = c.head_dim;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
+    Layer layer;
+    layer.kind = c.layer_types[l];
+    ASSIGN_OR_RETURN(layer.in_norm, Vector(lw.input_layernorm, H, 1.0f, "input_layernorm"));
+    ASSIGN_OR_RETURN(layer.post_norm, Vector(lw.post_attention_layernorm, H, 1.0f, "post_attention_layernorm"));
+    RETURN_IF_ERROR(CheckMatrix(lw.gate_proj, I, H, "gate_proj"));
+    RETURN_IF_ERROR(CheckMatrix(lw.up_proj, I, H, "up_proj"));
+    RETURN_IF_ERROR(CheckMatrix(lw.down_proj, H, I, "down_proj"));
+    layer.gate = Bf16Data(lw.gate_proj);
+    layer.up = Bf16Data(lw.up_proj);
+    layer.down = Bf16Data(lw.down_proj);
+    if (layer.kind == LayerKind::kLinearAttention) {
+      const GdnWeights& g = lw.gdn;
+      RETURN_IF_ERROR(CheckMatrix(g.in_proj_qkv, conv_dim, H, "in_proj_qkv"));
+      RETURN_IF_ERROR(CheckMatrix(g.in_proj_z, c.value_dim(), H, "in_proj_z"));
+      RETURN_IF_ERROR(CheckMatrix(g.in_proj_b, Nv, H, "in_proj_b"));
+      RETURN_IF_ERROR(CheckMatrix(g.in_proj_a, Nv, H, "in_proj_a"));
+      RETURN_IF_ERROR(CheckMatrix(g.out_proj, H, c.value_dim(), "out_proj"));
+      layer.qkv = Bf16Data(g.in_proj_qkv);
+      layer.z = Bf16Data(g.in_proj_z);
+      layer.b = Bf16Data(g.in_proj_b);
+      layer.a = Bf16Data(g.in_proj_a);
+      layer.out = Bf16Data(g.out_proj);
+      std::vector<float> conv;
+      ASSIGN_OR_RETURN(conv, Vector(g.conv1d, conv_dim * K, 0.0f, "conv1d"));
+      layer.conv.resize(static_cast<size_t>(conv_dim * K));
+      for (int64_t ch = 0; ch < conv_dim; ++ch)
+        for (int64_t j = 0; j < K; ++j) layer.conv[j * conv_dim + ch] = conv[ch * K + j];
+      std::vector<float> a_log;
+      ASSIGN_OR_RETURN(a_log, Vector(g.A_log, Nv, 0.0f, "A_log"));
+      for (float v : a_log) layer.a_exp.push_back(std::exp(v));
+      ASSIGN_OR_RETURN(layer.dt_bias, Vector(g.dt_bias, Nv, 0.0f, "dt_bias"));
+      ASSIGN_OR_RETURN(layer.gdn_norm, Vector(g.norm, c.linear_value_head_dim, 0.0f, "linear_attn.norm"));
+    } else {
+      const AttentionWeights& at = lw.attn;
+      RETURN_IF_ERROR(CheckMatrix(at.q_proj, 2 * c.num_attention_heads * hd, H, "q_proj"));
+      RETURN_IF_ERROR(CheckMatrix(at.k_proj, c.num_key_value_heads * hd, H, "k_proj"));
+      RETURN_IF_ERROR(CheckMatrix(at.v_proj, c.num_key_value_heads * hd, H, "v_proj"));
+      RETURN_IF_ERROR(CheckMatrix(at.o_proj, H, c.num_attention_heads * hd, "o_proj"));
+      layer.q = Bf16Data(at.q_proj);
+      layer.k = Bf16Data(at.k_proj);
+      layer.v = Bf16Data(at.v_proj);
+      layer.o = Bf16Data(at.o_proj);
+      ASSIGN_OR_RETURN(layer.q_norm, Vector(at.q_norm, hd, 1.0f, "q_norm"));
+      ASSIGN_OR_RETURN(layer.k_norm, Vector(at.k_norm, hd, 1.0f, "k_norm"));
+    }
+    f->layers_.push_back(std::move(layer));
+  }
+  cpu::InitBlas();
+  return f;
+}
+
+Status Forward::CheckIds(std::span<const int32_t> ids) const {
+  if (ids.empty()) return InvalidArgument("Forward: no token ids");
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= config_.vocab_size)
+      return InvalidArgument("Forward: token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
+                             " outside vocab " + std::to_string(config_.vocab_size));
+  return Status::Ok();
+}
+
+Result<std::vector<float>> Forward::Prefill(SequenceState& state, std::span<const int32_t> ids, LogitsRows rows) {
+  RETURN_IF_ERROR(CheckIds(ids));
+  const int64_t n = static_cast<int64_t>(ids.size());
+  RETURN_IF_ERROR(state.Reserve(state.length() + n));
+  const bool all = rows == LogitsRows::kAll;
+  std::vector<float> logits(static_cast<size_t>((all ? n : 1) * config_.vocab_size));
+  const int64_t G = options_.grid_tokens;
+  int64_t done = 0;
+  while (done < n) {
+    const int64_t pos = state.length();
+    const int64_t end = std::min(pos + (n - done), (pos / G + 1) * G);
+    const int64_t m = end - pos;
+    const bool last = done + m == n;
+    float* out = all ? logits.data() + done * config_.vocab_size : (last ? logits.data() : nullptr);
+    RunChunk(state, ids.data() + done, m, Mode::kChunked, all, out);
+    done += m;
+  }
+  return logits;
+}
+
+Result<std::vector<float>> Forward::Decode(SequenceState& state, int32_t id) {
+  RETURN_IF_ERROR(CheckIds(std::span<const int32_t>(&id, 1)));
+  RETURN_IF_ERROR(state.Reserve(state.length() + 1));
+  std::vector<float> logits(static_cast<size_t>(config_.vocab_size));
+  RunChunk(state, &id, 1, Mode::kRecurrent, false, logits.data());
+  return logits;
+}
+
+Result<std::vector<float>> Forward::Verify(SequenceState& state, std::span<const int32_t> ids) {
+  RETURN_IF_ERROR(CheckIds(ids));
+  const int64_t n = static_cast<int64_t>(ids.size());
+  RETURN_IF_ERROR(state.Reserve(state.length() + n));
+  std::vector<float> logits(static_cast<size_t>(n * config_.vocab_size));
+  RunChunk(state, ids.data(), n, Mode::kChunked, true, logits.data());
+  return logits;
+}
+
+void Forward::RmsNormRows(const float* x, const float* w1, int64_t n, int64_t width, float* y) {
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  pool_->Run(static_cast<size_t>(n), [&](size_t t) {
+    const float* xr = x + t * width;
+    float* yr = y + t * width;
+    const float inv = 1.0f / std::sqrt(cpu::Dot(xr, xr, width) / static_cast<float>(width) + eps);
+    for (int64_t i = 0; i < width; ++i) yr[i] = xr[i] * inv * w1[i];
+  });
+}
+
+void Forward::RunChunk(SequenceState& state, const int32_t* ids, int64_t n, Mode mode, bool all_rows,
+                       float* logits) {
+  const int64_t H = config_.hidden_size;
+  Workspace& ws = *ws_;
+  float* x = Sized(ws.x, n * H);
+  float* a = Sized(ws.a, n * H);
+  float* mix = Sized(ws.mix, n * H);
+  for (int64_t t = 0; t < n; ++t) {
+    const uint16_t* row = embed_ + static_cast<int64_t>(ids[t]) * H;
+    for (int64_t i = 0; i < H; ++i) x[t * H + i] = Bf16ToFloat(row[i]);
+  }
+  // RoPE table for this chunk's positions: angles and cos/sin in double, stored fp32.
+  const int64_t half = config_.rotary_dim() / 2;
+  float* cs = Sized(ws.cos, n * half);
+  float* sn = Sized(ws.sin, n * half);
+  const int64_t pos0 = state.length();
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(pos0 + t) * inv_freq_[i];
+      cs[t * half + i] = static_cast<float>(std::cos(angle));
+      sn[t * half + i] = static_cast<float>(std::sin(angle));
+    }
+  int64_t gdn_index = 0, attn_index = 0;
+  for (const Layer& layer : layers_) {
+    RmsNormRows(x, layer.in_norm.data(), n, H, a);
+    if (layer.kind == LayerKind::kLinearAttention) {
+      GdnMixer(layer, state, gdn_index++, n, mode);
+    } else {
+      AttentionMixer(layer, state, attn_index++, n, mode);
+    }
+    for (int64_t i = 0; i < n * H; ++i) x[i] += mix[i];
+    RmsNormRows(x, layer.post_norm.data(), n, H, a);
+    Mlp(layer, n);
+    for (int64_t i = 0; i < n * H; ++i) x[i] += mix[i];
+  }
+  state.SetLength(pos0 + n);
+  if (logits == nullptr) return;
+  if (all_rows) {
+    // The mat-vec kernel for every row, so a row's logits never depend on how many rows were asked for.
+    RmsNormRows(x, final_norm_.data(), n, H, a);
+    for (int64_t t = 0; t < n; t += cpu::kMatVecMaxRows) {
+      const int64_t m = std::min(cpu::kMatVecMaxRows, n - t);
+      MatMulBf16(*pool_, a + t * H, m, H, lm_head_, config_.vocab_size, H, logits + t * config_.vocab_size,
+                 config_.vocab_size);
+    }
+  } else {
+    RmsNormRows(x + (n - 1) * H, final_norm_.data(), 1, H, a);
+    MatMulBf16(*pool_, a, 1, H, lm_head_, config_.vocab_size, H, logits, config_.vocab_size);
+  }
+}
+
+void Forward::GdnMixer(const Layer& L, SequenceState& state, int64_t gi, int64_t n, Mode mode) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, C = c.conv_dim(), K = c.linear_conv_kernel_dim;
+  const int64_t Nv = c.linear_num_value_heads, Nk = c.linear_num_key_heads;
+  const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim, VD = c.value_dim(), KD = c.key_dim();
+  const int64_t r = Nv / Nk;
+  Workspace& ws = *ws_;
+  float* qkv = Sized(ws.qkv, n * C);
+  float* conv = Sized(ws.conv, n * C);
+  float* z = Sized(ws.z, n * VD);
+  float* core = Sized(ws.core, n * VD);
+  float* bb = Sized(ws.bb, n * Nv);
+  float* aa = Sized(ws.aa, n * Nv);
+  float* beta = Sized(ws.beta, n * Nv);
+  float* g = Sized(ws.g, n * Nv);
+  const float* a = ws.a.data();
+  MatMulBf16(*pool_, a, n, H, L.qkv, C, H, qkv, C);
+  MatMulBf16(*pool_, a, n, H, L.z, VD, H, z, VD);
+  MatMulBf16(*pool_, a, n, H, L.b, Nv, H, bb, Nv);
+  MatMulBf16(*pool_, a, n, H, L.a, Nv, H, aa, Nv);
+  // Causal depthwise conv over [tail; qkv], taps in order, then SiLU; then the q/k L2 norms per head.
+  float* tail = state.conv_tail(gi);  // [K-1, C]
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  pool_->Run(static_cast<size_t>(n), [&](size_t tt) {
+    const int64_t t = static_cast<int64_t>(tt);
+    float* out = conv + t * C;
+    for (int64_t ch = 0; ch < C; ++ch) out[ch] = 0.0f;
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t s = t - (K - 1) + j;
+      const float* in = s >= 0 ? qkv + s * C : tail + (K - 1 + s) * C;
+      const float* w = L.conv.data() + j * C;
+      for (int64_t ch = 0; ch < C; ++ch) out[ch] += w[ch] * in[ch];
+    }
+    for (int64_t ch = 0; ch < C; ++ch) out[ch] = cpu::Silu(out[ch]);
+    for (int64_t h = 0; h < 2 * Nk; ++h) {
+      float* v = out + h * dk;
+      const float inv = 1.0f / std::sqrt(cpu::Dot(v, v, dk) + eps);
+      for (int64_t i = 0; i < dk; ++i) v[i] *= inv;
+      if (h < Nk)
+        for (int64_t i = 0; i < dk; ++i) v[i] *= q_scale;
+    }
+    for (int64_t h = 0; h < Nv; ++h) {
+      beta[t * Nv + h] = cpu::Sigmoid(bb[t * Nv + h]);
+      g[t * Nv + h] = -L.a_exp[h] * cpu::Softplus(aa[t * Nv + h] + L.dt_bias[h]);
+    }
+  });
+  // New tail: the last K-1 pre-conv rows of [tail; qkv].
+  const int64_t keep = K - 1;
+  if (n >= keep) {
+    std::copy_n(qkv + (n - keep) * C, keep * C, tail);
+  } else {
+    std::copy(tail + n * C, tail + keep * C, tail);
+    std::copy_n(qkv, n * C, tail + (keep - n) * C);
+  }
+  // The delta rule per value head; chunks of 64 aligned to absolute positions.
+  const int64_t pos0 = state.length();
+  float* S = state.recurrent(gi);
+  pool_->Run(static_cast<size_t>(Nv), [&](size_t hh) {
+    const int64_t h = static_cast<int64_t>(hh);
+    const int64_t kh = h / r;
+    float* Sh = S + h * dk * dv;
+    int64_t t = 0;
+    while (t < n) {
+      const int64_t p = pos0 + t;
+      const int64_t m = mode == Mode::kRecurrent
+                            ? n - t
+                            : std::min(n - t, (p / cpu::kDeltaChunkTokens + 1) * cpu::kDeltaChunkTokens - p);
+      cpu::DeltaInputs in;
+      in.q = conv + t * C + kh * dk;
+      in.k = conv + t * C + KD + kh * dk;
+      in.v = conv + t * C + 2 * KD + h * dv;
+      in.q_stride = in.k_stride = in.v_stride = C;
+      in.beta = beta + t * Nv + h;
+      in.g = g + t * Nv + h;
+      in.beta_stride = in.g_stride = Nv;
+      if (mode == Mode::kRecurrent) {
+        cpu::GatedDeltaRecurrent(in, m, dk, dv, Sh, core + t * VD + h * dv, VD);
+      } else {
+        cpu::GatedDeltaChunk(in, m, dk, dv, Sh, core + t * VD + h * dv, VD);
+      }
+      t += m;
+    }
+  });
+  // Gated RMSNorm per value head: normalise, times w, times silu(z).
+  pool_->Run(static_cast<size_t>(n), [&](size_t tt) {
+    const int64_t t = static_cast<int64_t>(tt);
+    for (int64_t h = 0; h < Nv; ++h) {
+      float* o = core + t * VD + h * dv;
+      const float* zr = z + t * VD + h * dv;
+      const float inv = 1.0f / std::sqrt(cpu::Dot(o, o, dv) / static_cast<float>(dv) + eps);
+      for (int64_t e = 0; e < dv; ++e) o[e] = o[e] * inv * L.gdn_norm[e] * cpu::Silu(zr[e]);
+    }
+  });
+  MatMulBf16(*pool_, core, n, VD, L.out, H, VD, ws.mix.data(), H);
+}
+
+void Forward::AttentionMixer(const Layer& L, SequenceState& state, int64_t ai, int64_t n, Mode mode) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t QW = 2 * Nh * hd, KW = Nkv * hd, half = c.rotary_dim() / 2;
+  Workspace& ws = *ws_;
+  float* qg = Sized(ws.qg, n * QW);
+  float* attn = Sized(ws.attn, n * Nh * hd);
+  const float* a = ws.a.data();
+  const int64_t pos0 = state.length();
+  float* krows = state.k_rows(ai) + pos0 * KW;
+  float* vrows = state.v_rows(ai) + pos0 * KW;
+  MatMulBf16(*pool_, a, n, H, L.q, QW, H, qg, QW);
+  MatMulBf16(*pool_, a, n, H, L.k, KW, H, krows, KW);
+  MatMulBf16(*pool_, a, n, H, L.v, KW, H, vrows, KW);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float* cs = ws.cos.data();
+  const float* sn = ws.sin.data();
+  auto norm_rope = [&](float* v, const float* w1, int64_t t) {
+    const float inv = 1.0f / std::sqrt(cpu::Dot(v, v, hd) / static_cast<float>(hd) + eps);
+    for (int64_t i = 0; i < hd; ++i) v[i] = v[i] * inv * w1[i];
+    for (int64_t i = 0; i < half; ++i) {
+      const float x0 = v[i], x1 = v[i + half];
+      const float co = cs[t * half + i], si = sn[t * half + i];
+      v[i] = x0 * co - x1 * si;
+      v[i + half] = x1 * co + x0 * si;
+    }
+  };
+  pool_->Run(static_cast<size_t>(n), [&](size_t tt) {
+    const int64_t t = static_cast<int64_t>(tt);
+    for (int64_t h = 0; h < Nh; ++h) norm_rope(qg + t * QW + h * 2 * hd, L.q_norm.data(), t);
+    for (int64_t h = 0; h < Nkv; ++h) norm_rope(krows + t * KW + h * hd, L.k_norm.data(), t);
+  });
+  cpu::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
+  if (mode == Mode::kRecurrent && n == 1) {
+    cpu::AttentionDecode(*pool_, shape, qg, 2 * hd, pos0 + 1, state.k_rows(ai), state.v_rows(ai), KW, attn);
+  } else {
+    cpu::AttentionPrefill(*pool_, shape, qg, QW, 2 * hd, n, pos0, state.k_rows(ai), state.v_rows(ai), KW, attn,
+                          Nh * hd);
+  }
+  pool_->Run(static_cast<size_t>(n), [&](size_t tt) {
+    const int64_t t = static_cast<int64_t>(tt);
+    for (int64_t h = 0; h < Nh; ++h) {
+      float* o = attn + t * Nh * hd + h * hd;
+      const float* gate = qg + t * QW + h * 2 * hd + hd;
+      for (int64_t e = 0; e < hd; ++e) o[e] *= cpu::Sigmoid(gate[e]);
+    }
+  });
+  MatMulBf16(*pool_, attn, n, Nh * hd, L.o, H, Nh * hd, ws.mix.data(), H);
+}
+
+void Forward::Mlp(const Layer& L, int64_t n) {
+  const int64_t H = config_.hidden_size, I = config_.intermediate_size;
+  Workspace& ws = *ws_;
+  float* gate = Sized(ws.gate, n * I);
+  float* up = Sized(ws.up, n * I);
+  MatMulBf16(*pool_, ws.a.data(), n, H, L.gate, I, H, gate, I);
+  MatMulBf16(*pool_, ws.a.data(), n, H, L.up, I, H, up, I);
+  for (int64_t i = 0; i < n * I; ++i) gate[i] = cpu::Silu(gate[i]) * up[i];
+  MatMulBf16(*pool_, gate, n, I, L.down, H, I, ws.mix.data(), H);
+}
+
+}  // namespace anchorage

@@ -1,0 +1,155 @@
+#include "engine/runtime/sequence_state.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <string>
+
+namespace anchorage {
+
+SequenceState::SequenceState(const ModelConfig& config) {
+  kv_width_ = config.num_key_value_heads * config.head_dim;
+  recurrent_floats_ = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim;
+  tail_floats_ = (config.linear_conv_kernel_dim - 1) * config.conv_dim();
+  for (LayerKind kind : config.layer_types) {
+    if (kind == LayerKind::kFullAttention) {
+      k_.emplace_back();
+      v_.emplace_back();
+    } else {
+      recurrent_.emplace_back(static_cast<size_t>(recurrent_floats_), 0.0f);
+      tail_.emplace_back(static_cast<size_t>(tail_floats_), 0.0f);
+    }
+  }
+}
+
+Status SequenceState::Reserve(int64_t tokens) {
+  if (tokens <= capacity_) return Status::Ok();
+  const int64_t rows = (tokens + kKvRowStep - 1) / kKvRowStep * kKvRowStep;
+  const size_t floats = static_cast<size_t>(rows * kv_width_);
+  // Allocate everything first so a failure leaves the state unchanged.
+  std::vector<std::vector<float>> nk(k_.size()), nv(v_.size());
+  try {
+    for (size_t a = 0; a < k_.size(); ++a) {
+      nk[a].resize(floats);
+      nv[a].resize(floats);
+    }
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("SequenceState::Reserve: cannot allocate " + std::to_string(rows) + " K/V rows (" +
+                             std::to_string(rows * kv_bytes_per_token()) + " bytes)");
+  }
+  const size_t used = static_cast<size_t>(length_ * kv_width_);
+  for (size_t a = 0; a < k_.size(); ++a) {
+    std::copy_n(k_[a].begin(), used, nk[a].begin());
+    std::copy_n(v_[a].begin(), used, nv[a].begin());
+  }
+  k_ = std::move(nk);
+  v_ = std::move(nv);
+  capacity_ = rows;
+  return Status::Ok();
+}
+
+void SequenceState::SetLength(int64_t new_length) {
+  assert(new_length <= capacity_ || k_.empty());
+  length_ = new_length;
+}
+
+void SequenceState::Reset() {
+  length_ = 0;
+  for (auto& r : recurrent_) std::fill(r.begin(), r.end(), 0.0f);
+  for (auto& t : tail_) std::fill(t.begin(), t.end(), 0.0f);
+}
+
+int64_t SequenceState::anchor_bytes() const {
+  return num_gdn_layers() * (recurrent_floats_ + tail_floats_) * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t SequenceState::kv_bytes_per_token() const {
+  return num_attention_layers() * 2 * kv_width_ * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t SequenceState::allocated_bytes() const {
+  return capacity_ * kv_bytes_per_token() + anchor_bytes();
+}
+
+Anchor SequenceState::SaveAnchor() const {
+  Anchor anchor;
+  anchor.length = length_;
+  anchor.data.reserve(static_cast<size_t>(num_gdn_layers() * (recurrent_floats_ + tail_floats_)));
+  for (size_t g = 0; g < recurrent_.size(); ++g) {
+    anchor.data.insert(anchor.data.end(), recurrent_[g].begin(), recurrent_[g].end());
+    anchor.data.insert(anchor.data.end(), tail_[g].begin(), tail_[g].end());
+  }
+  return anchor;
+}
+
+Status SequenceState::RestoreAnchor(const Anchor& anchor) {
+  const size_t want = static_cast<size_t>(num_gdn_layers() * (recurrent_floats_ + tail_floats_));
+  if (anchor.data.size() != want)
+    return InvalidArgument("RestoreAnchor: anchor holds " + std::to_string(anchor.data.size()) +
+                           " floats, state wants " + std::to_string(want));
+  if (anchor.length < 0 || (!k_.empty() && anchor.length > capacity_))
+    return OutOfRange("RestoreAnchor: anchor length " + std::to_string(anchor.length) + " exceeds capacity " +
+                      std::to_string(capacity_));
+  const float* p = anchor.data.data();
+  for (size_t g = 0; g < recurrent_.size(); ++g) {
+    std::copy_n(p, recurrent_floats_, recurrent_[g].begin());
+    p += recurrent_floats_;
+    std::copy_n(p, tail_floats_, tail_[g].begin());
+    p += tail_floats_;
+  }
+  length_ = anchor.length;
+  return Status::Ok();
+}
+
+Result<KvRows> SequenceState::CopyRows(int64_t begin, int64_t end) const {
+  if (begin < 0 || end < begin || end > length_)
+    return OutOfRange("CopyRows: rows [" + std::to_string(begin) + ", " + std::to_string(end) +
+                      ") outside length " + std::to_string(length_));
+  KvRows rows;
+  rows.begin = begin;
+  rows.end = end;
+  const size_t n = static_cast<size_t>((end - begin) * kv_width_);
+  rows.data.reserve(n * 2 * k_.size());
+  for (size_t a = 0; a < k_.size(); ++a) {
+    const float* k = k_[a].data() + begin * kv_width_;
+    const float* v = v_[a].data() + begin * kv_width_;
+    rows.data.insert(rows.data.end(), k, k + n);
+    rows.data.insert(rows.data.end(), v, v + n);
+  }
+  return rows;
+}
+
+Status SequenceState::WriteRows(const KvRows& rows) {
+  const size_t n = static_cast<size_t>((rows.end - rows.begin) * kv_width_);
+  if (rows.begin < 0 || rows.end < rows.begin || rows.data.size() != n * 2 * k_.size())
+    return InvalidArgument("WriteRows: rows [" + std::to_string(rows.begin) + ", " + std::to_string(rows.end) +
+                           ") with " + std::to_string(rows.data.size()) + " floats do not fit this model");
+  RETURN_IF_ERROR(Reserve(rows.end));
+  const float* p = rows.data.data();
+  for (size_t a = 0; a < k_.size(); ++a) {
+    std::copy_n(p, n, k_[a].begin() + rows.begin * kv_width_);
+    p += n;
+    std::copy_n(p, n, v_[a].begin() + rows.begin * kv_width_);
+    p += n;
+  }
+  return Status::Ok();
+}
+
+bool SequenceState::BitEqual(const SequenceState& other) const {
+  if (length_ != other.length_ || k_.size() != other.k_.size() || recurrent_.size() != other.recurrent_.size())
+    return false;
+  const size_t used = static_cast<size_t>(length_ * kv_width_) * sizeof(float);
+  for (size_t a = 0; a < k_.size(); ++a) {
+    if (used && (std::memcmp(k_[a].data(), other.k_[a].data(), used) != 0 ||
+                 std::memcmp(v_[a].data(), other.v_[a].data(), used) != 0))
+      return false;
+  }
+  for (size_t g = 0; g < recurrent_.size(); ++g) {
+    if (std::memcmp(recurrent_[g].data(), other.recurrent_[g].data(), recurrent_[g].size() * sizeof(float)) != 0 ||
+        std::memcmp(tail_[g].data(), other.tail_[g].data(), tail_[g].size() * sizeof(float)) != 0)
+      return false;
+  }
+  return true;
+}
+
+}  // namespace anchorage

@@ -1,0 +1,90 @@
+// One sequence's state: K/V rows of every attention layer, recurrent state and conv tail of every
+// GDN layer, and the length. Not thread-safe; the engine thread owns it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "engine/model/model_config.h"
+
+namespace anchorage {
+
+// The recurrent part of a state at one length: every GDN layer's fp32 state and conv tail.
+struct Anchor {
+  int64_t length = 0;
+  std::vector<float> data;  // per GDN layer: state fp32 [Nv, dk, dv] then tail fp32 [K-1, conv_dim]
+  int64_t bytes() const { return static_cast<int64_t>(data.size() * sizeof(float)); }
+};
+
+// K and V rows [begin, end) of every attention layer (for stash and park).
+struct KvRows {
+  int64_t begin = 0;
+  int64_t end = 0;
+  std::vector<float> data;  // per attention layer: K fp32 [end-begin, Nkv*hd] then V the same
+};
+
+class SequenceState {
+ public:
+  // K/V capacity grows in whole steps of this many rows.
+  static constexpr int64_t kKvRowStep = 1024;
+
+  explicit SequenceState(const ModelConfig& config);
+
+  int64_t length() const { return length_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t num_attention_layers() const { return static_cast<int64_t>(k_.size()); }
+  int64_t num_gdn_layers() const { return static_cast<int64_t>(recurrent_.size()); }
+  int64_t kv_width() const { return kv_width_; }  // Nkv*head_dim floats per K (or V) row
+
+  // fp32 [capacity, Nkv*head_dim] K (V) rows of attention layer a (0-based among attention layers).
+  float* k_rows(int64_t a) { return k_[a].data(); }
+  float* v_rows(int64_t a) { return v_[a].data(); }
+  const float* k_rows(int64_t a) const { return k_[a].data(); }
+  const float* v_rows(int64_t a) const { return v_[a].data(); }
+  // fp32 [Nv, dk, dv] recurrent state of GDN layer g (0-based among GDN layers).
+  float* recurrent(int64_t g) { return recurrent_[g].data(); }
+  const float* recurrent(int64_t g) const { return recurrent_[g].data(); }
+  // fp32 [K-1, conv_dim] pre-conv qkv rows of the last K-1 positions, oldest first (zeros at start).
+  float* conv_tail(int64_t g) { return tail_[g].data(); }
+  const float* conv_tail(int64_t g) const { return tail_[g].data(); }
+  int64_t recurrent_floats() const { return recurrent_floats_; }
+  int64_t tail_floats() const { return tail_floats_; }
+
+  // Ensures room for `tokens` rows; capacity rounds up to kKvRowStep. Fails if memory runs out.
+  Status Reserve(int64_t tokens);
+  // Sets the length after a forward wrote rows [length, new_length); rows must be reserved.
+  void SetLength(int64_t new_length);
+  // Back to length 0 with zero recurrent state and tails; keeps capacity.
+  void Reset();
+
+  // Bytes of one anchor and of one token's K/V rows over all attention layers (fp32 storage).
+  int64_t anchor_bytes() const;
+  int64_t kv_bytes_per_token() const;
+  // Bytes currently allocated.
+  int64_t allocated_bytes() const;
+
+  // Copies the recurrent part at the current length.
+  Anchor SaveAnchor() const;
+  // Restores an anchor: recurrent part and length; K/V rows below anchor.length must already be valid.
+  // Fails without change if the anchor's size does not match or its length exceeds the capacity.
+  Status RestoreAnchor(const Anchor& anchor);
+  // Copies K/V rows [begin, end), end <= length().
+  Result<KvRows> CopyRows(int64_t begin, int64_t end) const;
+  // Writes rows back at rows.begin (reserving as needed); the length is not changed.
+  Status WriteRows(const KvRows& rows);
+
+  // True when length, K/V rows below the length, recurrent states and tails are bit-equal.
+  bool BitEqual(const SequenceState& other) const;
+
+ private:
+  int64_t kv_width_ = 0;
+  int64_t recurrent_floats_ = 0;
+  int64_t tail_floats_ = 0;
+  int64_t length_ = 0;
+  int64_t capacity_ = 0;
+  std::vector<std::vector<float>> k_, v_;
+  std::vector<std::vector<float>> recurrent_, tail_;
+};
+
+}  // namespace anchorage

@@ -1,0 +1,187 @@
+// The engine's forward against a double-precision scalar model written from the math, and
+// prefill/decode consistency, on the generated tiny model.
+#include <QTemporaryDir>
+#include <QtTest>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "engine/runtime/forward.h"
+#include "engine/runtime/generator.h"
+#include "reference_forward.h"
+#include "test_runtime_util.h"
+
+using namespace anchorage;
+
+namespace {
+
+std::vector<int32_t> RandomIds(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = d(rng);
+  return ids;
+}
+
+// Max |a - b| over one logits row; b is double.
+double RowDiff(const float* a, const double* b, int64_t n, double* max_ref) {
+  double m = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    m = std::max(m, std::abs(double(a[i]) - b[i]));
+    *max_ref = std::max(*max_ref, std::abs(b[i]));
+  }
+  return m;
+}
+
+int32_t Argmax(const float* p, int64_t n) { return static_cast<int32_t>(std::max_element(p, p + n) - p); }
+
+}  // namespace
+
+class TestForward : public QObject {
+  Q_OBJECT
+  QTemporaryDir dir_;
+  std::unique_ptr<testing::LoadedWeights> model_;
+  std::unique_ptr<Forward> forward_;
+
+  // fp32 activations with bf16-exact weights: every op rounds at ~6e-8 relative; over 4 layers of
+  // widths <= 128 the accumulated error stays below ~1e-5 relative to the largest logit. We allow
+  // 1e-4 of max(1, max |logit|), ten times that, as the bound.
+  static double Tolerance(double max_ref) { return 1e-4 * std::max(1.0, max_ref); }
+
+ private slots:
+  void initTestCase() {
+    QVERIFY(dir_.isValid());
+    auto m = testing::MakeModel(TinyModelSize::kTiny, 42, dir_.path().toStdString());
+    QVERIFY2(m.ok(), m.ok() ? "" : m.status().ToString().c_str());
+    model_ = std::move(m).value();
+    auto f = Forward::Create(model_->config, model_->weights, ForwardOptions{64, 2});
+    QVERIFY2(f.ok(), f.ok() ? "" : f.status().ToString().c_str());
+    forward_ = std::move(f).value();
+  }
+
+  void prefillMatchesReference_data() {
+    QTest::addColumn<int>("n");
+    for (int n : {1, 3, 8, 9, 64, 65, 150}) QTest::newRow(QByteArray::number(n)) << n;
+  }
+  // All rows of a prefill (grid 64: several grid chunks, GDN chunks and a partial tail).
+  void prefillMatchesReference() {
+    QFETCH(int, n);
+    const int64_t V = model_->config.vocab_size;
+    const auto ids = RandomIds(n, V, 17u + static_cast<uint32_t>(n));
+    const auto ref = reference::Logits(model_->config, model_->weights, ids);
+    SequenceState state(model_->config);
+    auto logits = forward_->Prefill(state, ids, LogitsRows::kAll);
+    QVERIFY(logits.ok());
+    QCOMPARE(state.length(), int64_t(n));
+    double worst = 0.0, max_ref = 0.0;
+    for (int64_t t = 0; t < n; ++t) worst = std::max(worst, RowDiff(&(*logits)[t * V], &ref[t * V], V, &max_ref));
+    qInfo("n=%d max |engine - reference| = %.3g (max |logit| %.3g)", n, worst, max_ref);
+    QVERIFY(max_ref > 0.1);  // the model is not degenerate
+    QVERIFY2(worst < Tolerance(max_ref), "prefill logits disagree with the double reference");
+    // kLast returns exactly the last row of kAll.
+    SequenceState s2(model_->config);
+    auto last = forward_->Prefill(s2, ids, LogitsRows::kLast);
+    QVERIFY(last.ok());
+    QVERIFY(std::equal(last->begin(), last->end(), logits->begin() + (n - 1) * V));
+  }
+
+  // Prefill some tokens, then decode one at a time; each decode row matches the reference row.
+  void decodeMatchesReference() {
+    const int64_t V = model_->config.vocab_size;
+    const auto ids = RandomIds(80, V, 5u);
+    const auto ref = reference::Logits(model_->config, model_->weights, ids);
+    for (int64_t prefill : {int64_t(1), int64_t(63), int64_t(64)}) {
+      SequenceState state(model_->config);
+      QVERIFY(forward_->Prefill(state, std::span(ids.data(), size_t(prefill))).ok());
+      double worst = 0.0, max_ref = 0.0;
+      for (int64_t t = prefill; t < int64_t(ids.size()); ++t) {
+        auto logits = forward_->Decode(state, ids[t]);
+        QVERIFY(logits.ok());
+        worst = std::max(worst, RowDiff(logits->data(), &ref[t * V], V, &max_ref));
+      }
+      qInfo("prefill %lld then decode: max diff %.3g", static_cast<long long>(prefill), worst);
+      QVERIFY2(worst < Tolerance(max_ref), "decode logits disagree with the double reference");
+    }
+  }
+
+  // Verify(k ids) returns the same rows as the reference for those positions.
+  void verifyMatchesReference() {
+    const int64_t V = model_->config.vocab_size;
+    const auto ids = RandomIds(40, V, 8u);
+    const auto ref = reference::Logits(model_->config, model_->weights, ids);
+    SequenceState state(model_->config);
+    QVERIFY(forward_->Prefill(state, std::span(ids.data(), 36)).ok());
+    auto rows = forward_->Verify(state, std::span(ids.data() + 36, 4));
+    QVERIFY(rows.ok());
+    QCOMPARE(int64_t(rows->size()), 4 * V);
+    double worst = 0.0, max_ref = 0.0;
+    for (int64_t r = 0; r < 4; ++r) worst = std::max(worst, RowDiff(&(*rows)[r * V], &ref[(36 + r) * V], V, &max_ref));
+    QVERIFY2(worst < Tolerance(max_ref), "verify rows disagree with the double reference");
+  }
+
+  // Prefill n then decode 1 agrees with prefill n+1 (two arithmetic orders, same math).
+  void prefillThenDecodeMatchesLongerPrefill() {
+    const int64_t V = model_->config.vocab_size;
+    const auto ids = RandomIds(130, V, 23u);
+    for (int64_t n : {int64_t(1), int64_t(64), int64_t(100), int64_t(129)}) {
+      SequenceState a(model_->config), b(model_->config);
+      QVERIFY(forward_->Prefill(a, std::span(ids.data(), size_t(n))).ok());
+      auto dec = forward_->Decode(a, ids[n]);
+      auto pre = forward_->Prefill(b, std::span(ids.data(), size_t(n + 1)));
+      QVERIFY(dec.ok() && pre.ok());
+      double worst = 0.0, max_ref = 0.0;
+      for (int64_t i = 0; i < V; ++i) {
+        worst = std::max(worst, double(std::abs((*dec)[i] - (*pre)[i])));
+        max_ref = std::max(max_ref, double(std::abs((*pre)[i])));
+      }
+      QVERIFY2(worst < Tolerance(max_ref), "prefill n + decode 1 differs from prefill n+1");
+    }
+  }
+
+  // Greedy generation through Generator (prefill + decodes) gives the tokens a full re-prefill
+  // per step picks.
+  void greedyGenerationMatchesRepeatedPrefill() {
+    const int64_t V = model_->config.vocab_size;
+    auto prompt = RandomIds(70, V, 31u);
+    SamplingParams p;
+    p.temperature = 0.0f;
+    p.max_tokens = 12;
+    Generator gen(*forward_, nullptr);
+    SequenceState state(model_->config);
+    int calls = 0;
+    auto result = gen.Generate(state, prompt, p, [&](const GeneratedToken&) { ++calls; return true; });
+    QVERIFY(result.ok());
+    QCOMPARE(int64_t(result->tokens.size()), int64_t(12));
+    QCOMPARE(calls, 12);
+    QVERIFY(result->finish == FinishReason::kLength);
+    QCOMPARE(state.length(), int64_t(70 + 11));
+    std::vector<int32_t> seq = prompt;
+    for (int i = 0; i < 12; ++i) {
+      SequenceState s(model_->config);
+      auto logits = forward_->Prefill(s, seq);
+      QVERIFY(logits.ok());
+      const int32_t next = Argmax(logits->data(), V);
+      QCOMPARE(result->tokens[i], next);
+      seq.push_back(next);
+    }
+  }
+
+  void rejectsBadIdsWithoutChangingState() {
+    SequenceState state(model_->config);
+    const std::vector<int32_t> ids = {1, 2, 3};
+    QVERIFY(forward_->Prefill(state, ids).ok());
+    const Anchor before = state.SaveAnchor();
+    const std::vector<int32_t> bad = {4, int32_t(model_->config.vocab_size)};
+    auto r = forward_->Prefill(state, bad);
+    QVERIFY(!r.ok());
+    QVERIFY(r.status().message().find("outside vocab") != std::string::npos);
+    QCOMPARE(state.length(), int64_t(3));
+    QVERIFY(state.SaveAnchor().data == before.data);
+    QVERIFY(!forward_->Decode(state, -1).ok());
+    QVERIFY(!Forward::Create(model_->config, model_->weights, ForwardOptions{100, 1}).ok());
+  }
+};
+
+QTEST_APPLESS_MAIN(TestForward)
+#include "test_forward.moc"

@@ -1,0 +1,189 @@
+// The exactness contract: grid-sized calls, thread counts, and anchors restore give bit-equal results.
+#include <QTemporaryDir>
+#include <QtTest>
+
+#include <cstring>
+#include <random>
+
+#include "engine/runtime/forward.h"
+#include "test_runtime_util.h"
+
+using namespace anchorage;
+
+namespace {
+
+std::vector<int32_t> RandomIds(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = d(rng);
+  return ids;
+}
+
+bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+class TestGrid : public QObject {
+  Q_OBJECT
+  QTemporaryDir dir_;
+  std::unique_ptr<testing::LoadedWeights> model_;
+
+  std::unique_ptr<Forward> Make(int64_t grid, int threads) {
+    auto f = Forward::Create(model_->config, model_->weights, ForwardOptions{grid, threads});
+    return f.ok() ? std::move(f).value() : nullptr;
+  }
+
+ private slots:
+  void initTestCase() {
+    QVERIFY(dir_.isValid());
+    auto m = testing::MakeModel(TinyModelSize::kTiny, 7, dir_.path().toStdString());
+    QVERIFY2(m.ok(), m.ok() ? "" : m.status().ToString().c_str());
+    model_ = std::move(m).value();
+  }
+
+  void oneCallEqualsGridCalls_data() {
+    QTest::addColumn<int>("grid");
+    QTest::addColumn<int>("n");
+    QTest::newRow("G64 n200") << 64 << 200;
+    QTest::newRow("G128 n300") << 128 << 300;
+    QTest::newRow("G128 n128") << 128 << 128;
+  }
+  // One Prefill call vs one call per grid chunk: logits (all rows), K/V rows, states, tails bit-equal.
+  void oneCallEqualsGridCalls() {
+    QFETCH(int, grid);
+    QFETCH(int, n);
+    auto f = Make(grid, 2);
+    QVERIFY(f);
+    const int64_t V = model_->config.vocab_size;
+    const auto ids = RandomIds(n, V, 3u);
+    SequenceState one(model_->config), many(model_->config);
+    auto all = f->Prefill(one, ids, LogitsRows::kAll);
+    QVERIFY(all.ok());
+    std::vector<float> pieces;
+    for (int64_t b = 0; b < n; b += grid) {
+      const int64_t e = std::min<int64_t>(n, b + grid);
+      auto part = f->Prefill(many, std::span(ids.data() + b, size_t(e - b)), LogitsRows::kAll);
+      QVERIFY(part.ok());
+      pieces.insert(pieces.end(), part->begin(), part->end());
+    }
+    QVERIFY(BitEqual(*all, pieces));
+    QVERIFY(one.BitEqual(many));
+    // Sanity: the comparison can fail: a different prompt gives a different state.
+    SequenceState other(model_->config);
+    auto ids2 = ids;
+    ids2[0] = (ids2[0] + 1) % int32_t(V);
+    QVERIFY(f->Prefill(other, ids2).ok());
+    QVERIFY(!one.BitEqual(other));
+  }
+
+  // One thread and two threads write the same bits; so do two runs.
+  void threadCountDoesNotChangeBits() {
+    auto f1 = Make(64, 1), f2 = Make(64, 2);
+    QVERIFY(f1 && f2);
+    QCOMPARE(f1->threads(), 1);
+    QCOMPARE(f2->threads(), 2);
+    const auto ids = RandomIds(150, model_->config.vocab_size, 11u);
+    SequenceState a(model_->config), b(model_->config), c(model_->config);
+    auto la = f1->Prefill(a, ids, LogitsRows::kAll);
+    auto lb = f2->Prefill(b, ids, LogitsRows::kAll);
+    auto lc = f2->Prefill(c, ids, LogitsRows::kAll);
+    QVERIFY(la.ok() && lb.ok() && lc.ok());
+    QVERIFY(BitEqual(*la, *lb));
+    QVERIFY(BitEqual(*lb, *lc));
+    QVERIFY(a.BitEqual(b));
+    // Decode and verify too.
+    for (int i = 0; i < 3; ++i) {
+      auto da = f1->Decode(a, ids[i]);
+      auto db = f2->Decode(b, ids[i]);
+      QVERIFY(da.ok() && db.ok());
+      QVERIFY(BitEqual(*da, *db));
+    }
+    auto va = f1->Verify(a, std::span(ids.data(), 5));
+    auto vb = f2->Verify(b, std::span(ids.data(), 5));
+    QVERIFY(va.ok() && vb.ok());
+    QVERIFY(BitEqual(*va, *vb));
+    QVERIFY(a.BitEqual(b));
+  }
+
+  // A state copied after chunk k (anchor + K/V rows) and restored into a fresh state gives bit-equal
+  // results for chunk k+1.
+  void anchorRestoreResumesBitExactly() {
+    auto f = Make(64, 2);
+    QVERIFY(f);
+    const auto ids = RandomIds(200, model_->config.vocab_size, 19u);
+    SequenceState cold(model_->config);
+    QVERIFY(f->Prefill(cold, std::span(ids.data(), 128)).ok());
+    const Anchor anchor = cold.SaveAnchor();
+    QCOMPARE(anchor.length, int64_t(128));
+    QCOMPARE(anchor.bytes(), cold.anchor_bytes());
+    auto rows = cold.CopyRows(0, 128);
+    QVERIFY(rows.ok());
+    auto cold_next = f->Prefill(cold, std::span(ids.data() + 128, 72), LogitsRows::kAll);
+    QVERIFY(cold_next.ok());
+
+    SequenceState warm(model_->config);
+    QVERIFY(warm.WriteRows(*rows).ok());
+    QVERIFY(warm.RestoreAnchor(anchor).ok());
+    QCOMPARE(warm.length(), int64_t(128));
+    auto warm_next = f->Prefill(warm, std::span(ids.data() + 128, 72), LogitsRows::kAll);
+    QVERIFY(warm_next.ok());
+    QVERIFY(BitEqual(*cold_next, *warm_next));
+    QVERIFY(cold.BitEqual(warm));
+
+    // Restoring the anchor into the advanced state rewinds it: the same chunk again, same bits.
+    QVERIFY(cold.RestoreAnchor(anchor).ok());
+    auto again = f->Prefill(cold, std::span(ids.data() + 128, 72), LogitsRows::kAll);
+    QVERIFY(again.ok());
+    QVERIFY(BitEqual(*cold_next, *again));
+
+    // A malformed anchor is refused and changes nothing.
+    Anchor bad = anchor;
+    bad.data.pop_back();
+    QVERIFY(!warm.RestoreAnchor(bad).ok());
+    QVERIFY(cold.BitEqual(warm));
+  }
+
+  // Growing the K/V buffers (a step boundary crossed by decode) keeps every row: the result equals a
+  // state reserved up front, bit for bit.
+  void growthKeepsRows() {
+    auto f = Make(64, 2);
+    QVERIFY(f);
+    const auto ids = RandomIds(SequenceState::kKvRowStep + 40, model_->config.vocab_size, 29u);
+    const size_t pre = SequenceState::kKvRowStep - 10;
+    SequenceState grown(model_->config), reserved(model_->config);
+    QVERIFY(reserved.Reserve(2 * SequenceState::kKvRowStep).ok());
+    QVERIFY(f->Prefill(grown, std::span(ids.data(), pre)).ok());
+    QVERIFY(f->Prefill(reserved, std::span(ids.data(), pre)).ok());
+    QCOMPARE(grown.capacity(), SequenceState::kKvRowStep);
+    for (size_t i = pre; i < ids.size(); ++i) {
+      auto a = f->Decode(grown, ids[i]);
+      auto b = f->Decode(reserved, ids[i]);
+      QVERIFY(a.ok() && b.ok());
+      QVERIFY(BitEqual(*a, *b));
+    }
+    QCOMPARE(grown.capacity(), 2 * SequenceState::kKvRowStep);
+    QVERIFY(grown.BitEqual(reserved));
+    QVERIFY(!grown.CopyRows(0, grown.length() + 1).ok());
+    KvRows wrong;
+    wrong.begin = 0;
+    wrong.end = 2;
+    QVERIFY(!grown.WriteRows(wrong).ok());
+  }
+
+  void byteCounts() {
+    SequenceState s(model_->config);
+    const ModelConfig& c = model_->config;
+    const int64_t gdn = c.num_linear_attention_layers(), att = c.num_full_attention_layers();
+    QCOMPARE(s.anchor_bytes(), gdn * 4 * (c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim +
+                                          (c.linear_conv_kernel_dim - 1) * c.conv_dim()));
+    QCOMPARE(s.kv_bytes_per_token(), att * 2 * c.num_key_value_heads * c.head_dim * 4);
+    QVERIFY(s.Reserve(10).ok());
+    QCOMPARE(s.capacity(), SequenceState::kKvRowStep);
+  }
+};
+
+QTEST_APPLESS_MAIN(TestGrid)
+#include "test_grid.moc"

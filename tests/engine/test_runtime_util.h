@@ -1,0 +1,32 @@
+// Helpers for runtime tests: a generated model folder loaded without the tokenizer or template.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/core/status.h"
+#include "engine/model/model_config.h"
+#include "engine/model/safetensors.h"
+#include "engine/model/tiny_model.h"
+#include "engine/model/weights.h"
+
+namespace anchorage::testing {
+
+struct LoadedWeights {
+  ModelConfig config;
+  std::unique_ptr<SafetensorsSet> set;
+  ModelWeights weights;
+};
+
+// Generates a model of `size` from `seed` into dir and maps its config and weights.
+inline Result<std::unique_ptr<LoadedWeights>> MakeModel(TinyModelSize size, uint64_t seed, const std::string& dir) {
+  RETURN_IF_ERROR(GenerateTinyModel(size, seed, dir));
+  auto out = std::make_unique<LoadedWeights>();
+  ASSIGN_OR_RETURN(out->config, LoadModelConfig(dir + "/config.json"));
+  ASSIGN_OR_RETURN(SafetensorsSet set, SafetensorsSet::OpenDirectory(dir));
+  out->set = std::make_unique<SafetensorsSet>(std::move(set));
+  ASSIGN_OR_RETURN(out->weights, MapWeights(out->config, *out->set));
+  return out;
+}
+
+}  // namespace anchorage::testing
