@@ -187,7 +187,8 @@ Status GenerateTinyModel(TinyModelSize size, uint64_t seed, const std::string& d
 
   nlohmann::ordered_json config;
   config["architectures"] = {"Qwen3_5ForCausalLM"};
-  for (auto& [k, v] : c.ToJson().items()) config[k] = v;
+  const nlohmann::json fields = c.ToJson();
+  for (auto& [k, v] : fields.items()) config[k] = v;
   config["dtype"] = "bfloat16";
   config["anchorage_generator"] = {{"size", size == TinyModelSize::kTiny ? "tiny" : "small"}, {"seed", seed}};
 

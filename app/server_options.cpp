@@ -1,0 +1,118 @@
+#include "app/server_options.h"
+
+#include <cstdlib>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/core/file_util.h"
+
+namespace anchorage {
+
+namespace {
+
+std::string DefaultDataDir() {
+  if (const char* xdg = std::getenv("XDG_DATA_HOME"); xdg && *xdg) return std::string(xdg) + "/anchorage";
+  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.local/share/anchorage";
+  return ".anchorage";
+}
+
+Status Apply(ServerConfig& c, const std::string& key, const std::string& value, const std::string& source) {
+  auto integer = [&](int64_t lo, int64_t hi, int64_t* out) -> Status {
+    char* end = nullptr;
+    long long v = std::strtoll(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || v < lo || v > hi)
+      return InvalidArgument(source + ": " + key + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + value + "'");
+    *out = v;
+    return Status::Ok();
+  };
+  int64_t v = 0;
+  if (key == "host") c.host = value;
+  else if (key == "port") { RETURN_IF_ERROR(integer(0, 65535, &v)); c.port = static_cast<int>(v); }
+  else if (key == "model") c.model_dir = value;
+  else if (key == "data-dir") c.data_dir = value;
+  else if (key == "served-model-name") c.served_model_name = value;
+  else if (key == "grid") {
+    RETURN_IF_ERROR(integer(64, 1 << 20, &v));
+    if (v % 64 != 0) return InvalidArgument(source + ": grid must be a multiple of 64, got " + value);
+    c.grid_tokens = v;
+  }
+  else if (key == "admin-token") c.admin_token = value;
+  else if (key == "test-replies") c.test_replies_file = value;
+  else if (key == "caches" || key == "end-anchor") {
+    if (value != "on" && value != "off") return InvalidArgument(source + ": " + key + " must be on or off, got '" + value + "'");
+    (key == "caches" ? c.caches : c.end_anchor) = value == "on";
+  }
+  else if (key == "resident-gb" || key == "resident-stash-gb" || key == "resident-pin-gb" || key == "resident-park-gb") {
+    char* end = nullptr;
+    double gb = std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != '\0' || !(gb >= 0) || gb > 1e6) return InvalidArgument(source + ": " + key + " must be a number of GiB >= 0, got '" + value + "'");
+    (key == "resident-gb" ? c.resident_gb : key == "resident-stash-gb" ? c.resident_stash_gb : key == "resident-pin-gb" ? c.resident_pin_gb : c.resident_park_gb) = gb;
+  }
+  else if (key == "resident-guest-max") { RETURN_IF_ERROR(integer(0, int64_t(1) << 32, &v)); c.resident_guest_max = v; }
+  else if (key == "max-queue") { RETURN_IF_ERROR(integer(0, 100000, &v)); c.max_queue = static_cast<size_t>(v); }
+  else if (key == "ctx") { RETURN_IF_ERROR(integer(16, int64_t(1) << 32, &v)); c.context_tokens = v; }
+  else if (key == "threads") { RETURN_IF_ERROR(integer(0, 1024, &v)); c.threads = static_cast<int>(v); }
+  else return InvalidArgument(source + ": unknown setting '" + key + "'");
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* ServerUsage() {
+  return "usage: anchorage-server [--config FILE] [--host ADDR] [--port N] [--model DIR] [--data-dir DIR]\n"
+         "                        [--served-model-name NAME] [--grid TOKENS] [--admin-token TOKEN]\n"
+         "                        [--max-queue N] [--ctx TOKENS] [--threads N] [--caches on|off]\n"
+         "                        [--resident-gb GB] [--resident-guest-max TOKENS] [--resident-stash-gb GB]\n"
+         "                        [--resident-pin-gb GB] [--resident-park-gb GB] [--end-anchor on|off]\n"
+         "                        [--test-replies FILE]\n"
+         "Serves the OpenAI-compatible API on http://127.0.0.1:8000/v1 by default. Without --model it\n"
+         "generates the tiny model in DATA_DIR/models/tiny-seed0 and serves that. FILE is a JSON object\n"
+         "with the same keys as the flags (\"port\": 8001, \"grid\": 1024, ...); flags override it.\n";
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+Result<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
+  ServerConfig c;
+  c.data_dir = DefaultDataDir();
+  std::vector<std::pair<std::string, std::string>> flags;
+  std::string config_file;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") { c.help = true; return c; }
+    if (a.rfind("--", 0) != 0) return InvalidArgument("unexpected argument '" + a + "'");
+    std::string key = a.substr(2), value;
+    if (size_t eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else {
+      if (i + 1 >= argc) return InvalidArgument("flag --" + key + " needs a value");
+      value = argv[++i];
+    }
+    if (key == "config") config_file = value;
+    else flags.emplace_back(key, value);
+  }
+  std::map<std::string, std::string> from_file;
+  if (!config_file.empty()) {
+    ASSIGN_OR_RETURN(std::string text, ReadFile(config_file));
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return InvalidArgument(config_file + ": must hold a JSON object");
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      std::string value = it.value().is_string() ? it.value().get<std::string>() : it.value().dump();
+      RETURN_IF_ERROR(Apply(c, it.key(), value, config_file));
+      from_file[it.key()] = value;
+    }
+  }
+  for (const auto& [key, value] : flags) {
+    RETURN_IF_ERROR(Apply(c, key, value, "--" + key));
+    if (from_file.count(key) && from_file[key] != value)
+      c.notes.push_back("--" + key + " " + (key == "admin-token" ? "(hidden)" : value) + " overrides " + config_file + "'s " +
+                        (key == "admin-token" ? "(hidden)" : from_file[key]));
+  }
+  return c;
+}
+
+}  // namespace anchorage

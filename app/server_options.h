@@ -1,0 +1,39 @@
+// anchorage-server's settings: defaults, then a JSON config file (--config), then flags.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/core/status.h"
+
+namespace anchorage {
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string model_dir;          // empty: the generated tiny model in data_dir
+  std::string data_dir;           // default: $XDG_DATA_HOME/anchorage or ~/.local/share/anchorage
+  std::string served_model_name;  // default: the model folder's name
+  int64_t grid_tokens = 1024;
+  std::string admin_token;
+  size_t max_queue = 16;
+  int64_t context_tokens = 0;     // 0: the model's max_position_embeddings
+  int threads = 0;                // 0: every core
+  std::string test_replies_file;
+  bool caches = true;                     // --caches off: every request prefills cold
+  double resident_gb = 2.5;               // anchor budget
+  int64_t resident_guest_max = 8192;
+  double resident_stash_gb = 1.0;
+  double resident_pin_gb = 4.0;
+  double resident_park_gb = 4.0;
+  bool end_anchor = true;  // testing aid: scripted replies (see ServerOptions::test_replies)
+  bool help = false;
+  std::vector<std::string> notes;  // what overrode what, printed at start
+};
+
+const char* ServerUsage();
+Result<ServerConfig> ParseServerCommandLine(int argc, char** argv);
+bool IsLoopbackHost(const std::string& host);
+
+}  // namespace anchorage

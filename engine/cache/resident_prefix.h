@@ -1,0 +1,124 @@
+// The resident prefix: the engine's own buffer of K/V rows kept between requests, with anchors at
+// grid lines, the end anchor and end alignment, the guest stash, the pinned head and the parked
+// session. Every request asks it where to resume; it restores that state and forwards the rest on
+// the grid. Runs on the engine thread only.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/cache/anchor_set.h"
+#include "engine/cache/end_anchor.h"
+#include "engine/cache/guest_stash.h"
+#include "engine/cache/parked_session.h"
+#include "engine/cache/pinned_head.h"
+#include "engine/model/tokenizer.h"
+#include "engine/runtime/forward.h"
+#include "engine/runtime/generator.h"
+#include "engine/runtime/sequence_state.h"
+
+namespace anchorage {
+
+struct ResidentOptions {
+  bool enabled = true;                          // off: every request prefills cold
+  int64_t anchor_budget_bytes = 2560ll << 20;   // --resident-gb
+  bool end_anchor = true;
+  bool end_alignment = true;
+  int64_t guest_max_tokens = 8192;              // --resident-guest-max
+  int64_t stash_budget_bytes = 1ll << 30;       // --resident-stash-gb
+  int64_t pin_budget_bytes = 4ll << 30;         // --resident-pin-gb
+  int64_t park_budget_bytes = 4ll << 30;        // --resident-park-gb
+  int64_t guest_margin_rows = 512;
+};
+
+enum class CacheSource { kCold, kResident, kEnd, kPin, kPark };
+const char* CacheSourceName(CacheSource source);  // "cold", "resident", "end", "pin", "park"
+
+struct CacheRequest {
+  std::vector<int32_t> prompt;  // the client's tokens
+  std::string session;          // conversation id or x-session-id; empty when unknown
+  int64_t max_new_tokens = 0;   // rows a guest may write past its prompt
+};
+
+// Where a request resumed and what the engine runs.
+struct ResumeInfo {
+  CacheSource source = CacheSource::kCold;
+  int64_t cached_tokens = 0;           // rows reused
+  int64_t reread_tokens = 0;           // forwarded by this request's prefill
+  std::vector<int32_t> served_prompt;  // the client's tokens, or the rows' own up to the end anchor then the client's
+  bool guest = false;
+  bool aligned = false;                // served through end alignment
+};
+
+struct CachedGeneration {
+  ResumeInfo resume;
+  GenerationResult generation;
+};
+
+class ResidentPrefix {
+ public:
+  ResidentPrefix(Forward& forward, const Tokenizer* tokenizer, ResidentOptions options);
+
+  // Resumes, prefills the rest on the grid, generates, and keeps the end. Cancellation as Generator's.
+  Result<CachedGeneration> Generate(const CacheRequest& request, const SamplingParams& params, const TokenCallback& on_token,
+                                    const std::atomic<bool>* cancel = nullptr);
+  // Resumes and prefills the whole prompt; returns the last position's logits (no end anchor is kept).
+  Result<std::vector<float>> Prefill(const CacheRequest& request, ResumeInfo* info = nullptr);
+  // Where a request would resume, without changing anything.
+  ResumeInfo Peek(const CacheRequest& request) const;
+
+  // Empties one tier: "anchors", "end", "stash", "pin", "park", or "resident" / "ram" / "all" for every one.
+  Status Clear(const std::string& tier);
+  void set_options(const ResidentOptions& options);
+  const ResidentOptions& options() const { return options_; }
+
+  // Every tier's entries, bytes and counters.
+  nlohmann::json Stats() const;
+
+  const SequenceState& state() const { return state_; }
+  const std::vector<int32_t>& rows() const { return rows_; }
+  int64_t taint_row() const { return taint_row_; }
+  const AnchorSet& anchors() const { return anchors_; }
+
+ private:
+  struct Plan {
+    ResumeInfo info;
+    int64_t resume_length = 0;    // 0 means cold
+    bool resume_from_end = false;  // the anchor at resume_length is the (possibly parked) end anchor
+  };
+  Plan MakePlan(const CacheRequest& request) const;
+  Status Apply(const CacheRequest& request, Plan& plan);
+  Status PrefillRange(ResumeInfo& info, int64_t upto, bool take_anchors);
+  void KeepEnd(const ResumeInfo& info, int64_t forwarded_generated, const std::vector<int32_t>& generated);
+  void FinishGuest();
+  void PinHead();
+  void ParkResident(int64_t shared_head);
+  int64_t RowBytes(int64_t rows) const;
+  bool IsGuest(const CacheRequest& request, int64_t resume_at) const;
+
+  Forward& forward_;
+  const Tokenizer* tokenizer_;
+  ResidentOptions options_;
+  SequenceState state_;
+  std::vector<int32_t> rows_;     // tokens whose K/V rows are valid in state_
+  int64_t taint_row_;             // lowest decode-written row among rows_; rows_.size() or more when none
+  std::string session_;           // the session the resident rows belong to
+  AnchorSet anchors_;
+  std::optional<EndAnchor> end_;
+  GuestStash stash_;
+  std::vector<int32_t> guest_saved_rows_;  // rows_ of the resident prompt while a guest runs
+  PinnedHead pin_;
+  ParkedSession park_;
+  struct Counters {
+    int64_t requests = 0, cold = 0, resident_hits = 0, end_hits = 0, aligned_hits = 0, pin_hits = 0, park_hits = 0;
+    int64_t guests = 0, pins = 0, parks = 0, cached_tokens = 0, reread_tokens = 0;
+  } counters_;
+};
+
+}  // namespace anchorage

@@ -1,0 +1,359 @@
+#include "engine/server/http_server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/server/openai_api.h"
+#include "engine/server/output_parser.h"
+
+namespace anchorage {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+int64_t NowSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string RandomHex(size_t n) {
+  static thread_local std::mt19937_64 rng(std::random_device{}());
+  static const char* kHex = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) s += kHex[rng() & 15];
+  return s;
+}
+
+// JSON text for a response; invalid UTF-8 from a model's output becomes U+FFFD instead of throwing.
+template <typename Json>
+std::string Dump(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+void SendError(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(Dump(e.ToJson()), "application/json");
+}
+
+// A prepared request: the prompt ids and what the response needs to know about them.
+struct Prepared {
+  CompletionRequest request;
+  std::vector<int32_t> prompt_ids;
+  bool starts_in_reasoning = false;
+};
+
+ojson ToolCallsJson(const std::vector<ParsedToolCall>& calls, bool with_index) {
+  ojson out = ojson::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    ojson c;
+    if (with_index) c["index"] = i;
+    c["id"] = "call_" + RandomHex(24);
+    c["type"] = "function";
+    c["function"] = {{"name", calls[i].name}, {"arguments", Dump(calls[i].arguments)}};
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::string FinishReasonFor(const GenerationResult& result, bool has_tool_calls) {
+  if (result.finish == FinishReason::kLength) return "length";
+  return has_tool_calls ? "tool_calls" : "stop";
+}
+
+std::string SseEvent(const ojson& chunk) { return "data: " + Dump(chunk) + "\n\n"; }
+
+}  // namespace
+
+HttpServer::HttpServer(Model& model, Scheduler& scheduler, ServerOptions options)
+    : model_(model), scheduler_(scheduler), options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {
+  if (options_.context_tokens <= 0) options_.context_tokens = model_.config.max_position_embeddings;
+  Routes();
+}
+
+HttpServer::~HttpServer() = default;
+
+Status HttpServer::Bind() {
+  if (options_.port == 0) {
+    port_ = server_->bind_to_any_port(options_.host);
+    if (port_ < 0) return IoError("bind " + options_.host + ": no free port");
+  } else {
+    if (!server_->bind_to_port(options_.host, options_.port))
+      return IoError("bind " + options_.host + ":" + std::to_string(options_.port) + " failed (in use, or not an address of this machine)");
+    port_ = options_.port;
+  }
+  return Status::Ok();
+}
+
+void HttpServer::Serve() { server_->listen_after_bind(); }
+void HttpServer::Stop() { server_->stop(); }
+
+void HttpServer::Routes() {
+  httplib::Server& svr = *server_;
+  const int threads = options_.http_threads;
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  svr.set_payload_max_length(options_.max_body_bytes);
+  svr.set_keep_alive_max_count(1000);
+
+  svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    ApiError e;
+    e.status = res.status;
+    if (res.status == 413) {
+      e.message = "the request body exceeds " + std::to_string(options_.max_body_bytes) + " bytes";
+      e.code = "body_too_large";
+    } else if (res.status == 404) {
+      e.message = "no route " + req.method + " " + req.path;
+      e.code = "not_found";
+    } else {
+      e.message = "HTTP " + std::to_string(res.status);
+    }
+    res.set_content(Dump(e.ToJson()), "application/json");
+  });
+  svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    std::string route = req.path.rfind("/v1/", 0) == 0 || req.path == "/health" || req.path == "/metrics" ? req.path : "other";
+    metrics_.CountRequest(route, res.status);
+  });
+
+  svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    JobStats last = scheduler_.last_stats();
+    ojson body = {{"status", scheduler_.draining() ? "draining" : "ok"},
+                  {"model", options_.model_id},
+                  {"state", scheduler_.busy() ? "busy" : "idle"},
+                  {"queue", scheduler_.queue_depth()},
+                  {"fingerprint", model_.fingerprint},
+                  {"last_request", {{"prompt_tokens", last.prompt_tokens}, {"completion_tokens", last.completion_tokens}}}};
+    res.set_content(Dump(body), "application/json");
+  });
+
+  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_.Render(scheduler_.queue_depth(), scheduler_.busy()), "text/plain; version=0.0.4");
+  });
+
+  svr.Get("/v1/cache/stats", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(Dump(scheduler_.CacheStats()), "application/json");
+  });
+
+  svr.Post("/v1/cache/clear", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!options_.admin_token.empty() && req.get_header_value("Authorization") != "Bearer " + options_.admin_token)
+      return SendError(res, {401, "this route needs the admin token (Authorization: Bearer TOKEN)", "authentication_error", "", "admin_token_required"});
+    const std::string tier = req.has_param("tier") ? req.get_param_value("tier") : "all";
+    Status s = scheduler_.ClearCache(tier);
+    if (!s.ok()) return SendError(res, {400, s.message(), "invalid_request_error", "tier", "unknown_tier"});
+    res.set_content(Dump(ojson{{"cleared", tier}, {"stats", scheduler_.CacheStats()}}), "application/json");
+  });
+
+  svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    ojson body = {{"object", "list"},
+                  {"data", {{{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "anchorage"},
+                             {"max_model_len", options_.context_tokens}}}}};
+    res.set_content(Dump(body), "application/json");
+  });
+
+  auto handle = [this](RequestKind kind, const httplib::Request& req, httplib::Response& res) {
+    ApiError error;
+    ParseOptions parse_options{options_.model_id, model_.config.vocab_size};
+    auto request = ParseCompletionRequest(kind, req.body, parse_options, &error);
+    if (!request) return SendError(res, error);
+    if (request->session.empty() && req.has_header("x-session-id")) request->session = req.get_header_value("x-session-id");
+
+    auto prepared = std::make_shared<Prepared>();
+    prepared->request = std::move(*request);
+    CompletionRequest& r = prepared->request;
+    if (kind == RequestKind::kChat) {
+      auto text = model_.chat_template.RenderChatBody(r.template_body);
+      if (!text.ok()) return SendError(res, {400, "the chat template rejected the conversation: " + text.status().message(), "invalid_request_error", "messages", "template_error"});
+      const std::string& prompt = *text;
+      prepared->starts_in_reasoning = prompt.size() >= 8 && prompt.compare(prompt.size() - 8, 8, "<think>\n") == 0;
+      auto ids = model_.tokenizer.Encode(prompt, /*parse_special=*/true);
+      if (!ids.ok()) return SendError(res, {400, ids.status().message(), "invalid_request_error", "messages", "tokenizer_error"});
+      prepared->prompt_ids = std::move(*ids);
+    } else if (r.prompt_is_ids) {
+      prepared->prompt_ids = r.prompt_ids;
+    } else {
+      auto ids = model_.tokenizer.Encode(r.prompt_text, /*parse_special=*/true);
+      if (!ids.ok()) return SendError(res, {400, ids.status().message(), "invalid_request_error", "prompt", "tokenizer_error"});
+      prepared->prompt_ids = std::move(*ids);
+    }
+    const int64_t prompt_tokens = static_cast<int64_t>(prepared->prompt_ids.size());
+    if (prompt_tokens == 0) return SendError(res, {400, "the prompt is empty after tokenization", "invalid_request_error", "prompt", "empty_prompt"});
+    if (prompt_tokens >= options_.context_tokens)
+      return SendError(res, {400, "the prompt holds " + std::to_string(prompt_tokens) + " tokens; this server's context limit is " + std::to_string(options_.context_tokens) + " tokens",
+                             "invalid_request_error", kind == RequestKind::kChat ? "messages" : "prompt", "context_length_exceeded"});
+    const int64_t room = options_.context_tokens - prompt_tokens;
+    r.sampling.max_tokens = r.max_tokens_given ? std::min(r.sampling.max_tokens, room) : room;
+    for (int64_t id : model_.config.eos_token_ids) r.sampling.stop_token_ids.push_back(static_cast<int32_t>(id));
+    for (const char* stop : {"<|im_end|>", "<|endoftext|>"})
+      if (auto id = model_.tokenizer.TokenId(stop)) r.sampling.stop_token_ids.push_back(*id);
+
+    if (kind == RequestKind::kChat && !options_.test_replies.empty()) {
+      const ojson& last = r.template_body["messages"].back()["content"];
+      const std::string text = last.is_string() ? last.get<std::string>() : std::string();
+      for (const auto& entry : options_.test_replies) {
+        if (text.find(entry.value("match", std::string("\x01"))) == std::string::npos) continue;
+        auto forced = model_.tokenizer.Encode(entry.value("reply", std::string()), /*parse_special=*/true);
+        if (forced.ok()) {
+          r.sampling.forced_ids = std::move(*forced);
+          if (auto end = model_.tokenizer.TokenId("<|im_end|>")) r.sampling.forced_ids.push_back(*end);
+        }
+        break;
+      }
+    }
+    auto job = std::make_shared<Job>(prepared->prompt_ids, r.sampling, r.session);
+    Status submitted = scheduler_.Submit(job);
+    if (!submitted.ok()) {
+      res.set_header("Retry-After", "1");
+      return SendError(res, {503, submitted.message(), "server_error", "", submitted.code() == StatusCode::kCancelled ? "shutting_down" : "queue_full"});
+    }
+
+    const std::string id = (kind == RequestKind::kChat ? "chatcmpl-" : "cmpl-") + RandomHex(24);
+    const int64_t created = NowSeconds();
+    const std::string object = kind == RequestKind::kChat ? "chat.completion" : "text_completion";
+    auto usage_json = [this](const Job& j) {
+      const JobStats& s = j.stats();
+      ojson u = {{"prompt_tokens", s.prompt_tokens},
+                 {"completion_tokens", s.completion_tokens},
+                 {"total_tokens", s.prompt_tokens + s.completion_tokens},
+                 {"prompt_tokens_details", {{"cached_tokens", std::min(s.cached_tokens, s.prompt_tokens)}}},
+                 {"anchorage", {{"cache_tier", s.cached_tokens > 0 ? "ram" : "none"}, {"cache_source", s.cache_source}, {"cached_tokens", s.cached_tokens},
+                                {"reread_tokens", s.reread_tokens}, {"served_prompt_tokens", s.served_prompt_tokens},
+                                {"prefill_ms", s.prefill_ms}, {"ttft_ms", s.ttft_ms},
+                                {"decode_tokens_per_s", s.decode_tokens_per_s}, {"queue_ms", s.queue_ms}}}};
+      metrics_.CountTokens(s.prompt_tokens, s.cached_tokens, s.completion_tokens);
+      if (s.ttft_ms > 0) metrics_.ObserveTtftMs(s.ttft_ms);
+      if (s.prefill_ms > 0) metrics_.ObservePrefillTokensPerS(1000.0 * static_cast<double>(s.reread_tokens) / s.prefill_ms);
+      if (s.decode_tokens_per_s > 0) metrics_.ObserveDecodeTokensPerS(s.decode_tokens_per_s);
+      return u;
+    };
+    auto token_logprob = [this](const SampledToken& t, int top) {
+      auto entry = [this](int32_t tid, float lp) {
+        std::string text = model_.tokenizer.Decode({tid});
+        ojson bytes = ojson::array();
+        for (unsigned char c : text) bytes.push_back(c);
+        return ojson{{"token", text}, {"logprob", lp}, {"bytes", bytes}};
+      };
+      ojson e = entry(t.id, t.logprob);
+      ojson alternatives = ojson::array();
+      for (int i = 0; i < top && i < static_cast<int>(t.top.size()); ++i) alternatives.push_back(entry(t.top[i].first, t.top[i].second));
+      e["top_logprobs"] = alternatives;
+      return e;
+    };
+
+    if (!r.stream) {
+      std::vector<SampledToken> sampled;
+      bool done = false;
+      while (!done)
+        for (const GeneratedToken& t : job->WaitTokens(&done)) sampled.push_back(t.sampled);
+      if (!job->status().ok()) return SendError(res, {500, job->status().ToString(), "server_error", "", "engine_error"});
+      const GenerationResult& result = job->result();
+      ojson choice = {{"index", 0}};
+      ojson logprobs = nullptr;
+      if (r.logprobs) {
+        ojson content = ojson::array();
+        for (const SampledToken& t : sampled)
+          if (std::find(r.sampling.stop_token_ids.begin(), r.sampling.stop_token_ids.end(), t.id) == r.sampling.stop_token_ids.end())
+            content.push_back(token_logprob(t, r.top_logprobs));
+        logprobs = {{"content", content}};
+      }
+      bool has_tools = false;
+      if (kind == RequestKind::kChat) {
+        OutputParser parser(prepared->starts_in_reasoning, r.parse_tool_calls ? r.tools : ojson::array());
+        parser.Push(result.text);
+        parser.Finish();
+        ojson message = {{"role", "assistant"}, {"content", parser.content()}};
+        if (!parser.reasoning().empty()) message["reasoning_content"] = parser.reasoning();
+        if (r.parse_tool_calls && !parser.tool_calls().empty()) {
+          has_tools = true;
+          message["tool_calls"] = ToolCallsJson(parser.tool_calls(), false);
+          if (parser.content().empty()) message["content"] = nullptr;
+        }
+        choice["message"] = message;
+      } else {
+        choice["text"] = result.text;
+      }
+      choice["logprobs"] = logprobs;
+      choice["finish_reason"] = FinishReasonFor(result, has_tools);
+      ojson body = {{"id", id}, {"object", object}, {"created", created}, {"model", options_.model_id}, {"choices", ojson::array({choice})}};
+      body["usage"] = usage_json(*job);
+      res.set_content(Dump(body), "application/json");
+      return;
+    }
+
+    const std::string chunk_object = kind == RequestKind::kChat ? "chat.completion.chunk" : "text_completion";
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, job, prepared, id, created, chunk_object, kind, usage_json, token_logprob](size_t, httplib::DataSink& sink) {
+          const CompletionRequest& r = prepared->request;
+          auto chunk = [&](ojson choice_delta, ojson finish, ojson logprobs) {
+            ojson choice = {{"index", 0}};
+            if (kind == RequestKind::kChat) choice["delta"] = std::move(choice_delta);
+            else choice["text"] = choice_delta.value("content", std::string());
+            choice["logprobs"] = std::move(logprobs);
+            choice["finish_reason"] = std::move(finish);
+            return ojson{{"id", id}, {"object", chunk_object}, {"created", created}, {"model", options_.model_id}, {"choices", ojson::array({choice})}};
+          };
+          auto send = [&](const std::string& data) {
+            if (!sink.is_writable() || !sink.write(data.data(), data.size())) {
+              job->Cancel();
+              return false;
+            }
+            return true;
+          };
+          OutputParser parser(prepared->starts_in_reasoning, r.parse_tool_calls ? r.tools : ojson::array());
+          size_t tool_index = 0;
+          auto send_delta = [&](const OutputDelta& d, ojson logprobs) {
+            if (d.empty() && logprobs.is_null()) return true;
+            if (kind == RequestKind::kCompletion) return send(SseEvent(chunk({{"content", d.content}}, nullptr, std::move(logprobs))));
+            if (!d.reasoning.empty() && !send(SseEvent(chunk({{"reasoning_content", d.reasoning}}, nullptr, nullptr)))) return false;
+            if (!d.content.empty() || !logprobs.is_null())
+              if (!send(SseEvent(chunk({{"content", d.content}}, nullptr, std::move(logprobs))))) return false;
+            for (const ParsedToolCall& call : d.tool_calls) {
+              ojson tc = ToolCallsJson({call}, true)[0];
+              tc["index"] = tool_index++;
+              if (!send(SseEvent(chunk({{"tool_calls", ojson::array({tc})}}, nullptr, nullptr)))) return false;
+            }
+            return true;
+          };
+          if (kind == RequestKind::kChat && !send(SseEvent(chunk({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)))) return false;
+          bool done = false;
+          while (!done) {
+            for (const GeneratedToken& t : job->WaitTokens(&done)) {
+              const bool is_stop = std::find(r.sampling.stop_token_ids.begin(), r.sampling.stop_token_ids.end(), t.sampled.id) != r.sampling.stop_token_ids.end();
+              ojson logprobs = nullptr;
+              if (r.logprobs && !is_stop) logprobs = {{"content", ojson::array({token_logprob(t.sampled, r.top_logprobs)})}};
+              OutputDelta d = kind == RequestKind::kChat ? parser.Push(t.text) : OutputDelta{"", t.text, {}};
+              if (!send_delta(d, std::move(logprobs))) {
+                metrics_.CountCancelled();
+                return false;
+              }
+            }
+          }
+          if (!job->status().ok()) {
+            ApiError e{500, job->status().ToString(), "server_error", "", "engine_error"};
+            send(SseEvent(e.ToJson()));
+            sink.done();
+            return true;
+          }
+          if (kind == RequestKind::kChat && !send_delta(parser.Finish(), nullptr)) return false;
+          const bool has_tools = r.parse_tool_calls && !parser.tool_calls().empty();
+          if (!send(SseEvent(chunk(ojson::object(), FinishReasonFor(job->result(), has_tools), nullptr)))) return false;
+          ojson usage = usage_json(*job);
+          if (r.include_usage) {
+            ojson last = {{"id", id}, {"object", chunk_object}, {"created", created}, {"model", options_.model_id}, {"choices", ojson::array()}, {"usage", usage}};
+            if (!send(SseEvent(last))) return false;
+          }
+          send("data: [DONE]\n\n");
+          sink.done();
+          return true;
+        });
+  };
+
+  svr.Post("/v1/chat/completions", [handle](const httplib::Request& req, httplib::Response& res) { handle(RequestKind::kChat, req, res); });
+  svr.Post("/v1/completions", [handle](const httplib::Request& req, httplib::Response& res) { handle(RequestKind::kCompletion, req, res); });
+}
+
+}  // namespace anchorage

@@ -1,0 +1,89 @@
+#include "engine/server/metrics.h"
+
+#include <cstdio>
+
+namespace anchorage {
+
+namespace {
+std::string Num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+}  // namespace
+
+void Metrics::Histogram::Observe(double v) {
+  size_t i = 0;
+  while (i < bounds.size() && v > bounds[i]) ++i;
+  ++counts[i];
+  sum += v;
+  ++count;
+}
+
+Metrics::Histogram Metrics::Make(std::vector<double> bounds) {
+  Histogram h;
+  h.counts.assign(bounds.size() + 1, 0);
+  h.bounds = std::move(bounds);
+  return h;
+}
+
+void Metrics::CountRequest(const std::string& route, int status) {
+  std::lock_guard lock(mu_);
+  ++requests_[{route, status}];
+}
+
+void Metrics::CountTokens(int64_t prompt, int64_t cached, int64_t output) {
+  std::lock_guard lock(mu_);
+  prompt_tokens_ += static_cast<uint64_t>(prompt);
+  cached_tokens_ += static_cast<uint64_t>(cached);
+  output_tokens_ += static_cast<uint64_t>(output);
+}
+
+void Metrics::ObserveTtftMs(double ms) { std::lock_guard lock(mu_); ttft_.Observe(ms); }
+void Metrics::ObservePrefillTokensPerS(double rate) { std::lock_guard lock(mu_); prefill_rate_.Observe(rate); }
+void Metrics::ObserveDecodeTokensPerS(double rate) {
+  std::lock_guard lock(mu_);
+  decode_rate_.Observe(rate);
+  last_decode_rate_ = rate;
+}
+void Metrics::CountCancelled() { std::lock_guard lock(mu_); ++cancelled_; }
+
+void Metrics::RenderHistogram(std::string& out, const std::string& name, const std::string& help, const Histogram& h) {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < h.bounds.size(); ++i) {
+    cumulative += h.counts[i];
+    out += name + "_bucket{le=\"" + Num(h.bounds[i]) + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  cumulative += h.counts.back();
+  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(cumulative) + "\n";
+  out += name + "_sum " + Num(h.sum) + "\n" + name + "_count " + std::to_string(h.count) + "\n";
+}
+
+std::string Metrics::Render(size_t queue_depth, bool busy) const {
+  std::lock_guard lock(mu_);
+  std::string out;
+  out += "# HELP anchorage_requests_total HTTP requests by route and status.\n# TYPE anchorage_requests_total counter\n";
+  for (const auto& [key, n] : requests_)
+    out += "anchorage_requests_total{route=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " + std::to_string(n) + "\n";
+  out += "# HELP anchorage_prompt_tokens_total Prompt tokens of finished requests.\n# TYPE anchorage_prompt_tokens_total counter\n";
+  out += "anchorage_prompt_tokens_total " + std::to_string(prompt_tokens_) + "\n";
+  out += "# HELP anchorage_cached_tokens_total Prompt tokens served from a cache.\n# TYPE anchorage_cached_tokens_total counter\n";
+  out += "anchorage_cached_tokens_total " + std::to_string(cached_tokens_) + "\n";
+  out += "# HELP anchorage_output_tokens_total Generated tokens.\n# TYPE anchorage_output_tokens_total counter\n";
+  out += "anchorage_output_tokens_total " + std::to_string(output_tokens_) + "\n";
+  out += "# HELP anchorage_cancelled_requests_total Requests whose client went away.\n# TYPE anchorage_cancelled_requests_total counter\n";
+  out += "anchorage_cancelled_requests_total " + std::to_string(cancelled_) + "\n";
+  RenderHistogram(out, "anchorage_ttft_ms", "Time to first token in milliseconds.", ttft_);
+  RenderHistogram(out, "anchorage_prefill_tokens_per_second", "Prefill rate of each request.", prefill_rate_);
+  RenderHistogram(out, "anchorage_decode_tokens_per_second", "Decode rate of each request.", decode_rate_);
+  out += "# HELP anchorage_decode_rate Decode tokens per second of the last request.\n# TYPE anchorage_decode_rate gauge\n";
+  out += "anchorage_decode_rate " + Num(last_decode_rate_) + "\n";
+  out += "# HELP anchorage_queue_depth Requests waiting for the engine.\n# TYPE anchorage_queue_depth gauge\n";
+  out += "anchorage_queue_depth " + std::to_string(queue_depth) + "\n";
+  out += "# HELP anchorage_engine_busy 1 while the engine runs a request.\n# TYPE anchorage_engine_busy gauge\n";
+  out += "anchorage_engine_busy " + std::string(busy ? "1" : "0") + "\n";
+  return out;
+}
+
+}  // namespace anchorage

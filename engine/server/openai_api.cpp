@@ -1,0 +1,308 @@
+#include "engine/server/openai_api.h"
+
+#include <cmath>
+
+namespace anchorage {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+struct Invalid {
+  ApiError error;
+};
+
+[[noreturn]] void Reject(const std::string& param, const std::string& message, const std::string& code = "") {
+  ApiError e;
+  e.status = 400;
+  e.message = message;
+  e.param = param;
+  e.code = code;
+  throw Invalid{e};
+}
+
+double NumberIn(const ojson& body, const char* key, double lo, double hi, double fallback) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  const ojson& v = body[key];
+  if (!v.is_number()) Reject(key, std::string("'") + key + "' must be a number, got " + v.dump());
+  double x = v.get<double>();
+  if (!(x >= lo && x <= hi)) Reject(key, std::string("'") + key + "' must be between " + ojson(lo).dump() + " and " + ojson(hi).dump() + ", got " + v.dump());
+  return x;
+}
+
+std::optional<int64_t> IntegerIn(const ojson& body, const char* key, int64_t lo, int64_t hi) {
+  if (!body.contains(key) || body[key].is_null()) return std::nullopt;
+  const ojson& v = body[key];
+  if (!v.is_number_integer()) Reject(key, std::string("'") + key + "' must be an integer, got " + v.dump());
+  int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) Reject(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ", got " + v.dump());
+  return x;
+}
+
+bool BoolOf(const ojson& body, const char* key, bool fallback) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  if (!body[key].is_boolean()) Reject(key, std::string("'") + key + "' must be true or false, got " + body[key].dump());
+  return body[key].get<bool>();
+}
+
+// Content as the template expects it: a string, or text parts joined into one string.
+ojson NormaliseContent(const ojson& content, const std::string& param) {
+  if (content.is_null() || content.is_string()) return content;
+  if (!content.is_array()) Reject(param, "'" + param + "' must be a string or an array of content parts");
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const ojson& part = content[i];
+    const std::string p = param + "[" + std::to_string(i) + "]";
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) Reject(p, "'" + p + "' must be an object with a 'type'");
+    const std::string type = part["type"].get<std::string>();
+    if (type != "text") Reject(p + ".type", "content part type '" + type + "' is not supported (only text)");
+    if (!part.contains("text") || !part["text"].is_string()) Reject(p + ".text", "'" + p + ".text' must be a string");
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+ojson CheckTools(const ojson& tools) {
+  if (!tools.is_array()) Reject("tools", "'tools' must be an array");
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& t = tools[i];
+    const std::string p = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object()) Reject(p, "'" + p + "' must be an object");
+    if (t.value("type", "function") != "function") Reject(p + ".type", "'" + p + ".type' must be 'function'");
+    if (!t.contains("function") || !t["function"].is_object()) Reject(p + ".function", "'" + p + ".function' must be an object");
+    const ojson& f = t["function"];
+    if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty())
+      Reject(p + ".function.name", "'" + p + ".function.name' must be a non-empty string");
+    const std::string name = f["name"].get<std::string>();
+    for (char c : name)
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.'))
+        Reject(p + ".function.name", "tool name '" + name + "' may hold only letters, digits, '_', '-' and '.'");
+    if (f.contains("parameters") && !f["parameters"].is_null() && !f["parameters"].is_object())
+      Reject(p + ".function.parameters", "'" + p + ".function.parameters' must be a JSON schema object");
+    if (f.contains("description") && !f["description"].is_null() && !f["description"].is_string())
+      Reject(p + ".function.description", "'" + p + ".function.description' must be a string");
+  }
+  return tools;
+}
+
+ojson CheckMessages(const ojson& messages) {
+  if (!messages.is_array()) Reject("messages", "'messages' must be an array");
+  if (messages.empty()) Reject("messages", "'messages' must hold at least one message");
+  ojson out = ojson::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ojson& m = messages[i];
+    const std::string p = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) Reject(p, "'" + p + "' must be an object");
+    if (!m.contains("role") || !m["role"].is_string()) Reject(p + ".role", "'" + p + ".role' must be a string");
+    std::string role = m["role"].get<std::string>();
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      Reject(p + ".role", "unknown role '" + role + "' (system, developer, user, assistant or tool)");
+    ojson msg = m;
+    msg["role"] = role;
+    if (!m.contains("content") && !(role == "assistant" && m.contains("tool_calls")))
+      Reject(p + ".content", "'" + p + ".content' is required");
+    msg["content"] = NormaliseContent(m.value("content", ojson()), p + ".content");
+    if (msg["content"].is_null()) msg["content"] = "";
+    if (m.contains("reasoning_content") && !m["reasoning_content"].is_null() && !m["reasoning_content"].is_string())
+      Reject(p + ".reasoning_content", "'" + p + ".reasoning_content' must be a string");
+    if (m.contains("reasoning") && m["reasoning"].is_string() && !m.contains("reasoning_content"))
+      msg["reasoning_content"] = m["reasoning"];
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      if (role != "assistant") Reject(p + ".tool_calls", "only assistant messages carry tool_calls");
+      if (!m["tool_calls"].is_array()) Reject(p + ".tool_calls", "'" + p + ".tool_calls' must be an array");
+      ojson calls = ojson::array();
+      for (size_t j = 0; j < m["tool_calls"].size(); ++j) {
+        const std::string q = p + ".tool_calls[" + std::to_string(j) + "]";
+        ojson call = m["tool_calls"][j];
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) Reject(q, "'" + q + ".function' must be an object");
+        ojson& fn = call["function"];
+        if (!fn.contains("name") || !fn["name"].is_string()) Reject(q + ".function.name", "'" + q + ".function.name' must be a string");
+        if (fn.contains("arguments") && fn["arguments"].is_string()) {
+          // The template iterates arguments as a mapping; OpenAI sends them as a JSON string.
+          ojson args = ojson::parse(fn["arguments"].get<std::string>(), nullptr, false);
+          if (args.is_discarded() || !args.is_object())
+            Reject(q + ".function.arguments", "'" + q + ".function.arguments' must be a JSON object encoded as a string");
+          fn["arguments"] = args;
+        } else if (fn.contains("arguments") && !fn["arguments"].is_object() && !fn["arguments"].is_null()) {
+          Reject(q + ".function.arguments", "'" + q + ".function.arguments' must be a JSON object encoded as a string");
+        }
+        calls.push_back(call);
+      }
+      msg["tool_calls"] = calls;
+    }
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+void ParseSampling(const ojson& body, CompletionRequest& r) {
+  SamplingParams& s = r.sampling;
+  s.temperature = static_cast<float>(NumberIn(body, "temperature", 0.0, 2.0, 1.0));
+  s.top_p = static_cast<float>(NumberIn(body, "top_p", 0.0, 1.0, 1.0));
+  if (body.contains("top_p") && body["top_p"].is_number() && body["top_p"].get<double>() <= 0.0) Reject("top_p", "'top_p' must be greater than 0");
+  s.min_p = static_cast<float>(NumberIn(body, "min_p", 0.0, 1.0, 0.0));
+  s.presence_penalty = static_cast<float>(NumberIn(body, "presence_penalty", -2.0, 2.0, 0.0));
+  s.frequency_penalty = static_cast<float>(NumberIn(body, "frequency_penalty", -2.0, 2.0, 0.0));
+  s.repetition_penalty = static_cast<float>(NumberIn(body, "repetition_penalty", 0.01, 10.0, 1.0));
+  if (auto k = IntegerIn(body, "top_k", -1, 1 << 30)) s.top_k = *k < 0 ? 0 : static_cast<int>(*k);
+  if (auto seed = IntegerIn(body, "seed", INT64_MIN, INT64_MAX)) s.seed = static_cast<uint64_t>(*seed);
+  std::optional<int64_t> max_tokens = IntegerIn(body, "max_completion_tokens", 1, INT32_MAX);
+  if (!max_tokens) max_tokens = IntegerIn(body, "max_tokens", 1, INT32_MAX);
+  if (max_tokens) { s.max_tokens = *max_tokens; r.max_tokens_given = true; }
+  if (auto n = IntegerIn(body, "n", 1, 1)) (void)n;
+  if (body.contains("stop") && !body["stop"].is_null()) {
+    const ojson& stop = body["stop"];
+    if (stop.is_string()) {
+      if (!stop.get<std::string>().empty()) s.stop_strings.push_back(stop.get<std::string>());
+    } else if (stop.is_array()) {
+      if (stop.size() > 16) Reject("stop", "'stop' may hold at most 16 strings");
+      for (const ojson& x : stop) {
+        if (!x.is_string()) Reject("stop", "'stop' must be a string or an array of strings");
+        if (!x.get<std::string>().empty()) s.stop_strings.push_back(x.get<std::string>());
+      }
+    } else {
+      Reject("stop", "'stop' must be a string or an array of strings");
+    }
+  }
+  if (body.contains("logprobs") && body["logprobs"].is_number_integer() && r.kind == RequestKind::kCompletion) {
+    int64_t n = body["logprobs"].get<int64_t>();
+    if (n < 0 || n > 20) Reject("logprobs", "'logprobs' must be between 0 and 20");
+    r.logprobs = true;
+    r.top_logprobs = static_cast<int>(n);
+  } else {
+    r.logprobs = BoolOf(body, "logprobs", false);
+    if (auto n = IntegerIn(body, "top_logprobs", 0, 20)) {
+      if (!r.logprobs) Reject("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+      r.top_logprobs = static_cast<int>(*n);
+    }
+  }
+  s.logprobs = r.top_logprobs;
+  r.stream = BoolOf(body, "stream", false);
+  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+    if (!body["stream_options"].is_object()) Reject("stream_options", "'stream_options' must be an object");
+    r.include_usage = BoolOf(body["stream_options"], "include_usage", false);
+  }
+}
+
+}  // namespace
+
+nlohmann::json ApiError::ToJson() const {
+  nlohmann::json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
+  if (!param.empty()) e["param"] = param;
+  if (!code.empty()) e["code"] = code;
+  return {{"error", e}};
+}
+
+bool IsValidUtf8(std::string_view s, size_t* bad_offset) {
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1f : n == 3 ? c & 0x0f : c & 0x07;
+    for (size_t k = 1; ok && k < n; ++k) {
+      unsigned char d = static_cast<unsigned char>(s[i + k]);
+      ok = (d & 0xc0) == 0x80;
+      cp = cp << 6 | (d & 0x3f);
+    }
+    if (ok) ok = !(n == 2 && cp < 0x80) && !(n == 3 && cp < 0x800) && !(n == 4 && (cp < 0x10000 || cp > 0x10ffff)) && !(cp >= 0xd800 && cp <= 0xdfff);
+    if (!ok) {
+      if (bad_offset) *bad_offset = i;
+      return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+std::optional<CompletionRequest> ParseCompletionRequest(RequestKind kind, std::string_view body_text, const ParseOptions& options,
+                                                        ApiError* error) {
+  size_t bad = 0;
+  if (!IsValidUtf8(body_text, &bad)) {
+    *error = {400, "the request body is not valid UTF-8 (first bad byte at offset " + std::to_string(bad) + ")", "invalid_request_error", "", "invalid_utf8"};
+    return std::nullopt;
+  }
+  ojson body = ojson::parse(body_text, nullptr, false);
+  if (body.is_discarded()) {
+    *error = {400, "could not parse the JSON body of the request", "invalid_request_error", "", "invalid_json"};
+    return std::nullopt;
+  }
+  if (!body.is_object()) {
+    *error = {400, "the request body must be a JSON object", "invalid_request_error", "", "invalid_json"};
+    return std::nullopt;
+  }
+  try {
+    CompletionRequest r;
+    r.kind = kind;
+    if (body.contains("model") && !body["model"].is_null()) {
+      if (!body["model"].is_string()) Reject("model", "'model' must be a string");
+      r.model = body["model"].get<std::string>();
+      if (!r.model.empty() && r.model != options.model_id) {
+        ApiError e{404, "the model '" + r.model + "' does not exist; this server serves '" + options.model_id + "'", "invalid_request_error", "model", "model_not_found"};
+        throw Invalid{e};
+      }
+    }
+    if (r.model.empty()) r.model = options.model_id;
+    ParseSampling(body, r);
+    for (const char* key : {"conversation_id", "session_id", "user"}) {
+      if (body.contains(key) && body[key].is_string() && !body[key].get<std::string>().empty()) {
+        r.session = body[key].get<std::string>();
+        break;
+      }
+    }
+    if (kind == RequestKind::kChat) {
+      if (!body.contains("messages")) Reject("messages", "'messages' is required");
+      r.template_body["messages"] = CheckMessages(body["messages"]);
+      std::string tool_choice = "auto";
+      if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
+        const ojson& tc = body["tool_choice"];
+        if (tc.is_string()) {
+          tool_choice = tc.get<std::string>();
+          if (tool_choice != "none" && tool_choice != "auto" && tool_choice != "required")
+            Reject("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or a function");
+        } else if (!tc.is_object() || !tc.contains("function") || !tc["function"].is_object() || !tc["function"].contains("name")) {
+          Reject("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        }
+      }
+      if (body.contains("tools") && !body["tools"].is_null()) {
+        r.tools = CheckTools(body["tools"]);
+        if (tool_choice != "none" && !r.tools.empty()) {
+          r.template_body["tools"] = r.tools;
+          r.parse_tool_calls = true;
+        }
+      }
+      if (body.contains("chat_template_kwargs") && !body["chat_template_kwargs"].is_null()) {
+        if (!body["chat_template_kwargs"].is_object()) Reject("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        r.template_body["chat_template_kwargs"] = body["chat_template_kwargs"];
+      }
+    } else {
+      if (!body.contains("prompt") || body["prompt"].is_null()) Reject("prompt", "'prompt' is required");
+      const ojson& p = body["prompt"];
+      if (p.is_string()) {
+        r.prompt_text = p.get<std::string>();
+        if (r.prompt_text.empty()) Reject("prompt", "'prompt' must not be empty");
+      } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+        r.prompt_text = p[0].get<std::string>();
+        if (r.prompt_text.empty()) Reject("prompt", "'prompt' must not be empty");
+      } else if (p.is_array()) {
+        if (p.empty()) Reject("prompt", "'prompt' must not be empty");
+        r.prompt_is_ids = true;
+        for (const ojson& id : p) {
+          if (!id.is_number_integer()) Reject("prompt", "'prompt' must be a string, or an array of token ids (one prompt per request)");
+          int64_t v = id.get<int64_t>();
+          if (v < 0 || v >= options.vocab_size) Reject("prompt", "token id " + std::to_string(v) + " is outside the vocabulary (0.." + std::to_string(options.vocab_size - 1) + ")");
+          r.prompt_ids.push_back(static_cast<int32_t>(v));
+        }
+      } else {
+        Reject("prompt", "'prompt' must be a string or an array of token ids");
+      }
+    }
+    return r;
+  } catch (const Invalid& invalid) {
+    *error = invalid.error;
+    return std::nullopt;
+  }
+}
+
+}  // namespace anchorage

@@ -1,0 +1,58 @@
+// OpenAI request parsing and validation (chat and text completions) and the error shape.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/runtime/sampler.h"
+
+namespace anchorage {
+
+// An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}} with its HTTP status.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // empty means null
+  std::string code;   // empty means null
+  nlohmann::json ToJson() const;
+};
+
+enum class RequestKind { kChat, kCompletion };
+
+struct CompletionRequest {
+  RequestKind kind = RequestKind::kChat;
+  std::string model;
+  nlohmann::ordered_json template_body;  // chat: messages, tools, chat_template_kwargs as the template sees them
+  std::string prompt_text;               // completion with a text prompt
+  std::vector<int32_t> prompt_ids;       // completion with token ids
+  bool prompt_is_ids = false;
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();  // for typing parsed tool calls
+  bool parse_tool_calls = false;
+  SamplingParams sampling;
+  bool max_tokens_given = false;
+  bool stream = false;
+  bool include_usage = false;
+  bool logprobs = false;
+  int top_logprobs = 0;
+  std::string session;  // conversation id from the body, else x-session-id
+};
+
+struct ParseOptions {
+  std::string model_id;       // the one model served; an empty or matching "model" is accepted
+  int64_t vocab_size = 0;     // token ids in a completion prompt must be below this
+};
+
+// Parses and validates a body; returns the request or the error to send. Never throws.
+std::optional<CompletionRequest> ParseCompletionRequest(RequestKind kind, std::string_view body, const ParseOptions& options,
+                                                        ApiError* error);
+
+// True when s is well-formed UTF-8; on failure *bad_offset is the first bad byte.
+bool IsValidUtf8(std::string_view s, size_t* bad_offset = nullptr);
+
+}  // namespace anchorage

@@ -1,0 +1,202 @@
+#include "engine/server/scheduler.h"
+
+#include <chrono>
+
+namespace anchorage {
+
+namespace {
+double MsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
+
+std::vector<GeneratedToken> Job::WaitTokens(bool* done) {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return done_ || !tokens_.empty(); });
+  std::vector<GeneratedToken> out(tokens_.begin(), tokens_.end());
+  tokens_.clear();
+  *done = done_ && tokens_.empty();
+  return out;
+}
+
+void Job::PushToken(const GeneratedToken& token) {
+  {
+    std::lock_guard lock(mu_);
+    tokens_.push_back(token);
+  }
+  cv_.notify_all();
+}
+
+void Job::Finish(Status status, GenerationResult result, JobStats stats) {
+  {
+    std::lock_guard lock(mu_);
+    status_ = std::move(status);
+    result_ = std::move(result);
+    stats_ = std::move(stats);
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+Scheduler::Scheduler(Model& model, std::unique_ptr<Forward> forward, SchedulerOptions options)
+    : model_(model),
+      forward_(std::move(forward)),
+      options_(options),
+      resident_(*forward_, &model.tokenizer, options.resident),
+      cache_stats_(resident_.Stats()) {
+  thread_ = std::thread([this] { EngineLoop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+    for (auto& [job, t] : queue_) job->Cancel();
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+Status Scheduler::Submit(std::shared_ptr<Job> job) {
+  {
+    std::lock_guard lock(mu_);
+    if (draining_ || stop_) return Cancelled("the server is shutting down");
+    const bool engine_free = queue_.empty() && !running_job_;
+    if (!engine_free && queue_.size() >= options_.max_queue)
+      return ResourceExhausted("the queue is full (" + std::to_string(queue_.size()) + " requests waiting)");
+    queue_.emplace_back(std::move(job), std::chrono::steady_clock::now());
+  }
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+void Scheduler::BeginDrain() {
+  std::lock_guard lock(mu_);
+  draining_ = true;
+}
+
+void Scheduler::WaitIdle() {
+  std::unique_lock lock(mu_);
+  idle_cv_.wait(lock, [&] { return queue_.empty() && !running_job_; });
+}
+
+size_t Scheduler::queue_depth() const {
+  std::lock_guard lock(mu_);
+  return queue_.size();
+}
+
+bool Scheduler::busy() const {
+  std::lock_guard lock(mu_);
+  return running_job_;
+}
+
+bool Scheduler::draining() const {
+  std::lock_guard lock(mu_);
+  return draining_;
+}
+
+JobStats Scheduler::last_stats() const {
+  std::lock_guard lock(mu_);
+  return last_stats_;
+}
+
+nlohmann::json Scheduler::CacheStats() const {
+  std::lock_guard lock(mu_);
+  return cache_stats_;
+}
+
+Status Scheduler::ClearCache(const std::string& tier) {
+  lock_.LockForRequest();
+  Status s = resident_.Clear(tier);
+  nlohmann::json stats = resident_.Stats();
+  lock_.UnlockRequest();
+  std::lock_guard lock(mu_);
+  cache_stats_ = std::move(stats);
+  return s;
+}
+
+Result<ResumeInfo> Scheduler::PeekCache(const CacheRequest& request, int wait_ms) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  while (true) {
+    {
+      std::lock_guard lock(mu_);
+      if (!running_job_ && queue_.empty() && lock_.TryLockForIdle()) break;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return ResourceExhausted("the engine is busy");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ResumeInfo info = resident_.Peek(request);
+  lock_.UnlockIdle();
+  return info;
+}
+
+void Scheduler::EngineLoop() {
+  while (true) {
+    std::shared_ptr<Job> job;
+    double queue_ms = 0;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_ && queue_.empty()) return;
+      job = queue_.front().first;
+      queue_ms = MsSince(queue_.front().second);
+      queue_.pop_front();
+      running_job_ = true;
+    }
+    lock_.LockForRequest();
+    RunJob(*job, queue_ms);
+    lock_.UnlockRequest();
+    nlohmann::json stats = resident_.Stats();
+    {
+      std::lock_guard lock(mu_);
+      running_job_ = false;
+      last_stats_ = job->stats();
+      cache_stats_ = std::move(stats);
+    }
+    idle_cv_.notify_all();
+  }
+}
+
+void Scheduler::RunJob(Job& job, double queue_ms) {
+  JobStats stats;
+  stats.queue_ms = queue_ms;
+  stats.prompt_tokens = static_cast<int64_t>(job.prompt_ids().size());
+  if (job.cancel_flag().load()) {
+    job.Finish(Cancelled("cancelled before it started"), {}, stats);
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point first_token;
+  bool have_first = false;
+  CacheRequest request{job.prompt_ids(), job.session(), job.sampling().max_tokens};
+  auto result = resident_.Generate(
+      request, job.sampling(),
+      [&](const GeneratedToken& token) {
+        if (!have_first) {
+          first_token = std::chrono::steady_clock::now();
+          have_first = true;
+        }
+        job.PushToken(token);
+        return !job.cancel_flag().load();
+      },
+      &job.cancel_flag());
+  const auto end = std::chrono::steady_clock::now();
+  if (!result.ok()) {
+    job.Finish(result.status(), {}, stats);
+    return;
+  }
+  stats.completion_tokens = static_cast<int64_t>(result->generation.tokens.size());
+  stats.cached_tokens = result->resume.cached_tokens;
+  stats.reread_tokens = result->resume.reread_tokens;
+  stats.served_prompt_tokens = static_cast<int64_t>(result->resume.served_prompt.size());
+  stats.cache_source = CacheSourceName(result->resume.source);
+  if (have_first) {
+    stats.ttft_ms = std::chrono::duration<double, std::milli>(first_token - start).count() + queue_ms;
+    stats.prefill_ms = std::chrono::duration<double, std::milli>(first_token - start).count();
+    double decode_s = std::chrono::duration<double>(end - first_token).count();
+    if (stats.completion_tokens > 1 && decode_s > 0) stats.decode_tokens_per_s = (stats.completion_tokens - 1) / decode_s;
+  }
+  job.Finish(Status::Ok(), std::move(result->generation), stats);
+}
+
+}  // namespace anchorage

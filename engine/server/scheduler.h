@@ -1,0 +1,133 @@
+// The scheduler: one engine thread runs the model; HTTP threads submit jobs to a bounded queue and
+// read their tokens as they come. Jobs are cancelled between tokens.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "engine/model/model.h"
+#include "engine/runtime/forward.h"
+#include "engine/cache/resident_prefix.h"
+#include "engine/runtime/generator.h"
+#include "engine/runtime/sequence_state.h"
+#include "engine/server/engine_lock.h"
+
+namespace anchorage {
+
+// Figures of one finished job, in the units their names give.
+struct JobStats {
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;
+  int64_t reread_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t served_prompt_tokens = 0;  // what the engine ran: differs from prompt_tokens under end alignment
+  double queue_ms = 0;
+  double prefill_ms = 0;
+  double ttft_ms = 0;
+  double decode_tokens_per_s = 0;
+  std::string cache_source = "cold";
+};
+
+// One generation request. The engine thread appends tokens; one reader thread takes them.
+class Job {
+ public:
+  Job(std::vector<int32_t> prompt_ids, SamplingParams sampling, std::string session = "")
+      : prompt_ids_(std::move(prompt_ids)), sampling_(std::move(sampling)), session_(std::move(session)) {}
+
+  const std::vector<int32_t>& prompt_ids() const { return prompt_ids_; }
+  const std::string& session() const { return session_; }
+  const SamplingParams& sampling() const { return sampling_; }
+
+  // Asks the engine to stop before its next token (a client hung up).
+  void Cancel() { cancel_.store(true); }
+  const std::atomic<bool>& cancel_flag() const { return cancel_; }
+
+  // Waits for new tokens or the end; returns the tokens since the last call. *done is set at the end.
+  std::vector<GeneratedToken> WaitTokens(bool* done);
+  // After the end: the outcome (error, or the generation) and its figures.
+  const Status& status() const { return status_; }
+  const GenerationResult& result() const { return result_; }
+  const JobStats& stats() const { return stats_; }
+
+  // Engine side.
+  void PushToken(const GeneratedToken& token);
+  void Finish(Status status, GenerationResult result, JobStats stats);
+
+ private:
+  std::vector<int32_t> prompt_ids_;
+  SamplingParams sampling_;
+  std::string session_;
+  std::atomic<bool> cancel_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<GeneratedToken> tokens_;
+  bool done_ = false;
+  Status status_;
+  GenerationResult result_;
+  JobStats stats_;
+};
+
+struct SchedulerOptions {
+  size_t max_queue = 16;  // jobs waiting while one runs; more are refused (a free engine always takes one)
+  ResidentOptions resident;
+};
+
+class Scheduler {
+ public:
+  Scheduler(Model& model, std::unique_ptr<Forward> forward, SchedulerOptions options);
+  ~Scheduler();
+
+  // Queues a job. ResourceExhausted when the queue is full, Cancelled while draining.
+  Status Submit(std::shared_ptr<Job> job);
+
+  // Stops taking jobs; queued and running jobs still finish.
+  void BeginDrain();
+  // Blocks until no job is queued or running.
+  void WaitIdle();
+
+  size_t queue_depth() const;
+  bool busy() const;
+  bool draining() const;
+  EngineLock& engine_lock() { return lock_; }
+  Forward& forward() { return *forward_; }
+  JobStats last_stats() const;
+
+  // Every cache tier's counters as of the last job or command.
+  nlohmann::json CacheStats() const;
+  // Empties a cache tier between requests (waits for the engine like a request does).
+  Status ClearCache(const std::string& tier);
+  // Where a prompt would resume, without running the model; ResourceExhausted when the engine stays
+  // busy past wait_ms.
+  Result<ResumeInfo> PeekCache(const CacheRequest& request, int wait_ms);
+
+ private:
+  void EngineLoop();
+  void RunJob(Job& job, double queue_ms);
+
+  Model& model_;
+  std::unique_ptr<Forward> forward_;
+  SchedulerOptions options_;
+  ResidentPrefix resident_;
+  EngineLock lock_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable idle_cv_;
+  std::deque<std::pair<std::shared_ptr<Job>, std::chrono::steady_clock::time_point>> queue_;
+  bool running_job_ = false;
+  bool draining_ = false;
+  bool stop_ = false;
+  JobStats last_stats_;
+  nlohmann::json cache_stats_;
+  std::thread thread_;
+};
+
+}  // namespace anchorage

@@ -1,0 +1,279 @@
+// The resident prefix on the tiny model with a 64-token grid: every resume (anchor, after a guest and
+// its stash, pin swap, A-B-A park swap) writes the same bits as a cold prefill, with 1 and 2 threads;
+// the end anchor forwards only new tokens; end alignment; budget eviction; clear.
+#include <QtTest>
+
+#include <cstring>
+
+#include "engine/cache/resident_prefix.h"
+#include "engine/model/model.h"
+#include "engine/model/tiny_model.h"
+
+using namespace anchorage;
+
+namespace {
+
+constexpr int64_t kGrid = 64;
+
+std::vector<int32_t> Tokens(uint64_t seed, size_t n, int32_t vocab) {
+  std::vector<int32_t> out;
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (size_t i = 0; i < n; ++i) {
+    s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+    out.push_back(static_cast<int32_t>(s % static_cast<uint64_t>(vocab - 16)) + 3);
+  }
+  return out;
+}
+
+std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<int32_t> Head(const std::vector<int32_t>& a, size_t n) { return {a.begin(), a.begin() + static_cast<long>(n)}; }
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+class TestResident : public QObject {
+  Q_OBJECT
+
+ private:
+  QTemporaryDir dir_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Forward> forward1_, forward2_;
+  int32_t vocab_ = 0;
+
+  std::unique_ptr<Forward> MakeForward(int threads) {
+    ForwardOptions o;
+    o.grid_tokens = kGrid;
+    o.threads = threads;
+    auto f = Forward::Create(model_->config, model_->weights, o);
+    return f.ok() ? std::move(f).value() : nullptr;
+  }
+
+  // Asserts that the resident state after prefilling `prompt` equals a cold prefill's, bit for bit.
+  void ExpectColdEqual(Forward& forward, const ResidentPrefix& rp, const std::vector<float>& logits, const std::vector<int32_t>& prompt) {
+    SequenceState cold(model_->config);
+    auto cold_logits = forward.Prefill(cold, prompt);
+    QVERIFY(cold_logits.ok());
+    QVERIFY2(SameBits(logits, *cold_logits), "logits differ from a cold prefill");
+    QVERIFY2(rp.state().BitEqual(cold), "K/V rows, recurrent states or conv tails differ from a cold prefill");
+  }
+
+  void RunAllResumes(Forward& forward, std::vector<std::vector<float>>* logits_out) {
+    ResidentOptions o;
+    o.guest_max_tokens = 96;
+    ResidentPrefix rp(forward, &model_->tokenizer, o);
+    const auto a = Tokens(1, 400, vocab_);
+    ResumeInfo info;
+
+    auto l = rp.Prefill({a, "a", 0}, &info);
+    QVERIFY(l.ok());
+    QCOMPARE(info.source, CacheSource::kCold);
+    QCOMPARE(rp.anchors().size(), size_t(6));  // 64 .. 384
+
+    // Resume at an anchor: shares 250 tokens, resumes at 192.
+    const auto b = Concat(Head(a, 250), Tokens(2, 90, vocab_));
+    l = rp.Prefill({b, "a", 0}, &info);
+    QVERIFY(l.ok());
+    QCOMPARE(info.source, CacheSource::kResident);
+    QCOMPARE(info.cached_tokens, int64_t(192));
+    ExpectColdEqual(forward, rp, *l, b);
+    logits_out->push_back(*l);
+
+    // A guest (short, unrelated) runs; its stash puts the rows back; the conversation resumes as before.
+    const auto grown = Concat(b, Tokens(3, 150, vocab_));  // 490 tokens
+    l = rp.Prefill({grown, "a", 0}, &info);
+    QVERIFY(l.ok());
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    greedy.max_tokens = 4;
+    auto guest = rp.Generate({Tokens(4, 70, vocab_), "", 4}, greedy, nullptr);
+    QVERIFY(guest.ok());
+    QVERIFY(guest->resume.guest);
+    auto second_guest = rp.Generate({Tokens(40, 60, vocab_), "", 4}, greedy, nullptr);  // guest after guest
+    QVERIFY2(second_guest.ok(), second_guest.status().ToString().c_str());
+    QVERIFY(second_guest->resume.guest);
+    const auto after_guest = Concat(grown, Tokens(5, 20, vocab_));
+    l = rp.Prefill({after_guest, "a", 0}, &info);
+    QVERIFY(l.ok());
+    QCOMPARE(info.source, CacheSource::kResident);
+    QCOMPARE(info.cached_tokens, int64_t(448));
+    ExpectColdEqual(forward, rp, *l, after_guest);
+    logits_out->push_back(*l);
+
+    // Pin: a long request of the same session replaces the prompt (a compaction); the head comes back.
+    const auto compaction = Tokens(6, 300, vocab_);
+    l = rp.Prefill({compaction, "a", 0}, &info);
+    QVERIFY(l.ok());
+    QCOMPARE(info.source, CacheSource::kCold);
+    QCOMPARE(rp.Stats()["pin"]["entries"].get<int>(), 1);
+    const auto back = Concat(Head(after_guest, 330), Tokens(7, 40, vocab_));
+    l = rp.Prefill({back, "a", 0}, &info);
+    QVERIFY(l.ok());
+    QCOMPARE(info.source, CacheSource::kPin);
+    QVERIFY(info.cached_tokens > 0 && info.cached_tokens <= 330);
+    ExpectColdEqual(forward, rp, *l, back);
+    logits_out->push_back(*l);
+
+    // Park: session B shares a 100-token head with A, then session A returns.
+    const auto a2 = Concat(back, Tokens(8, 60, vocab_));  // 430 tokens
+    l = rp.Prefill({a2, "a", 0}, &info);
+    QVERIFY(l.ok());
+    const auto b2 = Concat(Head(a2, 100), Tokens(9, 200, vocab_));
+    l = rp.Prefill({b2, "b", 0}, &info);
+    QVERIFY(l.ok());
+    QCOMPARE(info.cached_tokens, int64_t(64));
+    QCOMPARE(rp.Stats()["park"]["session"].get<std::string>(), std::string("a"));
+    const auto a3 = Concat(a2, Tokens(10, 30, vocab_));
+    l = rp.Prefill({a3, "a", 0}, &info);
+    QVERIFY(l.ok());
+    QCOMPARE(info.source, CacheSource::kPark);
+    QCOMPARE(info.cached_tokens, int64_t(384));
+    ExpectColdEqual(forward, rp, *l, a3);
+    logits_out->push_back(*l);
+    // And B comes back from the park the other way round.
+    const auto b3 = Concat(b2, Tokens(11, 10, vocab_));
+    l = rp.Prefill({b3, "b", 0}, &info);
+    QVERIFY(l.ok());
+    QCOMPARE(info.source, CacheSource::kPark);
+    ExpectColdEqual(forward, rp, *l, b3);
+    logits_out->push_back(*l);
+  }
+
+ private slots:
+  void initTestCase() {
+    QVERIFY(GenerateTinyModel(TinyModelSize::kTiny, 11, dir_.path().toStdString()).ok());
+    auto m = LoadModel(dir_.path().toStdString());
+    QVERIFY2(m.ok(), m.status().ToString().c_str());
+    model_ = std::move(m).value();
+    vocab_ = model_->tokenizer.vocab_size();
+    forward1_ = MakeForward(1);
+    forward2_ = MakeForward(2);
+    QVERIFY(forward1_ && forward2_);
+  }
+
+  void everyResumeIsBitExactWithOneAndTwoThreads() {
+    std::vector<std::vector<float>> one, two;
+    RunAllResumes(*forward1_, &one);
+    if (QTest::currentTestFailed()) return;
+    RunAllResumes(*forward2_, &two);
+    if (QTest::currentTestFailed()) return;
+    QCOMPARE(one.size(), two.size());
+    for (size_t i = 0; i < one.size(); ++i) QVERIFY2(SameBits(one[i], two[i]), "1 and 2 threads differ");
+  }
+
+  void endAnchorForwardsOnlyNewTokens() {
+    ResidentPrefix rp(*forward2_, &model_->tokenizer, ResidentOptions{});
+    ResidentOptions off;
+    off.enabled = false;
+    ResidentPrefix cold(*forward2_, &model_->tokenizer, off);
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    greedy.max_tokens = 24;
+    greedy.logprobs = 2;
+    const auto prompt = Tokens(20, 150, vocab_);
+    auto first = rp.Generate({prompt, "s", 24}, greedy, nullptr);
+    QVERIFY(first.ok());
+    QCOMPARE(first->generation.tokens.size(), size_t(24));
+    const auto& gen = first->generation.tokens;
+    const auto follow = Concat(Concat(prompt, gen), Tokens(21, 30, vocab_));
+    std::vector<SampledToken> warm_tokens, cold_tokens;
+    auto warm = rp.Generate({follow, "s", 24}, greedy, [&](const GeneratedToken& t) { warm_tokens.push_back(t.sampled); return true; });
+    QVERIFY(warm.ok());
+    QCOMPARE(warm->resume.source, CacheSource::kEnd);
+    QCOMPARE(warm->resume.cached_tokens, int64_t(150 + 23));  // the last generated token was never forwarded
+    QCOMPARE(warm->resume.reread_tokens, int64_t(1 + 30));
+    QVERIFY(rp.taint_row() == 150);
+    auto reference = cold.Generate({follow, "s", 24}, greedy, [&](const GeneratedToken& t) { cold_tokens.push_back(t.sampled); return true; });
+    QVERIFY(reference.ok());
+    QCOMPARE(reference->resume.source, CacheSource::kCold);
+    // The greedy gate: the same tokens, except after a near tie, which is detected and reported.
+    for (size_t i = 0; i < warm_tokens.size(); ++i) {
+      if (warm_tokens[i].id == cold_tokens[i].id) continue;
+      const float margin = cold_tokens[i].top[0].second - cold_tokens[i].top[1].second;
+      qInfo() << "tokens part at" << i << "where the cold run's top-2 margin is" << margin;
+      QVERIFY2(margin < 1e-3f, "the end anchor changed a token that was not a near tie");
+      break;
+    }
+  }
+
+  void endAlignmentServesACopyWithoutReasoning() {
+    ResidentPrefix rp(*forward2_, &model_->tokenizer, ResidentOptions{});
+    const std::string turn1 = "<|im_start|>user\nWhat is a grid line?<|im_end|>\n<|im_start|>assistant\n<think>\n";
+    auto prompt = model_->tokenizer.Encode(turn1);
+    QVERIFY(prompt.ok());
+    SamplingParams forced;
+    forced.temperature = 0;
+    auto reply = model_->tokenizer.Encode("Think about chunks.\n</think>\n\nA grid line is a chunk boundary.<|im_end|>");
+    QVERIFY(reply.ok());
+    forced.forced_ids = *reply;
+    forced.max_tokens = static_cast<int64_t>(reply->size());
+    forced.stop_token_ids = {*model_->tokenizer.TokenId("<|im_end|>")};
+    auto first = rp.Generate({*prompt, "", 64}, forced, nullptr);
+    QVERIFY(first.ok());
+    const int64_t end = static_cast<int64_t>(prompt->size() + reply->size() - 1);
+    QCOMPARE(static_cast<int64_t>(rp.rows().size()), end);
+
+    auto expect = [&](const std::string& copy, bool resumes, bool aligned) {
+      auto ids = model_->tokenizer.Encode(copy);
+      QVERIFY(ids.ok());
+      ResumeInfo info = rp.Peek({*ids, "", 16});
+      QCOMPARE(info.source == CacheSource::kEnd, resumes);
+      if (!resumes) return;
+      QCOMPARE(info.cached_tokens, end);
+      QCOMPARE(info.aligned, aligned);
+      // What is served is the rows' own tokens up to the end anchor, then the copy's new text.
+      QVERIFY(std::equal(rp.rows().begin(), rp.rows().end(), info.served_prompt.begin()));
+      const std::string tail = model_->tokenizer.Decode(std::vector<int32_t>(info.served_prompt.begin() + end, info.served_prompt.end()));
+      QCOMPARE(tail, std::string("<|im_end|>\n<|im_start|>user\nAnd a row?<|im_end|>\n<|im_start|>assistant\n<think>\n"));
+    };
+    const std::string next = "<|im_end|>\n<|im_start|>user\nAnd a row?<|im_end|>\n<|im_start|>assistant\n<think>\n";
+    // Exactly the rows: resumes without alignment.
+    expect(turn1 + "Think about chunks.\n</think>\n\nA grid line is a chunk boundary." + next, true, false);
+    // Qwen3.5 drops an earlier answer's reasoning block.
+    expect("<|im_start|>user\nWhat is a grid line?<|im_end|>\n<|im_start|>assistant\nA grid line is a chunk boundary." + next, true, true);
+    // A later template renders an empty block for a client that sent no reasoning.
+    expect(turn1 + "\n</think>\n\nA grid line is a chunk boundary." + next, true, true);
+    // Whitespace next to the reasoning differs.
+    expect(turn1 + "Think about chunks.</think>\n\n\nA grid line is a chunk boundary." + next, true, true);
+    // A real token differs: back to the anchors.
+    expect("<|im_start|>user\nWhat is a grid line?<|im_end|>\n<|im_start|>assistant\nA grid line is a chunk border." + next, false, false);
+    expect("<|im_start|>user\nWhat is a grid  line?<|im_end|>\n<|im_start|>assistant\nA grid line is a chunk boundary." + next, false, false);
+  }
+
+  void budgetEvictionKeepsTheNewestFourAndClearServesCold() {
+    ResidentOptions o;
+    SequenceState probe(model_->config);
+    o.anchor_budget_bytes = probe.anchor_bytes() * 2;  // room for two, but four are protected
+    ResidentPrefix rp(*forward1_, &model_->tokenizer, o);
+    const auto a = Tokens(30, 520, vocab_);
+    auto l = rp.Prefill({a, "", 0});
+    QVERIFY(l.ok());
+    QCOMPARE(rp.anchors().lengths(), (std::vector<int64_t>{320, 384, 448, 512}));
+    QVERIFY(rp.anchors().evictions() >= 4);
+    ResumeInfo info;
+    const auto b = Concat(Head(a, 500), Tokens(31, 10, vocab_));
+    l = rp.Prefill({b, "", 0}, &info);
+    QVERIFY(l.ok());
+    QCOMPARE(info.cached_tokens, int64_t(448));
+    ExpectColdEqual(*forward1_, rp, *l, b);
+
+    for (const char* tier : {"anchors", "all"}) {
+      QVERIFY(rp.Clear(tier).ok());
+      QCOMPARE(rp.anchors().size(), size_t(0));
+      l = rp.Prefill({b, "", 0}, &info);
+      QVERIFY(l.ok());
+      QCOMPARE(info.source, CacheSource::kCold);
+      ExpectColdEqual(*forward1_, rp, *l, b);
+    }
+    QVERIFY(!rp.Clear("bogus").ok());
+  }
+};
+
+QTEST_APPLESS_MAIN(TestResident)
+#include "test_resident.moc"

@@ -1,0 +1,133 @@
+// Starts anchorage-server on the tiny model in a temporary folder and talks to it over HTTP.
+#pragma once
+
+#include <QProcess>
+#include <QTemporaryDir>
+#include <QtTest>
+
+#include <httplib.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace anchorage::testing {
+
+// One SSE stream read to its end (or until on_event returns false, which hangs up).
+struct StreamResult {
+  int status = 0;
+  std::vector<nlohmann::json> events;  // parsed data: payloads, [DONE] excluded
+  bool done_marker = false;
+  bool aborted = false;
+  std::string error;  // the client's error, when the exchange failed
+};
+
+class ServerProcess {
+ public:
+  // Starts the server with extra flags; data_dir holds the generated tiny model (shared across runs).
+  bool Start(const QString& data_dir, const QStringList& extra_flags) {
+    process_ = std::make_unique<QProcess>();
+    process_->setProcessChannelMode(QProcess::SeparateChannels);
+    QStringList args = {"--data-dir", data_dir, "--port", "0", "--threads", "1"};
+    args += extra_flags;
+    process_->start(QString(ANCHORAGE_BINARY_DIR) + "/app/anchorage-server", args);
+    if (!process_->waitForStarted(10000)) return false;
+    QByteArray out;
+    QElapsedTimer timer;
+    timer.start();
+    while (timer.elapsed() < 60000) {
+      process_->waitForReadyRead(200);
+      out += process_->readAllStandardOutput();
+      int at = out.indexOf("http://127.0.0.1:");
+      if (at >= 0) {
+        int end = out.indexOf("/v1", at);
+        if (end > at) {
+          port_ = out.mid(at + 17, end - at - 17).toInt();
+          return port_ > 0;
+        }
+      }
+      if (process_->state() != QProcess::Running) break;
+    }
+    qWarning() << "server did not start:" << out << process_->readAllStandardError();
+    return false;
+  }
+
+  ~ServerProcess() { Kill(); }
+
+  void Kill() {
+    if (process_ && process_->state() == QProcess::Running) {
+      process_->kill();
+      process_->waitForFinished(5000);
+    }
+  }
+
+  int port() const { return port_; }
+  // What the server printed to stderr so far, and whether it still runs.
+  std::string Log() {
+    process_->waitForFinished(500);
+    std::string out = process_->readAllStandardError().toStdString();
+    out += process_->state() == QProcess::Running ? " [running]" : " [exited " + std::to_string(process_->exitCode()) + "]";
+    return out;
+  }
+  QProcess& process() { return *process_; }
+  std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+  httplib::Result Get(const std::string& path) {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60, 0);
+    return c.Get(path.c_str());
+  }
+
+  httplib::Result Post(const std::string& path, const std::string& body, const httplib::Headers& headers = {}) {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60, 0);
+    return c.Post(path.c_str(), headers, body, "application/json");
+  }
+
+  // Posts a streaming request; on_event sees each parsed event and may return false to hang up.
+  StreamResult Stream(const std::string& path, const nlohmann::json& body,
+                      const std::function<bool(const nlohmann::json&)>& on_event = nullptr) {
+    StreamResult result;
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    std::string buffer;
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      buffer.append(data, n);
+      size_t sep;
+      while ((sep = buffer.find("\n\n")) != std::string::npos) {
+        std::string event = buffer.substr(0, sep);
+        buffer.erase(0, sep + 2);
+        if (event.rfind("data: ", 0) != 0) continue;
+        std::string payload = event.substr(6);
+        if (payload == "[DONE]") {
+          result.done_marker = true;
+          continue;
+        }
+        result.events.push_back(nlohmann::json::parse(payload, nullptr, false));
+        if (on_event && !on_event(result.events.back())) {
+          result.aborted = true;
+          return false;
+        }
+      }
+      return true;
+    };
+    httplib::Response res;
+    httplib::Error error;
+    if (!c.send(req, res, error)) result.error = httplib::to_string(error);
+    result.status = res.status;
+    return result;
+  }
+
+ private:
+  std::unique_ptr<QProcess> process_;
+  int port_ = 0;
+};
+
+}  // namespace anchorage::testing

@@ -1,0 +1,172 @@
+// Units of the endpoint: the output parser (reasoning, content, tool calls, split anywhere), request
+// validation, the ranked engine lock and the metrics text.
+#include <QtTest>
+
+#include <thread>
+
+#include "engine/server/engine_lock.h"
+#include "engine/server/metrics.h"
+#include "engine/server/openai_api.h"
+#include "engine/server/output_parser.h"
+
+using namespace anchorage;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+const char* kToolOutput =
+    "I should look it up.\n</think>\n\nLet me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+    "<parameter=days>\n3\n</parameter>\n<parameter=detail>\n{\"wind\": true}\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+    "<function=get_time>\n<parameter=zone>\n42\n</parameter>\n</function>\n</tool_call>";
+
+ojson Tools() {
+  return ojson::parse("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"detail\":{\"type\":\"object\"}}}}},\n                          {\"type\":\"function\",\"function\":{\"name\":\"get_time\",\"parameters\":{\"type\":\"object\",\"properties\":{\"zone\":{\"type\":\"string\"}}}}}]");
+}
+
+}  // namespace
+
+class TestServerUnits : public QObject {
+  Q_OBJECT
+
+ private slots:
+  void parserSplitsReasoningContentAndCalls() {
+    OutputParser p(true, Tools());
+    p.Push(kToolOutput);
+    p.Finish();
+    QCOMPARE(p.reasoning(), std::string("I should look it up."));
+    QCOMPARE(p.content(), std::string("Let me check.\n\n"));
+    QCOMPARE(p.tool_calls().size(), size_t(2));
+    QCOMPARE(p.tool_calls()[0].name, std::string("get_weather"));
+    QCOMPARE(p.tool_calls()[0].arguments.dump(), std::string("{\"city\":\"New York\",\"days\":3,\"detail\":{\"wind\":true}}"));
+    QCOMPARE(p.tool_calls()[1].arguments.dump(), std::string("{\"zone\":\"42\"}"));  // typed string by its schema
+  }
+
+  void parserGivesTheSameResultForEverySplit() {
+    OutputParser whole(true, Tools());
+    whole.Push(kToolOutput);
+    whole.Finish();
+    const std::string text = kToolOutput;
+    for (size_t cut = 0; cut <= text.size(); ++cut) {
+      for (size_t step : {size_t(1), size_t(3), size_t(7)}) {
+        OutputParser p(true, Tools());
+        std::string reasoning, content;
+        size_t calls = 0;
+        auto take = [&](const OutputDelta& d) { reasoning += d.reasoning; content += d.content; calls += d.tool_calls.size(); };
+        take(p.Push(text.substr(0, cut)));
+        for (size_t i = cut; i < text.size(); i += step) take(p.Push(text.substr(i, step)));
+        take(p.Finish());
+        QCOMPARE(reasoning, whole.reasoning());
+        QCOMPARE(content, whole.content());
+        QCOMPARE(calls, size_t(2));
+      }
+    }
+  }
+
+  void parserWithoutThinkingAndUnclosedCall() {
+    OutputParser p(false, ojson::array());
+    p.Push("<think>\nhmm\n</think>\n\nAnswer <tool_call>\n<function=f>");
+    p.Finish();
+    QCOMPARE(p.reasoning(), std::string("hmm"));
+    QCOMPARE(p.content(), std::string("Answer <tool_call>\n<function=f>"));
+    QVERIFY(p.tool_calls().empty());
+
+    OutputParser plain(false, ojson::array());
+    plain.Push("Just text, <b>no tags</b>.");
+    plain.Finish();
+    QCOMPARE(plain.content(), std::string("Just text, <b>no tags</b>."));
+    QVERIFY(plain.reasoning().empty());
+  }
+
+  void requestValidation() {
+    ApiError e;
+    ParseOptions o{"m", 100};
+    auto r = ParseCompletionRequest(RequestKind::kChat,
+                                    "{\"model\":\"m\",\"messages\":[{\"role\":\"developer\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]},"
+                                    "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\": 1}\"}}]}],"
+                                    "\"temperature\":0.5,\"top_k\":-1,\"stop\":[\"a\",\"b\"],\"max_completion_tokens\":9,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                                    "\"chat_template_kwargs\":{\"enable_thinking\":false},\"conversation_id\":\"s1\"}",
+                                    o, &e);
+    QVERIFY2(r.has_value(), e.message.c_str());
+    const ojson& m = r->template_body["messages"];
+    QCOMPARE(m[0]["role"].get<std::string>(), std::string("system"));
+    QCOMPARE(m[0]["content"].get<std::string>(), std::string("ab"));
+    QCOMPARE(m[1]["tool_calls"][0]["function"]["arguments"]["x"].get<int>(), 1);  // parsed for the template
+    QCOMPARE(r->sampling.temperature, 0.5f);
+    QCOMPARE(r->sampling.top_k, 0);
+    QCOMPARE(r->sampling.max_tokens, int64_t(9));
+    QCOMPARE(r->sampling.stop_strings.size(), size_t(2));
+    QVERIFY(r->stream && r->include_usage);
+    QCOMPARE(r->session, std::string("s1"));
+    QCOMPARE(r->template_body["chat_template_kwargs"]["enable_thinking"].get<bool>(), false);
+
+    QVERIFY(!ParseCompletionRequest(RequestKind::kChat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}", o, &e));
+    QCOMPARE(e.param, std::string("top_logprobs"));
+    QVERIFY(!ParseCompletionRequest(RequestKind::kChat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", o, &e));
+    QCOMPARE(e.param, std::string("n"));
+    QVERIFY(!ParseCompletionRequest(RequestKind::kChat, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", o, &e));
+    QCOMPARE(e.param, std::string("messages[0].content[0].type"));
+    QVERIFY(!ParseCompletionRequest(RequestKind::kCompletion, "{\"prompt\":[1,2,100]}", o, &e));
+    QCOMPARE(e.param, std::string("prompt"));
+    auto ids = ParseCompletionRequest(RequestKind::kCompletion, "{\"prompt\":[1,2,99],\"logprobs\":2}", o, &e);
+    QVERIFY(ids.has_value());
+    QCOMPARE(ids->prompt_ids, (std::vector<int32_t>{1, 2, 99}));
+    QCOMPARE(ids->top_logprobs, 2);
+  }
+
+  void utf8Validation() {
+    size_t at = 0;
+    QVERIFY(IsValidUtf8("plain, 中文, 🙂"));
+    QVERIFY(!IsValidUtf8("ab\xc3", &at));
+    QCOMPARE(at, size_t(2));
+    QVERIFY(!IsValidUtf8("\xed\xa0\x80", &at));  // a surrogate
+    QVERIFY(!IsValidUtf8("\xc0\xaf", &at));      // overlong
+    QVERIFY(!IsValidUtf8("\xf4\x90\x80\x80", &at));  // above U+10FFFF
+  }
+
+  void requestRankBeatsIdleWork() {
+    EngineLock lock;
+    QVERIFY(lock.TryLockForIdle());
+    QVERIFY(!lock.ShouldYield());
+    std::atomic<bool> got{false};
+    std::thread request([&] { lock.LockForRequest(); got = true; lock.UnlockRequest(); });
+    while (!lock.ShouldYield()) std::this_thread::yield();
+    QVERIFY(!got);
+    lock.UnlockIdle();
+    request.join();
+    QVERIFY(got);
+    // From the moment a request waits until it has run, idle work cannot take the lock.
+    lock.LockForRequest();
+    std::atomic<bool> release{false};
+    std::thread second([&] {
+      lock.LockForRequest();
+      while (!release) std::this_thread::yield();
+      lock.UnlockRequest();
+    });
+    while (lock.waiting_requests() == 0) std::this_thread::yield();
+    lock.UnlockRequest();
+    for (int i = 0; i < 1000; ++i) QVERIFY(!lock.TryLockForIdle());
+    release = true;
+    second.join();
+    QVERIFY(lock.TryLockForIdle());
+    lock.UnlockIdle();
+  }
+
+  void metricsText() {
+    Metrics m;
+    m.CountRequest("/v1/chat/completions", 200);
+    m.CountRequest("/v1/chat/completions", 200);
+    m.ObserveTtftMs(30);
+    m.ObserveTtftMs(3000);
+    m.CountTokens(10, 4, 7);
+    const std::string text = m.Render(3, true);
+    QVERIFY(text.find("anchorage_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2\n") != std::string::npos);
+    QVERIFY(text.find("anchorage_ttft_ms_bucket{le=\"50\"} 1\n") != std::string::npos);
+    QVERIFY(text.find("anchorage_ttft_ms_bucket{le=\"+Inf\"} 2\n") != std::string::npos);
+    QVERIFY(text.find("anchorage_cached_tokens_total 4\n") != std::string::npos);
+    QVERIFY(text.find("anchorage_queue_depth 3\n") != std::string::npos);
+    QVERIFY(text.find("anchorage_engine_busy 1\n") != std::string::npos);
+  }
+};
+
+QTEST_APPLESS_MAIN(TestServerUnits)
+#include "test_server_units.moc"
