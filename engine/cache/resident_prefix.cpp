@@ -170,6 +170,7 @@ void ResidentPrefix::PinHead() {
   pin_.anchors = std::move(anchors);
   pin_.taint_row = taint_row_;
   ++counters_.pins;
+  Emit("write", "pin", h, pin_.bytes(), "a request of the same session replaced the prompt");
   if (park_.session == session_ && !session_.empty()) park_ = ParkedSession{};  // a compaction drops its own park
 }
 
@@ -213,6 +214,7 @@ void ResidentPrefix::ParkResident(int64_t head) {
   parked.hits = park_.hits;
   park_ = std::move(parked);
   ++counters_.parks;
+  Emit("write", "park", top, park_.bytes(), "session '" + park_.session + "' gave way to another");
 }
 
 Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
@@ -260,6 +262,7 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
     ASSIGN_OR_RETURN(KvRows rows, state_.CopyRows(r, stash_end));
     stash_.rows = std::move(rows);
     ++stash_.uses;
+    Emit("write", "stash", stash_end - r, stash_.bytes(), "guest request");
     ++counters_.guests;
   }
 
@@ -281,6 +284,8 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
     if (taint_row_ >= r) taint_row_ = kNoTaint;  // every row left is a cold prefill's
     session_ = request.session;
   }
+  if (info.source != CacheSource::kCold)
+    Emit("hit", CacheSourceName(info.source), info.cached_tokens, 0, info.aligned ? "end alignment" : "");
   switch (info.source) {
     case CacheSource::kCold: ++counters_.cold; break;
     case CacheSource::kResident: ++counters_.resident_hits; break;
@@ -294,6 +299,8 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
 
 Status ResidentPrefix::PrefillRange(ResumeInfo& info, int64_t upto, bool take_anchors) {
   const int64_t G = forward_.grid_tokens();
+  const int64_t evictions_before = anchors_.evictions();
+  int64_t written = 0, last_line = 0;
   while (state_.length() < upto) {
     const int64_t at = state_.length();
     const int64_t next = std::min(upto, (at / G + 1) * G);
@@ -302,16 +309,27 @@ Status ResidentPrefix::PrefillRange(ResumeInfo& info, int64_t upto, bool take_an
     if (!logits.ok()) return logits.status();
     if (take_anchors) {
       rows_.insert(rows_.end(), ids.begin(), ids.end());
-      if (state_.length() % G == 0) anchors_.Put(state_.SaveAnchor());
+      if (state_.length() % G == 0) {
+        anchors_.Put(state_.SaveAnchor());
+        ++written;
+        last_line = state_.length();
+      }
     }
   }
+  if (written > 0) Emit("write", "anchors", last_line, written * state_.anchor_bytes(), std::to_string(written) + " grid anchors");
+  if (anchors_.evictions() > evictions_before)
+    Emit("eviction", "anchors", 0, (anchors_.evictions() - evictions_before) * state_.anchor_bytes(),
+         std::to_string(anchors_.evictions() - evictions_before) + " anchors over the budget");
   return Status::Ok();
 }
 
 void ResidentPrefix::FinishGuest() {
   if (stash_.rows) {
     Status s = state_.WriteRows(*stash_.rows);
-    if (!s.ok()) Clear("all").ok();  // rows we cannot put back are not served
+    if (!s.ok()) {
+      Emit("failed_restore", "stash", stash_.rows->end - stash_.rows->begin, stash_.bytes(), s.message());
+      (void)Clear("all");  // rows we cannot put back are not served
+    }
     stash_.rows.reset();
   }
 }
@@ -321,7 +339,10 @@ void ResidentPrefix::KeepEnd(const ResumeInfo& info, int64_t forwarded, const st
   rows_.assign(info.served_prompt.begin(), info.served_prompt.end());
   rows_.insert(rows_.end(), generated.begin(), generated.begin() + forwarded);
   if (forwarded > 0) taint_row_ = std::min(taint_row_, n);
-  if (options_.end_anchor && options_.enabled) end_ = EndAnchor{state_.SaveAnchor(), taint_row_};
+  if (options_.end_anchor && options_.enabled) {
+    end_ = EndAnchor{state_.SaveAnchor(), taint_row_};
+    Emit("write", "end", end_->anchor.length, end_->anchor.bytes());
+  }
 }
 
 Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, const SamplingParams& params,
@@ -382,6 +403,7 @@ Status ResidentPrefix::Clear(const std::string& tier) {
   if (all || tier == "stash") stash_.rows.reset();
   if (all || tier == "pin") pin_ = PinnedHead{};
   if (all || tier == "park") park_ = ParkedSession{};
+  Emit("clear", tier, static_cast<int64_t>(rows_.size()), 0, "by request");
   if (all) {
     rows_.clear();
     taint_row_ = kNoTaint;

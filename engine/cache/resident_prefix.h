@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -56,6 +57,16 @@ struct ResumeInfo {
   bool aligned = false;                // served through end alignment
 };
 
+// A cache event for the journal: kind is hit, write, eviction, drop, failed_restore or clear.
+struct CacheEvent {
+  std::string kind;
+  std::string tier;
+  int64_t tokens = 0;
+  int64_t bytes = 0;
+  std::string reason;
+};
+using CacheEventSink = std::function<void(const CacheEvent&)>;
+
 struct CachedGeneration {
   ResumeInfo resume;
   GenerationResult generation;
@@ -76,6 +87,8 @@ class ResidentPrefix {
   // Empties one tier: "anchors", "end", "stash", "pin", "park", or "resident" / "ram" / "all" for every one.
   Status Clear(const std::string& tier);
   void set_options(const ResidentOptions& options);
+  // Receives every hit, write, eviction and clear; called on the engine thread.
+  void set_event_sink(CacheEventSink sink) { sink_ = std::move(sink); }
   const ResidentOptions& options() const { return options_; }
 
   // Every tier's entries, bytes and counters.
@@ -105,6 +118,10 @@ class ResidentPrefix {
   Forward& forward_;
   const Tokenizer* tokenizer_;
   ResidentOptions options_;
+  CacheEventSink sink_;
+  void Emit(const char* kind, const std::string& tier, int64_t tokens, int64_t bytes, std::string reason = "") const {
+    if (sink_) sink_(CacheEvent{kind, tier, tokens, bytes, std::move(reason)});
+  }
   SequenceState state_;
   std::vector<int32_t> rows_;     // tokens whose K/V rows are valid in state_
   int64_t taint_row_;             // lowest decode-written row among rows_; rows_.size() or more when none

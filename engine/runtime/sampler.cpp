@@ -57,6 +57,11 @@ SampledToken Sampler::Sample(std::span<const float> logits, std::span<const int3
     std::partial_sort(top.begin(), top.begin() + k, top.end(), better);
     for (int64_t i = 0; i < k; ++i) out.top.emplace_back(top[i], logprob(top[i]));
   }
+  if (history.size() < params_.forced_ids.size()) {  // forced picks: the i-th pick after i generated tokens
+    out.id = params_.forced_ids[history.size()];
+    out.logprob = out.id >= 0 && out.id < n ? logprob(out.id) : -std::numeric_limits<float>::infinity();
+    return out;
+  }
   if (params_.temperature <= 0.0f || params_.top_k == 1) {
     out.id = best;
     out.logprob = logprob(best);

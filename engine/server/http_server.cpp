@@ -68,8 +68,13 @@ std::string SseEvent(const ojson& chunk) { return "data: " + Dump(chunk) + "\n\n
 
 }  // namespace
 
-HttpServer::HttpServer(Model& model, Scheduler& scheduler, ServerOptions options)
-    : model_(model), scheduler_(scheduler), options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {
+HttpServer::HttpServer(Model& model, Scheduler& scheduler, ServerOptions options, Journal* journal, SettingsStore* settings)
+    : model_(model),
+      scheduler_(scheduler),
+      options_(std::move(options)),
+      journal_(journal),
+      settings_(settings),
+      server_(std::make_unique<httplib::Server>()) {
   if (options_.context_tokens <= 0) options_.context_tokens = model_.config.max_position_embeddings;
   Routes();
 }
@@ -90,6 +95,10 @@ Status HttpServer::Bind() {
 
 void HttpServer::Serve() { server_->listen_after_bind(); }
 void HttpServer::Stop() { server_->stop(); }
+
+bool HttpServer::Authorized(const httplib::Request& req) const {
+  return options_.admin_token.empty() || req.get_header_value("Authorization") == "Bearer " + options_.admin_token;
+}
 
 void HttpServer::Routes() {
   httplib::Server& svr = *server_;
@@ -138,12 +147,68 @@ void HttpServer::Routes() {
   });
 
   svr.Post("/v1/cache/clear", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!options_.admin_token.empty() && req.get_header_value("Authorization") != "Bearer " + options_.admin_token)
+    if (!Authorized(req))
       return SendError(res, {401, "this route needs the admin token (Authorization: Bearer TOKEN)", "authentication_error", "", "admin_token_required"});
     const std::string tier = req.has_param("tier") ? req.get_param_value("tier") : "all";
     Status s = scheduler_.ClearCache(tier);
     if (!s.ok()) return SendError(res, {400, s.message(), "invalid_request_error", "tier", "unknown_tier"});
     res.set_content(Dump(ojson{{"cleared", tier}, {"stats", scheduler_.CacheStats()}}), "application/json");
+  });
+
+  svr.Get("/v1/journal", [this](const httplib::Request& req, httplib::Response& res) {
+    if (journal_ == nullptr) return SendError(res, {404, "this server keeps no journal", "invalid_request_error", "", "not_found"});
+    JournalQuery q;
+    auto integer = [&](const char* name, int64_t lo, int64_t hi, std::optional<int64_t>* out) -> bool {
+      if (!req.has_param(name)) return true;
+      const std::string v = req.get_param_value(name);
+      char* end = nullptr;
+      long long x = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || x < lo || x > hi) {
+        SendError(res, {400, std::string("'") + name + "' must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", "invalid_request_error", name, ""});
+        return false;
+      }
+      *out = x;
+      return true;
+    };
+    std::optional<int64_t> limit, offset;
+    if (!integer("from", 0, INT64_MAX, &q.from_ms) || !integer("to", 0, INT64_MAX, &q.to_ms) || !integer("before", 1, INT64_MAX, &q.before_id) ||
+        !integer("limit", 1, 1000, &limit) || !integer("offset", 0, 100000, &offset))
+      return;
+    q.limit = limit.value_or(100);
+    q.offset = offset.value_or(0);
+    q.kind = req.get_param_value("kind");
+    q.tier = req.get_param_value("tier");
+    q.session = req.get_param_value("session");
+    q.text = req.get_param_value("text");
+    auto page = journal_->Query(q);
+    if (!page.ok()) return SendError(res, {400, page.status().message(), "invalid_request_error", "", "journal_error"});
+    ojson body = {{"rows", page->rows}, {"total", page->total}, {"next_cursor", page->next_cursor ? ojson(*page->next_cursor) : ojson(nullptr)}};
+    res.set_content(Dump(body), "application/json");
+  });
+
+  svr.Get("/v1/settings", [this](const httplib::Request&, httplib::Response& res) {
+    if (settings_ == nullptr) return SendError(res, {404, "this server has no settings document", "invalid_request_error", "", "not_found"});
+    res.set_content(Dump(settings_->Document()), "application/json");
+  });
+
+  svr.Get("/v1/settings/schema", [this](const httplib::Request&, httplib::Response& res) {
+    if (settings_ == nullptr) return SendError(res, {404, "this server has no settings document", "invalid_request_error", "", "not_found"});
+    res.set_content(Dump(settings_->Schema()), "application/json");
+  });
+
+  svr.Put("/v1/settings", [this](const httplib::Request& req, httplib::Response& res) {
+    if (settings_ == nullptr) return SendError(res, {404, "this server has no settings document", "invalid_request_error", "", "not_found"});
+    if (!Authorized(req))
+      return SendError(res, {401, "this route needs the admin token (Authorization: Bearer TOKEN)", "authentication_error", "", "admin_token_required"});
+    nlohmann::json doc = nlohmann::json::parse(req.body, nullptr, false);
+    if (doc.is_discarded() || !doc.is_object()) return SendError(res, {400, "the body must be the settings document as a JSON object", "invalid_request_error", "", "invalid_json"});
+    ReplaceOutcome outcome = settings_->Replace(doc);
+    if (!outcome.ok()) {
+      res.status = outcome.error->http_status();
+      res.set_content(Dump(outcome.error->ToJson()), "application/json");
+      return;
+    }
+    res.set_content(Dump(settings_->Document()), "application/json");
   });
 
   svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
@@ -154,10 +219,22 @@ void HttpServer::Routes() {
   });
 
   auto handle = [this](RequestKind kind, const httplib::Request& req, httplib::Response& res) {
+    // Answers an error and journals the rejected request.
+    auto reject = [&](const ApiError& e) {
+      SendError(res, e);
+      if (journal_ == nullptr) return;
+      RequestRow row;
+      row.session = req.get_header_value("x-session-id");
+      row.model = options_.model_id;
+      row.route = req.path;
+      row.status = e.status;
+      row.error = e.message;
+      journal_->RecordRequest(std::move(row));
+    };
     ApiError error;
     ParseOptions parse_options{options_.model_id, model_.config.vocab_size};
     auto request = ParseCompletionRequest(kind, req.body, parse_options, &error);
-    if (!request) return SendError(res, error);
+    if (!request) return reject(error);
     if (request->session.empty() && req.has_header("x-session-id")) request->session = req.get_header_value("x-session-id");
 
     auto prepared = std::make_shared<Prepared>();
@@ -165,23 +242,23 @@ void HttpServer::Routes() {
     CompletionRequest& r = prepared->request;
     if (kind == RequestKind::kChat) {
       auto text = model_.chat_template.RenderChatBody(r.template_body);
-      if (!text.ok()) return SendError(res, {400, "the chat template rejected the conversation: " + text.status().message(), "invalid_request_error", "messages", "template_error"});
+      if (!text.ok()) return reject({400, "the chat template rejected the conversation: " + text.status().message(), "invalid_request_error", "messages", "template_error"});
       const std::string& prompt = *text;
       prepared->starts_in_reasoning = prompt.size() >= 8 && prompt.compare(prompt.size() - 8, 8, "<think>\n") == 0;
       auto ids = model_.tokenizer.Encode(prompt, /*parse_special=*/true);
-      if (!ids.ok()) return SendError(res, {400, ids.status().message(), "invalid_request_error", "messages", "tokenizer_error"});
+      if (!ids.ok()) return reject({400, ids.status().message(), "invalid_request_error", "messages", "tokenizer_error"});
       prepared->prompt_ids = std::move(*ids);
     } else if (r.prompt_is_ids) {
       prepared->prompt_ids = r.prompt_ids;
     } else {
       auto ids = model_.tokenizer.Encode(r.prompt_text, /*parse_special=*/true);
-      if (!ids.ok()) return SendError(res, {400, ids.status().message(), "invalid_request_error", "prompt", "tokenizer_error"});
+      if (!ids.ok()) return reject({400, ids.status().message(), "invalid_request_error", "prompt", "tokenizer_error"});
       prepared->prompt_ids = std::move(*ids);
     }
     const int64_t prompt_tokens = static_cast<int64_t>(prepared->prompt_ids.size());
-    if (prompt_tokens == 0) return SendError(res, {400, "the prompt is empty after tokenization", "invalid_request_error", "prompt", "empty_prompt"});
+    if (prompt_tokens == 0) return reject({400, "the prompt is empty after tokenization", "invalid_request_error", "prompt", "empty_prompt"});
     if (prompt_tokens >= options_.context_tokens)
-      return SendError(res, {400, "the prompt holds " + std::to_string(prompt_tokens) + " tokens; this server's context limit is " + std::to_string(options_.context_tokens) + " tokens",
+      return reject({400, "the prompt holds " + std::to_string(prompt_tokens) + " tokens; this server's context limit is " + std::to_string(options_.context_tokens) + " tokens",
                              "invalid_request_error", kind == RequestKind::kChat ? "messages" : "prompt", "context_length_exceeded"});
     const int64_t room = options_.context_tokens - prompt_tokens;
     r.sampling.max_tokens = r.max_tokens_given ? std::min(r.sampling.max_tokens, room) : room;
@@ -202,11 +279,11 @@ void HttpServer::Routes() {
         break;
       }
     }
-    auto job = std::make_shared<Job>(prepared->prompt_ids, r.sampling, r.session);
+    auto job = std::make_shared<Job>(prepared->prompt_ids, r.sampling, r.session, req.path);
     Status submitted = scheduler_.Submit(job);
     if (!submitted.ok()) {
       res.set_header("Retry-After", "1");
-      return SendError(res, {503, submitted.message(), "server_error", "", submitted.code() == StatusCode::kCancelled ? "shutting_down" : "queue_full"});
+      return reject({503, submitted.message(), "server_error", "", submitted.code() == StatusCode::kCancelled ? "shutting_down" : "queue_full"});
     }
 
     const std::string id = (kind == RequestKind::kChat ? "chatcmpl-" : "cmpl-") + RandomHex(24);

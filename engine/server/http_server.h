@@ -11,8 +11,12 @@
 #include "engine/model/model.h"
 #include "engine/server/metrics.h"
 #include "engine/server/scheduler.h"
+#include "engine/settings/settings.h"
 
-namespace httplib { class Server; }
+namespace httplib {
+class Server;
+struct Request;
+}  // namespace httplib
 
 namespace anchorage {
 
@@ -31,7 +35,8 @@ struct ServerOptions {
 
 class HttpServer {
  public:
-  HttpServer(Model& model, Scheduler& scheduler, ServerOptions options);
+  // journal and settings are optional (null: their routes answer 404).
+  HttpServer(Model& model, Scheduler& scheduler, ServerOptions options, Journal* journal = nullptr, SettingsStore* settings = nullptr);
   ~HttpServer();
 
   // Binds the socket; the port is known after this (options.port 0 picks a free one).
@@ -46,9 +51,13 @@ class HttpServer {
  private:
   void Routes();
 
+  bool Authorized(const httplib::Request& req) const;
+
   Model& model_;
   Scheduler& scheduler_;
   ServerOptions options_;
+  Journal* journal_;
+  SettingsStore* settings_;
   Metrics metrics_;
   std::unique_ptr<httplib::Server> server_;
   int port_ = 0;

@@ -44,6 +44,19 @@ Scheduler::Scheduler(Model& model, std::unique_ptr<Forward> forward, SchedulerOp
       options_(options),
       resident_(*forward_, &model.tokenizer, options.resident),
       cache_stats_(resident_.Stats()) {
+  if (options_.journal != nullptr) {
+    Journal* journal = options_.journal;
+    resident_.set_event_sink([journal, this](const CacheEvent& e) {
+      CacheEventRow row;
+      row.kind = ParseCacheEventKind(e.kind).value_or(CacheEventKind::kWrite);
+      row.tier = e.tier;
+      row.session = current_session_;
+      row.tokens = e.tokens;
+      row.bytes = e.bytes;
+      row.reason = e.reason;
+      journal->RecordCacheEvent(std::move(row));
+    });
+  }
   thread_ = std::thread([this] { EngineLoop(); });
 }
 
@@ -100,6 +113,11 @@ JobStats Scheduler::last_stats() const {
   return last_stats_;
 }
 
+void Scheduler::SetResidentOptions(const ResidentOptions& options) {
+  std::lock_guard lock(mu_);
+  pending_options_ = options;
+}
+
 nlohmann::json Scheduler::CacheStats() const {
   std::lock_guard lock(mu_);
   return cache_stats_;
@@ -107,6 +125,7 @@ nlohmann::json Scheduler::CacheStats() const {
 
 Status Scheduler::ClearCache(const std::string& tier) {
   lock_.LockForRequest();
+  current_session_.clear();
   Status s = resident_.Clear(tier);
   nlohmann::json stats = resident_.Stats();
   lock_.UnlockRequest();
@@ -142,6 +161,10 @@ void Scheduler::EngineLoop() {
       queue_ms = MsSince(queue_.front().second);
       queue_.pop_front();
       running_job_ = true;
+      if (pending_options_) {
+        resident_.set_options(*pending_options_);
+        pending_options_.reset();
+      }
     }
     lock_.LockForRequest();
     RunJob(*job, queue_ms);
@@ -169,6 +192,7 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
   std::chrono::steady_clock::time_point first_token;
   bool have_first = false;
   CacheRequest request{job.prompt_ids(), job.session(), job.sampling().max_tokens};
+  current_session_ = job.session();
   auto result = resident_.Generate(
       request, job.sampling(),
       [&](const GeneratedToken& token) {
@@ -182,6 +206,7 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
       &job.cancel_flag());
   const auto end = std::chrono::steady_clock::now();
   if (!result.ok()) {
+    RecordJob(job, stats, 500, result.status().ToString(), "error");
     job.Finish(result.status(), {}, stats);
     return;
   }
@@ -196,7 +221,29 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
     double decode_s = std::chrono::duration<double>(end - first_token).count();
     if (stats.completion_tokens > 1 && decode_s > 0) stats.decode_tokens_per_s = (stats.completion_tokens - 1) / decode_s;
   }
+  RecordJob(job, stats, 200, "", FinishReasonName(result->generation.finish));
   job.Finish(Status::Ok(), std::move(result->generation), stats);
+}
+
+void Scheduler::RecordJob(const Job& job, const JobStats& s, int status, const std::string& error, const std::string& finish) {
+  if (options_.journal == nullptr) return;
+  RequestRow row;
+  row.session = job.session();
+  row.model = options_.model_id;
+  row.route = job.route();
+  row.status = status;
+  row.error = error;
+  row.prompt_tokens = s.prompt_tokens;
+  row.cached_tokens = s.cached_tokens;
+  row.reread_tokens = s.reread_tokens;
+  row.output_tokens = s.completion_tokens;
+  row.cache_source = s.cache_source;
+  row.cache_tier = s.cached_tokens > 0 ? "ram" : "none";
+  row.ttft_ms = s.ttft_ms;
+  row.prefill_tokens_per_s = s.prefill_ms > 0 ? 1000.0 * static_cast<double>(s.reread_tokens) / s.prefill_ms : 0;
+  row.decode_tokens_per_s = s.decode_tokens_per_s;
+  row.finish_reason = finish;
+  options_.journal->RecordRequest(std::move(row));
 }
 
 }  // namespace anchorage

@@ -16,6 +16,7 @@
 #include "engine/model/model.h"
 #include "engine/runtime/forward.h"
 #include "engine/cache/resident_prefix.h"
+#include "engine/journal/journal.h"
 #include "engine/runtime/generator.h"
 #include "engine/runtime/sequence_state.h"
 #include "engine/server/engine_lock.h"
@@ -39,11 +40,12 @@ struct JobStats {
 // One generation request. The engine thread appends tokens; one reader thread takes them.
 class Job {
  public:
-  Job(std::vector<int32_t> prompt_ids, SamplingParams sampling, std::string session = "")
-      : prompt_ids_(std::move(prompt_ids)), sampling_(std::move(sampling)), session_(std::move(session)) {}
+  Job(std::vector<int32_t> prompt_ids, SamplingParams sampling, std::string session = "", std::string route = "")
+      : prompt_ids_(std::move(prompt_ids)), sampling_(std::move(sampling)), session_(std::move(session)), route_(std::move(route)) {}
 
   const std::vector<int32_t>& prompt_ids() const { return prompt_ids_; }
   const std::string& session() const { return session_; }
+  const std::string& route() const { return route_; }
   const SamplingParams& sampling() const { return sampling_; }
 
   // Asks the engine to stop before its next token (a client hung up).
@@ -65,6 +67,7 @@ class Job {
   std::vector<int32_t> prompt_ids_;
   SamplingParams sampling_;
   std::string session_;
+  std::string route_;
   std::atomic<bool> cancel_{false};
   std::mutex mu_;
   std::condition_variable cv_;
@@ -78,6 +81,8 @@ class Job {
 struct SchedulerOptions {
   size_t max_queue = 16;  // jobs waiting while one runs; more are refused (a free engine always takes one)
   ResidentOptions resident;
+  Journal* journal = nullptr;  // optional: every job and cache event becomes a row
+  std::string model_id;
 };
 
 class Scheduler {
@@ -100,6 +105,9 @@ class Scheduler {
   Forward& forward() { return *forward_; }
   JobStats last_stats() const;
 
+  // New resident options, applied before the next job.
+  void SetResidentOptions(const ResidentOptions& options);
+
   // Every cache tier's counters as of the last job or command.
   nlohmann::json CacheStats() const;
   // Empties a cache tier between requests (waits for the engine like a request does).
@@ -111,6 +119,7 @@ class Scheduler {
  private:
   void EngineLoop();
   void RunJob(Job& job, double queue_ms);
+  void RecordJob(const Job& job, const JobStats& stats, int status, const std::string& error, const std::string& finish);
 
   Model& model_;
   std::unique_ptr<Forward> forward_;
@@ -127,6 +136,8 @@ class Scheduler {
   bool stop_ = false;
   JobStats last_stats_;
   nlohmann::json cache_stats_;
+  std::optional<ResidentOptions> pending_options_;
+  std::string current_session_;  // engine thread: the session cache events belong to
   std::thread thread_;
 };
 

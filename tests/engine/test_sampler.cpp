@@ -129,6 +129,17 @@ class TestSampler : public QObject {
     QCOMPARE(Draw(p, 1, l, 15)[0], 3);
     QCOMPARE(Draw(p, 1, l, 16)[0], 15);
   }
+  // Forced ids are picked first, one per generated token, then sampling resumes.
+  void forcedIdsComeFirst() {
+    SamplingParams p;
+    p.temperature = 0.0f;
+    p.forced_ids = {9, 2};
+    Sampler s(p, 16);
+    const auto l = Logits();
+    std::vector<int32_t> history;
+    for (int i = 0; i < 3; ++i) history.push_back(s.Sample(l, history).id);
+    QCOMPARE(history, (std::vector<int32_t>{9, 2, 3}));
+  }
   void logprobsAreNormalised() {
     SamplingParams p;
     p.temperature = 0.0f;

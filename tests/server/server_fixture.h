@@ -65,8 +65,9 @@ class ServerProcess {
 
   int port() const { return port_; }
   // What the server printed to stderr so far, and whether it still runs.
-  std::string Log() {
-    process_->waitForFinished(500);
+  std::string Log(bool wait_for_exit = true) {
+    if (wait_for_exit) process_->waitForFinished(500);
+    else process_->waitForReadyRead(200);
     std::string out = process_->readAllStandardError().toStdString();
     out += process_->state() == QProcess::Running ? " [running]" : " [exited " + std::to_string(process_->exitCode()) + "]";
     return out;

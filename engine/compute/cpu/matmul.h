@@ -10,7 +10,7 @@ namespace anchorage::cpu {
 // Rows of x at or below this count use the bf16 mat-vec kernel; more rows use OpenBLAS sgemm.
 inline constexpr int64_t kMatVecMaxRows = 8;
 // Output columns per sgemm task; weights of one task are expanded to fp32 into a per-thread buffer.
-inline constexpr int64_t kGemmColumnBlock = 256;
+inline constexpr int64_t kGemmColumnBlock = 512;
 // Output columns per mat-vec task.
 inline constexpr int64_t kMatVecRowBlock = 64;
 

@@ -1,7 +1,8 @@
-// anchorage-server's settings: defaults, then a JSON config file (--config), then flags.
+// The server's start-up configuration: defaults, then a JSON config file (--config), then flags.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@ struct ServerConfig {
   double resident_park_gb = 4.0;
   bool end_anchor = true;  // testing aid: scripted replies (see ServerOptions::test_replies)
   bool help = false;
+  std::map<std::string, std::string> run_time_knobs;  // flags that override the settings document: flag -> value
   std::vector<std::string> notes;  // what overrode what, printed at start
 };
 

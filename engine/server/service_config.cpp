@@ -1,4 +1,4 @@
-#include "app/server_options.h"
+#include "engine/server/service_config.h"
 
 #include <cstdlib>
 #include <map>
@@ -108,6 +108,7 @@ Result<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
   }
   for (const auto& [key, value] : flags) {
     RETURN_IF_ERROR(Apply(c, key, value, "--" + key));
+    if (key == "caches" || key == "end-anchor" || key.rfind("resident-", 0) == 0) c.run_time_knobs[key] = value;
     if (from_file.count(key) && from_file[key] != value)
       c.notes.push_back("--" + key + " " + (key == "admin-token" ? "(hidden)" : value) + " overrides " + config_file + "'s " +
                         (key == "admin-token" ? "(hidden)" : from_file[key]));

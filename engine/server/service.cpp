@@ -1,0 +1,139 @@
+#include "engine/server/service.h"
+
+#include <filesystem>
+
+#include "engine/core/file_util.h"
+#include "engine/model/tiny_model.h"
+#include "engine/runtime/forward.h"
+
+namespace anchorage {
+
+namespace {
+
+int64_t Gib(double gb) { return static_cast<int64_t>(gb * double(1ll << 30)); }
+
+// The settings key a run-time flag overrides, and its value as JSON.
+std::pair<std::string, nlohmann::json> SettingForFlag(const std::string& flag, const std::string& value) {
+  if (flag == "caches") return {"resident.enabled", value == "on"};
+  if (flag == "end-anchor") return {"resident.end_anchor", value == "on"};
+  if (flag == "resident-gb") return {"resident.resident_gb", std::stod(value)};
+  if (flag == "resident-stash-gb") return {"resident.stash_gb", std::stod(value)};
+  if (flag == "resident-pin-gb") return {"resident.pin_gb", std::stod(value)};
+  if (flag == "resident-park-gb") return {"resident.park_gb", std::stod(value)};
+  if (flag == "resident-guest-max") return {"resident.guest_max_tokens", std::stoll(value)};
+  return {"", nullptr};
+}
+
+}  // namespace
+
+ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective) {
+  ResidentOptions o;
+  const nlohmann::json& r = effective.at("resident");
+  o.enabled = r.value("enabled", true);
+  o.end_anchor = r.value("end_anchor", true);
+  o.anchor_budget_bytes = Gib(r.value("resident_gb", 2.5));
+  o.guest_max_tokens = r.value("guest_max_tokens", int64_t(8192));
+  o.stash_budget_bytes = Gib(r.value("stash_gb", 1.0));
+  o.pin_budget_bytes = Gib(r.value("pin_gb", 4.0));
+  o.park_budget_bytes = Gib(r.value("park_gb", 4.0));
+  return o;
+}
+
+Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, const std::function<void(double, const std::string&)>& progress) {
+  namespace fs = std::filesystem;
+  auto say = [&](double f, const std::string& what) {
+    if (progress) progress(f, what);
+  };
+  std::unique_ptr<Service> s(new Service());
+  s->config_ = config;
+  RETURN_IF_ERROR(MakeDirectories(config.data_dir, 0700));
+
+  std::string model_dir = config.model_dir;
+  if (model_dir.empty()) {
+    model_dir = (fs::path(config.data_dir) / "models" / "tiny-seed0").string();
+    if (!fs::exists(fs::path(model_dir) / "model.safetensors")) {
+      say(0.05, "generating the tiny model in " + model_dir);
+      RETURN_IF_ERROR(GenerateTinyModel(TinyModelSize::kTiny, 0, model_dir));
+    }
+  }
+  say(0.2, "loading " + model_dir);
+  ASSIGN_OR_RETURN(s->model_, LoadModel(model_dir));
+  s->model_id_ = config.served_model_name.empty() ? fs::path(model_dir).filename().string() : config.served_model_name;
+
+  say(0.6, "opening the settings and the journal");
+  ASSIGN_OR_RETURN(SettingsStore settings, SettingsStore::Open((fs::path(config.data_dir) / "settings.json").string()));
+  s->settings_ = std::make_unique<SettingsStore>(std::move(settings));
+  if (Status w = s->settings_->startup_warning(); !w.ok()) s->notes_.push_back("settings: " + w.message());
+  for (const auto& [flag, value] : config.run_time_knobs) {
+    auto [key, json_value] = SettingForFlag(flag, value);
+    if (key.empty()) continue;
+    RETURN_IF_ERROR(s->settings_->ApplyOverride(key, json_value, "--" + flag));
+    s->notes_.push_back("--" + flag + " " + value + " overrides the settings document's " + key + " for this run");
+  }
+  const nlohmann::json effective = s->settings_->Effective();
+  JournalOptions journal_options;
+  journal_options.data_dir = config.data_dir;
+  journal_options.retention_days = effective["journal"].value("retention_days", int64_t(30));
+  journal_options.retention_rows = effective["journal"].value("retention_rows", int64_t(1000000));
+  ASSIGN_OR_RETURN(s->journal_, Journal::Open(journal_options));
+
+  say(0.7, "preparing the engine");
+  ForwardOptions forward_options;
+  forward_options.grid_tokens = config.grid_tokens;
+  forward_options.threads = config.threads;
+  ASSIGN_OR_RETURN(std::unique_ptr<Forward> forward, Forward::Create(s->model_->config, s->model_->weights, forward_options));
+  SchedulerOptions scheduler_options;
+  scheduler_options.max_queue = config.max_queue;
+  scheduler_options.resident = ResidentOptionsFromSettings(effective);
+  scheduler_options.journal = s->journal_.get();
+  scheduler_options.model_id = s->model_id_;
+  s->scheduler_ = std::make_unique<Scheduler>(*s->model_, std::move(forward), scheduler_options);
+
+  Scheduler* scheduler = s->scheduler_.get();
+  Journal* journal = s->journal_.get();
+  s->settings_->AddListener([scheduler, journal](const nlohmann::json& effective, int64_t) {
+    scheduler->SetResidentOptions(ResidentOptionsFromSettings(effective));
+    journal->SetRetention(effective["journal"].value("retention_days", int64_t(30)), effective["journal"].value("retention_rows", int64_t(1000000)));
+  });
+
+  ServerOptions options;
+  options.host = config.host;
+  options.port = config.port;
+  options.model_id = s->model_id_;
+  options.admin_token = config.admin_token;
+  options.context_tokens = config.context_tokens;
+  if (!config.test_replies_file.empty()) {
+    ASSIGN_OR_RETURN(std::string text, ReadFile(config.test_replies_file));
+    nlohmann::json replies = nlohmann::json::parse(text, nullptr, false);
+    if (!replies.is_array()) return InvalidArgument(config.test_replies_file + " must hold a JSON array of {match, reply}");
+    options.test_replies = replies;
+  }
+  s->http_ = std::make_unique<HttpServer>(*s->model_, *s->scheduler_, options, s->journal_.get(), s->settings_.get());
+  say(0.9, "binding " + config.host + ":" + std::to_string(config.port));
+  RETURN_IF_ERROR(s->http_->Bind());
+  say(1.0, "ready");
+  return s;
+}
+
+void Service::ServeInBackground() {
+  serving_ = std::thread([this] { http_->Serve(); });
+}
+
+std::string Service::url() const { return "http://" + config_.host + ":" + std::to_string(http_->port()) + "/v1"; }
+
+void Service::Drain() {
+  if (drained_) return;
+  drained_ = true;
+  scheduler_->BeginDrain();
+  scheduler_->WaitIdle();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let the last response reach its client
+  http_->Stop();
+  if (serving_.joinable()) serving_.join();
+  journal_->Flush();
+}
+
+Service::~Service() {
+  if (http_) Drain();
+}
+
+}  // namespace anchorage

@@ -1,0 +1,60 @@
+// The running service: model, engine scheduler, journal, settings and the HTTP endpoint, started
+// from a ServerConfig. anchorage-server and the console's EngineHost both run one.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "engine/core/status.h"
+#include "engine/journal/journal.h"
+#include "engine/model/model.h"
+#include "engine/server/http_server.h"
+#include "engine/server/scheduler.h"
+#include "engine/server/service_config.h"
+#include "engine/settings/settings.h"
+
+namespace anchorage {
+
+// The resident prefix's options from the effective settings document.
+ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective);
+
+class Service {
+ public:
+  // Loads (or generates) the model, opens the journal and settings, starts the engine thread and
+  // binds the socket. progress(fraction 0..1, what) reports the steps; errors name what failed.
+  static Result<std::unique_ptr<Service>> Start(const ServerConfig& config,
+                                                const std::function<void(double, const std::string&)>& progress = nullptr);
+  ~Service();
+
+  // Serves HTTP on a thread of its own until Drain().
+  void ServeInBackground();
+  // No new requests; waits for the ones in flight and queued, then stops the endpoint.
+  void Drain();
+
+  Model& model() { return *model_; }
+  Scheduler& scheduler() { return *scheduler_; }
+  HttpServer& http() { return *http_; }
+  Journal* journal() { return journal_.get(); }
+  SettingsStore& settings() { return *settings_; }
+  const std::string& model_id() const { return model_id_; }
+  std::string url() const;
+  const std::vector<std::string>& notes() const { return notes_; }
+
+ private:
+  Service() = default;
+
+  ServerConfig config_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<SettingsStore> settings_;
+  std::unique_ptr<Journal> journal_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<HttpServer> http_;
+  std::thread serving_;
+  std::string model_id_;
+  std::vector<std::string> notes_;
+  bool drained_ = false;
+};
+
+}  // namespace anchorage
