@@ -47,6 +47,17 @@ void AnchorSet::DropAbove(int64_t max_length) {
   }
 }
 
+int64_t AnchorSet::DropOldest() {
+  if (anchors_.empty()) return 0;
+  auto oldest = anchors_.begin();
+  for (auto it = anchors_.begin(); it != anchors_.end(); ++it)
+    if (it->second.serial < oldest->second.serial) oldest = it;
+  const int64_t b = oldest->second.anchor.bytes();
+  bytes_ -= b;
+  anchors_.erase(oldest);
+  return b;
+}
+
 void AnchorSet::Clear() {
   anchors_.clear();
   bytes_ = 0;

@@ -23,6 +23,8 @@ class AnchorSet {
   // Drops every anchor above max_length (their rows were overwritten).
   void DropAbove(int64_t max_length);
   void Clear();
+  // Drops the oldest anchor, protected or not (memory shedding); returns its bytes, 0 when empty.
+  int64_t DropOldest();
 
   // Up to `count` anchors at or below max_length, spread evenly over the lengths, as copies.
   std::vector<Anchor> Spread(int64_t max_length, int count) const;

@@ -25,6 +25,7 @@ const char* CacheSourceName(CacheSource source) {
     case CacheSource::kEnd: return "end";
     case CacheSource::kPin: return "pin";
     case CacheSource::kPark: return "park";
+    case CacheSource::kStore: return "store";
   }
   return "cold";
 }
@@ -35,12 +36,16 @@ ResidentPrefix::ResidentPrefix(Forward& forward, const Tokenizer* tokenizer, Res
       options_(options),
       state_(forward.config()),
       taint_row_(kNoTaint),
-      anchors_(options.anchor_budget_bytes) {}
+      anchors_(options.anchor_budget_bytes),
+      store_(options.store_budget_bytes, options.store_entry_cap_bytes) {}
 
 void ResidentPrefix::set_options(const ResidentOptions& options) {
   options_ = options;
   anchors_.set_budget_bytes(options.anchor_budget_bytes);
+  store_.set_limits(options.store_budget_bytes, options.store_entry_cap_bytes);
+  if (!options_.store_enabled) store_.Clear();
   if (!options_.enabled) (void)Clear("all");
+  Shed(0, options_.memory_ceiling_bytes - options_.memory_slack_bytes, "the memory ceiling was lowered");
 }
 
 int64_t ResidentPrefix::RowBytes(int64_t rows) const { return rows * state_.kv_bytes_per_token(); }
@@ -128,6 +133,16 @@ ResidentPrefix::Plan ResidentPrefix::MakePlan(const CacheRequest& request) const
         p.info.aligned = false;
         p.resume_from_end = park_end;
       }
+    }
+  }
+
+  if (options_.store_enabled) {
+    if (const StoreEntry* e = store_.Peek(request.prompt, limit); e != nullptr && static_cast<int64_t>(e->tokens.size()) > best) {
+      best = static_cast<int64_t>(e->tokens.size());
+      p.info.source = CacheSource::kStore;
+      p.info.served_prompt = request.prompt;
+      p.info.aligned = false;
+      p.resume_from_end = e->session;
     }
   }
 
@@ -252,7 +267,19 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
     if (c < static_cast<int64_t>(rows_.size())) {
       // This request replaces rows: keep the head of its own session, or park another session's.
       if (!request.session.empty() && request.session == session_) PinHead();
-      else ParkResident(r);
+      else ParkResident(std::min(r, c));
+    }
+    if (info.source == CacheSource::kStore) {
+      const StoreEntry* e = store_.Lookup(request.prompt, r);
+      if (e == nullptr || static_cast<int64_t>(e->tokens.size()) != r) return Internal("state store: the entry of " + std::to_string(r) + " tokens went missing");
+      RETURN_IF_ERROR(state_.WriteRows(e->rows));
+      rows_ = e->tokens;
+      anchors_.Clear();
+      end_.reset();
+      if (e->session) end_ = EndAnchor{e->anchor, e->taint_row};
+      else anchors_.Put(e->anchor);
+      taint_row_ = e->session ? e->taint_row : kNoTaint;
+      ++counters_.store_hits;
     }
   }
 
@@ -261,6 +288,8 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
     const int64_t stash_end = std::min<int64_t>(rows_.size(), n + request.max_new_tokens + options_.guest_margin_rows);
     ASSIGN_OR_RETURN(KvRows rows, state_.CopyRows(r, stash_end));
     stash_.rows = std::move(rows);
+    guest_resume_ = r;
+    stash_shed_ = false;
     ++stash_.uses;
     Emit("write", "stash", stash_end - r, stash_.bytes(), "guest request");
     ++counters_.guests;
@@ -270,6 +299,7 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
   const Anchor* anchor = nullptr;
   if (r > 0) {
     if (plan.resume_from_end) anchor = end_ ? &end_->anchor : nullptr;
+    else if (info.source == CacheSource::kStore) anchor = anchors_.LargestAtOrBelow(r);
     else anchor = anchors_.LargestAtOrBelow(r);
     if (anchor == nullptr || anchor->length != r) return Internal("resident prefix: the anchor at " + std::to_string(r) + " went missing");
     RETURN_IF_ERROR(state_.RestoreAnchor(*anchor));
@@ -324,6 +354,12 @@ Status ResidentPrefix::PrefillRange(ResumeInfo& info, int64_t upto, bool take_an
 }
 
 void ResidentPrefix::FinishGuest() {
+  if (stash_shed_) {  // the stash was given back for memory: the guest's rows replaced the resident ones
+    rows_.resize(std::min<size_t>(rows_.size(), static_cast<size_t>(guest_resume_)));
+    anchors_.DropAbove(guest_resume_);
+    if (end_ && end_->anchor.length > guest_resume_) end_.reset();
+    stash_shed_ = false;
+  }
   if (stash_.rows) {
     Status s = state_.WriteRows(*stash_.rows);
     if (!s.ok()) {
@@ -343,13 +379,131 @@ void ResidentPrefix::KeepEnd(const ResumeInfo& info, int64_t forwarded, const st
     end_ = EndAnchor{state_.SaveAnchor(), taint_row_};
     Emit("write", "end", end_->anchor.length, end_->anchor.bytes());
   }
+  PutSessionSnapshot();
+}
+
+void ResidentPrefix::PutPrefixSnapshot(int64_t prompt_tokens) {
+  if (!options_.enabled || !options_.store_enabled || !options_.store_prefix_snapshots) return;
+  // The longest grid anchor of this prompt that a cold prefill wrote and that fits the per-entry cap.
+  for (int64_t len : [&] { auto v = anchors_.lengths(); std::reverse(v.begin(), v.end()); return v; }()) {
+    if (len > prompt_tokens || len > taint_row_ || len > static_cast<int64_t>(rows_.size())) continue;
+    const Anchor* a = anchors_.LargestAtOrBelow(len);
+    const int64_t bytes = a->bytes() + RowBytes(len);
+    if (!store_.Admits(bytes)) continue;
+    std::span<const int32_t> key(rows_.data(), static_cast<size_t>(len));
+    if (store_.Contains(key)) return;
+    store_.MakeRoom(bytes);  // room before the clone, never after
+    auto rows = state_.CopyRows(0, len);
+    if (!rows.ok()) return;
+    store_.Put(StoreEntry{std::vector<int32_t>(key.begin(), key.end()), *a, std::move(rows).value(), kNoTaint, false});
+    Emit("write", "store", len, bytes, "prefix snapshot");
+    return;
+  }
+}
+
+void ResidentPrefix::PutSessionSnapshot() {
+  if (!options_.enabled || !options_.store_enabled || !end_) return;
+  const int64_t len = end_->anchor.length;
+  if (len != static_cast<int64_t>(rows_.size()) || len > state_.length()) {
+    ++store_.declined;  // the engine is ahead of (or behind) the committed tokens: nothing is cloned
+    return;
+  }
+  const int64_t bytes = end_->anchor.bytes() + RowBytes(len);
+  if (!store_.Admits(bytes)) {
+    ++store_.declined;
+    return;
+  }
+  store_.MakeRoom(bytes);
+  auto rows = state_.CopyRows(0, len);
+  if (!rows.ok()) return;
+  store_.Put(StoreEntry{rows_, end_->anchor, std::move(rows).value(), end_->taint_row, true});
+  Emit("write", "store", len, bytes, "session snapshot");
+}
+
+int64_t ResidentPrefix::EngineBytes() const {
+  return state_.allocated_bytes() + anchors_.bytes() + (end_ ? end_->anchor.bytes() : 0) + stash_.bytes() + pin_.bytes() +
+         park_.bytes() + store_.bytes();
+}
+
+int64_t ResidentPrefix::PrefillPeakBytes(int64_t prompt_tokens, int64_t resume_at, int64_t max_new) const {
+  const ModelConfig& c = forward_.config();
+  const int64_t chunk = std::min(forward_.grid_tokens(), std::max<int64_t>(1, prompt_tokens - resume_at));
+  const int64_t per_token_floats = 6 * c.hidden_size + 2 * c.conv_dim() + 3 * c.value_dim() + 4 * c.intermediate_size +
+                                   4 * c.num_attention_heads * c.head_dim + 4 * c.num_key_value_heads * c.head_dim;
+  const int64_t weight_tiles = static_cast<int64_t>(forward_.threads()) * 512 * std::max(c.hidden_size, c.intermediate_size) * 4;
+  const int64_t logits = c.vocab_size * 4;
+  const int64_t rows_after = prompt_tokens + max_new;
+  const int64_t step = SequenceState::kKvRowStep;
+  const int64_t capacity_after = (rows_after + step - 1) / step * step;
+  const int64_t kv_growth = std::max<int64_t>(0, capacity_after - state_.capacity()) * state_.kv_bytes_per_token();
+  return chunk * per_token_floats * 4 + weight_tiles + logits + kv_growth;
+}
+
+bool ResidentPrefix::Shed(int64_t extra, int64_t limit, const std::string& reason) {
+  auto fits = [&] { return EngineBytes() + extra <= limit; };
+  auto count = [&](const std::string& tier, int64_t tokens, int64_t bytes) {
+    ++counters_.sheds[tier];
+    Emit("shed", tier, tokens, bytes, reason);
+  };
+  while (!fits() && store_.size() > 0) {
+    const int64_t before = store_.bytes();
+    store_.DropOldest();
+    count("store", 0, before - store_.bytes());
+  }
+  while (!fits() && anchors_.size() > 0) {
+    const int64_t b = anchors_.DropOldest();
+    count("anchors", 0, b);
+  }
+  if (!fits() && end_) {
+    const int64_t b = end_->anchor.bytes();
+    const int64_t len = end_->anchor.length;
+    end_.reset();
+    count("end", len, b);
+  }
+  if (!fits() && stash_.rows) {
+    const int64_t b = stash_.bytes();
+    stash_.rows.reset();
+    stash_shed_ = true;
+    count("stash", 0, b);
+  }
+  if (!fits() && !park_.empty()) {
+    const int64_t b = park_.bytes();
+    const int64_t len = static_cast<int64_t>(park_.tokens.size());
+    park_ = ParkedSession{};
+    count("park", len, b);
+  }
+  if (!fits() && !pin_.empty()) {
+    const int64_t b = pin_.bytes();
+    const int64_t len = static_cast<int64_t>(pin_.tokens.size());
+    pin_ = PinnedHead{};
+    count("pin", len, b);
+  }
+  return fits();
+}
+
+Status ResidentPrefix::Admit(const ResumeInfo& info, int64_t max_new) {
+  const int64_t need = PrefillPeakBytes(static_cast<int64_t>(info.served_prompt.size()), info.cached_tokens, max_new);
+  const int64_t limit = options_.memory_peak_bytes - options_.memory_slack_bytes;
+  if (EngineBytes() + need <= limit) return Status::Ok();
+  if (Shed(need, limit, "a prefill needs " + std::to_string(need) + " bytes")) return Status::Ok();
+  ++counters_.refused;
+  Emit("drop", "memory", static_cast<int64_t>(info.served_prompt.size()), need, "a prefill did not fit the memory peak");
+  return ResourceExhausted("the prefill needs " + std::to_string(need) + " bytes beyond the engine's " + std::to_string(EngineBytes()) +
+                           " and the peak limit is " + std::to_string(options_.memory_peak_bytes) + " bytes (slack " +
+                           std::to_string(options_.memory_slack_bytes) + "); every cache was given back");
 }
 
 Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, const SamplingParams& params,
-                                                  const TokenCallback& on_token, const std::atomic<bool>* cancel) {
+                                                  const TokenCallback& on_token, const std::atomic<bool>* cancel,
+                                                  const std::function<void(const ResumeInfo&)>& on_admitted) {
   Plan plan = MakePlan(request);
   RETURN_IF_ERROR(Apply(request, plan));
   ResumeInfo& info = plan.info;
+  if (Status admitted = Admit(info, params.max_tokens); !admitted.ok()) {
+    if (info.guest) FinishGuest();
+    return admitted;
+  }
+  if (on_admitted) on_admitted(info);
   const int64_t n = static_cast<int64_t>(info.served_prompt.size());
   const int64_t G = forward_.grid_tokens();
   Status prefilled = PrefillRange(info, std::max(state_.length(), (n - 1) / G * G), !info.guest);
@@ -365,12 +519,15 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
     FinishGuest();
   } else if (result.ok()) {
     const int64_t forwarded = std::clamp<int64_t>(state_.length() - n, 0, static_cast<int64_t>(result->tokens.size()));
+    rows_.assign(info.served_prompt.begin(), info.served_prompt.end());
+    PutPrefixSnapshot(n);
     KeepEnd(info, forwarded, result->tokens);
   } else {
     rows_.clear();  // the state no longer matches any token list we could name
     anchors_.Clear();
     end_.reset();
   }
+  Shed(0, options_.memory_ceiling_bytes - options_.memory_slack_bytes, "over the memory ceiling after a request");
   if (!result.ok()) return result.status();
   return CachedGeneration{std::move(info), std::move(result).value()};
 }
@@ -379,6 +536,10 @@ Result<std::vector<float>> ResidentPrefix::Prefill(const CacheRequest& request, 
   Plan plan = MakePlan(request);
   RETURN_IF_ERROR(Apply(request, plan));
   ResumeInfo& info = plan.info;
+  if (Status admitted = Admit(info, 0); !admitted.ok()) {
+    if (info.guest) FinishGuest();
+    return admitted;
+  }
   const int64_t n = static_cast<int64_t>(info.served_prompt.size());
   const int64_t G = forward_.grid_tokens();
   RETURN_IF_ERROR(PrefillRange(info, std::max(state_.length(), (n - 1) / G * G), !info.guest));
@@ -389,15 +550,29 @@ Result<std::vector<float>> ResidentPrefix::Prefill(const CacheRequest& request, 
   } else if (logits.ok()) {
     rows_.insert(rows_.end(), info.served_prompt.begin() + start, info.served_prompt.end());
     if (state_.length() % G == 0) anchors_.Put(state_.SaveAnchor());
+    PutPrefixSnapshot(n);
   }
+  Shed(0, options_.memory_ceiling_bytes - options_.memory_slack_bytes, "over the memory ceiling after a request");
   if (info_out) *info_out = info;
   return logits;
 }
 
+Result<ResumeInfo> ResidentPrefix::Prewarm(const CacheRequest& request) {
+  Plan plan = MakePlan(request);
+  if (plan.info.guest || plan.info.source == CacheSource::kCold || plan.info.source == CacheSource::kResident ||
+      plan.info.source == CacheSource::kEnd)
+    return plan.info;  // nothing to bring: already in place, or no tier holds it
+  RETURN_IF_ERROR(Apply(request, plan));
+  // The rows and state are in place now; the request itself will resume from them.
+  plan.info.source = plan.resume_from_end ? CacheSource::kEnd : CacheSource::kResident;
+  return plan.info;
+}
+
 Status ResidentPrefix::Clear(const std::string& tier) {
   const bool all = tier == "all" || tier == "ram" || tier == "resident";
-  if (!all && tier != "anchors" && tier != "end" && tier != "stash" && tier != "pin" && tier != "park")
-    return InvalidArgument("unknown cache tier '" + tier + "' (anchors, end, stash, pin, park, resident, ram, all)");
+  if (!all && tier != "anchors" && tier != "end" && tier != "stash" && tier != "pin" && tier != "park" && tier != "store")
+    return InvalidArgument("unknown cache tier '" + tier + "' (anchors, end, stash, pin, park, store, resident, ram, all)");
+  if (all || tier == "store") store_.Clear();
   if (all || tier == "anchors") anchors_.Clear();
   if (all || tier == "end") end_.reset();
   if (all || tier == "stash") stash_.rows.reset();
@@ -427,6 +602,12 @@ nlohmann::json ResidentPrefix::Stats() const {
                {"pins", k.pins}, {"hits", k.pin_hits}}},
       {"park", {{"entries", park_.empty() ? 0 : 1}, {"session", park_.session}, {"tokens", park_.tokens.size()}, {"bytes", park_.bytes()},
                 {"budget_bytes", options_.park_budget_bytes}, {"parks", k.parks}, {"hits", k.park_hits}}},
+      {"store", {{"entries", store_.size()}, {"bytes", store_.bytes()}, {"budget_bytes", store_.budget_bytes()},
+                 {"entry_cap_bytes", store_.entry_cap_bytes()}, {"hits", k.store_hits}, {"misses", store_.misses}, {"puts", store_.puts},
+                 {"evictions", store_.evictions}, {"declined", store_.declined}}},
+      {"memory", {{"engine_bytes", EngineBytes()}, {"state_bytes", state_.allocated_bytes()},
+                  {"ceiling_bytes", options_.memory_ceiling_bytes}, {"peak_bytes", options_.memory_peak_bytes},
+                  {"slack_bytes", options_.memory_slack_bytes}, {"sheds", k.sheds}, {"refused", k.refused}}},
   };
 }
 

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <atomic>
+#include <climits>
+#include <map>
 #include <functional>
 #include <cstdint>
 #include <optional>
@@ -19,6 +21,7 @@
 #include "engine/cache/guest_stash.h"
 #include "engine/cache/parked_session.h"
 #include "engine/cache/pinned_head.h"
+#include "engine/cache/state_store.h"
 #include "engine/model/tokenizer.h"
 #include "engine/runtime/forward.h"
 #include "engine/runtime/generator.h"
@@ -36,10 +39,17 @@ struct ResidentOptions {
   int64_t pin_budget_bytes = 4ll << 30;         // --resident-pin-gb
   int64_t park_budget_bytes = 4ll << 30;        // --resident-park-gb
   int64_t guest_margin_rows = 512;
+  bool store_enabled = true;                    // the state store
+  int64_t store_budget_bytes = 2ll << 30;
+  int64_t store_entry_cap_bytes = 1ll << 30;
+  bool store_prefix_snapshots = true;           // prefix snapshots at grid lines (else session snapshots only)
+  int64_t memory_ceiling_bytes = INT64_MAX;     // engine bytes between requests
+  int64_t memory_peak_bytes = INT64_MAX;        // engine bytes during a prefill, workspace included
+  int64_t memory_slack_bytes = 0;               // allocator slack kept free under both
 };
 
-enum class CacheSource { kCold, kResident, kEnd, kPin, kPark };
-const char* CacheSourceName(CacheSource source);  // "cold", "resident", "end", "pin", "park"
+enum class CacheSource { kCold, kResident, kEnd, kPin, kPark, kStore };
+const char* CacheSourceName(CacheSource source);  // "cold", "resident", "end", "pin", "park", "store"
 
 struct CacheRequest {
   std::vector<int32_t> prompt;  // the client's tokens
@@ -77,14 +87,24 @@ class ResidentPrefix {
   ResidentPrefix(Forward& forward, const Tokenizer* tokenizer, ResidentOptions options);
 
   // Resumes, prefills the rest on the grid, generates, and keeps the end. Cancellation as Generator's.
+  // on_admitted runs once the request fits the memory budget, before its prefill; a request that
+  // cannot fit even after shedding every cache fails with ResourceExhausted and changes no tier.
   Result<CachedGeneration> Generate(const CacheRequest& request, const SamplingParams& params, const TokenCallback& on_token,
-                                    const std::atomic<bool>* cancel = nullptr);
+                                    const std::atomic<bool>* cancel = nullptr,
+                                    const std::function<void(const ResumeInfo&)>& on_admitted = nullptr);
+  // Brings a state held by the pin, the park or the store into the engine's buffer ahead of its
+  // request; returns where the request would then resume.
+  Result<ResumeInfo> Prewarm(const CacheRequest& request);
+  // Bytes the engine holds now: its state buffers and every cache tier.
+  int64_t EngineBytes() const;
+  // The workspace a prefill of new_tokens (plus max_new decoded rows) adds at its peak.
+  int64_t PrefillPeakBytes(int64_t prompt_tokens, int64_t resume_at, int64_t max_new) const;
   // Resumes and prefills the whole prompt; returns the last position's logits (no end anchor is kept).
   Result<std::vector<float>> Prefill(const CacheRequest& request, ResumeInfo* info = nullptr);
   // Where a request would resume, without changing anything.
   ResumeInfo Peek(const CacheRequest& request) const;
 
-  // Empties one tier: "anchors", "end", "stash", "pin", "park", or "resident" / "ram" / "all" for every one.
+  // Empties one tier: "anchors", "end", "stash", "pin", "park", "store", or "resident" / "ram" / "all" for every one.
   Status Clear(const std::string& tier);
   void set_options(const ResidentOptions& options);
   // Receives every hit, write, eviction and clear; called on the engine thread.
@@ -110,6 +130,12 @@ class ResidentPrefix {
   Status PrefillRange(ResumeInfo& info, int64_t upto, bool take_anchors);
   void KeepEnd(const ResumeInfo& info, int64_t forwarded_generated, const std::vector<int32_t>& generated);
   void FinishGuest();
+  // Gives back caches, cheapest first (store, anchors, end, stash, park, pin), until EngineBytes()
+  // plus extra fits under limit; returns whether it fits.
+  bool Shed(int64_t extra, int64_t limit, const std::string& reason);
+  Status Admit(const ResumeInfo& info, int64_t max_new);
+  void PutPrefixSnapshot(int64_t prompt_tokens);
+  void PutSessionSnapshot();
   void PinHead();
   void ParkResident(int64_t shared_head);
   int64_t RowBytes(int64_t rows) const;
@@ -132,9 +158,14 @@ class ResidentPrefix {
   std::vector<int32_t> guest_saved_rows_;  // rows_ of the resident prompt while a guest runs
   PinnedHead pin_;
   ParkedSession park_;
+  StateStore store_;
+  int64_t guest_resume_ = 0;      // where the running guest resumed
+  bool stash_shed_ = false;       // the running guest's stash was given back: its rows are lost
   struct Counters {
     int64_t requests = 0, cold = 0, resident_hits = 0, end_hits = 0, aligned_hits = 0, pin_hits = 0, park_hits = 0;
-    int64_t guests = 0, pins = 0, parks = 0, cached_tokens = 0, reread_tokens = 0;
+    int64_t guests = 0, pins = 0, parks = 0, cached_tokens = 0, reread_tokens = 0, store_hits = 0;
+    int64_t refused = 0;
+    std::map<std::string, int64_t> sheds;  // by tier
   } counters_;
 };
 

@@ -96,6 +96,35 @@ Status HttpServer::Bind() {
 void HttpServer::Serve() { server_->listen_after_bind(); }
 void HttpServer::Stop() { server_->stop(); }
 
+bool HttpServer::PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids_out, bool* starts_in_reasoning, ApiError* error) const {
+  *starts_in_reasoning = false;
+  if (r.kind == RequestKind::kChat) {
+    auto text = model_.chat_template.RenderChatBody(r.template_body);
+    if (!text.ok()) {
+      *error = {400, "the chat template rejected the conversation: " + text.status().message(), "invalid_request_error", "messages", "template_error"};
+      return false;
+    }
+    const std::string& prompt = *text;
+    *starts_in_reasoning = prompt.size() >= 8 && prompt.compare(prompt.size() - 8, 8, "<think>\n") == 0;
+    auto ids = model_.tokenizer.Encode(prompt, /*parse_special=*/true);
+    if (!ids.ok()) {
+      *error = {400, ids.status().message(), "invalid_request_error", "messages", "tokenizer_error"};
+      return false;
+    }
+    *ids_out = std::move(*ids);
+  } else if (r.prompt_is_ids) {
+    *ids_out = r.prompt_ids;
+  } else {
+    auto ids = model_.tokenizer.Encode(r.prompt_text, /*parse_special=*/true);
+    if (!ids.ok()) {
+      *error = {400, ids.status().message(), "invalid_request_error", "prompt", "tokenizer_error"};
+      return false;
+    }
+    *ids_out = std::move(*ids);
+  }
+  return true;
+}
+
 bool HttpServer::Authorized(const httplib::Request& req) const {
   return options_.admin_token.empty() || req.get_header_value("Authorization") == "Bearer " + options_.admin_token;
 }
@@ -153,6 +182,63 @@ void HttpServer::Routes() {
     Status s = scheduler_.ClearCache(tier);
     if (!s.ok()) return SendError(res, {400, s.message(), "invalid_request_error", "tier", "unknown_tier"});
     res.set_content(Dump(ojson{{"cleared", tier}, {"stats", scheduler_.CacheStats()}}), "application/json");
+  });
+
+  // Parses a chat body for peek and prewarm: its prompt ids and session (body "session", else x-session-id).
+  auto cache_request = [this](const httplib::Request& req, CacheRequest* out, ApiError* error) {
+    auto request = ParseCompletionRequest(RequestKind::kChat, req.body, ParseOptions{options_.model_id, model_.config.vocab_size}, error);
+    if (!request) return false;
+    bool reasoning = false;
+    if (!PromptIds(*request, &out->prompt, &reasoning, error)) return false;
+    out->session = request->session.empty() ? req.get_header_value("x-session-id") : request->session;
+    return true;
+  };
+
+  svr.Post("/v1/cache/peek", [this, cache_request](const httplib::Request& req, httplib::Response& res) {
+    CacheRequest request;
+    ApiError error;
+    if (!cache_request(req, &request, &error)) return SendError(res, error);
+    auto info = scheduler_.PeekCache(request, 250);
+    if (!info.ok()) return SendError(res, {409, "the engine is busy; peek again shortly", "invalid_request_error", "", "engine_busy"});
+    const double rate = scheduler_.measured_prefill_rate();
+    ojson body = {{"tier", CacheSourceName(info->source)},
+                  {"cached_tokens", info->cached_tokens},
+                  {"reread_tokens", info->reread_tokens},
+                  {"reread_eta_ms", rate > 0 ? ojson(1000.0 * static_cast<double>(info->reread_tokens) / rate) : ojson(nullptr)},
+                  {"tokens", request.prompt.size()},
+                  {"guest", info->guest},
+                  {"aligned", info->aligned}};
+    res.set_content(Dump(body), "application/json");
+  });
+
+  svr.Post("/v1/cache/prewarm", [this, cache_request](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req))
+      return SendError(res, {401, "this route needs the admin token (Authorization: Bearer TOKEN)", "authentication_error", "", "admin_token_required"});
+    CacheRequest request;
+    ApiError error;
+    if (!cache_request(req, &request, &error)) return SendError(res, error);
+    auto peek = scheduler_.PeekCache(request, 250);
+    if (!peek.ok()) return SendError(res, {409, "the engine is busy; prewarm again shortly", "invalid_request_error", "", "engine_busy"});
+    ojson body = {{"tier", CacheSourceName(peek->source)}, {"cached_tokens", peek->cached_tokens}, {"tokens", request.prompt.size()}};
+    switch (peek->source) {
+      case CacheSource::kCold:
+        body["prewarmed"] = false;
+        body["reason"] = "no tier holds a state of this conversation (the disk tier and the session spill are not built yet)";
+        break;
+      case CacheSource::kResident:
+      case CacheSource::kEnd:
+        body["prewarmed"] = false;
+        body["reason"] = "the state is already in place in the engine's buffer";
+        break;
+      default: {
+        auto info = scheduler_.PrewarmCache(request);
+        if (!info.ok()) return SendError(res, {500, info.status().ToString(), "server_error", "", "engine_error"});
+        body["prewarmed"] = true;
+        body["reason"] = std::string("brought from the ") + CacheSourceName(peek->source) + " into the engine's buffer";
+        body["now"] = {{"tier", CacheSourceName(info->source)}, {"cached_tokens", info->cached_tokens}};
+      }
+    }
+    res.set_content(Dump(body), "application/json");
   });
 
   svr.Get("/v1/journal", [this](const httplib::Request& req, httplib::Response& res) {
@@ -240,21 +326,7 @@ void HttpServer::Routes() {
     auto prepared = std::make_shared<Prepared>();
     prepared->request = std::move(*request);
     CompletionRequest& r = prepared->request;
-    if (kind == RequestKind::kChat) {
-      auto text = model_.chat_template.RenderChatBody(r.template_body);
-      if (!text.ok()) return reject({400, "the chat template rejected the conversation: " + text.status().message(), "invalid_request_error", "messages", "template_error"});
-      const std::string& prompt = *text;
-      prepared->starts_in_reasoning = prompt.size() >= 8 && prompt.compare(prompt.size() - 8, 8, "<think>\n") == 0;
-      auto ids = model_.tokenizer.Encode(prompt, /*parse_special=*/true);
-      if (!ids.ok()) return reject({400, ids.status().message(), "invalid_request_error", "messages", "tokenizer_error"});
-      prepared->prompt_ids = std::move(*ids);
-    } else if (r.prompt_is_ids) {
-      prepared->prompt_ids = r.prompt_ids;
-    } else {
-      auto ids = model_.tokenizer.Encode(r.prompt_text, /*parse_special=*/true);
-      if (!ids.ok()) return reject({400, ids.status().message(), "invalid_request_error", "prompt", "tokenizer_error"});
-      prepared->prompt_ids = std::move(*ids);
-    }
+    if (!PromptIds(r, &prepared->prompt_ids, &prepared->starts_in_reasoning, &error)) return reject(error);
     const int64_t prompt_tokens = static_cast<int64_t>(prepared->prompt_ids.size());
     if (prompt_tokens == 0) return reject({400, "the prompt is empty after tokenization", "invalid_request_error", "prompt", "empty_prompt"});
     if (prompt_tokens >= options_.context_tokens)
@@ -286,6 +358,13 @@ void HttpServer::Routes() {
       return reject({503, submitted.message(), "server_error", "", submitted.code() == StatusCode::kCancelled ? "shutting_down" : "queue_full"});
     }
 
+    if (Status admitted = job->WaitAdmitted(); !admitted.ok()) {
+      if (admitted.code() == StatusCode::kResourceExhausted) {
+        res.set_header("Retry-After", "2");
+        return reject({503, admitted.message(), "server_error", "", "memory_exhausted"});
+      }
+      return reject({500, admitted.ToString(), "server_error", "", "engine_error"});
+    }
     const std::string id = (kind == RequestKind::kChat ? "chatcmpl-" : "cmpl-") + RandomHex(24);
     const int64_t created = NowSeconds();
     const std::string object = kind == RequestKind::kChat ? "chat.completion" : "text_completion";

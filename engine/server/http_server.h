@@ -10,6 +10,7 @@
 #include "engine/core/status.h"
 #include "engine/model/model.h"
 #include "engine/server/metrics.h"
+#include "engine/server/openai_api.h"
 #include "engine/server/scheduler.h"
 #include "engine/settings/settings.h"
 
@@ -52,6 +53,8 @@ class HttpServer {
   void Routes();
 
   bool Authorized(const httplib::Request& req) const;
+  // Renders and tokenizes a parsed request; false with *error set when it cannot.
+  bool PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids, bool* starts_in_reasoning, ApiError* error) const;
 
   Model& model_;
   Scheduler& scheduler_;

@@ -245,7 +245,7 @@ std::optional<CompletionRequest> ParseCompletionRequest(RequestKind kind, std::s
     }
     if (r.model.empty()) r.model = options.model_id;
     ParseSampling(body, r);
-    for (const char* key : {"conversation_id", "session_id", "user"}) {
+    for (const char* key : {"conversation_id", "session_id", "session", "user"}) {
       if (body.contains(key) && body[key].is_string() && !body[key].get<std::string>().empty()) {
         r.session = body[key].get<std::string>();
         break;

@@ -19,6 +19,22 @@ std::vector<GeneratedToken> Job::WaitTokens(bool* done) {
   return out;
 }
 
+Status Job::WaitAdmitted() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return admitted_ || done_; });
+  if (admitted_) return admission_;
+  return status_.ok() ? Status::Ok() : status_;
+}
+
+void Job::Admit(Status status) {
+  {
+    std::lock_guard lock(mu_);
+    admitted_ = true;
+    admission_ = std::move(status);
+  }
+  cv_.notify_all();
+}
+
 void Job::PushToken(const GeneratedToken& token) {
   {
     std::lock_guard lock(mu_);
@@ -134,6 +150,22 @@ Status Scheduler::ClearCache(const std::string& tier) {
   return s;
 }
 
+Result<ResumeInfo> Scheduler::PrewarmCache(const CacheRequest& request) {
+  lock_.LockForRequest();
+  current_session_ = request.session;
+  auto info = resident_.Prewarm(request);
+  nlohmann::json stats = resident_.Stats();
+  lock_.UnlockRequest();
+  std::lock_guard lock(mu_);
+  cache_stats_ = std::move(stats);
+  return info;
+}
+
+double Scheduler::measured_prefill_rate() const {
+  std::lock_guard lock(mu_);
+  return prefill_seconds_ > 0 ? prefill_tokens_ / prefill_seconds_ : 0.0;
+}
+
 Result<ResumeInfo> Scheduler::PeekCache(const CacheRequest& request, int wait_ms) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
   while (true) {
@@ -185,6 +217,7 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
   stats.queue_ms = queue_ms;
   stats.prompt_tokens = static_cast<int64_t>(job.prompt_ids().size());
   if (job.cancel_flag().load()) {
+    job.Admit(Cancelled("cancelled before it started"));
     job.Finish(Cancelled("cancelled before it started"), {}, stats);
     return;
   }
@@ -203,9 +236,10 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
         job.PushToken(token);
         return !job.cancel_flag().load();
       },
-      &job.cancel_flag());
+      &job.cancel_flag(), [&](const ResumeInfo&) { job.Admit(Status::Ok()); });
   const auto end = std::chrono::steady_clock::now();
   if (!result.ok()) {
+    job.Admit(result.status());
     RecordJob(job, stats, 500, result.status().ToString(), "error");
     job.Finish(result.status(), {}, stats);
     return;
@@ -220,6 +254,11 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
     stats.prefill_ms = std::chrono::duration<double, std::milli>(first_token - start).count();
     double decode_s = std::chrono::duration<double>(end - first_token).count();
     if (stats.completion_tokens > 1 && decode_s > 0) stats.decode_tokens_per_s = (stats.completion_tokens - 1) / decode_s;
+    if (stats.reread_tokens > 0 && stats.prefill_ms > 0) {
+      std::lock_guard lock(mu_);
+      prefill_tokens_ += static_cast<double>(stats.reread_tokens);
+      prefill_seconds_ += stats.prefill_ms / 1000.0;
+    }
   }
   RecordJob(job, stats, 200, "", FinishReasonName(result->generation.finish));
   job.Finish(Status::Ok(), std::move(result->generation), stats);

@@ -52,6 +52,12 @@ class Job {
   void Cancel() { cancel_.store(true); }
   const std::atomic<bool>& cancel_flag() const { return cancel_; }
 
+  // Waits until the engine took the job and it fit the memory budget (ok), or it failed before
+  // its prefill (the error: ResourceExhausted when it cannot fit).
+  Status WaitAdmitted();
+  // Engine side: the job passed (or failed) admission.
+  void Admit(Status status);
+
   // Waits for new tokens or the end; returns the tokens since the last call. *done is set at the end.
   std::vector<GeneratedToken> WaitTokens(bool* done);
   // After the end: the outcome (error, or the generation) and its figures.
@@ -73,6 +79,8 @@ class Job {
   std::condition_variable cv_;
   std::deque<GeneratedToken> tokens_;
   bool done_ = false;
+  bool admitted_ = false;
+  Status admission_;
   Status status_;
   GenerationResult result_;
   JobStats stats_;
@@ -115,6 +123,10 @@ class Scheduler {
   // Where a prompt would resume, without running the model; ResourceExhausted when the engine stays
   // busy past wait_ms.
   Result<ResumeInfo> PeekCache(const CacheRequest& request, int wait_ms);
+  // Brings a state held below the resident rows into place ahead of its request (waits like a request).
+  Result<ResumeInfo> PrewarmCache(const CacheRequest& request);
+  // Prefill tokens per second measured over this process's requests (0 before the first).
+  double measured_prefill_rate() const;
 
  private:
   void EngineLoop();
@@ -138,6 +150,7 @@ class Scheduler {
   nlohmann::json cache_stats_;
   std::optional<ResidentOptions> pending_options_;
   std::string current_session_;  // engine thread: the session cache events belong to
+  double prefill_tokens_ = 0, prefill_seconds_ = 0;  // guarded by mu_
   std::thread thread_;
 };
 

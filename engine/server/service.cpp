@@ -36,6 +36,15 @@ ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective) {
   o.stash_budget_bytes = Gib(r.value("stash_gb", 1.0));
   o.pin_budget_bytes = Gib(r.value("pin_gb", 4.0));
   o.park_budget_bytes = Gib(r.value("park_gb", 4.0));
+  const nlohmann::json& st = effective.at("state_store");
+  o.store_enabled = st.value("enabled", true);
+  o.store_budget_bytes = Gib(st.value("budget_gb", 2.0));
+  o.store_entry_cap_bytes = Gib(st.value("entry_cap_gb", 1.0));
+  o.store_prefix_snapshots = st.value("boundaries", true);
+  const nlohmann::json& m = effective.at("memory");
+  o.memory_ceiling_bytes = Gib(m.value("ceiling_gb", 1e6));
+  o.memory_peak_bytes = Gib(m.value("prefill_peak_gb", 1e6));
+  o.memory_slack_bytes = Gib(m.value("allocator_slack_gb", 0.0));
   return o;
 }
 

@@ -234,9 +234,9 @@ Result<nlohmann::json> LoadDocument(const std::string& path, const std::vector<S
 std::vector<SettingField> SettingsSchemaFields(int64_t total_ram_bytes) {
   double ram_gb = static_cast<double>(total_ram_bytes > 0 ? total_ram_bytes : kFallbackRamBytes) / kGiB;
   return {
-      Number("memory", "ceiling_gb", 0.5, 16384, RoundTenth(0.5 * ram_gb),
+      Number("memory", "ceiling_gb", 0, 16384, RoundTenth(0.5 * ram_gb),
              "GiB the engine may hold between requests, caches included (default 50% of RAM)"),
-      Number("memory", "prefill_peak_gb", 0.5, 16384, RoundTenth(0.7 * ram_gb),
+      Number("memory", "prefill_peak_gb", 0, 16384, RoundTenth(0.7 * ram_gb),
              "GiB the engine may hold during a prefill; caches are shed to fit, else 503 (default 70% of RAM)"),
       Number("memory", "allocator_slack_gb", 0, 64, 0.5,
              "GiB of freed blocks the allocator may keep between requests"),

@@ -172,6 +172,67 @@ class TestOperationsRoutes : public QObject {
     QVERIFY(kept["version"].get<int64_t>() >= v);
   }
 
+  void cacheRoutesPeekClearAndMemoryRefusal() {
+    QTemporaryDir dir;
+    ServerProcess s;
+    QVERIFY(s.Start(dir.path(), {"--grid", "64"}));
+    json body = Chat("p1", {{"user", std::string(600, 'x') + " what follows?"}});
+    // Peek before anything ran: cold; then the request reports what peek said.
+    auto peek = s.Post("/v1/cache/peek", body.dump());
+    QVERIFY(peek && peek->status == 200);
+    json p = json::parse(peek->body);
+    QCOMPARE(p["tier"].get<std::string>(), std::string("cold"));
+    QVERIFY(p["reread_eta_ms"].is_null());  // nothing measured yet
+    auto first = s.Post("/v1/chat/completions", body.dump());
+    QVERIFY(first && first->status == 200);
+    // The same conversation again resumes; peek predicts it exactly and now has a rate for the ETA.
+    peek = s.Post("/v1/cache/peek", body.dump(), {{"x-session-id", "p1"}});
+    p = json::parse(peek->body);
+    auto second = s.Post("/v1/chat/completions", body.dump());
+    json usage = json::parse(second->body)["usage"]["anchorage"];
+    QCOMPARE(p["tier"].get<std::string>(), usage["cache_source"].get<std::string>());
+    QCOMPARE(p["cached_tokens"].get<int64_t>(), usage["cached_tokens"].get<int64_t>());
+    QCOMPARE(p["reread_tokens"].get<int64_t>(), usage["reread_tokens"].get<int64_t>());
+    QVERIFY(p["cached_tokens"].get<int64_t>() > 0);
+    QVERIFY(p["reread_eta_ms"].is_number());
+
+    json stats = json::parse(s.Get("/v1/cache/stats")->body);
+    QVERIFY(stats["store"]["entries"].get<int>() > 0);
+    auto cleared = s.Post("/v1/cache/clear?tier=store", "");
+    QVERIFY(cleared && cleared->status == 200);
+    stats = json::parse(s.Get("/v1/cache/stats")->body);
+    QCOMPARE(stats["store"]["entries"].get<int>(), 0);
+    QVERIFY(stats["anchors"]["entries"].get<int>() > 0);  // only the tier named
+    auto bogus = s.Post("/v1/cache/clear?tier=attic", "");
+    QVERIFY(bogus && bogus->status == 400);
+    auto prewarm = s.Post("/v1/cache/prewarm", body.dump());
+    QVERIFY(prewarm && prewarm->status == 200);
+    QCOMPARE(json::parse(prewarm->body)["prewarmed"].get<bool>(), false);
+
+    // A prefill that cannot fit the memory peak gets 503 with Retry-After; the server keeps serving.
+    httplib::Client c("127.0.0.1", s.port());
+    json doc = json::parse(s.Get("/v1/settings")->body);
+    json tight = doc;
+    tight["memory"]["ceiling_gb"] = 0;
+    tight["memory"]["prefill_peak_gb"] = 0.000001;
+    tight["memory"]["allocator_slack_gb"] = 0;
+    auto put = c.Put("/v1/settings", tight.dump(), "application/json");
+    QVERIFY(put && put->status == 200);
+    auto refused = s.Post("/v1/chat/completions", Chat("p2", {{"user", "a new question"}}).dump());
+    QVERIFY(refused);
+    QCOMPARE(refused->status, 503);
+    QVERIFY(refused->has_header("Retry-After"));
+    QCOMPARE(json::parse(refused->body)["error"]["code"].get<std::string>(), std::string("memory_exhausted"));
+    json relaxed = json::parse(put->body);
+    relaxed["memory"] = doc["memory"];
+    put = c.Put("/v1/settings", relaxed.dump(), "application/json");
+    QVERIFY(put && put->status == 200);
+    auto ok = s.Post("/v1/chat/completions", Chat("p2", {{"user", "a new question"}}).dump());
+    QVERIFY(ok && ok->status == 200);
+    json sheds = PollJson(s, "/v1/journal?kind=shed", [](const json& b) { return b.value("total", 0) > 0; });
+    QVERIFY(sheds["total"].get<int>() > 0);
+  }
+
   void flagsOverrideTheDocumentAndSaySo() {
     ServerProcess s;
     QVERIFY(s.Start(data_.path(), {"--grid", "64", "--resident-gb", "1.5"}));
