@@ -39,6 +39,14 @@ std::optional<size_t> AlignCopyWithRows(std::string_view rows, std::string_view 
   size_t i = 0, j = 0;
   size_t skips = 0;
   while (i < rows.size()) {
+    // A think block of the rows that the copy does not open at the same place was left out whole.
+    if (rows.compare(i, kOpen.size(), kOpen) == 0 && client.compare(j, kOpen.size(), kOpen) != 0) {
+      if (auto block = BlockAround(rows, i); block && block->open == i) {
+        if (++skips > 4096) return std::nullopt;
+        i = block->close_end;
+        continue;
+      }
+    }
     if (j < client.size() && rows[i] == client[j]) {
       ++i;
       ++j;

@@ -60,6 +60,7 @@ ResidentPrefix::Plan ResidentPrefix::MakePlan(const CacheRequest& request) const
   Plan p;
   p.info.served_prompt = request.prompt;
   const int64_t n = static_cast<int64_t>(request.prompt.size());
+  p.info.reread_tokens = n;
   if (!options_.enabled || n == 0) return p;
   const int64_t limit = n - 1;  // at least one token is forwarded, for the logits
   const int64_t c = CommonPrefix(request.prompt, rows_);

@@ -18,6 +18,8 @@ class TestEndAlignment : public QObject {
     QTest::newRow("reasoning dropped") << rows << "<|im_start|>assistant\nDone.<|im_end|>" << 27;
     QTest::newRow("empty block") << rows << "<|im_start|>assistant\n<think>\n\n</think>\n\nDone.<|im_end|>" << 46;
     QTest::newRow("whitespace at tags") << rows << "<|im_start|>assistant\n<think>\nplan it</think>\nDone.\n<|im_end|>" << 51;
+    QTest::newRow("dropped block before a tool call") << "<|im_start|>assistant\n<think>\nplan\n</think>\n\n<tool_call>\nx\n</tool_call>"
+                                                      << "<|im_start|>assistant\n<tool_call>\nx\n</tool_call><|im_end|>" << 48;
     QTest::newRow("word changed") << rows << "<|im_start|>assistant\nDone!<|im_end|>" << -1;
     QTest::newRow("space inside text") << "say a b" << "say ab<|im_end|>" << -1;
     QTest::newRow("copy shorter") << rows << "<|im_start|>assistant\nDo" << -1;

@@ -1,0 +1,129 @@
+// Endpoint benchmark on a generated model (default `small`): TTFT and decode tokens/s of one
+// streaming client and of 4 concurrent ones, and the server's overhead per token against the
+// engine's own generate loop on the same prompt.
+// usage: anchorage-bench-server [--size small|tiny] [--tokens N] [--threads N]
+#include <httplib.h>
+
+#include <cstdio>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "bench_util.h"
+#include "engine/server/service.h"
+
+using namespace anchorage;
+using json = nlohmann::json;
+
+namespace {
+
+struct ClientRun {
+  double ttft_ms = 0;
+  double total_ms = 0;
+  int tokens = 0;
+};
+
+ClientRun Stream(int port, const json& body) {
+  ClientRun run;
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(600, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/chat/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  const double start = bench::NowMs();
+  std::string buffer;
+  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    buffer.append(d, n);
+    size_t sep;
+    while ((sep = buffer.find("\n\n")) != std::string::npos) {
+      std::string ev = buffer.substr(0, sep);
+      buffer.erase(0, sep + 2);
+      if (ev.find("\"reasoning_content\"") != std::string::npos || ev.find("\"content\":\"") != std::string::npos) {
+        if (ev.find("\"content\":\"\"") != std::string::npos && ev.find("reasoning_content") == std::string::npos) continue;
+        if (run.tokens == 0) run.ttft_ms = bench::NowMs() - start;
+        ++run.tokens;
+      }
+    }
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error err;
+  c.send(req, res, err);
+  run.total_ms = bench::NowMs() - start;
+  return run;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string size = "small";
+  int tokens = 64, threads = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--size") size = v;
+    else if (k == "--tokens") tokens = std::atoi(v.c_str());
+    else if (k == "--threads") threads = std::atoi(v.c_str());
+  }
+  ServerConfig config;
+  config.model_dir = bench::ModelFolder(size);
+  config.data_dir = "/tmp/anchorage-bench/server-data";
+  config.port = 0;
+  config.threads = threads;
+  config.run_time_knobs["caches"] = "off";  // every request prefills its prompt: the figures compare like with like
+  auto service = Service::Start(config);
+  if (!service.ok()) { std::fprintf(stderr, "%s\n", service.status().ToString().c_str()); return 1; }
+  Service& s = **service;
+  s.ServeInBackground();
+  const int port = s.http().port();
+
+  auto body = [&](int i) {
+    return json{{"messages", {{{"role", "user"}, {"content", "Request " + std::to_string(i) + ": explain how a resident prefix keeps the rows of a long conversation so each turn forwards only what is new, and why anchors sit on grid lines."}}}},
+                {"max_tokens", tokens}, {"temperature", 0}, {"stream", true}, {"chat_template_kwargs", {{"enable_thinking", false}}}};
+  };
+  Stream(port, body(99));  // warm-up
+
+  ClientRun one = Stream(port, body(0));
+  const double one_decode = one.tokens > 1 ? (one.tokens - 1) / ((one.total_ms - one.ttft_ms) / 1000.0) : 0;
+  std::printf("model %s, %d threads, %d tokens per request, caches off\n", size.c_str(), s.scheduler().forward().threads(), tokens);
+  std::printf("1 client:  TTFT %.0f ms, decode %.1f tokens/s\n", one.ttft_ms, one_decode);
+
+  std::vector<ClientRun> runs(4);
+  std::vector<std::thread> clients;
+  const double start = bench::NowMs();
+  for (int i = 0; i < 4; ++i) clients.emplace_back([&, i] { runs[i] = Stream(port, body(i + 1)); });
+  for (auto& t : clients) t.join();
+  const double wall = bench::NowMs() - start;
+  std::vector<double> ttfts, rates;
+  int total_tokens = 0;
+  for (const auto& r : runs) {
+    ttfts.push_back(r.ttft_ms);
+    rates.push_back(r.tokens > 1 ? (r.tokens - 1) / ((r.total_ms - r.ttft_ms) / 1000.0) : 0);
+    total_tokens += r.tokens;
+  }
+  std::printf("4 clients: TTFT median %.0f ms, max %.0f ms; per-client decode median %.1f tokens/s; aggregate %.1f tokens/s over %.0f ms\n",
+              bench::Percentile(ttfts, 0.5), bench::Percentile(ttfts, 1.0), bench::Percentile(rates, 0.5), total_tokens / (wall / 1000.0), wall);
+
+  // The engine's own loop on the same prompt, on the same engine thread's forward (the server is idle).
+  auto text = s.model().chat_template.RenderChatBody(nlohmann::ordered_json::parse(body(0).dump()));
+  auto ids = s.model().tokenizer.Encode(*text);
+  SequenceState state(s.model().config);
+  Generator generator(s.scheduler().forward(), &s.model().tokenizer);
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = tokens;
+  double first = 0;
+  const double g0 = bench::NowMs();
+  auto g = generator.Generate(state, *ids, p, [&](const GeneratedToken&) {
+    if (first == 0) first = bench::NowMs();
+    return true;
+  });
+  const double g1 = bench::NowMs();
+  const double engine_decode = g->tokens.size() > 1 ? (g->tokens.size() - 1) / ((g1 - first) / 1000.0) : 0;
+  std::printf("engine loop: TTFT %.0f ms, decode %.1f tokens/s\n", first - g0, engine_decode);
+  if (one_decode > 0 && engine_decode > 0)
+    std::printf("server overhead per token: %.3f ms (1 client against the engine loop)\n", 1000.0 / one_decode - 1000.0 / engine_decode);
+  s.Drain();
+  return 0;
+}

@@ -1,0 +1,41 @@
+// Shared pieces of the benchmarks: the generated model folder, timing and percentiles.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "engine/model/tiny_model.h"
+
+namespace anchorage::bench {
+
+// Generates (once) and returns a model folder of `size` under /tmp/anchorage-bench.
+inline std::string ModelFolder(const std::string& size) {
+  const std::string dir = "/tmp/anchorage-bench/" + size + "-seed1";
+  if (!std::filesystem::exists(dir + "/model.safetensors")) {
+    auto parsed = ParseTinyModelSize(size);
+    if (!parsed.ok() || !GenerateTinyModel(*parsed, 1, dir).ok()) {
+      std::fprintf(stderr, "cannot generate the %s model in %s\n", size.c_str(), dir.c_str());
+      std::exit(1);
+    }
+  }
+  return dir;
+}
+
+inline double NowMs() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+inline double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double at = p * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(at);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
+}
+
+}  // namespace anchorage::bench
