@@ -204,6 +204,25 @@ class TestServer : public QObject {
     QVERIFY(third && third->status == 200);
   }
 
+  void nonLoopbackNeedsTheAdminToken() {
+    QProcess bare;
+    bare.start(QString(ANCHORAGE_BINARY_DIR) + "/app/anchorage-server", {"--data-dir", data_.path(), "--host", "0.0.0.0", "--port", "0"});
+    QVERIFY(bare.waitForFinished(30000));
+    QCOMPARE(bare.exitCode(), 2);
+    const QByteArray err = bare.readAllStandardError();
+    QVERIFY2(err.contains("warning: binding 0.0.0.0") && err.contains("needs --admin-token"), err.constData());
+
+    ServerProcess guarded;
+    QVERIFY(guarded.Start(data_.path(), {"--admin-token", "s3cret"}));
+    auto refused = guarded.Post("/v1/cache/clear?tier=all", "");
+    QVERIFY(refused && refused->status == 401);
+    QCOMPARE(json::parse(refused->body)["error"]["code"].get<std::string>(), std::string("admin_token_required"));
+    auto allowed = guarded.Post("/v1/cache/clear?tier=all", "", {{"Authorization", "Bearer s3cret"}});
+    QVERIFY(allowed && allowed->status == 200);
+    auto chat = guarded.Post("/v1/chat/completions", Chat("no token needed to chat", 2).dump());
+    QVERIFY(chat && chat->status == 200);
+  }
+
   void sigtermDrainsThenExits() {
     ServerProcess draining;
     QVERIFY(draining.Start(data_.path(), {}));
