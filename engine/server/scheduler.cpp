@@ -139,26 +139,24 @@ nlohmann::json Scheduler::CacheStats() const {
   return cache_stats_;
 }
 
-Status Scheduler::ClearCache(const std::string& tier) {
+template <typename Fn>
+auto Scheduler::BetweenRequests(const std::string& session, Fn&& fn) {
   lock_.LockForRequest();
-  current_session_.clear();
-  Status s = resident_.Clear(tier);
+  current_session_ = session;
+  auto result = fn();
   nlohmann::json stats = resident_.Stats();
   lock_.UnlockRequest();
   std::lock_guard lock(mu_);
   cache_stats_ = std::move(stats);
-  return s;
+  return result;
+}
+
+Status Scheduler::ClearCache(const std::string& tier) {
+  return BetweenRequests("", [&] { return resident_.Clear(tier); });
 }
 
 Result<ResumeInfo> Scheduler::PrewarmCache(const CacheRequest& request) {
-  lock_.LockForRequest();
-  current_session_ = request.session;
-  auto info = resident_.Prewarm(request);
-  nlohmann::json stats = resident_.Stats();
-  lock_.UnlockRequest();
-  std::lock_guard lock(mu_);
-  cache_stats_ = std::move(stats);
-  return info;
+  return BetweenRequests(request.session, [&] { return resident_.Prewarm(request); });
 }
 
 double Scheduler::measured_prefill_rate() const {

@@ -131,6 +131,9 @@ class Scheduler {
  private:
   void EngineLoop();
   void RunJob(Job& job, double queue_ms);
+  // Runs fn on the calling thread holding the engine lock like a request, then refreshes the stats.
+  template <typename Fn>
+  auto BetweenRequests(const std::string& session, Fn&& fn);
   void RecordJob(const Job& job, const JobStats& stats, int status, const std::string& error, const std::string& finish);
 
   Model& model_;

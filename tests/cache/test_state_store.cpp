@@ -7,31 +7,19 @@
 #include <cstring>
 
 #include "engine/cache/resident_prefix.h"
+#include "tests/cache/cache_test_util.h"
 #include "engine/model/model.h"
 #include "engine/model/tiny_model.h"
 
 using namespace anchorage;
+using anchorage::testing::Concat;
+using anchorage::testing::Head;
+using anchorage::testing::Tokens;
 
 namespace {
 
 constexpr int64_t kGrid = 64;
 
-std::vector<int32_t> Tokens(uint64_t seed, size_t n, int32_t vocab) {
-  std::vector<int32_t> out;
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 7;
-  for (size_t i = 0; i < n; ++i) {
-    s ^= s << 13; s ^= s >> 7; s ^= s << 17;
-    out.push_back(static_cast<int32_t>(s % static_cast<uint64_t>(vocab - 16)) + 3);
-  }
-  return out;
-}
-
-std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-std::vector<int32_t> Head(const std::vector<int32_t>& a, size_t n) { return {a.begin(), a.begin() + static_cast<long>(n)}; }
 
 }  // namespace
 
