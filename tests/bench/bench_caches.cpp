@@ -5,7 +5,8 @@
 //           turn and TTFT per turn.
 //   store:  TTFT of a request that shares a long system prompt with an earlier one after an
 //           unrelated request replaced the rows, state store on and off.
-// usage: anchorage-bench-caches replay|store [--size small|tiny] [--turns N] [--grid G] [--prefixes 2048,8192]
+// usage: anchorage-bench-caches replay|store [--size small|tiny] [--turns N] [--off-turns N] [--grid G] [--prefixes 2048,8192]
+// (--off-turns limits the caches-off replay, which re-reads the whole prompt every request.)
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -152,12 +153,13 @@ int main(int argc, char** argv) {
   }
   const std::string mode = argv[1];
   std::string size = "small", prefixes = "2048,8192";
-  int turns = 20, threads = 0;
+  int turns = 20, threads = 0, off_turns = -1;
   int64_t grid = 1024;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--size") size = v;
     else if (k == "--turns") turns = std::atoi(v.c_str());
+    else if (k == "--off-turns") off_turns = std::atoi(v.c_str());
     else if (k == "--grid") grid = std::atoll(v.c_str());
     else if (k == "--prefixes") prefixes = v;
     else if (k == "--threads") threads = std::atoi(v.c_str());
@@ -172,8 +174,12 @@ int main(int argc, char** argv) {
   std::printf("model %s, grid %lld, %d threads\n", size.c_str(), (long long)grid, (*forward)->threads());
   if (mode == "replay") {
     auto on = Replay(**model, **forward, true, turns);
-    auto off = Replay(**model, **forward, false, turns);
+    auto off = Replay(**model, **forward, false, off_turns < 0 ? turns : off_turns);
     Summarise("caches on", on);
+    if (off_turns >= 0 && off_turns < turns) {
+      std::vector<Turn> on_head(on.begin(), on.begin() + 2 * off_turns);
+      Summarise("on (head)", on_head);
+    }
     Summarise("caches off", off);
   } else if (mode == "store") {
     std::stringstream ss(prefixes);

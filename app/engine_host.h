@@ -1,0 +1,68 @@
+// EngineHost: the thread that owns the engine Service, polls it into snapshots and runs commands.
+#pragma once
+
+#include <QJsonArray>
+#include <QJsonObject>
+#include <QMutex>
+#include <QThread>
+
+#include <atomic>
+
+#include "app/snapshots.h"
+#include "engine/server/service_config.h"
+
+class EngineWorker;
+
+// Thread: constructed, started and driven from the GUI thread; Service::Start, every engine call,
+// the poll timer and the console's chat client run on the host thread. Slots may be called from
+// any thread; they queue the command to the host thread. Signals are emitted on the host thread.
+class EngineHost : public QThread {
+  Q_OBJECT
+
+ public:
+  explicit EngineHost(const anchorage::ServerConfig& config, QObject* parent = nullptr);
+  ~EngineHost() override;  // drains and waits when still running
+
+  const anchorage::ServerConfig& config() const { return m_config; }
+  // Poll period of the snapshots in milliseconds (default 250).
+  void setPollIntervalMs(int ms) { m_pollMs = ms; }
+
+ public slots:
+  // Empties a cache tier ("anchors", "end", "stash", "pin", "park", "all"); answers tierCleared.
+  void clearTier(const QString& tier);
+  // Replaces the settings document (it names the version it edits); answers settingsOutcome.
+  void replaceSettings(const QJsonObject& document);
+  // Streams a chat completion through the service's own endpoint; answers chatDelta and chatFinished.
+  void sendChat(const QString& conversation, const QJsonArray& messages, int maxTokens);
+  // Aborts the conversation's streaming request, if any (chatFinished follows with stopped=true).
+  void stopChat(const QString& conversation);
+  // Like SIGTERM: no new requests, waits for those in flight, stops the endpoint, ends the thread.
+  void drain();
+
+ signals:
+  void progress(double fraction, const QString& what);
+  void ready(const QString& url);
+  void startFailed(const QString& error);
+  void statusChanged(const EngineStatusSnapshot& status);
+  void cacheChanged(const CacheSnapshot& cache);
+  void journalChanged(const JournalSnapshot& journal);
+  void settingsChanged(const SettingsSnapshot& settings);
+  void settingsOutcome(const SettingsOutcome& outcome);
+  void tierCleared(const QString& tier, bool ok, const QString& message);
+  void chatDelta(const ChatDelta& delta);
+  void chatFinished(const ChatTurnStats& stats);
+  void drained();
+
+ protected:
+  void run() override;
+
+ private:
+  template <typename F>
+  void post(F&& f);
+
+  anchorage::ServerConfig m_config;
+  int m_pollMs = 250;
+  QMutex m_mutex;                  // guards m_worker
+  EngineWorker* m_worker = nullptr;  // lives on the host thread while the service runs
+  std::atomic<bool> m_drainRequested{false};
+};

@@ -1,0 +1,241 @@
+#include "app/main_window.h"
+
+#include <QAction>
+#include <QApplication>
+#include <QClipboard>
+#include <QCloseEvent>
+#include <QDir>
+#include <QHBoxLayout>
+#include <QLabel>
+#include <QMenuBar>
+#include <QProgressBar>
+#include <QSettings>
+#include <QShortcut>
+#include <QStatusBar>
+#include <QTabWidget>
+#include <QToolButton>
+#include <QVBoxLayout>
+
+#include "app/engine_host.h"
+#include "models/cache_tier_model.h"
+#include "models/journal_model.h"
+#include "models/memory_history.h"
+#include "models/settings_model.h"
+#include "widgets/chat_screen.h"
+#include "widgets/disk_cache_screen.h"
+#include "widgets/journal_screen.h"
+#include "widgets/memory_screen.h"
+#include "widgets/shadow_screen.h"
+
+namespace {
+const char* kTabNames[] = {"memory", "disk-cache", "shadow", "journal", "chat"};
+}
+
+MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent), m_host(host) {
+  setWindowTitle(tr("Anchorage"));
+  setMinimumSize(900, 600);
+  resize(1280, 800);
+
+  m_cacheModel = new CacheTierModel(this);
+  m_journalModel = new JournalModel(this);
+  m_settingsModel = new SettingsModel(this);
+  m_history = new MemoryHistory(this);
+
+  m_memory = new MemoryScreen(m_cacheModel, m_history, m_settingsModel, m_journalModel, this);
+  m_journalScreen = new JournalScreen(m_journalModel, this);
+  m_chat = new ChatScreen(this);
+  m_tabs = new QTabWidget(this);
+  m_tabs->setObjectName("tabs");
+  m_tabs->addTab(m_memory, tr("&Memory"));
+  m_tabs->addTab(new DiskCacheScreen(this), tr("&Disk cache"));
+  m_tabs->addTab(new ShadowScreen(this), tr("S&hadow"));
+  m_tabs->addTab(m_journalScreen, tr("&Journal"));
+  m_tabs->addTab(m_chat, tr("&Chat"));
+
+  // The loading banner: shown until the engine is ready (or says why it is not).
+  m_banner = new QWidget(this);
+  m_bannerText = new QLabel(tr("Starting the engine…"), m_banner);
+  m_bannerText->setWordWrap(true);
+  m_bannerText->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  m_loadBar = new QProgressBar(m_banner);
+  m_loadBar->setObjectName("loadProgress");
+  m_loadBar->setRange(0, 100);
+  auto* bannerLayout = new QHBoxLayout(m_banner);
+  bannerLayout->addWidget(m_bannerText, 1);
+  bannerLayout->addWidget(m_loadBar, 1);
+  auto* central = new QWidget(this);
+  auto* layout = new QVBoxLayout(central);
+  layout->setContentsMargins(4, 4, 4, 4);
+  layout->addWidget(m_banner);
+  layout->addWidget(m_tabs, 1);
+  setCentralWidget(central);
+
+  buildStatusBar();
+  buildMenus();
+
+  for (int i = 0; i < 5; ++i) {
+    auto* s = new QShortcut(QKeySequence(Qt::CTRL | Qt::Key(Qt::Key_1 + i)), this);
+    connect(s, &QShortcut::activated, this, [this, i] { m_tabs->setCurrentIndex(i); });
+  }
+  auto* sendShortcut = new QShortcut(QKeySequence(Qt::CTRL | Qt::Key_Return), this);
+  connect(sendShortcut, &QShortcut::activated, this, [this] {
+    m_tabs->setCurrentWidget(m_chat);
+    m_chat->send();
+  });
+  auto* sendShortcut2 = new QShortcut(QKeySequence(Qt::CTRL | Qt::Key_Enter), this);
+  connect(sendShortcut2, &QShortcut::activated, sendShortcut, &QShortcut::activated);
+  auto* stopShortcut = new QShortcut(QKeySequence(Qt::Key_Escape), this);
+  connect(stopShortcut, &QShortcut::activated, m_chat, &ChatScreen::stop);
+
+  // Engine -> models (snapshots, queued from the host thread).
+  connect(host, &EngineHost::progress, this, &MainWindow::onProgress);
+  connect(host, &EngineHost::ready, this, &MainWindow::onReady);
+  connect(host, &EngineHost::startFailed, this, &MainWindow::onStartFailed);
+  connect(host, &EngineHost::statusChanged, this, &MainWindow::onStatus);
+  connect(host, &EngineHost::cacheChanged, m_cacheModel, &CacheTierModel::setSnapshot);
+  connect(host, &EngineHost::cacheChanged, m_history, &MemoryHistory::addSnapshot);
+  connect(host, &EngineHost::journalChanged, m_journalModel, &JournalModel::setSnapshot);
+  connect(host, &EngineHost::settingsChanged, m_settingsModel, &SettingsModel::setSnapshot);
+  connect(host, &EngineHost::settingsOutcome, m_memory, &MemoryScreen::onSettingsOutcome);
+  connect(host, &EngineHost::tierCleared, m_memory, &MemoryScreen::onTierCleared);
+  connect(host, &EngineHost::chatDelta, m_chat, &ChatScreen::onDelta);
+  connect(host, &EngineHost::chatFinished, m_chat, &ChatScreen::onFinished);
+  // Screens -> commands (EngineHost queues them to the host thread).
+  connect(m_memory, &MemoryScreen::clearTierRequested, host, &EngineHost::clearTier);
+  connect(m_memory, &MemoryScreen::settingsReplaceRequested, host, &EngineHost::replaceSettings);
+  connect(m_chat, &ChatScreen::sendRequested, host, &EngineHost::sendChat);
+  connect(m_chat, &ChatScreen::stopRequested, host, &EngineHost::stopChat);
+  connect(host, &QThread::finished, this, [this] {
+    m_chat->setEngineReady(false);
+    if (m_draining) close();
+  });
+}
+
+void MainWindow::buildStatusBar() {
+  m_modelLabel = new QLabel(tr("model: loading"), this);
+  m_urlButton = new QToolButton(this);
+  m_urlButton->setObjectName("urlButton");
+  m_urlButton->setAutoRaise(true);
+  m_urlButton->setText(tr("endpoint: not yet bound"));
+  m_urlButton->setToolTip(tr("Copy the endpoint URL"));
+  m_urlButton->setEnabled(false);
+  connect(m_urlButton, &QToolButton::clicked, this, &MainWindow::copyEndpointUrl);
+  m_queueLabel = new QLabel(tr("queue 0"), this);
+  m_queueLabel->setToolTip(tr("Requests waiting while one runs"));
+  m_phaseLabel = new QLabel(tr("idle"), this);
+  m_phaseLabel->setObjectName("phaseLabel");
+  m_phaseBar = new QProgressBar(this);
+  m_phaseBar->setRange(0, 0);
+  m_phaseBar->setMaximumWidth(100);
+  m_phaseBar->setMaximumHeight(fontMetrics().height());
+  m_phaseBar->setTextVisible(false);
+  m_phaseBar->hide();
+  statusBar()->addWidget(m_modelLabel);
+  statusBar()->addWidget(m_urlButton);
+  statusBar()->addWidget(m_queueLabel);
+  statusBar()->addPermanentWidget(m_phaseBar);
+  statusBar()->addPermanentWidget(m_phaseLabel);
+}
+
+void MainWindow::buildMenus() {
+  QMenu* file = menuBar()->addMenu(tr("&File"));
+  QAction* copy = file->addAction(tr("&Copy endpoint URL"), this, &MainWindow::copyEndpointUrl);
+  copy->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_C));
+  file->addSeparator();
+  QAction* quit = file->addAction(tr("&Quit (drain and stop)"), this, &QWidget::close);
+  quit->setShortcut(QKeySequence::Quit);
+  QMenu* view = menuBar()->addMenu(tr("&View"));
+  const char* names[] = {"Memory", "Disk cache", "Shadow", "Journal", "Chat"};
+  for (int i = 0; i < 5; ++i) {
+    QAction* a = view->addAction(tr(names[i]), this, [this, i] { m_tabs->setCurrentIndex(i); });
+    a->setShortcut(QKeySequence(Qt::CTRL | Qt::Key(Qt::Key_1 + i)));
+    a->setShortcutContext(Qt::WidgetShortcut);  // the window's QShortcuts fire; the menu shows the keys
+  }
+}
+
+void MainWindow::setPersistState(bool on) {
+  m_persist = on;
+  if (!on) return;
+  QSettings s;
+  if (s.contains("window/geometry")) restoreGeometry(s.value("window/geometry").toByteArray());
+  m_tabs->setCurrentIndex(s.value("window/tab", 0).toInt());
+}
+
+void MainWindow::copyEndpointUrl() {
+  if (m_url.isEmpty()) return;
+  QApplication::clipboard()->setText(m_url);
+  statusBar()->showMessage(tr("Copied %1").arg(m_url), 3000);
+}
+
+void MainWindow::onProgress(double fraction, const QString& what) {
+  m_loadBar->setValue(static_cast<int>(fraction * 100));
+  m_bannerText->setText(tr("Loading the model: %1").arg(what));
+}
+
+void MainWindow::onReady(const QString& url) {
+  m_url = url;
+  m_banner->hide();
+  m_urlButton->setText(url);
+  m_urlButton->setEnabled(true);
+  m_chat->setEngineReady(true);
+}
+
+void MainWindow::onStartFailed(const QString& error) {
+  m_loadBar->hide();
+  m_bannerText->setText(tr("The engine did not start: %1").arg(error));
+  m_bannerText->setStyleSheet("color: #b00020;");
+  m_modelLabel->setText(tr("model: not loaded"));
+}
+
+void MainWindow::onStatus(const EngineStatusSnapshot& s) {
+  m_modelLabel->setText(tr("model: %1").arg(s.modelId));
+  setWindowTitle(tr("Anchorage — %1").arg(s.modelId));
+  m_queueLabel->setText(tr("queue %1").arg(s.queueDepth));
+  QString phase;
+  if (s.phase == "prefill") phase = tr("prefill · resume: %1").arg(s.resumeHint);
+  else if (s.phase == "decode") phase = tr("decode · %1 tok/s").arg(s.liveTokensPerS, 0, 'f', 1);
+  else if (s.phase == "busy") phase = tr("serving an endpoint request");
+  else if (s.last.promptTokens > 0)
+    phase = tr("idle · last: %1, %2 cached, TTFT %3 ms, %4 tok/s")
+                .arg(s.last.cacheSource)
+                .arg(s.last.cachedTokens)
+                .arg(s.last.ttftMs, 0, 'f', 1)
+                .arg(s.last.decodeTokensPerS, 0, 'f', 1);
+  else phase = tr("idle");
+  m_phaseLabel->setText(phase);
+  m_phaseBar->setVisible(s.phase == "prefill" || s.phase == "busy");
+}
+
+void MainWindow::closeEvent(QCloseEvent* event) {
+  if (m_persist) {
+    QSettings s;
+    s.setValue("window/geometry", saveGeometry());
+    s.setValue("window/tab", m_tabs->currentIndex());
+  }
+  if (m_host->isRunning()) {
+    event->ignore();
+    if (!m_draining) {
+      m_draining = true;
+      statusBar()->showMessage(tr("Draining: no new requests, waiting for the ones in flight…"));
+      m_phaseBar->show();
+      m_host->drain();
+    }
+    return;
+  }
+  event->accept();
+}
+
+QStringList MainWindow::grabScreens(const QString& dir) {
+  QStringList files;
+  if (!QDir().mkpath(dir)) return files;
+  const int current = m_tabs->currentIndex();
+  for (int i = 0; i < m_tabs->count(); ++i) {
+    m_tabs->setCurrentIndex(i);
+    for (int k = 0; k < 5; ++k) QApplication::processEvents();
+    const QString path = QDir(dir).filePath(QString("%1-%2.png").arg(i + 1).arg(kTabNames[i]));
+    if (!grab().save(path)) return {};
+    files << path;
+  }
+  m_tabs->setCurrentIndex(current);
+  return files;
+}

@@ -1,0 +1,78 @@
+// MainWindow: the console's tabs (Memory, Disk cache, Shadow, Journal, Chat) and its status bar,
+// wired to one EngineHost.
+#pragma once
+
+#include <QMainWindow>
+
+#include "app/snapshots.h"
+
+class CacheTierModel;
+class ChatScreen;
+class EngineHost;
+class JournalModel;
+class JournalScreen;
+class MemoryHistory;
+class MemoryScreen;
+class SettingsModel;
+class QLabel;
+class QProgressBar;
+class QTabWidget;
+class QToolButton;
+
+// GUI thread only. Closing the window drains the engine (like SIGTERM) before it is accepted.
+class MainWindow : public QMainWindow {
+  Q_OBJECT
+
+ public:
+  explicit MainWindow(EngineHost* host, QWidget* parent = nullptr);
+
+  // Restores and saves geometry and the current tab with QSettings (off for tests and screenshots).
+  void setPersistState(bool on);
+  // Renders every screen to DIR/NN-name.png; returns the files written, empty on failure.
+  QStringList grabScreens(const QString& dir);
+
+  QTabWidget* tabs() const { return m_tabs; }
+  MemoryScreen* memoryScreen() const { return m_memory; }
+  JournalScreen* journalScreen() const { return m_journalScreen; }
+  ChatScreen* chatScreen() const { return m_chat; }
+  CacheTierModel* cacheModel() const { return m_cacheModel; }
+  JournalModel* journalModel() const { return m_journalModel; }
+  SettingsModel* settingsModel() const { return m_settingsModel; }
+  MemoryHistory* memoryHistory() const { return m_history; }
+  QString endpointUrl() const { return m_url; }
+
+ public slots:
+  void copyEndpointUrl();
+
+ protected:
+  void closeEvent(QCloseEvent* event) override;
+
+ private:
+  void buildStatusBar();
+  void buildMenus();
+  void onProgress(double fraction, const QString& what);
+  void onReady(const QString& url);
+  void onStartFailed(const QString& error);
+  void onStatus(const EngineStatusSnapshot& status);
+
+  EngineHost* m_host;
+  CacheTierModel* m_cacheModel;
+  JournalModel* m_journalModel;
+  SettingsModel* m_settingsModel;
+  MemoryHistory* m_history;
+  QTabWidget* m_tabs;
+  MemoryScreen* m_memory;
+  JournalScreen* m_journalScreen;
+  ChatScreen* m_chat;
+  QWidget* m_banner;
+  QLabel* m_bannerText;
+  QProgressBar* m_loadBar;
+  QLabel* m_modelLabel;
+  QToolButton* m_urlButton;
+  QLabel* m_queueLabel;
+  QLabel* m_phaseLabel;
+  QProgressBar* m_phaseBar;
+  QString m_url;
+  bool m_persist = false;
+  bool m_draining = false;
+};

@@ -1,0 +1,121 @@
+// Immutable value snapshots of the engine that EngineHost publishes to the GUI thread by signal.
+#pragma once
+
+#include <QByteArray>
+#include <QJsonObject>
+#include <QList>
+#include <QMetaType>
+#include <QString>
+
+// One cache tier as of the last job or command; bytes in bytes.
+struct CacheTierSnapshot {
+  QString tier;           // "resident", "anchors", "end", "stash", "pin", "park"
+  qint64 entries = 0;     // entries held (rows for the resident prefix)
+  qint64 bytes = 0;       // bytes held now
+  qint64 budgetBytes = 0; // 0 when the tier has no budget of its own
+  qint64 hits = 0;        // resumes served from this tier
+  qint64 evictions = 0;   // entries evicted by the budget
+};
+
+// Every resident tier at one moment; timeMs is Unix epoch milliseconds.
+struct CacheSnapshot {
+  qint64 timeMs = 0;
+  QList<CacheTierSnapshot> tiers;
+  qint64 engineBytes = 0;   // everything the engine holds (state buffer and caches); 0 when not reported
+  qint64 ceilingBytes = 0;  // memory.ceiling_gb in force
+  qint64 peakBytes = 0;     // memory.prefill_peak_gb in force
+  qint64 sheds = 0;         // cache entries shed to fit the budget, since start
+  qint64 refused = 0;       // prefills refused with 503, since start
+  QByteArray json;  // GET /v1/cache/stats as the engine reports it
+};
+
+// One journal row (a request or a cache event).
+struct JournalRowSnapshot {
+  qint64 id = 0;
+  qint64 timeMs = 0;
+  QString type;     // "request" or "cache_event"
+  QString kind;     // "request" or the event kind ("hit", "shed", ...)
+  QString tier;
+  QString session;
+  qint64 tokens = 0;  // prompt tokens of a request, tokens of an event
+  int status = 0;     // HTTP status of a request; 0 for events
+  QString text;       // error or finish reason of a request, reason of an event
+  QByteArray json;    // the row as Journal::Query returns it
+};
+
+// The newest journal rows, newest first.
+struct JournalSnapshot {
+  QList<JournalRowSnapshot> rows;
+  qint64 total = 0;  // rows in the journal
+};
+
+// The figures of the last finished job (see engine JobStats).
+struct JobStatsSnapshot {
+  qint64 promptTokens = 0;
+  qint64 cachedTokens = 0;
+  qint64 rereadTokens = 0;
+  qint64 completionTokens = 0;
+  double ttftMs = 0;
+  double prefillMs = 0;
+  double decodeTokensPerS = 0;
+  QString cacheSource;
+};
+
+// The engine's state for the status bar.
+struct EngineStatusSnapshot {
+  bool ready = false;
+  QString modelId;
+  QString url;      // the endpoint, http://HOST:PORT/v1
+  int queueDepth = 0;
+  bool busy = false;
+  QString phase = "idle";     // "idle", "prefill", "decode" (the console's chat), "busy" (an endpoint request)
+  double liveTokensPerS = 0;  // decode: tokens a second of the console's streaming answer so far
+  QString resumeHint;         // prefill: where it resumed ("end at 412 tokens"), from the journal's hit row
+  JobStatsSnapshot last;
+};
+
+// The settings document (what PUT /v1/settings edits) and its schema.
+struct SettingsSnapshot {
+  qint64 version = 0;
+  QJsonObject document;  // {"version", areas...} with "overrides" when set
+  QJsonObject schema;    // {"version", "areas": {area: {field: {type, min, max, default, description}}}}
+};
+
+// The answer to a settings change: ok, or the HTTP status (400, 409, 500) and the error text.
+struct SettingsOutcome {
+  bool ok = false;
+  int httpStatus = 200;
+  qint64 version = 0;
+  QString message;  // the error's message and every bad field, one a line
+};
+
+// One piece of a streamed chat answer.
+struct ChatDelta {
+  QString conversation;
+  QString reasoning;  // reasoning_content text of this event
+  QString content;    // content text of this event
+};
+
+// Figures of one finished chat turn, from usage.anchorage.
+struct ChatTurnStats {
+  QString conversation;
+  bool ok = true;
+  bool stopped = false;  // aborted by the operator
+  QString error;
+  QString cacheSource;
+  qint64 promptTokens = 0;
+  qint64 cachedTokens = 0;
+  qint64 rereadTokens = 0;
+  qint64 completionTokens = 0;
+  double ttftMs = 0;
+  double decodeTokensPerS = 0;
+  QString finishReason;
+};
+
+Q_DECLARE_METATYPE(CacheSnapshot)
+Q_DECLARE_METATYPE(JournalSnapshot)
+Q_DECLARE_METATYPE(EngineStatusSnapshot)
+Q_DECLARE_METATYPE(SettingsSnapshot)
+Q_DECLARE_METATYPE(SettingsOutcome)
+Q_DECLARE_METATYPE(ChatDelta)
+Q_DECLARE_METATYPE(ChatTurnStats)

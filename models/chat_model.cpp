@@ -1,0 +1,94 @@
+#include "models/chat_model.h"
+
+#include <QJsonObject>
+
+ChatModel::ChatModel(const QString& conversation, QObject* parent) : QAbstractListModel(parent), m_conversation(conversation) {}
+
+int ChatModel::rowCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : m_messages.size(); }
+
+QVariant ChatModel::data(const QModelIndex& index, int role) const {
+  if (!checkIndex(index, CheckIndexOption::IndexIsValid)) return {};
+  const Message& m = m_messages[index.row()];
+  switch (role) {
+    case Qt::DisplayRole:
+    case ContentRole: return m.content;
+    case RoleRole: return m.role;
+    case ReasoningRole: return m.reasoning;
+    case StatsRole: return m.hasStats ? statsLine(m.stats) : QString();
+    case StreamingRole: return m.streaming;
+    case ErrorRole: return m.hasStats && !m.stats.ok ? m.stats.error : QString();
+  }
+  return {};
+}
+
+QHash<int, QByteArray> ChatModel::roleNames() const {
+  QHash<int, QByteArray> names = QAbstractListModel::roleNames();
+  names[RoleRole] = "role";
+  names[ContentRole] = "content";
+  names[ReasoningRole] = "reasoning";
+  names[StatsRole] = "stats";
+  names[StreamingRole] = "streaming";
+  names[ErrorRole] = "error";
+  return names;
+}
+
+QString ChatModel::title() const {
+  for (const Message& m : m_messages)
+    if (m.role == "user") return m.content.simplified().left(40);
+  return tr("New conversation");
+}
+
+bool ChatModel::streaming() const { return !m_messages.isEmpty() && m_messages.last().streaming; }
+
+QJsonArray ChatModel::beginTurn(const QString& userText) {
+  beginInsertRows({}, m_messages.size(), m_messages.size() + 1);
+  Message question;
+  question.role = "user";
+  question.content = userText;
+  m_messages.append(question);
+  Message answer;
+  answer.role = "assistant";
+  answer.streaming = true;
+  m_messages.append(answer);
+  endInsertRows();
+  QJsonArray out;
+  for (int i = 0; i + 1 < m_messages.size(); ++i) {
+    const Message& m = m_messages[i];
+    if (m.role == "assistant" && m.hasStats && !m.stats.ok && m.content.isEmpty()) continue;
+    QJsonObject o{{"role", m.role}, {"content", m.content}};
+    if (!m.reasoning.isEmpty()) o["reasoning_content"] = m.reasoning;
+    out.append(o);
+  }
+  return out;
+}
+
+void ChatModel::applyDelta(const ChatDelta& delta) {
+  if (!streaming() || delta.conversation != m_conversation) return;
+  Message& m = m_messages.last();
+  m.reasoning += delta.reasoning;
+  m.content += delta.content;
+  const QModelIndex i = index(m_messages.size() - 1);
+  emit dataChanged(i, i, {ContentRole, ReasoningRole, Qt::DisplayRole});
+}
+
+void ChatModel::finishTurn(const ChatTurnStats& stats) {
+  if (!streaming() || stats.conversation != m_conversation) return;
+  Message& m = m_messages.last();
+  m.streaming = false;
+  m.hasStats = true;
+  m.stats = stats;
+  const QModelIndex i = index(m_messages.size() - 1);
+  emit dataChanged(i, i, {StreamingRole, StatsRole, ErrorRole});
+}
+
+QString ChatModel::statsLine(const ChatTurnStats& s) {
+  if (!s.ok) return tr("failed: %1").arg(s.error);
+  QString line = tr("%1 · %2 cached / %3 re-read tokens · TTFT %4 ms · %5 tok/s")
+                     .arg(s.cacheSource.isEmpty() ? QString("?") : s.cacheSource)
+                     .arg(s.cachedTokens)
+                     .arg(s.rereadTokens)
+                     .arg(s.ttftMs, 0, 'f', 1)
+                     .arg(s.decodeTokensPerS, 0, 'f', 1);
+  if (s.stopped) line += tr(" · stopped");
+  return line;
+}

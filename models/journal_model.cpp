@@ -1,0 +1,73 @@
+#include "models/journal_model.h"
+
+#include <QJsonDocument>
+
+#include "models/format.h"
+
+JournalModel::JournalModel(QObject* parent) : QAbstractTableModel(parent) {}
+
+int JournalModel::rowCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : m_rows.size(); }
+
+int JournalModel::columnCount(const QModelIndex& parent) const { return parent.isValid() ? 0 : ColumnCount; }
+
+QVariant JournalModel::data(const QModelIndex& index, int role) const {
+  if (!checkIndex(index, CheckIndexOption::IndexIsValid)) return {};
+  const JournalRowSnapshot& r = m_rows[index.row()];
+  switch (role) {
+    case JsonRole: return QString::fromUtf8(QJsonDocument::fromJson(r.json).toJson(QJsonDocument::Indented));
+    case IdRole: return r.id;
+    case KindRole: return r.kind;
+    case StatusRole: return r.status;
+    case Qt::ToolTipRole: return index.column() == TextColumn ? QVariant(r.text) : QVariant();
+    case Qt::DisplayRole:
+    case SortRole: break;
+    default: return {};
+  }
+  const bool raw = role == SortRole;
+  switch (index.column()) {
+    case TimeColumn: return raw ? QVariant(r.timeMs) : QVariant(fmt::timeOfDay(r.timeMs));
+    case KindColumn: return r.kind;
+    case TierColumn: return r.tier;
+    case SessionColumn: return r.session;
+    case TokensColumn: return r.tokens;
+    case StatusColumn: return raw ? QVariant(r.status) : QVariant(r.status ? QString::number(r.status) : QString());
+    case TextColumn: return r.text;
+  }
+  return {};
+}
+
+QVariant JournalModel::headerData(int section, Qt::Orientation orientation, int role) const {
+  if (orientation != Qt::Horizontal || role != Qt::DisplayRole) return QAbstractTableModel::headerData(section, orientation, role);
+  static const char* names[] = {"Time", "Kind", "Tier", "Session", "Tokens", "Status", "Text"};
+  return section >= 0 && section < ColumnCount ? tr(names[section]) : QVariant();
+}
+
+void JournalModel::setSnapshot(const JournalSnapshot& snapshot) {
+  m_total = snapshot.total;
+  const QList<JournalRowSnapshot>& next = snapshot.rows;
+  if (m_rows.isEmpty() || next.isEmpty()) {
+    beginResetModel();
+    m_rows = next;
+    endResetModel();
+    return;
+  }
+  const qint64 top = m_rows.first().id;
+  int fresh = 0;
+  while (fresh < next.size() && next[fresh].id > top) ++fresh;
+  if (fresh == next.size() || next[fresh].id != top) {  // no overlap with what is shown: start over
+    beginResetModel();
+    m_rows = next;
+    endResetModel();
+    return;
+  }
+  if (fresh > 0) {
+    beginInsertRows({}, 0, fresh - 1);
+    m_rows = next.mid(0, fresh) + m_rows;
+    endInsertRows();
+  }
+  if (m_rows.size() > next.size()) {
+    beginRemoveRows({}, next.size(), m_rows.size() - 1);
+    m_rows.resize(next.size());
+    endRemoveRows();
+  }
+}

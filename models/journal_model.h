@@ -1,0 +1,36 @@
+// JournalModel: the journal's newest rows (requests and cache events), newest first.
+#pragma once
+
+#include <QAbstractTableModel>
+
+#include "app/snapshots.h"
+
+// GUI thread only; changes only through setSnapshot, which inserts new rows at the top.
+class JournalModel : public QAbstractTableModel {
+  Q_OBJECT
+
+ public:
+  enum Column { TimeColumn, KindColumn, TierColumn, SessionColumn, TokensColumn, StatusColumn, TextColumn, ColumnCount };
+  enum Role {
+    JsonRole = Qt::UserRole + 1,  // the row as the journal returns it, indented JSON text
+    IdRole,
+    KindRole,
+    StatusRole,
+    SortRole,  // the raw value of the cell (numbers for time, tokens, status)
+  };
+
+  explicit JournalModel(QObject* parent = nullptr);
+
+  int rowCount(const QModelIndex& parent = {}) const override;
+  int columnCount(const QModelIndex& parent = {}) const override;
+  QVariant data(const QModelIndex& index, int role = Qt::DisplayRole) const override;
+  QVariant headerData(int section, Qt::Orientation orientation, int role = Qt::DisplayRole) const override;
+
+  void setSnapshot(const JournalSnapshot& snapshot);
+  qint64 total() const { return m_total; }
+  const JournalRowSnapshot& row(int i) const { return m_rows[i]; }
+
+ private:
+  QList<JournalRowSnapshot> m_rows;
+  qint64 m_total = 0;
+};

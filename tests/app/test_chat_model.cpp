@@ -1,0 +1,82 @@
+// ChatModel: a turn adds the question and a streaming answer; deltas grow it; stats end it.
+#include <QAbstractItemModelTester>
+#include <QJsonObject>
+#include <QSignalSpy>
+#include <QtTest>
+
+#include "models/chat_model.h"
+
+class TestChatModel : public QObject {
+  Q_OBJECT
+
+ private slots:
+  void turnsDeltasAndStats() {
+    ChatModel model("c1");
+    QAbstractItemModelTester tester(&model, QAbstractItemModelTester::FailureReportingMode::QtTest);
+    QCOMPARE(model.rowCount(), 0);
+    QCOMPARE(model.title(), QString("New conversation"));
+    QJsonArray sent = model.beginTurn("What is an anchor?");
+    QCOMPARE(sent.size(), 1);
+    QCOMPARE(sent[0].toObject()["role"].toString(), QString("user"));
+    QCOMPARE(model.rowCount(), 2);
+    QVERIFY(model.streaming());
+    QCOMPARE(model.index(1).data(ChatModel::RoleRole).toString(), QString("assistant"));
+    QVERIFY(model.index(1).data(ChatModel::StreamingRole).toBool());
+
+    QSignalSpy changed(&model, &QAbstractItemModel::dataChanged);
+    model.applyDelta({"c1", "Think", ""});
+    model.applyDelta({"c1", "ing.", ""});
+    model.applyDelta({"c1", "", "A copy of"});
+    model.applyDelta({"other", "", " ignored"});
+    model.applyDelta({"c1", "", " the state."});
+    QCOMPARE(changed.count(), 4);
+    QCOMPARE(model.index(1).data(ChatModel::ReasoningRole).toString(), QString("Thinking."));
+    QCOMPARE(model.index(1).data(ChatModel::ContentRole).toString(), QString("A copy of the state."));
+    QCOMPARE(model.index(1).data(ChatModel::StatsRole).toString(), QString());
+
+    ChatTurnStats stats;
+    stats.conversation = "c1";
+    stats.cacheSource = "end";
+    stats.cachedTokens = 129;
+    stats.rereadTokens = 31;
+    stats.ttftMs = 1.94;
+    stats.decodeTokensPerS = 41.24;
+    model.finishTurn(stats);
+    QVERIFY(!model.streaming());
+    QCOMPARE(model.index(1).data(ChatModel::StatsRole).toString(), QString("end · 129 cached / 31 re-read tokens · TTFT 1.9 ms · 41.2 tok/s"));
+    model.applyDelta({"c1", "", "late"});  // after the end: ignored
+    QCOMPARE(model.index(1).data(ChatModel::ContentRole).toString(), QString("A copy of the state."));
+
+    // The next turn sends the whole conversation, the answer's reasoning included.
+    sent = model.beginTurn("And the end anchor?");
+    QCOMPARE(sent.size(), 3);
+    QCOMPARE(sent[1].toObject()["content"].toString(), QString("A copy of the state."));
+    QCOMPARE(sent[1].toObject()["reasoning_content"].toString(), QString("Thinking."));
+    QCOMPARE(model.rowCount(), 4);
+    QCOMPARE(model.title(), QString("What is an anchor?"));
+  }
+
+  void failedAndStoppedTurns() {
+    ChatModel model("c2");
+    QAbstractItemModelTester tester(&model, QAbstractItemModelTester::FailureReportingMode::QtTest);
+    model.beginTurn("hi");
+    ChatTurnStats failed;
+    failed.conversation = "c2";
+    failed.ok = false;
+    failed.error = "HTTP 503: the queue is full";
+    model.finishTurn(failed);
+    QCOMPARE(model.index(1).data(ChatModel::ErrorRole).toString(), QString("HTTP 503: the queue is full"));
+    QVERIFY(model.index(1).data(ChatModel::StatsRole).toString().startsWith("failed"));
+    const QJsonArray sent = model.beginTurn("again");
+    QCOMPARE(sent.size(), 2);  // the failed, empty answer is not sent back
+    ChatTurnStats stopped;
+    stopped.conversation = "c2";
+    stopped.stopped = true;
+    stopped.cacheSource = "cold";
+    model.finishTurn(stopped);
+    QVERIFY(model.index(3).data(ChatModel::StatsRole).toString().endsWith("stopped"));
+  }
+};
+
+QTEST_MAIN(TestChatModel)
+#include "test_chat_model.moc"

@@ -1,0 +1,195 @@
+// The console on the tiny model: a chat from the Chat tab streams its answer, the Journal and the
+// Memory screen follow, a limit edit is applied (and a stale one refused), tiers clear, close drains.
+#include <QAbstractItemModelTester>
+#include <QFile>
+#include <QJsonDocument>
+#include <QLabel>
+#include <QPlainTextEdit>
+#include <QPushButton>
+#include <QDoubleSpinBox>
+#include <QSignalSpy>
+#include <QSpinBox>
+#include <QTabWidget>
+#include <QTableView>
+#include <QTemporaryDir>
+#include <QTextBrowser>
+#include <QtTest>
+
+#include "app/engine_host.h"
+#include "app/main_window.h"
+#include "models/cache_tier_model.h"
+#include "models/chat_model.h"
+#include "models/journal_model.h"
+#include "models/memory_history.h"
+#include "models/settings_model.h"
+#include "widgets/chat_screen.h"
+#include "widgets/journal_screen.h"
+#include "widgets/memory_screen.h"
+
+namespace {
+
+anchorage::ServerConfig tinyConfig(const QString& dataDir) {
+  const std::string dir = dataDir.toStdString();
+  std::vector<std::string> words = {"anchorage", "--data-dir", dir, "--port", "0", "--grid", "64", "--threads", "1"};
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  auto parsed = anchorage::ParseServerCommandLine(static_cast<int>(argv.size()), argv.data());
+  return parsed.ok() ? *parsed : anchorage::ServerConfig{};
+}
+
+qint64 tierValue(CacheTierModel* model, const QString& tier, int column) {
+  const int row = model->rowOf(tier);
+  return row < 0 ? -1 : model->index(row, column).data(CacheTierModel::ValueRole).toLongLong();
+}
+
+}  // namespace
+
+class TestConsoleGui : public QObject {
+  Q_OBJECT
+
+ private slots:
+  void chatJournalMemorySettingsClearAndDrain() {
+    QTemporaryDir dir;
+    QVERIFY(dir.isValid());
+    EngineHost host(tinyConfig(dir.path()));
+    host.setPollIntervalMs(100);
+    MainWindow window(&host);
+    QAbstractItemModelTester t1(window.cacheModel(), QAbstractItemModelTester::FailureReportingMode::QtTest);
+    QAbstractItemModelTester t2(window.journalModel(), QAbstractItemModelTester::FailureReportingMode::QtTest);
+    QAbstractItemModelTester t3(window.settingsModel(), QAbstractItemModelTester::FailureReportingMode::QtTest);
+    QAbstractItemModelTester t4(window.memoryHistory(), QAbstractItemModelTester::FailureReportingMode::QtTest);
+    QSignalSpy progress(&host, &EngineHost::progress);
+    window.show();
+    host.start();
+    QTRY_VERIFY_WITH_TIMEOUT(!window.endpointUrl().isEmpty(), 120000);
+    QVERIFY(window.endpointUrl().startsWith("http://127.0.0.1:"));
+    QVERIFY(progress.count() >= 3);
+    QCOMPARE(progress.last()[0].toDouble(), 1.0);
+    QTRY_VERIFY_WITH_TIMEOUT(window.settingsModel()->version() >= 1, 10000);
+
+    // A chat from the Chat tab, streamed.
+    ChatScreen* chat = window.chatScreen();
+    window.tabs()->setCurrentWidget(chat);
+    chat->input()->setPlainText("Hello, what is an anchor?");
+    QSignalSpy deltas(&host, &EngineHost::chatDelta);
+    QTest::mouseClick(chat->sendButton(), Qt::LeftButton);
+    ChatModel* conversation = chat->currentModel();
+    QCOMPARE(conversation->rowCount(), 2);
+    QVERIFY(chat->input()->toPlainText().isEmpty());
+    QTRY_VERIFY_WITH_TIMEOUT(!conversation->streaming(), 120000);
+    const QModelIndex answer = conversation->index(1);
+    QCOMPARE(answer.data(ChatModel::ErrorRole).toString(), QString());
+    QVERIFY(!(answer.data(ChatModel::ContentRole).toString() + answer.data(ChatModel::ReasoningRole).toString()).isEmpty());
+    QVERIFY2(answer.data(ChatModel::StatsRole).toString().startsWith("cold · 0 cached / "), qPrintable(answer.data(ChatModel::StatsRole).toString()));
+    QVERIFY2(deltas.count() >= 2, "the answer arrives as a stream of deltas");
+    QTRY_VERIFY_WITH_TIMEOUT(chat->transcript()->toPlainText().contains("TTFT"), 5000);
+
+    // Ctrl+Return in the input sends the next turn of the same conversation.
+    chat->input()->setFocus();
+    chat->input()->setPlainText("And the end anchor?");
+    QTest::keyClick(chat->input(), Qt::Key_Return, Qt::ControlModifier);
+    QCOMPARE(conversation->rowCount(), 4);
+    QTRY_VERIFY_WITH_TIMEOUT(!conversation->streaming(), 120000);
+    QCOMPARE(conversation->index(3).data(ChatModel::ErrorRole).toString(), QString());
+
+    // Esc stops a streaming answer: the request is aborted and the turn says so.
+    chat->findChild<QSpinBox*>("maxTokens")->setValue(4000);
+    chat->input()->setPlainText("Write a very long story.");
+    QMetaObject::Connection once = connect(&host, &EngineHost::chatDelta, &window, [&] {
+      disconnect(once);
+      QTest::keyClick(chat->input(), Qt::Key_Escape);
+    });
+    QTest::mouseClick(chat->sendButton(), Qt::LeftButton);
+    QTRY_VERIFY_WITH_TIMEOUT(!conversation->streaming(), 120000);
+    QVERIFY2(conversation->index(5).data(ChatModel::StatsRole).toString().endsWith("stopped"),
+             qPrintable(conversation->index(5).data(ChatModel::StatsRole).toString()));
+    QCOMPARE(conversation->index(5).data(ChatModel::ErrorRole).toString(), QString());
+
+    // The journal got the request and its cache events; the memory screen's numbers moved.
+    QTableView* journalTable = window.journalScreen()->table();
+    QTRY_VERIFY_WITH_TIMEOUT(journalTable->model()->rowCount() >= 2, 10000);
+    bool sawRequest = false;
+    for (int r = 0; r < journalTable->model()->rowCount(); ++r) {
+      const QModelIndex kind = journalTable->model()->index(r, JournalModel::KindColumn);
+      if (kind.data().toString() == "request") {
+        sawRequest = true;
+        QCOMPARE(kind.data(JournalModel::StatusRole).toInt(), 200);
+        QCOMPARE(journalTable->model()->index(r, JournalModel::SessionColumn).data().toString(), conversation->conversation());
+      }
+    }
+    QVERIFY(sawRequest);
+    CacheTierModel* tiers = window.cacheModel();
+    QTRY_VERIFY_WITH_TIMEOUT(tierValue(tiers, "resident", CacheTierModel::BytesColumn) > 0, 10000);
+    QVERIFY(tierValue(tiers, "resident", CacheTierModel::EntriesColumn) > 0);
+    QCOMPARE(tierValue(tiers, "end", CacheTierModel::EntriesColumn), 1);
+    QVERIFY(window.memoryHistory()->rowCount() >= 1);
+    QVERIFY(window.findChild<QLabel*>("phaseLabel")->text().startsWith("idle · last: "));
+
+    // Edit a limit: applied as the next version, in the engine's document and on disk.
+    MemoryScreen* memory = window.memoryScreen();
+    window.tabs()->setCurrentWidget(memory);
+    SettingsModel* settings = window.settingsModel();
+    const qint64 version = settings->version();
+    QDoubleSpinBox* ceiling = memory->limitEditor("memory.ceiling_gb");
+    QVERIFY(ceiling && ceiling->isEnabled());
+    const double wanted = std::max(0.5, std::floor(ceiling->value()) - 0.5);
+    ceiling->setValue(wanted);
+    QTest::mouseClick(memory->findChild<QPushButton*>("applyLimitsButton"), Qt::LeftButton);
+    QTRY_COMPARE_WITH_TIMEOUT(settings->version(), version + 1, 10000);
+    QCOMPARE(settings->value("memory.ceiling_gb").toDouble(), wanted);
+    QFile file(dir.filePath("settings.json"));
+    QVERIFY(file.open(QIODevice::ReadOnly));
+    const QJsonObject stored = QJsonDocument::fromJson(file.readAll()).object();
+    QCOMPARE(stored["version"].toInteger(), version + 1);
+    QCOMPARE(stored["memory"].toObject()["ceiling_gb"].toDouble(), wanted);
+    QLabel* message = memory->findChild<QLabel*>("limitsMessage");
+    QVERIFY(message->text().startsWith("Applied"));
+
+    // A stale edit is refused with 409 and shown; a peak below the ceiling is caught before sending.
+    QJsonObject stale = settings->documentWith({{"memory.ceiling_gb", 1.0}});
+    stale["version"] = version;
+    host.replaceSettings(stale);
+    QTRY_VERIFY_WITH_TIMEOUT(message->text().startsWith("Refused (HTTP 409)"), 10000);
+    QCOMPARE(settings->version(), version + 1);
+    QDoubleSpinBox* peak = memory->limitEditor("memory.prefill_peak_gb");
+    peak->setValue(ceiling->value() - 0.25);
+    memory->applyLimits();
+    QVERIFY(message->text().startsWith("Peak during prefill"));
+    QCOMPARE(settings->version(), version + 1);
+
+    // Clear a tier from its screen; a declined confirmation clears nothing.
+    int asked = 0;
+    memory->setConfirmFunction([&](QWidget*, const QString&, const QString&) { return ++asked, false; });
+    QSignalSpy requested(memory, &MemoryScreen::clearTierRequested);
+    QTest::mouseClick(memory->findChild<QPushButton*>("clear_end"), Qt::LeftButton);
+    QCOMPARE(asked, 1);
+    QCOMPARE(requested.count(), 0);
+    memory->setConfirmFunction([&](QWidget*, const QString&, const QString&) { return ++asked, true; });
+    QSignalSpy cleared(&host, &EngineHost::tierCleared);
+    QTest::mouseClick(memory->findChild<QPushButton*>("clear_end"), Qt::LeftButton);
+    QCOMPARE(asked, 2);
+    QTRY_COMPARE_WITH_TIMEOUT(cleared.count(), 1, 10000);
+    QCOMPARE(cleared[0][0].toString(), QString("end"));
+    QVERIFY(cleared[0][1].toBool());
+    QTRY_COMPARE_WITH_TIMEOUT(tierValue(tiers, "end", CacheTierModel::EntriesColumn), 0, 10000);
+    QVERIFY(tierValue(tiers, "resident", CacheTierModel::EntriesColumn) > 0);
+    QTest::mouseClick(memory->findChild<QPushButton*>("clear_resident"), Qt::LeftButton);
+    QTRY_COMPARE_WITH_TIMEOUT(tierValue(tiers, "resident", CacheTierModel::EntriesColumn), 0, 10000);
+    QCOMPARE(tierValue(tiers, "resident", CacheTierModel::BytesColumn), 0);
+    QTRY_VERIFY_WITH_TIMEOUT(window.journalModel()->index(0, JournalModel::KindColumn).data().toString() == "clear", 10000);
+
+    // Shortcuts switch tabs.
+    QTest::keyClick(&window, Qt::Key_4, Qt::ControlModifier);
+    QCOMPARE(window.tabs()->currentWidget(), static_cast<QWidget*>(window.journalScreen()));
+
+    // Closing drains the engine, then the window closes.
+    QSignalSpy drained(&host, &EngineHost::drained);
+    window.close();
+    QTRY_VERIFY_WITH_TIMEOUT(!host.isRunning(), 30000);
+    QCOMPARE(drained.count(), 1);
+    QTRY_VERIFY_WITH_TIMEOUT(!window.isVisible(), 5000);
+  }
+};
+
+QTEST_MAIN(TestConsoleGui)
+#include "test_console_gui.moc"

@@ -1,0 +1,123 @@
+// JournalModel and JournalFilterModel: columns, raw JSON role, new rows inserted at the top, filters.
+#include <QAbstractItemModelTester>
+#include <QJsonDocument>
+#include <QSignalSpy>
+#include <QtTest>
+
+#include "models/journal_filter_model.h"
+#include "models/journal_model.h"
+
+namespace {
+
+JournalRowSnapshot request(qint64 id, int status, const QString& session) {
+  JournalRowSnapshot r;
+  r.id = id;
+  r.timeMs = 1700000000000 + id;
+  r.type = r.kind = "request";
+  r.tier = "end";
+  r.session = session;
+  r.tokens = 100 + id;
+  r.status = status;
+  r.text = status == 200 ? "/v1/chat/completions stop" : "no room for the prefill";
+  r.json = QJsonDocument(QJsonObject{{"id", id}, {"type", "request"}, {"status", status}}).toJson(QJsonDocument::Compact);
+  return r;
+}
+
+JournalRowSnapshot cacheEvent(qint64 id, const QString& kind, const QString& tier) {
+  JournalRowSnapshot r;
+  r.id = id;
+  r.timeMs = 1700000000000 + id;
+  r.type = "cache_event";
+  r.kind = kind;
+  r.tier = tier;
+  r.session = "s1";
+  r.tokens = 64;
+  r.text = "reason " + kind;
+  r.json = QJsonDocument(QJsonObject{{"id", id}, {"type", "cache_event"}, {"kind", kind}}).toJson(QJsonDocument::Compact);
+  return r;
+}
+
+}  // namespace
+
+class TestJournalModel : public QObject {
+  Q_OBJECT
+
+ private slots:
+  void rowsColumnsRoles() {
+    JournalModel model;
+    QAbstractItemModelTester tester(&model, QAbstractItemModelTester::FailureReportingMode::QtTest);
+    model.setSnapshot({{cacheEvent(3, "write", "anchors"), request(2, 200, "s1"), cacheEvent(1, "hit", "end")}, 3});
+    QCOMPARE(model.rowCount(), 3);
+    QCOMPARE(model.columnCount(), int(JournalModel::ColumnCount));
+    QCOMPARE(model.total(), 3);
+    QCOMPARE(model.index(1, JournalModel::KindColumn).data().toString(), QString("request"));
+    QCOMPARE(model.index(1, JournalModel::StatusColumn).data().toString(), QString("200"));
+    QCOMPARE(model.index(0, JournalModel::StatusColumn).data().toString(), QString());
+    QCOMPARE(model.index(1, JournalModel::TokensColumn).data().toLongLong(), 102);
+    QCOMPARE(model.index(0, JournalModel::TimeColumn).data(JournalModel::SortRole).toLongLong(), 1700000000003);
+    QCOMPARE(model.index(0, 0).data(JournalModel::IdRole).toLongLong(), 3);
+    const QJsonObject raw = QJsonDocument::fromJson(model.index(2, 0).data(JournalModel::JsonRole).toString().toUtf8()).object();
+    QCOMPARE(raw["kind"].toString(), QString("hit"));
+    QCOMPARE(model.headerData(JournalModel::TextColumn, Qt::Horizontal).toString(), QString("Text"));
+  }
+
+  void newRowsAreInsertedAtTheTop() {
+    JournalModel model;
+    QAbstractItemModelTester tester(&model, QAbstractItemModelTester::FailureReportingMode::QtTest);
+    model.setSnapshot({{request(2, 200, "s1"), cacheEvent(1, "hit", "end")}, 2});
+    QSignalSpy inserted(&model, &QAbstractItemModel::rowsInserted);
+    QSignalSpy removed(&model, &QAbstractItemModel::rowsRemoved);
+    QSignalSpy resets(&model, &QAbstractItemModel::modelReset);
+    // Two new rows; the snapshot keeps 3 rows, so the oldest shown row leaves at the bottom.
+    model.setSnapshot({{cacheEvent(4, "shed", "anchors"), request(3, 503, "s2"), request(2, 200, "s1")}, 4});
+    QCOMPARE(resets.count(), 0);
+    QCOMPARE(inserted.count(), 1);
+    QCOMPARE(inserted[0][1].toInt(), 0);
+    QCOMPARE(inserted[0][2].toInt(), 1);
+    QCOMPARE(removed.count(), 1);
+    QCOMPARE(model.rowCount(), 3);
+    QCOMPARE(model.index(0, 0).data(JournalModel::IdRole).toLongLong(), 4);
+    QCOMPARE(model.index(2, 0).data(JournalModel::IdRole).toLongLong(), 2);
+    QCOMPARE(model.total(), 4);
+    // No overlap (retention pruned what was shown): start over.
+    model.setSnapshot({{cacheEvent(9, "clear", "all")}, 1});
+    QCOMPARE(resets.count(), 1);
+    QCOMPARE(model.rowCount(), 1);
+  }
+
+  void filtersAndSorting() {
+    JournalModel model;
+    JournalFilterModel filter;
+    filter.setSourceModel(&model);
+    QAbstractItemModelTester tester(&filter, QAbstractItemModelTester::FailureReportingMode::QtTest);
+    model.setSnapshot({{cacheEvent(5, "shed", "anchors"), request(4, 503, "s2"), cacheEvent(3, "write", "anchors"), request(2, 200, "s1"), cacheEvent(1, "hit", "end")}, 5});
+    QCOMPARE(filter.rowCount(), 5);
+    filter.setKind("request");
+    QCOMPARE(filter.rowCount(), 2);
+    filter.setKind("cache_event");
+    QCOMPARE(filter.rowCount(), 3);
+    filter.setTier("ANCH");
+    QCOMPARE(filter.rowCount(), 2);
+    filter.setKind("");
+    filter.setTier("");
+    filter.setSession("s2");
+    QCOMPARE(filter.rowCount(), 1);
+    filter.setSession("");
+    filter.setText("no room");
+    QCOMPARE(filter.rowCount(), 1);
+    filter.setText("");
+    filter.setAlertsOnly(true);
+    QCOMPARE(filter.rowCount(), 2);  // the shed and the 503
+    filter.setAlertsOnly(false);
+    filter.sort(JournalModel::TokensColumn, Qt::AscendingOrder);
+    QCOMPARE(filter.index(0, JournalModel::TokensColumn).data().toLongLong(), 64);
+    QCOMPARE(filter.index(4, JournalModel::TokensColumn).data().toLongLong(), 104);
+    // Live: a new row lands in the filtered view.
+    filter.setKind("shed");
+    model.setSnapshot({{cacheEvent(6, "shed", "end"), cacheEvent(5, "shed", "anchors"), request(4, 503, "s2"), cacheEvent(3, "write", "anchors"), request(2, 200, "s1")}, 6});
+    QCOMPARE(filter.rowCount(), 2);
+  }
+};
+
+QTEST_MAIN(TestJournalModel)
+#include "test_journal_model.moc"

@@ -1,0 +1,193 @@
+#include "widgets/chat_screen.h"
+
+#include <QDateTime>
+#include <QHBoxLayout>
+#include <QLabel>
+#include <QListWidget>
+#include <QPlainTextEdit>
+#include <QPushButton>
+#include <QScrollBar>
+#include <QSpinBox>
+#include <QSplitter>
+#include <QTextBrowser>
+#include <QTimer>
+#include <QUrl>
+#include <QVBoxLayout>
+
+#include "models/chat_model.h"
+
+ChatScreen::ChatScreen(QWidget* parent) : QWidget(parent) {
+  m_list = new QListWidget(this);
+  m_list->setObjectName("conversationList");
+  m_list->setMinimumWidth(160);
+  auto* newButton = new QPushButton(tr("New conversation"), this);
+  newButton->setObjectName("newConversationButton");
+  auto* left = new QWidget(this);
+  auto* leftLayout = new QVBoxLayout(left);
+  leftLayout->setContentsMargins(0, 0, 0, 0);
+  leftLayout->addWidget(m_list, 1);
+  leftLayout->addWidget(newButton);
+
+  m_transcript = new QTextBrowser(this);
+  m_transcript->setObjectName("chatTranscript");
+  m_transcript->setOpenLinks(false);
+  m_input = new QPlainTextEdit(this);
+  m_input->setObjectName("chatInput");
+  m_input->setPlaceholderText(tr("Message (Ctrl+Return sends, Esc stops)"));
+  m_input->setMaximumHeight(m_input->fontMetrics().lineSpacing() * 5 + 12);
+  m_maxTokens = new QSpinBox(this);
+  m_maxTokens->setRange(1, 1 << 20);
+  m_maxTokens->setValue(256);
+  m_maxTokens->setPrefix(tr("max tokens "));
+  m_maxTokens->setObjectName("maxTokens");
+  m_send = new QPushButton(tr("Send"), this);
+  m_send->setObjectName("sendButton");
+  m_send->setToolTip(tr("Ctrl+Return"));
+  m_stop = new QPushButton(tr("Stop"), this);
+  m_stop->setObjectName("stopButton");
+  m_stop->setToolTip(tr("Esc"));
+  auto* buttons = new QHBoxLayout;
+  buttons->addWidget(m_maxTokens);
+  buttons->addStretch();
+  buttons->addWidget(m_stop);
+  buttons->addWidget(m_send);
+  auto* right = new QWidget(this);
+  auto* rightLayout = new QVBoxLayout(right);
+  rightLayout->setContentsMargins(0, 0, 0, 0);
+  rightLayout->addWidget(m_transcript, 1);
+  rightLayout->addWidget(m_input);
+  rightLayout->addLayout(buttons);
+
+  auto* split = new QSplitter(Qt::Horizontal, this);
+  split->addWidget(left);
+  split->addWidget(right);
+  split->setStretchFactor(1, 1);
+  split->setSizes({200, 800});
+  auto* layout = new QVBoxLayout(this);
+  layout->addWidget(split);
+
+  m_renderTimer = new QTimer(this);
+  m_renderTimer->setSingleShot(true);
+  m_renderTimer->setInterval(40);
+  connect(m_renderTimer, &QTimer::timeout, this, &ChatScreen::render);
+  connect(newButton, &QPushButton::clicked, this, &ChatScreen::newConversation);
+  connect(m_send, &QPushButton::clicked, this, &ChatScreen::send);
+  connect(m_stop, &QPushButton::clicked, this, &ChatScreen::stop);
+  connect(m_transcript, &QTextBrowser::anchorClicked, this, &ChatScreen::onAnchor);
+  connect(m_list, &QListWidget::currentItemChanged, this, [this](QListWidgetItem* item) {
+    if (item) selectConversation(item->data(Qt::UserRole).toString());
+  });
+  newConversation();
+}
+
+ChatModel* ChatScreen::currentModel() const { return m_models.value(m_current); }
+
+void ChatScreen::newConversation() {
+  const QString id = QString("console-%1-%2").arg(QDateTime::currentMSecsSinceEpoch()).arg(++m_counter);
+  auto* model = new ChatModel(id, this);
+  m_models[id] = model;
+  connect(model, &QAbstractItemModel::dataChanged, this, &ChatScreen::scheduleRender);
+  connect(model, &QAbstractItemModel::rowsInserted, this, &ChatScreen::scheduleRender);
+  auto* item = new QListWidgetItem(model->title());
+  item->setData(Qt::UserRole, id);
+  m_list->insertItem(0, item);
+  m_list->setCurrentItem(item);
+  m_input->setFocus();
+}
+
+void ChatScreen::selectConversation(const QString& id) {
+  m_current = id;
+  render();
+  updateButtons();
+}
+
+void ChatScreen::send() {
+  ChatModel* model = currentModel();
+  const QString text = m_input->toPlainText().trimmed();
+  if (!model || text.isEmpty() || model->streaming() || !m_ready) return;
+  const QJsonArray messages = model->beginTurn(text);
+  m_input->clear();
+  if (QListWidgetItem* item = m_list->currentItem()) item->setText(model->title());
+  updateButtons();
+  emit sendRequested(model->conversation(), messages, m_maxTokens->value());
+}
+
+void ChatScreen::stop() {
+  if (ChatModel* model = currentModel(); model && model->streaming()) emit stopRequested(model->conversation());
+}
+
+void ChatScreen::onDelta(const ChatDelta& delta) {
+  if (ChatModel* model = m_models.value(delta.conversation)) model->applyDelta(delta);
+}
+
+void ChatScreen::onFinished(const ChatTurnStats& stats) {
+  if (ChatModel* model = m_models.value(stats.conversation)) model->finishTurn(stats);
+  updateButtons();
+}
+
+void ChatScreen::setEngineReady(bool ready) {
+  m_ready = ready;
+  updateButtons();
+}
+
+void ChatScreen::updateButtons() {
+  ChatModel* model = currentModel();
+  const bool streaming = model && model->streaming();
+  m_send->setEnabled(m_ready && !streaming);
+  m_stop->setEnabled(streaming);
+}
+
+void ChatScreen::scheduleRender() {
+  if (!m_renderTimer->isActive()) m_renderTimer->start();
+}
+
+void ChatScreen::onAnchor(const QUrl& url) {
+  const QString key = m_current + "/" + url.fragment();
+  if (m_expanded.contains(key)) m_expanded.remove(key);
+  else m_expanded.insert(key);
+  render();
+}
+
+void ChatScreen::setReasoningExpanded(int row, bool expanded) {
+  const QString key = m_current + "/" + QString::number(row);
+  if (expanded) m_expanded.insert(key);
+  else m_expanded.remove(key);
+  render();
+}
+
+void ChatScreen::render() {
+  ChatModel* model = currentModel();
+  QScrollBar* bar = m_transcript->verticalScrollBar();
+  const bool atBottom = bar->value() >= bar->maximum() - 4;
+  const int keep = bar->value();
+  QString html = "<html><body>";
+  if (!model || model->rowCount() == 0)
+    html += "<p style='color:gray'>" + tr("Ask something. The answer streams through the same endpoint clients use.").toHtmlEscaped() + "</p>";
+  for (int i = 0; model && i < model->rowCount(); ++i) {
+    const ChatModel::Message& m = model->message(i);
+    auto para = [](const QString& text) { return text.toHtmlEscaped().replace("\n", "<br>"); };
+    if (m.role == "user") {
+      html += "<p style='margin-top:12px'><b>" + tr("You") + "</b><br>" + para(m.content) + "</p>";
+      continue;
+    }
+    html += "<p style='margin-top:8px'><b>" + tr("Assistant") + "</b>";
+    if (!m.reasoning.isEmpty()) {
+      const bool open = m_expanded.contains(m_current + "/" + QString::number(i));
+      html += QString("<br><a href='#%1'>%2 %3</a>")
+                  .arg(i)
+                  .arg(open ? "&#9662;" : "&#9656;")
+                  .arg(tr("Reasoning (%1 characters)").arg(m.reasoning.size()));
+      if (open) html += "<br><span style='color:#555555'><i>" + para(m.reasoning) + "</i></span>";
+    }
+    html += "<br>" + para(m.content);
+    if (m.streaming) html += " <span style='color:gray'>&#9646;</span>";
+    html += "</p>";
+    if (m.hasStats) {
+      const QString color = m.stats.ok ? "#2f6f3f" : "#b00020";
+      html += QString("<p style='color:%1; font-size:small'>%2</p>").arg(color, ChatModel::statsLine(m.stats).toHtmlEscaped());
+    }
+  }
+  html += "</body></html>";
+  m_transcript->setHtml(html);
+  bar->setValue(atBottom ? bar->maximum() : keep);
+}

@@ -1,0 +1,69 @@
+// ChatScreen: console conversations streamed through the service's own endpoint.
+#pragma once
+
+#include <QHash>
+#include <QJsonArray>
+#include <QSet>
+#include <QWidget>
+
+#include "app/snapshots.h"
+
+class ChatModel;
+class QListWidget;
+class QPlainTextEdit;
+class QPushButton;
+class QSpinBox;
+class QTextBrowser;
+class QTimer;
+class QUrl;
+
+// GUI thread only. Owns one ChatModel a conversation; requests leave as signals.
+class ChatScreen : public QWidget {
+  Q_OBJECT
+
+ public:
+  explicit ChatScreen(QWidget* parent = nullptr);
+
+  ChatModel* currentModel() const;
+  QString currentConversation() const { return m_current; }
+  QPlainTextEdit* input() const { return m_input; }
+  QPushButton* sendButton() const { return m_send; }
+  QTextBrowser* transcript() const { return m_transcript; }
+  int conversationCount() const { return m_models.size(); }
+  // Shows or hides the reasoning of message row of the current conversation.
+  void setReasoningExpanded(int row, bool expanded);
+
+ signals:
+  void sendRequested(const QString& conversation, const QJsonArray& messages, int maxTokens);
+  void stopRequested(const QString& conversation);
+
+ public slots:
+  void newConversation();
+  // Sends the input box's text in the current conversation (Ctrl+Return).
+  void send();
+  // Stops the current conversation's answer (Esc).
+  void stop();
+  void onDelta(const ChatDelta& delta);
+  void onFinished(const ChatTurnStats& stats);
+  void setEngineReady(bool ready);
+
+ private:
+  void selectConversation(const QString& id);
+  void scheduleRender();
+  void render();
+  void onAnchor(const QUrl& url);
+  void updateButtons();
+
+  QHash<QString, ChatModel*> m_models;
+  QString m_current;
+  QSet<QString> m_expanded;  // "conversation/row" whose reasoning is shown
+  QListWidget* m_list;
+  QTextBrowser* m_transcript;
+  QPlainTextEdit* m_input;
+  QSpinBox* m_maxTokens;
+  QPushButton* m_send;
+  QPushButton* m_stop;
+  QTimer* m_renderTimer;
+  bool m_ready = false;
+  int m_counter = 0;
+};
