@@ -22,10 +22,9 @@
 #include "models/memory_history.h"
 #include "models/settings_model.h"
 #include "widgets/chat_screen.h"
-#include "widgets/disk_cache_screen.h"
 #include "widgets/journal_screen.h"
 #include "widgets/memory_screen.h"
-#include "widgets/shadow_screen.h"
+#include "widgets/placeholder_screen.h"
 
 namespace {
 const char* kTabNames[] = {"memory", "disk-cache", "shadow", "journal", "chat"};
@@ -47,8 +46,8 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   m_tabs = new QTabWidget(this);
   m_tabs->setObjectName("tabs");
   m_tabs->addTab(m_memory, tr("&Memory"));
-  m_tabs->addTab(new DiskCacheScreen(this), tr("&Disk cache"));
-  m_tabs->addTab(new ShadowScreen(this), tr("S&hadow"));
+  m_tabs->addTab(PlaceholderScreen::diskCache(this), tr("&Disk cache"));
+  m_tabs->addTab(PlaceholderScreen::shadow(this), tr("S&hadow"));
   m_tabs->addTab(m_journalScreen, tr("&Journal"));
   m_tabs->addTab(m_chat, tr("&Chat"));
 

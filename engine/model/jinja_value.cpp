@@ -381,6 +381,17 @@ std::string Value::Str() const {
   }
 }
 
+std::string Value::ItemsRepr() const {
+  std::string out;
+  bool first = true;
+  for (const auto& [k, v] : dict_->items) {
+    if (!first) out += ", ";
+    first = false;
+    out += StrRepr(k) + ": " + v.Repr();
+  }
+  return out;
+}
+
 std::string Value::Repr() const {
   switch (kind_) {
     case Kind::kUndefined:
@@ -405,26 +416,10 @@ std::string Value::Repr() const {
       out += is_tuple_ ? ")" : "]";
       return out;
     }
-    case Kind::kDict: {
-      std::string out = "{";
-      bool first = true;
-      for (const auto& [k, v] : dict_->items) {
-        if (!first) out += ", ";
-        first = false;
-        out += StrRepr(k) + ": " + v.Repr();
-      }
-      return out + "}";
-    }
-    case Kind::kNamespace: {
-      std::string out = "<Namespace {";
-      bool first = true;
-      for (const auto& [k, v] : dict_->items) {
-        if (!first) out += ", ";
-        first = false;
-        out += StrRepr(k) + ": " + v.Repr();
-      }
-      return out + "}>";
-    }
+    case Kind::kDict:
+      return "{" + ItemsRepr() + "}";
+    case Kind::kNamespace:
+      return "<Namespace {" + ItemsRepr() + "}>";
     case Kind::kCallable:
       return "<function " + fn_->name + ">";
     case Kind::kGenerator:

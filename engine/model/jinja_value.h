@@ -84,6 +84,7 @@ class Value {
   bool Truthy() const;           // Python bool()
   std::string Str() const;       // Python str(); undefined prints as ""
   std::string Repr() const;      // Python repr()
+  std::string ItemsRepr() const; // "'k': v, ..." of a dict or namespace, as repr writes them
   std::string TypeName() const;  // Python type name for error messages
   // Items produced by iteration: list elements, dict keys, string characters; throws otherwise.
   ValueList Iterate() const;

@@ -2,7 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
+
+#include "engine/runtime/sampler.h"
 
 namespace anchorage::testing {
 
@@ -25,5 +28,23 @@ inline std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int
 }
 
 inline std::vector<int32_t> Head(const std::vector<int32_t>& a, size_t n) { return {a.begin(), a.begin() + static_cast<long>(n)}; }
+
+// The greedy gate: "" when warm picks cold's tokens, or first parts from them where cold's top-2
+// margin is under tie_margin (a near tie, then described in *note); else what differs.
+inline std::string GreedyGate(const std::vector<SampledToken>& warm, const std::vector<SampledToken>& cold, float tie_margin,
+                              std::string* note) {
+  if (warm.size() != cold.size() && warm.size() < cold.size()) return "the warm run stopped early";
+  for (size_t i = 0; i < cold.size(); ++i) {
+    if (warm[i].id == cold[i].id) continue;
+    const float margin = cold[i].top.size() >= 2 ? cold[i].top[0].second - cold[i].top[1].second : 0.0f;
+    const std::string at = "tokens part at " + std::to_string(i) + " where the cold run's top-2 margin is " + std::to_string(margin);
+    if (margin < tie_margin) {
+      *note = at;
+      return "";
+    }
+    return at;
+  }
+  return "";
+}
 
 }  // namespace anchorage::testing

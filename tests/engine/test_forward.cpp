@@ -16,13 +16,7 @@ using namespace anchorage;
 
 namespace {
 
-std::vector<int32_t> RandomIds(int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (auto& id : ids) id = d(rng);
-  return ids;
-}
+using testing::RandomIds;
 
 // Max |a - b| over one logits row; b is double.
 double RowDiff(const float* a, const double* b, int64_t n, double* max_ref) {

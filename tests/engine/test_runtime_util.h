@@ -2,6 +2,8 @@
 #pragma once
 
 #include <memory>
+#include <random>
+#include <vector>
 #include <string>
 
 #include "engine/core/status.h"
@@ -27,6 +29,15 @@ inline Result<std::unique_ptr<LoadedWeights>> MakeModel(TinyModelSize size, uint
   out->set = std::make_unique<SafetensorsSet>(std::move(set));
   ASSIGN_OR_RETURN(out->weights, MapWeights(out->config, *out->set));
   return out;
+}
+
+// n ids drawn uniformly from [0, vocab), the same for the same seed.
+inline std::vector<int32_t> RandomIds(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = d(rng);
+  return ids;
 }
 
 }  // namespace anchorage::testing

@@ -1,0 +1,33 @@
+#include "widgets/placeholder_screen.h"
+
+#include <QLabel>
+#include <QVBoxLayout>
+
+PlaceholderScreen::PlaceholderScreen(const QString& title, const QString& text, QWidget* parent) : QWidget(parent) {
+  auto* heading = new QLabel("<h2>" + title + "</h2>", this);
+  auto* body = new QLabel(text, this);
+  body->setObjectName("placeholderText");
+  body->setWordWrap(true);
+  auto* layout = new QVBoxLayout(this);
+  layout->addWidget(heading);
+  layout->addWidget(body);
+  layout->addStretch();
+}
+
+PlaceholderScreen* PlaceholderScreen::diskCache(QWidget* parent) {
+  return new PlaceholderScreen(tr("Disk cache"),
+                               tr("The disk tier (chunk files of K/V rows and anchor files on NVMe, admitted after repeated cold "
+                             "reads) is not built yet. Nothing is written to disk and there is nothing to clear here. "
+                             "Its knobs already live in the settings document under <code>disk_cache</code> "
+                             "(mode off, read, readwrite) and take effect once the tier exists."),
+                               parent);
+}
+
+PlaceholderScreen* PlaceholderScreen::shadow(QWidget* parent) {
+  return new PlaceholderScreen(tr("Shadow reader"),
+                               tr("The shadow reader (a second, small engine that keeps each session's exact state and answers "
+                             "questions about it) is not built yet. No session is shadowed and there is nothing to clear "
+                             "here. Its knobs already live in the settings document under <code>shadow</code> "
+                             "(enabled is false) and take effect once the reader exists."),
+                               parent);
+}
