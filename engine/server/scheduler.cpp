@@ -134,6 +134,15 @@ void Scheduler::SetResidentOptions(const ResidentOptions& options) {
   pending_options_ = options;
 }
 
+void Scheduler::ApplyPendingOptions() {
+  std::optional<ResidentOptions> options;
+  {
+    std::lock_guard lock(mu_);
+    options.swap(pending_options_);
+  }
+  if (options) resident_.set_options(*options);
+}
+
 nlohmann::json Scheduler::CacheStats() const {
   std::lock_guard lock(mu_);
   return cache_stats_;
@@ -142,6 +151,7 @@ nlohmann::json Scheduler::CacheStats() const {
 template <typename Fn>
 auto Scheduler::BetweenRequests(const std::string& session, Fn&& fn) {
   lock_.LockForRequest();
+  ApplyPendingOptions();
   current_session_ = session;
   auto result = fn();
   nlohmann::json stats = resident_.Stats();
@@ -191,12 +201,9 @@ void Scheduler::EngineLoop() {
       queue_ms = MsSince(queue_.front().second);
       queue_.pop_front();
       running_job_ = true;
-      if (pending_options_) {
-        resident_.set_options(*pending_options_);
-        pending_options_.reset();
-      }
     }
     lock_.LockForRequest();
+    ApplyPendingOptions();
     RunJob(*job, queue_ms);
     lock_.UnlockRequest();
     nlohmann::json stats = resident_.Stats();

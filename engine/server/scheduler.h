@@ -131,6 +131,8 @@ class Scheduler {
  private:
   void EngineLoop();
   void RunJob(Job& job, double queue_ms);
+  // Installs options set by SetResidentOptions; the caller holds the engine lock.
+  void ApplyPendingOptions();
   // Runs fn on the calling thread holding the engine lock like a request, then refreshes the stats.
   template <typename Fn>
   auto BetweenRequests(const std::string& session, Fn&& fn);
