@@ -205,8 +205,8 @@ void Scheduler::EngineLoop() {
     lock_.LockForRequest();
     ApplyPendingOptions();
     RunJob(*job, queue_ms);
-    lock_.UnlockRequest();
     nlohmann::json stats = resident_.Stats();
+    lock_.UnlockRequest();
     {
       std::lock_guard lock(mu_);
       running_job_ = false;
