@@ -205,13 +205,17 @@ void Scheduler::EngineLoop() {
     lock_.LockForRequest();
     ApplyPendingOptions();
     RunJob(*job, queue_ms);
-    nlohmann::json stats = resident_.Stats();
+    {
+      // Published before the engine lock is released, so a command that follows never sees older stats.
+      nlohmann::json stats = resident_.Stats();
+      std::lock_guard lock(mu_);
+      cache_stats_ = std::move(stats);
+      last_stats_ = job->stats();
+    }
     lock_.UnlockRequest();
     {
       std::lock_guard lock(mu_);
       running_job_ = false;
-      last_stats_ = job->stats();
-      cache_stats_ = std::move(stats);
     }
     idle_cv_.notify_all();
   }
