@@ -5,27 +5,6 @@
 #include <algorithm>
 
 namespace anchorage {
-namespace {
-
-// Length of the longest prefix of text that ends on a whole UTF-8 character.
-size_t CompleteUtf8Prefix(const std::string& text) {
-  size_t n = text.size();
-  size_t i = n;
-  int back = 0;
-  while (i > 0 && back < 4) {
-    const unsigned char c = static_cast<unsigned char>(text[i - 1]);
-    if ((c & 0xC0) != 0x80) {
-      const size_t want = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-      return (n - (i - 1)) >= want ? n : i - 1;
-    }
-    --i;
-    ++back;
-  }
-  return n;
-}
-
-}  // namespace
-
 const char* FinishReasonName(FinishReason reason) {
   switch (reason) {
     case FinishReason::kStop: return "stop";
@@ -70,7 +49,7 @@ Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<con
     if (tokenizer_ && !stop_id) {
       raw += tokenizer_->Decode({id});
       // A finished generation flushes an unfinished character as U+FFFD; else it waits for more bytes.
-      const size_t complete = at_limit ? raw.size() : CompleteUtf8Prefix(raw);
+      const size_t complete = at_limit ? raw.size() : unicode::CompleteUtf8Prefix(raw);
       if (complete > sanitized_bytes) {
         full += unicode::SanitizeUtf8(std::string_view(raw).substr(sanitized_bytes, complete - sanitized_bytes));
         sanitized_bytes = complete;

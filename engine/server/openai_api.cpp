@@ -1,5 +1,7 @@
 #include "engine/server/openai_api.h"
 
+#include "engine/model/unicode_text.h"
+
 #include <cmath>
 
 namespace anchorage {
@@ -194,32 +196,9 @@ nlohmann::json ApiError::ToJson() const {
   return {{"error", e}};
 }
 
-bool IsValidUtf8(std::string_view s, size_t* bad_offset) {
-  size_t i = 0;
-  while (i < s.size()) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    bool ok = n > 0 && i + n <= s.size();
-    uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1f : n == 3 ? c & 0x0f : c & 0x07;
-    for (size_t k = 1; ok && k < n; ++k) {
-      unsigned char d = static_cast<unsigned char>(s[i + k]);
-      ok = (d & 0xc0) == 0x80;
-      cp = cp << 6 | (d & 0x3f);
-    }
-    if (ok) ok = !(n == 2 && cp < 0x80) && !(n == 3 && cp < 0x800) && !(n == 4 && (cp < 0x10000 || cp > 0x10ffff)) && !(cp >= 0xd800 && cp <= 0xdfff);
-    if (!ok) {
-      if (bad_offset) *bad_offset = i;
-      return false;
-    }
-    i += n;
-  }
-  return true;
-}
-
 std::optional<CompletionRequest> ParseCompletionRequest(RequestKind kind, std::string_view body_text, const ParseOptions& options,
                                                         ApiError* error) {
-  size_t bad = 0;
-  if (!IsValidUtf8(body_text, &bad)) {
+  if (const size_t bad = unicode::FindInvalidUtf8(body_text); bad != body_text.size()) {
     *error = {400, "the request body is not valid UTF-8 (first bad byte at offset " + std::to_string(bad) + ")", "invalid_request_error", "", "invalid_utf8"};
     return std::nullopt;
   }

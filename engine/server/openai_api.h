@@ -52,7 +52,4 @@ struct ParseOptions {
 std::optional<CompletionRequest> ParseCompletionRequest(RequestKind kind, std::string_view body, const ParseOptions& options,
                                                         ApiError* error);
 
-// True when s is well-formed UTF-8; on failure *bad_offset is the first bad byte.
-bool IsValidUtf8(std::string_view s, size_t* bad_offset = nullptr);
-
 }  // namespace anchorage

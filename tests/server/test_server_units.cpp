@@ -113,14 +113,16 @@ class TestServerUnits : public QObject {
     QCOMPARE(ids->top_logprobs, 2);
   }
 
-  void utf8Validation() {
-    size_t at = 0;
-    QVERIFY(IsValidUtf8("plain, 中文, 🙂"));
-    QVERIFY(!IsValidUtf8("ab\xc3", &at));
-    QCOMPARE(at, size_t(2));
-    QVERIFY(!IsValidUtf8("\xed\xa0\x80", &at));  // a surrogate
-    QVERIFY(!IsValidUtf8("\xc0\xaf", &at));      // overlong
-    QVERIFY(!IsValidUtf8("\xf4\x90\x80\x80", &at));  // above U+10FFFF
+  void invalidUtf8BodyNamesItsOffset() {
+    ApiError e;
+    ParseOptions o{"m", 100};
+    const std::string head = "{\"messages\": [{\"role\": \"user\", \"content\": \"ab";
+    for (const char* bad : {"\xc3", "\xed\xa0\x80", "\xc0\xaf", "\xf4\x90\x80\x80"}) {  // cut, surrogate, overlong, > U+10FFFF
+      QVERIFY(!ParseCompletionRequest(RequestKind::kChat, head + bad + "\"}]}", o, &e));
+      QCOMPARE(e.code, std::string("invalid_utf8"));
+      QVERIFY2(e.message.find("offset " + std::to_string(head.size())) != std::string::npos, e.message.c_str());
+    }
+    QVERIFY(ParseCompletionRequest(RequestKind::kChat, head + "中文 🙂\"}]}", o, &e).has_value());
   }
 
   void requestRankBeatsIdleWork() {
