@@ -1,5 +1,7 @@
 #include "engine/cache/resident_prefix.h"
 
+#include "engine/compute/cpu/matmul.h"
+
 #include <algorithm>
 #include <limits>
 
@@ -431,7 +433,7 @@ int64_t ResidentPrefix::PrefillPeakBytes(int64_t prompt_tokens, int64_t resume_a
   const int64_t chunk = std::min(forward_.grid_tokens(), std::max<int64_t>(1, prompt_tokens - resume_at));
   const int64_t per_token_floats = 6 * c.hidden_size + 2 * c.conv_dim() + 3 * c.value_dim() + 4 * c.intermediate_size +
                                    4 * c.num_attention_heads * c.head_dim + 4 * c.num_key_value_heads * c.head_dim;
-  const int64_t weight_tiles = static_cast<int64_t>(forward_.threads()) * 512 * std::max(c.hidden_size, c.intermediate_size) * 4;
+  const int64_t weight_tiles = static_cast<int64_t>(forward_.threads()) * cpu::kGemmColumnBlock * std::max(c.hidden_size, c.intermediate_size) * 4;
   const int64_t logits = c.vocab_size * 4;
   const int64_t rows_after = prompt_tokens + max_new;
   const int64_t step = SequenceState::kKvRowStep;
