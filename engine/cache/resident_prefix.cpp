@@ -574,7 +574,7 @@ Result<ResumeInfo> ResidentPrefix::Prewarm(const CacheRequest& request) {
 Status ResidentPrefix::Clear(const std::string& tier) {
   const bool all = tier == "all" || tier == "ram" || tier == "resident";
   if (!all && tier != "anchors" && tier != "end" && tier != "stash" && tier != "pin" && tier != "park" && tier != "store")
-    return InvalidArgument("unknown cache tier '" + tier + "' (anchors, end, stash, pin, park, store, resident, ram, all)");
+    return InvalidArgument("unknown cache tier '" + tier + "'; the tiers are " + kCacheTierNames);
   if (all || tier == "store") store_.Clear();
   if (all || tier == "anchors") anchors_.Clear();
   if (all || tier == "end") end_.reset();

@@ -29,6 +29,9 @@
 
 namespace anchorage {
 
+// The names POST /v1/cache/clear and the console accept, for messages.
+inline constexpr const char* kCacheTierNames = "anchors, end, stash, pin, park, store, resident, ram or all";
+
 struct ResidentOptions {
   bool enabled = true;                          // off: every request prefills cold
   int64_t anchor_budget_bytes = 2560ll << 20;   // --resident-gb

@@ -36,6 +36,8 @@ SampledToken Sampler::Sample(std::span<const float> logits, std::span<const int3
   const int64_t n = std::min<int64_t>(vocab_limit_, static_cast<int64_t>(logits.size()));
   work_.assign(logits.begin(), logits.begin() + n);
   ApplyPenalties(params_, history, work_);
+  for (const auto& [id, bias] : params_.logit_bias)
+    if (id >= 0 && id < n) work_[static_cast<size_t>(id)] += bias;
   // Log-softmax at temperature 1 for the reported logprobs.
   int32_t best = 0;
   for (int64_t i = 1; i < n; ++i)

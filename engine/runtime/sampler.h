@@ -18,6 +18,7 @@ struct SamplingParams {
   float presence_penalty = 0.0f;    // subtracted once from tokens seen in the history
   float frequency_penalty = 0.0f;   // subtracted per occurrence in the history
   float repetition_penalty = 1.0f;  // seen tokens: positive logits divided, negative multiplied
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to those ids' logits after the penalties
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop_strings;
   int64_t max_tokens = 256;

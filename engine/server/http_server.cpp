@@ -1,7 +1,5 @@
 #include "engine/server/http_server.h"
 
-#include <httplib.h>
-
 #include <chrono>
 #include <random>
 
@@ -34,10 +32,14 @@ std::string Dump(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-void SendError(httplib::Response& res, const ApiError& e) {
+void SendError(HttpResponse& res, const ApiError& e) {
   res.status = e.status;
-  res.set_content(Dump(e.ToJson()), "application/json");
+  res.SetContent(Dump(e.ToJson()), "application/json");
 }
+
+void SendJson(HttpResponse& res, const ojson& body) { res.SetContent(Dump(body), "application/json"); }
+
+const ApiError kAdminTokenRequired{401, "this route needs the admin token (Authorization: Bearer TOKEN)", "authentication_error", "", "admin_token_required"};
 
 // A prepared request: the prompt ids and what the response needs to know about them.
 struct Prepared {
@@ -74,27 +76,27 @@ HttpServer::HttpServer(Model& model, Scheduler& scheduler, ServerOptions options
       options_(std::move(options)),
       journal_(journal),
       settings_(settings),
-      server_(std::make_unique<httplib::Server>()) {
+      transport_(options_.transport) {
   if (options_.context_tokens <= 0) options_.context_tokens = model_.config.max_position_embeddings;
-  Routes();
+  transport_.SetErrorWriter([](HttpResponse& res, const HttpError& e) {
+    ApiError error{e.status, e.message, e.status >= 500 ? "server_error" : "invalid_request_error", "", e.code};
+    res.SetContent(Dump(error.ToJson()), "application/json");
+  });
+  transport_.SetObserver([this](const HttpRequest& req, int status) {
+    const bool known = req.path.rfind("/v1/", 0) == 0 || req.path == "/health" || req.path == "/metrics";
+    metrics_.CountRequest(known ? req.path : "other", status);
+  });
+  RouteOperations();
+  RouteCache();
+  RouteJournalAndSettings();
+  RouteCompletions();
 }
 
 HttpServer::~HttpServer() = default;
 
-Status HttpServer::Bind() {
-  if (options_.port == 0) {
-    port_ = server_->bind_to_any_port(options_.host);
-    if (port_ < 0) return IoError("bind " + options_.host + ": no free port");
-  } else {
-    if (!server_->bind_to_port(options_.host, options_.port))
-      return IoError("bind " + options_.host + ":" + std::to_string(options_.port) + " failed (in use, or not an address of this machine)");
-    port_ = options_.port;
-  }
-  return Status::Ok();
-}
-
-void HttpServer::Serve() { server_->listen_after_bind(); }
-void HttpServer::Stop() { server_->stop(); }
+Status HttpServer::Bind() { return transport_.Bind(options_.host, options_.port); }
+void HttpServer::Serve() { transport_.Serve(); }
+void HttpServer::Stop() { transport_.Stop(); }
 
 bool HttpServer::PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids_out, bool* starts_in_reasoning, ApiError* error) const {
   *starts_in_reasoning = false;
@@ -125,98 +127,89 @@ bool HttpServer::PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids
   return true;
 }
 
-bool HttpServer::Authorized(const httplib::Request& req) const {
-  return options_.admin_token.empty() || req.get_header_value("Authorization") == "Bearer " + options_.admin_token;
+bool HttpServer::Authorized(const HttpRequest& req) const {
+  return options_.admin_token.empty() || req.HeaderValue("authorization") == "Bearer " + options_.admin_token;
 }
 
-void HttpServer::Routes() {
-  httplib::Server& svr = *server_;
-  const int threads = options_.http_threads;
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  svr.set_payload_max_length(options_.max_body_bytes);
-  svr.set_keep_alive_max_count(1000);
-
-  svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    ApiError e;
-    e.status = res.status;
-    if (res.status == 413) {
-      e.message = "the request body exceeds " + std::to_string(options_.max_body_bytes) + " bytes";
-      e.code = "body_too_large";
-    } else if (res.status == 404) {
-      e.message = "no route " + req.method + " " + req.path;
-      e.code = "not_found";
-    } else {
-      e.message = "HTTP " + std::to_string(res.status);
-    }
-    res.set_content(Dump(e.ToJson()), "application/json");
-  });
-  svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    std::string route = req.path.rfind("/v1/", 0) == 0 || req.path == "/health" || req.path == "/metrics" ? req.path : "other";
-    metrics_.CountRequest(route, res.status);
-  });
-
-  svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+void HttpServer::RouteOperations() {
+  transport_.Route("GET", "/health", RouteClass::kControl, [this](const HttpRequest&, HttpResponse& res) {
     JobStats last = scheduler_.last_stats();
-    ojson body = {{"status", scheduler_.draining() ? "draining" : "ok"},
-                  {"model", options_.model_id},
-                  {"state", scheduler_.busy() ? "busy" : "idle"},
-                  {"queue", scheduler_.queue_depth()},
-                  {"fingerprint", model_.fingerprint},
-                  {"last_request", {{"prompt_tokens", last.prompt_tokens}, {"completion_tokens", last.completion_tokens}}}};
-    res.set_content(Dump(body), "application/json");
+    SendJson(res, {{"status", scheduler_.draining() ? "draining" : "ok"},
+                   {"model", options_.model_id},
+                   {"state", scheduler_.busy() ? "busy" : "idle"},
+                   {"queue", scheduler_.queue_depth()},
+                   {"fingerprint", model_.fingerprint},
+                   {"connections", transport_.open_connections()},
+                   {"last_request", {{"prompt_tokens", last.prompt_tokens}, {"completion_tokens", last.completion_tokens}}}});
   });
-
-  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.Render(scheduler_.queue_depth(), scheduler_.busy()), "text/plain; version=0.0.4");
+  transport_.Route("GET", "/metrics", RouteClass::kControl, [this](const HttpRequest&, HttpResponse& res) {
+    res.SetContent(metrics_.Render(scheduler_.queue_depth(), scheduler_.busy()), "text/plain; version=0.0.4");
   });
-
-  svr.Get("/v1/cache/stats", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(Dump(scheduler_.CacheStats()), "application/json");
+  transport_.Route("GET", "/v1/models", RouteClass::kControl, [this](const HttpRequest&, HttpResponse& res) {
+    SendJson(res, {{"object", "list"},
+                   {"data", {{{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "anchorage"},
+                              {"max_model_len", options_.context_tokens}}}}});
   });
+}
 
-  svr.Post("/v1/cache/clear", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!Authorized(req))
-      return SendError(res, {401, "this route needs the admin token (Authorization: Bearer TOKEN)", "authentication_error", "", "admin_token_required"});
-    const std::string tier = req.has_param("tier") ? req.get_param_value("tier") : "all";
+bool HttpServer::CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiError* error) const {
+  auto request = ParseCompletionRequest(RequestKind::kChat, req.body, ParseOptions{options_.model_id, model_.config.vocab_size}, error);
+  if (!request) return false;
+  bool reasoning = false;
+  if (!PromptIds(*request, &out->prompt, &reasoning, error)) return false;
+  out->session = request->session.empty() ? req.HeaderValue("x-session-id") : request->session;
+  return true;
+}
+
+void HttpServer::RouteCache() {
+  transport_.Route("GET", "/v1/cache/stats", RouteClass::kControl,
+                   [this](const HttpRequest&, HttpResponse& res) { SendJson(res, scheduler_.CacheStats()); });
+
+  // The tier comes from ?tier= or the body's "tier"; a clear that does not say which tier clears nothing.
+  transport_.Route("POST", "/v1/cache/clear", RouteClass::kWork, [this](const HttpRequest& req, HttpResponse& res) {
+    if (!Authorized(req)) return SendError(res, kAdminTokenRequired);
+    std::string tier = req.ParamValue("tier");
+    if (req.body.find_first_not_of(" \t\r\n") != std::string::npos) {
+      ojson body;
+      ApiError error;
+      if (!ParseJsonBody(req.body, &body, &error)) return SendError(res, error);
+      if (body.contains("tier")) {
+        if (!body["tier"].is_string()) return SendError(res, {400, "'tier' must be a string", "invalid_request_error", "tier", "invalid_tier"});
+        const std::string from_body = body["tier"].get<std::string>();
+        if (req.HasParam("tier") && from_body != tier)
+          return SendError(res, {400, "the query names tier '" + tier + "' and the body names '" + from_body + "'; name one", "invalid_request_error", "tier", "conflicting_tier"});
+        tier = from_body;
+      }
+    }
+    if (tier.empty())
+      return SendError(res, {400, "name the tier to clear: ?tier=T or {\"tier\": T}, where T is " + std::string(kCacheTierNames), "invalid_request_error", "tier",
+                             "missing_tier"});
     Status s = scheduler_.ClearCache(tier);
     if (!s.ok()) return SendError(res, {400, s.message(), "invalid_request_error", "tier", "unknown_tier"});
-    res.set_content(Dump(ojson{{"cleared", tier}, {"stats", scheduler_.CacheStats()}}), "application/json");
+    SendJson(res, {{"cleared", tier}, {"stats", scheduler_.CacheStats()}});
   });
 
-  // Parses a chat body for peek and prewarm: its prompt ids and session (body "session", else x-session-id).
-  auto cache_request = [this](const httplib::Request& req, CacheRequest* out, ApiError* error) {
-    auto request = ParseCompletionRequest(RequestKind::kChat, req.body, ParseOptions{options_.model_id, model_.config.vocab_size}, error);
-    if (!request) return false;
-    bool reasoning = false;
-    if (!PromptIds(*request, &out->prompt, &reasoning, error)) return false;
-    out->session = request->session.empty() ? req.get_header_value("x-session-id") : request->session;
-    return true;
-  };
-
-  svr.Post("/v1/cache/peek", [this, cache_request](const httplib::Request& req, httplib::Response& res) {
+  transport_.Route("POST", "/v1/cache/peek", RouteClass::kWork, [this](const HttpRequest& req, HttpResponse& res) {
     CacheRequest request;
     ApiError error;
-    if (!cache_request(req, &request, &error)) return SendError(res, error);
+    if (!CacheRequestOf(req, &request, &error)) return SendError(res, error);
     auto info = scheduler_.PeekCache(request, 250);
     if (!info.ok()) return SendError(res, {409, "the engine is busy; peek again shortly", "invalid_request_error", "", "engine_busy"});
     const double rate = scheduler_.measured_prefill_rate();
-    ojson body = {{"tier", CacheSourceName(info->source)},
-                  {"cached_tokens", info->cached_tokens},
-                  {"reread_tokens", info->reread_tokens},
-                  {"reread_eta_ms", rate > 0 ? ojson(1000.0 * static_cast<double>(info->reread_tokens) / rate) : ojson(nullptr)},
-                  {"tokens", request.prompt.size()},
-                  {"guest", info->guest},
-                  {"aligned", info->aligned}};
-    res.set_content(Dump(body), "application/json");
+    SendJson(res, {{"tier", CacheSourceName(info->source)},
+                   {"cached_tokens", info->cached_tokens},
+                   {"reread_tokens", info->reread_tokens},
+                   {"reread_eta_ms", rate > 0 ? ojson(1000.0 * static_cast<double>(info->reread_tokens) / rate) : ojson(nullptr)},
+                   {"tokens", request.prompt.size()},
+                   {"guest", info->guest},
+                   {"aligned", info->aligned}});
   });
 
-  svr.Post("/v1/cache/prewarm", [this, cache_request](const httplib::Request& req, httplib::Response& res) {
-    if (!Authorized(req))
-      return SendError(res, {401, "this route needs the admin token (Authorization: Bearer TOKEN)", "authentication_error", "", "admin_token_required"});
+  transport_.Route("POST", "/v1/cache/prewarm", RouteClass::kWork, [this](const HttpRequest& req, HttpResponse& res) {
+    if (!Authorized(req)) return SendError(res, kAdminTokenRequired);
     CacheRequest request;
     ApiError error;
-    if (!cache_request(req, &request, &error)) return SendError(res, error);
+    if (!CacheRequestOf(req, &request, &error)) return SendError(res, error);
     auto peek = scheduler_.PeekCache(request, 250);
     if (!peek.ok()) return SendError(res, {409, "the engine is busy; prewarm again shortly", "invalid_request_error", "", "engine_busy"});
     ojson body = {{"tier", CacheSourceName(peek->source)}, {"cached_tokens", peek->cached_tokens}, {"tokens", request.prompt.size()}};
@@ -238,18 +231,21 @@ void HttpServer::Routes() {
         body["now"] = {{"tier", CacheSourceName(info->source)}, {"cached_tokens", info->cached_tokens}};
       }
     }
-    res.set_content(Dump(body), "application/json");
+    SendJson(res, body);
   });
+}
 
-  svr.Get("/v1/journal", [this](const httplib::Request& req, httplib::Response& res) {
+void HttpServer::RouteJournalAndSettings() {
+  transport_.Route("GET", "/v1/journal", RouteClass::kControl, [this](const HttpRequest& req, HttpResponse& res) {
     if (journal_ == nullptr) return SendError(res, {404, "this server keeps no journal", "invalid_request_error", "", "not_found"});
     JournalQuery q;
     auto integer = [&](const char* name, int64_t lo, int64_t hi, std::optional<int64_t>* out) -> bool {
-      if (!req.has_param(name)) return true;
-      const std::string v = req.get_param_value(name);
+      if (!req.HasParam(name)) return true;
+      const std::string v = req.ParamValue(name);
       char* end = nullptr;
+      errno = 0;
       long long x = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || x < lo || x > hi) {
+      if (v.empty() || *end != '\0' || errno == ERANGE || x < lo || x > hi) {
         SendError(res, {400, std::string("'") + name + "' must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", "invalid_request_error", name, ""});
         return false;
       }
@@ -262,254 +258,244 @@ void HttpServer::Routes() {
       return;
     q.limit = limit.value_or(100);
     q.offset = offset.value_or(0);
-    q.kind = req.get_param_value("kind");
-    q.tier = req.get_param_value("tier");
-    q.session = req.get_param_value("session");
-    q.text = req.get_param_value("text");
+    q.kind = req.ParamValue("kind");
+    q.tier = req.ParamValue("tier");
+    q.session = req.ParamValue("session");
+    q.text = req.ParamValue("text");
     auto page = journal_->Query(q);
     if (!page.ok()) return SendError(res, {400, page.status().message(), "invalid_request_error", "", "journal_error"});
-    ojson body = {{"rows", page->rows}, {"total", page->total}, {"next_cursor", page->next_cursor ? ojson(*page->next_cursor) : ojson(nullptr)}};
-    res.set_content(Dump(body), "application/json");
+    SendJson(res, {{"rows", page->rows}, {"total", page->total}, {"next_cursor", page->next_cursor ? ojson(*page->next_cursor) : ojson(nullptr)}});
   });
 
-  svr.Get("/v1/settings", [this](const httplib::Request&, httplib::Response& res) {
+  transport_.Route("GET", "/v1/settings", RouteClass::kControl, [this](const HttpRequest&, HttpResponse& res) {
     if (settings_ == nullptr) return SendError(res, {404, "this server has no settings document", "invalid_request_error", "", "not_found"});
-    res.set_content(Dump(settings_->Document()), "application/json");
+    SendJson(res, settings_->Document());
   });
-
-  svr.Get("/v1/settings/schema", [this](const httplib::Request&, httplib::Response& res) {
+  transport_.Route("GET", "/v1/settings/schema", RouteClass::kControl, [this](const HttpRequest&, HttpResponse& res) {
     if (settings_ == nullptr) return SendError(res, {404, "this server has no settings document", "invalid_request_error", "", "not_found"});
-    res.set_content(Dump(settings_->Schema()), "application/json");
+    SendJson(res, settings_->Schema());
   });
-
-  svr.Put("/v1/settings", [this](const httplib::Request& req, httplib::Response& res) {
+  transport_.Route("PUT", "/v1/settings", RouteClass::kWork, [this](const HttpRequest& req, HttpResponse& res) {
     if (settings_ == nullptr) return SendError(res, {404, "this server has no settings document", "invalid_request_error", "", "not_found"});
-    if (!Authorized(req))
-      return SendError(res, {401, "this route needs the admin token (Authorization: Bearer TOKEN)", "authentication_error", "", "admin_token_required"});
-    nlohmann::json doc = nlohmann::json::parse(req.body, nullptr, false);
-    if (doc.is_discarded() || !doc.is_object()) return SendError(res, {400, "the body must be the settings document as a JSON object", "invalid_request_error", "", "invalid_json"});
-    ReplaceOutcome outcome = settings_->Replace(doc);
+    if (!Authorized(req)) return SendError(res, kAdminTokenRequired);
+    ojson doc;
+    ApiError error;
+    if (!ParseJsonBody(req.body, &doc, &error)) return SendError(res, error);
+    ReplaceOutcome outcome = settings_->Replace(nlohmann::json::parse(req.body));
     if (!outcome.ok()) {
       res.status = outcome.error->http_status();
-      res.set_content(Dump(outcome.error->ToJson()), "application/json");
-      return;
+      return res.SetContent(Dump(outcome.error->ToJson()), "application/json");
     }
-    res.set_content(Dump(settings_->Document()), "application/json");
+    SendJson(res, settings_->Document());
   });
+}
 
-  svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    ojson body = {{"object", "list"},
-                  {"data", {{{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "anchorage"},
-                             {"max_model_len", options_.context_tokens}}}}};
-    res.set_content(Dump(body), "application/json");
-  });
+void HttpServer::RouteCompletions() {
+  transport_.Route("POST", "/v1/chat/completions", RouteClass::kWork,
+                   [this](const HttpRequest& req, HttpResponse& res) { Completion(RequestKind::kChat, req, res); });
+  transport_.Route("POST", "/v1/completions", RouteClass::kWork,
+                   [this](const HttpRequest& req, HttpResponse& res) { Completion(RequestKind::kCompletion, req, res); });
+}
 
-  auto handle = [this](RequestKind kind, const httplib::Request& req, httplib::Response& res) {
-    // Answers an error and journals the rejected request.
-    auto reject = [&](const ApiError& e) {
-      SendError(res, e);
-      if (journal_ == nullptr) return;
-      RequestRow row;
-      row.session = req.get_header_value("x-session-id");
-      row.model = options_.model_id;
-      row.route = req.path;
-      row.status = e.status;
-      row.error = e.message;
-      journal_->RecordRequest(std::move(row));
+void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpResponse& res) {
+  // Answers an error and journals the rejected request.
+  auto reject = [&](const ApiError& e) {
+    SendError(res, e);
+    if (journal_ == nullptr) return;
+    RequestRow row;
+    row.session = req.HeaderValue("x-session-id");
+    row.model = options_.model_id;
+    row.route = req.path;
+    row.status = e.status;
+    row.error = e.message;
+    journal_->RecordRequest(std::move(row));
+  };
+  ApiError error;
+  ParseOptions parse_options{options_.model_id, model_.config.vocab_size};
+  auto request = ParseCompletionRequest(kind, req.body, parse_options, &error);
+  if (!request) return reject(error);
+  if (request->session.empty() && req.HasHeader("x-session-id")) request->session = req.HeaderValue("x-session-id");
+
+  auto prepared = std::make_shared<Prepared>();
+  prepared->request = std::move(*request);
+  CompletionRequest& r = prepared->request;
+  if (!PromptIds(r, &prepared->prompt_ids, &prepared->starts_in_reasoning, &error)) return reject(error);
+  const int64_t prompt_tokens = static_cast<int64_t>(prepared->prompt_ids.size());
+  if (prompt_tokens == 0) return reject({400, "the prompt is empty after tokenization", "invalid_request_error", "prompt", "empty_prompt"});
+  if (prompt_tokens >= options_.context_tokens)
+    return reject({400, "the prompt holds " + std::to_string(prompt_tokens) + " tokens; this server's context limit is " + std::to_string(options_.context_tokens) + " tokens",
+                           "invalid_request_error", kind == RequestKind::kChat ? "messages" : "prompt", "context_length_exceeded"});
+  const int64_t room = options_.context_tokens - prompt_tokens;
+  r.sampling.max_tokens = r.max_tokens_given ? std::min(r.sampling.max_tokens, room) : room;
+  for (int64_t id : model_.config.eos_token_ids) r.sampling.stop_token_ids.push_back(static_cast<int32_t>(id));
+  for (const char* stop : {"<|im_end|>", "<|endoftext|>"})
+    if (auto id = model_.tokenizer.TokenId(stop)) r.sampling.stop_token_ids.push_back(*id);
+
+  if (kind == RequestKind::kChat && !options_.test_replies.empty()) {
+    const ojson& last = r.template_body["messages"].back()["content"];
+    const std::string text = last.is_string() ? last.get<std::string>() : std::string();
+    for (const auto& entry : options_.test_replies) {
+      if (text.find(entry.value("match", std::string("\x01"))) == std::string::npos) continue;
+      auto forced = model_.tokenizer.Encode(entry.value("reply", std::string()), /*parse_special=*/true);
+      if (forced.ok()) {
+        r.sampling.forced_ids = std::move(*forced);
+        if (auto end = model_.tokenizer.TokenId("<|im_end|>")) r.sampling.forced_ids.push_back(*end);
+      }
+      break;
+    }
+  }
+  auto job = std::make_shared<Job>(prepared->prompt_ids, r.sampling, r.session, req.path);
+  Status submitted = scheduler_.Submit(job);
+  if (!submitted.ok()) {
+    res.SetHeader("Retry-After", "1");
+    return reject({503, submitted.message(), "server_error", "", submitted.code() == StatusCode::kCancelled ? "shutting_down" : "queue_full"});
+  }
+
+  if (Status admitted = job->WaitAdmitted(); !admitted.ok()) {
+    if (admitted.code() == StatusCode::kResourceExhausted) {
+      res.SetHeader("Retry-After", "2");
+      return reject({503, admitted.message(), "server_error", "", "memory_exhausted"});
+    }
+    return reject({500, admitted.ToString(), "server_error", "", "engine_error"});
+  }
+  const std::string id = (kind == RequestKind::kChat ? "chatcmpl-" : "cmpl-") + RandomHex(24);
+  const int64_t created = NowSeconds();
+  const std::string object = kind == RequestKind::kChat ? "chat.completion" : "text_completion";
+  auto usage_json = [this](const Job& j) {
+    const JobStats& s = j.stats();
+    ojson u = {{"prompt_tokens", s.prompt_tokens},
+               {"completion_tokens", s.completion_tokens},
+               {"total_tokens", s.prompt_tokens + s.completion_tokens},
+               {"prompt_tokens_details", {{"cached_tokens", std::min(s.cached_tokens, s.prompt_tokens)}}},
+               {"anchorage", {{"cache_tier", s.cached_tokens > 0 ? "ram" : "none"}, {"cache_source", s.cache_source}, {"cached_tokens", s.cached_tokens},
+                              {"reread_tokens", s.reread_tokens}, {"served_prompt_tokens", s.served_prompt_tokens},
+                              {"prefill_ms", s.prefill_ms}, {"ttft_ms", s.ttft_ms},
+                              {"decode_tokens_per_s", s.decode_tokens_per_s}, {"queue_ms", s.queue_ms}}}};
+    metrics_.CountTokens(s.prompt_tokens, s.cached_tokens, s.completion_tokens);
+    if (s.ttft_ms > 0) metrics_.ObserveTtftMs(s.ttft_ms);
+    if (s.prefill_ms > 0) metrics_.ObservePrefillTokensPerS(1000.0 * static_cast<double>(s.reread_tokens) / s.prefill_ms);
+    if (s.decode_tokens_per_s > 0) metrics_.ObserveDecodeTokensPerS(s.decode_tokens_per_s);
+    return u;
+  };
+  auto token_logprob = [this](const SampledToken& t, int top) {
+    auto entry = [this](int32_t tid, float lp) {
+      std::string text = model_.tokenizer.Decode({tid});
+      ojson bytes = ojson::array();
+      for (unsigned char c : text) bytes.push_back(c);
+      return ojson{{"token", text}, {"logprob", lp}, {"bytes", bytes}};
     };
-    ApiError error;
-    ParseOptions parse_options{options_.model_id, model_.config.vocab_size};
-    auto request = ParseCompletionRequest(kind, req.body, parse_options, &error);
-    if (!request) return reject(error);
-    if (request->session.empty() && req.has_header("x-session-id")) request->session = req.get_header_value("x-session-id");
-
-    auto prepared = std::make_shared<Prepared>();
-    prepared->request = std::move(*request);
-    CompletionRequest& r = prepared->request;
-    if (!PromptIds(r, &prepared->prompt_ids, &prepared->starts_in_reasoning, &error)) return reject(error);
-    const int64_t prompt_tokens = static_cast<int64_t>(prepared->prompt_ids.size());
-    if (prompt_tokens == 0) return reject({400, "the prompt is empty after tokenization", "invalid_request_error", "prompt", "empty_prompt"});
-    if (prompt_tokens >= options_.context_tokens)
-      return reject({400, "the prompt holds " + std::to_string(prompt_tokens) + " tokens; this server's context limit is " + std::to_string(options_.context_tokens) + " tokens",
-                             "invalid_request_error", kind == RequestKind::kChat ? "messages" : "prompt", "context_length_exceeded"});
-    const int64_t room = options_.context_tokens - prompt_tokens;
-    r.sampling.max_tokens = r.max_tokens_given ? std::min(r.sampling.max_tokens, room) : room;
-    for (int64_t id : model_.config.eos_token_ids) r.sampling.stop_token_ids.push_back(static_cast<int32_t>(id));
-    for (const char* stop : {"<|im_end|>", "<|endoftext|>"})
-      if (auto id = model_.tokenizer.TokenId(stop)) r.sampling.stop_token_ids.push_back(*id);
-
-    if (kind == RequestKind::kChat && !options_.test_replies.empty()) {
-      const ojson& last = r.template_body["messages"].back()["content"];
-      const std::string text = last.is_string() ? last.get<std::string>() : std::string();
-      for (const auto& entry : options_.test_replies) {
-        if (text.find(entry.value("match", std::string("\x01"))) == std::string::npos) continue;
-        auto forced = model_.tokenizer.Encode(entry.value("reply", std::string()), /*parse_special=*/true);
-        if (forced.ok()) {
-          r.sampling.forced_ids = std::move(*forced);
-          if (auto end = model_.tokenizer.TokenId("<|im_end|>")) r.sampling.forced_ids.push_back(*end);
-        }
-        break;
-      }
-    }
-    auto job = std::make_shared<Job>(prepared->prompt_ids, r.sampling, r.session, req.path);
-    Status submitted = scheduler_.Submit(job);
-    if (!submitted.ok()) {
-      res.set_header("Retry-After", "1");
-      return reject({503, submitted.message(), "server_error", "", submitted.code() == StatusCode::kCancelled ? "shutting_down" : "queue_full"});
-    }
-
-    if (Status admitted = job->WaitAdmitted(); !admitted.ok()) {
-      if (admitted.code() == StatusCode::kResourceExhausted) {
-        res.set_header("Retry-After", "2");
-        return reject({503, admitted.message(), "server_error", "", "memory_exhausted"});
-      }
-      return reject({500, admitted.ToString(), "server_error", "", "engine_error"});
-    }
-    const std::string id = (kind == RequestKind::kChat ? "chatcmpl-" : "cmpl-") + RandomHex(24);
-    const int64_t created = NowSeconds();
-    const std::string object = kind == RequestKind::kChat ? "chat.completion" : "text_completion";
-    auto usage_json = [this](const Job& j) {
-      const JobStats& s = j.stats();
-      ojson u = {{"prompt_tokens", s.prompt_tokens},
-                 {"completion_tokens", s.completion_tokens},
-                 {"total_tokens", s.prompt_tokens + s.completion_tokens},
-                 {"prompt_tokens_details", {{"cached_tokens", std::min(s.cached_tokens, s.prompt_tokens)}}},
-                 {"anchorage", {{"cache_tier", s.cached_tokens > 0 ? "ram" : "none"}, {"cache_source", s.cache_source}, {"cached_tokens", s.cached_tokens},
-                                {"reread_tokens", s.reread_tokens}, {"served_prompt_tokens", s.served_prompt_tokens},
-                                {"prefill_ms", s.prefill_ms}, {"ttft_ms", s.ttft_ms},
-                                {"decode_tokens_per_s", s.decode_tokens_per_s}, {"queue_ms", s.queue_ms}}}};
-      metrics_.CountTokens(s.prompt_tokens, s.cached_tokens, s.completion_tokens);
-      if (s.ttft_ms > 0) metrics_.ObserveTtftMs(s.ttft_ms);
-      if (s.prefill_ms > 0) metrics_.ObservePrefillTokensPerS(1000.0 * static_cast<double>(s.reread_tokens) / s.prefill_ms);
-      if (s.decode_tokens_per_s > 0) metrics_.ObserveDecodeTokensPerS(s.decode_tokens_per_s);
-      return u;
-    };
-    auto token_logprob = [this](const SampledToken& t, int top) {
-      auto entry = [this](int32_t tid, float lp) {
-        std::string text = model_.tokenizer.Decode({tid});
-        ojson bytes = ojson::array();
-        for (unsigned char c : text) bytes.push_back(c);
-        return ojson{{"token", text}, {"logprob", lp}, {"bytes", bytes}};
-      };
-      ojson e = entry(t.id, t.logprob);
-      ojson alternatives = ojson::array();
-      for (int i = 0; i < top && i < static_cast<int>(t.top.size()); ++i) alternatives.push_back(entry(t.top[i].first, t.top[i].second));
-      e["top_logprobs"] = alternatives;
-      return e;
-    };
-
-    if (!r.stream) {
-      std::vector<SampledToken> sampled;
-      bool done = false;
-      while (!done)
-        for (const GeneratedToken& t : job->WaitTokens(&done)) sampled.push_back(t.sampled);
-      if (!job->status().ok()) return SendError(res, {500, job->status().ToString(), "server_error", "", "engine_error"});
-      const GenerationResult& result = job->result();
-      ojson choice = {{"index", 0}};
-      ojson logprobs = nullptr;
-      if (r.logprobs) {
-        ojson content = ojson::array();
-        for (const SampledToken& t : sampled)
-          if (std::find(r.sampling.stop_token_ids.begin(), r.sampling.stop_token_ids.end(), t.id) == r.sampling.stop_token_ids.end())
-            content.push_back(token_logprob(t, r.top_logprobs));
-        logprobs = {{"content", content}};
-      }
-      bool has_tools = false;
-      if (kind == RequestKind::kChat) {
-        OutputParser parser(prepared->starts_in_reasoning, r.parse_tool_calls ? r.tools : ojson::array());
-        parser.Push(result.text);
-        parser.Finish();
-        ojson message = {{"role", "assistant"}, {"content", parser.content()}};
-        if (!parser.reasoning().empty()) message["reasoning_content"] = parser.reasoning();
-        if (r.parse_tool_calls && !parser.tool_calls().empty()) {
-          has_tools = true;
-          message["tool_calls"] = ToolCallsJson(parser.tool_calls(), false);
-          if (parser.content().empty()) message["content"] = nullptr;
-        }
-        choice["message"] = message;
-      } else {
-        choice["text"] = result.text;
-      }
-      choice["logprobs"] = logprobs;
-      choice["finish_reason"] = FinishReasonFor(result, has_tools);
-      ojson body = {{"id", id}, {"object", object}, {"created", created}, {"model", options_.model_id}, {"choices", ojson::array({choice})}};
-      body["usage"] = usage_json(*job);
-      res.set_content(Dump(body), "application/json");
-      return;
-    }
-
-    const std::string chunk_object = kind == RequestKind::kChat ? "chat.completion.chunk" : "text_completion";
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, job, prepared, id, created, chunk_object, kind, usage_json, token_logprob](size_t, httplib::DataSink& sink) {
-          const CompletionRequest& r = prepared->request;
-          auto chunk = [&](ojson choice_delta, ojson finish, ojson logprobs) {
-            ojson choice = {{"index", 0}};
-            if (kind == RequestKind::kChat) choice["delta"] = std::move(choice_delta);
-            else choice["text"] = choice_delta.value("content", std::string());
-            choice["logprobs"] = std::move(logprobs);
-            choice["finish_reason"] = std::move(finish);
-            return ojson{{"id", id}, {"object", chunk_object}, {"created", created}, {"model", options_.model_id}, {"choices", ojson::array({choice})}};
-          };
-          auto send = [&](const std::string& data) {
-            if (!sink.is_writable() || !sink.write(data.data(), data.size())) {
-              job->Cancel();
-              return false;
-            }
-            return true;
-          };
-          OutputParser parser(prepared->starts_in_reasoning, r.parse_tool_calls ? r.tools : ojson::array());
-          size_t tool_index = 0;
-          auto send_delta = [&](const OutputDelta& d, ojson logprobs) {
-            if (d.empty() && logprobs.is_null()) return true;
-            if (kind == RequestKind::kCompletion) return send(SseEvent(chunk({{"content", d.content}}, nullptr, std::move(logprobs))));
-            if (!d.reasoning.empty() && !send(SseEvent(chunk({{"reasoning_content", d.reasoning}}, nullptr, nullptr)))) return false;
-            if (!d.content.empty() || !logprobs.is_null())
-              if (!send(SseEvent(chunk({{"content", d.content}}, nullptr, std::move(logprobs))))) return false;
-            for (const ParsedToolCall& call : d.tool_calls) {
-              ojson tc = ToolCallsJson({call}, true)[0];
-              tc["index"] = tool_index++;
-              if (!send(SseEvent(chunk({{"tool_calls", ojson::array({tc})}}, nullptr, nullptr)))) return false;
-            }
-            return true;
-          };
-          if (kind == RequestKind::kChat && !send(SseEvent(chunk({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)))) return false;
-          bool done = false;
-          while (!done) {
-            for (const GeneratedToken& t : job->WaitTokens(&done)) {
-              const bool is_stop = std::find(r.sampling.stop_token_ids.begin(), r.sampling.stop_token_ids.end(), t.sampled.id) != r.sampling.stop_token_ids.end();
-              ojson logprobs = nullptr;
-              if (r.logprobs && !is_stop) logprobs = {{"content", ojson::array({token_logprob(t.sampled, r.top_logprobs)})}};
-              OutputDelta d = kind == RequestKind::kChat ? parser.Push(t.text) : OutputDelta{"", t.text, {}};
-              if (!send_delta(d, std::move(logprobs))) {
-                metrics_.CountCancelled();
-                return false;
-              }
-            }
-          }
-          if (!job->status().ok()) {
-            ApiError e{500, job->status().ToString(), "server_error", "", "engine_error"};
-            send(SseEvent(e.ToJson()));
-            sink.done();
-            return true;
-          }
-          if (kind == RequestKind::kChat && !send_delta(parser.Finish(), nullptr)) return false;
-          const bool has_tools = r.parse_tool_calls && !parser.tool_calls().empty();
-          if (!send(SseEvent(chunk(ojson::object(), FinishReasonFor(job->result(), has_tools), nullptr)))) return false;
-          ojson usage = usage_json(*job);
-          if (r.include_usage) {
-            ojson last = {{"id", id}, {"object", chunk_object}, {"created", created}, {"model", options_.model_id}, {"choices", ojson::array()}, {"usage", usage}};
-            if (!send(SseEvent(last))) return false;
-          }
-          send("data: [DONE]\n\n");
-          sink.done();
-          return true;
-        });
+    ojson e = entry(t.id, t.logprob);
+    ojson alternatives = ojson::array();
+    for (int i = 0; i < top && i < static_cast<int>(t.top.size()); ++i) alternatives.push_back(entry(t.top[i].first, t.top[i].second));
+    e["top_logprobs"] = alternatives;
+    return e;
   };
 
-  svr.Post("/v1/chat/completions", [handle](const httplib::Request& req, httplib::Response& res) { handle(RequestKind::kChat, req, res); });
-  svr.Post("/v1/completions", [handle](const httplib::Request& req, httplib::Response& res) { handle(RequestKind::kCompletion, req, res); });
+  if (!r.stream) {
+    std::vector<SampledToken> sampled;
+    bool done = false;
+    while (!done)
+      for (const GeneratedToken& t : job->WaitTokens(&done)) sampled.push_back(t.sampled);
+    if (!job->status().ok()) return SendError(res, {500, job->status().ToString(), "server_error", "", "engine_error"});
+    const GenerationResult& result = job->result();
+    ojson choice = {{"index", 0}};
+    ojson logprobs = nullptr;
+    if (r.logprobs) {
+      ojson content = ojson::array();
+      for (const SampledToken& t : sampled)
+        if (std::find(r.sampling.stop_token_ids.begin(), r.sampling.stop_token_ids.end(), t.id) == r.sampling.stop_token_ids.end())
+          content.push_back(token_logprob(t, r.top_logprobs));
+      logprobs = {{"content", content}};
+    }
+    bool has_tools = false;
+    if (kind == RequestKind::kChat) {
+      OutputParser parser(prepared->starts_in_reasoning, r.parse_tool_calls ? r.tools : ojson::array());
+      parser.Push(result.text);
+      parser.Finish();
+      ojson message = {{"role", "assistant"}, {"content", parser.content()}};
+      if (!parser.reasoning().empty()) message["reasoning_content"] = parser.reasoning();
+      if (r.parse_tool_calls && !parser.tool_calls().empty()) {
+        has_tools = true;
+        message["tool_calls"] = ToolCallsJson(parser.tool_calls(), false);
+        if (parser.content().empty()) message["content"] = nullptr;
+      }
+      choice["message"] = message;
+    } else {
+      choice["text"] = result.text;
+    }
+    choice["logprobs"] = logprobs;
+    choice["finish_reason"] = FinishReasonFor(result, has_tools);
+    ojson body = {{"id", id}, {"object", object}, {"created", created}, {"model", options_.model_id}, {"choices", ojson::array({choice})}};
+    body["usage"] = usage_json(*job);
+    res.SetContent(Dump(body), "application/json");
+    return;
+  }
+
+  const std::string chunk_object = kind == RequestKind::kChat ? "chat.completion.chunk" : "text_completion";
+  res.SetHeader("Cache-Control", "no-cache");
+  res.content_type = "text/event-stream";
+  res.stream = [this, job, prepared, id, created, chunk_object, kind, usage_json, token_logprob](HttpStream& sink) {
+        const CompletionRequest& r = prepared->request;
+        auto chunk = [&](ojson choice_delta, ojson finish, ojson logprobs) {
+          ojson choice = {{"index", 0}};
+          if (kind == RequestKind::kChat) choice["delta"] = std::move(choice_delta);
+          else choice["text"] = choice_delta.value("content", std::string());
+          choice["logprobs"] = std::move(logprobs);
+          choice["finish_reason"] = std::move(finish);
+          return ojson{{"id", id}, {"object", chunk_object}, {"created", created}, {"model", options_.model_id}, {"choices", ojson::array({choice})}};
+        };
+        auto send = [&](const std::string& data) {
+          if (!sink.Write(data)) {
+            job->Cancel();
+            return false;
+          }
+          return true;
+        };
+        OutputParser parser(prepared->starts_in_reasoning, r.parse_tool_calls ? r.tools : ojson::array());
+        size_t tool_index = 0;
+        auto send_delta = [&](const OutputDelta& d, ojson logprobs) {
+          if (d.empty() && logprobs.is_null()) return true;
+          if (kind == RequestKind::kCompletion) return send(SseEvent(chunk({{"content", d.content}}, nullptr, std::move(logprobs))));
+          if (!d.reasoning.empty() && !send(SseEvent(chunk({{"reasoning_content", d.reasoning}}, nullptr, nullptr)))) return false;
+          if (!d.content.empty() || !logprobs.is_null())
+            if (!send(SseEvent(chunk({{"content", d.content}}, nullptr, std::move(logprobs))))) return false;
+          for (const ParsedToolCall& call : d.tool_calls) {
+            ojson tc = ToolCallsJson({call}, true)[0];
+            tc["index"] = tool_index++;
+            if (!send(SseEvent(chunk({{"tool_calls", ojson::array({tc})}}, nullptr, nullptr)))) return false;
+          }
+          return true;
+        };
+        if (kind == RequestKind::kChat && !send(SseEvent(chunk({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)))) return;
+        bool done = false;
+        while (!done) {
+          for (const GeneratedToken& t : job->WaitTokens(&done)) {
+            const bool is_stop = std::find(r.sampling.stop_token_ids.begin(), r.sampling.stop_token_ids.end(), t.sampled.id) != r.sampling.stop_token_ids.end();
+            ojson logprobs = nullptr;
+            if (r.logprobs && !is_stop) logprobs = {{"content", ojson::array({token_logprob(t.sampled, r.top_logprobs)})}};
+            OutputDelta d = kind == RequestKind::kChat ? parser.Push(t.text) : OutputDelta{"", t.text, {}};
+            if (!send_delta(d, std::move(logprobs))) {
+              metrics_.CountCancelled();
+              return;
+            }
+          }
+        }
+        if (!job->status().ok()) {
+          ApiError e{500, job->status().ToString(), "server_error", "", "engine_error"};
+          send(SseEvent(e.ToJson()));
+          return;
+        }
+        if (kind == RequestKind::kChat && !send_delta(parser.Finish(), nullptr)) return;
+        const bool has_tools = r.parse_tool_calls && !parser.tool_calls().empty();
+        if (!send(SseEvent(chunk(ojson::object(), FinishReasonFor(job->result(), has_tools), nullptr)))) return;
+        ojson usage = usage_json(*job);
+        if (r.include_usage) {
+          ojson last = {{"id", id}, {"object", chunk_object}, {"created", created}, {"model", options_.model_id}, {"choices", ojson::array()}, {"usage", usage}};
+          if (!send(SseEvent(last))) return;
+        }
+        send("data: [DONE]\n\n");
+        return;
+  };
 }
 
 }  // namespace anchorage

@@ -1,4 +1,4 @@
-// The OpenAI-compatible HTTP endpoint over the scheduler (cpp-httplib; one thread per connection).
+// The OpenAI-compatible HTTP endpoint over the scheduler: routes by family on our own transport.
 #pragma once
 
 #include <atomic>
@@ -9,15 +9,11 @@
 
 #include "engine/core/status.h"
 #include "engine/model/model.h"
+#include "engine/server/http_transport.h"
 #include "engine/server/metrics.h"
 #include "engine/server/openai_api.h"
 #include "engine/server/scheduler.h"
 #include "engine/settings/settings.h"
-
-namespace httplib {
-class Server;
-struct Request;
-}  // namespace httplib
 
 namespace anchorage {
 
@@ -27,8 +23,7 @@ struct ServerOptions {
   std::string model_id;          // what /v1/models lists and requests may name
   std::string admin_token;       // required on state-changing routes when set
   int64_t context_tokens = 0;    // prompt plus output limit; 0 means the model's maximum
-  size_t max_body_bytes = 32u << 20;
-  int http_threads = 64;
+  HttpTransportOptions transport;  // limits, timeouts, pools and connection caps
   // Testing aid: [{"match": TEXT, "reply": TEXT}]; a chat whose last message contains TEXT decodes
   // exactly that reply (forced tokens through the real forward) and then <|im_end|>.
   nlohmann::json test_replies = nlohmann::json::array();
@@ -42,7 +37,7 @@ class HttpServer {
 
   // Binds the socket; the port is known after this (options.port 0 picks a free one).
   Status Bind();
-  int port() const { return port_; }
+  int port() const { return transport_.port(); }
   // Serves until Stop(); call after Bind() on the thread that will serve.
   void Serve();
   void Stop();
@@ -50,9 +45,15 @@ class HttpServer {
   Metrics& metrics() { return metrics_; }
 
  private:
-  void Routes();
+  void RouteOperations();
+  void RouteCache();
+  void RouteJournalAndSettings();
+  void RouteCompletions();
 
-  bool Authorized(const httplib::Request& req) const;
+  void Completion(RequestKind kind, const HttpRequest& req, HttpResponse& res);
+  // Parses a chat body for peek and prewarm: its prompt ids and session (body "session", else x-session-id).
+  bool CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiError* error) const;
+  bool Authorized(const HttpRequest& req) const;
   // Renders and tokenizes a parsed request; false with *error set when it cannot.
   bool PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids, bool* starts_in_reasoning, ApiError* error) const;
 
@@ -62,8 +63,7 @@ class HttpServer {
   Journal* journal_;
   SettingsStore* settings_;
   Metrics metrics_;
-  std::unique_ptr<httplib::Server> server_;
-  int port_ = 0;
+  HttpTransport transport_;
 };
 
 }  // namespace anchorage

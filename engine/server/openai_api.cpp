@@ -2,6 +2,7 @@
 
 #include "engine/model/unicode_text.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace anchorage {
@@ -64,6 +65,52 @@ ojson NormaliseContent(const ojson& content, const std::string& param) {
   return text;
 }
 
+// The JSON Schema subset a tool's parameters may use, checked for shape (as OpenAI checks it).
+void CheckSchema(const ojson& schema, const std::string& p) {
+  if (schema.is_boolean()) return;
+  if (!schema.is_object()) Reject(p, "'" + p + "' must be a JSON schema (an object), got " + std::string(schema.type_name()));
+  static const char* kTypes[] = {"object", "array", "string", "number", "integer", "boolean", "null"};
+  auto known_type = [](const ojson& t) {
+    return t.is_string() && std::any_of(std::begin(kTypes), std::end(kTypes), [&](const char* k) { return t.get<std::string>() == k; });
+  };
+  if (schema.contains("type")) {
+    const ojson& t = schema["type"];
+    const bool ok = known_type(t) || (t.is_array() && !t.empty() && std::all_of(t.begin(), t.end(), known_type));
+    if (!ok) Reject(p + ".type", "'" + p + ".type' must be one of object, array, string, number, integer, boolean, null (or an array of them), got " + t.dump());
+  }
+  for (const char* key : {"properties", "$defs", "definitions", "patternProperties"}) {
+    if (!schema.contains(key)) continue;
+    if (!schema[key].is_object()) Reject(p + "." + key, "'" + p + "." + key + "' must be an object of schemas");
+    for (const auto& [name, sub] : schema[key].items()) CheckSchema(sub, p + "." + key + "." + name);
+  }
+  for (const char* key : {"anyOf", "oneOf", "allOf", "prefixItems"}) {
+    if (!schema.contains(key)) continue;
+    if (!schema[key].is_array() || schema[key].empty()) Reject(p + "." + key, "'" + p + "." + key + "' must be a non-empty array of schemas");
+    for (size_t i = 0; i < schema[key].size(); ++i) CheckSchema(schema[key][i], p + "." + key + "[" + std::to_string(i) + "]");
+  }
+  for (const char* key : {"items", "not", "additionalProperties", "contains"}) {
+    if (!schema.contains(key)) continue;
+    if (std::string(key) == "items" && schema[key].is_array()) {
+      for (size_t i = 0; i < schema[key].size(); ++i) CheckSchema(schema[key][i], p + ".items[" + std::to_string(i) + "]");
+    } else {
+      CheckSchema(schema[key], p + "." + key);
+    }
+  }
+  if (schema.contains("required")) {
+    const ojson& r = schema["required"];
+    if (!r.is_array() || !std::all_of(r.begin(), r.end(), [](const ojson& x) { return x.is_string(); }))
+      Reject(p + ".required", "'" + p + ".required' must be an array of property names");
+  }
+  if (schema.contains("enum") && !schema["enum"].is_array()) Reject(p + ".enum", "'" + p + ".enum' must be an array");
+  if (schema.contains("description") && !schema["description"].is_string()) Reject(p + ".description", "'" + p + ".description' must be a string");
+  for (const char* key : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+    if (schema.contains(key) && !schema[key].is_number()) Reject(p + "." + key, "'" + p + "." + key + "' must be a number");
+  for (const char* key : {"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"})
+    if (schema.contains(key) && !(schema[key].is_number_unsigned() || (schema[key].is_number_integer() && schema[key].get<int64_t>() >= 0)))
+      Reject(p + "." + key, "'" + p + "." + key + "' must be a non-negative integer");
+  if (schema.contains("pattern") && !schema["pattern"].is_string()) Reject(p + ".pattern", "'" + p + ".pattern' must be a string");
+}
+
 ojson CheckTools(const ojson& tools) {
   if (!tools.is_array()) Reject("tools", "'tools' must be an array");
   for (size_t i = 0; i < tools.size(); ++i) {
@@ -79,8 +126,13 @@ ojson CheckTools(const ojson& tools) {
     for (char c : name)
       if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.'))
         Reject(p + ".function.name", "tool name '" + name + "' may hold only letters, digits, '_', '-' and '.'");
-    if (f.contains("parameters") && !f["parameters"].is_null() && !f["parameters"].is_object())
-      Reject(p + ".function.parameters", "'" + p + ".function.parameters' must be a JSON schema object");
+    if (f.contains("parameters") && !f["parameters"].is_null()) {
+      const ojson& params = f["parameters"];
+      if (!params.is_object()) Reject(p + ".function.parameters", "'" + p + ".function.parameters' must be a JSON schema object");
+      if (params.contains("type") && params["type"] != "object")
+        Reject(p + ".function.parameters.type", "invalid schema for function '" + name + "': the parameters must be a schema of type \"object\", got " + params["type"].dump());
+      CheckSchema(params, p + ".function.parameters");
+    }
     if (f.contains("description") && !f["description"].is_null() && !f["description"].is_string())
       Reject(p + ".function.description", "'" + p + ".function.description' must be a string");
   }
@@ -106,6 +158,8 @@ ojson CheckMessages(const ojson& messages) {
       Reject(p + ".content", "'" + p + ".content' is required");
     msg["content"] = NormaliseContent(m.value("content", ojson()), p + ".content");
     if (msg["content"].is_null()) msg["content"] = "";
+    if (role == "tool" && (!m.contains("tool_call_id") || !m["tool_call_id"].is_string() || m["tool_call_id"].get<std::string>().empty()))
+      Reject(p + ".tool_call_id", "'" + p + ".tool_call_id' is required: a tool message answers the tool call with that id");
     if (m.contains("reasoning_content") && !m["reasoning_content"].is_null() && !m["reasoning_content"].is_string())
       Reject(p + ".reasoning_content", "'" + p + ".reasoning_content' must be a string");
     if (m.contains("reasoning") && m["reasoning"].is_string() && !m.contains("reasoning_content"))
@@ -187,6 +241,41 @@ void ParseSampling(const ojson& body, CompletionRequest& r) {
   }
 }
 
+// logit_bias: {"token id": bias in [-100, 100]}, ids inside the vocabulary.
+void ParseLogitBias(const ojson& body, int64_t vocab_size, SamplingParams& s) {
+  if (!body.contains("logit_bias") || body["logit_bias"].is_null()) return;
+  const ojson& bias = body["logit_bias"];
+  if (!bias.is_object()) Reject("logit_bias", "'logit_bias' must be an object mapping token ids to numbers, got " + std::string(bias.type_name()));
+  if (bias.size() > 1024) Reject("logit_bias", "'logit_bias' may hold at most 1024 entries");
+  for (const auto& [key, value] : bias.items()) {
+    const bool digits = !key.empty() && key.size() <= 10 && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits) Reject("logit_bias", "'logit_bias' keys must be token ids (decimal integers), got '" + key + "'");
+    const int64_t id = std::stoll(key);
+    if (id >= vocab_size) Reject("logit_bias", "'logit_bias' token id " + key + " is outside the vocabulary (0.." + std::to_string(vocab_size - 1) + ")");
+    if (!value.is_number()) Reject("logit_bias", "'logit_bias[" + key + "]' must be a number, got " + value.dump());
+    const double b = value.get<double>();
+    if (!(b >= -100.0 && b <= 100.0)) Reject("logit_bias", "'logit_bias[" + key + "]' must be between -100 and 100, got " + value.dump());
+    s.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
+  }
+}
+
+// response_format: {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}.
+void CheckResponseFormat(const ojson& body) {
+  if (!body.contains("response_format") || body["response_format"].is_null()) return;
+  const ojson& f = body["response_format"];
+  if (!f.is_object()) Reject("response_format", "'response_format' must be an object such as {\"type\": \"text\"}, got " + std::string(f.type_name()));
+  if (!f.contains("type") || !f["type"].is_string()) Reject("response_format.type", "'response_format.type' must be 'text', 'json_object' or 'json_schema'");
+  const std::string type = f["type"].get<std::string>();
+  if (type == "text" || type == "json_object") return;
+  if (type != "json_schema") Reject("response_format.type", "'response_format.type' must be 'text', 'json_object' or 'json_schema', got '" + type + "'");
+  if (!f.contains("json_schema") || !f["json_schema"].is_object()) Reject("response_format.json_schema", "'response_format.json_schema' must be an object with a 'name' and a 'schema'");
+  const ojson& js = f["json_schema"];
+  if (!js.contains("name") || !js["name"].is_string() || js["name"].get<std::string>().empty())
+    Reject("response_format.json_schema.name", "'response_format.json_schema.name' must be a non-empty string");
+  if (js.contains("schema")) CheckSchema(js["schema"], "response_format.json_schema.schema");
+  if (js.contains("strict") && !js["strict"].is_null() && !js["strict"].is_boolean()) Reject("response_format.json_schema.strict", "'response_format.json_schema.strict' must be true or false");
+}
+
 }  // namespace
 
 nlohmann::json ApiError::ToJson() const {
@@ -196,21 +285,61 @@ nlohmann::json ApiError::ToJson() const {
   return {{"error", e}};
 }
 
-std::optional<CompletionRequest> ParseCompletionRequest(RequestKind kind, std::string_view body_text, const ParseOptions& options,
-                                                        ApiError* error) {
+size_t JsonNestingDepth(std::string_view text, size_t limit) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+bool ParseJsonBody(std::string_view body_text, ojson* body, ApiError* error) {
+  if (body_text.find_first_not_of(" \t\r\n") == std::string_view::npos) {
+    *error = {400, "the request body is empty; send a JSON object (Content-Type: application/json)", "invalid_request_error", "", "empty_body"};
+    return false;
+  }
   if (const size_t bad = unicode::FindInvalidUtf8(body_text); bad != body_text.size()) {
     *error = {400, "the request body is not valid UTF-8 (first bad byte at offset " + std::to_string(bad) + ")", "invalid_request_error", "", "invalid_utf8"};
-    return std::nullopt;
+    return false;
   }
-  ojson body = ojson::parse(body_text, nullptr, false);
-  if (body.is_discarded()) {
+  if (JsonNestingDepth(body_text, kMaxJsonDepth) > kMaxJsonDepth) {
+    *error = {400, "the request body nests arrays and objects deeper than " + std::to_string(kMaxJsonDepth) + " levels", "invalid_request_error", "", "json_too_deep"};
+    return false;
+  }
+  *body = ojson::parse(body_text, nullptr, false);
+  if (body->is_discarded()) {
+    try {
+      [[maybe_unused]] ojson unused = ojson::parse(body_text);
+    } catch (const ojson::parse_error& e) {
+      *error = {400, std::string("could not parse the JSON body of the request: ") + e.what(), "invalid_request_error", "", "invalid_json"};
+      return false;
+    }
     *error = {400, "could not parse the JSON body of the request", "invalid_request_error", "", "invalid_json"};
-    return std::nullopt;
+    return false;
   }
-  if (!body.is_object()) {
-    *error = {400, "the request body must be a JSON object", "invalid_request_error", "", "invalid_json"};
-    return std::nullopt;
+  if (!body->is_object()) {
+    *error = {400, "the request body must be a JSON object, got " + std::string(body->type_name()), "invalid_request_error", "", "invalid_json"};
+    return false;
   }
+  return true;
+}
+
+std::optional<CompletionRequest> ParseCompletionRequest(RequestKind kind, std::string_view body_text, const ParseOptions& options,
+                                                        ApiError* error) {
+  ojson body;
+  if (!ParseJsonBody(body_text, &body, error)) return std::nullopt;
   try {
     CompletionRequest r;
     r.kind = kind;
@@ -224,6 +353,8 @@ std::optional<CompletionRequest> ParseCompletionRequest(RequestKind kind, std::s
     }
     if (r.model.empty()) r.model = options.model_id;
     ParseSampling(body, r);
+    ParseLogitBias(body, options.vocab_size, r.sampling);
+    CheckResponseFormat(body);
     for (const char* key : {"conversation_id", "session_id", "session", "user"}) {
       if (body.contains(key) && body[key].is_string() && !body[key].get<std::string>().empty()) {
         r.session = body[key].get<std::string>();
@@ -234,23 +365,33 @@ std::optional<CompletionRequest> ParseCompletionRequest(RequestKind kind, std::s
       if (!body.contains("messages")) Reject("messages", "'messages' is required");
       r.template_body["messages"] = CheckMessages(body["messages"]);
       std::string tool_choice = "auto";
+      std::string named_function;
       if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
         const ojson& tc = body["tool_choice"];
         if (tc.is_string()) {
           tool_choice = tc.get<std::string>();
           if (tool_choice != "none" && tool_choice != "auto" && tool_choice != "required")
-            Reject("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or a function");
-        } else if (!tc.is_object() || !tc.contains("function") || !tc["function"].is_object() || !tc["function"].contains("name")) {
+            Reject("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or a function, got '" + tool_choice + "'");
+        } else if (!tc.is_object() || tc.value("type", "function") != "function" || !tc.contains("function") || !tc["function"].is_object() ||
+                   !tc["function"].contains("name") || !tc["function"]["name"].is_string()) {
           Reject("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        } else {
+          tool_choice = "function";
+          named_function = tc["function"]["name"].get<std::string>();
         }
       }
-      if (body.contains("tools") && !body["tools"].is_null()) {
-        r.tools = CheckTools(body["tools"]);
-        if (tool_choice != "none" && !r.tools.empty()) {
-          r.template_body["tools"] = r.tools;
-          r.parse_tool_calls = true;
-        }
+      if (body.contains("tools") && !body["tools"].is_null()) r.tools = CheckTools(body["tools"]);
+      if (tool_choice == "required" && r.tools.empty()) Reject("tool_choice", "'tool_choice' is 'required' but the request sends no tools");
+      if (tool_choice == "function") {
+        const bool listed = std::any_of(r.tools.begin(), r.tools.end(), [&](const ojson& t) { return t["function"]["name"] == named_function; });
+        if (!listed) Reject("tool_choice", "'tool_choice' names the function '" + named_function + "', which is not in 'tools'");
       }
+      if (tool_choice != "none" && !r.tools.empty()) {
+        r.template_body["tools"] = r.tools;
+        r.parse_tool_calls = true;
+      }
+      if (body.contains("parallel_tool_calls") && !body["parallel_tool_calls"].is_null() && !body["parallel_tool_calls"].is_boolean())
+        Reject("parallel_tool_calls", "'parallel_tool_calls' must be true or false");
       if (body.contains("chat_template_kwargs") && !body["chat_template_kwargs"].is_null()) {
         if (!body["chat_template_kwargs"].is_object()) Reject("chat_template_kwargs", "'chat_template_kwargs' must be an object");
         r.template_body["chat_template_kwargs"] = body["chat_template_kwargs"];

@@ -43,6 +43,15 @@ struct CompletionRequest {
   std::string session;  // conversation id from the body, else x-session-id
 };
 
+// Request bodies nest at most this deep (the body's own object is level 1).
+inline constexpr size_t kMaxJsonDepth = 128;
+
+// The deepest nesting of arrays and objects in JSON text (strings skipped); stops counting past limit.
+size_t JsonNestingDepth(std::string_view text, size_t limit);
+
+// A request body as a JSON object: valid UTF-8, nested at most kMaxJsonDepth deep, an object.
+bool ParseJsonBody(std::string_view body, nlohmann::ordered_json* out, ApiError* error);
+
 struct ParseOptions {
   std::string model_id;       // the one model served; an empty or matching "model" is accepted
   int64_t vocab_size = 0;     // token ids in a completion prompt must be below this

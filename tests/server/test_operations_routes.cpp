@@ -119,7 +119,8 @@ class TestOperationsRoutes : public QObject {
     stale["version"] = v - 1;
     stale["resident"]["enabled"] = false;
     auto r = s.Post("/v1/settings", stale.dump());  // POST is not the verb
-    QVERIFY(r && r->status == 404);
+    QVERIFY(r && r->status == 405);
+    QCOMPARE(QString::fromStdString(r->get_header_value("Allow")), QString("GET, PUT, OPTIONS"));
     httplib::Client c("127.0.0.1", s.port());
     auto put = [&](const json& d) { return c.Put("/v1/settings", d.dump(), "application/json"); };
     auto res = put(stale);
