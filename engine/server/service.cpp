@@ -111,6 +111,14 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   options.model_id = s->model_id_;
   options.admin_token = config.admin_token;
   options.context_tokens = config.context_tokens;
+  HttpTransportOptions& t = options.transport;
+  t.header_timeout_ms = static_cast<int>(config.http_header_timeout_ms);
+  t.body_idle_timeout_ms = static_cast<int>(config.http_body_timeout_ms);
+  t.keep_alive_timeout_ms = static_cast<int>(config.http_keep_alive_timeout_ms);
+  t.max_connections = static_cast<size_t>(config.max_connections);
+  t.max_connections_per_client = static_cast<size_t>(config.max_connections_per_client);
+  t.worker_threads = static_cast<int>(config.http_threads);
+  t.limits.max_body_bytes = static_cast<size_t>(config.max_body_bytes);
   if (!config.test_replies_file.empty()) {
     ASSIGN_OR_RETURN(std::string text, ReadFile(config.test_replies_file));
     nlohmann::json replies = nlohmann::json::parse(text, nullptr, false);

@@ -52,6 +52,13 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
   else if (key == "resident-guest-max") { RETURN_IF_ERROR(integer(0, int64_t(1) << 32, &v)); c.resident_guest_max = v; }
   else if (key == "max-queue") { RETURN_IF_ERROR(integer(0, 100000, &v)); c.max_queue = static_cast<size_t>(v); }
   else if (key == "ctx") { RETURN_IF_ERROR(integer(16, int64_t(1) << 32, &v)); c.context_tokens = v; }
+  else if (key == "http-header-timeout-ms") { RETURN_IF_ERROR(integer(100, 3600000, &c.http_header_timeout_ms)); }
+  else if (key == "http-body-timeout-ms") { RETURN_IF_ERROR(integer(100, 3600000, &c.http_body_timeout_ms)); }
+  else if (key == "http-keep-alive-timeout-ms") { RETURN_IF_ERROR(integer(100, 3600000, &c.http_keep_alive_timeout_ms)); }
+  else if (key == "max-connections") { RETURN_IF_ERROR(integer(4, 1000000, &c.max_connections)); }
+  else if (key == "max-connections-per-client") { RETURN_IF_ERROR(integer(1, 1000000, &c.max_connections_per_client)); }
+  else if (key == "http-threads") { RETURN_IF_ERROR(integer(1, 4096, &c.http_threads)); }
+  else if (key == "max-body-bytes") { RETURN_IF_ERROR(integer(1024, int64_t(1) << 32, &c.max_body_bytes)); }
   else if (key == "threads") { RETURN_IF_ERROR(integer(0, 1024, &v)); c.threads = static_cast<int>(v); }
   else return InvalidArgument(source + ": unknown setting '" + key + "'");
   return Status::Ok();
@@ -65,7 +72,9 @@ const char* ServerUsage() {
          "                        [--max-queue N] [--ctx TOKENS] [--threads N] [--caches on|off]\n"
          "                        [--resident-gb GB] [--resident-guest-max TOKENS] [--resident-stash-gb GB]\n"
          "                        [--resident-pin-gb GB] [--resident-park-gb GB] [--end-anchor on|off]\n"
-         "                        [--test-replies FILE]\n"
+         "                        [--http-threads N] [--max-connections N] [--max-connections-per-client N]\n"
+         "                        [--http-header-timeout-ms MS] [--http-body-timeout-ms MS]\n"
+         "                        [--http-keep-alive-timeout-ms MS] [--max-body-bytes N] [--test-replies FILE]\n"
          "Serves the OpenAI-compatible API on http://127.0.0.1:8000/v1 by default. Without --model it\n"
          "generates the tiny model in DATA_DIR/models/tiny-seed0 and serves that. FILE is a JSON object\n"
          "with the same keys as the flags (\"port\": 8001, \"grid\": 1024, ...); flags override it.\n";

@@ -28,7 +28,15 @@ struct ServerConfig {
   double resident_stash_gb = 1.0;
   double resident_pin_gb = 4.0;
   double resident_park_gb = 4.0;
-  bool end_anchor = true;  // testing aid: scripted replies (see ServerOptions::test_replies)
+  bool end_anchor = true;
+  // The HTTP transport: timeouts (ms), connection caps, worker threads and the body limit.
+  int64_t http_header_timeout_ms = 10000;
+  int64_t http_body_timeout_ms = 10000;
+  int64_t http_keep_alive_timeout_ms = 30000;
+  int64_t max_connections = 1024;
+  int64_t max_connections_per_client = 128;
+  int64_t http_threads = 64;
+  int64_t max_body_bytes = 32 << 20;  // testing aid: scripted replies (see ServerOptions::test_replies)
   bool help = false;
   std::map<std::string, std::string> run_time_knobs;  // flags that override the settings document: flag -> value
   std::vector<std::string> notes;  // what overrode what, printed at start
