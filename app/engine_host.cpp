@@ -149,6 +149,7 @@ class EngineWorker : public QObject {
     QNetworkRequest request(QUrl(QString::fromStdString(m_service->url()) + "/chat/completions"));
     request.setHeader(QNetworkRequest::ContentTypeHeader, "application/json");
     request.setRawHeader("Accept", "text/event-stream");
+    if (const std::string token = m_service->client_token(); !token.empty()) request.setRawHeader("Authorization", QByteArray("Bearer ") + token.c_str());
     request.setAttribute(QNetworkRequest::Http2AllowedAttribute, false);
     Chat& chat = m_chats[conversation];
     chat = Chat{};

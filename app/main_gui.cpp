@@ -1,4 +1,6 @@
 // anchorage: the operator console; runs the engine on a worker thread and serves the endpoint.
+#include <sys/stat.h>
+
 #include <QApplication>
 #include <QDir>
 #include <QFile>
@@ -58,6 +60,7 @@ void runScreenshotScript(MainWindow* window, EngineHost* host, const QString& di
 }  // namespace
 
 int main(int argc, char** argv) {
+  umask(077);  // the data folder (journal, settings, caches) is private to its user
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {  // before Qt needs a display
       std::printf("%s%s", anchorage::ServerUsage(), kGuiUsage);

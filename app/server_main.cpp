@@ -1,4 +1,6 @@
 // anchorage-server: the headless OpenAI-compatible endpoint over the engine.
+#include <sys/stat.h>
+
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -15,6 +17,7 @@ void OnSignal(int sig) { g_signal = sig; }
 
 int main(int argc, char** argv) {
   using namespace anchorage;
+  umask(077);  // the data folder (journal, settings, caches) is private to its user
   auto parsed = ParseServerCommandLine(argc, argv);
   if (!parsed.ok()) {
     std::fprintf(stderr, "anchorage-server: %s\n\n%s", parsed.status().message().c_str(), ServerUsage());

@@ -54,7 +54,7 @@ Result<std::string> ReadFile(const std::string& path) {
 
 Status WriteFileAtomic(const std::string& path, std::string_view contents) {
   std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return IoError("create " + tmp + ": " + ErrnoText());
   Status s = WriteAll(fd, contents, tmp);
   if (s.ok() && ::fsync(fd) != 0) s = IoError("fsync " + tmp + ": " + ErrnoText());

@@ -39,7 +39,6 @@ void SendError(HttpResponse& res, const ApiError& e) {
 
 void SendJson(HttpResponse& res, const ojson& body) { res.SetContent(Dump(body), "application/json"); }
 
-const ApiError kAdminTokenRequired{401, "this route needs the admin token (Authorization: Bearer TOKEN)", "authentication_error", "", "admin_token_required"};
 
 // A prepared request: the prompt ids and what the response needs to know about them.
 struct Prepared {
@@ -76,6 +75,7 @@ HttpServer::HttpServer(Model& model, Scheduler& scheduler, ServerOptions options
       options_(std::move(options)),
       journal_(journal),
       settings_(settings),
+      policy_(options_.access),
       transport_(options_.transport) {
   if (options_.context_tokens <= 0) options_.context_tokens = model_.config.max_position_embeddings;
   transport_.SetErrorWriter([](HttpResponse& res, const HttpError& e) {
@@ -86,6 +86,7 @@ HttpServer::HttpServer(Model& model, Scheduler& scheduler, ServerOptions options
     const bool known = req.path.rfind("/v1/", 0) == 0 || req.path == "/health" || req.path == "/metrics";
     metrics_.CountRequest(known ? req.path : "other", status);
   });
+  transport_.SetGate([this](const HttpRequest& req, HttpResponse& res) { return Admit(req, res); });
   RouteOperations();
   RouteCache();
   RouteJournalAndSettings();
@@ -127,12 +128,28 @@ bool HttpServer::PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids
   return true;
 }
 
-bool HttpServer::Authorized(const HttpRequest& req) const {
-  return options_.admin_token.empty() || req.HeaderValue("authorization") == "Bearer " + options_.admin_token;
+void HttpServer::Route(const std::string& method, const std::string& path, RouteClass route_class, RouteAccess access, HttpHandler handler) {
+  access_[method + " " + path] = access;
+  transport_.Route(method, path, route_class, std::move(handler));
+}
+
+bool HttpServer::Admit(const HttpRequest& req, HttpResponse& res) const {
+  auto refuse = [&](const ApiError& e) {
+    SendError(res, e);
+    return false;
+  };
+  if (auto e = policy_.CheckHost(req)) return refuse(*e);
+  if (auto e = policy_.CheckOrigin(req)) return refuse(*e);
+  for (const auto& [name, value] : policy_.CorsHeaders(req, req.method == "OPTIONS")) res.SetHeader(name, value);
+  if (req.method == "OPTIONS") return false;
+  auto it = access_.find(req.method + " " + req.path);
+  if (auto e = policy_.Authorize(it == access_.end() ? RouteAccess::kAdmin : it->second, req)) return refuse(*e);
+  if (auto e = AccessPolicy::CheckContentType(req)) return refuse(*e);
+  return true;
 }
 
 void HttpServer::RouteOperations() {
-  transport_.Route("GET", "/health", RouteClass::kControl, [this](const HttpRequest&, HttpResponse& res) {
+  Route("GET", "/health", RouteClass::kControl, RouteAccess::kPublic, [this](const HttpRequest&, HttpResponse& res) {
     JobStats last = scheduler_.last_stats();
     SendJson(res, {{"status", scheduler_.draining() ? "draining" : "ok"},
                    {"model", options_.model_id},
@@ -142,10 +159,10 @@ void HttpServer::RouteOperations() {
                    {"connections", transport_.open_connections()},
                    {"last_request", {{"prompt_tokens", last.prompt_tokens}, {"completion_tokens", last.completion_tokens}}}});
   });
-  transport_.Route("GET", "/metrics", RouteClass::kControl, [this](const HttpRequest&, HttpResponse& res) {
+  Route("GET", "/metrics", RouteClass::kControl, RouteAccess::kClient, [this](const HttpRequest&, HttpResponse& res) {
     res.SetContent(metrics_.Render(scheduler_.queue_depth(), scheduler_.busy()), "text/plain; version=0.0.4");
   });
-  transport_.Route("GET", "/v1/models", RouteClass::kControl, [this](const HttpRequest&, HttpResponse& res) {
+  Route("GET", "/v1/models", RouteClass::kControl, RouteAccess::kClient, [this](const HttpRequest&, HttpResponse& res) {
     SendJson(res, {{"object", "list"},
                    {"data", {{{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "anchorage"},
                               {"max_model_len", options_.context_tokens}}}}});
@@ -162,12 +179,11 @@ bool HttpServer::CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiEr
 }
 
 void HttpServer::RouteCache() {
-  transport_.Route("GET", "/v1/cache/stats", RouteClass::kControl,
+  Route("GET", "/v1/cache/stats", RouteClass::kControl, RouteAccess::kClient,
                    [this](const HttpRequest&, HttpResponse& res) { SendJson(res, scheduler_.CacheStats()); });
 
   // The tier comes from ?tier= or the body's "tier"; a clear that does not say which tier clears nothing.
-  transport_.Route("POST", "/v1/cache/clear", RouteClass::kWork, [this](const HttpRequest& req, HttpResponse& res) {
-    if (!Authorized(req)) return SendError(res, kAdminTokenRequired);
+  Route("POST", "/v1/cache/clear", RouteClass::kWork, RouteAccess::kAdmin, [this](const HttpRequest& req, HttpResponse& res) {
     std::string tier = req.ParamValue("tier");
     if (req.body.find_first_not_of(" \t\r\n") != std::string::npos) {
       ojson body;
@@ -189,7 +205,7 @@ void HttpServer::RouteCache() {
     SendJson(res, {{"cleared", tier}, {"stats", scheduler_.CacheStats()}});
   });
 
-  transport_.Route("POST", "/v1/cache/peek", RouteClass::kWork, [this](const HttpRequest& req, HttpResponse& res) {
+  Route("POST", "/v1/cache/peek", RouteClass::kWork, RouteAccess::kClient, [this](const HttpRequest& req, HttpResponse& res) {
     CacheRequest request;
     ApiError error;
     if (!CacheRequestOf(req, &request, &error)) return SendError(res, error);
@@ -205,8 +221,7 @@ void HttpServer::RouteCache() {
                    {"aligned", info->aligned}});
   });
 
-  transport_.Route("POST", "/v1/cache/prewarm", RouteClass::kWork, [this](const HttpRequest& req, HttpResponse& res) {
-    if (!Authorized(req)) return SendError(res, kAdminTokenRequired);
+  Route("POST", "/v1/cache/prewarm", RouteClass::kWork, RouteAccess::kAdmin, [this](const HttpRequest& req, HttpResponse& res) {
     CacheRequest request;
     ApiError error;
     if (!CacheRequestOf(req, &request, &error)) return SendError(res, error);
@@ -236,7 +251,7 @@ void HttpServer::RouteCache() {
 }
 
 void HttpServer::RouteJournalAndSettings() {
-  transport_.Route("GET", "/v1/journal", RouteClass::kControl, [this](const HttpRequest& req, HttpResponse& res) {
+  Route("GET", "/v1/journal", RouteClass::kControl, RouteAccess::kAdmin, [this](const HttpRequest& req, HttpResponse& res) {
     if (journal_ == nullptr) return SendError(res, {404, "this server keeps no journal", "invalid_request_error", "", "not_found"});
     JournalQuery q;
     auto integer = [&](const char* name, int64_t lo, int64_t hi, std::optional<int64_t>* out) -> bool {
@@ -267,17 +282,16 @@ void HttpServer::RouteJournalAndSettings() {
     SendJson(res, {{"rows", page->rows}, {"total", page->total}, {"next_cursor", page->next_cursor ? ojson(*page->next_cursor) : ojson(nullptr)}});
   });
 
-  transport_.Route("GET", "/v1/settings", RouteClass::kControl, [this](const HttpRequest&, HttpResponse& res) {
+  Route("GET", "/v1/settings", RouteClass::kControl, RouteAccess::kClient, [this](const HttpRequest&, HttpResponse& res) {
     if (settings_ == nullptr) return SendError(res, {404, "this server has no settings document", "invalid_request_error", "", "not_found"});
     SendJson(res, settings_->Document());
   });
-  transport_.Route("GET", "/v1/settings/schema", RouteClass::kControl, [this](const HttpRequest&, HttpResponse& res) {
+  Route("GET", "/v1/settings/schema", RouteClass::kControl, RouteAccess::kClient, [this](const HttpRequest&, HttpResponse& res) {
     if (settings_ == nullptr) return SendError(res, {404, "this server has no settings document", "invalid_request_error", "", "not_found"});
     SendJson(res, settings_->Schema());
   });
-  transport_.Route("PUT", "/v1/settings", RouteClass::kWork, [this](const HttpRequest& req, HttpResponse& res) {
+  Route("PUT", "/v1/settings", RouteClass::kWork, RouteAccess::kAdmin, [this](const HttpRequest& req, HttpResponse& res) {
     if (settings_ == nullptr) return SendError(res, {404, "this server has no settings document", "invalid_request_error", "", "not_found"});
-    if (!Authorized(req)) return SendError(res, kAdminTokenRequired);
     ojson doc;
     ApiError error;
     if (!ParseJsonBody(req.body, &doc, &error)) return SendError(res, error);
@@ -291,9 +305,9 @@ void HttpServer::RouteJournalAndSettings() {
 }
 
 void HttpServer::RouteCompletions() {
-  transport_.Route("POST", "/v1/chat/completions", RouteClass::kWork,
+  Route("POST", "/v1/chat/completions", RouteClass::kWork, RouteAccess::kClient,
                    [this](const HttpRequest& req, HttpResponse& res) { Completion(RequestKind::kChat, req, res); });
-  transport_.Route("POST", "/v1/completions", RouteClass::kWork,
+  Route("POST", "/v1/completions", RouteClass::kWork, RouteAccess::kClient,
                    [this](const HttpRequest& req, HttpResponse& res) { Completion(RequestKind::kCompletion, req, res); });
 }
 

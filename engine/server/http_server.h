@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -9,6 +10,7 @@
 
 #include "engine/core/status.h"
 #include "engine/model/model.h"
+#include "engine/server/access_policy.h"
 #include "engine/server/http_transport.h"
 #include "engine/server/metrics.h"
 #include "engine/server/openai_api.h"
@@ -21,7 +23,7 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string model_id;          // what /v1/models lists and requests may name
-  std::string admin_token;       // required on state-changing routes when set
+  AccessOptions access;          // Host and Origin checks, API keys, the admin token
   int64_t context_tokens = 0;    // prompt plus output limit; 0 means the model's maximum
   HttpTransportOptions transport;  // limits, timeouts, pools and connection caps
   // Testing aid: [{"match": TEXT, "reply": TEXT}]; a chat whose last message contains TEXT decodes
@@ -45,6 +47,9 @@ class HttpServer {
   Metrics& metrics() { return metrics_; }
 
  private:
+  void Route(const std::string& method, const std::string& path, RouteClass route_class, RouteAccess access, HttpHandler handler);
+  // Host, Origin, credentials and content type, before any route parses the body.
+  bool Admit(const HttpRequest& req, HttpResponse& res) const;
   void RouteOperations();
   void RouteCache();
   void RouteJournalAndSettings();
@@ -53,7 +58,6 @@ class HttpServer {
   void Completion(RequestKind kind, const HttpRequest& req, HttpResponse& res);
   // Parses a chat body for peek and prewarm: its prompt ids and session (body "session", else x-session-id).
   bool CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiError* error) const;
-  bool Authorized(const HttpRequest& req) const;
   // Renders and tokenizes a parsed request; false with *error set when it cannot.
   bool PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids, bool* starts_in_reasoning, ApiError* error) const;
 
@@ -63,6 +67,8 @@ class HttpServer {
   Journal* journal_;
   SettingsStore* settings_;
   Metrics metrics_;
+  AccessPolicy policy_;
+  std::map<std::string, RouteAccess> access_;  // "METHOD /path" -> what it needs
   HttpTransport transport_;
 };
 

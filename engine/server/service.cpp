@@ -1,5 +1,6 @@
 #include "engine/server/service.h"
 
+#include <cstdio>
 #include <filesystem>
 
 #include "engine/core/file_util.h"
@@ -48,6 +49,29 @@ ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective) {
   return o;
 }
 
+// Data-folder entries readable by others get 0600 (files) or 0700 (folders); says what it changed.
+static std::vector<std::string> TightenDataFolder(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> changed;
+  std::error_code ec;
+  auto tighten = [&](const fs::path& p, bool is_dir) {
+    const fs::perms want = is_dir ? fs::perms::owner_all : fs::perms::owner_read | fs::perms::owner_write;
+    const fs::perms have = fs::status(p, ec).permissions() & fs::perms::mask;
+    if (ec || (have & (fs::perms::group_all | fs::perms::others_all)) == fs::perms::none) return;
+    fs::permissions(p, want, fs::perm_options::replace, ec);
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%o", static_cast<unsigned>(have));
+    changed.push_back(p.string() + " was readable by others (mode " + mode + "); now " + (is_dir ? "0700" : "0600"));
+  };
+  tighten(dir, true);
+  for (auto it = fs::recursive_directory_iterator(dir, fs::directory_options::skip_permission_denied, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_symlink(ec)) continue;
+    if (it->is_directory(ec)) tighten(it->path(), true);
+    else if (it->is_regular_file(ec)) tighten(it->path(), false);
+  }
+  return changed;
+}
+
 Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, const std::function<void(double, const std::string&)>& progress) {
   namespace fs = std::filesystem;
   auto say = [&](double f, const std::string& what) {
@@ -55,6 +79,8 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   };
   std::unique_ptr<Service> s(new Service());
   s->config_ = config;
+  if (IsDirectory(config.data_dir))
+    for (const std::string& change : TightenDataFolder(config.data_dir)) s->notes_.push_back("warning: data folder: " + change);
   RETURN_IF_ERROR(MakeDirectories(config.data_dir, 0700));
 
   std::string model_dir = config.model_dir;
@@ -109,7 +135,11 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   options.host = config.host;
   options.port = config.port;
   options.model_id = s->model_id_;
-  options.admin_token = config.admin_token;
+  options.access.bind_host = config.host;
+  options.access.admin_token = config.admin_token;
+  options.access.api_keys = config.api_keys;
+  options.access.allowed_hosts = config.allowed_hosts;
+  options.access.cors_origins = config.cors_origins;
   options.context_tokens = config.context_tokens;
   HttpTransportOptions& t = options.transport;
   t.header_timeout_ms = static_cast<int>(config.http_header_timeout_ms);
@@ -135,6 +165,8 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
 void Service::ServeInBackground() {
   serving_ = std::thread([this] { http_->Serve(); });
 }
+
+std::string Service::client_token() const { return !config_.admin_token.empty() ? config_.admin_token : config_.api_keys.empty() ? "" : config_.api_keys[0]; }
 
 std::string Service::url() const { return "http://" + config_.host + ":" + std::to_string(http_->port()) + "/v1"; }
 

@@ -40,6 +40,8 @@ class Service {
   SettingsStore& settings() { return *settings_; }
   const std::string& model_id() const { return model_id_; }
   std::string url() const;
+  // What the console sends as its Bearer credential on its own endpoint (empty: none needed).
+  std::string client_token() const;
   const std::vector<std::string>& notes() const { return notes_; }
 
  private:

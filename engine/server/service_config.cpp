@@ -1,5 +1,7 @@
 #include "engine/server/service_config.h"
 
+#include <arpa/inet.h>
+
 #include <cstdlib>
 #include <map>
 
@@ -38,6 +40,40 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
     c.grid_tokens = v;
   }
   else if (key == "admin-token") c.admin_token = value;
+  else if (key == "api-key") {
+    if (value.empty()) return InvalidArgument(source + ": api-key must not be empty");
+    c.api_keys.push_back(value);
+  }
+  else if (key == "api-keys-file") {
+    ASSIGN_OR_RETURN(std::string text, ReadFile(value));
+    size_t start = 0, added = 0;
+    while (start < text.size()) {
+      size_t end = text.find('\n', start);
+      if (end == std::string::npos) end = text.size();
+      std::string line = text.substr(start, end - start);
+      start = end + 1;
+      while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
+      while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.erase(0, 1);
+      if (line.empty() || line[0] == '#') continue;
+      c.api_keys.push_back(line);
+      ++added;
+    }
+    if (added == 0) return InvalidArgument(source + ": " + value + " holds no API key (one a line; # starts a comment)");
+  }
+  else if (key == "allowed-hosts" || key == "cors-origins") {
+    std::vector<std::string>& list = key == "allowed-hosts" ? c.allowed_hosts : c.cors_origins;
+    size_t start = 0;
+    while (start <= value.size()) {
+      size_t comma = value.find(',', start);
+      if (comma == std::string::npos) comma = value.size();
+      std::string item = value.substr(start, comma - start);
+      start = comma + 1;
+      while (!item.empty() && item.back() == ' ') item.pop_back();
+      while (!item.empty() && item.front() == ' ') item.erase(0, 1);
+      while (key == "cors-origins" && !item.empty() && item.back() == '/') item.pop_back();
+      if (!item.empty()) list.push_back(item);
+    }
+  }
   else if (key == "test-replies") c.test_replies_file = value;
   else if (key == "caches" || key == "end-anchor") {
     if (value != "on" && value != "off") return InvalidArgument(source + ": " + key + " must be on or off, got '" + value + "'");
@@ -69,6 +105,8 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
 const char* ServerUsage() {
   return "usage: anchorage-server [--config FILE] [--host ADDR] [--port N] [--model DIR] [--data-dir DIR]\n"
          "                        [--served-model-name NAME] [--grid TOKENS] [--admin-token TOKEN]\n"
+         "                        [--api-key KEY]... [--api-keys-file FILE] [--allowed-hosts H,H]\n"
+         "                        [--cors-origins ORIGIN,ORIGIN]\n"
          "                        [--max-queue N] [--ctx TOKENS] [--threads N] [--caches on|off]\n"
          "                        [--resident-gb GB] [--resident-guest-max TOKENS] [--resident-stash-gb GB]\n"
          "                        [--resident-pin-gb GB] [--resident-park-gb GB] [--end-anchor on|off]\n"
@@ -81,7 +119,9 @@ const char* ServerUsage() {
 }
 
 bool IsLoopbackHost(const std::string& host) {
-  return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  return host == "localhost" || host == "::1" || host == "[::1]";
 }
 
 Result<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
@@ -118,9 +158,9 @@ Result<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
   for (const auto& [key, value] : flags) {
     RETURN_IF_ERROR(Apply(c, key, value, "--" + key));
     if (key == "caches" || key == "end-anchor" || key.rfind("resident-", 0) == 0) c.run_time_knobs[key] = value;
+    const bool secret = key == "admin-token" || key == "api-key";
     if (from_file.count(key) && from_file[key] != value)
-      c.notes.push_back("--" + key + " " + (key == "admin-token" ? "(hidden)" : value) + " overrides " + config_file + "'s " +
-                        (key == "admin-token" ? "(hidden)" : from_file[key]));
+      c.notes.push_back("--" + key + " " + (secret ? "(hidden)" : value) + " overrides " + config_file + "'s " + (secret ? "(hidden)" : from_file[key]));
   }
   return c;
 }

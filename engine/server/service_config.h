@@ -18,6 +18,9 @@ struct ServerConfig {
   std::string served_model_name;  // default: the model folder's name
   int64_t grid_tokens = 1024;
   std::string admin_token;
+  std::vector<std::string> api_keys;       // --api-key (repeatable) and the lines of --api-keys-file
+  std::vector<std::string> allowed_hosts;  // --allowed-hosts a,b: Host names accepted besides loopback
+  std::vector<std::string> cors_origins;   // --cors-origins a,b: web origins allowed to call
   size_t max_queue = 16;
   int64_t context_tokens = 0;     // 0: the model's max_position_embeddings
   int threads = 0;                // 0: every core

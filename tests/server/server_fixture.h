@@ -2,6 +2,7 @@
 #pragma once
 
 #include <QProcess>
+#include <QRegularExpression>
 #include <QTemporaryDir>
 #include <QtTest>
 
@@ -40,13 +41,10 @@ class ServerProcess {
     while (timer.elapsed() < 60000) {
       process_->waitForReadyRead(200);
       out += process_->readAllStandardOutput();
-      int at = out.indexOf("http://127.0.0.1:");
-      if (at >= 0) {
-        int end = out.indexOf("/v1", at);
-        if (end > at) {
-          port_ = out.mid(at + 17, end - at - 17).toInt();
-          return port_ > 0;
-        }
+      const QRegularExpressionMatch served = QRegularExpression("http://[^ /]+:(\\d+)/v1").match(QString::fromUtf8(out));
+      if (served.hasMatch()) {
+        port_ = served.captured(1).toInt();
+        return port_ > 0;
       }
       if (process_->state() != QProcess::Running) break;
     }

@@ -80,63 +80,63 @@ class TestHostileRequests : public QObject {
     const std::string chat = "/v1/chat/completions";
 
     // Framing.
-    row("conflicting content-length", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n") + "{}xxxxx", 400, "conflicting_content_length", "", "conflicting Content-Length");
-    row("content-length list that disagrees", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nContent-Length: 2, 3\r\n") + "{}", 400, "conflicting_content_length", "", "conflicting Content-Length");
-    row("content-length not a number", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nContent-Length: abc\r\n"), 400, "invalid_content_length", "", "non-negative decimal number, got 'abc'");
-    row("content-length negative", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nContent-Length: -5\r\n"), 400, "invalid_content_length", "", "got '-5'");
-    row("content-length with exponent", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nContent-Length: 1e3\r\n"), 400, "invalid_content_length", "", "got '1e3'");
-    row("content-length empty", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nContent-Length: \r\n"), 400, "invalid_content_length", "", "Content-Length is empty");
-    row("content-length plus sign", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nContent-Length: +2\r\n") + "{}", 400, "invalid_content_length", "", "got '+2'");
-    row("content-length hex", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nContent-Length: 0x10\r\n"), 400, "invalid_content_length", "", "got '0x10'");
-    row("content-length huge digits", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nContent-Length: 99999999999999999999999\r\n"), 400, "invalid_content_length", "", "non-negative decimal");
-    row("content-length over the limit", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nContent-Length: 2000000\r\n"), 413, "body_too_large", "", "the limit is 1048576 bytes");
-    row("content-length and transfer-encoding", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n") + "{}", 400, "conflicting_framing", "", "both Content-Length and Transfer-Encoding");
-    row("transfer-encoding gzip", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nTransfer-Encoding: gzip\r\n"), 501, "unsupported_transfer_encoding", "", "only chunked");
-    row("transfer-encoding gzip then chunked", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nTransfer-Encoding: gzip, chunked\r\n"), 501, "unsupported_transfer_encoding", "", "only chunked");
+    row("conflicting content-length", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nContent-Length: 5\r\nContent-Length: 7\r\n") + "{}xxxxx", 400, "conflicting_content_length", "", "conflicting Content-Length");
+    row("content-length list that disagrees", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nContent-Length: 2, 3\r\n") + "{}", 400, "conflicting_content_length", "", "conflicting Content-Length");
+    row("content-length not a number", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nContent-Length: abc\r\n"), 400, "invalid_content_length", "", "non-negative decimal number, got 'abc'");
+    row("content-length negative", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nContent-Length: -5\r\n"), 400, "invalid_content_length", "", "got '-5'");
+    row("content-length with exponent", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nContent-Length: 1e3\r\n"), 400, "invalid_content_length", "", "got '1e3'");
+    row("content-length empty", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nContent-Length: \r\n"), 400, "invalid_content_length", "", "Content-Length is empty");
+    row("content-length plus sign", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nContent-Length: +2\r\n") + "{}", 400, "invalid_content_length", "", "got '+2'");
+    row("content-length hex", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nContent-Length: 0x10\r\n"), 400, "invalid_content_length", "", "got '0x10'");
+    row("content-length huge digits", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nContent-Length: 99999999999999999999999\r\n"), 400, "invalid_content_length", "", "non-negative decimal");
+    row("content-length over the limit", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nContent-Length: 2000000\r\n"), 413, "body_too_large", "", "the limit is 1048576 bytes");
+    row("content-length and transfer-encoding", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n") + "{}", 400, "conflicting_framing", "", "both Content-Length and Transfer-Encoding");
+    row("transfer-encoding gzip", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nTransfer-Encoding: gzip\r\n"), 501, "unsupported_transfer_encoding", "", "only chunked");
+    row("transfer-encoding gzip then chunked", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nTransfer-Encoding: gzip, chunked\r\n"), 501, "unsupported_transfer_encoding", "", "only chunked");
     row("transfer-encoding in http/1.0", Head("POST /v1/chat/completions HTTP/1.0", "Transfer-Encoding: chunked\r\n"), 400, "malformed_request", "", "HTTP/1.0");
-    row("chunk size not hex", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nTransfer-Encoding: chunked\r\n") + "zz\r\n{}\r\n0\r\n\r\n", 400, "malformed_chunk", "", "malformed chunk size 'zz'");
-    row("chunk size empty", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nTransfer-Encoding: chunked\r\n") + "\r\n{}\r\n0\r\n\r\n", 400, "malformed_chunk", "", "malformed chunk size");
-    row("chunk size negative", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nTransfer-Encoding: chunked\r\n") + "-2\r\n{}\r\n0\r\n\r\n", 400, "malformed_chunk", "", "malformed chunk size '-2'");
-    row("chunk longer than its size", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nTransfer-Encoding: chunked\r\n") + "2\r\n{}xx\r\n0\r\n\r\n", 400, "malformed_chunk", "", "does not match the data");
-    row("chunk size line too long", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nTransfer-Encoding: chunked\r\n") + std::string(2000, '1'), 400, "malformed_chunk", "", "longer than 1024 bytes");
-    row("chunked body over the limit", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nTransfer-Encoding: chunked\r\n") + "200000\r\n", 413, "body_too_large", "", "exceeds 1048576 bytes");
-    row("chunked body of bad json", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n") + "3\r\n{\"a\r\n0\r\n\r\n", 400, "invalid_json", "", "could not parse the JSON");
-    row("body shorter than content-length", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nContent-Length: 100\r\n") + "{\"messages\"", 408, "request_timeout", "", "stopped after 11 bytes of 100 (Content-Length)");
-    row("chunked body that stops", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nTransfer-Encoding: chunked\r\n") + "10\r\n{\"mess", 408, "request_timeout", "", "of a chunked body");
-    row("head that never ends", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: 1", 408, "request_timeout", "", "did not arrive within 3000 ms");
+    row("chunk size not hex", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nTransfer-Encoding: chunked\r\n") + "zz\r\n{}\r\n0\r\n\r\n", 400, "malformed_chunk", "", "malformed chunk size 'zz'");
+    row("chunk size empty", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nTransfer-Encoding: chunked\r\n") + "\r\n{}\r\n0\r\n\r\n", 400, "malformed_chunk", "", "malformed chunk size");
+    row("chunk size negative", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nTransfer-Encoding: chunked\r\n") + "-2\r\n{}\r\n0\r\n\r\n", 400, "malformed_chunk", "", "malformed chunk size '-2'");
+    row("chunk longer than its size", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nTransfer-Encoding: chunked\r\n") + "2\r\n{}xx\r\n0\r\n\r\n", 400, "malformed_chunk", "", "does not match the data");
+    row("chunk size line too long", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nTransfer-Encoding: chunked\r\n") + std::string(2000, '1'), 400, "malformed_chunk", "", "longer than 1024 bytes");
+    row("chunked body over the limit", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nTransfer-Encoding: chunked\r\n") + "200000\r\n", 413, "body_too_large", "", "exceeds 1048576 bytes");
+    row("chunked body of bad json", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\nConnection: close\r\n") + "3\r\n{\"a\r\n0\r\n\r\n", 400, "invalid_json", "", "could not parse the JSON");
+    row("body shorter than content-length", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nContent-Length: 100\r\n") + "{\"messages\"", 408, "request_timeout", "", "stopped after 11 bytes of 100 (Content-Length)");
+    row("chunked body that stops", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nTransfer-Encoding: chunked\r\n") + "10\r\n{\"mess", 408, "request_timeout", "", "of a chunked body");
+    row("head that never ends", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nX-Slow: 1", 408, "request_timeout", "", "did not arrive within 3000 ms");
     row("missing host", Head("GET /health HTTP/1.1", ""), 400, "missing_host", "", "needs a Host header");
     row("two hosts", Head("GET /health HTTP/1.1", "Host: a\r\nHost: b\r\n"), 400, "conflicting_host", "", "more than one Host");
-    row("http/2.0 request line", Head("GET /health HTTP/2.0", "Host: x\r\n"), 505, "http_version_not_supported", "", "HTTP version 2.0 is not supported");
-    row("http/3.0 request line", Head("GET /health HTTP/3.0", "Host: x\r\n"), 505, "http_version_not_supported", "", "not supported");
-    row("garbage version", Head("GET /health HTTP/x.y", "Host: x\r\n"), 400, "malformed_request", "", "malformed request line");
-    row("lower-case http", Head("GET /health http/1.1", "Host: x\r\n"), 400, "malformed_request", "", "malformed request line");
-    row("garbage request line", Head("HELLO", "Host: x\r\n"), 400, "malformed_request", "", "malformed request line 'HELLO'");
+    row("http/2.0 request line", Head("GET /health HTTP/2.0", "Host: localhost\r\n"), 505, "http_version_not_supported", "", "HTTP version 2.0 is not supported");
+    row("http/3.0 request line", Head("GET /health HTTP/3.0", "Host: localhost\r\n"), 505, "http_version_not_supported", "", "not supported");
+    row("garbage version", Head("GET /health HTTP/x.y", "Host: localhost\r\n"), 400, "malformed_request", "", "malformed request line");
+    row("lower-case http", Head("GET /health http/1.1", "Host: localhost\r\n"), 400, "malformed_request", "", "malformed request line");
+    row("garbage request line", Head("HELLO", "Host: localhost\r\n"), 400, "malformed_request", "", "malformed request line 'HELLO'");
     row("binary request line", Head("\x16\x03\x01\x02\x00\x01", ""), 400, "malformed_request", "", "malformed request line");
     row("tls client hello", std::string("\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03", 11) + "\r\n\r\n", 400, "malformed_request", "", "malformed request line");
-    row("four-part request line", Head("GET /health HTTP/1.1 extra", "Host: x\r\n"), 400, "malformed_request", "", "expected METHOD /path HTTP/1.1");
-    row("two spaces in request line", Head("GET  /health HTTP/1.1", "Host: x\r\n"), 400, "malformed_request", "", "malformed request line");
-    row("missing target", Head("GET HTTP/1.1", "Host: x\r\n"), 400, "malformed_request", "", "malformed request line");
-    row("method with a bad character", Head("GE(T /health HTTP/1.1", "Host: x\r\n"), 400, "malformed_request", "", "malformed request line");
-    row("relative target", Head("GET health HTTP/1.1", "Host: x\r\n"), 400, "malformed_request", "", "must be a path starting with '/'");
-    row("bad percent escape in path", Head("GET /v1/%zzmodels HTTP/1.1", "Host: x\r\n"), 400, "malformed_request", "", "malformed percent escape");
-    row("truncated percent escape", Head("GET /v1/models% HTTP/1.1", "Host: x\r\n"), 400, "malformed_request", "", "malformed percent escape");
-    row("nul in path", Head("GET /health%00 HTTP/1.1", "Host: x\r\n"), 400, "malformed_request", "", "malformed percent escape");
-    row("bad percent escape in query", Head("GET /v1/journal?kind=%g1 HTTP/1.1", "Host: x\r\n"), 400, "malformed_request", "", "query string has a malformed percent escape");
-    row("control byte in target", Head("GET /he\x01lth HTTP/1.1", "Host: x\r\n"), 400, "malformed_request", "", "control or non-ASCII byte");
-    row("non-ascii target", Head("GET /h\xc3\xa9 HTTP/1.1", "Host: x\r\n"), 400, "malformed_request", "", "control or non-ASCII byte");
-    row("url of 20 KB", Head("GET /v1/models?q=" + std::string(20000, 'a') + " HTTP/1.1", "Host: x\r\n"), 414, "uri_too_long", "", "the limit is 8192");
+    row("four-part request line", Head("GET /health HTTP/1.1 extra", "Host: localhost\r\n"), 400, "malformed_request", "", "expected METHOD /path HTTP/1.1");
+    row("two spaces in request line", Head("GET  /health HTTP/1.1", "Host: localhost\r\n"), 400, "malformed_request", "", "malformed request line");
+    row("missing target", Head("GET HTTP/1.1", "Host: localhost\r\n"), 400, "malformed_request", "", "malformed request line");
+    row("method with a bad character", Head("GE(T /health HTTP/1.1", "Host: localhost\r\n"), 400, "malformed_request", "", "malformed request line");
+    row("relative target", Head("GET health HTTP/1.1", "Host: localhost\r\n"), 400, "malformed_request", "", "must be a path starting with '/'");
+    row("bad percent escape in path", Head("GET /v1/%zzmodels HTTP/1.1", "Host: localhost\r\n"), 400, "malformed_request", "", "malformed percent escape");
+    row("truncated percent escape", Head("GET /v1/models% HTTP/1.1", "Host: localhost\r\n"), 400, "malformed_request", "", "malformed percent escape");
+    row("nul in path", Head("GET /health%00 HTTP/1.1", "Host: localhost\r\n"), 400, "malformed_request", "", "malformed percent escape");
+    row("bad percent escape in query", Head("GET /v1/journal?kind=%g1 HTTP/1.1", "Host: localhost\r\n"), 400, "malformed_request", "", "query string has a malformed percent escape");
+    row("control byte in target", Head("GET /he\x01lth HTTP/1.1", "Host: localhost\r\n"), 400, "malformed_request", "", "control or non-ASCII byte");
+    row("non-ascii target", Head("GET /h\xc3\xa9 HTTP/1.1", "Host: localhost\r\n"), 400, "malformed_request", "", "control or non-ASCII byte");
+    row("url of 20 KB", Head("GET /v1/models?q=" + std::string(20000, 'a') + " HTTP/1.1", "Host: localhost\r\n"), 414, "uri_too_long", "", "the limit is 8192");
     row("request line of 9 KB without end", "GET /" + std::string(9000, 'a'), 414, "uri_too_long", "", "longer than 8192 bytes");
-    row("header of 100 KB", Head("GET /health HTTP/1.1", "Host: x\r\nX-Big: " + std::string(100000, 'b') + "\r\n"), 431, "headers_too_large", "", "exceed 65536 bytes");
-    row("headers of 60 KB in many lines", Head("GET /health HTTP/1.1", "Host: x\r\n" + [] { std::string h; for (int i = 0; i < 120; ++i) h += "X-H" + std::to_string(i) + ": " + std::string(600, 'c') + "\r\n"; return h; }()), 431, "headers_too_large", "", "");
-    row("200 headers", Head("GET /health HTTP/1.1", "Host: x\r\n" + [] { std::string h; for (int i = 0; i < 200; ++i) h += "X-N" + std::to_string(i) + ": v\r\n"; return h; }()), 431, "headers_too_large", "", "the limit is 128");
-    row("header without colon", Head("GET /health HTTP/1.1", "Host: x\r\nNoColonHere\r\n"), 400, "malformed_header", "", "malformed header line 'NoColonHere'");
-    row("header name with a space", Head("GET /health HTTP/1.1", "Host: x\r\nBad Name: v\r\n"), 400, "malformed_header", "", "malformed header line");
-    row("space before the colon", Head("GET /health HTTP/1.1", "Host: x\r\nContent-Length : 0\r\n"), 400, "malformed_header", "", "malformed header line");
-    row("empty header name", Head("GET /health HTTP/1.1", "Host: x\r\n: v\r\n"), 400, "malformed_header", "", "malformed header line");
-    row("obsolete line folding", Head("GET /health HTTP/1.1", "Host: x\r\nX-A: one\r\n two\r\n"), 400, "malformed_header", "", "obsolete line folding");
-    row("control character in a header", Head("GET /health HTTP/1.1", "Host: x\r\nX-A: a\x01" "b\r\n"), 400, "malformed_header", "", "control character");
-    row("bare cr in a header", Head("GET /health HTTP/1.1", "Host: x\r\nX-A: a\rb\r\n"), 400, "malformed_header", "", "control character");
-    row("unknown expectation", Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nExpect: 200-ok\r\nContent-Length: 2\r\n") + "{}", 417, "expectation_failed", "", "only 100-continue");
+    row("header of 100 KB", Head("GET /health HTTP/1.1", "Host: localhost\r\nX-Big: " + std::string(100000, 'b') + "\r\n"), 431, "headers_too_large", "", "exceed 65536 bytes");
+    row("headers of 60 KB in many lines", Head("GET /health HTTP/1.1", "Host: localhost\r\n" + [] { std::string h; for (int i = 0; i < 120; ++i) h += "X-H" + std::to_string(i) + ": " + std::string(600, 'c') + "\r\n"; return h; }()), 431, "headers_too_large", "", "");
+    row("200 headers", Head("GET /health HTTP/1.1", "Host: localhost\r\n" + [] { std::string h; for (int i = 0; i < 200; ++i) h += "X-N" + std::to_string(i) + ": v\r\n"; return h; }()), 431, "headers_too_large", "", "the limit is 128");
+    row("header without colon", Head("GET /health HTTP/1.1", "Host: localhost\r\nNoColonHere\r\n"), 400, "malformed_header", "", "malformed header line 'NoColonHere'");
+    row("header name with a space", Head("GET /health HTTP/1.1", "Host: localhost\r\nBad Name: v\r\n"), 400, "malformed_header", "", "malformed header line");
+    row("space before the colon", Head("GET /health HTTP/1.1", "Host: localhost\r\nContent-Length : 0\r\n"), 400, "malformed_header", "", "malformed header line");
+    row("empty header name", Head("GET /health HTTP/1.1", "Host: localhost\r\n: v\r\n"), 400, "malformed_header", "", "malformed header line");
+    row("obsolete line folding", Head("GET /health HTTP/1.1", "Host: localhost\r\nX-A: one\r\n two\r\n"), 400, "malformed_header", "", "obsolete line folding");
+    row("control character in a header", Head("GET /health HTTP/1.1", "Host: localhost\r\nX-A: a\x01" "b\r\n"), 400, "malformed_header", "", "control character");
+    row("bare cr in a header", Head("GET /health HTTP/1.1", "Host: localhost\r\nX-A: a\rb\r\n"), 400, "malformed_header", "", "control character");
+    row("unknown expectation", Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nExpect: 200-ok\r\nContent-Length: 2\r\n") + "{}", 417, "expectation_failed", "", "only 100-continue");
 
     // Methods and routes.
     row("GET on chat", RawRequest("GET", chat, ""), 405, "method_not_allowed", "", "method GET is not allowed on /v1/chat/completions; allowed: POST, OPTIONS");
@@ -442,7 +442,7 @@ class TestHostileRequests : public QObject {
   // are answered in order.
   void chunkedAndPipelined() {
     const std::string body = ChatBody("");
-    std::string chunked = Head("POST /v1/chat/completions HTTP/1.1", "Host: x\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n");
+    std::string chunked = Head("POST /v1/chat/completions HTTP/1.1", "Host: localhost\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n");
     for (size_t at = 0; at < body.size(); at += 7) {
       const std::string piece = body.substr(at, 7);
       char size[16];
@@ -465,7 +465,7 @@ class TestHostileRequests : public QObject {
   void expectContinue() {
     RawConnection c(server_.port());
     const std::string body = ChatBody("");
-    QVERIFY(c.Send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n"));
+    QVERIFY(c.Send("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n"));
     pollfd p{c.fd(), POLLIN, 0};
     QVERIFY2(poll(&p, 1, 5000) == 1, "no 100 Continue");
     char buf[64] = {0};
@@ -490,7 +490,7 @@ class TestHostileRequests : public QObject {
     for (int i = 0; i < kSlow; ++i) {
       slow.push_back(std::make_unique<RawConnection>(server_.port()));
       QVERIFY(slow.back()->ok());
-      QVERIFY(slow.back()->Send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"));
+      QVERIFY(slow.back()->Send("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"));
     }
     std::atomic<bool> stop{false};
     std::thread trickle([&] {
