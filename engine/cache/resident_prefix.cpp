@@ -181,6 +181,9 @@ void ResidentPrefix::PinHead() {
   }
   std::sort(anchors.begin(), anchors.end(), [](const Anchor& a, const Anchor& b) { return a.length < b.length; });
   if (h <= 0 || anchors.empty()) return;
+  // The pin already holds this head (and a new one would add less than a grid chunk): copy nothing.
+  const int64_t pinned = static_cast<int64_t>(pin_.tokens.size());
+  if (!pin_.empty() && CommonPrefix(pin_.tokens, rows_) == pinned && h - pinned < forward_.grid_tokens()) return;
   auto rows = state_.CopyRows(0, h);
   if (!rows.ok()) return;
   pin_.tokens.assign(rows_.begin(), rows_.begin() + h);
@@ -192,9 +195,9 @@ void ResidentPrefix::PinHead() {
   if (park_.session == session_ && !session_.empty()) park_ = ParkedSession{};  // a compaction drops its own park
 }
 
-void ResidentPrefix::ParkResident(int64_t head) {
+std::optional<ParkedSession> ResidentPrefix::MakePark(int64_t head) const {
   const int64_t resident = static_cast<int64_t>(rows_.size());
-  if (resident <= head) return;
+  if (resident <= head) return std::nullopt;
   std::vector<Anchor> anchors;
   for (const Anchor& a : anchors_.Newest(ParkedSession::kMaxAnchors))
     if (a.length > head) anchors.push_back(a);
@@ -216,10 +219,10 @@ void ResidentPrefix::ParkResident(int64_t head) {
     for (const Anchor& a : anchors)
       if (RowBytes(a.length - head) + anchor_bytes_upto(a.length) <= options_.park_budget_bytes) top = a.length;
   }
-  if (top <= head) return;
+  if (top <= head) return std::nullopt;
   anchors.erase(std::remove_if(anchors.begin(), anchors.end(), [&](const Anchor& a) { return a.length > top; }), anchors.end());
   auto rows = state_.CopyRows(head, top);
-  if (!rows.ok()) return;
+  if (!rows.ok()) return std::nullopt;
   ParkedSession parked;
   parked.session = session_;
   parked.tokens.assign(rows_.begin(), rows_.begin() + top);
@@ -228,11 +231,21 @@ void ResidentPrefix::ParkResident(int64_t head) {
   parked.anchors = std::move(anchors);
   parked.end = std::move(end);
   parked.taint_row = taint_row_;
-  parked.parks = park_.parks + 1;
-  parked.hits = park_.hits;
+  return parked;
+}
+
+void ResidentPrefix::ParkResident(int64_t head) {
+  std::optional<ParkedSession> parked = MakePark(head);
+  if (!parked) return;
+  parked->parks = park_.parks + 1;
+  parked->hits = park_.hits;
+  InstallPark(std::move(*parked));
+}
+
+void ResidentPrefix::InstallPark(ParkedSession parked) {
   park_ = std::move(parked);
   ++counters_.parks;
-  Emit("write", "park", top, park_.bytes(), "session '" + park_.session + "' gave way to another");
+  Emit("write", "park", static_cast<int64_t>(park_.tokens.size()), park_.bytes(), "session '" + park_.session + "' gave way to another");
 }
 
 Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
@@ -252,12 +265,20 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
     ++pin_.hits;
     ++counters_.pin_hits;
   } else if (info.source == CacheSource::kPark) {
+    // The rows in place are copied aside before the parked rows overwrite them; a failed write
+    // leaves both where they were.
+    std::optional<ParkedSession> resident = plan.skip_copy ? std::nullopt : MakePark(park_.head);
+    RETURN_IF_ERROR(state_.WriteRows(park_.rows));
     ParkedSession back = std::move(park_);
     park_ = ParkedSession{};
-    park_.parks = back.parks;
-    park_.hits = back.hits + 1;
-    ParkResident(back.head);  // the rows in place take the parked session's place
-    RETURN_IF_ERROR(state_.WriteRows(back.rows));
+    if (resident) {
+      resident->parks = back.parks + 1;
+      resident->hits = back.hits + 1;
+      InstallPark(std::move(*resident));
+    } else {
+      park_.parks = back.parks;
+      park_.hits = back.hits + 1;
+    }
     rows_ = back.tokens;
     anchors_.DropAbove(back.head);
     for (const Anchor& a : back.anchors) anchors_.Put(a);
@@ -267,7 +288,7 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
     ++counters_.park_hits;
   } else if (!info.guest) {
     const int64_t c = CommonPrefix(info.served_prompt, rows_);
-    if (c < static_cast<int64_t>(rows_.size())) {
+    if (c < static_cast<int64_t>(rows_.size()) && !plan.skip_copy) {
       // This request replaces rows: keep the head of its own session, or park another session's.
       if (!request.session.empty() && request.session == session_) PinHead();
       else ParkResident(std::min(r, c));
@@ -289,12 +310,14 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
   if (info.guest) {
     const int64_t n = static_cast<int64_t>(request.prompt.size());
     const int64_t stash_end = std::min<int64_t>(rows_.size(), n + request.max_new_tokens + options_.guest_margin_rows);
-    ASSIGN_OR_RETURN(KvRows rows, state_.CopyRows(r, stash_end));
-    stash_.rows = std::move(rows);
     guest_resume_ = r;
-    stash_shed_ = false;
-    ++stash_.uses;
-    Emit("write", "stash", stash_end - r, stash_.bytes(), "guest request");
+    stash_shed_ = plan.skip_copy;  // without a stash the guest's rows replace the resident ones
+    if (!plan.skip_copy) {
+      ASSIGN_OR_RETURN(KvRows rows, state_.CopyRows(r, stash_end));
+      stash_.rows = std::move(rows);
+      ++stash_.uses;
+      Emit("write", "stash", stash_end - r, stash_.bytes(), "guest request");
+    }
     ++counters_.guests;
   }
 
@@ -315,6 +338,8 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
     anchors_.DropAbove(r);
     end_.reset();
     if (taint_row_ >= r) taint_row_ = kNoTaint;  // every row left is a cold prefill's
+    // A prefill resumed off the grid runs other chunks than a cold one: what it writes is tainted.
+    if (r % forward_.grid_tokens() != 0) taint_row_ = std::min(taint_row_, r);
     session_ = request.session;
   }
   if (info.source != CacheSource::kCold)
@@ -442,11 +467,17 @@ int64_t ResidentPrefix::PrefillPeakBytes(int64_t prompt_tokens, int64_t resume_a
   return chunk * per_token_floats * 4 + weight_tiles + logits + kv_growth;
 }
 
-bool ResidentPrefix::Shed(int64_t extra, int64_t limit, const std::string& reason) {
+bool ResidentPrefix::Shed(int64_t extra, int64_t limit, const std::string& reason, Plan* plan) {
   auto fits = [&] { return EngineBytes() + extra <= limit; };
   auto count = [&](const std::string& tier, int64_t tokens, int64_t bytes) {
     ++counters_.sheds[tier];
     Emit("shed", tier, tokens, bytes, reason);
+  };
+  auto skip_planned = [&](Plan::Copy kind, const char* tier) {
+    if (fits() || plan == nullptr || plan->copy != kind || plan->skip_copy) return;
+    extra -= plan->copy_bytes;
+    plan->skip_copy = true;
+    count(tier, 0, plan->copy_bytes);
   };
   while (!fits() && store_.size() > 0) {
     const int64_t before = store_.bytes();
@@ -469,43 +500,89 @@ bool ResidentPrefix::Shed(int64_t extra, int64_t limit, const std::string& reaso
     stash_shed_ = true;
     count("stash", 0, b);
   }
+  skip_planned(Plan::Copy::kStash, "stash");
   if (!fits() && !park_.empty()) {
     const int64_t b = park_.bytes();
     const int64_t len = static_cast<int64_t>(park_.tokens.size());
     park_ = ParkedSession{};
     count("park", len, b);
   }
+  skip_planned(Plan::Copy::kPark, "park");
   if (!fits() && !pin_.empty()) {
     const int64_t b = pin_.bytes();
     const int64_t len = static_cast<int64_t>(pin_.tokens.size());
     pin_ = PinnedHead{};
     count("pin", len, b);
   }
+  skip_planned(Plan::Copy::kPin, "pin");
   return fits();
 }
 
-Status ResidentPrefix::Admit(const ResumeInfo& info, int64_t max_new) {
-  const int64_t need = PrefillPeakBytes(static_cast<int64_t>(info.served_prompt.size()), info.cached_tokens, max_new);
+void ResidentPrefix::PlanCopy(const CacheRequest& request, Plan& plan) const {
+  const int64_t anchor_bytes = state_.anchor_bytes();
+  const int64_t resident = static_cast<int64_t>(rows_.size());
+  auto park = [&](int64_t head) {
+    plan.copy = Plan::Copy::kPark;
+    plan.copy_bytes = std::min(options_.park_budget_bytes, RowBytes(resident - head) + (ParkedSession::kMaxAnchors + 1) * anchor_bytes);
+  };
+  plan.copy = Plan::Copy::kNone;
+  plan.copy_bytes = 0;
+  if (plan.info.guest) {
+    const int64_t n = static_cast<int64_t>(request.prompt.size());
+    plan.copy = Plan::Copy::kStash;
+    plan.copy_bytes = RowBytes(std::min<int64_t>(resident, n + request.max_new_tokens + options_.guest_margin_rows) - plan.resume_length);
+    return;
+  }
+  if (plan.info.source == CacheSource::kPark) return park(park_.head);
+  if (plan.info.source == CacheSource::kPin) return;
+  const int64_t c = CommonPrefix(plan.info.served_prompt, rows_);
+  if (c >= resident) return;
+  if (!request.session.empty() && request.session == session_) {
+    plan.copy = Plan::Copy::kPin;
+    plan.copy_bytes = std::min(options_.pin_budget_bytes, RowBytes(resident) + PinnedHead::kMaxAnchors * anchor_bytes);
+    return;
+  }
+  park(std::min(plan.resume_length, c));
+}
+
+Status ResidentPrefix::Admit(const CacheRequest& request, Plan& plan, int64_t max_new) {
   const int64_t limit = options_.memory_peak_bytes - options_.memory_slack_bytes;
+  const int64_t n = static_cast<int64_t>(request.prompt.size());
+  auto need_of = [&](Plan& p) {
+    PlanCopy(request, p);
+    return PrefillPeakBytes(static_cast<int64_t>(p.info.served_prompt.size()), p.info.cached_tokens, max_new) + p.copy_bytes;
+  };
+  int64_t need = need_of(plan);
   if (EngineBytes() + need <= limit) return Status::Ok();
-  if (Shed(need, limit, "a prefill needs " + std::to_string(need) + " bytes")) return Status::Ok();
+  const std::string reason = "a prefill needs " + std::to_string(need) + " bytes";
+  // A request that cannot fit even cold, with every cache given back and nothing copied, is refused before any tier changes.
+  const int64_t cold_need = PrefillPeakBytes(n, 0, max_new);
+  if (state_.allocated_bytes() + std::min(need - plan.copy_bytes, cold_need) <= limit) {
+    if (Shed(need, limit, reason, &plan)) {
+      // Shedding may have taken what the plan resumes from: plan again, keeping a given-up copy given up.
+      Plan again = MakePlan(request);
+      const int64_t again_need = need_of(again);
+      again.skip_copy = plan.skip_copy && again.copy == plan.copy;
+      if (EngineBytes() + again_need - (again.skip_copy ? again.copy_bytes : 0) <= limit || Shed(again_need, limit, reason, &again)) {
+        plan = std::move(again);
+        return Status::Ok();
+      }
+    }
+  }
   ++counters_.refused;
-  Emit("drop", "memory", static_cast<int64_t>(info.served_prompt.size()), need, "a prefill did not fit the memory peak");
+  Emit("drop", "memory", n, need, "a prefill did not fit the memory peak");
   return ResourceExhausted("the prefill needs " + std::to_string(need) + " bytes beyond the engine's " + std::to_string(EngineBytes()) +
                            " and the peak limit is " + std::to_string(options_.memory_peak_bytes) + " bytes (slack " +
-                           std::to_string(options_.memory_slack_bytes) + "); every cache was given back");
+                           std::to_string(options_.memory_slack_bytes) + ")");
 }
 
 Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, const SamplingParams& params,
                                                   const TokenCallback& on_token, const std::atomic<bool>* cancel,
                                                   const std::function<void(const ResumeInfo&)>& on_admitted) {
   Plan plan = MakePlan(request);
+  RETURN_IF_ERROR(Admit(request, plan, params.max_tokens));
   RETURN_IF_ERROR(Apply(request, plan));
   ResumeInfo& info = plan.info;
-  if (Status admitted = Admit(info, params.max_tokens); !admitted.ok()) {
-    if (info.guest) FinishGuest();
-    return admitted;
-  }
   if (on_admitted) on_admitted(info);
   const int64_t n = static_cast<int64_t>(info.served_prompt.size());
   const int64_t G = forward_.grid_tokens();
@@ -537,12 +614,9 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
 
 Result<std::vector<float>> ResidentPrefix::Prefill(const CacheRequest& request, ResumeInfo* info_out) {
   Plan plan = MakePlan(request);
+  RETURN_IF_ERROR(Admit(request, plan, 0));
   RETURN_IF_ERROR(Apply(request, plan));
   ResumeInfo& info = plan.info;
-  if (Status admitted = Admit(info, 0); !admitted.ok()) {
-    if (info.guest) FinishGuest();
-    return admitted;
-  }
   const int64_t n = static_cast<int64_t>(info.served_prompt.size());
   const int64_t G = forward_.grid_tokens();
   RETURN_IF_ERROR(PrefillRange(info, std::max(state_.length(), (n - 1) / G * G), !info.guest));
@@ -565,8 +639,10 @@ Result<ResumeInfo> ResidentPrefix::Prewarm(const CacheRequest& request) {
   if (plan.info.guest || plan.info.source == CacheSource::kCold || plan.info.source == CacheSource::kResident ||
       plan.info.source == CacheSource::kEnd)
     return plan.info;  // nothing to bring: already in place, or no tier holds it
+  RETURN_IF_ERROR(Admit(request, plan, 0));
   RETURN_IF_ERROR(Apply(request, plan));
-  // The rows and state are in place now; the request itself will resume from them.
+  // The rows and state are in place; the restored end stays the end, so the request resumes there.
+  if (plan.resume_from_end) end_ = EndAnchor{state_.SaveAnchor(), taint_row_};
   plan.info.source = plan.resume_from_end ? CacheSource::kEnd : CacheSource::kResident;
   return plan.info;
 }

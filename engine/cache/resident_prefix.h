@@ -127,6 +127,9 @@ class ResidentPrefix {
     ResumeInfo info;
     int64_t resume_length = 0;    // 0 means cold
     bool resume_from_end = false;  // the anchor at resume_length is the (possibly parked) end anchor
+    enum class Copy { kNone, kStash, kPin, kPark } copy = Copy::kNone;  // what Apply copies aside
+    int64_t copy_bytes = 0;        // an upper bound of that copy
+    bool skip_copy = false;        // given up for memory: Apply copies nothing aside
   };
   Plan MakePlan(const CacheRequest& request) const;
   Status Apply(const CacheRequest& request, Plan& plan);
@@ -134,13 +137,20 @@ class ResidentPrefix {
   void KeepEnd(const ResumeInfo& info, int64_t forwarded_generated, const std::vector<int32_t>& generated);
   void FinishGuest();
   // Gives back caches, cheapest first (store, anchors, end, stash, park, pin), until EngineBytes()
-  // plus extra fits under limit; returns whether it fits.
-  bool Shed(int64_t extra, int64_t limit, const std::string& reason);
-  Status Admit(const ResumeInfo& info, int64_t max_new);
+  // plus extra fits under limit; a plan's own copy is given up at its tier's place. Returns whether it fits.
+  bool Shed(int64_t extra, int64_t limit, const std::string& reason, Plan* plan = nullptr);
+  // Fits the plan under the memory peak, shedding caches (and re-planning) where that is enough;
+  // a request that cannot fit even cold is refused before any tier changes.
+  Status Admit(const CacheRequest& request, Plan& plan, int64_t max_new);
+  // Sets what Apply will copy aside for the plan (stash, pin or park) and an upper bound of its bytes.
+  void PlanCopy(const CacheRequest& request, Plan& plan) const;
   void PutPrefixSnapshot(int64_t prompt_tokens);
   void PutSessionSnapshot();
   void PinHead();
   void ParkResident(int64_t shared_head);
+  // A copy of the resident rows above head for the park (nothing is installed), or none when they do not fit.
+  std::optional<ParkedSession> MakePark(int64_t head) const;
+  void InstallPark(ParkedSession parked);
   int64_t RowBytes(int64_t rows) const;
   bool IsGuest(const CacheRequest& request, int64_t resume_at) const;
 

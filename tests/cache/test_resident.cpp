@@ -4,6 +4,7 @@
 #include <QtTest>
 
 #include <cstring>
+#include <limits>
 
 #include "engine/cache/resident_prefix.h"
 #include "tests/cache/cache_test_util.h"
@@ -229,6 +230,106 @@ class TestResident : public QObject {
     // A real token differs: back to the anchors.
     expect("<|im_start|>user\nWhat is a grid line?<|im_end|>\n<|im_start|>assistant\nA grid line is a chunk border." + next, false, false);
     expect("<|im_start|>user\nWhat is a grid  line?<|im_end|>\n<|im_start|>assistant\nA grid line is a chunk boundary." + next, false, false);
+  }
+
+  // A generation that forwards nothing keeps its end off the grid; what a later prefill writes after
+  // resuming there is tainted, and no snapshot above it is stored as a cold prefill's.
+  void offGridResumeTaintsWhatFollows() {
+    ResidentPrefix rp(*forward1_, &model_->tokenizer, ResidentOptions{});
+    SamplingParams one;
+    one.temperature = 0;
+    one.max_tokens = 1;
+    const auto p = Tokens(50, 100, vocab_);
+    auto first = rp.Generate({p, "t", 1}, one, nullptr);
+    QVERIFY(first.ok());
+    QCOMPARE(static_cast<int64_t>(rp.rows().size()), int64_t(100));
+    QCOMPARE(rp.taint_row(), std::numeric_limits<int64_t>::max());  // the prompt's rows are a cold prefill's
+    const auto longer = Concat(p, Tokens(51, 230, vocab_));
+    ResumeInfo info;
+    auto l = rp.Prefill({longer, "t", 0}, &info);
+    QVERIFY(l.ok());
+    QCOMPARE(info.source, CacheSource::kEnd);
+    QCOMPARE(info.cached_tokens, int64_t(100));
+    QCOMPARE(rp.taint_row(), int64_t(100));
+    // The store's prefix snapshot may only be one a cold prefill wrote: at or below the taint.
+    QVERIFY(rp.Clear("anchors").ok());
+    QVERIFY(rp.Clear("end").ok());
+    auto again = rp.Prefill({Concat(longer, Tokens(52, 5, vocab_)), "u", 0}, &info);
+    QVERIFY(again.ok());
+    QVERIFY2(info.cached_tokens <= 100, std::to_string(info.cached_tokens).c_str());
+    QVERIFY(rp.Clear("all").ok());
+    const auto cold_again = Concat(longer, Tokens(52, 5, vocab_));
+    auto fresh = rp.Prefill({cold_again, "u", 0}, &info);
+    QVERIFY(fresh.ok());
+    ExpectColdEqual(*forward1_, rp, *fresh, cold_again);
+  }
+
+  // A request refused for memory leaves every tier as it was: nothing pinned, parked or dropped.
+  void refusalChangesNoTier() {
+    ResidentPrefix rp(*forward1_, &model_->tokenizer, ResidentOptions{});
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    greedy.max_tokens = 3;
+    QVERIFY(rp.Generate({Tokens(60, 300, vocab_), "a", 3}, greedy, nullptr).ok());
+    const auto before = rp.Stats();
+    const std::vector<int32_t> rows = rp.rows();
+    const int64_t length = rp.state().length();
+    ResidentOptions tight = rp.options();
+    tight.memory_peak_bytes = rp.state().allocated_bytes() + 1000;  // no prefill fits, even cold
+    rp.set_options(tight);
+    for (const char* session : {"a", "b"}) {  // a would pin, b would park
+      auto refused = rp.Generate({Tokens(61, 200, vocab_), session, 3}, greedy, nullptr);
+      QVERIFY(!refused.ok());
+      QCOMPARE(refused.status().code(), StatusCode::kResourceExhausted);
+    }
+    const auto after = rp.Stats();
+    QVERIFY(rp.rows() == rows);
+    QCOMPARE(rp.state().length(), length);
+    for (const char* tier : {"anchors", "end", "stash", "pin", "park", "store"})
+      QVERIFY2(after[tier]["entries"] == before[tier]["entries"] && after[tier]["bytes"] == before[tier]["bytes"], tier);
+    QCOMPARE(after["anchors"]["lengths"], before["anchors"]["lengths"]);
+    QCOMPARE(after["memory"]["refused"].get<int>(), 2);
+  }
+
+  // Prewarm brings a parked end into place, and the next request resumes exactly where prewarm said.
+  void prewarmAnswersWhatTheNextRequestGets() {
+    ResidentPrefix rp(*forward1_, &model_->tokenizer, ResidentOptions{});
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    greedy.max_tokens = 6;
+    const auto a = Tokens(70, 200, vocab_);
+    auto first = rp.Generate({a, "a", 6}, greedy, nullptr);
+    QVERIFY(first.ok());
+    QVERIFY(rp.Generate({Concat(Head(a, 64), Tokens(71, 150, vocab_)), "b", 6}, greedy, nullptr).ok());
+    QCOMPARE(rp.Stats()["park"]["session"].get<std::string>(), std::string("a"));
+    const auto follow = Concat(Concat(a, first->generation.tokens), Tokens(72, 20, vocab_));
+    auto warmed = rp.Prewarm({follow, "a", 6});
+    QVERIFY(warmed.ok());
+    QCOMPARE(warmed->source, CacheSource::kEnd);
+    const ResumeInfo peek = rp.Peek({follow, "a", 6});
+    QCOMPARE(peek.source, CacheSource::kEnd);
+    QCOMPARE(peek.cached_tokens, warmed->cached_tokens);
+    auto served = rp.Generate({follow, "a", 6}, greedy, nullptr);
+    QVERIFY(served.ok());
+    QCOMPARE(served->resume.source, CacheSource::kEnd);
+    QCOMPARE(served->resume.cached_tokens, warmed->cached_tokens);
+  }
+
+  // Cutting the same session's rows again with the same head does not copy the pin again.
+  void pinOncePerHead() {
+    ResidentPrefix rp(*forward1_, &model_->tokenizer, ResidentOptions{});
+    ResumeInfo info;
+    const auto x = Tokens(80, 300, vocab_);
+    const auto y = Tokens(81, 300, vocab_);
+    QVERIFY(rp.Prefill({x, "s", 0}).ok());
+    QVERIFY(rp.Prefill({y, "s", 0}).ok());  // a compaction: the head of x is pinned
+    QCOMPARE(rp.Stats()["pin"]["pins"].get<int>(), 1);
+    QVERIFY(rp.Prefill({Concat(x, Tokens(82, 3, vocab_)), "s", 0}, &info).ok());  // back to x, from the pin
+    QCOMPARE(info.source, CacheSource::kPin);
+    QVERIFY(rp.Prefill({y, "s", 0}).ok());  // the same compaction again: x's head is pinned already
+    QCOMPARE(rp.Stats()["pin"]["pins"].get<int>(), 1);
+    QVERIFY(rp.Prefill({Concat(x, Tokens(83, 3, vocab_)), "s", 0}, &info).ok());
+    QCOMPARE(info.source, CacheSource::kPin);
   }
 
   void budgetEvictionKeepsTheNewestFourAndClearServesCold() {
