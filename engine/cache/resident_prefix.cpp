@@ -580,7 +580,14 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
                                                   const TokenCallback& on_token, const std::atomic<bool>* cancel,
                                                   const std::function<void(const ResumeInfo&)>& on_admitted) {
   Plan plan = MakePlan(request);
-  RETURN_IF_ERROR(Admit(request, plan, params.max_tokens));
+  // The context holds the prompt as served (end alignment can make it longer than the client's) and the output.
+  const int64_t context = request.context_tokens > 0 ? request.context_tokens : forward_.config().max_position_embeddings;
+  const int64_t served = static_cast<int64_t>(plan.info.served_prompt.size());
+  if (served >= context)
+    return OutOfRange("the prompt holds " + std::to_string(served) + " tokens as served; this server's context limit is " + std::to_string(context) + " tokens");
+  SamplingParams fitted = params;
+  fitted.max_tokens = std::min(params.max_tokens, context - served);
+  RETURN_IF_ERROR(Admit(request, plan, fitted.max_tokens));
   RETURN_IF_ERROR(Apply(request, plan));
   ResumeInfo& info = plan.info;
   if (on_admitted) on_admitted(info);
@@ -594,7 +601,7 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
   Generator generator(forward_, tokenizer_);
   const int64_t start = state_.length();
   auto result = generator.Generate(state_, std::span<const int32_t>(info.served_prompt.data() + start, static_cast<size_t>(n - start)),
-                                   params, on_token, cancel);
+                                   fitted, on_token, cancel);
   if (info.guest) {
     FinishGuest();
   } else if (result.ok()) {

@@ -62,6 +62,7 @@ ojson ToolCallsJson(const std::vector<ParsedToolCall>& calls, bool with_index) {
 
 std::string FinishReasonFor(const GenerationResult& result, bool has_tool_calls) {
   if (result.finish == FinishReason::kLength) return "length";
+  if (result.finish == FinishReason::kCancelled) return "cancelled";
   return has_tool_calls ? "tool_calls" : "stop";
 }
 
@@ -163,14 +164,21 @@ void HttpServer::RouteOperations() {
     res.SetContent(metrics_.Render(scheduler_.queue_depth(), scheduler_.busy()), "text/plain; version=0.0.4");
   });
   Route("GET", "/v1/models", RouteClass::kControl, RouteAccess::kClient, [this](const HttpRequest&, HttpResponse& res) {
-    SendJson(res, {{"object", "list"},
-                   {"data", {{{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "anchorage"},
-                              {"max_model_len", options_.context_tokens}}}}});
+    ojson data = ojson::array();
+    std::vector<std::string> names = {options_.model_id};
+    names.insert(names.end(), options_.model_aliases.begin(), options_.model_aliases.end());
+    for (const std::string& name : names)
+      data.push_back({{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "anchorage"}, {"max_model_len", options_.context_tokens}});
+    SendJson(res, {{"object", "list"}, {"data", data}});
   });
 }
 
+ParseOptions HttpServer::ParseOptionsOf() const {
+  return ParseOptions{options_.model_id, model_.config.vocab_size, options_.model_aliases, options_.strict_model_names};
+}
+
 bool HttpServer::CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiError* error) const {
-  auto request = ParseCompletionRequest(RequestKind::kChat, req.body, ParseOptions{options_.model_id, model_.config.vocab_size}, error);
+  auto request = ParseCompletionRequest(RequestKind::kChat, req.body, ParseOptionsOf(), error);
   if (!request) return false;
   bool reasoning = false;
   if (!PromptIds(*request, &out->prompt, &reasoning, error)) return false;
@@ -325,7 +333,7 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
     journal_->RecordRequest(std::move(row));
   };
   ApiError error;
-  ParseOptions parse_options{options_.model_id, model_.config.vocab_size};
+  const ParseOptions parse_options = ParseOptionsOf();
   auto request = ParseCompletionRequest(kind, req.body, parse_options, &error);
   if (!request) return reject(error);
   if (request->session.empty() && req.HasHeader("x-session-id")) request->session = req.HeaderValue("x-session-id");
@@ -359,6 +367,19 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
     }
   }
   auto job = std::make_shared<Job>(prepared->prompt_ids, r.sampling, r.session, req.path);
+  job->set_context_tokens(options_.context_tokens);
+  // The journal records the finish reason the client sees: tool_calls when the reply parses as calls.
+  job->set_finish_reason_namer([prepared, kind](const GenerationResult& result) {
+    const CompletionRequest& rq = prepared->request;
+    bool calls = false;
+    if (kind == RequestKind::kChat && rq.parse_tool_calls) {
+      OutputParser parser(prepared->starts_in_reasoning, rq.tools);
+      parser.Push(result.text);
+      parser.Finish();
+      calls = !parser.tool_calls().empty();
+    }
+    return FinishReasonFor(result, calls);
+  });
   Status submitted = scheduler_.Submit(job);
   if (!submitted.ok()) {
     res.SetHeader("Retry-After", "1");
@@ -370,6 +391,8 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
       res.SetHeader("Retry-After", "2");
       return reject({503, admitted.message(), "server_error", "", "memory_exhausted"});
     }
+    if (admitted.code() == StatusCode::kOutOfRange)
+      return reject({400, admitted.message(), "invalid_request_error", kind == RequestKind::kChat ? "messages" : "prompt", "context_length_exceeded"});
     return reject({500, admitted.ToString(), "server_error", "", "engine_error"});
   }
   const std::string id = (kind == RequestKind::kChat ? "chatcmpl-" : "cmpl-") + RandomHex(24);
@@ -380,7 +403,7 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
     ojson u = {{"prompt_tokens", s.prompt_tokens},
                {"completion_tokens", s.completion_tokens},
                {"total_tokens", s.prompt_tokens + s.completion_tokens},
-               {"prompt_tokens_details", {{"cached_tokens", std::min(s.cached_tokens, s.prompt_tokens)}}},
+               {"prompt_tokens_details", {{"cached_tokens", std::max<int64_t>(0, s.prompt_tokens - s.reread_tokens)}}},
                {"anchorage", {{"cache_tier", s.cached_tokens > 0 ? "ram" : "none"}, {"cache_source", s.cache_source}, {"cached_tokens", s.cached_tokens},
                               {"reread_tokens", s.reread_tokens}, {"served_prompt_tokens", s.served_prompt_tokens},
                               {"prefill_ms", s.prefill_ms}, {"ttft_ms", s.ttft_ms},
@@ -423,7 +446,7 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
     }
     bool has_tools = false;
     if (kind == RequestKind::kChat) {
-      OutputParser parser(prepared->starts_in_reasoning, r.parse_tool_calls ? r.tools : ojson::array());
+      OutputParser parser(prepared->starts_in_reasoning, r.parse_tool_calls ? r.tools : ojson::array(), r.parse_tool_calls);
       parser.Push(result.text);
       parser.Finish();
       ojson message = {{"role", "assistant"}, {"content", parser.content()}};
@@ -465,7 +488,7 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
           }
           return true;
         };
-        OutputParser parser(prepared->starts_in_reasoning, r.parse_tool_calls ? r.tools : ojson::array());
+        OutputParser parser(prepared->starts_in_reasoning, r.parse_tool_calls ? r.tools : ojson::array(), r.parse_tool_calls);
         size_t tool_index = 0;
         auto send_delta = [&](const OutputDelta& d, ojson logprobs) {
           if (d.empty() && logprobs.is_null()) return true;

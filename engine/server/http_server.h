@@ -22,7 +22,9 @@ namespace anchorage {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
-  std::string model_id;          // what /v1/models lists and requests may name
+  std::string model_id;          // what /v1/models lists and responses name
+  std::vector<std::string> model_aliases;  // more names /v1/models lists
+  bool strict_model_names = false;         // refuse names other than the id and the aliases (404)
   AccessOptions access;          // Host and Origin checks, API keys, the admin token
   int64_t context_tokens = 0;    // prompt plus output limit; 0 means the model's maximum
   HttpTransportOptions transport;  // limits, timeouts, pools and connection caps
@@ -57,6 +59,7 @@ class HttpServer {
 
   void Completion(RequestKind kind, const HttpRequest& req, HttpResponse& res);
   // Parses a chat body for peek and prewarm: its prompt ids and session (body "session", else x-session-id).
+  ParseOptions ParseOptionsOf() const;
   bool CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiError* error) const;
   // Renders and tokenizes a parsed request; false with *error set when it cannot.
   bool PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids, bool* starts_in_reasoning, ApiError* error) const;

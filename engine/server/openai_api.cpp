@@ -346,16 +346,18 @@ std::optional<CompletionRequest> ParseCompletionRequest(RequestKind kind, std::s
     if (body.contains("model") && !body["model"].is_null()) {
       if (!body["model"].is_string()) Reject("model", "'model' must be a string");
       r.model = body["model"].get<std::string>();
-      if (!r.model.empty() && r.model != options.model_id) {
+      const bool known = r.model == options.model_id || std::find(options.aliases.begin(), options.aliases.end(), r.model) != options.aliases.end();
+      if (!r.model.empty() && !known && options.strict_model_names) {
         ApiError e{404, "the model '" + r.model + "' does not exist; this server serves '" + options.model_id + "'", "invalid_request_error", "model", "model_not_found"};
         throw Invalid{e};
       }
     }
-    if (r.model.empty()) r.model = options.model_id;
+    r.model = options.model_id;  // one model is loaded: any name (unless strict) is served by it
     ParseSampling(body, r);
     ParseLogitBias(body, options.vocab_size, r.sampling);
     CheckResponseFormat(body);
-    for (const char* key : {"conversation_id", "session_id", "session", "user"}) {
+    // OpenAI's "user" names an end user, not a conversation: it is not a session.
+    for (const char* key : {"conversation_id", "session_id", "session"}) {
       if (body.contains(key) && body[key].is_string() && !body[key].get<std::string>().empty()) {
         r.session = body[key].get<std::string>();
         break;

@@ -40,7 +40,7 @@ struct CompletionRequest {
   bool include_usage = false;
   bool logprobs = false;
   int top_logprobs = 0;
-  std::string session;  // conversation id from the body, else x-session-id
+  std::string session;  // the body's conversation_id / session_id / session, else x-session-id
 };
 
 // Request bodies nest at most this deep (the body's own object is level 1).
@@ -53,8 +53,10 @@ size_t JsonNestingDepth(std::string_view text, size_t limit);
 bool ParseJsonBody(std::string_view body, nlohmann::ordered_json* out, ApiError* error);
 
 struct ParseOptions {
-  std::string model_id;       // the one model served; an empty or matching "model" is accepted
-  int64_t vocab_size = 0;     // token ids in a completion prompt must be below this
+  std::string model_id;                // the one model served
+  int64_t vocab_size = 0;              // token ids in a completion prompt must be below this
+  std::vector<std::string> aliases;    // other names of the model (--served-model-name a,b)
+  bool strict_model_names = false;     // refuse a "model" that is neither the id nor an alias
 };
 
 // Parses and validates a body; returns the request or the error to send. Never throws.

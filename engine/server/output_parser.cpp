@@ -27,8 +27,8 @@ std::string TrimNewlines(std::string s) {
 
 }  // namespace
 
-OutputParser::OutputParser(bool starts_in_reasoning, nlohmann::ordered_json tools)
-    : mode_(starts_in_reasoning ? Mode::kReasoning : Mode::kStart), tools_(std::move(tools)) {}
+OutputParser::OutputParser(bool starts_in_reasoning, nlohmann::ordered_json tools, bool parse_tool_calls)
+    : mode_(starts_in_reasoning ? Mode::kReasoning : Mode::kStart), parse_tool_calls_(parse_tool_calls), tools_(std::move(tools)) {}
 
 OutputDelta OutputParser::Push(const std::string& text) {
   OutputDelta out;
@@ -94,7 +94,7 @@ void OutputParser::Step(OutputDelta& out, bool final) {
         return;
       }
       case Mode::kContent: {
-        size_t at = pending_.find(kToolOpen);
+        size_t at = parse_tool_calls_ ? pending_.find(kToolOpen) : std::string::npos;
         if (at != std::string::npos) {
           std::string c = pending_.substr(0, at);
           if (!tool_calls_.empty()) c = TrimNewlines(c);  // glue between calls
@@ -104,7 +104,7 @@ void OutputParser::Step(OutputDelta& out, bool final) {
           mode_ = Mode::kToolCall;
           continue;
         }
-        size_t keep = final ? 0 : PartialTagSuffix(pending_, kToolOpen);
+        size_t keep = final || !parse_tool_calls_ ? 0 : PartialTagSuffix(pending_, kToolOpen);
         std::string c = pending_.substr(0, pending_.size() - keep);
         // After a call only another call is expected; whitespace between calls is not content.
         if (!tool_calls_.empty() && c.find_first_not_of(" \n") == std::string::npos) {

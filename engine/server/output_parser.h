@@ -25,7 +25,8 @@ class OutputParser {
  public:
   // starts_in_reasoning: the prompt ended inside an open <think> block.
   // tools: the request's tools (OpenAI shape), used to type parameter values by their JSON schema.
-  OutputParser(bool starts_in_reasoning, nlohmann::ordered_json tools);
+  // parse_tool_calls false (a request without tools): <tool_call> blocks stay content.
+  OutputParser(bool starts_in_reasoning, nlohmann::ordered_json tools, bool parse_tool_calls = true);
 
   // Feeds newly generated text; holds back a possible partial tag.
   OutputDelta Push(const std::string& text);
@@ -45,6 +46,7 @@ class OutputParser {
   Mode mode_;
   std::string pending_;
   bool strip_leading_newlines_ = false;
+  bool parse_tool_calls_;
   nlohmann::ordered_json tools_;
   std::string reasoning_;
   std::string content_;

@@ -233,7 +233,7 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
   const auto start = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point first_token;
   bool have_first = false;
-  CacheRequest request{job.prompt_ids(), job.session(), job.sampling().max_tokens};
+  CacheRequest request{job.prompt_ids(), job.session(), job.sampling().max_tokens, job.context_tokens()};
   current_session_ = job.session();
   auto result = resident_.Generate(
       request, job.sampling(),
@@ -269,7 +269,7 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
       prefill_seconds_ += stats.prefill_ms / 1000.0;
     }
   }
-  RecordJob(job, stats, 200, "", FinishReasonName(result->generation.finish));
+  RecordJob(job, stats, 200, "", job.FinishReasonOf(result->generation));
   job.Finish(Status::Ok(), std::move(result->generation), stats);
 }
 

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -47,6 +48,14 @@ class Job {
   const std::string& session() const { return session_; }
   const std::string& route() const { return route_; }
   const SamplingParams& sampling() const { return sampling_; }
+  // The context limit (prompt as served plus output); 0: the model's.
+  void set_context_tokens(int64_t tokens) { context_tokens_ = tokens; }
+  int64_t context_tokens() const { return context_tokens_; }
+  // How the journal names the end of a generation (the API's finish reason); default the engine's.
+  void set_finish_reason_namer(std::function<std::string(const GenerationResult&)> namer) { finish_reason_namer_ = std::move(namer); }
+  std::string FinishReasonOf(const GenerationResult& result) const {
+    return finish_reason_namer_ ? finish_reason_namer_(result) : FinishReasonName(result.finish);
+  }
 
   // Asks the engine to stop before its next token (a client hung up).
   void Cancel() { cancel_.store(true); }
@@ -74,6 +83,8 @@ class Job {
   SamplingParams sampling_;
   std::string session_;
   std::string route_;
+  int64_t context_tokens_ = 0;
+  std::function<std::string(const GenerationResult&)> finish_reason_namer_;
   std::atomic<bool> cancel_{false};
   std::mutex mu_;
   std::condition_variable cv_;

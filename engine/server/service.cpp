@@ -93,7 +93,18 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   }
   say(0.2, "loading " + model_dir);
   ASSIGN_OR_RETURN(s->model_, LoadModel(model_dir));
-  s->model_id_ = config.served_model_name.empty() ? fs::path(model_dir).filename().string() : config.served_model_name;
+  std::vector<std::string> names;
+  for (size_t start = 0; start <= config.served_model_name.size();) {
+    size_t comma = config.served_model_name.find(',', start);
+    if (comma == std::string::npos) comma = config.served_model_name.size();
+    std::string name = config.served_model_name.substr(start, comma - start);
+    start = comma + 1;
+    name.erase(0, name.find_first_not_of(' '));
+    name.erase(name.find_last_not_of(' ') + 1);
+    if (!name.empty()) names.push_back(name);
+  }
+  s->model_id_ = names.empty() ? fs::path(model_dir).filename().string() : names[0];
+  if (!names.empty()) names.erase(names.begin());
 
   say(0.6, "opening the settings and the journal");
   ASSIGN_OR_RETURN(SettingsStore settings, SettingsStore::Open((fs::path(config.data_dir) / "settings.json").string()));
@@ -135,6 +146,8 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   options.host = config.host;
   options.port = config.port;
   options.model_id = s->model_id_;
+  options.model_aliases = names;
+  options.strict_model_names = config.strict_model_names;
   options.access.bind_host = config.host;
   options.access.admin_token = config.admin_token;
   options.access.api_keys = config.api_keys;

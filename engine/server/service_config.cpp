@@ -75,9 +75,9 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
     }
   }
   else if (key == "test-replies") c.test_replies_file = value;
-  else if (key == "caches" || key == "end-anchor") {
+  else if (key == "caches" || key == "end-anchor" || key == "strict-model-names") {
     if (value != "on" && value != "off") return InvalidArgument(source + ": " + key + " must be on or off, got '" + value + "'");
-    (key == "caches" ? c.caches : c.end_anchor) = value == "on";
+    (key == "caches" ? c.caches : key == "end-anchor" ? c.end_anchor : c.strict_model_names) = value == "on";
   }
   else if (key == "resident-gb" || key == "resident-stash-gb" || key == "resident-pin-gb" || key == "resident-park-gb") {
     char* end = nullptr;
@@ -104,9 +104,9 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
 
 const char* ServerUsage() {
   return "usage: anchorage-server [--config FILE] [--host ADDR] [--port N] [--model DIR] [--data-dir DIR]\n"
-         "                        [--served-model-name NAME] [--grid TOKENS] [--admin-token TOKEN]\n"
+         "                        [--served-model-name NAME[,ALIAS...]] [--grid TOKENS] [--admin-token TOKEN]\n"
          "                        [--api-key KEY]... [--api-keys-file FILE] [--allowed-hosts H,H]\n"
-         "                        [--cors-origins ORIGIN,ORIGIN]\n"
+         "                        [--cors-origins ORIGIN,ORIGIN] [--strict-model-names on|off]\n"
          "                        [--max-queue N] [--ctx TOKENS] [--threads N] [--caches on|off]\n"
          "                        [--resident-gb GB] [--resident-guest-max TOKENS] [--resident-stash-gb GB]\n"
          "                        [--resident-pin-gb GB] [--resident-park-gb GB] [--end-anchor on|off]\n"

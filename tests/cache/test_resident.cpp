@@ -332,6 +332,38 @@ class TestResident : public QObject {
     QCOMPARE(info.source, CacheSource::kPin);
   }
 
+  // The context check counts the prompt as served: end alignment serves the rows' own tokens, which
+  // can be more than the client's copy.
+  void contextCountsTheServedPrompt() {
+    ResidentPrefix rp(*forward2_, &model_->tokenizer, ResidentOptions{});
+    const std::string turn1 = "<|im_start|>user\nWhat is a grid line?<|im_end|>\n<|im_start|>assistant\n<think>\n";
+    auto prompt = model_->tokenizer.Encode(turn1);
+    auto reply = model_->tokenizer.Encode("Think about chunks for a while, then answer.\n</think>\n\nA grid line is a chunk boundary.<|im_end|>");
+    QVERIFY(prompt.ok() && reply.ok());
+    SamplingParams forced;
+    forced.temperature = 0;
+    forced.forced_ids = *reply;
+    forced.max_tokens = static_cast<int64_t>(reply->size());
+    forced.stop_token_ids = {*model_->tokenizer.TokenId("<|im_end|>")};
+    QVERIFY(rp.Generate({*prompt, "", 64}, forced, nullptr).ok());
+    auto copy = model_->tokenizer.Encode("<|im_start|>user\nWhat is a grid line?<|im_end|>\n<|im_start|>assistant\nA grid line is a chunk boundary.<|im_end|>\n<|im_start|>user\nAnd a row?<|im_end|>\n<|im_start|>assistant\n");
+    QVERIFY(copy.ok());
+    const ResumeInfo peek = rp.Peek({*copy, "", 8});
+    QVERIFY(peek.aligned);
+    const int64_t served = static_cast<int64_t>(peek.served_prompt.size());
+    QVERIFY(served > static_cast<int64_t>(copy->size()));
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    greedy.max_tokens = 8;
+    auto refused = rp.Generate({*copy, "", 8, served}, greedy, nullptr);
+    QVERIFY(!refused.ok());
+    QCOMPARE(refused.status().code(), StatusCode::kOutOfRange);
+    QCOMPARE(rp.Peek({*copy, "", 8}).source, CacheSource::kEnd);  // the refusal changed nothing
+    auto fitted = rp.Generate({*copy, "", 8, served + 2}, greedy, nullptr);
+    QVERIFY(fitted.ok());
+    QVERIFY(fitted->generation.tokens.size() <= 2);
+  }
+
   void budgetEvictionKeepsTheNewestFourAndClearServesCold() {
     ResidentOptions o;
     SequenceState probe(model_->config);

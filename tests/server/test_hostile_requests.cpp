@@ -393,6 +393,10 @@ class TestHostileRequests : public QObject {
       RawResponse r = RawExchange(server_.port(), Post("/v1/chat/completions", body), 60000);
       QVERIFY2(r.status == 200, (body + " -> " + std::to_string(r.status) + " " + r.body).c_str());
     }
+    // With one model loaded any name is served by it, and the answer names the real id.
+    RawResponse other = RawExchange(server_.port(), Chat("\"model\": \"gpt-4o\""), 60000);
+    QCOMPARE(other.status, 200);
+    QCOMPARE(json::parse(other.body)["model"].get<std::string>(), std::string("tiny-seed0"));
   }
 
   // A logit_bias of +100 on one token makes greedy decoding pick it: the field is applied, not ignored.

@@ -52,7 +52,7 @@ class TestServer : public QObject {
         {{"match", "\"sky\": \"sunny\""}, {"reply", "The tool answered.\n</think>\n\nIt is 22 degrees and sunny in Paris."}},
     });
     std::ofstream(data_.filePath("replies.json").toStdString()) << replies.dump();
-    QVERIFY(server_.Start(data_.path(), {"--test-replies", data_.filePath("replies.json"), "--max-queue", "16"}));
+    QVERIFY(server_.Start(data_.path(), {"--test-replies", data_.filePath("replies.json"), "--max-queue", "16", "--strict-model-names", "on"}));
   }
 
   void openaiClientConformance() {
@@ -123,6 +123,47 @@ class TestServer : public QObject {
     if (!code.isEmpty()) QCOMPARE(QString::fromStdString(err["code"].get<std::string>()), code);
     auto health = server_.Get("/health");
     QVERIFY(health && health->status == 200);
+  }
+
+  // A reply that looks like a tool call, to a request that sent no tools, is content; with tools it
+  // is a tool call, and the journal records the finish reason the client saw.
+  void toolCallTextWithoutToolsIsContent() {
+    const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}])");
+    json body = {{"messages", {{{"role", "user"}, {"content", "What is the weather in Paris?"}}}}, {"max_tokens", 200}};
+    auto plain = server_.Post("/v1/chat/completions", body.dump());
+    QVERIFY(plain && plain->status == 200);
+    const json choice = json::parse(plain->body)["choices"][0];
+    QCOMPARE(choice["finish_reason"].get<std::string>(), std::string("stop"));
+    QVERIFY(!choice["message"].contains("tool_calls"));
+    QVERIFY2(choice["message"]["content"].get<std::string>().find("<tool_call>\n<function=get_weather>") != std::string::npos, plain->body.c_str());
+
+    body["stream"] = true;
+    StreamResult streamed = server_.Stream("/v1/chat/completions", body);
+    QCOMPARE(streamed.status, 200);
+    std::string content;
+    for (const json& e : streamed.events) {
+      if (!e.contains("choices") || e["choices"].empty()) continue;
+      const json& delta = e["choices"][0]["delta"];
+      QVERIFY(!delta.contains("tool_calls"));
+      if (delta.contains("content") && delta["content"].is_string()) content += delta["content"].get<std::string>();
+    }
+    QVERIFY2(content.find("<tool_call>\n<function=get_weather>") != std::string::npos, content.c_str());
+
+    body.erase("stream");
+    body["tools"] = tools;
+    auto with_tools = server_.Post("/v1/chat/completions", body.dump(), {{"x-session-id", "weather-journal"}});
+    QVERIFY(with_tools && with_tools->status == 200);
+    QCOMPARE(json::parse(with_tools->body)["choices"][0]["finish_reason"].get<std::string>(), std::string("tool_calls"));
+    json row;
+    for (int attempt = 0; attempt < 50 && row.is_null(); ++attempt) {
+      auto page = server_.Get("/v1/journal?kind=request&session=weather-journal");
+      QVERIFY(page && page->status == 200);
+      const json rows = json::parse(page->body)["rows"];
+      if (!rows.empty()) row = rows[0];
+      else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    QVERIFY2(!row.is_null(), "no journal row for the request");
+    QVERIFY2(row.dump().find("\"finish_reason\":\"tool_calls\"") != std::string::npos, row.dump().c_str());
   }
 
   void healthAndMetricsAfterBadInputs() {

@@ -77,9 +77,18 @@ class TestServerUnits : public QObject {
     QVERIFY(plain.reasoning().empty());
   }
 
+  void toolCallTextStaysContentWithoutTools() {
+    OutputParser p(false, ojson::array(), false);
+    const std::string text = "Call: <tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call> done";
+    for (char c : text) p.Push(std::string(1, c));
+    p.Finish();
+    QVERIFY(p.tool_calls().empty());
+    QCOMPARE(p.content(), text);
+  }
+
   void requestValidation() {
     ApiError e;
-    ParseOptions o{"m", 100};
+    ParseOptions o{"m", 100, {}, false};
     auto r = ParseCompletionRequest(RequestKind::kChat,
                                     "{\"model\":\"m\",\"messages\":[{\"role\":\"developer\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]},"
                                     "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\": 1}\"}}]}],"
@@ -113,9 +122,29 @@ class TestServerUnits : public QObject {
     QCOMPARE(ids->top_logprobs, 2);
   }
 
+  // OpenAI's "user" names an end user; sessions come from conversation ids only.
+  void userIsNotASession() {
+    ApiError e;
+    ParseOptions o{"m", 100, {}, false};
+    auto r = ParseCompletionRequest(RequestKind::kChat, R"({"user": "alice", "messages": [{"role": "user", "content": "x"}]})", o, &e);
+    QVERIFY(r.has_value());
+    QVERIFY(r->session.empty());
+    r = ParseCompletionRequest(RequestKind::kChat, R"({"user": "alice", "conversation_id": "c7", "messages": [{"role": "user", "content": "x"}]})", o, &e);
+    QVERIFY(r.has_value());
+    QCOMPARE(r->session, std::string("c7"));
+    // Any model name is served by the one model unless names are strict; aliases always are.
+    ParseOptions strict{"m", 100, {"alias"}, true};
+    QVERIFY(ParseCompletionRequest(RequestKind::kChat, R"({"model": "alias", "messages": [{"role": "user", "content": "x"}]})", strict, &e).has_value());
+    QVERIFY(!ParseCompletionRequest(RequestKind::kChat, R"({"model": "other", "messages": [{"role": "user", "content": "x"}]})", strict, &e).has_value());
+    QCOMPARE(e.status, 404);
+    auto lenient = ParseCompletionRequest(RequestKind::kChat, R"({"model": "other", "messages": [{"role": "user", "content": "x"}]})", o, &e);
+    QVERIFY(lenient.has_value());
+    QCOMPARE(lenient->model, std::string("m"));
+  }
+
   void invalidUtf8BodyNamesItsOffset() {
     ApiError e;
-    ParseOptions o{"m", 100};
+    ParseOptions o{"m", 100, {}, false};
     const std::string head = "{\"messages\": [{\"role\": \"user\", \"content\": \"ab";
     for (const char* bad : {"\xc3", "\xed\xa0\x80", "\xc0\xaf", "\xf4\x90\x80\x80"}) {  // cut, surrogate, overlong, > U+10FFFF
       QVERIFY(!ParseCompletionRequest(RequestKind::kChat, head + bad + "\"}]}", o, &e));

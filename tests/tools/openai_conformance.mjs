@@ -28,6 +28,7 @@ function checkUsage(usage) {
   for (const k of ["cache_tier", "cache_source"]) assert.equal(typeof a[k], "string", k);
   for (const k of ["cached_tokens", "reread_tokens", "served_prompt_tokens", "prefill_ms", "ttft_ms", "decode_tokens_per_s"]) assert.equal(typeof a[k], "number", k);
   assert.equal(a.cached_tokens + a.reread_tokens, a.served_prompt_tokens, "cached + re-read = the prompt the engine ran");
+  assert.equal(usage.prompt_tokens_details.cached_tokens, Math.max(0, usage.prompt_tokens - a.reread_tokens), "cached_tokens = prompt_tokens - forwarded");
   assert.equal(usage.prompt_tokens_details.cached_tokens, Math.min(a.cached_tokens, usage.prompt_tokens));
 }
 
