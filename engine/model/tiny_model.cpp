@@ -109,7 +109,7 @@ ModelConfig TinyModelConfig(TinyModelSize size, int64_t vocab_size) {
     c.linear_key_head_dim = 16;
     c.linear_value_head_dim = 16;
     c.vocab_size = RoundUp(vocab_size, 64);
-    c.max_position_embeddings = 32768;
+    c.max_position_embeddings = 262144;  // the real Qwen3.5 context, so agent-sized prompts fit
     c.tie_word_embeddings = true;
   } else {
     c.hidden_size = 1024;

@@ -62,6 +62,7 @@ class TestTinyModel : public QObject {
     QCOMPARE(c.num_hidden_layers, 4);
     QVERIFY(c.layer_types[3] == LayerKind::kFullAttention);
     QCOMPARE(c.num_full_attention_layers(), 1);
+    QCOMPARE(c.max_position_embeddings, int64_t(262144));  // the real context: agent-sized prompts are not refused
     QCOMPARE(c.linear_num_value_heads / c.linear_num_key_heads, 2);  // grouped value heads exercised
     QCOMPARE((*m)->weights.layers.size(), size_t(4));
     QCOMPARE((*m)->weights.layers[0].gdn.A_log.dtype, DType::kF32);

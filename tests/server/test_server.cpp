@@ -52,7 +52,7 @@ class TestServer : public QObject {
         {{"match", "\"sky\": \"sunny\""}, {"reply", "The tool answered.\n</think>\n\nIt is 22 degrees and sunny in Paris."}},
     });
     std::ofstream(data_.filePath("replies.json").toStdString()) << replies.dump();
-    QVERIFY(server_.Start(data_.path(), {"--test-replies", data_.filePath("replies.json"), "--max-queue", "16", "--strict-model-names", "on"}));
+    QVERIFY(server_.Start(data_.path(), {"--test-replies", data_.filePath("replies.json"), "--max-queue", "16", "--strict-model-names", "on", "--ctx", "32768"}));
   }
 
   void openaiClientConformance() {
