@@ -39,7 +39,30 @@ ResidentPrefix::ResidentPrefix(Forward& forward, const Tokenizer* tokenizer, Res
       state_(forward.config()),
       taint_row_(kNoTaint),
       anchors_(options.anchor_budget_bytes),
-      store_(options.store_budget_bytes, options.store_entry_cap_bytes) {}
+      store_(options.store_budget_bytes, options.store_entry_cap_bytes) {
+  if (tokenizer_ != nullptr)
+    if (auto ids = tokenizer_->Encode("<|im_start|>user", /*parse_special=*/true); ids.ok() && ids->size() >= 2) user_turn_ids_ = std::move(ids).value();
+}
+
+int64_t ResidentPrefix::LastUserStart(std::span<const int32_t> prompt) const {
+  if (user_turn_ids_.empty() || prompt.size() < user_turn_ids_.size()) return -1;
+  for (size_t i = prompt.size() - user_turn_ids_.size() + 1; i-- > 0;)
+    if (std::equal(user_turn_ids_.begin(), user_turn_ids_.end(), prompt.begin() + static_cast<long>(i))) return static_cast<int64_t>(i);
+  return -1;
+}
+
+bool ResidentPrefix::EditsLastUserMessage(const CacheRequest& request, int64_t common) const {
+  // The newest of at least two user turns, with everything before it kept: a first message that
+  // differs is as likely another conversation.
+  const int64_t last_user = LastUserStart(request.prompt);
+  if (last_user <= 0 || common < last_user) return false;
+  return LastUserStart(std::span<const int32_t>(request.prompt.data(), static_cast<size_t>(last_user))) >= 0;
+}
+
+bool ResidentPrefix::SameConversation(const CacheRequest& request, int64_t common) const {
+  if (!request.session.empty()) return request.session == session_;
+  return EditsLastUserMessage(request, common);
+}
 
 void ResidentPrefix::set_options(const ResidentOptions& options) {
   options_ = options;
@@ -55,7 +78,12 @@ int64_t ResidentPrefix::RowBytes(int64_t rows) const { return rows * state_.kv_b
 bool ResidentPrefix::IsGuest(const CacheRequest& request, int64_t resume_at) const {
   const int64_t n = static_cast<int64_t>(request.prompt.size());
   const int64_t resident = static_cast<int64_t>(rows_.size());
-  return resident > 0 && n <= options_.guest_max_tokens && 4 * n < resident && resume_at < resident;
+  if (resident == 0 || n > options_.guest_max_tokens || resume_at >= resident) return false;
+  if (4 * n < resident) return true;
+  // A short side request of the resident session that parts early (an agent's title request) is a
+  // guest too, so it neither pins nor parks its conversation.
+  const int64_t common = CommonPrefix(request.prompt, rows_);
+  return !request.session.empty() && request.session == session_ && 2 * n < resident && 2 * common < resident;
 }
 
 ResidentPrefix::Plan ResidentPrefix::MakePlan(const CacheRequest& request) const {
@@ -288,9 +316,9 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
     ++counters_.park_hits;
   } else if (!info.guest) {
     const int64_t c = CommonPrefix(info.served_prompt, rows_);
-    if (c < static_cast<int64_t>(rows_.size()) && !plan.skip_copy) {
+    if (c < static_cast<int64_t>(rows_.size()) && !plan.skip_copy && plan.copy != Plan::Copy::kNone) {
       // This request replaces rows: keep the head of its own session, or park another session's.
-      if (!request.session.empty() && request.session == session_) PinHead();
+      if (plan.copy == Plan::Copy::kPin) PinHead();
       else ParkResident(std::min(r, c));
     }
     if (info.source == CacheSource::kStore) {
@@ -536,8 +564,8 @@ void ResidentPrefix::PlanCopy(const CacheRequest& request, Plan& plan) const {
   if (plan.info.source == CacheSource::kPark) return park(park_.head);
   if (plan.info.source == CacheSource::kPin) return;
   const int64_t c = CommonPrefix(plan.info.served_prompt, rows_);
-  if (c >= resident) return;
-  if (!request.session.empty() && request.session == session_) {
+  if (c >= resident || EditsLastUserMessage(request, c)) return;
+  if (SameConversation(request, c)) {
     plan.copy = Plan::Copy::kPin;
     plan.copy_bytes = std::min(options_.pin_budget_bytes, RowBytes(resident) + PinnedHead::kMaxAnchors * anchor_bytes);
     return;

@@ -154,9 +154,17 @@ class ResidentPrefix {
   void InstallPark(ParkedSession parked);
   int64_t RowBytes(int64_t rows) const;
   bool IsGuest(const CacheRequest& request, int64_t resume_at) const;
+  // Where the prompt's last user message starts (its <|im_start|>user), or -1.
+  int64_t LastUserStart(std::span<const int32_t> prompt) const;
+  // Whether a request that parts from the rows at common is the resident conversation: the same
+  // session id, or without one, a prompt that keeps every row up to its last user message.
+  bool SameConversation(const CacheRequest& request, int64_t common) const;
+  // A cut inside the request's last user message (a client rewriting its newest turn): nothing to pin or park.
+  bool EditsLastUserMessage(const CacheRequest& request, int64_t common) const;
 
   Forward& forward_;
   const Tokenizer* tokenizer_;
+  std::vector<int32_t> user_turn_ids_;  // "<|im_start|>user" as ids; empty without a tokenizer
   ResidentOptions options_;
   CacheEventSink sink_;
   void Emit(const char* kind, const std::string& tier, int64_t tokens, int64_t bytes, std::string reason = "") const {

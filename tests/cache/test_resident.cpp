@@ -364,6 +364,59 @@ class TestResident : public QObject {
     QVERIFY(fitted->generation.tokens.size() <= 2);
   }
 
+  // Clients without a session id: a rewrite inside the newest user message (Qwen Code's date
+  // reminder) is the same conversation and neither pins nor parks; another conversation parks.
+  // A short side request of the resident session (opencode's title request) is a guest.
+  void conversationsWithoutASessionId() {
+    ResidentPrefix rp(*forward1_, &model_->tokenizer, ResidentOptions{});
+    auto ids = [&](const std::string& text) {
+      auto r = model_->tokenizer.Encode(text);
+      return r.ok() ? *r : std::vector<int32_t>{};
+    };
+    std::string system = "<|im_start|>system\nYou are a coding agent. Tools: read, write, run.";
+    for (int i = 0; i < 40; ++i) system += " Rule " + std::to_string(i) + ": keep the tests green.";
+    system += "<|im_end|>\n";
+    std::string history = system + "<|im_start|>user\nFix the build.<|im_end|>\n<|im_start|>assistant\nI read the log and patch the file.<|im_end|>\n";
+    auto turn = [&](const std::string& date) {
+      return ids(history + "<|im_start|>user\n<reminder>Today is " + date + ".</reminder> Now run the tests.<|im_end|>\n<|im_start|>assistant\n");
+    };
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    greedy.max_tokens = 3;
+    QVERIFY(rp.Generate({turn("Monday"), "", 3}, greedy, nullptr).ok());
+    auto edited = rp.Generate({turn("Tuesday"), "", 3}, greedy, nullptr);
+    QVERIFY(edited.ok());
+    QVERIFY(!edited->resume.guest);
+    auto stats = rp.Stats();
+    QCOMPARE(stats["park"]["entries"].get<int>(), 0);
+    QCOMPARE(stats["pin"]["pins"].get<int>(), 0);
+    QVERIFY(edited->resume.cached_tokens >= static_cast<int64_t>(ids(system).size()) / kGrid * kGrid);
+
+    auto other = rp.Generate({ids(system + "<|im_start|>user\nWrite a poem about grids.<|im_end|>\n<|im_start|>assistant\n"), "", 3}, greedy, nullptr);
+    QVERIFY(other.ok());
+    QCOMPARE(rp.Stats()["park"]["entries"].get<int>(), 1);
+
+    ResidentPrefix tagged(*forward1_, &model_->tokenizer, ResidentOptions{});
+    const auto conversation = turn("Monday");
+    auto first = tagged.Generate({conversation, "ses-1", 3}, greedy, nullptr);
+    QVERIFY(first.ok());
+    std::string ask = "<|im_start|>system\nYou write short titles.";
+    for (int i = 0; i < 22; ++i) ask += " Title rule " + std::to_string(i) + ".";
+    const auto title = ids(ask + "<|im_end|>\n<|im_start|>user\nGenerate a title for: fix the build.<|im_end|>\n<|im_start|>assistant\n");
+    // Too long for the quarter rule, short enough for the side-request rule.
+    QVERIFY2(4 * title.size() >= conversation.size() && 2 * title.size() < conversation.size(),
+             (std::to_string(title.size()) + " of " + std::to_string(conversation.size())).c_str());
+    auto titled = tagged.Generate({title, "ses-1", 3}, greedy, nullptr);
+    QVERIFY(titled.ok());
+    QVERIFY(titled->resume.guest);
+    QCOMPARE(tagged.Stats()["pin"]["pins"].get<int>(), 0);
+    QCOMPARE(tagged.Stats()["park"]["entries"].get<int>(), 0);
+    const auto follow = Concat(Concat(conversation, first->generation.tokens), ids("<|im_end|>\n<|im_start|>user\nThanks.<|im_end|>\n<|im_start|>assistant\n"));
+    auto back = tagged.Generate({follow, "ses-1", 3}, greedy, nullptr);
+    QVERIFY(back.ok());
+    QCOMPARE(back->resume.source, CacheSource::kEnd);
+  }
+
   void budgetEvictionKeepsTheNewestFourAndClearServesCold() {
     ResidentOptions o;
     SequenceState probe(model_->config);
