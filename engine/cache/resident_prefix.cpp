@@ -11,6 +11,12 @@ namespace {
 
 constexpr int64_t kNoTaint = std::numeric_limits<int64_t>::max();
 
+// Drops the regions at or above limit and cuts the one that straddles it.
+void ClipRegions(std::vector<TokenRegion>& regions, int64_t limit) {
+  regions.erase(std::remove_if(regions.begin(), regions.end(), [&](const TokenRegion& r) { return r.first >= limit; }), regions.end());
+  for (TokenRegion& r : regions) r.second = std::min(r.second, limit);
+}
+
 int64_t CommonPrefix(std::span<const int32_t> a, std::span<const int32_t> b) {
   const size_t n = std::min(a.size(), b.size());
   size_t i = 0;
@@ -109,9 +115,11 @@ ResidentPrefix::Plan ResidentPrefix::MakePlan(const CacheRequest& request) const
         p.info.source = CacheSource::kEnd;
         p.resume_from_end = true;
       } else if (c < e && options_.end_alignment && tokenizer_ != nullptr) {
-        const std::string rows_text = tokenizer_->Decode(std::vector<int32_t>(rows_.begin(), rows_.begin() + e));
+        AlignOptions align;
+        align.reasoning_pass = options_.end_align_reasoning;
+        const std::string rows_text = RowsText(e, &align.regions);
         const std::string client_text = tokenizer_->Decode(request.prompt);
-        if (auto j = AlignCopyWithRows(rows_text, client_text)) {
+        if (auto j = AlignCopyWithRows(rows_text, client_text, align)) {
           auto tail = tokenizer_->Encode(std::string_view(client_text).substr(*j), /*parse_special=*/true);
           if (tail.ok() && !tail->empty()) {
             std::vector<int32_t> served(rows_.begin(), rows_.begin() + e);
@@ -192,6 +200,23 @@ ResidentPrefix::Plan ResidentPrefix::MakePlan(const CacheRequest& request) const
 }
 
 ResumeInfo ResidentPrefix::Peek(const CacheRequest& request) const { return MakePlan(request).info; }
+
+std::string ResidentPrefix::RowsText(int64_t length, std::vector<std::pair<size_t, size_t>>* byte_regions) const {
+  // Decoded a segment at a time, so each generation region's bytes are known.
+  std::string text;
+  int64_t at = 0;
+  auto decode = [&](int64_t from, int64_t to) { text += tokenizer_->Decode(std::vector<int32_t>(rows_.begin() + from, rows_.begin() + to)); };
+  for (const auto& [begin, end] : end_->regions) {
+    if (begin < at || end > length) break;
+    decode(at, begin);
+    const size_t text_begin = text.size();
+    decode(begin, end);
+    byte_regions->emplace_back(text_begin, text.size());
+    at = end;
+  }
+  decode(at, length);
+  return text;
+}
 
 void ResidentPrefix::PinHead() {
   const int64_t row_bytes = RowBytes(1);
@@ -286,6 +311,7 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
   if (info.source == CacheSource::kPin) {
     RETURN_IF_ERROR(state_.WriteRows(pin_.rows));
     rows_ = pin_.tokens;
+    regions_.clear();
     anchors_.Clear();
     for (const Anchor& a : pin_.anchors) anchors_.Put(a);
     end_.reset();
@@ -311,6 +337,7 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
     anchors_.DropAbove(back.head);
     for (const Anchor& a : back.anchors) anchors_.Put(a);
     end_ = back.end;
+    regions_ = back.end ? back.end->regions : std::vector<TokenRegion>{};
     taint_row_ = back.taint_row;
     session_ = back.session;
     ++counters_.park_hits;
@@ -328,7 +355,8 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
       rows_ = e->tokens;
       anchors_.Clear();
       end_.reset();
-      if (e->session) end_ = EndAnchor{e->anchor, e->taint_row};
+      regions_.clear();
+      if (e->session) end_ = EndAnchor{e->anchor, e->taint_row, {}};
       else anchors_.Put(e->anchor);
       taint_row_ = e->session ? e->taint_row : kNoTaint;
       ++counters_.store_hits;
@@ -363,6 +391,7 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
 
   if (!info.guest) {
     rows_.resize(std::min<size_t>(rows_.size(), static_cast<size_t>(r)));
+    ClipRegions(regions_, r);
     anchors_.DropAbove(r);
     end_.reset();
     if (taint_row_ >= r) taint_row_ = kNoTaint;  // every row left is a cold prefill's
@@ -412,6 +441,7 @@ Status ResidentPrefix::PrefillRange(ResumeInfo& info, int64_t upto, bool take_an
 void ResidentPrefix::FinishGuest() {
   if (stash_shed_) {  // the stash was given back for memory: the guest's rows replaced the resident ones
     rows_.resize(std::min<size_t>(rows_.size(), static_cast<size_t>(guest_resume_)));
+    ClipRegions(regions_, guest_resume_);
     anchors_.DropAbove(guest_resume_);
     if (end_ && end_->anchor.length > guest_resume_) end_.reset();
     stash_shed_ = false;
@@ -430,9 +460,11 @@ void ResidentPrefix::KeepEnd(const ResumeInfo& info, int64_t forwarded, const st
   const int64_t n = static_cast<int64_t>(info.served_prompt.size());
   rows_.assign(info.served_prompt.begin(), info.served_prompt.end());
   rows_.insert(rows_.end(), generated.begin(), generated.begin() + forwarded);
+  ClipRegions(regions_, n);
+  regions_.emplace_back(n, n + forwarded);
   if (forwarded > 0) taint_row_ = std::min(taint_row_, n);
   if (options_.end_anchor && options_.enabled) {
-    end_ = EndAnchor{state_.SaveAnchor(), taint_row_};
+    end_ = EndAnchor{state_.SaveAnchor(), taint_row_, regions_};
     Emit("write", "end", end_->anchor.length, end_->anchor.bytes());
   }
   PutSessionSnapshot();
@@ -639,6 +671,7 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
     KeepEnd(info, forwarded, result->tokens);
   } else {
     rows_.clear();  // the state no longer matches any token list we could name
+    regions_.clear();
     anchors_.Clear();
     end_.reset();
   }
@@ -677,7 +710,7 @@ Result<ResumeInfo> ResidentPrefix::Prewarm(const CacheRequest& request) {
   RETURN_IF_ERROR(Admit(request, plan, 0));
   RETURN_IF_ERROR(Apply(request, plan));
   // The rows and state are in place; the restored end stays the end, so the request resumes there.
-  if (plan.resume_from_end) end_ = EndAnchor{state_.SaveAnchor(), taint_row_};
+  if (plan.resume_from_end) end_ = EndAnchor{state_.SaveAnchor(), taint_row_, regions_};
   plan.info.source = plan.resume_from_end ? CacheSource::kEnd : CacheSource::kResident;
   return plan.info;
 }
@@ -695,6 +728,7 @@ Status ResidentPrefix::Clear(const std::string& tier) {
   Emit("clear", tier, static_cast<int64_t>(rows_.size()), 0, "by request");
   if (all) {
     rows_.clear();
+    regions_.clear();
     taint_row_ = kNoTaint;
     session_.clear();
     state_.Reset();

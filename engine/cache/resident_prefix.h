@@ -37,6 +37,7 @@ struct ResidentOptions {
   int64_t anchor_budget_bytes = 2560ll << 20;   // --resident-gb
   bool end_anchor = true;
   bool end_alignment = true;
+  bool end_align_reasoning = true;              // end alignment's second pass: a region's reasoning left out
   int64_t guest_max_tokens = 8192;              // --resident-guest-max
   int64_t stash_budget_bytes = 1ll << 30;       // --resident-stash-gb
   int64_t pin_budget_bytes = 4ll << 30;         // --resident-pin-gb
@@ -153,6 +154,8 @@ class ResidentPrefix {
   std::optional<ParkedSession> MakePark(int64_t head) const;
   void InstallPark(ParkedSession parked);
   int64_t RowBytes(int64_t rows) const;
+  // The rows' text up to length, with the end anchor's generation regions as byte offsets into it.
+  std::string RowsText(int64_t length, std::vector<std::pair<size_t, size_t>>* byte_regions) const;
   bool IsGuest(const CacheRequest& request, int64_t resume_at) const;
   // Where the prompt's last user message starts (its <|im_start|>user), or -1.
   int64_t LastUserStart(std::span<const int32_t> prompt) const;
@@ -172,6 +175,7 @@ class ResidentPrefix {
   }
   SequenceState state_;
   std::vector<int32_t> rows_;     // tokens whose K/V rows are valid in state_
+  std::vector<TokenRegion> regions_;  // spans of rows_ that generations wrote, ascending
   int64_t taint_row_;             // lowest decode-written row among rows_; rows_.size() or more when none
   std::string session_;           // the session the resident rows belong to
   AnchorSet anchors_;

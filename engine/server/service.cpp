@@ -32,6 +32,7 @@ ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective) {
   const nlohmann::json& r = effective.at("resident");
   o.enabled = r.value("enabled", true);
   o.end_anchor = r.value("end_anchor", true);
+  o.end_align_reasoning = r.value("end_align_reasoning", true);
   o.anchor_budget_bytes = Gib(r.value("resident_gb", 2.5));
   o.guest_max_tokens = r.value("guest_max_tokens", int64_t(8192));
   o.stash_budget_bytes = Gib(r.value("stash_gb", 1.0));

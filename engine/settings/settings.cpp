@@ -248,6 +248,8 @@ std::vector<SettingField> SettingsSchemaFields(int64_t total_ram_bytes) {
       Number("resident", "pin_gb", 0, 1024, 4, "GiB for the pinned head kept before a compaction"),
       Number("resident", "park_gb", 0, 1024, 4, "GiB for the parked session (A-B-A switching)"),
       Boolean("resident", "end_anchor", true, "keep the state at the end of every generation"),
+      Boolean("resident", "end_align_reasoning", true,
+              "end alignment also serves a client copy that left out a generation's reasoning"),
       Boolean("state_store", "enabled", true, "keep whole snapshots keyed by tokens"),
       Number("state_store", "budget_gb", 0, 1024, 2, "GiB for all snapshots"),
       Number("state_store", "entry_cap_gb", 0, 1024, 1, "GiB for one snapshot; at most budget_gb"),

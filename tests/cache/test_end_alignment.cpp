@@ -26,6 +26,47 @@ class TestEndAlignment : public QObject {
     QTest::newRow("reasoning changed inside content") << rows << "<|im_start|>assistant\n<think>\nplan it\n</think>\n\nDone?" << -1;
   }
 
+  // Whitespace may differ only at template tags, region boundaries and the end; a region's
+  // reasoning may be left out; a region's cut character may be missing or U+FFFD.
+  void withRegions_data() {
+    QTest::addColumn<QByteArray>("rows");
+    QTest::addColumn<QByteArray>("copy");
+    QTest::addColumn<int>("region_begin");  // one region [begin, rows.size())
+    QTest::addColumn<bool>("reasoning_pass");
+    QTest::addColumn<int>("offset");  // -1: they part
+    QTest::newRow("space at an html tag is real") << QByteArray("x <b>bold</b> y") << QByteArray("x <b> bold</b> y") << 0 << true << -1;
+    QTest::newRow("space at a comparison is real") << QByteArray("if a < b") << QByteArray("if a <  b!") << 0 << true << -1;
+    QTest::newRow("newline at the region start") << QByteArray("Q?\nAnswer.") << QByteArray("Q?\n\nAnswer.<|im_end|>") << 3 << true << 11;
+    QTest::newRow("newline inside the prompt is real") << QByteArray("Q?\nMore\nAnswer.") << QByteArray("Q?\n\nMore\nAnswer.") << 8 << true << -1;
+    QTest::newRow("cut character held back") << QByteArray("Caf\xC3") << QByteArray("Caf<|im_end|>") << 0 << true << 3;
+    QTest::newRow("cut character as U+FFFD") << QByteArray("Caf\xC3") << QByteArray("Caf\xEF\xBF\xBD<|im_end|>") << 0 << true << 6;
+    QTest::newRow("decoded cut held back") << QByteArray("Caf\xEF\xBF\xBD") << QByteArray("Caf<|im_end|>") << 0 << true << 3;
+    QTest::newRow("a wrong character is no cut") << QByteArray("Caf\xC3") << QByteArray("Cafe<|im_end|>") << 0 << true << -1;
+    QTest::newRow("unclosed reasoning left out") << QByteArray("<|im_start|>assistant\n<think>\nI was thinking and")
+                                                 << QByteArray("<|im_start|>assistant\n<|im_end|>\n") << 30 << true << 22;
+    QTest::newRow("unclosed reasoning without the pass") << QByteArray("<|im_start|>assistant\n<think>\nI was thinking and")
+                                                         << QByteArray("<|im_start|>assistant\n<|im_end|>\n") << 30 << false << -1;
+    QTest::newRow("a prompt's block is not the region's") << QByteArray("<think>\nx\n</think>\n\nQ?A") << QByteArray("Q?A") << 23 << true << -1;
+  }
+
+  void withRegions() {
+    QFETCH(QByteArray, rows);
+    QFETCH(QByteArray, copy);
+    QFETCH(int, region_begin);
+    QFETCH(bool, reasoning_pass);
+    QFETCH(int, offset);
+    anchorage::AlignOptions options;
+    options.regions = {{static_cast<size_t>(region_begin), static_cast<size_t>(rows.size())}};
+    options.reasoning_pass = reasoning_pass;
+    auto got = AlignCopyWithRows(rows.toStdString(), copy.toStdString(), options);
+    if (offset < 0) {
+      QVERIFY2(!got.has_value(), "expected the copy to part from the rows");
+    } else {
+      QVERIFY2(got.has_value(), "expected the copy to align");
+      QCOMPARE(static_cast<int>(*got), offset);
+    }
+  }
+
   void cases() {
     QFETCH(QString, rows);
     QFETCH(QString, copy);

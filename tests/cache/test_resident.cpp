@@ -417,6 +417,83 @@ class TestResident : public QObject {
     QCOMPARE(back->resume.source, CacheSource::kEnd);
   }
 
+  // End alignment on the real Qwen3.5 template, for three copies real clients send back. Each
+  // resumes at the end anchor and is served the rows' own tokens up to it.
+  void endAlignmentOfRealClientCopies_data() {
+    QTest::addColumn<QString>("reply");          // what the engine generated (forced), as text
+    QTest::addColumn<bool>("split_bytes");       // force the reply a byte token at a time (not canonical BPE)
+    QTest::addColumn<bool>("cut_utf8");          // end the reply one byte into a two-byte character
+    QTest::addColumn<QString>("reasoning_sent");  // reasoning_content of the copy
+    QTest::addColumn<QString>("content_sent");    // content of the copy
+    QTest::newRow("same text, other tokens") << "\n</think>\n\nHello grid." << true << false << "" << "Hello grid.";
+    QTest::newRow("cut inside the reasoning") << "I think about chunks and" << false << false << "I think about chunks and" << "";
+    QTest::newRow("held-back UTF-8") << "\n</think>\n\nCaf" << false << true << "" << "Caf";
+    QTest::newRow("U+FFFD for the cut character") << "\n</think>\n\nCaf" << false << true << "" << "Caf\xEF\xBF\xBD";
+  }
+
+  void endAlignmentOfRealClientCopies() {
+    QFETCH(QString, reply);
+    QFETCH(bool, split_bytes);
+    QFETCH(bool, cut_utf8);
+    QFETCH(QString, reasoning_sent);
+    QFETCH(QString, content_sent);
+    using ojson = nlohmann::ordered_json;
+    ResidentPrefix rp(*forward2_, &model_->tokenizer, ResidentOptions{});
+    ojson first_turn = {{"messages", ojson::array({{{"role", "user"}, {"content", "What is a grid line?"}}})}};
+    auto prompt_text = model_->chat_template.RenderChatBody(first_turn);
+    QVERIFY(prompt_text.ok());
+    auto prompt = model_->tokenizer.Encode(*prompt_text);
+    QVERIFY(prompt.ok());
+    std::vector<int32_t> forced;
+    const std::string reply_text = reply.toStdString();
+    if (split_bytes) {
+      const std::string head = "\n</think>\n\n";
+      forced = *model_->tokenizer.Encode(head);
+      for (char c : reply_text.substr(head.size())) {
+        auto byte = model_->tokenizer.Encode(std::string(1, c));
+        QVERIFY(byte.ok() && byte->size() == 1);
+        forced.push_back((*byte)[0]);
+      }
+    } else {
+      forced = *model_->tokenizer.Encode(reply_text);
+    }
+    if (cut_utf8) {
+      auto lead = model_->tokenizer.TokenId("\xC3\x83");  // the byte-level symbol of byte 0xC3
+      QVERIFY(lead.has_value());
+      forced.push_back(*lead);
+    }
+    SamplingParams params;
+    params.temperature = 0;
+    params.forced_ids = forced;
+    params.max_tokens = static_cast<int64_t>(forced.size()) + 1;  // one more: every forced token is forwarded
+    auto first = rp.Generate({*prompt, "", 64}, params, nullptr);
+    QVERIFY(first.ok());
+    const std::vector<int32_t> rows = rp.rows();
+    QVERIFY(rows.size() >= prompt->size() + forced.size());
+
+    ojson assistant = {{"role", "assistant"}, {"content", content_sent.toStdString()}};
+    if (!reasoning_sent.isEmpty()) assistant["reasoning_content"] = reasoning_sent.toStdString();
+    ojson copy_body = {{"messages", ojson::array({first_turn["messages"][0], assistant, {{"role", "user"}, {"content", "And a row?"}}})}};
+    auto copy_text = model_->chat_template.RenderChatBody(copy_body);
+    QVERIFY(copy_text.ok());
+    auto copy = model_->tokenizer.Encode(*copy_text);
+    QVERIFY(copy.ok());
+    const ResumeInfo info = rp.Peek({*copy, "", 16});
+    QVERIFY2(info.source == CacheSource::kEnd, CacheSourceName(info.source));
+    QCOMPARE(info.cached_tokens, static_cast<int64_t>(rows.size()));
+    QVERIFY(info.aligned);
+    QVERIFY(std::equal(rows.begin(), rows.end(), info.served_prompt.begin()));
+    const std::string tail = model_->tokenizer.Decode(std::vector<int32_t>(info.served_prompt.begin() + static_cast<long>(rows.size()), info.served_prompt.end()));
+    QVERIFY2(tail.find("<|im_start|>user\nAnd a row?<|im_end|>") != std::string::npos, tail.c_str());
+    // The reasoning pass is a setting: without it the cut reasoning is not served from the end.
+    if (!reasoning_sent.isEmpty()) {
+      ResidentOptions strict = rp.options();
+      strict.end_align_reasoning = false;
+      rp.set_options(strict);
+      QVERIFY(rp.Peek({*copy, "", 16}).source != CacheSource::kEnd);
+    }
+  }
+
   void budgetEvictionKeepsTheNewestFourAndClearServesCold() {
     ResidentOptions o;
     SequenceState probe(model_->config);
