@@ -125,7 +125,7 @@ int Logits(const Args& args) {
     if (!v.is_number_integer()) return Fail(InvalidArgument("logits: " + flags.ids_file + " holds a non-integer"));
     ids.push_back(v.get<int32_t>());
   }
-  auto model = LoadModel(flags.model_dir);
+  auto model = LoadModel(flags.model_dir, ModelParts::kWeightsOnly);  // token ids need no tokenizer
   if (!model.ok()) return Fail(model.status());
   auto forward = Forward::Create((*model)->config, (*model)->weights, ForwardOptions{flags.grid, flags.threads});
   if (!forward.ok()) return Fail(forward.status());

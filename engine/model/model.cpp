@@ -7,7 +7,7 @@
 
 namespace anchorage {
 
-Result<std::unique_ptr<Model>> LoadModel(const std::string& dir) {
+Result<std::unique_ptr<Model>> LoadModel(const std::string& dir, ModelParts parts) {
   namespace fs = std::filesystem;
   if (!IsDirectory(dir)) return NotFound("model folder " + dir + " does not exist or is not a folder");
   auto model = std::make_unique<Model>();
@@ -16,6 +16,7 @@ Result<std::unique_ptr<Model>> LoadModel(const std::string& dir) {
   ASSIGN_OR_RETURN(SafetensorsSet set, SafetensorsSet::OpenDirectory(dir));
   model->tensors = std::make_unique<SafetensorsSet>(std::move(set));
   ASSIGN_OR_RETURN(model->weights, MapWeights(model->config, *model->tensors));
+  if (parts == ModelParts::kWeightsOnly) return model;
   ASSIGN_OR_RETURN(model->tokenizer, Tokenizer::Load((fs::path(dir) / "tokenizer.json").string()));
   if (model->tokenizer.vocab_size() > model->config.vocab_size)
     return InvalidArgument(dir + ": tokenizer.json defines ids up to " + std::to_string(model->tokenizer.vocab_size() - 1) +

@@ -23,7 +23,10 @@ struct Model {
   std::string fingerprint;  // hex sha256 over weights, config and tokenizer
 };
 
+enum class ModelParts { kAll, kWeightsOnly };
+
 // Loads dir (config.json, *.safetensors, tokenizer.json, the chat template); errors name the file.
-Result<std::unique_ptr<Model>> LoadModel(const std::string& dir);
+// kWeightsOnly reads config.json and the weights alone (no tokenizer, template or fingerprint).
+Result<std::unique_ptr<Model>> LoadModel(const std::string& dir, ModelParts parts = ModelParts::kAll);
 
 }  // namespace anchorage

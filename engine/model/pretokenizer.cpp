@@ -10,8 +10,9 @@ namespace anchorage {
 Result<SplitPattern> SplitPatternFromRegex(std::string_view regex) {
   if (regex == kQwen2SplitRegex) return SplitPattern::kQwen2;
   if (regex == kQwen35SplitRegex) return SplitPattern::kQwen35;
+  if (regex == kGpt2SplitRegex) return SplitPattern::kGpt2;
   return InvalidArgument("unsupported Split pre-tokenizer pattern: " + std::string(regex) +
-                         " (known: the Qwen2/Qwen3 and Qwen3.5 patterns)");
+                         " (known: the Qwen2/Qwen3, Qwen3.5 and GPT-2 patterns)");
 }
 
 namespace {
@@ -43,9 +44,46 @@ char32_t AsciiLower(char32_t c) { return (c >= 'A' && c <= 'Z') ? c + ('a' - 'A'
 
 bool IsCrLf(char32_t c) { return c == '\r' || c == '\n'; }
 
+// The length of a whitespace run's match at i: \s+(?!\S), else \s+ (the run less its last
+// character unless the run ends the text or is one character long).
+size_t WhitespaceRun(const DecodedText& d, size_t i) {
+  const size_t n = d.cps.size();
+  size_t end = i;
+  while (end < n && (d.props[end] & unicode::kWhiteSpace)) ++end;
+  if (end == n || end - i == 1) return end - i;
+  return end - 1 - i;
+}
+
+// GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+size_t MatchGpt2(const DecodedText& d, size_t i) {
+  using namespace unicode;
+  const size_t n = d.cps.size();
+  const char32_t c = d.cps[i];
+  if (c == '\'' && i + 1 < n) {
+    const char32_t c1 = d.cps[i + 1];
+    if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return 2;
+    if (i + 2 < n) {
+      const char32_t c2 = d.cps[i + 2];
+      if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return 3;
+    }
+  }
+  auto run = [&](auto in_class) -> size_t {
+    size_t k = i;
+    if (c == ' ' && k + 1 < n && in_class(k + 1)) ++k;
+    if (!in_class(k)) return 0;
+    while (k < n && in_class(k)) ++k;
+    return k - i;
+  };
+  if (size_t m = run([&](size_t k) { return (d.props[k] & kLetter) != 0; })) return m;
+  if (size_t m = run([&](size_t k) { return (d.props[k] & kNumber) != 0; })) return m;
+  if (size_t m = run([&](size_t k) { return (d.props[k] & (kWhiteSpace | kLetter | kNumber)) == 0; })) return m;
+  return WhitespaceRun(d, i);
+}
+
 // Length in code points of the match starting at i (always >= 1).
 size_t MatchAt(const DecodedText& d, size_t i, SplitPattern pattern) {
   using namespace unicode;
+  if (pattern == SplitPattern::kGpt2) return MatchGpt2(d, i);
   const size_t n = d.cps.size();
   const uint8_t word_bits = pattern == SplitPattern::kQwen35 ? (kLetter | kMark) : kLetter;
   const uint8_t non_punct_bits =

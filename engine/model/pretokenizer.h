@@ -13,6 +13,7 @@ namespace anchorage {
 enum class SplitPattern {
   kQwen2,   // Qwen2/Qwen3: letters \p{L} only
   kQwen35,  // Qwen3.5: combining marks \p{M} join letters and leave punctuation runs
+  kGpt2,    // GPT-2's, which a ByteLevel pre-tokenizer with use_regex applies
 };
 
 // The exact regex strings as they appear in tokenizer.json.
@@ -20,6 +21,8 @@ inline constexpr std::string_view kQwen2SplitRegex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 inline constexpr std::string_view kQwen35SplitRegex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+inline constexpr std::string_view kGpt2SplitRegex = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 // Recognises a Split pre-tokenizer regex by exact comparison; an unknown one is an error naming it.
 Result<SplitPattern> SplitPatternFromRegex(std::string_view regex);

@@ -295,13 +295,16 @@ Status ParseNormalizer(const Json& j, const std::string& source, bool* nfc) {
   return Unsupported(source + ": unsupported normalizer type '" + type + "' (supported: NFC)");
 }
 
-Status CheckByteLevel(const Json& j, const std::string& source) {
+// A ByteLevel pre-tokenizer with use_regex splits with GPT-2's pattern itself.
+Status CheckByteLevel(const Json& j, const std::string& source, Tokenizer::Impl* impl) {
   if (j.value("add_prefix_space", false)) {
     return Unsupported(source + ": ByteLevel pre-tokenizer with add_prefix_space=true is not supported");
   }
   if (j.value("use_regex", true)) {
-    return Unsupported(source +
-                       ": ByteLevel pre-tokenizer with use_regex=true (GPT-2 regex) is not supported");
+    if (impl->has_split)
+      return Unsupported(source + ": a Split pre-tokenizer and a ByteLevel one with use_regex=true (two splits) are not supported");
+    impl->pattern = SplitPattern::kGpt2;
+    impl->has_split = true;
   }
   return Status::Ok();
 }
@@ -314,7 +317,7 @@ Status ParsePreTokenizer(const Json& j, const std::string& source, Tokenizer::Im
     return Status::Ok();
   }
   if (type == "ByteLevel") {
-    RETURN_IF_ERROR(CheckByteLevel(j, source));
+    RETURN_IF_ERROR(CheckByteLevel(j, source, impl));
     *byte_level = true;
     return Status::Ok();
   }

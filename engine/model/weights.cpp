@@ -15,13 +15,12 @@ class Mapper {
   Mapper(const SafetensorsSet& set, std::string prefix) : set_(set), prefix_(std::move(prefix)) {}
 
   // Finds prefix + name with the given shape; a 1-element trailing dim is tolerated for conv weights.
-  Status Get(const std::string& name, std::vector<int64_t> shape, TensorView* out, bool float_only = false) {
+  Status Get(const std::string& name, std::vector<int64_t> shape, TensorView* out) {
     const std::string full = prefix_ + name;
     const TensorView* t = set_.Find(full);
     if (t == nullptr) return NotFound("checkpoint lacks tensor '" + full + "'");
     if (t->shape != shape)
       return InvalidArgument("tensor '" + full + "' in " + t->file + " has shape " + ShapeText(t->shape) + ", expected " + ShapeText(shape));
-    if (float_only && t->dtype == DType::kF16) return Unsupported("tensor '" + full + "' in " + t->file + " must be F32 or BF16");
     *out = *t;
     return Status::Ok();
   }
@@ -67,7 +66,7 @@ Result<ModelWeights> MapWeights(const ModelConfig& c, const SafetensorsSet& set)
       RETURN_IF_ERROR(m.Get(q + "in_proj_b.weight", {nv, H}, &g.in_proj_b));
       RETURN_IF_ERROR(m.Get(q + "in_proj_a.weight", {nv, H}, &g.in_proj_a));
       RETURN_IF_ERROR(m.Get(q + "conv1d.weight", {c.conv_dim(), 1, c.linear_conv_kernel_dim}, &g.conv1d));
-      RETURN_IF_ERROR(m.Get(q + "A_log", {nv}, &g.A_log, /*float_only=*/true));
+      RETURN_IF_ERROR(m.Get(q + "A_log", {nv}, &g.A_log));
       RETURN_IF_ERROR(m.Get(q + "dt_bias", {nv}, &g.dt_bias));
       RETURN_IF_ERROR(m.Get(q + "norm.weight", {dv}, &g.norm));
       RETURN_IF_ERROR(m.Get(q + "out_proj.weight", {H, nv * dv}, &g.out_proj));

@@ -57,16 +57,6 @@ T* Sized(std::vector<T>& v, int64_t count) {
   return v.data();
 }
 
-Status CheckMatrix(const TensorView& t, int64_t rows, int64_t cols, const char* role) {
-  if (t.empty()) return NotFound(std::string("Forward: missing tensor for ") + role);
-  if (t.dtype != DType::kBF16)
-    return Unsupported("Forward: " + t.name + " is " + DTypeName(t.dtype) + "; large matrices must be BF16");
-  if (t.numel() != rows * cols)
-    return InvalidArgument("Forward: " + t.name + " has " + std::to_string(t.numel()) + " elements, expected " +
-                           std::to_string(rows) + "x" + std::to_string(cols));
-  return Status::Ok();
-}
-
 Result<std::vector<float>> Vector(const TensorView& t, int64_t n, float add, const char* role) {
   if (t.empty()) return NotFound(std::string("Forward: missing tensor for ") + role);
   if (t.numel() != n)
@@ -77,8 +67,6 @@ Result<std::vector<float>> Vector(const TensorView& t, int64_t n, float add, con
   return out;
 }
 
-const uint16_t* Bf16Data(const TensorView& t) { return reinterpret_cast<const uint16_t*>(t.data); }
-
 }  // namespace
 
 Forward::Forward(const ModelConfig& config, const ForwardOptions& options)
@@ -86,6 +74,22 @@ Forward::Forward(const ModelConfig& config, const ForwardOptions& options)
       ws_(std::make_unique<Workspace>()) {}
 
 Forward::~Forward() = default;
+
+Result<const uint16_t*> Forward::Matrix(const TensorView& t, int64_t rows, int64_t cols, const char* role) {
+  if (t.empty()) return NotFound(std::string("Forward: missing tensor for ") + role);
+  if (t.numel() != rows * cols)
+    return InvalidArgument("Forward: " + t.name + " has " + std::to_string(t.numel()) + " elements, expected " +
+                           std::to_string(rows) + "x" + std::to_string(cols));
+  if (t.dtype == DType::kBF16) return reinterpret_cast<const uint16_t*>(t.data);
+  // F16 and F32 matrices are rounded to BF16 once, here: the kernels multiply bf16 weights.
+  if (auto done = converted_index_.find(t.data); done != converted_index_.end()) return done->second;
+  std::vector<uint16_t>& out = converted_.emplace_back(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) out[static_cast<size_t>(i)] = FloatToBf16(t.At(i));
+  converted_bytes_ += static_cast<int64_t>(out.size() * sizeof(uint16_t));
+  ++converted_matrices_;
+  converted_index_[t.data] = out.data();
+  return out.data();
+}
 
 Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const ModelWeights& w,
                                                  const ForwardOptions& options) {
@@ -101,10 +105,8 @@ Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const Mod
     return InvalidArgument("Forward: head counts do not group evenly");
   std::unique_ptr<Forward> f(new Forward(c, options));
   const int64_t H = c.hidden_size, I = c.intermediate_size;
-  RETURN_IF_ERROR(CheckMatrix(w.embed_tokens, c.vocab_size, H, "embed_tokens"));
-  RETURN_IF_ERROR(CheckMatrix(w.lm_head, c.vocab_size, H, "lm_head"));
-  f->embed_ = Bf16Data(w.embed_tokens);
-  f->lm_head_ = Bf16Data(w.lm_head);
+  ASSIGN_OR_RETURN(f->embed_, f->Matrix(w.embed_tokens, c.vocab_size, H, "embed_tokens"));
+  ASSIGN_OR_RETURN(f->lm_head_, f->Matrix(w.lm_head, c.vocab_size, H, "lm_head"));
   ASSIGN_OR_RETURN(f->final_norm_, Vector(w.norm, H, 1.0f, "norm"));
   const int64_t rot = c.rotary_dim();
   for (int64_t i = 0; i < rot / 2; ++i)
@@ -117,24 +119,16 @@ Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const Mod
     layer.kind = c.layer_types[l];
     ASSIGN_OR_RETURN(layer.in_norm, Vector(lw.input_layernorm, H, 1.0f, "input_layernorm"));
     ASSIGN_OR_RETURN(layer.post_norm, Vector(lw.post_attention_layernorm, H, 1.0f, "post_attention_layernorm"));
-    RETURN_IF_ERROR(CheckMatrix(lw.gate_proj, I, H, "gate_proj"));
-    RETURN_IF_ERROR(CheckMatrix(lw.up_proj, I, H, "up_proj"));
-    RETURN_IF_ERROR(CheckMatrix(lw.down_proj, H, I, "down_proj"));
-    layer.gate = Bf16Data(lw.gate_proj);
-    layer.up = Bf16Data(lw.up_proj);
-    layer.down = Bf16Data(lw.down_proj);
+    ASSIGN_OR_RETURN(layer.gate, f->Matrix(lw.gate_proj, I, H, "gate_proj"));
+    ASSIGN_OR_RETURN(layer.up, f->Matrix(lw.up_proj, I, H, "up_proj"));
+    ASSIGN_OR_RETURN(layer.down, f->Matrix(lw.down_proj, H, I, "down_proj"));
     if (layer.kind == LayerKind::kLinearAttention) {
       const GdnWeights& g = lw.gdn;
-      RETURN_IF_ERROR(CheckMatrix(g.in_proj_qkv, conv_dim, H, "in_proj_qkv"));
-      RETURN_IF_ERROR(CheckMatrix(g.in_proj_z, c.value_dim(), H, "in_proj_z"));
-      RETURN_IF_ERROR(CheckMatrix(g.in_proj_b, Nv, H, "in_proj_b"));
-      RETURN_IF_ERROR(CheckMatrix(g.in_proj_a, Nv, H, "in_proj_a"));
-      RETURN_IF_ERROR(CheckMatrix(g.out_proj, H, c.value_dim(), "out_proj"));
-      layer.qkv = Bf16Data(g.in_proj_qkv);
-      layer.z = Bf16Data(g.in_proj_z);
-      layer.b = Bf16Data(g.in_proj_b);
-      layer.a = Bf16Data(g.in_proj_a);
-      layer.out = Bf16Data(g.out_proj);
+      ASSIGN_OR_RETURN(layer.qkv, f->Matrix(g.in_proj_qkv, conv_dim, H, "in_proj_qkv"));
+      ASSIGN_OR_RETURN(layer.z, f->Matrix(g.in_proj_z, c.value_dim(), H, "in_proj_z"));
+      ASSIGN_OR_RETURN(layer.b, f->Matrix(g.in_proj_b, Nv, H, "in_proj_b"));
+      ASSIGN_OR_RETURN(layer.a, f->Matrix(g.in_proj_a, Nv, H, "in_proj_a"));
+      ASSIGN_OR_RETURN(layer.out, f->Matrix(g.out_proj, H, c.value_dim(), "out_proj"));
       std::vector<float> conv;
       ASSIGN_OR_RETURN(conv, Vector(g.conv1d, conv_dim * K, 0.0f, "conv1d"));
       layer.conv.resize(static_cast<size_t>(conv_dim * K));
@@ -147,14 +141,10 @@ Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const Mod
       ASSIGN_OR_RETURN(layer.gdn_norm, Vector(g.norm, c.linear_value_head_dim, 0.0f, "linear_attn.norm"));
     } else {
       const AttentionWeights& at = lw.attn;
-      RETURN_IF_ERROR(CheckMatrix(at.q_proj, 2 * c.num_attention_heads * hd, H, "q_proj"));
-      RETURN_IF_ERROR(CheckMatrix(at.k_proj, c.num_key_value_heads * hd, H, "k_proj"));
-      RETURN_IF_ERROR(CheckMatrix(at.v_proj, c.num_key_value_heads * hd, H, "v_proj"));
-      RETURN_IF_ERROR(CheckMatrix(at.o_proj, H, c.num_attention_heads * hd, "o_proj"));
-      layer.q = Bf16Data(at.q_proj);
-      layer.k = Bf16Data(at.k_proj);
-      layer.v = Bf16Data(at.v_proj);
-      layer.o = Bf16Data(at.o_proj);
+      ASSIGN_OR_RETURN(layer.q, f->Matrix(at.q_proj, 2 * c.num_attention_heads * hd, H, "q_proj"));
+      ASSIGN_OR_RETURN(layer.k, f->Matrix(at.k_proj, c.num_key_value_heads * hd, H, "k_proj"));
+      ASSIGN_OR_RETURN(layer.v, f->Matrix(at.v_proj, c.num_key_value_heads * hd, H, "v_proj"));
+      ASSIGN_OR_RETURN(layer.o, f->Matrix(at.o_proj, H, c.num_attention_heads * hd, "o_proj"));
       ASSIGN_OR_RETURN(layer.q_norm, Vector(at.q_norm, hd, 1.0f, "q_norm"));
       ASSIGN_OR_RETURN(layer.k_norm, Vector(at.k_norm, hd, 1.0f, "k_norm"));
     }

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -25,8 +27,8 @@ enum class LogitsRows { kLast, kAll };
 
 class Forward {
  public:
-  // Checks shapes and dtypes (large matrices must be BF16) and expands the small tensors to fp32.
-  // The weights must outlive the Forward.
+  // Checks shapes, rounds F16/F32 matrices to BF16 once (the kernels multiply bf16 weights) and
+  // expands the small tensors to fp32. The weights must outlive the Forward.
   static Result<std::unique_ptr<Forward>> Create(const ModelConfig& config, const ModelWeights& weights,
                                                  const ForwardOptions& options);
   ~Forward();
@@ -45,6 +47,9 @@ class Forward {
   int64_t grid_tokens() const { return options_.grid_tokens; }
   int threads() const { return pool_->size(); }
   ThreadPool& pool() { return *pool_; }
+  // Matrices the checkpoint stored as F16 or F32, held here rounded to BF16.
+  int64_t converted_matrices() const { return converted_matrices_; }
+  int64_t converted_bytes() const { return converted_bytes_; }
 
  private:
   struct Layer;
@@ -53,6 +58,8 @@ class Forward {
 
   Forward(const ModelConfig& config, const ForwardOptions& options);
   Status CheckIds(std::span<const int32_t> ids) const;
+  // The bf16 data of a [rows, cols] matrix: the mapped tensor, or a BF16 copy of an F16/F32 one.
+  Result<const uint16_t*> Matrix(const TensorView& t, int64_t rows, int64_t cols, const char* role);
   // Runs ids[0..n) at positions state.length()..; writes logits of the last row or all rows.
   void RunChunk(SequenceState& state, const int32_t* ids, int64_t n, Mode mode, bool all_rows, float* logits);
   void GdnMixer(const Layer& layer, SequenceState& state, int64_t gdn_index, int64_t n, Mode mode);
@@ -69,6 +76,10 @@ class Forward {
   std::vector<float> final_norm_;      // fp32 [H], 1 + w
   std::vector<double> inv_freq_;       // [rotary_dim / 2]
   std::unique_ptr<Workspace> ws_;
+  std::deque<std::vector<uint16_t>> converted_;             // bf16 copies of F16/F32 matrices
+  std::map<const void*, const uint16_t*> converted_index_;  // mapped data -> its copy (tied weights share one)
+  int64_t converted_matrices_ = 0;
+  int64_t converted_bytes_ = 0;
 };
 
 }  // namespace anchorage

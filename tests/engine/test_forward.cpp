@@ -5,7 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <random>
+
+#include "engine/core/bf16.h"
+#include "engine/model/safetensors.h"
 
 #include "engine/runtime/forward.h"
 #include "engine/runtime/generator.h"
@@ -52,6 +56,52 @@ class TestForward : public QObject {
     auto f = Forward::Create(model_->config, model_->weights, ForwardOptions{64, 2});
     QVERIFY2(f.ok(), f.ok() ? "" : f.status().ToString().c_str());
     forward_ = std::move(f).value();
+  }
+
+  // F32 and F16 checkpoints load: their matrices are rounded to BF16 once. An F32 copy of a BF16
+  // model holds the same values, so its logits are the same bits; F16 rounds small weights.
+  void f32AndF16WeightFilesLoad() {
+    QTemporaryDir out;
+    const std::vector<int32_t> ids = RandomIds(40, model_->config.vocab_size, 5);
+    SequenceState base_state(model_->config);
+    auto base = forward_->Prefill(base_state, ids);
+    QVERIFY(base.ok());
+    for (DType dtype : {DType::kF32, DType::kF16}) {
+      std::vector<TensorToWrite> tensors;
+      for (const auto& [name, t] : model_->set->tensors()) {
+        std::string bytes;
+        for (int64_t i = 0; i < t.numel(); ++i) {
+          const float v = t.At(i);
+          if (dtype == DType::kF32) {
+            bytes.append(reinterpret_cast<const char*>(&v), 4);
+          } else {
+            const uint16_t h = FloatToFp16(v);
+            bytes.append(reinterpret_cast<const char*>(&h), 2);
+          }
+        }
+        tensors.push_back({name, dtype, t.shape, std::move(bytes)});
+      }
+      const std::string dir = out.path().toStdString() + "/" + DTypeName(dtype);
+      QVERIFY(std::filesystem::create_directories(dir));
+      QVERIFY(WriteSafetensors(dir + "/model.safetensors", tensors).ok());
+      auto set = SafetensorsSet::OpenDirectory(dir);
+      QVERIFY2(set.ok(), set.status().ToString().c_str());
+      auto weights = MapWeights(model_->config, *set);
+      QVERIFY2(weights.ok(), weights.status().ToString().c_str());
+      auto f = Forward::Create(model_->config, *weights, ForwardOptions{64, 2});
+      QVERIFY2(f.ok(), f.status().ToString().c_str());
+      QVERIFY((*f)->converted_matrices() > 0);
+      SequenceState state(model_->config);
+      auto logits = (*f)->Prefill(state, ids);
+      QVERIFY(logits.ok());
+      double worst = 0, largest = 0;
+      for (size_t i = 0; i < base->size(); ++i) {
+        worst = std::max(worst, std::abs(double((*logits)[i]) - double((*base)[i])));
+        largest = std::max(largest, std::abs(double((*base)[i])));
+      }
+      if (dtype == DType::kF32) QVERIFY2(worst == 0.0, std::to_string(worst).c_str());
+      else QVERIFY2(worst <= 1e-2 * std::max(1.0, largest), std::to_string(worst).c_str());
+    }
   }
 
   void prefillMatchesReference_data() {

@@ -355,6 +355,45 @@ class TokenizerTest : public QObject {
     QCOMPARE(pieces(" ?!\n\nz", SplitPattern::kQwen2), (V{" ?!\n\n", "z"}));
   }
 
+  // GPT-2's pattern (what a plain ByteLevel pre-tokenizer with use_regex applies); expectations
+  // from the pattern run by Python's regex module.
+  void gpt2Split() {
+    using anchorage::SplitPattern;
+    auto pieces = [](const std::string& s) {
+      std::vector<std::string> out;
+      for (const auto& span : anchorage::SplitPreTokens(s, SplitPattern::kGpt2)) out.push_back(s.substr(span.begin, span.end - span.begin));
+      return out;
+    };
+    using V = std::vector<std::string>;
+    QCOMPARE(pieces("Hello world's 123 test!!  \n x"), (V{"Hello", " world", "'s", " 123", " test", "!!", "  \n", " x"}));
+    QCOMPARE(pieces("I'M here  ,ok?\t\tyes 42x"), (V{"I", "'", "M", " here", " ", " ,", "ok", "?", "\t", "\t", "yes", " 42", "x"}));
+    QCOMPARE(pieces("a\n\n\nb   "), (V{"a", "\n\n", "\n", "b", "   "}));
+    QCOMPARE(pieces("don't  'LL 7.5%"), (V{"don", "'t", " ", " '", "LL", " 7", ".", "5", "%"}));
+    QCOMPARE(pieces("H\u00e9llo w\u00f6rld \u0661\u0662\u0663 \u65e5\u672c\u8a9e!"), (V{"H\u00e9llo", " w\u00f6rld", " \u0661\u0662\u0663", " \u65e5\u672c\u8a9e", "!"}));
+
+    // A tokenizer.json whose only pre-tokenizer is ByteLevel with use_regex loads and splits so.
+    Json j = Json::parse(anchorage::BuildTinyTokenizerJson("hello world hello there", 20));
+    j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", true}};
+    const Tokenizer gpt2 = ParseOrDie(j.dump(), "gpt2.json");
+    const std::string text = "hello world's 42 hello!!";
+    const std::vector<int32_t> ids = EncodeOrDie(gpt2, text);
+    QCOMPARE(gpt2.Decode(ids), text);
+    // Every token lies inside one GPT-2 pre-token.
+    std::vector<size_t> cuts;
+    for (const auto& span : anchorage::SplitPreTokens(text, SplitPattern::kGpt2)) cuts.push_back(span.end);
+    size_t at = 0;
+    for (int32_t id : ids) {
+      const size_t next = at + gpt2.Decode({id}).size();
+      for (size_t cut : cuts) QVERIFY2(!(cut > at && cut < next), ("token crosses a pre-token at " + std::to_string(cut)).c_str());
+      at = next;
+    }
+    j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", Json::array({{{"type", "Split"}, {"pattern", {{"Regex", std::string(anchorage::kQwen2SplitRegex)}}}, {"behavior", "Isolated"}, {"invert", false}},
+                                                                                {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}})}};
+    auto twice = Tokenizer::Parse(j.dump(), "twice.json");
+    QVERIFY(!twice.ok());
+    QVERIFY2(twice.status().message().find("two splits") != std::string::npos, twice.status().message().c_str());
+  }
+
   void nfcCases() {
     using anchorage::unicode::NormalizeNfc;
     QCOMPARE(NormalizeNfc("e\u0301"), std::string("\u00e9"));

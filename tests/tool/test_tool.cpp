@@ -132,6 +132,12 @@ class TestTool : public QObject {
     QVERIFY2(l.code == 0, l.err.constData());
     json logits = json::parse(l.out.constData());
     QVERIFY(logits.is_array() && logits.size() >= 64);
+    // Token ids need no tokenizer: a folder without tokenizer.json or a template gives the same logits.
+    QDir().mkpath(Path("weights-only"));
+    for (const char* f : {"config.json", "model.safetensors"}) QVERIFY(QFile::copy(Path("tiny") + "/" + f, Path("weights-only") + "/" + f));
+    Run bare = Tool({"logits", "--model", Path("weights-only"), "--ids", Path("ids.json")});
+    QVERIFY2(bare.code == 0, bare.err.constData());
+    QCOMPARE(bare.out, l.out);
   }
 
   void usageErrors() {
