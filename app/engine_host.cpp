@@ -261,6 +261,11 @@ class EngineWorker : public QObject {
     const anchorage::JobStats j = sched.last_stats();
     s.last = {j.prompt_tokens, j.cached_tokens, j.reread_tokens, j.completion_tokens, j.ttft_ms, j.prefill_ms, j.decode_tokens_per_s,
               QString::fromStdString(j.cache_source)};
+    if (m_service->journal()) {
+      const anchorage::Journal::Health h = m_service->journal()->health();
+      s.journalErrors = h.errors;
+      s.journalLastError = QString::fromStdString(h.last_error);
+    }
     if (!m_chats.isEmpty()) {
       Chat& chat = *m_chats.begin();
       if (chat.firstMs < 0) {

@@ -132,6 +132,11 @@ void MainWindow::buildStatusBar() {
   statusBar()->addWidget(m_modelLabel);
   statusBar()->addWidget(m_urlButton);
   statusBar()->addWidget(m_queueLabel);
+  m_journalLabel = new QLabel(this);
+  m_journalLabel->setObjectName("journalHealth");
+  m_journalLabel->setStyleSheet("color: #b00020;");
+  m_journalLabel->hide();
+  statusBar()->addWidget(m_journalLabel);
   statusBar()->addPermanentWidget(m_phaseBar);
   statusBar()->addPermanentWidget(m_phaseLabel);
 }
@@ -190,6 +195,11 @@ void MainWindow::onStatus(const EngineStatusSnapshot& s) {
   m_modelLabel->setText(tr("model: %1").arg(s.modelId));
   setWindowTitle(tr("Anchorage — %1").arg(s.modelId));
   m_queueLabel->setText(tr("queue %1").arg(s.queueDepth));
+  m_journalLabel->setVisible(s.journalErrors > 0);
+  if (s.journalErrors > 0) {
+    m_journalLabel->setText(tr("journal: %n write error(s)", nullptr, static_cast<int>(s.journalErrors)));
+    m_journalLabel->setToolTip(s.journalLastError);
+  }
   QString phase;
   if (s.phase == "prefill") phase = tr("prefill · resume: %1").arg(s.resumeHint);
   else if (s.phase == "decode") phase = tr("decode · %1 tok/s").arg(s.liveTokensPerS, 0, 'f', 1);

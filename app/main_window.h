@@ -70,6 +70,7 @@ class MainWindow : public QMainWindow {
   QLabel* m_modelLabel;
   QToolButton* m_urlButton;
   QLabel* m_queueLabel;
+  QLabel* m_journalLabel;
   QLabel* m_phaseLabel;
   QProgressBar* m_phaseBar;
   QString m_url;

@@ -1,23 +1,23 @@
 // anchorage-server: the headless OpenAI-compatible endpoint over the engine.
 #include <sys/stat.h>
 
-#include <chrono>
+#include <pthread.h>
+
 #include <csignal>
 #include <cstdio>
-#include <thread>
 
 #include "engine/server/service.h"
-
-namespace {
-
-volatile std::sig_atomic_t g_signal = 0;
-void OnSignal(int sig) { g_signal = sig; }
-
-}  // namespace
 
 int main(int argc, char** argv) {
   using namespace anchorage;
   umask(077);  // the data folder (journal, settings, caches) is private to its user
+  // SIGTERM and SIGINT are taken by sigwait below; blocked first, so every thread inherits the mask
+  // and a signal during loading drains once serving starts.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   auto parsed = ParseServerCommandLine(argc, argv);
   if (!parsed.ok()) {
     std::fprintf(stderr, "anchorage-server: %s\n\n%s", parsed.status().message().c_str(), ServerUsage());
@@ -43,15 +43,14 @@ int main(int argc, char** argv) {
   }
   Service& s = **service;
   for (const std::string& note : s.notes()) std::fprintf(stderr, "anchorage-server: %s\n", note.c_str());
-  std::signal(SIGTERM, OnSignal);
-  std::signal(SIGINT, OnSignal);
   s.ServeInBackground();
   std::printf("anchorage-server: serving %s on %s (model %s, %d threads, grid %lld)\n", s.model_id().c_str(), s.url().c_str(),
               s.model().fingerprint.substr(0, 12).c_str(), s.scheduler().forward().threads(), static_cast<long long>(config.grid_tokens));
   std::fflush(stdout);
 
-  while (g_signal == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  std::fprintf(stderr, "anchorage-server: draining (signal %d): no new requests, waiting for the ones in flight\n", static_cast<int>(g_signal));
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  std::fprintf(stderr, "anchorage-server: draining (signal %d): no new requests, waiting for the ones in flight\n", signal);
   s.Drain();
   std::fprintf(stderr, "anchorage-server: stopped\n");
   return 0;

@@ -72,6 +72,8 @@ struct EngineStatusSnapshot {
   double liveTokensPerS = 0;  // decode: tokens a second of the console's streaming answer so far
   QString resumeHint;         // prefill: where it resumed ("end at 412 tokens"), from the journal's hit row
   JobStatsSnapshot last;
+  qint64 journalErrors = 0;   // failed background writes of the journal so far
+  QString journalLastError;
 };
 
 // The settings document (what PUT /v1/settings edits) and its schema.

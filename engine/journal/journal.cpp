@@ -352,7 +352,14 @@ Status Journal::last_error() {
 }
 
 void Journal::KeepError(Status status) {
+  ++error_count_;
+  newest_error_ = status.ToString();
   if (error_.ok()) error_ = std::move(status);
+}
+
+Journal::Health Journal::health() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Health{failed_rows_, dropped_rows_, error_count_, newest_error_};
 }
 
 void Journal::SetRetention(int64_t retention_days, int64_t retention_rows) {

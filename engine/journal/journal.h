@@ -123,6 +123,15 @@ class Journal {
   // The first background write error since the previous call, then ok until the next one.
   Status last_error();
 
+  // Background failures so far, for /health and the console (does not consume last_error).
+  struct Health {
+    int64_t failed_rows = 0;   // rows a write failed for
+    int64_t dropped_rows = 0;  // rows dropped because the queue was full
+    int64_t errors = 0;        // failed writes and prunes
+    std::string last_error;    // the newest failure's message, "" when none
+  };
+  Health health() const;
+
   // Applies retention now to committed rows; returns the rows deleted.
   Result<int64_t> Prune();
   // New retention for the periodic and explicit prunes; 0 disables that limit.
@@ -170,6 +179,8 @@ class Journal {
   uint64_t in_flight_first_seq_ = 0;
   bool stop_ = false;
   Status error_;
+  int64_t error_count_ = 0;
+  std::string newest_error_;
   int64_t retention_days_ = 0;
   int64_t retention_rows_ = 0;
   int64_t dropped_rows_ = 0;

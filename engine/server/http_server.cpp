@@ -158,6 +158,7 @@ void HttpServer::RouteOperations() {
                    {"queue", scheduler_.queue_depth()},
                    {"fingerprint", model_.fingerprint},
                    {"connections", transport_.open_connections()},
+                   {"journal", JournalHealthJson()},
                    {"last_request", {{"prompt_tokens", last.prompt_tokens}, {"completion_tokens", last.completion_tokens}}}});
   });
   Route("GET", "/metrics", RouteClass::kControl, RouteAccess::kClient, [this](const HttpRequest&, HttpResponse& res) {
@@ -171,6 +172,13 @@ void HttpServer::RouteOperations() {
       data.push_back({{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "anchorage"}, {"max_model_len", options_.context_tokens}});
     SendJson(res, {{"object", "list"}, {"data", data}});
   });
+}
+
+ojson HttpServer::JournalHealthJson() const {
+  if (journal_ == nullptr) return nullptr;
+  const Journal::Health h = journal_->health();
+  return {{"ok", h.errors == 0}, {"errors", h.errors}, {"failed_rows", h.failed_rows}, {"dropped_rows", h.dropped_rows},
+          {"last_error", h.last_error.empty() ? ojson(nullptr) : ojson(h.last_error)}};
 }
 
 ParseOptions HttpServer::ParseOptionsOf() const {

@@ -60,6 +60,8 @@ class HttpServer {
   void Completion(RequestKind kind, const HttpRequest& req, HttpResponse& res);
   // Parses a chat body for peek and prewarm: its prompt ids and session (body "session", else x-session-id).
   ParseOptions ParseOptionsOf() const;
+  // {"ok", "errors", "failed_rows", "dropped_rows", "last_error"} of the journal's background writes; null without one.
+  nlohmann::ordered_json JournalHealthJson() const;
   bool CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiError* error) const;
   // Renders and tokenizes a parsed request; false with *error set when it cannot.
   bool PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids, bool* starts_in_reasoning, ApiError* error) const;

@@ -175,14 +175,17 @@ double Scheduler::measured_prefill_rate() const {
 }
 
 Result<ResumeInfo> Scheduler::PeekCache(const CacheRequest& request, int wait_ms) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
-  while (true) {
-    {
-      std::lock_guard lock(mu_);
-      if (!running_job_ && queue_.empty() && lock_.TryLockForIdle()) break;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  {
+    std::unique_lock lock(mu_);
+    while (true) {
+      if (!idle_cv_.wait_until(lock, deadline, [&] { return !running_job_ && queue_.empty(); })) return ResourceExhausted("the engine is busy");
+      if (lock_.TryLockForIdle()) break;
+      // Held between requests (a clear, a prewarm): those end without a signal here, so look again shortly.
+      if (idle_cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(5))) == std::cv_status::timeout &&
+          std::chrono::steady_clock::now() >= deadline)
+        return ResourceExhausted("the engine is busy");
     }
-    if (std::chrono::steady_clock::now() >= deadline) return ResourceExhausted("the engine is busy");
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   ResumeInfo info = resident_.Peek(request);
   lock_.UnlockIdle();

@@ -189,8 +189,7 @@ void Service::Drain() {
   drained_ = true;
   scheduler_->BeginDrain();
   scheduler_->WaitIdle();
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let the last response reach its client
-  http_->Stop();
+  http_->Stop();  // Serve() returns once every worker has written its response
   if (serving_.joinable()) serving_.join();
   journal_->Flush();
 }

@@ -518,6 +518,11 @@ class TestJournal : public QObject {
       QVERIFY2(error.message().find(j->path()) != std::string::npos, error.message().c_str());
       QVERIFY(j->last_error().ok());  // reported once
       QCOMPARE(j->Stats()->failed_rows, int64_t{3});
+      // The health view keeps it for /health and the console's status bar.
+      const Journal::Health health = j->health();
+      QCOMPARE(health.errors, int64_t{1});
+      QCOMPARE(health.failed_rows, int64_t{3});
+      QVERIFY2(health.last_error.find("database is locked") != std::string::npos, health.last_error.c_str());
     }
     j->RecordRequest(Request(2000, "after", "m", "none"));
     j->Flush();

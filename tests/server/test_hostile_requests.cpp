@@ -58,7 +58,8 @@ class TestHostileRequests : public QObject {
 
   bool Healthy() {
     RawResponse h = RawExchange(server_.port(), RawRequest("GET", "/health", ""), 5000);
-    return h.status == 200 && json::parse(h.body, nullptr, false).value("status", "") == "ok";
+    const json body = json::parse(h.body, nullptr, false);
+    return h.status == 200 && body.value("status", "") == "ok" && body["journal"]["ok"] == true && body["journal"]["errors"] == 0;
   }
 
  private slots:
