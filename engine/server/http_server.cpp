@@ -361,19 +361,6 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
   for (const char* stop : {"<|im_end|>", "<|endoftext|>"})
     if (auto id = model_.tokenizer.TokenId(stop)) r.sampling.stop_token_ids.push_back(*id);
 
-  if (kind == RequestKind::kChat && !options_.test_replies.empty()) {
-    const ojson& last = r.template_body["messages"].back()["content"];
-    const std::string text = last.is_string() ? last.get<std::string>() : std::string();
-    for (const auto& entry : options_.test_replies) {
-      if (text.find(entry.value("match", std::string("\x01"))) == std::string::npos) continue;
-      auto forced = model_.tokenizer.Encode(entry.value("reply", std::string()), /*parse_special=*/true);
-      if (forced.ok()) {
-        r.sampling.forced_ids = std::move(*forced);
-        if (auto end = model_.tokenizer.TokenId("<|im_end|>")) r.sampling.forced_ids.push_back(*end);
-      }
-      break;
-    }
-  }
   auto job = std::make_shared<Job>(prepared->prompt_ids, r.sampling, r.session, req.path);
   job->set_context_tokens(options_.context_tokens);
   // The journal records the finish reason the client sees: tool_calls when the reply parses as calls.

@@ -28,9 +28,6 @@ struct ServerOptions {
   AccessOptions access;          // Host and Origin checks, API keys, the admin token
   int64_t context_tokens = 0;    // prompt plus output limit; 0 means the model's maximum
   HttpTransportOptions transport;  // limits, timeouts, pools and connection caps
-  // Testing aid: [{"match": TEXT, "reply": TEXT}]; a chat whose last message contains TEXT decodes
-  // exactly that reply (forced tokens through the real forward) and then <|im_end|>.
-  nlohmann::json test_replies = nlohmann::json::array();
 };
 
 class HttpServer {

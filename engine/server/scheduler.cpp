@@ -238,8 +238,11 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
   bool have_first = false;
   CacheRequest request{job.prompt_ids(), job.session(), job.sampling().max_tokens, job.context_tokens()};
   current_session_ = job.session();
+  SamplingParams sampling = job.sampling();
+  if (options_.reply_script && sampling.forced_ids.empty())
+    if (auto scripted = options_.reply_script->ReplyFor(job.prompt_ids())) sampling.forced_ids = std::move(*scripted);
   auto result = resident_.Generate(
-      request, job.sampling(),
+      request, sampling,
       [&](const GeneratedToken& token) {
         if (!have_first) {
           first_token = std::chrono::steady_clock::now();

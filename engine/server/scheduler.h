@@ -9,11 +9,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "engine/core/status.h"
+#include "engine/server/reply_script.h"
 #include "engine/model/model.h"
 #include "engine/runtime/forward.h"
 #include "engine/cache/resident_prefix.h"
@@ -102,6 +104,7 @@ struct SchedulerOptions {
   ResidentOptions resident;
   Journal* journal = nullptr;  // optional: every job and cache event becomes a row
   std::string model_id;
+  std::optional<ReplyScript> reply_script;  // testing aid: a job whose prompt it matches decodes its reply
 };
 
 class Scheduler {

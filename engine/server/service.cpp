@@ -134,6 +134,12 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   scheduler_options.resident = ResidentOptionsFromSettings(effective);
   scheduler_options.journal = s->journal_.get();
   scheduler_options.model_id = s->model_id_;
+  if (!config.test_replies_file.empty()) {
+    ASSIGN_OR_RETURN(std::string text, ReadFile(config.test_replies_file));
+    auto script = ReplyScript::FromJson(nlohmann::json::parse(text, nullptr, false), s->model_->tokenizer);
+    if (!script.ok()) return InvalidArgument(config.test_replies_file + ": " + script.status().message());
+    scheduler_options.reply_script = std::move(script).value();
+  }
   s->scheduler_ = std::make_unique<Scheduler>(*s->model_, std::move(forward), scheduler_options);
 
   Scheduler* scheduler = s->scheduler_.get();
@@ -163,12 +169,6 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   t.max_connections_per_client = static_cast<size_t>(config.max_connections_per_client);
   t.worker_threads = static_cast<int>(config.http_threads);
   t.limits.max_body_bytes = static_cast<size_t>(config.max_body_bytes);
-  if (!config.test_replies_file.empty()) {
-    ASSIGN_OR_RETURN(std::string text, ReadFile(config.test_replies_file));
-    nlohmann::json replies = nlohmann::json::parse(text, nullptr, false);
-    if (!replies.is_array()) return InvalidArgument(config.test_replies_file + " must hold a JSON array of {match, reply}");
-    options.test_replies = replies;
-  }
   s->http_ = std::make_unique<HttpServer>(*s->model_, *s->scheduler_, options, s->journal_.get(), s->settings_.get());
   say(0.9, "binding " + config.host + ":" + std::to_string(config.port));
   RETURN_IF_ERROR(s->http_->Bind());

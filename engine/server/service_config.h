@@ -25,7 +25,7 @@ struct ServerConfig {
   size_t max_queue = 16;
   int64_t context_tokens = 0;     // 0: the model's max_position_embeddings
   int threads = 0;                // 0: every core
-  std::string test_replies_file;
+  std::string test_replies_file;  // testing aid: scripted replies (engine/server/reply_script.h)
   bool caches = true;                     // --caches off: every request prefills cold
   double resident_gb = 2.5;               // anchor budget
   int64_t resident_guest_max = 8192;
@@ -40,7 +40,7 @@ struct ServerConfig {
   int64_t max_connections = 1024;
   int64_t max_connections_per_client = 128;
   int64_t http_threads = 64;
-  int64_t max_body_bytes = 32 << 20;  // testing aid: scripted replies (see ServerOptions::test_replies)
+  int64_t max_body_bytes = 32 << 20;
   bool help = false;
   std::map<std::string, std::string> run_time_knobs;  // flags that override the settings document: flag -> value
   std::vector<std::string> notes;  // what overrode what, printed at start
