@@ -1,7 +1,5 @@
 #include "engine/cache/resident_prefix.h"
 
-#include "engine/compute/cpu/matmul.h"
-
 #include <algorithm>
 #include <limits>
 
@@ -514,17 +512,12 @@ int64_t ResidentPrefix::EngineBytes() const {
 }
 
 int64_t ResidentPrefix::PrefillPeakBytes(int64_t prompt_tokens, int64_t resume_at, int64_t max_new) const {
-  const ModelConfig& c = forward_.config();
   const int64_t chunk = std::min(forward_.grid_tokens(), std::max<int64_t>(1, prompt_tokens - resume_at));
-  const int64_t per_token_floats = 6 * c.hidden_size + 2 * c.conv_dim() + 3 * c.value_dim() + 4 * c.intermediate_size +
-                                   4 * c.num_attention_heads * c.head_dim + 4 * c.num_key_value_heads * c.head_dim;
-  const int64_t weight_tiles = static_cast<int64_t>(forward_.threads()) * cpu::kGemmColumnBlock * std::max(c.hidden_size, c.intermediate_size) * 4;
-  const int64_t logits = c.vocab_size * 4;
   const int64_t rows_after = prompt_tokens + max_new;
   const int64_t step = SequenceState::kKvRowStep;
   const int64_t capacity_after = (rows_after + step - 1) / step * step;
   const int64_t kv_growth = std::max<int64_t>(0, capacity_after - state_.capacity()) * state_.kv_bytes_per_token();
-  return chunk * per_token_floats * 4 + weight_tiles + logits + kv_growth;
+  return forward_.PrefillWorkspaceBytes(chunk) + kv_growth;
 }
 
 bool ResidentPrefix::Shed(int64_t extra, int64_t limit, const std::string& reason, Plan* plan) {

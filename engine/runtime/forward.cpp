@@ -75,6 +75,14 @@ Forward::Forward(const ModelConfig& config, const ForwardOptions& options)
 
 Forward::~Forward() = default;
 
+int64_t Forward::PrefillWorkspaceBytes(int64_t chunk_tokens) const {
+  const ModelConfig& c = config_;
+  const int64_t per_token_floats = 6 * c.hidden_size + 2 * c.conv_dim() + 3 * c.value_dim() + 4 * c.intermediate_size +
+                                   4 * c.num_attention_heads * c.head_dim + 4 * c.num_key_value_heads * c.head_dim;
+  const int64_t weight_tiles = static_cast<int64_t>(threads()) * cpu::kGemmColumnBlock * std::max(c.hidden_size, c.intermediate_size) * 4;
+  return chunk_tokens * per_token_floats * 4 + weight_tiles + c.vocab_size * 4;
+}
+
 Result<const uint16_t*> Forward::Matrix(const TensorView& t, int64_t rows, int64_t cols, const char* role) {
   if (t.empty()) return NotFound(std::string("Forward: missing tensor for ") + role);
   if (t.numel() != rows * cols)

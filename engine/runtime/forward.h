@@ -47,6 +47,9 @@ class Forward {
   int64_t grid_tokens() const { return options_.grid_tokens; }
   int threads() const { return pool_->size(); }
   ThreadPool& pool() { return *pool_; }
+  // Bytes a prefill call of chunk_tokens allocates at its peak: activations, per-thread weight
+  // tiles and one logits row (the state's K/V growth is the caller's).
+  int64_t PrefillWorkspaceBytes(int64_t chunk_tokens) const;
   // Matrices the checkpoint stored as F16 or F32, held here rounded to BF16.
   int64_t converted_matrices() const { return converted_matrices_; }
   int64_t converted_bytes() const { return converted_bytes_; }

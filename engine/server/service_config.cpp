@@ -75,17 +75,17 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
     }
   }
   else if (key == "test-replies") c.test_replies_file = value;
+  // The cache knobs are checked here and applied as overrides of the settings document (run_time_knobs).
   else if (key == "caches" || key == "end-anchor" || key == "strict-model-names") {
     if (value != "on" && value != "off") return InvalidArgument(source + ": " + key + " must be on or off, got '" + value + "'");
-    (key == "caches" ? c.caches : key == "end-anchor" ? c.end_anchor : c.strict_model_names) = value == "on";
+    if (key == "strict-model-names") c.strict_model_names = value == "on";
   }
   else if (key == "resident-gb" || key == "resident-stash-gb" || key == "resident-pin-gb" || key == "resident-park-gb") {
     char* end = nullptr;
     double gb = std::strtod(value.c_str(), &end);
     if (value.empty() || *end != '\0' || !(gb >= 0) || gb > 1e6) return InvalidArgument(source + ": " + key + " must be a number of GiB >= 0, got '" + value + "'");
-    (key == "resident-gb" ? c.resident_gb : key == "resident-stash-gb" ? c.resident_stash_gb : key == "resident-pin-gb" ? c.resident_pin_gb : c.resident_park_gb) = gb;
   }
-  else if (key == "resident-guest-max") { RETURN_IF_ERROR(integer(0, int64_t(1) << 32, &v)); c.resident_guest_max = v; }
+  else if (key == "resident-guest-max") { RETURN_IF_ERROR(integer(0, int64_t(1) << 32, &v)); }
   else if (key == "max-queue") { RETURN_IF_ERROR(integer(0, 100000, &v)); c.max_queue = static_cast<size_t>(v); }
   else if (key == "ctx") { RETURN_IF_ERROR(integer(16, int64_t(1) << 32, &v)); c.context_tokens = v; }
   else if (key == "http-header-timeout-ms") { RETURN_IF_ERROR(integer(100, 3600000, &c.http_header_timeout_ms)); }

@@ -26,13 +26,6 @@ struct ServerConfig {
   int64_t context_tokens = 0;     // 0: the model's max_position_embeddings
   int threads = 0;                // 0: every core
   std::string test_replies_file;  // testing aid: scripted replies (engine/server/reply_script.h)
-  bool caches = true;                     // --caches off: every request prefills cold
-  double resident_gb = 2.5;               // anchor budget
-  int64_t resident_guest_max = 8192;
-  double resident_stash_gb = 1.0;
-  double resident_pin_gb = 4.0;
-  double resident_park_gb = 4.0;
-  bool end_anchor = true;
   // The HTTP transport: timeouts (ms), connection caps, worker threads and the body limit.
   int64_t http_header_timeout_ms = 10000;
   int64_t http_body_timeout_ms = 10000;
