@@ -349,7 +349,7 @@ void HttpTransport::Accept() {
     size_t from_client = 0;
     {
       std::lock_guard lock(clients_mutex_);
-      from_client = per_client_[address];
+      if (auto it = per_client_.find(address); it != per_client_.end()) from_client = it->second;
     }
     const bool client_full = from_client >= options_.max_connections_per_client;
     const bool all_full = open_connections_.load() >= options_.max_connections;
@@ -414,8 +414,7 @@ void HttpTransport::ReadFrom(Connection& c) {
         continue;
       }
       c.pending.append(buf, static_cast<size_t>(n));
-      if (static_cast<size_t>(n) < sizeof(buf)) break;
-      continue;
+      break;  // parse before reading more, so a fast sender never piles up unparsed bytes
     }
     if (n < 0 && errno == EINTR) continue;
     if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) eof = true;

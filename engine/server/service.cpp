@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "engine/core/file_util.h"
+#include "engine/core/text_split.h"
 #include "engine/model/tiny_model.h"
 #include "engine/runtime/forward.h"
 
@@ -94,16 +95,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   }
   say(0.2, "loading " + model_dir);
   ASSIGN_OR_RETURN(s->model_, LoadModel(model_dir));
-  std::vector<std::string> names;
-  for (size_t start = 0; start <= config.served_model_name.size();) {
-    size_t comma = config.served_model_name.find(',', start);
-    if (comma == std::string::npos) comma = config.served_model_name.size();
-    std::string name = config.served_model_name.substr(start, comma - start);
-    start = comma + 1;
-    name.erase(0, name.find_first_not_of(' '));
-    name.erase(name.find_last_not_of(' ') + 1);
-    if (!name.empty()) names.push_back(name);
-  }
+  std::vector<std::string> names = SplitList(config.served_model_name, ',');
   s->model_id_ = names.empty() ? fs::path(model_dir).filename().string() : names[0];
   if (!names.empty()) names.erase(names.begin());
 

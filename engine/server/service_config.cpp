@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/file_util.h"
+#include "engine/core/text_split.h"
 
 namespace anchorage {
 
@@ -46,32 +47,19 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
   }
   else if (key == "api-keys-file") {
     ASSIGN_OR_RETURN(std::string text, ReadFile(value));
-    size_t start = 0, added = 0;
-    while (start < text.size()) {
-      size_t end = text.find('\n', start);
-      if (end == std::string::npos) end = text.size();
-      std::string line = text.substr(start, end - start);
-      start = end + 1;
-      while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
-      while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.erase(0, 1);
-      if (line.empty() || line[0] == '#') continue;
-      c.api_keys.push_back(line);
+    size_t added = 0;
+    for (std::string& line : SplitList(text, '\n')) {
+      if (line[0] == '#') continue;
+      c.api_keys.push_back(std::move(line));
       ++added;
     }
     if (added == 0) return InvalidArgument(source + ": " + value + " holds no API key (one a line; # starts a comment)");
   }
   else if (key == "allowed-hosts" || key == "cors-origins") {
     std::vector<std::string>& list = key == "allowed-hosts" ? c.allowed_hosts : c.cors_origins;
-    size_t start = 0;
-    while (start <= value.size()) {
-      size_t comma = value.find(',', start);
-      if (comma == std::string::npos) comma = value.size();
-      std::string item = value.substr(start, comma - start);
-      start = comma + 1;
-      while (!item.empty() && item.back() == ' ') item.pop_back();
-      while (!item.empty() && item.front() == ' ') item.erase(0, 1);
+    for (std::string& item : SplitList(value, ',')) {
       while (key == "cors-origins" && !item.empty() && item.back() == '/') item.pop_back();
-      if (!item.empty()) list.push_back(item);
+      if (!item.empty()) list.push_back(std::move(item));
     }
   }
   else if (key == "test-replies") c.test_replies_file = value;

@@ -27,6 +27,15 @@ inline std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int
   return a;
 }
 
+// Greedy sampling of at most n tokens, with the top-2 logprobs the greedy gate reads.
+inline SamplingParams Greedy(int64_t n) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = n;
+  p.logprobs = 2;
+  return p;
+}
+
 inline std::vector<int32_t> Head(const std::vector<int32_t>& a, size_t n) { return {a.begin(), a.begin() + static_cast<long>(n)}; }
 
 // The greedy gate: "" when warm picks cold's tokens, or first parts from them where cold's top-2

@@ -13,6 +13,7 @@
 
 using namespace anchorage;
 using anchorage::testing::Concat;
+using anchorage::testing::Greedy;
 using anchorage::testing::Head;
 using anchorage::testing::Tokens;
 
@@ -78,9 +79,7 @@ class TestResident : public QObject {
     const auto grown = Concat(b, Tokens(3, 150, vocab_));  // 490 tokens
     l = rp.Prefill({grown, "a", 0}, &info);
     QVERIFY(l.ok());
-    SamplingParams greedy;
-    greedy.temperature = 0;
-    greedy.max_tokens = 4;
+    const SamplingParams greedy = Greedy(4);
     auto guest = rp.Generate({Tokens(4, 70, vocab_), "", 4}, greedy, nullptr);
     QVERIFY(guest.ok());
     QVERIFY(guest->resume.guest);
@@ -161,10 +160,7 @@ class TestResident : public QObject {
     ResidentOptions off;
     off.enabled = false;
     ResidentPrefix cold(*forward2_, &model_->tokenizer, off);
-    SamplingParams greedy;
-    greedy.temperature = 0;
-    greedy.max_tokens = 24;
-    greedy.logprobs = 2;
+    const SamplingParams greedy = Greedy(24);
     const auto prompt = Tokens(20, 150, vocab_);
     auto first = rp.Generate({prompt, "s", 24}, greedy, nullptr);
     QVERIFY(first.ok());
@@ -267,9 +263,7 @@ class TestResident : public QObject {
   // A request refused for memory leaves every tier as it was: nothing pinned, parked or dropped.
   void refusalChangesNoTier() {
     ResidentPrefix rp(*forward1_, &model_->tokenizer, ResidentOptions{});
-    SamplingParams greedy;
-    greedy.temperature = 0;
-    greedy.max_tokens = 3;
+    const SamplingParams greedy = Greedy(3);
     QVERIFY(rp.Generate({Tokens(60, 300, vocab_), "a", 3}, greedy, nullptr).ok());
     const auto before = rp.Stats();
     const std::vector<int32_t> rows = rp.rows();
@@ -294,9 +288,7 @@ class TestResident : public QObject {
   // Prewarm brings a parked end into place, and the next request resumes exactly where prewarm said.
   void prewarmAnswersWhatTheNextRequestGets() {
     ResidentPrefix rp(*forward1_, &model_->tokenizer, ResidentOptions{});
-    SamplingParams greedy;
-    greedy.temperature = 0;
-    greedy.max_tokens = 6;
+    const SamplingParams greedy = Greedy(6);
     const auto a = Tokens(70, 200, vocab_);
     auto first = rp.Generate({a, "a", 6}, greedy, nullptr);
     QVERIFY(first.ok());
@@ -352,9 +344,7 @@ class TestResident : public QObject {
     QVERIFY(peek.aligned);
     const int64_t served = static_cast<int64_t>(peek.served_prompt.size());
     QVERIFY(served > static_cast<int64_t>(copy->size()));
-    SamplingParams greedy;
-    greedy.temperature = 0;
-    greedy.max_tokens = 8;
+    const SamplingParams greedy = Greedy(8);
     auto refused = rp.Generate({*copy, "", 8, served}, greedy, nullptr);
     QVERIFY(!refused.ok());
     QCOMPARE(refused.status().code(), StatusCode::kOutOfRange);
@@ -380,9 +370,7 @@ class TestResident : public QObject {
     auto turn = [&](const std::string& date) {
       return ids(history + "<|im_start|>user\n<reminder>Today is " + date + ".</reminder> Now run the tests.<|im_end|>\n<|im_start|>assistant\n");
     };
-    SamplingParams greedy;
-    greedy.temperature = 0;
-    greedy.max_tokens = 3;
+    const SamplingParams greedy = Greedy(3);
     QVERIFY(rp.Generate({turn("Monday"), "", 3}, greedy, nullptr).ok());
     auto edited = rp.Generate({turn("Tuesday"), "", 3}, greedy, nullptr);
     QVERIFY(edited.ok());

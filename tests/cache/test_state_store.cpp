@@ -14,6 +14,7 @@
 using namespace anchorage;
 using anchorage::testing::Concat;
 using anchorage::testing::Head;
+using anchorage::testing::Greedy;
 using anchorage::testing::Tokens;
 
 namespace {
@@ -37,14 +38,6 @@ class TestStateStore : public QObject {
     o.pin_budget_bytes = 0;
     o.park_budget_bytes = 0;
     return o;
-  }
-
-  SamplingParams Greedy(int64_t n) {
-    SamplingParams p;
-    p.temperature = 0;
-    p.max_tokens = n;
-    p.logprobs = 2;
-    return p;
   }
 
  private slots:
