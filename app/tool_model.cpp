@@ -8,12 +8,12 @@
 
 #include "app/tool_args.h"
 #include "engine/core/file_util.h"
-#include "engine/model/chat_template.h"
+#include "engine/template/chat_template.h"
 #include "engine/model/fingerprint.h"
 #include "engine/model/model_config.h"
 #include "engine/model/safetensors.h"
 #include "engine/model/tiny_model.h"
-#include "engine/model/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "engine/model/weights.h"
 
 namespace anchorage::tool {

@@ -22,7 +22,7 @@
 #include "engine/cache/parked_session.h"
 #include "engine/cache/pinned_head.h"
 #include "engine/cache/state_store.h"
-#include "engine/model/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "engine/runtime/forward.h"
 #include "engine/runtime/generator.h"
 #include "engine/runtime/sequence_state.h"

@@ -5,10 +5,10 @@
 #include <string>
 
 #include "engine/core/status.h"
-#include "engine/model/chat_template.h"
+#include "engine/template/chat_template.h"
 #include "engine/model/model_config.h"
 #include "engine/model/safetensors.h"
-#include "engine/model/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "engine/model/weights.h"
 
 namespace anchorage {

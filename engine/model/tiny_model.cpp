@@ -8,9 +8,9 @@
 
 #include "engine/core/bf16.h"
 #include "engine/core/file_util.h"
-#include "engine/model/bpe_trainer.h"
+#include "engine/text/bpe_trainer.h"
 #include "engine/model/safetensors.h"
-#include "engine/model/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 namespace anchorage {
 

@@ -1,6 +1,6 @@
 #include "engine/runtime/generator.h"
 
-#include "engine/model/unicode_text.h"
+#include "engine/text/unicode_text.h"
 
 #include <algorithm>
 

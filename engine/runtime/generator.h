@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "engine/core/status.h"
-#include "engine/model/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "engine/runtime/forward.h"
 #include "engine/runtime/sampler.h"
 #include "engine/runtime/sequence_state.h"

@@ -1,6 +1,6 @@
 #include "engine/server/openai_api.h"
 
-#include "engine/model/unicode_text.h"
+#include "engine/text/unicode_text.h"
 
 #include <algorithm>
 #include <cmath>

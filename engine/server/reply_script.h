@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/status.h"
-#include "engine/model/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 namespace anchorage {
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "engine/core/file_util.h"
-#include "engine/model/chat_template.h"
-#include "engine/model/jinja.h"
+#include "engine/template/chat_template.h"
+#include "engine/template/jinja.h"
 
 using anchorage::ChatTemplate;
 using anchorage::StatusCode;

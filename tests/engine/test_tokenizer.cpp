@@ -14,10 +14,10 @@
 
 #include "engine/core/file_util.h"
 #include "engine/core/sha256.h"
-#include "engine/model/bpe_trainer.h"
-#include "engine/model/pretokenizer.h"
-#include "engine/model/tokenizer.h"
-#include "engine/model/unicode_text.h"
+#include "engine/text/bpe_trainer.h"
+#include "engine/text/pretokenizer.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/unicode_text.h"
 
 using anchorage::IncrementalDecoder;
 using anchorage::Tokenizer;

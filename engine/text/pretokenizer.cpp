@@ -1,9 +1,9 @@
-#include "engine/model/pretokenizer.h"
+#include "engine/text/pretokenizer.h"
 
 #include <cstdint>
 
-#include "engine/model/unicode_tables.h"
-#include "engine/model/unicode_text.h"
+#include "engine/text/unicode_tables.h"
+#include "engine/text/unicode_text.h"
 
 namespace anchorage {
 

@@ -1,9 +1,9 @@
-#include "engine/model/unicode_text.h"
+#include "engine/text/unicode_text.h"
 
 #include <algorithm>
 #include <vector>
 
-#include "engine/model/unicode_tables.h"
+#include "engine/text/unicode_tables.h"
 
 namespace anchorage::unicode {
 namespace {

@@ -1,4 +1,4 @@
-#include "engine/model/chat_template.h"
+#include "engine/template/chat_template.h"
 
 #include <utility>
 

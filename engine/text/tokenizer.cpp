@@ -1,4 +1,4 @@
-#include "engine/model/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 #include <algorithm>
 #include <array>
@@ -9,9 +9,9 @@
 
 #include "engine/core/file_util.h"
 #include "engine/core/sha256.h"
-#include "engine/model/pretokenizer.h"
-#include "engine/model/unicode_tables.h"
-#include "engine/model/unicode_text.h"
+#include "engine/text/pretokenizer.h"
+#include "engine/text/unicode_tables.h"
+#include "engine/text/unicode_text.h"
 
 namespace anchorage {
 

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/model/jinja_value.h"
+#include "engine/template/jinja_value.h"
 
 namespace anchorage::jinja {
 

@@ -1,4 +1,4 @@
-#include "engine/model/jinja.h"
+#include "engine/template/jinja.h"
 
 #include <algorithm>
 #include <cctype>
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/model/jinja_ast.h"
-#include "engine/model/jinja_value.h"
+#include "engine/template/jinja_ast.h"
+#include "engine/template/jinja_value.h"
 
 namespace anchorage::jinja {
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "engine/core/status.h"
-#include "engine/model/jinja.h"
+#include "engine/template/jinja.h"
 
 namespace anchorage {
 

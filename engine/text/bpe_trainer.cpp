@@ -1,4 +1,4 @@
-#include "engine/model/bpe_trainer.h"
+#include "engine/text/bpe_trainer.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -9,8 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/model/pretokenizer.h"
-#include "engine/model/unicode_text.h"
+#include "engine/text/pretokenizer.h"
+#include "engine/text/unicode_text.h"
 
 namespace anchorage {
 namespace {

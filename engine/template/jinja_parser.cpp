@@ -9,7 +9,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "engine/model/jinja_ast.h"
+#include "engine/template/jinja_ast.h"
 
 namespace anchorage::jinja {
 

@@ -1,4 +1,4 @@
-#include "engine/model/jinja_value.h"
+#include "engine/template/jinja_value.h"
 
 #include <algorithm>
 #include <charconv>

@@ -1,6 +1,0 @@
-list(APPEND ANCHORAGE_MODEL_SOURCES
-  chat_template.cpp
-  jinja.cpp
-  jinja_parser.cpp
-  jinja_value.cpp
-)
