@@ -42,22 +42,14 @@ std::string str(const nlohmann::json& j, const char* key) {
 
 qint64 nowMs() { return QDateTime::currentMSecsSinceEpoch(); }
 
-CacheTierSnapshot tierOf(const nlohmann::json& stats, const char* name) {
+CacheTierSnapshot tierOf(const char* name, qint64 entries, qint64 bytes, qint64 budgetBytes, qint64 hits, qint64 evictions) {
   CacheTierSnapshot t;
   t.tier = QString::fromLatin1(name);
-  if (!stats.is_object() || !stats.contains(name)) return t;
-  const nlohmann::json& j = stats[name];
-  if (t.tier == "resident") {
-    t.entries = num(j, "rows");
-    t.bytes = num(j, "row_bytes");
-    t.hits = num(j, "requests") - num(j, "cold");
-  } else {
-    t.entries = num(j, "entries");
-    t.bytes = num(j, "bytes");
-    t.budgetBytes = num(j, "budget_bytes");
-    t.hits = num(j, "hits");
-    t.evictions = num(j, "evictions");
-  }
+  t.entries = entries;
+  t.bytes = bytes;
+  t.budgetBytes = budgetBytes;
+  t.hits = hits;
+  t.evictions = evictions;
   return t;
 }
 
@@ -297,29 +289,27 @@ class EngineWorker : public QObject {
   }
 
   void pollCache(qint64 now) {
-    const nlohmann::json stats = m_service->scheduler().CacheStats();
-    const QByteArray json = dumpJson(stats.is_null() ? nlohmann::json::object() : stats);
+    const anchorage::CacheStats stats = m_service->scheduler().CacheStats();
+    const QByteArray json = dumpJson(anchorage::ToJson(stats));
     if (json == m_lastCacheJson && now - m_lastCacheMs < 1000) return;  // once a second at least: the chart's clock
     m_lastCacheJson = json;
     m_lastCacheMs = now;
     CacheSnapshot c;
     c.timeMs = now;
     c.json = json;
-    QStringList names{"resident", "anchors", "end", "stash", "pin", "park", "store"};
-    if (stats.is_object())
-      for (auto it = stats.begin(); it != stats.end(); ++it)
-        if (it->is_object() && it.key() != "memory" && !names.contains(QString::fromStdString(it.key()))) names << QString::fromStdString(it.key());
-    for (const QString& name : names)
-      if (name == "resident" || name == "anchors" || (stats.is_object() && stats.contains(name.toStdString())))
-        c.tiers.append(tierOf(stats, name.toStdString().c_str()));
-    if (stats.is_object() && stats.contains("memory")) {
-      const nlohmann::json& m = stats["memory"];
-      c.engineBytes = num(m, "engine_bytes");
-      c.ceilingBytes = num(m, "ceiling_bytes");
-      c.peakBytes = num(m, "peak_bytes");
-      c.sheds = num(m, "sheds");
-      c.refused = num(m, "refused");
-    }
+    const auto& r = stats.resident;
+    c.tiers.append(tierOf("resident", r.rows, r.row_bytes, 0, r.requests - r.cold, 0));
+    c.tiers.append(tierOf("anchors", stats.anchors.entries, stats.anchors.bytes, stats.anchors.budget_bytes, stats.anchors.hits, stats.anchors.evictions));
+    c.tiers.append(tierOf("end", stats.end.entries, stats.end.bytes, 0, stats.end.hits, 0));
+    c.tiers.append(tierOf("stash", stats.stash.entries, stats.stash.bytes, stats.stash.budget_bytes, stats.stash.guests, 0));
+    c.tiers.append(tierOf("pin", stats.pin.entries, stats.pin.bytes, stats.pin.budget_bytes, stats.pin.hits, 0));
+    c.tiers.append(tierOf("park", stats.park.entries, stats.park.bytes, stats.park.budget_bytes, stats.park.hits, 0));
+    c.tiers.append(tierOf("store", stats.store.entries, stats.store.bytes, stats.store.budget_bytes, stats.store.hits, stats.store.evictions));
+    c.engineBytes = stats.memory.engine_bytes;
+    c.ceilingBytes = stats.memory.ceiling_bytes;
+    c.peakBytes = stats.memory.peak_bytes;
+    c.sheds = stats.memory.shed_total();
+    c.refused = stats.memory.refused;
     emit m_host->cacheChanged(c);
   }
 

@@ -729,27 +729,21 @@ Status ResidentPrefix::Clear(const std::string& tier) {
   return Status::Ok();
 }
 
-nlohmann::json ResidentPrefix::Stats() const {
+CacheStats ResidentPrefix::Stats() const {
   const auto& k = counters_;
-  return {
-      {"resident", {{"rows", rows_.size()}, {"row_bytes", RowBytes(static_cast<int64_t>(rows_.size()))}, {"taint_row", taint_row_ == kNoTaint ? -1 : taint_row_},
-                    {"session", session_}, {"requests", k.requests}, {"cold", k.cold}, {"cached_tokens", k.cached_tokens}, {"reread_tokens", k.reread_tokens}}},
-      {"anchors", {{"entries", anchors_.size()}, {"bytes", anchors_.bytes()}, {"budget_bytes", anchors_.budget_bytes()}, {"hits", k.resident_hits},
-                   {"evictions", anchors_.evictions()}, {"lengths", anchors_.lengths()}}},
-      {"end", {{"entries", end_ ? 1 : 0}, {"bytes", end_ ? end_->anchor.bytes() : 0}, {"length", end_ ? end_->anchor.length : 0}, {"hits", k.end_hits},
-               {"aligned_hits", k.aligned_hits}}},
-      {"stash", {{"entries", stash_.rows ? 1 : 0}, {"bytes", stash_.bytes()}, {"budget_bytes", options_.stash_budget_bytes}, {"guests", k.guests}}},
-      {"pin", {{"entries", pin_.empty() ? 0 : 1}, {"tokens", pin_.tokens.size()}, {"bytes", pin_.bytes()}, {"budget_bytes", options_.pin_budget_bytes},
-               {"pins", k.pins}, {"hits", k.pin_hits}}},
-      {"park", {{"entries", park_.empty() ? 0 : 1}, {"session", park_.session}, {"tokens", park_.tokens.size()}, {"bytes", park_.bytes()},
-                {"budget_bytes", options_.park_budget_bytes}, {"parks", k.parks}, {"hits", k.park_hits}}},
-      {"store", {{"entries", store_.size()}, {"bytes", store_.bytes()}, {"budget_bytes", store_.budget_bytes()},
-                 {"entry_cap_bytes", store_.entry_cap_bytes()}, {"hits", k.store_hits}, {"misses", store_.misses}, {"puts", store_.puts},
-                 {"evictions", store_.evictions}, {"declined", store_.declined}}},
-      {"memory", {{"engine_bytes", EngineBytes()}, {"state_bytes", state_.allocated_bytes()},
-                  {"ceiling_bytes", options_.memory_ceiling_bytes}, {"peak_bytes", options_.memory_peak_bytes},
-                  {"slack_bytes", options_.memory_slack_bytes}, {"sheds", k.sheds}, {"refused", k.refused}}},
-  };
+  CacheStats s;
+  s.resident = {static_cast<int64_t>(rows_.size()), RowBytes(static_cast<int64_t>(rows_.size())), taint_row_ == kNoTaint ? -1 : taint_row_,
+                session_, k.requests, k.cold, k.cached_tokens, k.reread_tokens};
+  s.anchors = {static_cast<int64_t>(anchors_.size()), anchors_.bytes(), anchors_.budget_bytes(), k.resident_hits, anchors_.evictions(), anchors_.lengths()};
+  s.end = {end_ ? 1 : 0, end_ ? end_->anchor.bytes() : 0, end_ ? end_->anchor.length : 0, k.end_hits, k.aligned_hits};
+  s.stash = {stash_.rows ? 1 : 0, stash_.bytes(), options_.stash_budget_bytes, k.guests};
+  s.pin = {pin_.empty() ? 0 : 1, static_cast<int64_t>(pin_.tokens.size()), pin_.bytes(), options_.pin_budget_bytes, k.pins, k.pin_hits};
+  s.park = {park_.empty() ? 0 : 1, static_cast<int64_t>(park_.tokens.size()), park_.bytes(), options_.park_budget_bytes, k.parks, k.park_hits, park_.session};
+  s.store = {static_cast<int64_t>(store_.size()), store_.bytes(), store_.budget_bytes(), store_.entry_cap_bytes(), k.store_hits, store_.misses,
+             store_.puts, store_.evictions, store_.declined};
+  s.memory = {EngineBytes(), state_.allocated_bytes(), options_.memory_ceiling_bytes, options_.memory_peak_bytes, options_.memory_slack_bytes,
+              k.refused, k.sheds};
+  return s;
 }
 
 }  // namespace anchorage

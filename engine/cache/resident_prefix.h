@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/cache/anchor_set.h"
+#include "engine/cache/cache_stats.h"
 #include "engine/cache/end_anchor.h"
 #include "engine/cache/guest_stash.h"
 #include "engine/cache/parked_session.h"
@@ -117,7 +118,7 @@ class ResidentPrefix {
   const ResidentOptions& options() const { return options_; }
 
   // Every tier's entries, bytes and counters.
-  nlohmann::json Stats() const;
+  CacheStats Stats() const;
 
   const SequenceState& state() const { return state_; }
   const std::vector<int32_t>& rows() const { return rows_; }

@@ -196,7 +196,7 @@ bool HttpServer::CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiEr
 
 void HttpServer::RouteCache() {
   Route("GET", "/v1/cache/stats", RouteClass::kControl, RouteAccess::kClient,
-                   [this](const HttpRequest&, HttpResponse& res) { SendJson(res, scheduler_.CacheStats()); });
+                   [this](const HttpRequest&, HttpResponse& res) { SendJson(res, ToJson(scheduler_.CacheStats())); });
 
   // The tier comes from ?tier= or the body's "tier"; a clear that does not say which tier clears nothing.
   Route("POST", "/v1/cache/clear", RouteClass::kWork, RouteAccess::kAdmin, [this](const HttpRequest& req, HttpResponse& res) {
@@ -218,7 +218,7 @@ void HttpServer::RouteCache() {
                              "missing_tier"});
     Status s = scheduler_.ClearCache(tier);
     if (!s.ok()) return SendError(res, {400, s.message(), "invalid_request_error", "tier", "unknown_tier"});
-    SendJson(res, {{"cleared", tier}, {"stats", scheduler_.CacheStats()}});
+    SendJson(res, {{"cleared", tier}, {"stats", ToJson(scheduler_.CacheStats())}});
   });
 
   Route("POST", "/v1/cache/peek", RouteClass::kWork, RouteAccess::kClient, [this](const HttpRequest& req, HttpResponse& res) {

@@ -143,7 +143,7 @@ void Scheduler::ApplyPendingOptions() {
   if (options) resident_.set_options(*options);
 }
 
-nlohmann::json Scheduler::CacheStats() const {
+CacheStats Scheduler::CacheStats() const {
   std::lock_guard lock(mu_);
   return cache_stats_;
 }
@@ -154,7 +154,7 @@ auto Scheduler::BetweenRequests(const std::string& session, Fn&& fn) {
   ApplyPendingOptions();
   current_session_ = session;
   auto result = fn();
-  nlohmann::json stats = resident_.Stats();
+  anchorage::CacheStats stats = resident_.Stats();
   lock_.UnlockRequest();
   std::lock_guard lock(mu_);
   cache_stats_ = std::move(stats);
@@ -210,7 +210,7 @@ void Scheduler::EngineLoop() {
     RunJob(*job, queue_ms);
     {
       // Published before the engine lock is released, so a command that follows never sees older stats.
-      nlohmann::json stats = resident_.Stats();
+      anchorage::CacheStats stats = resident_.Stats();
       std::lock_guard lock(mu_);
       cache_stats_ = std::move(stats);
       last_stats_ = job->stats();

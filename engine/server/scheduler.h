@@ -131,7 +131,7 @@ class Scheduler {
   void SetResidentOptions(const ResidentOptions& options);
 
   // Every cache tier's counters as of the last job or command.
-  nlohmann::json CacheStats() const;
+  anchorage::CacheStats CacheStats() const;
   // Empties a cache tier between requests (waits for the engine like a request does).
   Status ClearCache(const std::string& tier);
   // Where a prompt would resume, without running the model; ResourceExhausted when the engine stays
@@ -166,7 +166,7 @@ class Scheduler {
   bool draining_ = false;
   bool stop_ = false;
   JobStats last_stats_;
-  nlohmann::json cache_stats_;
+  anchorage::CacheStats cache_stats_;
   std::optional<ResidentOptions> pending_options_;
   std::string current_session_;  // engine thread: the session cache events belong to
   double prefill_tokens_ = 0, prefill_seconds_ = 0;  // guarded by mu_

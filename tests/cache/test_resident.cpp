@@ -99,7 +99,7 @@ class TestResident : public QObject {
     l = rp.Prefill({compaction, "a", 0}, &info);
     QVERIFY(l.ok());
     QCOMPARE(info.source, CacheSource::kCold);
-    QCOMPARE(rp.Stats()["pin"]["entries"].get<int>(), 1);
+    QCOMPARE(int(rp.Stats().pin.entries), 1);
     const auto back = Concat(Head(after_guest, 330), Tokens(7, 40, vocab_));
     l = rp.Prefill({back, "a", 0}, &info);
     QVERIFY(l.ok());
@@ -116,7 +116,7 @@ class TestResident : public QObject {
     l = rp.Prefill({b2, "b", 0}, &info);
     QVERIFY(l.ok());
     QCOMPARE(info.cached_tokens, int64_t(64));
-    QCOMPARE(rp.Stats()["park"]["session"].get<std::string>(), std::string("a"));
+    QCOMPARE(rp.Stats().park.session, std::string("a"));
     const auto a3 = Concat(a2, Tokens(10, 30, vocab_));
     l = rp.Prefill({a3, "a", 0}, &info);
     QVERIFY(l.ok());
@@ -265,7 +265,7 @@ class TestResident : public QObject {
     ResidentPrefix rp(*forward1_, &model_->tokenizer, ResidentOptions{});
     const SamplingParams greedy = Greedy(3);
     QVERIFY(rp.Generate({Tokens(60, 300, vocab_), "a", 3}, greedy, nullptr).ok());
-    const auto before = rp.Stats();
+    const auto before = ToJson(rp.Stats());
     const std::vector<int32_t> rows = rp.rows();
     const int64_t length = rp.state().length();
     ResidentOptions tight = rp.options();
@@ -276,7 +276,7 @@ class TestResident : public QObject {
       QVERIFY(!refused.ok());
       QCOMPARE(refused.status().code(), StatusCode::kResourceExhausted);
     }
-    const auto after = rp.Stats();
+    const auto after = ToJson(rp.Stats());
     QVERIFY(rp.rows() == rows);
     QCOMPARE(rp.state().length(), length);
     for (const char* tier : {"anchors", "end", "stash", "pin", "park", "store"})
@@ -293,7 +293,7 @@ class TestResident : public QObject {
     auto first = rp.Generate({a, "a", 6}, greedy, nullptr);
     QVERIFY(first.ok());
     QVERIFY(rp.Generate({Concat(Head(a, 64), Tokens(71, 150, vocab_)), "b", 6}, greedy, nullptr).ok());
-    QCOMPARE(rp.Stats()["park"]["session"].get<std::string>(), std::string("a"));
+    QCOMPARE(rp.Stats().park.session, std::string("a"));
     const auto follow = Concat(Concat(a, first->generation.tokens), Tokens(72, 20, vocab_));
     auto warmed = rp.Prewarm({follow, "a", 6});
     QVERIFY(warmed.ok());
@@ -315,11 +315,11 @@ class TestResident : public QObject {
     const auto y = Tokens(81, 300, vocab_);
     QVERIFY(rp.Prefill({x, "s", 0}).ok());
     QVERIFY(rp.Prefill({y, "s", 0}).ok());  // a compaction: the head of x is pinned
-    QCOMPARE(rp.Stats()["pin"]["pins"].get<int>(), 1);
+    QCOMPARE(int(rp.Stats().pin.pins), 1);
     QVERIFY(rp.Prefill({Concat(x, Tokens(82, 3, vocab_)), "s", 0}, &info).ok());  // back to x, from the pin
     QCOMPARE(info.source, CacheSource::kPin);
     QVERIFY(rp.Prefill({y, "s", 0}).ok());  // the same compaction again: x's head is pinned already
-    QCOMPARE(rp.Stats()["pin"]["pins"].get<int>(), 1);
+    QCOMPARE(int(rp.Stats().pin.pins), 1);
     QVERIFY(rp.Prefill({Concat(x, Tokens(83, 3, vocab_)), "s", 0}, &info).ok());
     QCOMPARE(info.source, CacheSource::kPin);
   }
@@ -376,13 +376,13 @@ class TestResident : public QObject {
     QVERIFY(edited.ok());
     QVERIFY(!edited->resume.guest);
     auto stats = rp.Stats();
-    QCOMPARE(stats["park"]["entries"].get<int>(), 0);
-    QCOMPARE(stats["pin"]["pins"].get<int>(), 0);
+    QCOMPARE(int(stats.park.entries), 0);
+    QCOMPARE(int(stats.pin.pins), 0);
     QVERIFY(edited->resume.cached_tokens >= static_cast<int64_t>(ids(system).size()) / kGrid * kGrid);
 
     auto other = rp.Generate({ids(system + "<|im_start|>user\nWrite a poem about grids.<|im_end|>\n<|im_start|>assistant\n"), "", 3}, greedy, nullptr);
     QVERIFY(other.ok());
-    QCOMPARE(rp.Stats()["park"]["entries"].get<int>(), 1);
+    QCOMPARE(int(rp.Stats().park.entries), 1);
 
     ResidentPrefix tagged(*forward1_, &model_->tokenizer, ResidentOptions{});
     const auto conversation = turn("Monday");
@@ -397,8 +397,8 @@ class TestResident : public QObject {
     auto titled = tagged.Generate({title, "ses-1", 3}, greedy, nullptr);
     QVERIFY(titled.ok());
     QVERIFY(titled->resume.guest);
-    QCOMPARE(tagged.Stats()["pin"]["pins"].get<int>(), 0);
-    QCOMPARE(tagged.Stats()["park"]["entries"].get<int>(), 0);
+    QCOMPARE(int(tagged.Stats().pin.pins), 0);
+    QCOMPARE(int(tagged.Stats().park.entries), 0);
     const auto follow = Concat(Concat(conversation, first->generation.tokens), ids("<|im_end|>\n<|im_start|>user\nThanks.<|im_end|>\n<|im_start|>assistant\n"));
     auto back = tagged.Generate({follow, "ses-1", 3}, greedy, nullptr);
     QVERIFY(back.ok());

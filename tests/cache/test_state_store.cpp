@@ -59,7 +59,7 @@ class TestStateStore : public QObject {
     ResidentPrefix rp(*forward_, &model_->tokenizer, StoreOnly());
     const auto a = Tokens(1, 300, vocab_);
     QVERIFY(rp.Prefill({a, "", 0}).ok());
-    QCOMPARE(rp.Stats()["store"]["entries"].get<int>(), 1);  // the longest grid line: 256
+    QCOMPARE(int(rp.Stats().store.entries), 1);  // the longest grid line: 256
     QVERIFY(rp.Prefill({Tokens(2, 200, vocab_), "", 0}).ok());  // replaces the rows (too long for a guest)
     ResumeInfo info;
     const auto again = Concat(Head(a, 280), Tokens(3, 40, vocab_));
@@ -113,11 +113,11 @@ class TestStateStore : public QObject {
     QVERIFY(rp.Generate({b, "b", 4}, Greedy(4), nullptr).ok());
     QVERIFY(rp.Generate({Tokens(22, 200, vocab_), "b", 4}, Greedy(4), nullptr).ok());
     auto stats = rp.Stats();
-    QVERIFY(stats["store"]["entries"].get<int>() > 0);
-    QVERIFY(stats["anchors"]["entries"].get<int>() > 0);
-    QVERIFY(stats["end"]["entries"].get<int>() == 1);
-    QVERIFY(stats["park"]["entries"].get<int>() == 1);
-    QVERIFY(stats["pin"]["entries"].get<int>() == 1);
+    QVERIFY(int(stats.store.entries) > 0);
+    QVERIFY(int(stats.anchors.entries) > 0);
+    QVERIFY(int(stats.end.entries) == 1);
+    QVERIFY(int(stats.park.entries) == 1);
+    QVERIFY(int(stats.pin.entries) == 1);
 
     // A short guest under a peak that holds the engine's buffers and its prefill but none of the caches.
     const int64_t caches = rp.EngineBytes() - rp.state().allocated_bytes();
@@ -137,7 +137,7 @@ class TestStateStore : public QObject {
     for (const auto& t : order) got += t + " ";
     QVERIFY2(order == (std::vector<std::string>{"store", "anchors", "end", "stash", "park", "pin"}), got.c_str());
     QCOMPARE(rp.rows().size(), size_t(0));  // the stash was given back, so the guest's rows replaced the resident ones
-    QCOMPARE(rp.Stats()["memory"]["sheds"]["pin"].get<int>(), 1);
+    QCOMPARE(int(rp.Stats().memory.sheds["pin"]), 1);
 
     // A prefill that cannot fit even with every cache given back is refused; nothing else breaks.
     tight.memory_peak_bytes = 1000;
@@ -184,10 +184,10 @@ class TestStateStore : public QObject {
     QVERIFY(rp.Generate({Tokens(42, 200, vocab_), "b", 4}, Greedy(4), nullptr).ok());
     const std::vector<std::string> tiers = {"store", "anchors", "end", "park", "pin"};
     for (const std::string& tier : tiers) {
-      auto before = rp.Stats();
+      auto before = ToJson(rp.Stats());
       QVERIFY2(before[tier]["entries"].get<int>() > 0, tier.c_str());
       QVERIFY(rp.Clear(tier).ok());
-      auto after = rp.Stats();
+      auto after = ToJson(rp.Stats());
       for (const std::string& other : tiers) {
         if (other == tier) QCOMPARE(after[other]["entries"].get<int>(), 0);
         else QCOMPARE(after[other]["entries"].get<int>(), before[other]["entries"].get<int>());

@@ -1,0 +1,54 @@
+// What every RAM tier holds and has done, as the engine reports it; JSON only at the HTTP edge.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace anchorage {
+
+// Bytes in bytes; counters since the engine started.
+struct CacheStats {
+  struct Resident {
+    int64_t rows = 0, row_bytes = 0, taint_row = -1;  // -1: no taint
+    std::string session;
+    int64_t requests = 0, cold = 0, cached_tokens = 0, reread_tokens = 0;
+  } resident;
+  struct Anchors {
+    int64_t entries = 0, bytes = 0, budget_bytes = 0, hits = 0, evictions = 0;
+    std::vector<int64_t> lengths;
+  } anchors;
+  struct End {
+    int64_t entries = 0, bytes = 0, length = 0, hits = 0, aligned_hits = 0;
+  } end;
+  struct Stash {
+    int64_t entries = 0, bytes = 0, budget_bytes = 0, guests = 0;
+  } stash;
+  struct Pin {
+    int64_t entries = 0, tokens = 0, bytes = 0, budget_bytes = 0, pins = 0, hits = 0;
+  } pin;
+  struct Park {
+    int64_t entries = 0, tokens = 0, bytes = 0, budget_bytes = 0, parks = 0, hits = 0;
+    std::string session;
+  } park;
+  struct Store {
+    int64_t entries = 0, bytes = 0, budget_bytes = 0, entry_cap_bytes = 0, hits = 0, misses = 0, puts = 0, evictions = 0, declined = 0;
+  } store;
+  struct Memory {
+    int64_t engine_bytes = 0, state_bytes = 0, ceiling_bytes = 0, peak_bytes = 0, slack_bytes = 0, refused = 0;
+    std::map<std::string, int64_t> sheds;  // by tier
+    int64_t shed_total() const {
+      int64_t n = 0;
+      for (const auto& [tier, count] : sheds) n += count;
+      return n;
+    }
+  } memory;
+};
+
+// GET /v1/cache/stats's document.
+nlohmann::json ToJson(const CacheStats& stats);
+
+}  // namespace anchorage
