@@ -214,13 +214,17 @@ class EngineWorker : public QObject {
       if (o["usage"].isObject()) {
         const QJsonObject u = o["usage"].toObject();
         const QJsonObject a = u["anchorage"].toObject();
-        chat.stats.promptTokens = u["prompt_tokens"].toInteger();
-        chat.stats.completionTokens = u["completion_tokens"].toInteger();
-        chat.stats.cacheSource = a["cache_source"].toString();
-        chat.stats.cachedTokens = a["cached_tokens"].toInteger();
-        chat.stats.rereadTokens = a["reread_tokens"].toInteger();
-        chat.stats.ttftMs = a["ttft_ms"].toDouble();
-        chat.stats.decodeTokensPerS = a["decode_tokens_per_s"].toDouble();
+        anchorage::RequestFigures& f = chat.stats.figures;
+        f.prompt_tokens = u["prompt_tokens"].toInteger();
+        f.completion_tokens = u["completion_tokens"].toInteger();
+        f.cache_source = a["cache_source"].toString().toStdString();
+        f.cached_tokens = a["cached_tokens"].toInteger();
+        f.reread_tokens = a["reread_tokens"].toInteger();
+        f.served_prompt_tokens = a["served_prompt_tokens"].toInteger();
+        f.prefill_ms = a["prefill_ms"].toDouble();
+        f.ttft_ms = a["ttft_ms"].toDouble();
+        f.decode_tokens_per_s = a["decode_tokens_per_s"].toDouble();
+        f.queue_ms = a["queue_ms"].toDouble();
       }
     }
   }
@@ -250,9 +254,7 @@ class EngineWorker : public QObject {
     anchorage::Scheduler& sched = m_service->scheduler();
     s.queueDepth = static_cast<int>(sched.queue_depth());
     s.busy = sched.busy();
-    const anchorage::JobStats j = sched.last_stats();
-    s.last = {j.prompt_tokens, j.cached_tokens, j.reread_tokens, j.completion_tokens, j.ttft_ms, j.prefill_ms, j.decode_tokens_per_s,
-              QString::fromStdString(j.cache_source)};
+    s.last = sched.last_stats();
     if (m_service->journal()) {
       const anchorage::Journal::Health h = m_service->journal()->health();
       s.journalErrors = h.errors;
@@ -281,8 +283,8 @@ class EngineWorker : public QObject {
     } else if (s.busy) {
       s.phase = "busy";
     }
-    const QString key = QString("%1|%2|%3|%4|%5|%6|%7").arg(s.queueDepth).arg(s.busy).arg(s.phase).arg(s.liveTokensPerS, 0, 'f', 0)
-                            .arg(s.resumeHint).arg(j.completion_tokens).arg(j.ttft_ms);
+    const QString key = QString("%1|%2|%3|%4|%5|%6|%7|%8").arg(s.queueDepth).arg(s.busy).arg(s.phase).arg(s.liveTokensPerS, 0, 'f', 0)
+                            .arg(s.resumeHint).arg(s.last.completion_tokens).arg(s.last.ttft_ms).arg(s.journalErrors);
     if (key == m_lastStatusKey) return;
     m_lastStatusKey = key;
     emit m_host->statusChanged(s);

@@ -204,12 +204,12 @@ void MainWindow::onStatus(const EngineStatusSnapshot& s) {
   if (s.phase == "prefill") phase = tr("prefill · resume: %1").arg(s.resumeHint);
   else if (s.phase == "decode") phase = tr("decode · %1 tok/s").arg(s.liveTokensPerS, 0, 'f', 1);
   else if (s.phase == "busy") phase = tr("serving an endpoint request");
-  else if (s.last.promptTokens > 0)
+  else if (s.last.prompt_tokens > 0)
     phase = tr("idle · last: %1, %2 cached, TTFT %3 ms, %4 tok/s")
-                .arg(s.last.cacheSource)
-                .arg(s.last.cachedTokens)
-                .arg(s.last.ttftMs, 0, 'f', 1)
-                .arg(s.last.decodeTokensPerS, 0, 'f', 1);
+                .arg(QString::fromStdString(s.last.cache_source))
+                .arg(s.last.cached_tokens)
+                .arg(s.last.ttft_ms, 0, 'f', 1)
+                .arg(s.last.decode_tokens_per_s, 0, 'f', 1);
   else phase = tr("idle");
   m_phaseLabel->setText(phase);
   m_phaseBar->setVisible(s.phase == "prefill" || s.phase == "busy");

@@ -7,6 +7,8 @@
 #include <QMetaType>
 #include <QString>
 
+#include "engine/core/request_figures.h"
+
 // One cache tier as of the last job or command; bytes in bytes.
 struct CacheTierSnapshot {
   QString tier;           // "resident", "anchors", "end", "stash", "pin", "park"
@@ -49,17 +51,6 @@ struct JournalSnapshot {
   qint64 total = 0;  // rows in the journal
 };
 
-// The figures of the last finished job (see engine JobStats).
-struct JobStatsSnapshot {
-  qint64 promptTokens = 0;
-  qint64 cachedTokens = 0;
-  qint64 rereadTokens = 0;
-  qint64 completionTokens = 0;
-  double ttftMs = 0;
-  double prefillMs = 0;
-  double decodeTokensPerS = 0;
-  QString cacheSource;
-};
 
 // The engine's state for the status bar.
 struct EngineStatusSnapshot {
@@ -71,7 +62,7 @@ struct EngineStatusSnapshot {
   QString phase = "idle";     // "idle", "prefill", "decode" (the console's chat), "busy" (an endpoint request)
   double liveTokensPerS = 0;  // decode: tokens a second of the console's streaming answer so far
   QString resumeHint;         // prefill: where it resumed ("end at 412 tokens"), from the journal's hit row
-  JobStatsSnapshot last;
+  anchorage::RequestFigures last;  // the last finished job
   qint64 journalErrors = 0;   // failed background writes of the journal so far
   QString journalLastError;
 };
@@ -104,13 +95,7 @@ struct ChatTurnStats {
   bool ok = true;
   bool stopped = false;  // aborted by the operator
   QString error;
-  QString cacheSource;
-  qint64 promptTokens = 0;
-  qint64 cachedTokens = 0;
-  qint64 rereadTokens = 0;
-  qint64 completionTokens = 0;
-  double ttftMs = 0;
-  double decodeTokensPerS = 0;
+  anchorage::RequestFigures figures;  // from usage and usage.anchorage
   QString finishReason;
 };
 

@@ -84,11 +84,11 @@ void ChatModel::finishTurn(const ChatTurnStats& stats) {
 QString ChatModel::statsLine(const ChatTurnStats& s) {
   if (!s.ok) return tr("failed: %1").arg(s.error);
   QString line = tr("%1 · %2 cached / %3 re-read tokens · TTFT %4 ms · %5 tok/s")
-                     .arg(s.cacheSource.isEmpty() ? QString("?") : s.cacheSource)
-                     .arg(s.cachedTokens)
-                     .arg(s.rereadTokens)
-                     .arg(s.ttftMs, 0, 'f', 1)
-                     .arg(s.decodeTokensPerS, 0, 'f', 1);
+                     .arg(s.figures.cache_source.empty() ? QString("?") : QString::fromStdString(s.figures.cache_source))
+                     .arg(s.figures.cached_tokens)
+                     .arg(s.figures.reread_tokens)
+                     .arg(s.figures.ttft_ms, 0, 'f', 1)
+                     .arg(s.figures.decode_tokens_per_s, 0, 'f', 1);
   if (s.stopped) line += tr(" · stopped");
   return line;
 }

@@ -426,16 +426,16 @@ Status Journal::WriteBatch(std::deque<Queued>& batch) {
         sqlite3_bind_text(st, 5, r->route.c_str(), -1, SQLITE_TRANSIENT);
         sqlite3_bind_int64(st, 6, r->status);
         sqlite3_bind_text(st, 7, r->error.c_str(), -1, SQLITE_TRANSIENT);
-        sqlite3_bind_int64(st, 8, r->prompt_tokens);
-        sqlite3_bind_int64(st, 9, r->cached_tokens);
-        sqlite3_bind_int64(st, 10, r->reread_tokens);
+        sqlite3_bind_int64(st, 8, r->figures.prompt_tokens);
+        sqlite3_bind_int64(st, 9, r->figures.cached_tokens);
+        sqlite3_bind_int64(st, 10, r->figures.reread_tokens);
         sqlite3_bind_int64(st, 11, r->hidden_tokens);
-        sqlite3_bind_int64(st, 12, r->output_tokens);
-        sqlite3_bind_text(st, 13, r->cache_source.c_str(), -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(st, 12, r->figures.completion_tokens);
+        sqlite3_bind_text(st, 13, r->figures.cache_source.c_str(), -1, SQLITE_TRANSIENT);
         sqlite3_bind_text(st, 14, r->cache_tier.c_str(), -1, SQLITE_TRANSIENT);
-        sqlite3_bind_double(st, 15, r->ttft_ms);
-        sqlite3_bind_double(st, 16, r->prefill_tokens_per_s);
-        sqlite3_bind_double(st, 17, r->decode_tokens_per_s);
+        sqlite3_bind_double(st, 15, r->figures.ttft_ms);
+        sqlite3_bind_double(st, 16, r->figures.prefill_tokens_per_s());
+        sqlite3_bind_double(st, 17, r->figures.decode_tokens_per_s);
         sqlite3_bind_text(st, 18, r->finish_reason.c_str(), -1, SQLITE_TRANSIENT);
       } else {
         const CacheEventRow& e = std::get<CacheEventRow>(q.row);

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/core/request_figures.h"
 #include "engine/core/status.h"
 
 struct sqlite3;
@@ -29,16 +30,9 @@ struct RequestRow {
   std::string route;
   int status = 200;  // HTTP status answered
   std::string error;
-  int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;
-  int64_t reread_tokens = 0;
+  RequestFigures figures;
   int64_t hidden_tokens = 0;
-  int64_t output_tokens = 0;
-  std::string cache_source;
   std::string cache_tier;
-  double ttft_ms = 0;
-  double prefill_tokens_per_s = 0;
-  double decode_tokens_per_s = 0;
   std::string finish_reason;
 };
 

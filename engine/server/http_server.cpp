@@ -151,7 +151,7 @@ bool HttpServer::Admit(const HttpRequest& req, HttpResponse& res) const {
 
 void HttpServer::RouteOperations() {
   Route("GET", "/health", RouteClass::kControl, RouteAccess::kPublic, [this](const HttpRequest&, HttpResponse& res) {
-    JobStats last = scheduler_.last_stats();
+    RequestFigures last = scheduler_.last_stats();
     SendJson(res, {{"status", scheduler_.draining() ? "draining" : "ok"},
                    {"model", options_.model_id},
                    {"state", scheduler_.busy() ? "busy" : "idle"},
@@ -338,6 +338,7 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
     row.route = req.path;
     row.status = e.status;
     row.error = e.message;
+    row.figures.cache_source.clear();  // refused before any tier was asked
     journal_->RecordRequest(std::move(row));
   };
   ApiError error;
@@ -394,7 +395,7 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
   const int64_t created = NowSeconds();
   const std::string object = kind == RequestKind::kChat ? "chat.completion" : "text_completion";
   auto usage_json = [this](const Job& j) {
-    const JobStats& s = j.stats();
+    const RequestFigures& s = j.stats();
     ojson u = {{"prompt_tokens", s.prompt_tokens},
                {"completion_tokens", s.completion_tokens},
                {"total_tokens", s.prompt_tokens + s.completion_tokens},

@@ -43,7 +43,7 @@ void Job::PushToken(const GeneratedToken& token) {
   cv_.notify_all();
 }
 
-void Job::Finish(Status status, GenerationResult result, JobStats stats) {
+void Job::Finish(Status status, GenerationResult result, RequestFigures stats) {
   {
     std::lock_guard lock(mu_);
     status_ = std::move(status);
@@ -124,7 +124,7 @@ bool Scheduler::draining() const {
   return draining_;
 }
 
-JobStats Scheduler::last_stats() const {
+RequestFigures Scheduler::last_stats() const {
   std::lock_guard lock(mu_);
   return last_stats_;
 }
@@ -225,7 +225,7 @@ void Scheduler::EngineLoop() {
 }
 
 void Scheduler::RunJob(Job& job, double queue_ms) {
-  JobStats stats;
+  RequestFigures stats;
   stats.queue_ms = queue_ms;
   stats.prompt_tokens = static_cast<int64_t>(job.prompt_ids().size());
   if (job.cancel_flag().load()) {
@@ -279,7 +279,7 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
   job.Finish(Status::Ok(), std::move(result->generation), stats);
 }
 
-void Scheduler::RecordJob(const Job& job, const JobStats& s, int status, const std::string& error, const std::string& finish) {
+void Scheduler::RecordJob(const Job& job, const RequestFigures& s, int status, const std::string& error, const std::string& finish) {
   if (options_.journal == nullptr) return;
   RequestRow row;
   row.session = job.session();
@@ -287,15 +287,8 @@ void Scheduler::RecordJob(const Job& job, const JobStats& s, int status, const s
   row.route = job.route();
   row.status = status;
   row.error = error;
-  row.prompt_tokens = s.prompt_tokens;
-  row.cached_tokens = s.cached_tokens;
-  row.reread_tokens = s.reread_tokens;
-  row.output_tokens = s.completion_tokens;
-  row.cache_source = s.cache_source;
+  row.figures = s;
   row.cache_tier = s.cached_tokens > 0 ? "ram" : "none";
-  row.ttft_ms = s.ttft_ms;
-  row.prefill_tokens_per_s = s.prefill_ms > 0 ? 1000.0 * static_cast<double>(s.reread_tokens) / s.prefill_ms : 0;
-  row.decode_tokens_per_s = s.decode_tokens_per_s;
   row.finish_reason = finish;
   options_.journal->RecordRequest(std::move(row));
 }

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/core/request_figures.h"
 #include "engine/core/status.h"
 #include "engine/server/reply_script.h"
 #include "engine/model/model.h"
@@ -26,19 +27,6 @@
 
 namespace anchorage {
 
-// Figures of one finished job, in the units their names give.
-struct JobStats {
-  int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;
-  int64_t reread_tokens = 0;
-  int64_t completion_tokens = 0;
-  int64_t served_prompt_tokens = 0;  // what the engine ran: differs from prompt_tokens under end alignment
-  double queue_ms = 0;
-  double prefill_ms = 0;
-  double ttft_ms = 0;
-  double decode_tokens_per_s = 0;
-  std::string cache_source = "cold";
-};
 
 // One generation request. The engine thread appends tokens; one reader thread takes them.
 class Job {
@@ -74,11 +62,11 @@ class Job {
   // After the end: the outcome (error, or the generation) and its figures.
   const Status& status() const { return status_; }
   const GenerationResult& result() const { return result_; }
-  const JobStats& stats() const { return stats_; }
+  const RequestFigures& stats() const { return stats_; }
 
   // Engine side.
   void PushToken(const GeneratedToken& token);
-  void Finish(Status status, GenerationResult result, JobStats stats);
+  void Finish(Status status, GenerationResult result, RequestFigures stats);
 
  private:
   std::vector<int32_t> prompt_ids_;
@@ -96,7 +84,7 @@ class Job {
   Status admission_;
   Status status_;
   GenerationResult result_;
-  JobStats stats_;
+  RequestFigures stats_;
 };
 
 struct SchedulerOptions {
@@ -125,7 +113,7 @@ class Scheduler {
   bool draining() const;
   EngineLock& engine_lock() { return lock_; }
   Forward& forward() { return *forward_; }
-  JobStats last_stats() const;
+  RequestFigures last_stats() const;
 
   // New resident options, applied before the next job.
   void SetResidentOptions(const ResidentOptions& options);
@@ -150,7 +138,7 @@ class Scheduler {
   // Runs fn on the calling thread holding the engine lock like a request, then refreshes the stats.
   template <typename Fn>
   auto BetweenRequests(const std::string& session, Fn&& fn);
-  void RecordJob(const Job& job, const JobStats& stats, int status, const std::string& error, const std::string& finish);
+  void RecordJob(const Job& job, const RequestFigures& stats, int status, const std::string& error, const std::string& finish);
 
   Model& model_;
   std::unique_ptr<Forward> forward_;
@@ -165,7 +153,7 @@ class Scheduler {
   bool running_job_ = false;
   bool draining_ = false;
   bool stop_ = false;
-  JobStats last_stats_;
+  RequestFigures last_stats_;
   anchorage::CacheStats cache_stats_;
   std::optional<ResidentOptions> pending_options_;
   std::string current_session_;  // engine thread: the session cache events belong to

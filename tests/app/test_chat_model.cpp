@@ -36,11 +36,11 @@ class TestChatModel : public QObject {
 
     ChatTurnStats stats;
     stats.conversation = "c1";
-    stats.cacheSource = "end";
-    stats.cachedTokens = 129;
-    stats.rereadTokens = 31;
-    stats.ttftMs = 1.94;
-    stats.decodeTokensPerS = 41.24;
+    stats.figures.cache_source = "end";
+    stats.figures.cached_tokens = 129;
+    stats.figures.reread_tokens = 31;
+    stats.figures.ttft_ms = 1.94;
+    stats.figures.decode_tokens_per_s = 41.24;
     model.finishTurn(stats);
     QVERIFY(!model.streaming());
     QCOMPARE(model.index(1).data(ChatModel::StatsRole).toString(), QString("end · 129 cached / 31 re-read tokens · TTFT 1.9 ms · 41.2 tok/s"));
@@ -72,7 +72,7 @@ class TestChatModel : public QObject {
     ChatTurnStats stopped;
     stopped.conversation = "c2";
     stopped.stopped = true;
-    stopped.cacheSource = "cold";
+    stopped.figures.cache_source = "cold";
     model.finishTurn(stopped);
     QVERIFY(model.index(3).data(ChatModel::StatsRole).toString().endsWith("stopped"));
   }

@@ -111,7 +111,7 @@ class WriteLockHolder {
   for (int64_t batch = 0;; ++batch) {
     for (int i = 0; i < 25; ++i) {
       RequestRow r = Request(0, "crash", "m", "none", std::string(200, 'x'));
-      r.prompt_tokens = committed + i + 1;
+      r.figures.prompt_tokens = committed + i + 1;
       (*j)->RecordRequest(std::move(r));
     }
     (*j)->Flush();
@@ -154,16 +154,16 @@ class TestJournal : public QObject {
     r.route = "/v1/chat/completions";
     r.status = 503;
     r.error = "prefill does not fit";
-    r.prompt_tokens = 1000;
-    r.cached_tokens = 900;
-    r.reread_tokens = 64;
+    r.figures.prompt_tokens = 1000;
+    r.figures.cached_tokens = 900;
+    r.figures.reread_tokens = 64;
     r.hidden_tokens = 12;
-    r.output_tokens = 7;
-    r.cache_source = "anchor";
+    r.figures.completion_tokens = 7;
+    r.figures.cache_source = "anchor";
     r.cache_tier = "resident";
-    r.ttft_ms = 12.5;
-    r.prefill_tokens_per_s = 2048.25;
-    r.decode_tokens_per_s = 40.5;
+    r.figures.ttft_ms = 12.5;
+    r.figures.prefill_ms = 32;  // 64 tokens: 2,000 a second
+    r.figures.decode_tokens_per_s = 40.5;
     r.finish_reason = "length";
     j->RecordRequest(r);
     const std::vector<CacheEventKind> kinds = {CacheEventKind::kHit,  CacheEventKind::kWrite,
@@ -203,7 +203,7 @@ class TestJournal : public QObject {
     QCOMPARE(req["cache_source"].get<std::string>(), std::string("anchor"));
     QCOMPARE(req["cache_tier"].get<std::string>(), std::string("resident"));
     QCOMPARE(req["ttft_ms"].get<double>(), 12.5);
-    QCOMPARE(req["prefill_tokens_per_s"].get<double>(), 2048.25);
+    QCOMPARE(req["prefill_tokens_per_s"].get<double>(), 2000.0);
     QCOMPARE(req["decode_tokens_per_s"].get<double>(), 40.5);
     QCOMPARE(req["finish_reason"].get<std::string>(), std::string("length"));
     QCOMPARE(req.size(), size_t{19});  // 18 columns, id included, plus "type"

@@ -1,0 +1,25 @@
+// The figures of one request: what the endpoint's usage block, the journal and the console show.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace anchorage {
+
+// Tokens count tokens; times in milliseconds; rates in tokens a second.
+struct RequestFigures {
+  int64_t prompt_tokens = 0;         // the client's prompt
+  int64_t cached_tokens = 0;         // rows reused from a cache
+  int64_t reread_tokens = 0;         // forwarded by this request's prefill
+  int64_t served_prompt_tokens = 0;  // what the engine ran: end alignment can serve more than the client sent
+  int64_t completion_tokens = 0;
+  double queue_ms = 0;
+  double prefill_ms = 0;
+  double ttft_ms = 0;
+  double decode_tokens_per_s = 0;
+  std::string cache_source = "cold";  // cold, resident, end, pin, park, store
+
+  double prefill_tokens_per_s() const { return prefill_ms > 0 ? 1000.0 * static_cast<double>(reread_tokens) / prefill_ms : 0.0; }
+};
+
+}  // namespace anchorage
