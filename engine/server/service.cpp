@@ -29,25 +29,26 @@ std::pair<std::string, nlohmann::json> SettingForFlag(const std::string& flag, c
 }  // namespace
 
 ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective) {
+  // The effective document holds every field (the schema fills its defaults): no second set of defaults here.
   ResidentOptions o;
   const nlohmann::json& r = effective.at("resident");
-  o.enabled = r.value("enabled", true);
-  o.end_anchor = r.value("end_anchor", true);
-  o.end_align_reasoning = r.value("end_align_reasoning", true);
-  o.anchor_budget_bytes = Gib(r.value("resident_gb", 2.5));
-  o.guest_max_tokens = r.value("guest_max_tokens", int64_t(8192));
-  o.stash_budget_bytes = Gib(r.value("stash_gb", 1.0));
-  o.pin_budget_bytes = Gib(r.value("pin_gb", 4.0));
-  o.park_budget_bytes = Gib(r.value("park_gb", 4.0));
+  o.enabled = r.at("enabled").get<bool>();
+  o.end_anchor = r.at("end_anchor").get<bool>();
+  o.end_align_reasoning = r.at("end_align_reasoning").get<bool>();
+  o.anchor_budget_bytes = Gib(r.at("resident_gb").get<double>());
+  o.guest_max_tokens = r.at("guest_max_tokens").get<int64_t>();
+  o.stash_budget_bytes = Gib(r.at("stash_gb").get<double>());
+  o.pin_budget_bytes = Gib(r.at("pin_gb").get<double>());
+  o.park_budget_bytes = Gib(r.at("park_gb").get<double>());
   const nlohmann::json& st = effective.at("state_store");
-  o.store_enabled = st.value("enabled", true);
-  o.store_budget_bytes = Gib(st.value("budget_gb", 2.0));
-  o.store_entry_cap_bytes = Gib(st.value("entry_cap_gb", 1.0));
-  o.store_prefix_snapshots = st.value("boundaries", true);
+  o.store_enabled = st.at("enabled").get<bool>();
+  o.store_budget_bytes = Gib(st.at("budget_gb").get<double>());
+  o.store_entry_cap_bytes = Gib(st.at("entry_cap_gb").get<double>());
+  o.store_prefix_snapshots = st.at("boundaries").get<bool>();
   const nlohmann::json& m = effective.at("memory");
-  o.memory_ceiling_bytes = Gib(m.value("ceiling_gb", 1e6));
-  o.memory_peak_bytes = Gib(m.value("prefill_peak_gb", 1e6));
-  o.memory_slack_bytes = Gib(m.value("allocator_slack_gb", 0.0));
+  o.memory_ceiling_bytes = Gib(m.at("ceiling_gb").get<double>());
+  o.memory_peak_bytes = Gib(m.at("prefill_peak_gb").get<double>());
+  o.memory_slack_bytes = Gib(m.at("allocator_slack_gb").get<double>());
   return o;
 }
 

@@ -1,5 +1,6 @@
 // Units of the endpoint: the output parser (reasoning, content, tool calls, split anywhere), request
 // validation, the ranked engine lock and the metrics text.
+#include <QTemporaryDir>
 #include <QtTest>
 
 #include <thread>
@@ -8,6 +9,7 @@
 #include "engine/server/metrics.h"
 #include "engine/server/openai_api.h"
 #include "engine/server/output_parser.h"
+#include "engine/server/service.h"
 
 using namespace anchorage;
 using ojson = nlohmann::ordered_json;
@@ -75,6 +77,29 @@ class TestServerUnits : public QObject {
     plain.Finish();
     QCOMPARE(plain.content(), std::string("Just text, <b>no tags</b>."));
     QVERIFY(plain.reasoning().empty());
+  }
+
+  // The settings schema's defaults and the engine's ResidentOptions defaults are the same values:
+  // a default document read back gives the engine's defaults (memory limits depend on the machine).
+  void settingsDefaultsAreTheEngineDefaults() {
+    QTemporaryDir dir;
+    auto store = SettingsStore::Open((dir.path() + "/settings.json").toStdString());
+    QVERIFY(store.ok());
+    const ResidentOptions read = ResidentOptionsFromSettings(store->Effective());
+    const ResidentOptions engine;
+    QCOMPARE(read.enabled, engine.enabled);
+    QCOMPARE(read.end_anchor, engine.end_anchor);
+    QCOMPARE(read.end_align_reasoning, engine.end_align_reasoning);
+    QCOMPARE(read.anchor_budget_bytes, engine.anchor_budget_bytes);
+    QCOMPARE(read.guest_max_tokens, engine.guest_max_tokens);
+    QCOMPARE(read.stash_budget_bytes, engine.stash_budget_bytes);
+    QCOMPARE(read.pin_budget_bytes, engine.pin_budget_bytes);
+    QCOMPARE(read.park_budget_bytes, engine.park_budget_bytes);
+    QCOMPARE(read.store_enabled, engine.store_enabled);
+    QCOMPARE(read.store_budget_bytes, engine.store_budget_bytes);
+    QCOMPARE(read.store_entry_cap_bytes, engine.store_entry_cap_bytes);
+    QCOMPARE(read.store_prefix_snapshots, engine.store_prefix_snapshots);
+    QVERIFY(read.memory_peak_bytes > read.memory_ceiling_bytes);
   }
 
   void toolCallTextStaysContentWithoutTools() {
