@@ -3,6 +3,7 @@
 // wrong while /health keeps answering; slow clients; the nesting limit; connection caps.
 #include <atomic>
 #include <chrono>
+#include <random>
 #include <thread>
 
 #include "tests/server/raw_http.h"
@@ -428,6 +429,46 @@ class TestHostileRequests : public QObject {
     QCOMPARE(json::parse(over.body)["error"]["code"].get<std::string>(), std::string("json_too_deep"));
     QVERIFY(json::parse(over.body)["error"]["message"].get<std::string>().find("128") != std::string::npos);
     QVERIFY(Healthy());
+  }
+
+  // Seeded random bytes, alone or after a valid request line or head, then a half-close: every answer
+  // is a closed connection or a well-formed HTTP response with an OpenAI-shaped error, and the
+  // server keeps serving.
+  void randomBytesGetAnAnswerOrAClose() {
+    std::mt19937 rng(20261201);
+    const std::vector<std::string> prefixes = {"", "POST /v1/chat/completions HTTP/1.1\r\n",
+                                               "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n",
+                                               "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n",
+                                               "GET /v1/models?"};
+    int answered = 0, closed = 0;
+    for (int i = 0; i < 240; ++i) {
+      std::string bytes = prefixes[static_cast<size_t>(i) % prefixes.size()];
+      const size_t n = 1 + rng() % 600;
+      for (size_t k = 0; k < n; ++k) {
+        const uint32_t r = rng();
+        bytes.push_back(r % 5 == 0 ? "\r\n :{}[]\""[r % 10] : static_cast<char>(r >> 8));
+      }
+      RawConnection c(server_.port());
+      QVERIFY(c.ok());
+      c.Send(bytes);
+      shutdown(c.fd(), SHUT_WR);
+      RawResponse r = c.Read(10000);
+      if (r.status == 0) {
+        QVERIFY2(r.closed, ("neither an answer nor a close for case " + std::to_string(i)).c_str());
+        ++closed;
+        continue;
+      }
+      ++answered;
+      QVERIFY2(r.status >= 200 && r.status < 600, std::to_string(r.status).c_str());
+      if (r.status >= 400) {
+        const json e = json::parse(r.body, nullptr, false);
+        QVERIFY2(e.is_object() && e.contains("error") && e["error"]["message"].is_string(), r.body.c_str());
+      }
+      if (i % 40 == 39) QVERIFY(Healthy());
+    }
+    QVERIFY(answered > 0);
+    QVERIFY(Healthy());
+    qInfo("%d answered, %d closed without an answer (an unfinished head)", answered, closed);
   }
 
   // A body-less POST on a route that needs none is served at once, not after a timeout.
