@@ -1,17 +1,23 @@
 // Engine benchmark on the generated `small` model: prefill and decode throughput at 1 and 2 threads,
 // state sizes, peak RSS and accuracy against the double-precision reference. Prints figures only.
 #include <cblas.h>
+#include <immintrin.h>
 #include <sys/resource.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "engine/compute/cpu/cpu_features.h"
 #include "engine/compute/cpu/matmul.h"
 #include "engine/model/safetensors.h"
 #include "engine/model/tiny_model.h"
@@ -41,6 +47,61 @@ std::vector<int32_t> Ids(int64_t n, int64_t vocab) {
   return ids;
 }
 
+// fp32 FMA throughput of one core: twelve independent chains of fused multiply-adds on full vectors.
+#define ANCHORAGE_FMA_CHAINS(V, FMA, SET1, TOFLOAT, LANES, ITERS)                                         \
+  V x0 = SET1(0.01f), x1 = SET1(0.02f), x2 = SET1(0.03f), x3 = SET1(0.04f), x4 = SET1(0.05f), x5 = SET1(0.06f); \
+  V x6 = SET1(0.07f), x7 = SET1(0.08f), x8 = SET1(0.09f), x9 = SET1(0.10f), x10 = SET1(0.11f), x11 = SET1(0.12f); \
+  const V m = SET1(0.99999f), a = SET1(1e-7f);                                                             \
+  const double t0 = Now();                                                                                 \
+  for (int64_t k = 0; k < ITERS; ++k) {                                                                    \
+    x0 = FMA(x0, m, a); x1 = FMA(x1, m, a); x2 = FMA(x2, m, a); x3 = FMA(x3, m, a);                         \
+    x4 = FMA(x4, m, a); x5 = FMA(x5, m, a); x6 = FMA(x6, m, a); x7 = FMA(x7, m, a);                         \
+    x8 = FMA(x8, m, a); x9 = FMA(x9, m, a); x10 = FMA(x10, m, a); x11 = FMA(x11, m, a);                     \
+  }                                                                                                        \
+  const double secs = Now() - t0;                                                                          \
+  volatile float sink = TOFLOAT(x0) + TOFLOAT(x1) + TOFLOAT(x2) + TOFLOAT(x3) + TOFLOAT(x4) + TOFLOAT(x5) +   \
+                        TOFLOAT(x6) + TOFLOAT(x7) + TOFLOAT(x8) + TOFLOAT(x9) + TOFLOAT(x10) + TOFLOAT(x11);   \
+  (void)sink;                                                                                              \
+  return 2.0 * LANES * 12 * static_cast<double>(ITERS) / secs / 1e9;
+
+__attribute__((target("avx2,fma"))) double FmaGflopsAvx2() {
+  ANCHORAGE_FMA_CHAINS(__m256, _mm256_fmadd_ps, _mm256_set1_ps, _mm256_cvtss_f32, 8, 100'000'000)
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"  // GCC 12's own AVX-512 cast header
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f"))) float First512(__m512 v) { return _mm_cvtss_f32(_mm512_castps512_ps128(v)); }
+
+__attribute__((target("avx512f"))) double FmaGflopsAvx512() {
+  ANCHORAGE_FMA_CHAINS(__m512, _mm512_fmadd_ps, _mm512_set1_ps, First512, 16, 50'000'000)
+}
+
+#pragma GCC diagnostic pop
+#undef ANCHORAGE_FMA_CHAINS
+
+// Streaming read rate in GB/s with `threads` readers over a buffer much larger than the caches; best of 3.
+double StreamGBs(const std::vector<float>& buffer, int threads) {
+  double best = 0;
+  for (int round = 0; round < 3; ++round) {
+    std::vector<double> sums(static_cast<size_t>(threads));
+    std::vector<std::thread> pool;
+    const size_t per = buffer.size() / static_cast<size_t>(threads);
+    const double t0 = Now();
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        const float* p = buffer.data() + per * static_cast<size_t>(t);
+        float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (size_t i = 0; i + 4 <= per; i += 4) { s0 += p[i]; s1 += p[i + 1]; s2 += p[i + 2]; s3 += p[i + 3]; }
+        sums[static_cast<size_t>(t)] = s0 + s1 + s2 + s3;
+      });
+    for (auto& th : pool) th.join();
+    const double secs = Now() - t0;
+    best = std::max(best, static_cast<double>(per * static_cast<size_t>(threads) * sizeof(float)) / secs / 1e9);
+  }
+  return best;
+}
+
 int Fail(const Status& s) {
   std::fprintf(stderr, "bench: %s\n", s.ToString().c_str());
   return 1;
@@ -48,14 +109,15 @@ int Fail(const Status& s) {
 
 }  // namespace
 
-// Usage: anchorage-bench-engine [--no-accuracy] [--no-decode] [--max-tokens N] [--threads 1,2] [--model-dir DIR]
+// Usage: anchorage-bench-engine [--json] [--no-accuracy] [--no-decode] [--max-tokens N] [--threads 1,2] [--model-dir DIR]
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int64_t max_tokens = 8192;
   std::vector<int> thread_counts = {1, 2};
   std::string dir;
-  bool accuracy = true, decode = true;
+  bool accuracy = true, decode = true, as_json = false;
   for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--json") as_json = true;
     if (std::string(argv[i]) == "--no-accuracy") accuracy = false;
     if (std::string(argv[i]) == "--no-decode") decode = false;
   }
@@ -102,6 +164,36 @@ int main(int argc, char** argv) {
     std::printf("anchor: %lld bytes; K/V per token: %lld bytes (fp32)\n", static_cast<long long>(s.anchor_bytes()),
                 static_cast<long long>(s.kv_bytes_per_token()));
   }
+  // The machine's measured limits, so figures from two machines compare as fractions of them.
+  nlohmann::json report;
+  const cpu::CpuFeatures& cpu_features = cpu::DetectCpu();
+  const bool avx512 = cpu_features.avx512f;
+  const double fma_peak = avx512 ? FmaGflopsAvx512() : cpu_features.avx2 && cpu_features.fma ? FmaGflopsAvx2() : 0.0;
+  std::vector<float> stream_buffer(size_t(384) << 20, 1.0f);  // 1.5 GiB
+  std::map<int, double> stream;
+  for (int t : thread_counts) stream[t] = StreamGBs(stream_buffer, t);
+  std::vector<float>().swap(stream_buffer);
+  // GEMM work and weight bytes of one token: every matrix once (the embedding is a row read).
+  double matrix_elements = 0;
+  for (const auto& [name, t] : set->tensors())
+    if (t.shape.size() == 2 && name.find("embed_tokens") == std::string::npos) matrix_elements += static_cast<double>(t.numel());
+  if (c.tie_word_embeddings) matrix_elements += static_cast<double>(c.vocab_size * c.hidden_size);
+  const double lm_head_elements = static_cast<double>(c.vocab_size * c.hidden_size);
+  const double prefill_flops_per_token = 2.0 * (matrix_elements - lm_head_elements);
+  const double decode_bytes_per_token = 2.0 * matrix_elements;
+  std::printf("machine: %s (%s family %d model %d); kernel families: %s; mat-vec path %s\n", cpu_features.brand.c_str(),
+              cpu_features.vendor.c_str(), cpu_features.family, cpu_features.model, cpu::DescribeKernelFamilies(cpu_features).c_str(),
+              cpu::MatVecPath());
+  std::printf("limits: fp32 FMA %.1f GFLOP/s a core (%s)", fma_peak, avx512 ? "avx512" : "avx2");
+  for (const auto& [t, gbs] : stream) std::printf("; stream read %.1f GB/s with %d thread%s", gbs, t, t == 1 ? "" : "s");
+  std::printf("\nper token: %.1f MFLOP in prefill GEMMs, %.1f MiB of bf16 weights read in decode\n", prefill_flops_per_token / 1e6,
+              decode_bytes_per_token / (1 << 20));
+  report["machine"] = {{"brand", cpu_features.brand}, {"vendor", cpu_features.vendor}, {"family", cpu_features.family}, {"model", cpu_features.model},
+                       {"kernel_families", cpu::DescribeKernelFamilies(cpu_features)}, {"mat_vec_path", cpu::MatVecPath()},
+                       {"openblas_core", openblas_get_corename()}};
+  report["limits"] = {{"fma_gflops_per_core", fma_peak}, {"fma_width", avx512 ? "avx512" : "avx2"}};
+  for (const auto& [t, gbs] : stream) report["limits"]["stream_gbs"][std::to_string(t)] = gbs;
+  report["per_token"] = {{"prefill_gemm_flops", prefill_flops_per_token}, {"decode_weight_bytes", decode_bytes_per_token}};
   const auto ids = Ids(std::max<int64_t>(max_tokens, 64) + 64, c.vocab_size);
 
   for (int threads : thread_counts) {
@@ -127,10 +219,12 @@ int main(int argc, char** argv) {
         chunk_ms.push_back((Now() - c0) * 1e3);
       }
       const double secs = Now() - t0;
-      std::printf("prefill %5lld tokens: %8.1f tok/s (%.2f s); ms per chunk:", static_cast<long long>(n), n / secs,
-                  secs);
+      const double prefill_fraction = fma_peak > 0 ? n / secs * prefill_flops_per_token / (fma_peak * 1e9 * fw.threads()) : 0;
+      std::printf("prefill %5lld tokens: %8.1f tok/s (%.2f s, %.0f%% of the FMA peak); ms per chunk:", static_cast<long long>(n), n / secs,
+                  secs, 100 * prefill_fraction);
       for (double ms : chunk_ms) std::printf(" %.0f", ms);
       std::printf("\n");
+      report["prefill"][std::to_string(fw.threads())][std::to_string(n)] = {{"tokens_per_s", n / secs}, {"fraction_of_fma_peak", prefill_fraction}};
       if (!decode) continue;
       // Decode after this context.
       const int steps = n >= 8192 ? 16 : 32;
@@ -140,8 +234,11 @@ int main(int argc, char** argv) {
         if (!r.ok()) return Fail(r.status());
       }
       const double dsecs = Now() - d0;
-      std::printf("decode at %5lld context: %7.1f tok/s (%.1f ms/token)\n", static_cast<long long>(n), steps / dsecs,
-                  dsecs / steps * 1e3);
+      const double bw = stream.count(fw.threads()) ? stream[fw.threads()] : 0;
+      const double decode_fraction = bw > 0 ? steps / dsecs * decode_bytes_per_token / (bw * 1e9) : 0;
+      std::printf("decode at %5lld context: %7.1f tok/s (%.1f ms/token, %.0f%% of the stream rate)\n", static_cast<long long>(n), steps / dsecs,
+                  dsecs / steps * 1e3, 100 * decode_fraction);
+      report["decode"][std::to_string(fw.threads())][std::to_string(n)] = {{"tokens_per_s", steps / dsecs}, {"fraction_of_stream", decode_fraction}};
     }
     if (decode) {
       SequenceState s(c);
@@ -152,7 +249,11 @@ int main(int argc, char** argv) {
         if (!r.ok()) return Fail(r.status());
       }
       const double dsecs = Now() - d0;
-      std::printf("decode at     0 context: %7.1f tok/s (%.1f ms/token)\n", steps / dsecs, dsecs / steps * 1e3);
+      const double bw = stream.count(fw.threads()) ? stream[fw.threads()] : 0;
+      const double decode_fraction = bw > 0 ? steps / dsecs * decode_bytes_per_token / (bw * 1e9) : 0;
+      std::printf("decode at     0 context: %7.1f tok/s (%.1f ms/token, %.0f%% of the stream rate)\n", steps / dsecs, dsecs / steps * 1e3,
+                  100 * decode_fraction);
+      report["decode"][std::to_string(fw.threads())]["0"] = {{"tokens_per_s", steps / dsecs}, {"fraction_of_stream", decode_fraction}};
     }
   }
   if (accuracy) {  // Accuracy against the double reference at a short length, prefill and decode.
@@ -184,6 +285,8 @@ int main(int argc, char** argv) {
                 static_cast<long long>(n), worst, worst_dec, max_ref, Now() - t0);
   }
   std::printf("peak RSS: %.0f MiB\n", PeakRssMiB());
+  report["peak_rss_mib"] = PeakRssMiB();
+  if (as_json) std::printf("%s\n", report.dump().c_str());
   if (made_dir) std::filesystem::remove_all(dir);
   return 0;
 }
