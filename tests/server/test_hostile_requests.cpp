@@ -473,12 +473,10 @@ class TestHostileRequests : public QObject {
 
   // A body-less POST on a route that needs none is served at once, not after a timeout.
   void bodylessClearIsServedAtOnce() {
-    const auto start = std::chrono::steady_clock::now();
+    // Had the server waited for a body, the answer would be the body timeout's 408.
     RawResponse r = RawExchange(server_.port(), "POST /v1/cache/clear?tier=store HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 10000);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     QCOMPARE(r.status, 200);
     QCOMPARE(json::parse(r.body)["cleared"].get<std::string>(), std::string("store"));
-    QVERIFY2(ms < kBodyTimeoutMs, std::to_string(ms).c_str());
     RawResponse body_tier = RawExchange(server_.port(), Post("/v1/cache/clear", "{\"tier\": \"stash\"}"));
     QCOMPARE(body_tier.status, 200);
     QCOMPARE(json::parse(body_tier.body)["cleared"].get<std::string>(), std::string("stash"));
@@ -545,13 +543,16 @@ class TestHostileRequests : public QObject {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     });
-    const auto start = std::chrono::steady_clock::now();
     QVERIFY(Healthy());
-    const double health_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     RawResponse chat = RawExchange(server_.port(), Chat(""), 60000);
-    const double chat_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     QVERIFY2(chat.status == 200, chat.body.c_str());
-    QVERIFY2(chat_ms < kHeaderTimeoutMs, ("a chat waited " + std::to_string(chat_ms) + " ms behind slow clients; health " + std::to_string(health_ms)).c_str());
+    // Served while every slow client is still waiting: none has been answered or closed yet.
+    int still_open = 0;
+    for (auto& c : slow) {
+      pollfd p{c->fd(), POLLIN, 0};
+      if (poll(&p, 1, 0) == 0) ++still_open;
+    }
+    QCOMPARE(still_open, kSlow);
     stop = true;
     trickle.join();
     int timed_out = 0;
