@@ -1,0 +1,17 @@
+# CPack: the Debian package (packaging/build-deb.sh). The version is the project's (CMakeLists.txt).
+set(CPACK_GENERATOR DEB)
+set(CPACK_PACKAGE_NAME anchorage)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGE_VENDOR "Anchorage")
+set(CPACK_PACKAGE_CONTACT "Anchorage developers <anchorage@localhost>")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "Operator console and OpenAI-compatible endpoint for Qwen3.5 hybrid models")
+set(CPACK_DEBIAN_PACKAGE_DESCRIPTION "Anchorage serves Qwen3.5-family models (Gated DeltaNet with full attention) on a local\n OpenAI-compatible endpoint, with caches that make each turn of a long agent session forward\n only what is new, and a Qt console that shows and steers them.")
+set(CPACK_DEBIAN_PACKAGE_SECTION devel)
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_COMPRESSION_TYPE gzip)
+set(CPACK_STRIP_FILES ON)
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_PACKAGE_DIRECTORY ${PROJECT_BINARY_DIR})
+set(CMAKE_SKIP_INSTALL_ALL_DEPENDENCY ON)  # packaging builds only what it installs
+include(CPack)
