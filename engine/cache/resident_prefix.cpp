@@ -1,13 +1,12 @@
 #include "engine/cache/resident_prefix.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <limits>
 
 namespace anchorage {
 
 namespace {
-
-constexpr int64_t kNoTaint = std::numeric_limits<int64_t>::max();
 
 // Drops the regions at or above limit and cuts the one that straddles it.
 void ClipRegions(std::vector<TokenRegion>& regions, int64_t limit) {
@@ -15,12 +14,6 @@ void ClipRegions(std::vector<TokenRegion>& regions, int64_t limit) {
   for (TokenRegion& r : regions) r.second = std::min(r.second, limit);
 }
 
-int64_t CommonPrefix(std::span<const int32_t> a, std::span<const int32_t> b) {
-  const size_t n = std::min(a.size(), b.size());
-  size_t i = 0;
-  while (i < n && a[i] == b[i]) ++i;
-  return static_cast<int64_t>(i);
-}
 
 }  // namespace
 
@@ -41,9 +34,16 @@ ResidentPrefix::ResidentPrefix(Forward& forward, const Tokenizer* tokenizer, Res
       tokenizer_(tokenizer),
       options_(options),
       state_(forward.config()),
-      taint_row_(kNoTaint),
+      taint_row_(kNoTaintRow),
       anchors_(options.anchor_budget_bytes),
-      store_(options.store_budget_bytes, options.store_entry_cap_bytes) {
+      store_(options.store_budget_bytes, options.store_entry_cap_bytes),
+      anchors_tier_(anchors_),
+      end_tier_(end_, tokenizer),
+      stash_tier_(stash_, stash_shed_),
+      pin_tier_(pin_),
+      park_tier_(park_, [this](ParkedSession parked) { InstallPark(std::move(parked)); }),
+      store_tier_(store_) {
+  ConfigureTiers();
   if (tokenizer_ != nullptr)
     if (auto ids = tokenizer_->Encode("<|im_start|>user", /*parse_special=*/true); ids.ok() && ids->size() >= 2) user_turn_ids_ = std::move(ids).value();
 }
@@ -68,8 +68,15 @@ bool ResidentPrefix::SameConversation(const CacheRequest& request, int64_t commo
   return EditsLastUserMessage(request, common);
 }
 
+void ResidentPrefix::ConfigureTiers() {
+  end_tier_.set_options({options_.end_anchor, options_.end_alignment, options_.end_align_reasoning});
+  park_tier_.set_budget_bytes(options_.park_budget_bytes);
+  store_tier_.set_enabled(options_.store_enabled);
+}
+
 void ResidentPrefix::set_options(const ResidentOptions& options) {
   options_ = options;
+  ConfigureTiers();
   anchors_.set_budget_bytes(options.anchor_budget_bytes);
   store_.set_limits(options.store_budget_bytes, options.store_entry_cap_bytes);
   if (!options_.store_enabled) store_.Clear();
@@ -86,7 +93,7 @@ bool ResidentPrefix::IsGuest(const CacheRequest& request, int64_t resume_at) con
   if (4 * n < resident) return true;
   // A short side request of the resident session that parts early (an agent's title request) is a
   // guest too, so it neither pins nor parks its conversation.
-  const int64_t common = CommonPrefix(request.prompt, rows_);
+  const int64_t common = CommonPrefixLength(request.prompt, rows_);
   return !request.session.empty() && request.session == session_ && 2 * n < resident && 2 * common < resident;
 }
 
@@ -97,90 +104,20 @@ ResidentPrefix::Plan ResidentPrefix::MakePlan(const CacheRequest& request) const
   p.info.reread_tokens = n;
   if (!options_.enabled || n == 0) return p;
   const int64_t limit = n - 1;  // at least one token is forwarded, for the logits
-  const int64_t c = CommonPrefix(request.prompt, rows_);
   int64_t best = 0;
-
-  if (const Anchor* a = anchors_.LargestAtOrBelow(std::min(c, limit)); a != nullptr && a->length > 0) {
-    best = a->length;
-    p.info.source = CacheSource::kResident;
-  }
-
-  if (end_ && options_.end_anchor) {
-    const int64_t e = end_->anchor.length;
-    if (e <= static_cast<int64_t>(rows_.size()) && e > best) {
-      if (c >= e && e <= limit) {
-        best = e;
-        p.info.source = CacheSource::kEnd;
-        p.resume_from_end = true;
-      } else if (c < e && options_.end_alignment && tokenizer_ != nullptr) {
-        AlignOptions align;
-        align.reasoning_pass = options_.end_align_reasoning;
-        const std::string rows_text = RowsText(e, &align.regions);
-        const std::string client_text = tokenizer_->Decode(request.prompt);
-        if (auto j = AlignCopyWithRows(rows_text, client_text, align)) {
-          auto tail = tokenizer_->Encode(std::string_view(client_text).substr(*j), /*parse_special=*/true);
-          if (tail.ok() && !tail->empty()) {
-            std::vector<int32_t> served(rows_.begin(), rows_.begin() + e);
-            served.insert(served.end(), tail->begin(), tail->end());
-            p.info.served_prompt = std::move(served);
-            p.info.aligned = true;
-            p.info.source = CacheSource::kEnd;
-            p.resume_from_end = true;
-            best = e;
-          }
-        }
-      }
-    }
-  }
-
-  if (!pin_.empty()) {
-    const int64_t cp = CommonPrefix(request.prompt, pin_.tokens);
-    if (cp > c) {
-      for (auto it = pin_.anchors.rbegin(); it != pin_.anchors.rend(); ++it) {
-        if (it->length <= std::min(cp, limit)) {
-          if (it->length > best) {
-            best = it->length;
-            p.info.source = CacheSource::kPin;
-            p.info.served_prompt = request.prompt;
-            p.info.aligned = false;
-            p.resume_from_end = false;
-          }
-          break;
-        }
-      }
-    }
-  }
-
-  if (!park_.empty() && CommonPrefix(rows_, park_.tokens) >= park_.head) {
-    const int64_t cq = CommonPrefix(request.prompt, park_.tokens);
-    if (cq > c) {
-      const int64_t reach = std::min(cq, limit);
-      int64_t park_best = 0;
-      bool park_end = false;
-      for (const Anchor& a : park_.anchors)
-        if (a.length <= reach) park_best = std::max(park_best, a.length);
-      if (park_.end && park_.end->anchor.length <= reach && park_.end->anchor.length > park_best) {
-        park_best = park_.end->anchor.length;
-        park_end = true;
-      }
-      if (park_best > best) {
-        best = park_best;
-        p.info.source = CacheSource::kPark;
-        p.info.served_prompt = request.prompt;
-        p.info.aligned = false;
-        p.resume_from_end = park_end;
-      }
-    }
-  }
-
-  if (options_.store_enabled) {
-    if (const StoreEntry* e = store_.Peek(request.prompt, limit); e != nullptr && static_cast<int64_t>(e->tokens.size()) > best) {
-      best = static_cast<int64_t>(e->tokens.size());
-      p.info.source = CacheSource::kStore;
-      p.info.served_prompt = request.prompt;
-      p.info.aligned = false;
-      p.resume_from_end = e->session;
-    }
+  // The tiers in the order the seed asks them; a later one wins only when it resumes later.
+  const ResidentRows resident = View();
+  const std::pair<const CacheTier*, CacheSource> tiers[] = {{&anchors_tier_, CacheSource::kResident}, {&end_tier_, CacheSource::kEnd},
+                                                            {&pin_tier_, CacheSource::kPin},         {&park_tier_, CacheSource::kPark},
+                                                            {&store_tier_, CacheSource::kStore}};
+  for (const auto& [tier, source] : tiers) {
+    TierOffer offer = tier->Find(request.prompt, resident, limit);
+    if (offer.resume_length <= best) continue;
+    best = offer.resume_length;
+    p.info.source = source;
+    p.resume_from_end = offer.resume_from_end;
+    p.info.aligned = offer.aligned;
+    p.info.served_prompt = offer.served_prompt.empty() ? request.prompt : std::move(offer.served_prompt);
   }
 
   p.resume_length = best;
@@ -199,22 +136,6 @@ ResidentPrefix::Plan ResidentPrefix::MakePlan(const CacheRequest& request) const
 
 ResumeInfo ResidentPrefix::Peek(const CacheRequest& request) const { return MakePlan(request).info; }
 
-std::string ResidentPrefix::RowsText(int64_t length, std::vector<std::pair<size_t, size_t>>* byte_regions) const {
-  // Decoded a segment at a time, so each generation region's bytes are known.
-  std::string text;
-  int64_t at = 0;
-  auto decode = [&](int64_t from, int64_t to) { text += tokenizer_->Decode(std::vector<int32_t>(rows_.begin() + from, rows_.begin() + to)); };
-  for (const auto& [begin, end] : end_->regions) {
-    if (begin < at || end > length) break;
-    decode(at, begin);
-    const size_t text_begin = text.size();
-    decode(begin, end);
-    byte_regions->emplace_back(text_begin, text.size());
-    at = end;
-  }
-  decode(at, length);
-  return text;
-}
 
 void ResidentPrefix::PinHead() {
   const int64_t row_bytes = RowBytes(1);
@@ -234,7 +155,7 @@ void ResidentPrefix::PinHead() {
   if (h <= 0 || anchors.empty()) return;
   // The pin already holds this head (and a new one would add less than a grid chunk): copy nothing.
   const int64_t pinned = static_cast<int64_t>(pin_.tokens.size());
-  if (!pin_.empty() && CommonPrefix(pin_.tokens, rows_) == pinned && h - pinned < forward_.grid_tokens()) return;
+  if (!pin_.empty() && CommonPrefixLength(pin_.tokens, rows_) == pinned && h - pinned < forward_.grid_tokens()) return;
   auto rows = state_.CopyRows(0, h);
   if (!rows.ok()) return;
   pin_.tokens.assign(rows_.begin(), rows_.begin() + h);
@@ -246,47 +167,8 @@ void ResidentPrefix::PinHead() {
   if (park_.session == session_ && !session_.empty()) park_ = ParkedSession{};  // a compaction drops its own park
 }
 
-std::optional<ParkedSession> ResidentPrefix::MakePark(int64_t head) const {
-  const int64_t resident = static_cast<int64_t>(rows_.size());
-  if (resident <= head) return std::nullopt;
-  std::vector<Anchor> anchors;
-  for (const Anchor& a : anchors_.Newest(ParkedSession::kMaxAnchors))
-    if (a.length > head) anchors.push_back(a);
-  std::sort(anchors.begin(), anchors.end(), [](const Anchor& a, const Anchor& b) { return a.length < b.length; });
-  auto anchor_bytes_upto = [&](int64_t len) {
-    int64_t b = 0;
-    for (const Anchor& a : anchors)
-      if (a.length <= len) b += a.bytes();
-    return b;
-  };
-  int64_t top = resident;
-  std::optional<EndAnchor> end;
-  if (end_ && end_->anchor.length <= resident && end_->anchor.length > head &&
-      RowBytes(resident - head) + anchor_bytes_upto(resident) + end_->anchor.bytes() <= options_.park_budget_bytes) {
-    end = end_;
-  } else {
-    // The rows up to the newest anchor that fits.
-    top = 0;
-    for (const Anchor& a : anchors)
-      if (RowBytes(a.length - head) + anchor_bytes_upto(a.length) <= options_.park_budget_bytes) top = a.length;
-  }
-  if (top <= head) return std::nullopt;
-  anchors.erase(std::remove_if(anchors.begin(), anchors.end(), [&](const Anchor& a) { return a.length > top; }), anchors.end());
-  auto rows = state_.CopyRows(head, top);
-  if (!rows.ok()) return std::nullopt;
-  ParkedSession parked;
-  parked.session = session_;
-  parked.tokens.assign(rows_.begin(), rows_.begin() + top);
-  parked.head = head;
-  parked.rows = std::move(rows).value();
-  parked.anchors = std::move(anchors);
-  parked.end = std::move(end);
-  parked.taint_row = taint_row_;
-  return parked;
-}
-
 void ResidentPrefix::ParkResident(int64_t head) {
-  std::optional<ParkedSession> parked = MakePark(head);
+  std::optional<ParkedSession> parked = park_tier_.CopyAside(View(), head);
   if (!parked) return;
   parked->parks = park_.parks + 1;
   parked->hits = park_.hits;
@@ -306,57 +188,23 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
   // After a guest the buffer's length is the guest's; the resident rows below rows_.size() are valid again.
   if (state_.length() != static_cast<int64_t>(rows_.size())) state_.SetLength(static_cast<int64_t>(rows_.size()));
 
+  ResidentRows resident = View();
+  TierOffer offer{r, plan.resume_from_end, {}, info.aligned, 0, !plan.skip_copy};
   if (info.source == CacheSource::kPin) {
-    RETURN_IF_ERROR(state_.WriteRows(pin_.rows));
-    rows_ = pin_.tokens;
-    regions_.clear();
-    anchors_.Clear();
-    for (const Anchor& a : pin_.anchors) anchors_.Put(a);
-    end_.reset();
-    taint_row_ = pin_.taint_row;
-    ++pin_.hits;
+    RETURN_IF_ERROR(pin_tier_.Restore(request.prompt, offer, resident));
     ++counters_.pin_hits;
   } else if (info.source == CacheSource::kPark) {
-    // The rows in place are copied aside before the parked rows overwrite them; a failed write
-    // leaves both where they were.
-    std::optional<ParkedSession> resident = plan.skip_copy ? std::nullopt : MakePark(park_.head);
-    RETURN_IF_ERROR(state_.WriteRows(park_.rows));
-    ParkedSession back = std::move(park_);
-    park_ = ParkedSession{};
-    if (resident) {
-      resident->parks = back.parks + 1;
-      resident->hits = back.hits + 1;
-      InstallPark(std::move(*resident));
-    } else {
-      park_.parks = back.parks;
-      park_.hits = back.hits + 1;
-    }
-    rows_ = back.tokens;
-    anchors_.DropAbove(back.head);
-    for (const Anchor& a : back.anchors) anchors_.Put(a);
-    end_ = back.end;
-    regions_ = back.end ? back.end->regions : std::vector<TokenRegion>{};
-    taint_row_ = back.taint_row;
-    session_ = back.session;
+    RETURN_IF_ERROR(park_tier_.Restore(request.prompt, offer, resident));
     ++counters_.park_hits;
   } else if (!info.guest) {
-    const int64_t c = CommonPrefix(info.served_prompt, rows_);
+    const int64_t c = CommonPrefixLength(info.served_prompt, rows_);
     if (c < static_cast<int64_t>(rows_.size()) && !plan.skip_copy && plan.copy != Plan::Copy::kNone) {
       // This request replaces rows: keep the head of its own session, or park another session's.
       if (plan.copy == Plan::Copy::kPin) PinHead();
       else ParkResident(std::min(r, c));
     }
     if (info.source == CacheSource::kStore) {
-      const StoreEntry* e = store_.Lookup(request.prompt, r);
-      if (e == nullptr || static_cast<int64_t>(e->tokens.size()) != r) return Internal("state store: the entry of " + std::to_string(r) + " tokens went missing");
-      RETURN_IF_ERROR(state_.WriteRows(e->rows));
-      rows_ = e->tokens;
-      anchors_.Clear();
-      end_.reset();
-      regions_.clear();
-      if (e->session) end_ = EndAnchor{e->anchor, e->taint_row, {}};
-      else anchors_.Put(e->anchor);
-      taint_row_ = e->session ? e->taint_row : kNoTaint;
+      RETURN_IF_ERROR(store_tier_.Restore(request.prompt, offer, resident));
       ++counters_.store_hits;
     }
   }
@@ -392,7 +240,7 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
     ClipRegions(regions_, r);
     anchors_.DropAbove(r);
     end_.reset();
-    if (taint_row_ >= r) taint_row_ = kNoTaint;  // every row left is a cold prefill's
+    if (taint_row_ >= r) taint_row_ = kNoTaintRow;  // every row left is a cold prefill's
     // A prefill resumed off the grid runs other chunks than a cold one: what it writes is tainted.
     if (r % forward_.grid_tokens() != 0) taint_row_ = std::min(taint_row_, r);
     session_ = request.session;
@@ -481,7 +329,7 @@ void ResidentPrefix::PutPrefixSnapshot(int64_t prompt_tokens) {
     store_.MakeRoom(bytes);  // room before the clone, never after
     auto rows = state_.CopyRows(0, len);
     if (!rows.ok()) return;
-    store_.Put(StoreEntry{std::vector<int32_t>(key.begin(), key.end()), *a, std::move(rows).value(), kNoTaint, false});
+    store_.Put(StoreEntry{std::vector<int32_t>(key.begin(), key.end()), *a, std::move(rows).value(), kNoTaintRow, false});
     Emit("write", "store", len, bytes, "prefix snapshot");
     return;
   }
@@ -507,9 +355,15 @@ void ResidentPrefix::PutSessionSnapshot() {
 }
 
 int64_t ResidentPrefix::EngineBytes() const {
-  return state_.allocated_bytes() + anchors_.bytes() + (end_ ? end_->anchor.bytes() : 0) + stash_.bytes() + pin_.bytes() +
-         park_.bytes() + store_.bytes();
+  int64_t bytes = state_.allocated_bytes();
+  for (const CacheTier* tier : std::initializer_list<const CacheTier*>{&anchors_tier_, &end_tier_, &stash_tier_, &pin_tier_, &park_tier_, &store_tier_})
+    bytes += tier->bytes();
+  return bytes;
 }
+
+ResidentRows ResidentPrefix::View() { return ResidentRows{state_, rows_, anchors_, end_, regions_, taint_row_, session_}; }
+// Tiers only read through a const view (Find is const); the references are the same members.
+ResidentRows ResidentPrefix::View() const { return const_cast<ResidentPrefix*>(this)->View(); }
 
 int64_t ResidentPrefix::PrefillPeakBytes(int64_t prompt_tokens, int64_t resume_at, int64_t max_new) const {
   const int64_t chunk = std::min(forward_.grid_tokens(), std::max<int64_t>(1, prompt_tokens - resume_at));
@@ -526,48 +380,22 @@ bool ResidentPrefix::Shed(int64_t extra, int64_t limit, const std::string& reaso
     ++counters_.sheds[tier];
     Emit("shed", tier, tokens, bytes, reason);
   };
-  auto skip_planned = [&](Plan::Copy kind, const char* tier) {
-    if (fits() || plan == nullptr || plan->copy != kind || plan->skip_copy) return;
-    extra -= plan->copy_bytes;
-    plan->skip_copy = true;
-    count(tier, 0, plan->copy_bytes);
-  };
-  while (!fits() && store_.size() > 0) {
-    const int64_t before = store_.bytes();
-    store_.DropOldest();
-    count("store", 0, before - store_.bytes());
+  // Cheapest first; a plan's own copy is given up at its tier's place.
+  const std::pair<CacheTier*, Plan::Copy> order[] = {{&store_tier_, Plan::Copy::kNone}, {&anchors_tier_, Plan::Copy::kNone},
+                                                     {&end_tier_, Plan::Copy::kNone},   {&stash_tier_, Plan::Copy::kStash},
+                                                     {&park_tier_, Plan::Copy::kPark},  {&pin_tier_, Plan::Copy::kPin}};
+  for (const auto& [tier, planned] : order) {
+    while (!fits()) {
+      const ShedUnit unit = tier->ShedOne();
+      if (unit.bytes == 0 && unit.tokens == 0) break;
+      count(tier->name(), unit.tokens, unit.bytes);
+    }
+    if (!fits() && plan != nullptr && plan->copy == planned && planned != Plan::Copy::kNone && !plan->skip_copy) {
+      extra -= plan->copy_bytes;
+      plan->skip_copy = true;
+      count(tier->name(), 0, plan->copy_bytes);
+    }
   }
-  while (!fits() && anchors_.size() > 0) {
-    const int64_t b = anchors_.DropOldest();
-    count("anchors", 0, b);
-  }
-  if (!fits() && end_) {
-    const int64_t b = end_->anchor.bytes();
-    const int64_t len = end_->anchor.length;
-    end_.reset();
-    count("end", len, b);
-  }
-  if (!fits() && stash_.rows) {
-    const int64_t b = stash_.bytes();
-    stash_.rows.reset();
-    stash_shed_ = true;
-    count("stash", 0, b);
-  }
-  skip_planned(Plan::Copy::kStash, "stash");
-  if (!fits() && !park_.empty()) {
-    const int64_t b = park_.bytes();
-    const int64_t len = static_cast<int64_t>(park_.tokens.size());
-    park_ = ParkedSession{};
-    count("park", len, b);
-  }
-  skip_planned(Plan::Copy::kPark, "park");
-  if (!fits() && !pin_.empty()) {
-    const int64_t b = pin_.bytes();
-    const int64_t len = static_cast<int64_t>(pin_.tokens.size());
-    pin_ = PinnedHead{};
-    count("pin", len, b);
-  }
-  skip_planned(Plan::Copy::kPin, "pin");
   return fits();
 }
 
@@ -588,7 +416,7 @@ void ResidentPrefix::PlanCopy(const CacheRequest& request, Plan& plan) const {
   }
   if (plan.info.source == CacheSource::kPark) return park(park_.head);
   if (plan.info.source == CacheSource::kPin) return;
-  const int64_t c = CommonPrefix(plan.info.served_prompt, rows_);
+  const int64_t c = CommonPrefixLength(plan.info.served_prompt, rows_);
   if (c >= resident || EditsLastUserMessage(request, c)) return;
   if (SameConversation(request, c)) {
     plan.copy = Plan::Copy::kPin;
@@ -722,7 +550,7 @@ Status ResidentPrefix::Clear(const std::string& tier) {
   if (all) {
     rows_.clear();
     regions_.clear();
-    taint_row_ = kNoTaint;
+    taint_row_ = kNoTaintRow;
     session_.clear();
     state_.Reset();
   }
@@ -732,7 +560,7 @@ Status ResidentPrefix::Clear(const std::string& tier) {
 CacheStats ResidentPrefix::Stats() const {
   const auto& k = counters_;
   CacheStats s;
-  s.resident = {static_cast<int64_t>(rows_.size()), RowBytes(static_cast<int64_t>(rows_.size())), taint_row_ == kNoTaint ? -1 : taint_row_,
+  s.resident = {static_cast<int64_t>(rows_.size()), RowBytes(static_cast<int64_t>(rows_.size())), taint_row_ == kNoTaintRow ? -1 : taint_row_,
                 session_, k.requests, k.cold, k.cached_tokens, k.reread_tokens};
   s.anchors = {static_cast<int64_t>(anchors_.size()), anchors_.bytes(), anchors_.budget_bytes(), k.resident_hits, anchors_.evictions(), anchors_.lengths()};
   s.end = {end_ ? 1 : 0, end_ ? end_->anchor.bytes() : 0, end_ ? end_->anchor.length : 0, k.end_hits, k.aligned_hits};

@@ -18,6 +18,7 @@
 
 #include "engine/cache/anchor_set.h"
 #include "engine/cache/cache_stats.h"
+#include "engine/cache/ram_tiers.h"
 #include "engine/cache/end_anchor.h"
 #include "engine/cache/guest_stash.h"
 #include "engine/cache/parked_session.h"
@@ -151,12 +152,13 @@ class ResidentPrefix {
   void PutSessionSnapshot();
   void PinHead();
   void ParkResident(int64_t shared_head);
-  // A copy of the resident rows above head for the park (nothing is installed), or none when they do not fit.
-  std::optional<ParkedSession> MakePark(int64_t head) const;
   void InstallPark(ParkedSession parked);
+  // The rows in place as the tiers see them.
+  ResidentRows View();
+  ResidentRows View() const;
+  // Hands the options each tier reads to it.
+  void ConfigureTiers();
   int64_t RowBytes(int64_t rows) const;
-  // The rows' text up to length, with the end anchor's generation regions as byte offsets into it.
-  std::string RowsText(int64_t length, std::vector<std::pair<size_t, size_t>>* byte_regions) const;
   bool IsGuest(const CacheRequest& request, int64_t resume_at) const;
   // Where the prompt's last user message starts (its <|im_start|>user), or -1.
   int64_t LastUserStart(std::span<const int32_t> prompt) const;
@@ -194,6 +196,13 @@ class ResidentPrefix {
     int64_t refused = 0;
     std::map<std::string, int64_t> sheds;  // by tier
   } counters_;
+  // The tiers over the data above, asked in turn (declared after it: they hold references to it).
+  AnchorsTier anchors_tier_;
+  EndTier end_tier_;
+  StashTier stash_tier_;
+  PinTier pin_tier_;
+  ParkTier park_tier_;
+  StoreTier store_tier_;
 };
 
 }  // namespace anchorage

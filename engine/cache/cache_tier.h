@@ -1,0 +1,67 @@
+// The one interface every cache tier offers the resident prefix (the disk tier and the session
+// spill will be two more): find what it would serve, restore it, say its bytes, shed them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/cache/anchor_set.h"
+#include "engine/cache/end_anchor.h"
+#include "engine/core/status.h"
+#include "engine/runtime/sequence_state.h"
+
+namespace anchorage {
+
+// The rows in place: what a tier plans against and restores into. Owned by ResidentPrefix.
+struct ResidentRows {
+  SequenceState& state;
+  std::vector<int32_t>& rows;         // tokens whose K/V rows are valid in state
+  AnchorSet& anchors;
+  std::optional<EndAnchor>& end;
+  std::vector<TokenRegion>& regions;  // spans of rows generations wrote
+  int64_t& taint_row;
+  std::string& session;
+};
+
+// What a tier would serve a prompt.
+struct TierOffer {
+  int64_t resume_length = 0;           // the request resumes here; 0: nothing to offer
+  bool resume_from_end = false;        // the state there is an end anchor (held to the greedy gate)
+  std::vector<int32_t> served_prompt;  // set when the tier serves other tokens than the client's (end alignment)
+  bool aligned = false;
+  int64_t restore_bytes = 0;           // what the restore copies into the rows in place (its cost; 0: already there)
+  bool copy_aside = true;              // the restore may keep what it replaces (a park swap); off when memory is short
+};
+
+// Memory one ShedOne gave back, for the journal.
+struct ShedUnit {
+  int64_t bytes = 0;
+  int64_t tokens = 0;
+};
+
+class CacheTier {
+ public:
+  virtual ~CacheTier() = default;
+  virtual const char* name() const = 0;
+  // What it would serve prompt, resuming at most at limit, given the rows in place; changes nothing.
+  virtual TierOffer Find(std::span<const int32_t> prompt, const ResidentRows& resident, int64_t limit) const = 0;
+  // Puts the offer's rows, anchors, end, taint and session in place (the state at resume_length is
+  // restored by the caller). On failure the rows in place and the tier are as they were.
+  virtual Status Restore(std::span<const int32_t> prompt, const TierOffer& offer, ResidentRows& resident) = 0;
+  virtual int64_t bytes() const = 0;
+  // Gives back its cheapest unit (an entry, or the whole tier); {0, 0} when it holds nothing.
+  virtual ShedUnit ShedOne() = 0;
+};
+
+// The length of the common prefix of two token lists.
+inline int64_t CommonPrefixLength(std::span<const int32_t> a, std::span<const int32_t> b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return static_cast<int64_t>(i);
+}
+
+}  // namespace anchorage
