@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 
+#include "engine/core/text_split.h"
+
 namespace anchorage {
 
 namespace {
@@ -32,20 +34,6 @@ std::string_view Trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
   return s;
-}
-
-// Splits on commas, trimming each element; empty elements are dropped (RFC 9110 list syntax).
-std::vector<std::string_view> ListElements(std::string_view value) {
-  std::vector<std::string_view> out;
-  size_t start = 0;
-  while (start <= value.size()) {
-    size_t comma = value.find(',', start);
-    if (comma == std::string_view::npos) comma = value.size();
-    std::string_view e = Trim(value.substr(start, comma - start));
-    if (!e.empty()) out.push_back(e);
-    start = comma + 1;
-  }
-  return out;
 }
 
 int HexValue(char c) {
@@ -379,20 +367,22 @@ HttpRequestParser::State HttpRequestParser::ParseHead() {
 }
 
 HttpRequestParser::State HttpRequestParser::CheckFraming() {
-  std::vector<std::string_view> lengths;
-  std::vector<std::string_view> codings;
+  // Header lists (RFC 9110): comma-separated, elements trimmed, empty ones dropped.
+  std::vector<std::string> lengths;
+  std::vector<std::string> codings;
   int hosts = 0;
   bool close = request_.minor_version == 0, keep_alive_token = false;
   for (const auto& [name, value] : request_.headers) {
     if (name == "content-length") {
-      for (std::string_view v : ListElements(value)) lengths.push_back(v);
-      if (ListElements(value).empty()) return Fail(400, "Content-Length is empty; it must be a non-negative decimal number", "invalid_content_length");
+      std::vector<std::string> items = SplitList(value, ',');
+      if (items.empty()) return Fail(400, "Content-Length is empty; it must be a non-negative decimal number", "invalid_content_length");
+      lengths.insert(lengths.end(), items.begin(), items.end());
     } else if (name == "transfer-encoding") {
-      for (std::string_view v : ListElements(value)) codings.push_back(v);
+      for (std::string& v : SplitList(value, ',')) codings.push_back(std::move(v));
     } else if (name == "host") {
       ++hosts;
     } else if (name == "connection") {
-      for (std::string_view v : ListElements(value)) {
+      for (const std::string& v : SplitList(value, ',')) {
         const std::string token = Lower(v);
         if (token == "close") close = true;
         if (token == "keep-alive") keep_alive_token = true;
@@ -416,14 +406,14 @@ HttpRequestParser::State HttpRequestParser::CheckFraming() {
     return State::kNeedMore;
   }
   if (!lengths.empty()) {
-    for (std::string_view v : lengths) {
+    for (const std::string& v : lengths) {
       const bool digits = v.size() <= 18 && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
       if (!digits) return Fail(400, "Content-Length must be a non-negative decimal number, got '" + QuoteForMessage(v) + "'", "invalid_content_length");
     }
-    for (std::string_view v : lengths)
-      if (std::stoll(std::string(v)) != std::stoll(std::string(lengths[0])))
-        return Fail(400, "conflicting Content-Length values '" + std::string(lengths[0]) + "' and '" + std::string(v) + "'", "conflicting_content_length");
-    content_length_ = std::stoll(std::string(lengths[0]));
+    content_length_ = std::stoll(lengths[0]);
+    for (const std::string& v : lengths)
+      if (std::stoll(v) != content_length_)
+        return Fail(400, "conflicting Content-Length values '" + lengths[0] + "' and '" + v + "'", "conflicting_content_length");
     if (static_cast<uint64_t>(content_length_) > limits_.max_body_bytes)
       return Fail(413, "the request body is " + std::to_string(content_length_) + " bytes (Content-Length); the limit is " + std::to_string(limits_.max_body_bytes) + " bytes",
                   "body_too_large");
