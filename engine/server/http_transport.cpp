@@ -279,13 +279,7 @@ void HttpTransport::EventLoop() {
   while (!stopping_) {
     int64_t now = NowMs();
     int64_t next = now + 1000;
-    for (auto& [fd, c] : reading_) {
-      int64_t due = c->closing ? c->closing_deadline_ms
-                    : !c->parser.started() ? c->idle_since_ms + options_.keep_alive_timeout_ms
-                    : !c->parser.head_done() ? c->request_started_ms + options_.header_timeout_ms
-                                             : c->last_byte_ms + options_.body_idle_timeout_ms;
-      next = std::min(next, due);
-    }
+    for (auto& [fd, c] : reading_) next = std::min(next, DeadlineOf(*c));
     const int n = epoll_wait(epoll_fd_, events, 64, static_cast<int>(std::clamp<int64_t>(next - now, 1, 1000)));
     for (int i = 0; i < n; ++i) {
       const int fd = events[i].data.fd;
@@ -318,22 +312,25 @@ void HttpTransport::EventLoop() {
     now = NowMs();
     std::vector<int> expired;
     for (auto& [fd, c] : reading_) {
-      if (c->closing) {
-        if (now >= c->closing_deadline_ms) expired.push_back(fd);
-      } else if (!c->parser.started()) {
-        if (now - c->idle_since_ms >= options_.keep_alive_timeout_ms) expired.push_back(fd);
-      } else if (!c->parser.head_done()) {
-        if (now - c->request_started_ms >= options_.header_timeout_ms)
-          Refuse(*c, {408, "the request head did not arrive within " + std::to_string(options_.header_timeout_ms) + " ms", "request_timeout"});
-      } else if (now - c->last_byte_ms >= options_.body_idle_timeout_ms) {
+      if (now < DeadlineOf(*c)) continue;
+      if (c->closing || !c->parser.started()) expired.push_back(fd);  // drained, or idle past keep-alive
+      else if (!c->parser.head_done())
+        Refuse(*c, {408, "the request head did not arrive within " + std::to_string(options_.header_timeout_ms) + " ms", "request_timeout"});
+      else
         Refuse(*c, {408, "the request body stopped after " + std::to_string(c->parser.body_bytes()) + " bytes" + BodyOf(c->parser) + ": nothing arrived for " +
                              std::to_string(options_.body_idle_timeout_ms) + " ms",
                     "request_timeout"});
-      }
     }
     for (int fd : expired) Drop(fd);
   }
   for (auto& [fd, c] : reading_) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+}
+
+int64_t HttpTransport::DeadlineOf(const Connection& c) const {
+  if (c.closing) return c.closing_deadline_ms;
+  if (!c.parser.started()) return c.idle_since_ms + options_.keep_alive_timeout_ms;
+  if (!c.parser.head_done()) return c.request_started_ms + options_.header_timeout_ms;
+  return c.last_byte_ms + options_.body_idle_timeout_ms;
 }
 
 void HttpTransport::Accept() {

@@ -93,6 +93,8 @@ class HttpTransport {
   // Answers a transport error on the event thread and lets the connection drain, then close.
   void Refuse(Connection& c, const HttpError& error);
   void Drop(int fd);
+  // When the connection's current wait ends: drain, keep-alive idle, request head or body pause.
+  int64_t DeadlineOf(const Connection& c) const;
   void Answer(std::unique_ptr<Connection> c, HttpRequest request);
   bool WriteResponse(Connection& c, const HttpRequest& request, HttpResponse& res);
   void Return(std::unique_ptr<Connection> c);
