@@ -100,6 +100,10 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr && size_ > 0) ::munmap(data_, size_);
 }
 
+void MappedFile::DropResidentPages() const {
+  if (data_ != nullptr && size_ > 0) ::madvise(data_, size_, MADV_DONTNEED);
+}
+
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)), path_(std::move(other.path_)) {}
 

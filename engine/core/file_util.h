@@ -34,6 +34,8 @@ class MappedFile {
   const std::byte* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Lets the kernel drop the mapping's resident pages; a later read faults them in from the file.
+  void DropResidentPages() const;
 
  private:
   std::byte* data_ = nullptr;

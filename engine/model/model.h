@@ -20,7 +20,8 @@ struct Model {
   ModelWeights weights;
   Tokenizer tokenizer;
   ChatTemplate chat_template;
-  std::string fingerprint;  // hex sha256 over weights, config and tokenizer
+  std::string fingerprint;        // hex sha256 over weights, config and tokenizer
+  std::string state_fingerprint;  // the fingerprint and the kernels' arithmetic: what caches match (set by the service)
 };
 
 enum class ModelParts { kAll, kWeightsOnly };

@@ -51,6 +51,10 @@ float TensorView::At(int64_t i) const {
   return 0.0f;
 }
 
+void SafetensorsSet::DropResidentPages() const {
+  for (const auto& map : maps_) map->DropResidentPages();
+}
+
 uint64_t SafetensorsSet::total_bytes() const {
   uint64_t n = 0;
   for (const auto& [name, t] : tensors_) n += t.bytes;

@@ -44,6 +44,8 @@ class SafetensorsSet {
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   const std::vector<std::string>& files() const { return file_paths_; }
   uint64_t total_bytes() const;
+  // Drops the mapped files' resident pages (once the weights have been copied elsewhere).
+  void DropResidentPages() const;
 
  private:
   Status AddFile(const std::string& path, const std::string& display_name);

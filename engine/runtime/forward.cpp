@@ -9,32 +9,34 @@
 #include "engine/compute/cpu/matmul.h"
 #include "engine/compute/cpu/vec.h"
 #include "engine/core/bf16.h"
+#include "engine/core/sha256.h"
 
 namespace anchorage {
 
 using cpu::MatMulBf16;
+using Packed = cpu::PackedBf16;
 
 struct Forward::Layer {
   LayerKind kind = LayerKind::kLinearAttention;
   std::vector<float> in_norm, post_norm;  // fp32 [H], 1 + w
-  const uint16_t* gate = nullptr;         // bf16 [I, H]
-  const uint16_t* up = nullptr;           // bf16 [I, H]
-  const uint16_t* down = nullptr;         // bf16 [H, I]
+  const Packed* gate = nullptr;  // [I, H]
+  const Packed* up = nullptr;           // [I, H]
+  const Packed* down = nullptr;         // [H, I]
   // GDN.
-  const uint16_t* qkv = nullptr;          // bf16 [conv_dim, H]
-  const uint16_t* z = nullptr;            // bf16 [Nv*dv, H]
-  const uint16_t* b = nullptr;            // bf16 [Nv, H]
-  const uint16_t* a = nullptr;            // bf16 [Nv, H]
-  const uint16_t* out = nullptr;          // bf16 [H, Nv*dv]
+  const Packed* qkv = nullptr;          // [conv_dim, H]
+  const Packed* z = nullptr;            // [Nv*dv, H]
+  const Packed* b = nullptr;            // [Nv, H]
+  const Packed* a = nullptr;            // [Nv, H]
+  const Packed* out = nullptr;          // [H, Nv*dv]
   std::vector<float> conv;                // fp32 [K, conv_dim], tap-major
   std::vector<float> a_exp;               // fp32 [Nv], exp(A_log)
   std::vector<float> dt_bias;             // fp32 [Nv]
   std::vector<float> gdn_norm;            // fp32 [dv], plain w
   // Attention.
-  const uint16_t* q = nullptr;            // bf16 [2*Nh*hd, H]
-  const uint16_t* k = nullptr;            // bf16 [Nkv*hd, H]
-  const uint16_t* v = nullptr;            // bf16 [Nkv*hd, H]
-  const uint16_t* o = nullptr;            // bf16 [H, Nh*hd]
+  const Packed* q = nullptr;            // [2*Nh*hd, H]
+  const Packed* k = nullptr;            // [Nkv*hd, H]
+  const Packed* v = nullptr;            // [Nkv*hd, H]
+  const Packed* o = nullptr;            // [H, Nh*hd]
   std::vector<float> q_norm, k_norm;      // fp32 [hd], 1 + w
 };
 
@@ -75,28 +77,36 @@ Forward::Forward(const ModelConfig& config, const ForwardOptions& options)
 
 Forward::~Forward() = default;
 
+std::string Forward::StateFingerprint(const std::string& model_fingerprint) {
+  Sha256 h;
+  h.Update("anchorage-state-fingerprint-v1\n" + model_fingerprint + "\n" + cpu::ArithmeticName() + "\n");
+  return h.FinishHex();
+}
+
 int64_t Forward::PrefillWorkspaceBytes(int64_t chunk_tokens) const {
   const ModelConfig& c = config_;
   const int64_t per_token_floats = 6 * c.hidden_size + 2 * c.conv_dim() + 3 * c.value_dim() + 4 * c.intermediate_size +
                                    4 * c.num_attention_heads * c.head_dim + 4 * c.num_key_value_heads * c.head_dim;
-  const int64_t weight_tiles = static_cast<int64_t>(threads()) * cpu::kGemmColumnBlock * std::max(c.hidden_size, c.intermediate_size) * 4;
-  return chunk_tokens * per_token_floats * 4 + weight_tiles + c.vocab_size * 4;
+  return chunk_tokens * per_token_floats * 4 + c.vocab_size * 4;
 }
 
-Result<const uint16_t*> Forward::Matrix(const TensorView& t, int64_t rows, int64_t cols, const char* role) {
+Result<const cpu::PackedBf16*> Forward::Matrix(const TensorView& t, int64_t rows, int64_t cols, const char* role) {
   if (t.empty()) return NotFound(std::string("Forward: missing tensor for ") + role);
   if (t.numel() != rows * cols)
     return InvalidArgument("Forward: " + t.name + " has " + std::to_string(t.numel()) + " elements, expected " +
                            std::to_string(rows) + "x" + std::to_string(cols));
-  if (t.dtype == DType::kBF16) return reinterpret_cast<const uint16_t*>(t.data);
-  // F16 and F32 matrices are rounded to BF16 once, here: the kernels multiply bf16 weights.
-  if (auto done = converted_index_.find(t.data); done != converted_index_.end()) return done->second;
-  std::vector<uint16_t>& out = converted_.emplace_back(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) out[static_cast<size_t>(i)] = FloatToBf16(t.At(i));
-  converted_bytes_ += static_cast<int64_t>(out.size() * sizeof(uint16_t));
-  ++converted_matrices_;
-  converted_index_[t.data] = out.data();
-  return out.data();
+  if (auto done = packed_index_.find(t.data); done != packed_index_.end()) return done->second;
+  if (t.dtype == DType::kBF16) {
+    packed_.push_back(Packed::FromRowMajor(reinterpret_cast<const uint16_t*>(t.data), rows, cols));
+  } else {
+    // F16 and F32 matrices are rounded to BF16 once, here: the kernels multiply bf16 weights.
+    packed_.push_back(Packed::Pack(rows, cols, [&t, cols](int64_t j, int64_t i) { return FloatToBf16(t.At(j * cols + i)); }));
+    converted_bytes_ += rows * cols * 2;
+    ++converted_matrices_;
+  }
+  packed_bytes_ += packed_.back().bytes();
+  packed_index_[t.data] = &packed_.back();
+  return &packed_.back();
 }
 
 Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const ModelWeights& w,
@@ -226,8 +236,7 @@ void Forward::RunChunk(SequenceState& state, const int32_t* ids, int64_t n, Mode
   float* a = Sized(ws.a, n * H);
   float* mix = Sized(ws.mix, n * H);
   for (int64_t t = 0; t < n; ++t) {
-    const uint16_t* row = embed_ + static_cast<int64_t>(ids[t]) * H;
-    for (int64_t i = 0; i < H; ++i) x[t * H + i] = Bf16ToFloat(row[i]);
+    embed_->RowToFloat(ids[t], x + t * H);
   }
   // RoPE table for this chunk's positions: angles and cos/sin in double, stored fp32.
   const int64_t half = config_.rotary_dim() / 2;
@@ -256,16 +265,11 @@ void Forward::RunChunk(SequenceState& state, const int32_t* ids, int64_t n, Mode
   state.SetLength(pos0 + n);
   if (logits == nullptr) return;
   if (all_rows) {
-    // The mat-vec kernel for every row, so a row's logits never depend on how many rows were asked for.
     RmsNormRows(x, final_norm_.data(), n, H, a);
-    for (int64_t t = 0; t < n; t += cpu::kMatVecMaxRows) {
-      const int64_t m = std::min(cpu::kMatVecMaxRows, n - t);
-      MatMulBf16(*pool_, a + t * H, m, H, lm_head_, config_.vocab_size, H, logits + t * config_.vocab_size,
-                 config_.vocab_size);
-    }
+    MatMulBf16(*pool_, a, n, H, *lm_head_, logits, config_.vocab_size);
   } else {
     RmsNormRows(x + (n - 1) * H, final_norm_.data(), 1, H, a);
-    MatMulBf16(*pool_, a, 1, H, lm_head_, config_.vocab_size, H, logits, config_.vocab_size);
+    MatMulBf16(*pool_, a, 1, H, *lm_head_, logits, config_.vocab_size);
   }
 }
 
@@ -285,10 +289,10 @@ void Forward::GdnMixer(const Layer& L, SequenceState& state, int64_t gi, int64_t
   float* beta = Sized(ws.beta, n * Nv);
   float* g = Sized(ws.g, n * Nv);
   const float* a = ws.a.data();
-  MatMulBf16(*pool_, a, n, H, L.qkv, C, H, qkv, C);
-  MatMulBf16(*pool_, a, n, H, L.z, VD, H, z, VD);
-  MatMulBf16(*pool_, a, n, H, L.b, Nv, H, bb, Nv);
-  MatMulBf16(*pool_, a, n, H, L.a, Nv, H, aa, Nv);
+  MatMulBf16(*pool_, a, n, H, *L.qkv, qkv, C);
+  MatMulBf16(*pool_, a, n, H, *L.z, z, VD);
+  MatMulBf16(*pool_, a, n, H, *L.b, bb, Nv);
+  MatMulBf16(*pool_, a, n, H, *L.a, aa, Nv);
   // Causal depthwise conv over [tail; qkv], taps in order, then SiLU; then the q/k L2 norms per head.
   float* tail = state.conv_tail(gi);  // [K-1, C]
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -363,7 +367,7 @@ void Forward::GdnMixer(const Layer& L, SequenceState& state, int64_t gi, int64_t
       for (int64_t e = 0; e < dv; ++e) o[e] = o[e] * inv * L.gdn_norm[e] * cpu::Silu(zr[e]);
     }
   });
-  MatMulBf16(*pool_, core, n, VD, L.out, H, VD, ws.mix.data(), H);
+  MatMulBf16(*pool_, core, n, VD, *L.out, ws.mix.data(), H);
 }
 
 void Forward::AttentionMixer(const Layer& L, SequenceState& state, int64_t ai, int64_t n, Mode mode) {
@@ -377,9 +381,9 @@ void Forward::AttentionMixer(const Layer& L, SequenceState& state, int64_t ai, i
   const int64_t pos0 = state.length();
   float* krows = state.k_rows(ai) + pos0 * KW;
   float* vrows = state.v_rows(ai) + pos0 * KW;
-  MatMulBf16(*pool_, a, n, H, L.q, QW, H, qg, QW);
-  MatMulBf16(*pool_, a, n, H, L.k, KW, H, krows, KW);
-  MatMulBf16(*pool_, a, n, H, L.v, KW, H, vrows, KW);
+  MatMulBf16(*pool_, a, n, H, *L.q, qg, QW);
+  MatMulBf16(*pool_, a, n, H, *L.k, krows, KW);
+  MatMulBf16(*pool_, a, n, H, *L.v, vrows, KW);
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float* cs = ws.cos.data();
   const float* sn = ws.sin.data();
@@ -413,7 +417,7 @@ void Forward::AttentionMixer(const Layer& L, SequenceState& state, int64_t ai, i
       for (int64_t e = 0; e < hd; ++e) o[e] *= cpu::Sigmoid(gate[e]);
     }
   });
-  MatMulBf16(*pool_, attn, n, Nh * hd, L.o, H, Nh * hd, ws.mix.data(), H);
+  MatMulBf16(*pool_, attn, n, Nh * hd, *L.o, ws.mix.data(), H);
 }
 
 void Forward::Mlp(const Layer& L, int64_t n) {
@@ -421,10 +425,10 @@ void Forward::Mlp(const Layer& L, int64_t n) {
   Workspace& ws = *ws_;
   float* gate = Sized(ws.gate, n * I);
   float* up = Sized(ws.up, n * I);
-  MatMulBf16(*pool_, ws.a.data(), n, H, L.gate, I, H, gate, I);
-  MatMulBf16(*pool_, ws.a.data(), n, H, L.up, I, H, up, I);
+  MatMulBf16(*pool_, ws.a.data(), n, H, *L.gate, gate, I);
+  MatMulBf16(*pool_, ws.a.data(), n, H, *L.up, up, I);
   for (int64_t i = 0; i < n * I; ++i) gate[i] = cpu::Silu(gate[i]) * up[i];
-  MatMulBf16(*pool_, gate, n, I, L.down, H, I, ws.mix.data(), H);
+  MatMulBf16(*pool_, gate, n, I, *L.down, ws.mix.data(), H);
 }
 
 }  // namespace anchorage

@@ -8,8 +8,10 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "engine/compute/cpu/packed_bf16.h"
 #include "engine/core/status.h"
 #include "engine/core/thread_pool.h"
 #include "engine/model/model_config.h"
@@ -27,11 +29,15 @@ enum class LogitsRows { kLast, kAll };
 
 class Forward {
  public:
-  // Checks shapes, rounds F16/F32 matrices to BF16 once (the kernels multiply bf16 weights) and
-  // expands the small tensors to fp32. The weights must outlive the Forward.
+  // Checks shapes, repacks every matrix once into the kernels' layout (F16/F32 rounded to BF16) and
+  // expands the small tensors to fp32. Keeps no pointer into the weights: they may be unmapped after.
   static Result<std::unique_ptr<Forward>> Create(const ModelConfig& config, const ModelWeights& weights,
                                                  const ForwardOptions& options);
   ~Forward();
+
+  // What a cache must match to reuse states: the model's fingerprint and the kernels' arithmetic
+  // (paths that round differently give different bits). Hex sha256.
+  static std::string StateFingerprint(const std::string& model_fingerprint);
 
   // Appends ids at positions state.length().. in chunks that end on multiples of grid_tokens; returns
   // fp32 logits [1, vocab] (kLast) or [ids.size(), vocab] (kAll). On error the state is unchanged.
@@ -47,9 +53,11 @@ class Forward {
   int64_t grid_tokens() const { return options_.grid_tokens; }
   int threads() const { return pool_->size(); }
   ThreadPool& pool() { return *pool_; }
-  // Bytes a prefill call of chunk_tokens allocates at its peak: activations, per-thread weight
-  // tiles and one logits row (the state's K/V growth is the caller's).
+  // Bytes a prefill call of chunk_tokens allocates at its peak: activations and one logits row
+  // (the state's K/V growth is the caller's).
   int64_t PrefillWorkspaceBytes(int64_t chunk_tokens) const;
+  // Bytes of the packed matrices (the bf16 weights, padded to 32 output columns).
+  int64_t packed_bytes() const { return packed_bytes_; }
   // Matrices the checkpoint stored as F16 or F32, held here rounded to BF16.
   int64_t converted_matrices() const { return converted_matrices_; }
   int64_t converted_bytes() const { return converted_bytes_; }
@@ -61,8 +69,8 @@ class Forward {
 
   Forward(const ModelConfig& config, const ForwardOptions& options);
   Status CheckIds(std::span<const int32_t> ids) const;
-  // The bf16 data of a [rows, cols] matrix: the mapped tensor, or a BF16 copy of an F16/F32 one.
-  Result<const uint16_t*> Matrix(const TensorView& t, int64_t rows, int64_t cols, const char* role);
+  // A [rows, cols] matrix repacked for the kernels (F16/F32 rounded to BF16); tied tensors share one.
+  Result<const cpu::PackedBf16*> Matrix(const TensorView& t, int64_t rows, int64_t cols, const char* role);
   // Runs ids[0..n) at positions state.length()..; writes logits of the last row or all rows.
   void RunChunk(SequenceState& state, const int32_t* ids, int64_t n, Mode mode, bool all_rows, float* logits);
   void GdnMixer(const Layer& layer, SequenceState& state, int64_t gdn_index, int64_t n, Mode mode);
@@ -74,13 +82,14 @@ class Forward {
   ForwardOptions options_;
   std::unique_ptr<ThreadPool> pool_;
   std::vector<Layer> layers_;
-  const uint16_t* embed_ = nullptr;    // bf16 [V, H]
-  const uint16_t* lm_head_ = nullptr;  // bf16 [V, H]
+  const cpu::PackedBf16* embed_ = nullptr;    // [V, H]
+  const cpu::PackedBf16* lm_head_ = nullptr;  // [V, H]
   std::vector<float> final_norm_;      // fp32 [H], 1 + w
   std::vector<double> inv_freq_;       // [rotary_dim / 2]
   std::unique_ptr<Workspace> ws_;
-  std::deque<std::vector<uint16_t>> converted_;             // bf16 copies of F16/F32 matrices
-  std::map<const void*, const uint16_t*> converted_index_;  // mapped data -> its copy (tied weights share one)
+  std::deque<cpu::PackedBf16> packed_;                           // every matrix, in the kernels' layout
+  std::map<const void*, const cpu::PackedBf16*> packed_index_;  // mapped data -> its packed copy
+  int64_t packed_bytes_ = 0;
   int64_t converted_matrices_ = 0;
   int64_t converted_bytes_ = 0;
 };

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/compute/cpu/matmul.h"
 #include "engine/server/openai_api.h"
 #include "engine/server/output_parser.h"
 
@@ -157,6 +158,8 @@ void HttpServer::RouteOperations() {
                    {"state", scheduler_.busy() ? "busy" : "idle"},
                    {"queue", scheduler_.queue_depth()},
                    {"fingerprint", model_.fingerprint},
+                   {"state_fingerprint", model_.state_fingerprint},
+                   {"kernel_path", cpu::PathName(cpu::ActivePath())},
                    {"connections", transport_.open_connections()},
                    {"journal", JournalHealthJson()},
                    {"last_request", {{"prompt_tokens", last.prompt_tokens}, {"completion_tokens", last.completion_tokens}}}});

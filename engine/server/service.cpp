@@ -122,6 +122,8 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   forward_options.grid_tokens = config.grid_tokens;
   forward_options.threads = config.threads;
   ASSIGN_OR_RETURN(std::unique_ptr<Forward> forward, Forward::Create(s->model_->config, s->model_->weights, forward_options));
+  s->model_->tensors->DropResidentPages();  // the Forward holds its own packed copy of every matrix
+  s->model_->state_fingerprint = Forward::StateFingerprint(s->model_->fingerprint);
   SchedulerOptions scheduler_options;
   scheduler_options.max_queue = config.max_queue;
   scheduler_options.resident = ResidentOptionsFromSettings(effective);

@@ -153,8 +153,8 @@ int main(int argc, char** argv) {
   auto weights = MapWeights(*config, *set);
   if (!weights.ok()) return Fail(weights.status());
   const ModelConfig& c = *config;
-  std::printf("openblas core: %s, config: %s; mat-vec path: %s\n", openblas_get_corename(), openblas_get_config(),
-              cpu::MatVecPath());
+  std::printf("openblas core (attention and delta rule only): %s; GEMM kernel path: %s (%s)\n", openblas_get_corename(),
+              cpu::PathName(cpu::ActivePath()), cpu::ArithmeticName());
   std::printf("model: H %lld, layers %lld, I %lld, vocab %lld, weights %.1f MiB\n",
               static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_hidden_layers),
               static_cast<long long>(c.intermediate_size), static_cast<long long>(c.vocab_size),
@@ -181,15 +181,16 @@ int main(int argc, char** argv) {
   const double lm_head_elements = static_cast<double>(c.vocab_size * c.hidden_size);
   const double prefill_flops_per_token = 2.0 * (matrix_elements - lm_head_elements);
   const double decode_bytes_per_token = 2.0 * matrix_elements;
-  std::printf("machine: %s (%s family %d model %d); kernel families: %s; mat-vec path %s\n", cpu_features.brand.c_str(),
+  std::printf("machine: %s (%s family %d model %d); kernel families: %s; GEMM path %s\n", cpu_features.brand.c_str(),
               cpu_features.vendor.c_str(), cpu_features.family, cpu_features.model, cpu::DescribeKernelFamilies(cpu_features).c_str(),
-              cpu::MatVecPath());
+              cpu::PathName(cpu::ActivePath()));
   std::printf("limits: fp32 FMA %.1f GFLOP/s a core (%s)", fma_peak, avx512 ? "avx512" : "avx2");
   for (const auto& [t, gbs] : stream) std::printf("; stream read %.1f GB/s with %d thread%s", gbs, t, t == 1 ? "" : "s");
   std::printf("\nper token: %.1f MFLOP in prefill GEMMs, %.1f MiB of bf16 weights read in decode\n", prefill_flops_per_token / 1e6,
               decode_bytes_per_token / (1 << 20));
   report["machine"] = {{"brand", cpu_features.brand}, {"vendor", cpu_features.vendor}, {"family", cpu_features.family}, {"model", cpu_features.model},
-                       {"kernel_families", cpu::DescribeKernelFamilies(cpu_features)}, {"mat_vec_path", cpu::MatVecPath()},
+                       {"kernel_families", cpu::DescribeKernelFamilies(cpu_features)}, {"gemm_path", cpu::PathName(cpu::ActivePath())},
+                       {"arithmetic", cpu::ArithmeticName()},
                        {"openblas_core", openblas_get_corename()}};
   report["limits"] = {{"fma_gflops_per_core", fma_peak}, {"fma_width", avx512 ? "avx512" : "avx2"}};
   for (const auto& [t, gbs] : stream) report["limits"]["stream_gbs"][std::to_string(t)] = gbs;

@@ -1,33 +1,50 @@
-// y = x · Wᵀ with bf16 weights and fp32 activations, deterministic for any thread count.
+// y = x · Wᵀ with packed bf16 weights and fp32 activations, on the kernel path picked at run time.
+// Every path the library has so far computes each output the same way (its k products in index
+// order, one fused multiply-add each), so the bits depend on neither the path, the row count, the
+// thread count nor where a prefill was split.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
+#include "engine/compute/cpu/packed_bf16.h"
+#include "engine/core/status.h"
 #include "engine/core/thread_pool.h"
 
 namespace anchorage::cpu {
 
-// Rows of x at or below this count use the bf16 mat-vec kernel; more rows use OpenBLAS sgemm.
-inline constexpr int64_t kMatVecMaxRows = 8;
-// Output columns per sgemm task; weights of one task are expanded to fp32 into a per-thread buffer.
-inline constexpr int64_t kGemmColumnBlock = 512;
-// Output columns per mat-vec task.
-inline constexpr int64_t kMatVecRowBlock = 64;
+enum class KernelPath {
+  kPortable,     // C++ only, std::fma per lane
+  kAvx2Fma,      // 8 lanes
+  kAvx512F,      // 16 lanes
+  kEmulated16,   // the AVX-512F kernel's lane order in portable C++, for tests on any CPU
+};
 
-// Makes OpenBLAS single-threaded; our tasks are the only parallelism. Idempotent.
+const char* PathName(KernelPath path);
+Result<KernelPath> PathFromName(const std::string& name);
+// The paths this CPU runs, best first (kEmulated16 is never listed: it exists for tests).
+std::vector<KernelPath> AvailablePaths();
+bool PathAvailable(KernelPath path);
+
+// The path MatMulBf16 uses: ANCHORAGE_KERNEL if it names an available path, else the best one.
+KernelPath ActivePath();
+// Tests and benchmarks switch paths; refuses one this CPU cannot run.
+Status SetActivePath(KernelPath path);
+// How the active path rounds: paths with the same name give the same bits (part of the fingerprint).
+const char* ArithmeticName();
+
+// Output columns a task covers, k steps a block, rows a block.
+inline constexpr int64_t kGemmTaskPanels = 4;
+inline constexpr int64_t kGemmKBlock = 256;
+inline constexpr int64_t kGemmRowBlock = 96;
+
+// y fp32 [m, ldy] (first w.rows() columns written) = x fp32 [m, w.cols()] (row stride ldx) · Wᵀ.
+void MatMulBf16(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedBf16& w, float* y, int64_t ldy);
+void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedBf16& w,
+                  float* y, int64_t ldy);
+
+// Makes OpenBLAS single-threaded where the attention and delta-rule kernels still call it. Idempotent.
 void InitBlas();
-
-// y fp32 [m, ldy] (first n columns written) = x fp32 [m, k] (row stride ldx) · w bf16 [n, k]ᵀ.
-// Work is split over fixed blocks of output columns, so every element's bits are independent of
-// pool.size(); the bits can differ between m <= kMatVecMaxRows and larger m.
-void MatMulBf16(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n,
-                int64_t k, float* y, int64_t ldy);
-
-// The same product with the portable mat-vec loop (no SIMD intrinsics); for tests and fallbacks.
-void MatVecBf16Portable(const float* x, int64_t m, int64_t ldx, const uint16_t* w, int64_t n, int64_t k,
-                        float* y, int64_t ldy);
-
-// Name of the mat-vec path compiled in ("avx512" or "portable").
-const char* MatVecPath();
 
 }  // namespace anchorage::cpu

@@ -1,0 +1,64 @@
+// The AVX2 + FMA GEMM path: 8 fp32 lanes; a 32-byte load of 16 bf16 slots gives two vectors.
+#include <immintrin.h>
+
+#include <cstring>
+
+// Everything included before the pragma keeps the baseline target; the tile below it takes the path's.
+#include "engine/compute/cpu/gemm_block.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+
+#include "engine/compute/cpu/gemm_tile.h"
+
+namespace anchorage::cpu {
+namespace {
+
+struct Avx2Lanes {
+  static constexpr int kLanes = 8;
+  static constexpr int kRowTile = 6;
+  static constexpr int kFewRows = 2;
+  static constexpr int kFewRowsSegments = 2;
+  using F = __m256;
+  static F Zero() { return _mm256_setzero_ps(); }
+  static F Broadcast(float s) { return _mm256_set1_ps(s); }
+  static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  // lo is columns 0..7 of the segment, hi columns 8..15.
+  static void LoadW(const uint16_t* p, F& lo, F& hi) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    lo = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    hi = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  static void LoadOut(const float* y, int cols, F& lo, F& hi) {
+    if (cols == 16) {
+      lo = _mm256_loadu_ps(y);
+      hi = _mm256_loadu_ps(y + 8);
+      return;
+    }
+    alignas(32) float t[16] = {};
+    std::memcpy(t, y, static_cast<size_t>(cols) * sizeof(float));
+    lo = _mm256_load_ps(t);
+    hi = _mm256_load_ps(t + 8);
+  }
+  static void StoreOut(float* y, int cols, F lo, F hi) {
+    if (cols == 16) {
+      _mm256_storeu_ps(y, lo);
+      _mm256_storeu_ps(y + 8, hi);
+      return;
+    }
+    alignas(32) float t[16];
+    _mm256_store_ps(t, lo);
+    _mm256_store_ps(t + 8, hi);
+    std::memcpy(y, t, static_cast<size_t>(cols) * sizeof(float));
+  }
+};
+
+void Run(const GemmBlock& b) { RunGemmBlock<Avx2Lanes>(b); }
+
+}  // namespace
+
+#pragma GCC pop_options
+
+void GemmBlockAvx2(const GemmBlock& b) { Run(b); }
+
+}  // namespace anchorage::cpu

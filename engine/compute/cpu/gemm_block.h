@@ -1,0 +1,32 @@
+// What a GEMM kernel path is called with, and the paths' entry points (one file each).
+#pragma once
+
+#include <cstdint>
+
+#include "engine/compute/cpu/packed_bf16.h"
+
+namespace anchorage::cpu {
+
+// One call of a path's kernel: rows of x against a group of consecutive super-panels, k in [k0, k1).
+struct GemmBlock {
+  const float* x = nullptr;  // row 0, column 0 of the rows; row stride ldx
+  int64_t ldx = 0;
+  int64_t rows = 0;
+  const uint16_t* panels = nullptr;  // the group's first super-panel; the next one starts k * 32 slots on
+  int64_t panel_count = 0;
+  int64_t k = 0;
+  int64_t k0 = 0, k1 = 0;
+  int64_t cols = 0;  // valid output columns from the group's first (the rest are padding)
+  float* y = nullptr;  // output column of the group's first, row 0; row stride ldy
+  int64_t ldy = 0;
+  bool accumulate = false;  // continue from the partial sums in y (k0 > 0)
+};
+
+// The kernels of each path (one file each); the emulated one runs the 16-lane kernel's arithmetic
+// and lane order in portable C++, so tests check that kernel's logic on any CPU.
+void GemmBlockPortable(const GemmBlock& b);
+void GemmBlockEmulated16(const GemmBlock& b);
+void GemmBlockAvx2(const GemmBlock& b);
+void GemmBlockAvx512(const GemmBlock& b);
+
+}  // namespace anchorage::cpu

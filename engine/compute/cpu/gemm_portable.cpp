@@ -1,0 +1,61 @@
+// The portable GEMM path, and the 16-lane kernel's arithmetic emulated for tests: arrays of lanes,
+// one std::fma each.
+#include <cmath>
+#include <cstring>
+
+#include "engine/compute/cpu/gemm_tile.h"
+#include "engine/core/bf16.h"
+
+namespace anchorage::cpu {
+namespace {
+
+// A vector pair of L lanes over 2L slots: word i (slots 2i, 2i + 1) gives lane i of lo and of hi.
+template <int L, int RowTile, int FewRows, int FewRowsSegments>
+struct LaneArrays {
+  static constexpr int kLanes = L;
+  static constexpr int kRowTile = RowTile;
+  static constexpr int kFewRows = FewRows;
+  static constexpr int kFewRowsSegments = FewRowsSegments;
+  struct F {
+    float v[L];
+  };
+  // Slot 2i of the segment is column LoColumn(i), slot 2i + 1 is HiColumn(i) (see PackedBf16).
+  static int LoColumn(int i) { return (i / 8) * 16 + i % 8; }
+  static int HiColumn(int i) { return (i / 8) * 16 + 8 + i % 8; }
+  static F Zero() { return F{}; }
+  static F Broadcast(float s) {
+    F f;
+    for (int l = 0; l < L; ++l) f.v[l] = s;
+    return f;
+  }
+  static F Fma(const F& a, const F& b, F c) {
+    for (int l = 0; l < L; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
+    return c;
+  }
+  static void LoadW(const uint16_t* p, F& lo, F& hi) {
+    for (int i = 0; i < L; ++i) {
+      lo.v[i] = Bf16ToFloat(p[2 * i]);
+      hi.v[i] = Bf16ToFloat(p[2 * i + 1]);
+    }
+  }
+  static void LoadOut(const float* y, int cols, F& lo, F& hi) {
+    for (int i = 0; i < L; ++i) {
+      lo.v[i] = LoColumn(i) < cols ? y[LoColumn(i)] : 0.0f;
+      hi.v[i] = HiColumn(i) < cols ? y[HiColumn(i)] : 0.0f;
+    }
+  }
+  static void StoreOut(float* y, int cols, const F& lo, const F& hi) {
+    for (int i = 0; i < L; ++i) {
+      if (LoColumn(i) < cols) y[LoColumn(i)] = lo.v[i];
+      if (HiColumn(i) < cols) y[HiColumn(i)] = hi.v[i];
+    }
+  }
+};
+
+}  // namespace
+
+void GemmBlockPortable(const GemmBlock& b) { RunGemmBlock<LaneArrays<8, 4, 2, 2>>(b); }
+
+void GemmBlockEmulated16(const GemmBlock& b) { RunGemmBlock<LaneArrays<16, 12, 2, 4>>(b); }
+
+}  // namespace anchorage::cpu

@@ -1,0 +1,96 @@
+// The one bf16 GEMM tile every fp32 kernel path instantiates with its own vector type, compiled in
+// each path's file under that path's target. Each output starts at 0 (or its stored partial) and takes its k products in index order, one fused
+// multiply-add each, so every path, row count, block split and thread count gives the same bits.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/compute/cpu/gemm_block.h"
+
+namespace anchorage::cpu {
+
+namespace {
+
+// Segments are the slot runs one vector pair covers: 2 * V::kLanes slots of a k row.
+inline constexpr int kMaxSegments = 16;
+
+template <class V, int R, int S>
+inline void Tile(const float* x, int64_t ldx, const uint16_t* const* w, float* const* y, const int* cols, int64_t ldy,
+                 int64_t steps, bool accumulate) {
+  using F = typename V::F;
+  F lo[R][S], hi[R][S];
+  for (int r = 0; r < R; ++r)
+    for (int s = 0; s < S; ++s) {
+      if (accumulate) {
+        V::LoadOut(y[s] + r * ldy, cols[s], lo[r][s], hi[r][s]);
+      } else {
+        lo[r][s] = V::Zero();
+        hi[r][s] = V::Zero();
+      }
+    }
+  for (int64_t t = 0; t < steps; ++t) {
+    for (int s = 0; s < S; ++s) {
+      F wl, wh;
+      V::LoadW(w[s] + t * kPanelColumns, wl, wh);
+      for (int r = 0; r < R; ++r) {
+        const F b = V::Broadcast(x[r * ldx + t]);
+        lo[r][s] = V::Fma(b, wl, lo[r][s]);
+        hi[r][s] = V::Fma(b, wh, hi[r][s]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int s = 0; s < S; ++s) V::StoreOut(y[s] + r * ldy, cols[s], lo[r][s], hi[r][s]);
+}
+
+// Tile<V, rows, S> for a run-time row count in [R, MaxR].
+template <class V, int S, int MaxR, int R = 1>
+inline void TileRows(int rows, const float* x, int64_t ldx, const uint16_t* const* w, float* const* y, const int* cols,
+                     int64_t ldy, int64_t steps, bool accumulate) {
+  if constexpr (R <= MaxR) {
+    if (rows == R) return Tile<V, R, S>(x, ldx, w, y, cols, ldy, steps, accumulate);
+    return TileRows<V, S, MaxR, R + 1>(rows, x, ldx, w, y, cols, ldy, steps, accumulate);
+  }
+}
+
+// V::kRowTile rows a tile for many rows; up to V::kFewRows rows take V::kFewRowsSegments segments at
+// once, so decode keeps enough independent sums in flight.
+template <class V>
+inline void RunGemmBlock(const GemmBlock& b) {
+  constexpr int kSegmentSlots = 2 * V::kLanes;
+  constexpr int kPerPanel = static_cast<int>(kPanelColumns) / kSegmentSlots;
+  const uint16_t* w[kMaxSegments];
+  float* y[kMaxSegments];
+  int cols[kMaxSegments];
+  int segments = 0;
+  for (int64_t p = 0; p < b.panel_count; ++p)
+    for (int h = 0; h < kPerPanel && segments < kMaxSegments; ++h) {
+      const int64_t first = p * kPanelColumns + h * kSegmentSlots;
+      if (first >= b.cols) break;
+      w[segments] = b.panels + p * b.k * kPanelColumns + h * kSegmentSlots + b.k0 * kPanelColumns;
+      y[segments] = b.y + first;
+      cols[segments] = static_cast<int>(b.cols - first < kSegmentSlots ? b.cols - first : kSegmentSlots);
+      ++segments;
+    }
+  const int64_t steps = b.k1 - b.k0;
+  const float* x = b.x + b.k0;
+  if (b.rows <= V::kFewRows) {
+    const int rows = static_cast<int>(b.rows);
+    int s = 0;
+    for (; s + V::kFewRowsSegments <= segments; s += V::kFewRowsSegments)
+      TileRows<V, V::kFewRowsSegments, V::kFewRows>(rows, x, b.ldx, w + s, y + s, cols + s, b.ldy, steps, b.accumulate);
+    for (; s < segments; ++s) TileRows<V, 1, V::kFewRows>(rows, x, b.ldx, w + s, y + s, cols + s, b.ldy, steps, b.accumulate);
+    return;
+  }
+  for (int64_t r0 = 0; r0 < b.rows; r0 += V::kRowTile) {
+    const int rows = static_cast<int>(b.rows - r0 < V::kRowTile ? b.rows - r0 : V::kRowTile);
+    for (int s = 0; s < segments; ++s) {
+      float* ys = y[s] + r0 * b.ldy;
+      TileRows<V, 1, V::kRowTile>(rows, x + r0 * b.ldx, b.ldx, w + s, &ys, cols + s, b.ldy, steps, b.accumulate);
+    }
+  }
+}
+
+}  // namespace
+
+}  // namespace anchorage::cpu

@@ -1,0 +1,66 @@
+#include "engine/compute/cpu/packed_bf16.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "engine/core/bf16.h"
+
+namespace anchorage::cpu {
+
+void PackedBf16::Free::operator()(uint16_t* p) const { std::free(p); }
+
+int64_t PackedBf16::SlotOf(int64_t c) {
+  const int64_t half = c / 16, within = c % 16;
+  return half * 16 + (within < 8 ? 2 * within : 2 * (within - 8) + 1);
+}
+
+namespace {
+
+// Fills m's panels in panel order (sequential writes), reading element(j, i) for j < n.
+template <typename Element>
+void FillPanels(int64_t n, int64_t k, uint16_t* data, const Element& element) {
+  int64_t slot[kPanelColumns];
+  for (int64_t c = 0; c < kPanelColumns; ++c) slot[c] = PackedBf16::SlotOf(c);
+  for (int64_t j0 = 0; j0 < n; j0 += kPanelColumns) {
+    uint16_t* panel = data + j0 * k;
+    const int64_t width = n - j0 < kPanelColumns ? n - j0 : kPanelColumns;
+    for (int64_t i = 0; i < k; ++i)
+      for (int64_t c = 0; c < width; ++c) panel[i * kPanelColumns + slot[c]] = element(j0 + c, i);
+  }
+}
+
+}  // namespace
+
+PackedBf16 PackedBf16::Allocate(int64_t n, int64_t k) {
+  PackedBf16 m;
+  m.n_ = n;
+  m.k_ = k;
+  const size_t bytes = std::max<size_t>(64, (static_cast<size_t>(m.bytes()) + 63) / 64 * 64);
+  m.data_.reset(static_cast<uint16_t*>(std::aligned_alloc(64, bytes)));
+  std::memset(m.data_.get(), 0, bytes);
+  return m;
+}
+
+PackedBf16 PackedBf16::Pack(int64_t n, int64_t k, const std::function<uint16_t(int64_t, int64_t)>& element) {
+  PackedBf16 m = Allocate(n, k);
+  FillPanels(n, k, m.data_.get(), element);
+  return m;
+}
+
+PackedBf16 PackedBf16::FromRowMajor(const uint16_t* w, int64_t n, int64_t k) {
+  PackedBf16 m = Allocate(n, k);
+  FillPanels(n, k, m.data_.get(), [w, k](int64_t j, int64_t i) { return w[j * k + i]; });
+  return m;
+}
+
+uint16_t PackedBf16::At(int64_t j, int64_t i) const {
+  return panel(j / kPanelColumns)[i * kPanelColumns + SlotOf(j % kPanelColumns)];
+}
+
+void PackedBf16::RowToFloat(int64_t j, float* out) const {
+  const uint16_t* base = panel(j / kPanelColumns) + SlotOf(j % kPanelColumns);
+  for (int64_t i = 0; i < k_; ++i) out[i] = Bf16ToFloat(base[i * kPanelColumns]);
+}
+
+}  // namespace anchorage::cpu

@@ -1,0 +1,45 @@
+// A bf16 weight matrix W [n, k] repacked once for y = x · Wᵀ: super-panels of 32 output columns.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+namespace anchorage::cpu {
+
+// Output columns in one super-panel; every kernel path reads this one layout.
+inline constexpr int64_t kPanelColumns = 32;
+
+// Super-panel p holds columns [32p, 32p + 32) as k rows of 32 slots (64 bytes, one cache line):
+// slots [16h, 16h + 16) hold the columns 32p + 16h + c; slot 2i is column i, slot 2i + 1 column 8 + i,
+// so one 32-bit word carries columns i and 8 + i and a shift or a mask turns either into fp32.
+// Columns past n are zero.
+class PackedBf16 {
+ public:
+  PackedBf16() = default;
+  // element(j, i) gives W[j][i] as bf16 bits for j < n, i < k.
+  static PackedBf16 Pack(int64_t n, int64_t k, const std::function<uint16_t(int64_t j, int64_t i)>& element);
+  static PackedBf16 FromRowMajor(const uint16_t* w, int64_t n, int64_t k);
+
+  int64_t rows() const { return n_; }  // output columns of the product
+  int64_t cols() const { return k_; }  // the reduction length
+  int64_t panels() const { return (n_ + kPanelColumns - 1) / kPanelColumns; }
+  int64_t bytes() const { return panels() * kPanelColumns * k_ * 2; }
+  const uint16_t* panel(int64_t p) const { return data_.get() + p * kPanelColumns * k_; }
+  // W[j][i] as bf16 bits, and row j of W widened to fp32 (the embedding lookup).
+  uint16_t At(int64_t j, int64_t i) const;
+  void RowToFloat(int64_t j, float* out) const;
+  bool empty() const { return n_ == 0; }
+
+  static int64_t SlotOf(int64_t column_in_panel);
+
+ private:
+  static PackedBf16 Allocate(int64_t n, int64_t k);
+  struct Free {
+    void operator()(uint16_t* p) const;
+  };
+  int64_t n_ = 0, k_ = 0;
+  std::unique_ptr<uint16_t[], Free> data_;
+};
+
+}  // namespace anchorage::cpu
