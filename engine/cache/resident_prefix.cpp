@@ -8,6 +8,20 @@ namespace anchorage {
 
 namespace {
 
+// Where the prompt's last user message starts (its <|im_start|>), tool responses left out; -1 if none.
+int64_t LastUserMessageStart(const Tokenizer* tokenizer, const std::vector<int32_t>& ids) {
+  if (tokenizer == nullptr) return -1;
+  const std::optional<int32_t> im_start = tokenizer->TokenId("<|im_start|>");
+  if (!im_start) return -1;
+  for (int64_t i = static_cast<int64_t>(ids.size()) - 1; i >= 0; --i) {
+    if (ids[i] != *im_start) continue;
+    const auto end = ids.begin() + std::min<int64_t>(static_cast<int64_t>(ids.size()), i + 6);
+    const std::string head = tokenizer->Decode(std::vector<int32_t>(ids.begin() + i + 1, end));
+    if (head.starts_with("user\n") && !head.substr(5).starts_with("<tool_response>")) return i;
+  }
+  return -1;
+}
+
 // Drops the regions at or above limit and cuts the one that straddles it.
 void ClipRegions(std::vector<TokenRegion>& regions, int64_t limit) {
   regions.erase(std::remove_if(regions.begin(), regions.end(), [&](const TokenRegion& r) { return r.first >= limit; }), regions.end());
@@ -258,19 +272,38 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
   return Status::Ok();
 }
 
+int64_t ResidentPrefix::PrefillUpto(const ResumeInfo& info) const {
+  const int64_t n = static_cast<int64_t>(info.served_prompt.size());
+  const int64_t line = info.guest ? forward_.grid_tokens() : kExactLineTokens;
+  return (n - 1) / line * line;
+}
+
+std::vector<int64_t> ResidentPrefix::AnchorLines(const std::vector<int32_t>& prompt) const {
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  std::vector<int64_t> lines;
+  if (const int64_t user = LastUserMessageStart(tokenizer_, prompt); user >= kExactLineTokens)
+    lines.push_back(user / kExactLineTokens * kExactLineTokens);
+  if (const int64_t end = (n - 1) / kExactLineTokens * kExactLineTokens; end > 0 && (lines.empty() || lines.back() != end))
+    lines.push_back(end);
+  return lines;
+}
+
 Status ResidentPrefix::PrefillRange(ResumeInfo& info, int64_t upto, bool take_anchors) {
   const int64_t G = forward_.grid_tokens();
   const int64_t evictions_before = anchors_.evictions();
+  const std::vector<int64_t> lines = take_anchors ? AnchorLines(info.served_prompt) : std::vector<int64_t>{};
   int64_t written = 0, last_line = 0;
   while (state_.length() < upto) {
     const int64_t at = state_.length();
-    const int64_t next = std::min(upto, (at / G + 1) * G);
+    int64_t next = std::min(upto, (at / G + 1) * G);
+    for (int64_t line : lines)
+      if (line > at && line < next) next = line;
     std::span<const int32_t> ids(info.served_prompt.data() + at, static_cast<size_t>(next - at));
     auto logits = forward_.Prefill(state_, ids, LogitsRows::kLast);
     if (!logits.ok()) return logits.status();
     if (take_anchors) {
       rows_.insert(rows_.end(), ids.begin(), ids.end());
-      if (state_.length() % G == 0) {
+      if (state_.length() % G == 0 || std::find(lines.begin(), lines.end(), state_.length()) != lines.end()) {
         anchors_.Put(state_.SaveAnchor());
         ++written;
         last_line = state_.length();
@@ -473,8 +506,7 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
   ResumeInfo& info = plan.info;
   if (on_admitted) on_admitted(info);
   const int64_t n = static_cast<int64_t>(info.served_prompt.size());
-  const int64_t G = forward_.grid_tokens();
-  Status prefilled = PrefillRange(info, std::max(state_.length(), (n - 1) / G * G), !info.guest);
+  Status prefilled = PrefillRange(info, std::max(state_.length(), PrefillUpto(info)), !info.guest);
   if (!prefilled.ok()) {
     if (info.guest) FinishGuest();
     return prefilled;
@@ -508,7 +540,7 @@ Result<std::vector<float>> ResidentPrefix::Prefill(const CacheRequest& request, 
   ResumeInfo& info = plan.info;
   const int64_t n = static_cast<int64_t>(info.served_prompt.size());
   const int64_t G = forward_.grid_tokens();
-  RETURN_IF_ERROR(PrefillRange(info, std::max(state_.length(), (n - 1) / G * G), !info.guest));
+  RETURN_IF_ERROR(PrefillRange(info, std::max(state_.length(), PrefillUpto(info)), !info.guest));
   const int64_t start = state_.length();
   auto logits = forward_.Prefill(state_, std::span<const int32_t>(info.served_prompt.data() + start, static_cast<size_t>(n - start)));
   if (info.guest) {

@@ -137,7 +137,13 @@ class ResidentPrefix {
   };
   Plan MakePlan(const CacheRequest& request) const;
   Status Apply(const CacheRequest& request, Plan& plan);
+  // The grid-split prefill of served_prompt up to `upto`, with anchors at grid lines and AnchorLines.
   Status PrefillRange(ResumeInfo& info, int64_t upto, bool take_anchors);
+  // Where the anchored prefill stops: the last exact line below the prompt's end (the grid line for a guest).
+  int64_t PrefillUpto(const ResumeInfo& info) const;
+  // The lines besides the grid's that get anchors: the last exact line at or below the start of the
+  // last user message (clients rewrite it) and the last one below the prompt's end.
+  std::vector<int64_t> AnchorLines(const std::vector<int32_t>& prompt) const;
   void KeepEnd(const ResumeInfo& info, int64_t forwarded_generated, const std::vector<int32_t>& generated);
   void FinishGuest();
   // Gives back caches, cheapest first (store, anchors, end, stash, park, pin), until EngineBytes()

@@ -111,7 +111,8 @@ Result<const cpu::PackedBf16*> Forward::Matrix(const TensorView& t, int64_t rows
 
 Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const ModelWeights& w,
                                                  const ForwardOptions& options) {
-  if (options.grid_tokens <= 0 || options.grid_tokens % cpu::kDeltaChunkTokens != 0)
+  static_assert(kExactLineTokens == cpu::kDeltaChunkTokens);
+  if (options.grid_tokens <= 0 || options.grid_tokens % kExactLineTokens != 0)
     return InvalidArgument("Forward: grid_tokens " + std::to_string(options.grid_tokens) +
                            " is not a positive multiple of 64");
   if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers ||

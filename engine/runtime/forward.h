@@ -20,6 +20,10 @@
 
 namespace anchorage {
 
+// A prefill resumed from the state at any multiple of this writes a cold prefill's bits: the
+// delta rule's chunks sit on absolute multiples of it and every other kernel is row-invariant.
+inline constexpr int64_t kExactLineTokens = 64;
+
 struct ForwardOptions {
   int64_t grid_tokens = 1024;  // prefill chunk G; a positive multiple of 64
   int threads = 0;             // worker threads including the caller; 0 means the machine's cores

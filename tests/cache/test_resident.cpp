@@ -145,6 +145,49 @@ class TestResident : public QObject {
     QVERIFY(forward1_ && forward2_);
   }
 
+  // With a 1,024-token grid, a 700-token prompt has no grid line below its end: the anchors at the
+  // last 64-line below the end and below the last user message's start are what later turns resume at.
+  void exactLineAnchorsBetweenGridLines() {
+    ForwardOptions o;
+    o.grid_tokens = 1024;
+    o.threads = 2;
+    auto forward = Forward::Create(model_->config, model_->weights, o);
+    QVERIFY(forward.ok());
+    ResidentPrefix rp(**forward, &model_->tokenizer, ResidentOptions{});
+    ResumeInfo info;
+    const auto a = Tokens(21, 700, vocab_);
+    QVERIFY(rp.Prefill({a, "s", 0}, &info).ok());
+    QCOMPARE(rp.anchors().lengths(), std::vector<int64_t>{640});
+    const auto b = Concat(Head(a, 650), Tokens(22, 40, vocab_));
+    auto l = rp.Prefill({b, "s", 0}, &info);
+    QVERIFY(l.ok());
+    QCOMPARE(info.source, CacheSource::kResident);
+    QCOMPARE(info.cached_tokens, int64_t(640));
+    QCOMPARE(info.reread_tokens, int64_t(690 - 640));
+    ExpectColdEqual(**forward, rp, *l, b);
+
+    // A chat: the last user message starts past token 300; a client that rewrites that message
+    // resumes at the 64-line below its start, not at 0.
+    auto encode = [&](const std::string& text) { return *model_->tokenizer.Encode(text); };
+    std::string system = "<|im_start|>system\n";
+    for (int i = 0; i < 60; ++i) system += "rule " + std::to_string(i) + " keeps the tools honest. ";
+    const std::string head = system + "<|im_end|>\n<|im_start|>user\nfirst question<|im_end|>\n<|im_start|>assistant\nan answer<|im_end|>\n";
+    const auto before_user = encode(head);
+    QVERIFY(before_user.size() > 300);
+    const auto turn = encode(head + "<|im_start|>user\n<tool_response>\nignored\n</tool_response><|im_end|>\n<|im_start|>user\nplease fix the tests, today is Monday<|im_end|>\n<|im_start|>assistant\n");
+    const auto tool_part = encode("<|im_start|>user\n<tool_response>\nignored\n</tool_response><|im_end|>\n");
+    const int64_t user_start = static_cast<int64_t>(before_user.size() + tool_part.size());
+    QVERIFY(rp.Prefill({turn, "c", 0}, &info).ok());
+    const auto lines = rp.anchors().lengths();
+    QVERIFY2(std::find(lines.begin(), lines.end(), user_start / 64 * 64) != lines.end(),
+             qPrintable(QString("no anchor at %1 below the user message at %2").arg(user_start / 64 * 64).arg(user_start)));
+    const auto rewritten = encode(head + "<|im_start|>user\n<tool_response>\nignored\n</tool_response><|im_end|>\n<|im_start|>user\nplease fix the tests<|im_end|>\n<|im_start|>assistant\n");
+    l = rp.Prefill({rewritten, "c", 0}, &info);
+    QVERIFY(l.ok());
+    QCOMPARE(info.cached_tokens, user_start / 64 * 64);
+    ExpectColdEqual(**forward, rp, *l, rewritten);
+  }
+
   void everyResumeIsBitExactWithOneAndTwoThreads() {
     std::vector<std::vector<float>> one, two;
     RunAllResumes(*forward1_, &one);

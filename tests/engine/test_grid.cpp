@@ -5,6 +5,7 @@
 #include <cstring>
 #include <random>
 
+#include "engine/compute/cpu/matmul.h"
 #include "engine/runtime/forward.h"
 #include "test_runtime_util.h"
 
@@ -165,6 +166,49 @@ class TestGrid : public QObject {
     wrong.begin = 0;
     wrong.end = 2;
     QVERIFY(!grown.WriteRows(wrong).ok());
+  }
+
+  // The 64-line contract: a prefill resumed from the state at any multiple of 64 writes what a cold
+  // prefill of the whole prompt writes (state, K/V rows, last logits), on every kernel path the CPU
+  // has, with 1 and 2 threads, and decode then continues identically.
+  void resumeAtEvery64LineEqualsCold_data() {
+    QTest::addColumn<int>("path");
+    QTest::addColumn<int>("threads");
+    for (cpu::KernelPath path : {cpu::KernelPath::kPortable, cpu::KernelPath::kAvx2Fma, cpu::KernelPath::kAvx512F})
+      for (int threads : {1, 2}) QTest::addRow("%s, %d thread(s)", cpu::PathName(path), threads) << int(path) << threads;
+  }
+  void resumeAtEvery64LineEqualsCold() {
+    QFETCH(int, path);
+    QFETCH(int, threads);
+    const auto kernel = static_cast<cpu::KernelPath>(path);
+    if (!cpu::PathAvailable(kernel)) QSKIP(qPrintable(QString("this CPU cannot run the %1 kernels").arg(cpu::PathName(kernel))));
+    const cpu::KernelPath before = cpu::ActivePath();
+    QVERIFY(cpu::SetActivePath(kernel).ok());
+    auto f = Make(1024, threads);
+    QVERIFY(f);
+    const auto ids = RandomIds(700, model_->config.vocab_size, 23u);
+    SequenceState cold(model_->config);
+    auto cold_logits = f->Prefill(cold, ids);
+    QVERIFY(cold_logits.ok());
+    auto cold_next = f->Decode(cold, ids[5]);
+    QVERIFY(cold_next.ok());
+    for (int64_t line = 64; line < 700; line += 64) {
+      SequenceState head(model_->config);
+      QVERIFY(f->Prefill(head, std::span(ids.data(), size_t(line))).ok());
+      SequenceState warm(model_->config);
+      auto rows = head.CopyRows(0, line);
+      QVERIFY(rows.ok());
+      QVERIFY(warm.WriteRows(*rows).ok());
+      QVERIFY(warm.RestoreAnchor(head.SaveAnchor()).ok());
+      auto warm_logits = f->Prefill(warm, std::span(ids.data() + line, size_t(700 - line)));
+      QVERIFY(warm_logits.ok());
+      QVERIFY2(BitEqual(*cold_logits, *warm_logits), qPrintable(QString("logits differ after resuming at %1").arg(line)));
+      auto warm_next = f->Decode(warm, ids[5]);
+      QVERIFY(warm_next.ok());
+      QVERIFY2(BitEqual(*cold_next, *warm_next), qPrintable(QString("decode differs after resuming at %1").arg(line)));
+      QVERIFY2(cold.BitEqual(warm), qPrintable(QString("state differs after resuming at %1").arg(line)));
+    }
+    QVERIFY(cpu::SetActivePath(before).ok());
   }
 
   void byteCounts() {
