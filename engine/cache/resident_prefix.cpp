@@ -255,8 +255,8 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
     anchors_.DropAbove(r);
     end_.reset();
     if (taint_row_ >= r) taint_row_ = kNoTaintRow;  // every row left is a cold prefill's
-    // A prefill resumed off the grid runs other chunks than a cold one: what it writes is tainted.
-    if (r % forward_.grid_tokens() != 0) taint_row_ = std::min(taint_row_, r);
+    // A prefill resumed off a 64-line runs other delta-rule chunks than a cold one: what it writes is tainted.
+    if (r % kExactLineTokens != 0) taint_row_ = std::min(taint_row_, r);
     session_ = request.session;
   }
   if (info.source != CacheSource::kCold)

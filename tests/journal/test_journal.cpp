@@ -520,7 +520,8 @@ class TestJournal : public QObject {
       QCOMPARE(j->Stats()->failed_rows, int64_t{3});
       // The health view keeps it for /health and the console's status bar.
       const Journal::Health health = j->health();
-      QCOMPARE(health.errors, int64_t{1});
+      // One error a failed batch: the writer may have taken the three rows in one, two or three batches.
+      QVERIFY2(health.errors >= 1 && health.errors <= 3, qPrintable(QString::number(health.errors)));
       QCOMPARE(health.failed_rows, int64_t{3});
       QVERIFY2(health.last_error.find("database is locked") != std::string::npos, health.last_error.c_str());
     }

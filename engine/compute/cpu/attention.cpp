@@ -1,19 +1,17 @@
 #include "engine/compute/cpu/attention.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "engine/compute/cpu/fp32_block.h"
 #include "engine/compute/cpu/matmul.h"
-#include "engine/compute/cpu/vec.h"
 
 namespace anchorage::cpu {
 namespace {
 
-// Softmax of p[0..valid) in place (max, exp, sum, divide in index order); zeroes p[valid..len).
-void SoftmaxPrefix(float* p, int64_t valid, int64_t len) {
+// Softmax of p[0..valid) in place (max, exp, sum, divide in index order).
+void SoftmaxPrefix(float* p, int64_t valid) {
   float mx = p[0];
   for (int64_t l = 1; l < valid; ++l) mx = std::max(mx, p[l]);
   float sum = 0.0f;
@@ -23,7 +21,100 @@ void SoftmaxPrefix(float* p, int64_t valid, int64_t len) {
   }
   const float inv = 1.0f / sum;
   for (int64_t l = 0; l < valid; ++l) p[l] *= inv;
-  for (int64_t l = valid; l < len; ++l) p[l] = 0.0f;
+}
+
+// Query rows stacked per block: stacked row i = r * group + g is query row r of head g of the group.
+// Every stacked row's bits depend only on its own query, its position and the keys it sees.
+void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const float* q, int64_t q_stride,
+                 int64_t q_head_stride, int64_t t0, int64_t m, int64_t pos0, int64_t kvh, const float* k, const float* v,
+                 int64_t kv_stride, float* out, int64_t out_stride) {
+  const int64_t group = shape.num_heads / shape.num_kv_heads;
+  const int64_t hd = shape.head_dim;
+  const int64_t first = pos0 + t0;    // position of the block's first row
+  const int64_t len = first + m;      // keys the last row sees
+  const int64_t stacked = group * m;
+  thread_local std::vector<float> qs, scores, os;
+  if (qs.size() < static_cast<size_t>(stacked * hd)) qs.resize(static_cast<size_t>(stacked * hd));
+  if (os.size() < static_cast<size_t>(stacked * hd)) os.resize(static_cast<size_t>(stacked * hd));
+  if (scores.size() < static_cast<size_t>(stacked * len)) scores.resize(static_cast<size_t>(stacked * len));
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t g = 0; g < group; ++g)
+      std::copy_n(q + (t0 + r) * q_stride + (kvh * group + g) * q_head_stride, hd, qs.data() + (r * group + g) * hd);
+  // Keys go in blocks that stay in cache. Query row r sees keys 0..first + r: in a block [l0, l1)
+  // the rows from full_row on see every key, the rows from band_row to full_row some of them.
+  const auto rows_of = [&](int64_t l0, int64_t l1) {
+    const int64_t band_row = std::clamp<int64_t>(l0 - first, 0, m), full_row = std::clamp<int64_t>(l1 - 1 - first, 0, m);
+    return std::pair<int64_t, int64_t>{band_row, full_row};
+  };
+  // The block's keys transposed and its values, both in panels of 32 columns (see RowsTimesArgs).
+  const int64_t key_panels = (kAttentionKeyBlock + kF32PanelColumns - 1) / kF32PanelColumns;
+  const int64_t value_panels = (hd + kF32PanelColumns - 1) / kF32PanelColumns;
+  thread_local std::vector<float> kt, vp;
+  if (kt.size() < static_cast<size_t>(key_panels * hd * kF32PanelColumns)) kt.resize(static_cast<size_t>(key_panels * hd * kF32PanelColumns));
+  if (vp.size() < static_cast<size_t>(value_panels * kAttentionKeyBlock * kF32PanelColumns))
+    vp.resize(static_cast<size_t>(value_panels * kAttentionKeyBlock * kF32PanelColumns));
+  for (int64_t l0 = 0; l0 < len; l0 += kAttentionKeyBlock) {
+    const int64_t l1 = std::min(len, l0 + kAttentionKeyBlock);
+    const auto [band_row, full_row] = rows_of(l0, l1);
+    for (int64_t l = l0; l < l1; ++l) {
+      const float* key = k + l * kv_stride + kvh * hd;
+      float* column = kt.data() + ((l - l0) / kF32PanelColumns) * hd * kF32PanelColumns + (l - l0) % kF32PanelColumns;
+      for (int64_t e = 0; e < hd; ++e) column[e * kF32PanelColumns] = key[e];
+    }
+    const auto score = [&](int64_t i, int64_t rows, int64_t keys) {
+      RowsTimesArgs p;
+      p.a = qs.data() + i * hd;
+      p.lda = hd;
+      p.rows = rows;
+      p.b = kt.data();
+      p.ldb = kF32PanelColumns;
+      p.b_panel_stride = hd * kF32PanelColumns;
+      p.k = hd;
+      p.cols = keys;
+      p.y = scores.data() + i * len + l0;
+      p.ldy = len;
+      kernels.rows_times(p);
+    };
+    if (full_row < m) score(full_row * group, stacked - full_row * group, l1 - l0);
+    for (int64_t r = band_row; r < full_row; ++r) score(r * group, group, first + r + 1 - l0);
+  }
+  for (int64_t i = 0; i < stacked; ++i) {
+    float* row = scores.data() + i * len;
+    const int64_t valid = first + i / group + 1;
+    for (int64_t l = 0; l < valid; ++l) row[l] *= shape.scale;
+    SoftmaxPrefix(row, valid);
+  }
+  // Values, block by block: each row's sum goes on from its partial sums, keys in index order.
+  for (int64_t l0 = 0; l0 < len; l0 += kAttentionKeyBlock) {
+    const int64_t l1 = std::min(len, l0 + kAttentionKeyBlock);
+    const auto [band_row, full_row] = rows_of(l0, l1);
+    for (int64_t l = l0; l < l1; ++l) {
+      const float* value = v + l * kv_stride + kvh * hd;
+      for (int64_t c0 = 0; c0 < hd; c0 += kF32PanelColumns)
+        std::copy_n(value + c0, std::min(kF32PanelColumns, hd - c0),
+                    vp.data() + (c0 / kF32PanelColumns) * kAttentionKeyBlock * kF32PanelColumns + (l - l0) * kF32PanelColumns);
+    }
+    const auto values = [&](int64_t i, int64_t rows, int64_t keys) {
+      RowsTimesArgs p;
+      p.a = scores.data() + i * len + l0;
+      p.lda = len;
+      p.rows = rows;
+      p.b = vp.data();
+      p.ldb = kF32PanelColumns;
+      p.b_panel_stride = kAttentionKeyBlock * kF32PanelColumns;
+      p.k = keys;
+      p.cols = hd;
+      p.y = os.data() + i * hd;
+      p.ldy = hd;
+      p.accumulate = l0 > 0;
+      kernels.rows_times(p);
+    };
+    if (full_row < m) values(full_row * group, stacked - full_row * group, l1 - l0);
+    for (int64_t r = band_row; r < full_row; ++r) values(r * group, group, first + r + 1 - l0);
+  }
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t g = 0; g < group; ++g)
+      std::copy_n(os.data() + (r * group + g) * hd, hd, out + (t0 + r) * out_stride + (kvh * group + g) * hd);
 }
 
 }  // namespace
@@ -31,62 +122,19 @@ void SoftmaxPrefix(float* p, int64_t valid, int64_t len) {
 void AttentionPrefill(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t q_stride,
                       int64_t q_head_stride, int64_t rows, int64_t pos0, const float* k, const float* v,
                       int64_t kv_stride, float* out, int64_t out_stride) {
-  InitBlas();
+  const Fp32Kernels& kernels = Fp32KernelsOf(ActivePath());
   const int64_t blocks = (rows + kAttentionQueryBlock - 1) / kAttentionQueryBlock;
-  const int64_t group = shape.num_heads / shape.num_kv_heads;
-  const int64_t hd = shape.head_dim;
-  // One task per (kv head, query block): the group's query heads are stacked into one product.
   pool.Run(static_cast<size_t>(shape.num_kv_heads * blocks), [&](size_t task) {
     const int64_t kvh = static_cast<int64_t>(task) / blocks;
-    const int64_t b = static_cast<int64_t>(task) % blocks;
-    const int64_t t0 = b * kAttentionQueryBlock;
-    const int64_t m = std::min(rows, t0 + kAttentionQueryBlock) - t0;
-    const int64_t len = pos0 + t0 + m;  // keys the last row of the block sees
-    const int64_t gm = group * m;       // stacked rows: head g's row r at g*m + r
-    thread_local std::vector<float> qs, scores, os;
-    if (qs.size() < static_cast<size_t>(gm * hd)) qs.resize(static_cast<size_t>(gm * hd));
-    if (os.size() < static_cast<size_t>(gm * hd)) os.resize(static_cast<size_t>(gm * hd));
-    if (scores.size() < static_cast<size_t>(gm * len)) scores.resize(static_cast<size_t>(gm * len));
-    for (int64_t g = 0; g < group; ++g)
-      for (int64_t r = 0; r < m; ++r)
-        std::copy_n(q + (t0 + r) * q_stride + (kvh * group + g) * q_head_stride, hd, qs.data() + (g * m + r) * hd);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(gm), static_cast<blasint>(len),
-                static_cast<blasint>(hd), shape.scale, qs.data(), static_cast<blasint>(hd), k + kvh * hd,
-                static_cast<blasint>(kv_stride), 0.0f, scores.data(), static_cast<blasint>(len));
-    for (int64_t g = 0; g < group; ++g)
-      for (int64_t r = 0; r < m; ++r) SoftmaxPrefix(scores.data() + (g * m + r) * len, pos0 + t0 + r + 1, len);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(gm), static_cast<blasint>(hd),
-                static_cast<blasint>(len), 1.0f, scores.data(), static_cast<blasint>(len), v + kvh * hd,
-                static_cast<blasint>(kv_stride), 0.0f, os.data(), static_cast<blasint>(hd));
-    for (int64_t g = 0; g < group; ++g)
-      for (int64_t r = 0; r < m; ++r)
-        std::copy_n(os.data() + (g * m + r) * hd, hd, out + (t0 + r) * out_stride + (kvh * group + g) * hd);
+    const int64_t t0 = static_cast<int64_t>(task) % blocks * kAttentionQueryBlock;
+    AttendBlock(kernels, shape, q, q_stride, q_head_stride, t0, std::min(rows, t0 + kAttentionQueryBlock) - t0, pos0, kvh, k, v,
+                kv_stride, out, out_stride);
   });
 }
 
 void AttentionDecode(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t q_head_stride,
                      int64_t length, const float* k, const float* v, int64_t kv_stride, float* out) {
-  const int64_t group = shape.num_heads / shape.num_kv_heads;
-  const int64_t hd = shape.head_dim;
-  pool.Run(static_cast<size_t>(shape.num_kv_heads), [&](size_t task) {
-    const int64_t kvh = static_cast<int64_t>(task);
-    thread_local std::vector<float> scores;
-    if (scores.size() < static_cast<size_t>(group * length)) scores.resize(static_cast<size_t>(group * length));
-    for (int64_t l = 0; l < length; ++l) {
-      const float* kr = k + l * kv_stride + kvh * hd;
-      for (int64_t g = 0; g < group; ++g)
-        scores[g * length + l] = Dot(q + (kvh * group + g) * q_head_stride, kr, hd) * shape.scale;
-    }
-    for (int64_t g = 0; g < group; ++g) SoftmaxPrefix(scores.data() + g * length, length, length);
-    for (int64_t g = 0; g < group; ++g) {
-      float* o = out + (kvh * group + g) * hd;
-      for (int64_t e = 0; e < hd; ++e) o[e] = 0.0f;
-    }
-    for (int64_t l = 0; l < length; ++l) {
-      const float* vr = v + l * kv_stride + kvh * hd;
-      for (int64_t g = 0; g < group; ++g) Axpy(scores[g * length + l], vr, out + (kvh * group + g) * hd, hd);
-    }
-  });
+  AttentionPrefill(pool, shape, q, 0, q_head_stride, 1, length - 1, k, v, kv_stride, out, 0);
 }
 
 }  // namespace anchorage::cpu

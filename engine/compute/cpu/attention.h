@@ -1,4 +1,5 @@
-// Causal attention of query rows over cached fp32 K/V rows (GQA), softmax in fp32.
+// Causal attention of query rows over cached fp32 K/V rows (GQA), softmax in fp32. A row's bits
+// depend only on its query, its position and its keys: not on the block, the call or decode vs prefill.
 #pragma once
 
 #include <cstdint>
@@ -7,8 +8,9 @@
 
 namespace anchorage::cpu {
 
-// Query rows per prefill attention task.
+// Query rows per prefill attention task, and keys a block of the task's loops.
 inline constexpr int64_t kAttentionQueryBlock = 64;
+inline constexpr int64_t kAttentionKeyBlock = 128;
 
 struct AttentionShape {
   int64_t num_heads = 0;     // Nh

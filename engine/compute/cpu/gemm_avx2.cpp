@@ -4,11 +4,13 @@
 #include <cstring>
 
 // Everything included before the pragma keeps the baseline target; the tile below it takes the path's.
+#include "engine/compute/cpu/fp32_block.h"
 #include "engine/compute/cpu/gemm_block.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 
+#include "engine/compute/cpu/fp32_tile.h"
 #include "engine/compute/cpu/gemm_tile.h"
 
 namespace anchorage::cpu {
@@ -51,14 +53,33 @@ struct Avx2Lanes {
     _mm256_store_ps(t + 8, hi);
     std::memcpy(y, t, static_cast<size_t>(cols) * sizeof(float));
   }
+  // fp32 rows in natural order: lo is columns 0..7, hi columns 8..15.
+  static void LoadF(const float* p, int cols, F& lo, F& hi) {
+    if (cols == 16) {
+      lo = _mm256_loadu_ps(p);
+      hi = _mm256_loadu_ps(p + 8);
+      return;
+    }
+    alignas(32) float t[16] = {};
+    std::memcpy(t, p, static_cast<size_t>(cols) * sizeof(float));
+    lo = _mm256_load_ps(t);
+    hi = _mm256_load_ps(t + 8);
+  }
+  static void LoadFullF(const float* p, F& lo, F& hi) {
+    lo = _mm256_loadu_ps(p);
+    hi = _mm256_loadu_ps(p + 8);
+  }
+  static void StoreF(float* p, int cols, F lo, F hi) { StoreOut(p, cols, lo, hi); }
 };
 
 void Run(const GemmBlock& b) { RunGemmBlock<Avx2Lanes>(b); }
+void RowsTimes(const RowsTimesArgs& p) { RunRowsTimes<Avx2Lanes>(p); }
 
 }  // namespace
 
 #pragma GCC pop_options
 
 void GemmBlockAvx2(const GemmBlock& b) { Run(b); }
+const Fp32Kernels kFp32Avx2{RowsTimes};
 
 }  // namespace anchorage::cpu

@@ -5,11 +5,13 @@
 #include <immintrin.h>
 
 // Everything included before the pragma keeps the baseline target; the tile below it takes the path's.
+#include "engine/compute/cpu/fp32_block.h"
 #include "engine/compute/cpu/gemm_block.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx512f")
 
+#include "engine/compute/cpu/fp32_tile.h"
 #include "engine/compute/cpu/gemm_tile.h"
 
 namespace anchorage::cpu {
@@ -47,14 +49,29 @@ struct Avx512Lanes {
     _mm512_mask_storeu_ps(y, Mask(cols), _mm512_permutex2var_ps(lo, FirstHalves(), hi));
     _mm512_mask_storeu_ps(y + 16, Mask(cols - 16), _mm512_permutex2var_ps(lo, SecondHalves(), hi));
   }
+  // fp32 rows in natural order: lo is columns 0..15, hi columns 16..31.
+  static void LoadF(const float* p, int cols, F& lo, F& hi) {
+    lo = _mm512_maskz_loadu_ps(Mask(cols), p);
+    hi = _mm512_maskz_loadu_ps(Mask(cols - 16), p + 16);
+  }
+  static void LoadFullF(const float* p, F& lo, F& hi) {
+    lo = _mm512_loadu_ps(p);
+    hi = _mm512_loadu_ps(p + 16);
+  }
+  static void StoreF(float* p, int cols, F lo, F hi) {
+    _mm512_mask_storeu_ps(p, Mask(cols), lo);
+    _mm512_mask_storeu_ps(p + 16, Mask(cols - 16), hi);
+  }
 };
 
 void Run(const GemmBlock& b) { RunGemmBlock<Avx512Lanes>(b); }
+void RowsTimes(const RowsTimesArgs& p) { RunRowsTimes<Avx512Lanes>(p); }
 
 }  // namespace
 
 #pragma GCC pop_options
 
 void GemmBlockAvx512(const GemmBlock& b) { Run(b); }
+const Fp32Kernels kFp32Avx512{RowsTimes};
 
 }  // namespace anchorage::cpu

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/compute/cpu/fp32_tile.h"
 #include "engine/compute/cpu/gemm_tile.h"
 #include "engine/core/bf16.h"
 
@@ -50,12 +51,29 @@ struct LaneArrays {
       if (HiColumn(i) < cols) y[HiColumn(i)] = hi.v[i];
     }
   }
+  // fp32 rows in natural order: lo is columns 0..L-1, hi columns L..2L-1.
+  static void LoadF(const float* p, int cols, F& lo, F& hi) {
+    for (int i = 0; i < L; ++i) {
+      lo.v[i] = i < cols ? p[i] : 0.0f;
+      hi.v[i] = L + i < cols ? p[L + i] : 0.0f;
+    }
+  }
+  static void LoadFullF(const float* p, F& lo, F& hi) { LoadF(p, 2 * L, lo, hi); }
+  static void StoreF(float* p, int cols, const F& lo, const F& hi) {
+    for (int i = 0; i < L && i < cols; ++i) p[i] = lo.v[i];
+    for (int i = 0; i < L && L + i < cols; ++i) p[L + i] = hi.v[i];
+  }
 };
+
+using Portable = LaneArrays<8, 4, 2, 2>;
+using Emulated16 = LaneArrays<16, 12, 2, 4>;
 
 }  // namespace
 
-void GemmBlockPortable(const GemmBlock& b) { RunGemmBlock<LaneArrays<8, 4, 2, 2>>(b); }
+void GemmBlockPortable(const GemmBlock& b) { RunGemmBlock<Portable>(b); }
+void GemmBlockEmulated16(const GemmBlock& b) { RunGemmBlock<Emulated16>(b); }
 
-void GemmBlockEmulated16(const GemmBlock& b) { RunGemmBlock<LaneArrays<16, 12, 2, 4>>(b); }
+const Fp32Kernels kFp32Portable{RunRowsTimes<Portable>};
+const Fp32Kernels kFp32Emulated16{RunRowsTimes<Emulated16>};
 
 }  // namespace anchorage::cpu

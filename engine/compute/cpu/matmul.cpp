@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "engine/compute/cpu/cpu_features.h"
+#include "engine/compute/cpu/fp32_block.h"
 #include "engine/compute/cpu/gemm_block.h"
 
 namespace anchorage::cpu {
@@ -84,6 +85,16 @@ Status SetActivePath(KernelPath path) {
   if (!PathAvailable(path)) return InvalidArgument(std::string("this CPU cannot run the ") + PathName(path) + " kernels");
   Active().store(path, std::memory_order_relaxed);
   return Status::Ok();
+}
+
+const Fp32Kernels& Fp32KernelsOf(KernelPath path) {
+  switch (path) {
+    case KernelPath::kAvx2Fma: return kFp32Avx2;
+    case KernelPath::kAvx512F: return kFp32Avx512;
+    case KernelPath::kEmulated16: return kFp32Emulated16;
+    case KernelPath::kPortable: break;
+  }
+  return kFp32Portable;
 }
 
 const char* ArithmeticName() { return "fp32-fma-k-order-v1"; }

@@ -44,6 +44,10 @@ void MatMulBf16(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const 
 void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedBf16& w,
                   float* y, int64_t ldy);
 
+struct Fp32Kernels;
+// The fp32 kernels attention uses on a path (see fp32_tile.h for their orders).
+const Fp32Kernels& Fp32KernelsOf(KernelPath path);
+
 // Makes OpenBLAS single-threaded where the attention and delta-rule kernels still call it. Idempotent.
 void InitBlas();
 

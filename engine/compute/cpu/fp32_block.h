@@ -1,0 +1,30 @@
+// What the fp32 attention product of a path is called with, and the paths' entry points.
+#pragma once
+
+#include <cstdint>
+
+namespace anchorage::cpu {
+
+// Columns of a b panel: with b_panel_stride > 0, columns [32p, 32p + 32) of b are a [k, 32] block
+// (row stride ldb) at b + p * b_panel_stride; consecutive rows then sit in consecutive lines.
+inline constexpr int64_t kF32PanelColumns = 32;
+
+// y [rows, cols] (row stride ldy) = (or +=) a [rows, k] (row stride lda) · b [k, cols] (row stride ldb).
+struct RowsTimesArgs {
+  const float* a = nullptr;
+  int64_t lda = 0, rows = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0, k = 0, cols = 0;
+  int64_t b_panel_stride = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  bool accumulate = false;
+};
+
+struct Fp32Kernels {
+  void (*rows_times)(const RowsTimesArgs&);
+};
+
+extern const Fp32Kernels kFp32Portable, kFp32Emulated16, kFp32Avx2, kFp32Avx512;
+
+}  // namespace anchorage::cpu

@@ -1,0 +1,159 @@
+// The fp32 attention product on every path equals its written-out order bit for bit (scores and
+// values both run on it); a query row's attention output is the same whether it is decoded alone, prefilled in one
+// call or in pieces, with any thread count; and it is within fp32 rounding of a double reference.
+#include <QtTest>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "engine/compute/cpu/attention.h"
+#include "engine/compute/cpu/fp32_block.h"
+#include "engine/compute/cpu/matmul.h"
+
+using namespace anchorage;
+
+namespace {
+
+std::vector<float> Random(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+bool SameBits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * 4) == 0; }
+
+const cpu::KernelPath kPaths[] = {cpu::KernelPath::kPortable, cpu::KernelPath::kAvx2Fma, cpu::KernelPath::kAvx512F,
+                                  cpu::KernelPath::kEmulated16};
+
+void AddPaths() {
+  QTest::addColumn<int>("path");
+  for (cpu::KernelPath p : kPaths) QTest::newRow(cpu::PathName(p)) << int(p);
+}
+
+#define FETCH_PATH_OR_SKIP(kp)                                                                              \
+  QFETCH(int, path);                                                                                        \
+  const auto kp = static_cast<cpu::KernelPath>(path);                                                       \
+  if (!cpu::PathAvailable(kp)) QSKIP(qPrintable(QString("this CPU cannot run the %1 kernels").arg(cpu::PathName(kp))));
+
+struct Problem {
+  cpu::AttentionShape shape;
+  int64_t length;  // keys
+  std::vector<float> q, k, v;
+  int64_t q_stride, kv_stride;
+};
+
+Problem Make(int64_t heads, int64_t kv_heads, int64_t hd, int64_t length, uint32_t seed) {
+  Problem p;
+  p.shape = {heads, kv_heads, hd, 1.0f / std::sqrt(float(hd))};
+  p.length = length;
+  p.q_stride = heads * hd;
+  p.kv_stride = kv_heads * hd;
+  p.q = Random(size_t(length * p.q_stride), seed);
+  p.k = Random(size_t(length * p.kv_stride), seed + 1);
+  p.v = Random(size_t(length * p.kv_stride), seed + 2);
+  return p;
+}
+
+// Rows [t0, t0 + m) as one prefill call (positions t0..), on the active path.
+std::vector<float> Prefill(ThreadPool& pool, const Problem& p, int64_t t0, int64_t m) {
+  std::vector<float> out(size_t(m * p.q_stride), -9.0f);
+  cpu::AttentionPrefill(pool, p.shape, p.q.data() + t0 * p.q_stride, p.q_stride, p.shape.head_dim, m, t0, p.k.data(),
+                        p.v.data(), p.kv_stride, out.data(), p.q_stride);
+  return out;
+}
+
+}  // namespace
+
+class TestAttention : public QObject {
+  Q_OBJECT
+ private slots:
+  void cleanup() { QVERIFY(cpu::SetActivePath(cpu::AvailablePaths().front()).ok()); }
+
+  void rowProductsFollowTheirOrder_data() { AddPaths(); }
+  void rowProductsFollowTheirOrder() {
+    FETCH_PATH_OR_SKIP(kp);
+    const cpu::Fp32Kernels& kernels = cpu::Fp32KernelsOf(kp);
+    for (auto [rows, k, cols] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {3, 70, 64}, {13, 33, 17}, {4, 200, 256}, {6, 9, 40}}) {
+      const auto a = Random(size_t(rows * k), 5), b = Random(size_t(k * (cols + 2)), 6);
+      const int64_t ldy = cols + 1;
+      std::vector<float> y(size_t(rows * ldy), -3.0f), start(y);
+      cpu::RowsTimesArgs r{a.data(), k, rows, b.data(), cols + 2, k, cols, 0, y.data(), ldy, false};
+      kernels.rows_times(r);
+      // And the same product in two pieces: the first k/2 terms, then the rest accumulated.
+      std::vector<float> z(start);
+      cpu::RowsTimesArgs first = r, second = r;
+      first.k = k / 2;
+      first.y = z.data();
+      second.a = a.data() + k / 2;
+      second.b = b.data() + (k / 2) * (cols + 2);
+      second.k = k - k / 2;
+      second.y = z.data();
+      second.accumulate = true;
+      kernels.rows_times(first);
+      kernels.rows_times(second);
+      for (int64_t i = 0; i < rows; ++i) {
+        QCOMPARE(y[i * ldy + cols], -3.0f);  // past cols untouched
+        for (int64_t c = 0; c < cols; ++c) {
+          float acc = 0.0f;
+          for (int64_t t = 0; t < k; ++t) acc = std::fma(a[i * k + t], b[t * (cols + 2) + c], acc);
+          QVERIFY2(SameBits(&y[i * ldy + c], &acc, 1), qPrintable(QString("y[%1][%2], %3x%4x%5").arg(i).arg(c).arg(rows).arg(k).arg(cols)));
+          QVERIFY(SameBits(&z[i * ldy + c], &acc, 1));
+        }
+      }
+    }
+  }
+
+  void rowsIndependentOfCallDecodeAndThreads_data() { AddPaths(); }
+  void rowsIndependentOfCallDecodeAndThreads() {
+    FETCH_PATH_OR_SKIP(kp);
+    QVERIFY(cpu::SetActivePath(kp).ok());
+    ThreadPool one(1), two(2);
+    const Problem p = Make(8, 2, 64, 150, 9u);
+    const auto all = Prefill(two, p, 0, p.length);
+    QVERIFY(SameBits(all.data(), Prefill(one, p, 0, p.length).data(), all.size()));
+    for (auto [t0, m] : {std::pair<int64_t, int64_t>{0, 1}, {5, 3}, {64, 64}, {70, 80}, {149, 1}}) {
+      const auto part = Prefill(one, p, t0, m);
+      QVERIFY2(SameBits(all.data() + t0 * p.q_stride, part.data(), part.size()), qPrintable(QString("rows %1..%2").arg(t0).arg(t0 + m)));
+    }
+    for (int64_t t : {0, 1, 63, 64, 100, 149}) {
+      std::vector<float> out(size_t(p.q_stride));
+      cpu::AttentionDecode(two, p.shape, p.q.data() + t * p.q_stride, p.shape.head_dim, t + 1, p.k.data(), p.v.data(), p.kv_stride,
+                           out.data());
+      QVERIFY2(SameBits(all.data() + t * p.q_stride, out.data(), out.size()), qPrintable(QString("decode of row %1").arg(t)));
+    }
+  }
+
+  void matchesDoubleReference() {
+    ThreadPool pool(2);
+    const Problem p = Make(4, 2, 32, 90, 13u);
+    const auto out = Prefill(pool, p, 0, p.length);
+    const int64_t hd = p.shape.head_dim, group = 2;
+    double worst = 0.0;
+    for (int64_t t = 0; t < p.length; ++t)
+      for (int64_t h = 0; h < 4; ++h) {
+        const int64_t kvh = h / group;
+        std::vector<double> s(size_t(t + 1));
+        double mx = -1e300, sum = 0.0;
+        for (int64_t l = 0; l <= t; ++l) {
+          double dot = 0.0;
+          for (int64_t e = 0; e < hd; ++e) dot += double(p.q[t * p.q_stride + h * hd + e]) * p.k[l * p.kv_stride + kvh * hd + e];
+          s[l] = dot * p.shape.scale;
+          mx = std::max(mx, s[l]);
+        }
+        for (auto& x : s) sum += (x = std::exp(x - mx));
+        for (int64_t e = 0; e < hd; ++e) {
+          double o = 0.0;
+          for (int64_t l = 0; l <= t; ++l) o += s[l] / sum * p.v[l * p.kv_stride + kvh * hd + e];
+          worst = std::max(worst, std::abs(o - out[t * p.q_stride + h * hd + e]));
+        }
+      }
+    qInfo("worst |out - double| %.3g", worst);
+    QVERIFY(worst < 1e-5);
+  }
+};
+
+QTEST_APPLESS_MAIN(TestAttention)
+#include "test_attention.moc"
