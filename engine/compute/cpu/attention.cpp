@@ -23,6 +23,24 @@ void SoftmaxPrefix(float* p, int64_t valid) {
   for (int64_t l = 0; l < valid; ++l) p[l] *= inv;
 }
 
+// y [rows, cols] (=|+=) a [rows, k] · b, with b in 32-column panels panel_stride apart.
+void PanelProduct(const Fp32Kernels& kernels, const float* a, int64_t lda, int64_t rows, const float* b, int64_t panel_stride,
+                  int64_t k, int64_t cols, float* y, int64_t ldy, bool accumulate) {
+  RowsTimesArgs p;
+  p.a = a;
+  p.lda = lda;
+  p.rows = rows;
+  p.b = b;
+  p.ldb = kF32PanelColumns;
+  p.b_panel_stride = panel_stride;
+  p.k = k;
+  p.cols = cols;
+  p.y = y;
+  p.ldy = ldy;
+  p.accumulate = accumulate;
+  kernels.rows_times(p);
+}
+
 // Query rows stacked per block: stacked row i = r * group + g is query row r of head g of the group.
 // Every stacked row's bits depend only on its own query, its position and the keys it sees.
 void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const float* q, int64_t q_stride,
@@ -62,18 +80,8 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
       for (int64_t e = 0; e < hd; ++e) column[e * kF32PanelColumns] = key[e];
     }
     const auto score = [&](int64_t i, int64_t rows, int64_t keys) {
-      RowsTimesArgs p;
-      p.a = qs.data() + i * hd;
-      p.lda = hd;
-      p.rows = rows;
-      p.b = kt.data();
-      p.ldb = kF32PanelColumns;
-      p.b_panel_stride = hd * kF32PanelColumns;
-      p.k = hd;
-      p.cols = keys;
-      p.y = scores.data() + i * len + l0;
-      p.ldy = len;
-      kernels.rows_times(p);
+      PanelProduct(kernels, qs.data() + i * hd, hd, rows, kt.data(), hd * kF32PanelColumns, hd, keys,
+                   scores.data() + i * len + l0, len, false);
     };
     if (full_row < m) score(full_row * group, stacked - full_row * group, l1 - l0);
     for (int64_t r = band_row; r < full_row; ++r) score(r * group, group, first + r + 1 - l0);
@@ -95,19 +103,8 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
                     vp.data() + (c0 / kF32PanelColumns) * kAttentionKeyBlock * kF32PanelColumns + (l - l0) * kF32PanelColumns);
     }
     const auto values = [&](int64_t i, int64_t rows, int64_t keys) {
-      RowsTimesArgs p;
-      p.a = scores.data() + i * len + l0;
-      p.lda = len;
-      p.rows = rows;
-      p.b = vp.data();
-      p.ldb = kF32PanelColumns;
-      p.b_panel_stride = kAttentionKeyBlock * kF32PanelColumns;
-      p.k = keys;
-      p.cols = hd;
-      p.y = os.data() + i * hd;
-      p.ldy = hd;
-      p.accumulate = l0 > 0;
-      kernels.rows_times(p);
+      PanelProduct(kernels, scores.data() + i * len + l0, len, rows, vp.data(), kAttentionKeyBlock * kF32PanelColumns, keys, hd,
+                   os.data() + i * hd, hd, l0 > 0);
     };
     if (full_row < m) values(full_row * group, stacked - full_row * group, l1 - l0);
     for (int64_t r = band_row; r < full_row; ++r) values(r * group, group, first + r + 1 - l0);
