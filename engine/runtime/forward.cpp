@@ -169,7 +169,6 @@ Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const Mod
     }
     f->layers_.push_back(std::move(layer));
   }
-  cpu::InitBlas();
   return f;
 }
 

@@ -1,6 +1,5 @@
 // Engine benchmark on the generated `small` model: prefill and decode throughput at 1 and 2 threads,
 // state sizes, peak RSS and accuracy against the double-precision reference. Prints figures only.
-#include <cblas.h>
 #include <immintrin.h>
 #include <sys/resource.h>
 
@@ -153,8 +152,7 @@ int main(int argc, char** argv) {
   auto weights = MapWeights(*config, *set);
   if (!weights.ok()) return Fail(weights.status());
   const ModelConfig& c = *config;
-  std::printf("openblas core (attention and delta rule only): %s; GEMM kernel path: %s (%s)\n", openblas_get_corename(),
-              cpu::PathName(cpu::ActivePath()), cpu::ArithmeticName());
+  std::printf("kernel path: %s (%s)\n", cpu::PathName(cpu::ActivePath()), cpu::ArithmeticName());
   std::printf("model: H %lld, layers %lld, I %lld, vocab %lld, weights %.1f MiB\n",
               static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_hidden_layers),
               static_cast<long long>(c.intermediate_size), static_cast<long long>(c.vocab_size),
@@ -190,8 +188,7 @@ int main(int argc, char** argv) {
               decode_bytes_per_token / (1 << 20));
   report["machine"] = {{"brand", cpu_features.brand}, {"vendor", cpu_features.vendor}, {"family", cpu_features.family}, {"model", cpu_features.model},
                        {"kernel_families", cpu::DescribeKernelFamilies(cpu_features)}, {"gemm_path", cpu::PathName(cpu::ActivePath())},
-                       {"arithmetic", cpu::ArithmeticName()},
-                       {"openblas_core", openblas_get_corename()}};
+                       {"arithmetic", cpu::ArithmeticName()}};
   report["limits"] = {{"fma_gflops_per_core", fma_peak}, {"fma_width", avx512 ? "avx512" : "avx2"}};
   for (const auto& [t, gbs] : stream) report["limits"]["stream_gbs"][std::to_string(t)] = gbs;
   report["per_token"] = {{"prefill_gemm_flops", prefill_flops_per_token}, {"decode_weight_bytes", decode_bytes_per_token}};

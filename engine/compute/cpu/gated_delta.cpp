@@ -4,31 +4,52 @@
 #include <cmath>
 #include <vector>
 
-#include <cblas.h>
-
+#include "engine/compute/cpu/fp32_block.h"
 #include "engine/compute/cpu/matmul.h"
 #include "engine/compute/cpu/vec.h"
 
 namespace anchorage::cpu {
 
+namespace {
+
+// y [rows, cols] (=|+=) a [rows, k] · b [k, cols], terms in order (the path's fp32 tile).
+void Product(const Fp32Kernels& kernels, const float* a, int64_t lda, int64_t rows, const float* b, int64_t ldb, int64_t k,
+             int64_t cols, float* y, int64_t ldy, bool accumulate) {
+  RowsTimesArgs p;
+  p.a = a;
+  p.lda = lda;
+  p.rows = rows;
+  p.b = b;
+  p.ldb = ldb;
+  p.k = k;
+  p.cols = cols;
+  p.y = y;
+  p.ldy = ldy;
+  p.accumulate = accumulate;
+  kernels.rows_times(p);
+}
+
+}  // namespace
+
 void GatedDeltaChunk(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, float* state, float* out,
                      int64_t out_stride) {
   assert(n >= 1 && n <= kDeltaChunkTokens);
   constexpr int64_t C = kDeltaChunkTokens;
-  InitBlas();
+  const Fp32Kernels& kernels = Fp32KernelsOf(ActivePath());
   const int64_t ld = dv + dk;  // row stride of the [U | W] right-hand sides
   thread_local std::vector<float> buf;
-  const size_t need = static_cast<size_t>(C * 4 + 2 * C * C + C * ld + C * dk);
+  const size_t need = static_cast<size_t>(C * 4 + 2 * C * C + C * ld + 3 * C * dk);
   if (buf.size() < need) buf.resize(need);
-  float* G = buf.data();   // [C] inclusive cumulative log-decay
-  float* beta = G + C;     // [C]
-  float* eg = beta + C;    // [C] exp(G_i)
-  float* tail = eg + C;    // [C] exp(G_{n-1} - G_j)
-  float* A = tail + C;     // [C, C] beta_i (k_i.k_j) exp(G_i - G_j) below the diagonal
-  float* QK = A + C * C;   // [C, C] (q_i.k_j) exp(G_i - G_j) on and below the diagonal
-  float* UW = QK + C * C;  // [C, dv + dk]: U (becomes V') then W
-  float* Kt = UW + C * ld; // [C, dk] k_j exp(G_{n-1} - G_j)
-  const blasint bn = static_cast<blasint>(n), bdk = static_cast<blasint>(dk), bdv = static_cast<blasint>(dv);
+  float* G = buf.data();     // [C] inclusive cumulative log-decay
+  float* beta = G + C;       // [C]
+  float* eg = beta + C;      // [C] exp(G_i)
+  float* tail = eg + C;      // [C] exp(G_{n-1} - G_j)
+  float* A = tail + C;       // [C, C] -beta_i (k_i.k_j) exp(G_i - G_j) below the diagonal
+  float* QK = A + C * C;     // [C, C] (q_i.k_j) exp(G_i - G_j) on and below the diagonal, 0 above
+  float* UW = QK + C * C;    // [C, dv + dk]: U (becomes V') then W
+  float* Kt = UW + C * ld;   // [dk, C] k transposed; then (k_j exp(G_{n-1} - G_j)) transposed
+  float* negW = Kt + dk * C; // [C, dk] -W
+  float* Qs = negW + C * dk; // [C, dk] unused rows stay unread
 
   float acc = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
@@ -38,22 +59,23 @@ void GatedDeltaChunk(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, f
     eg[i] = std::exp(G[i]);
   }
   for (int64_t j = 0; j < n; ++j) tail[j] = std::exp(G[n - 1] - G[j]);
-  // Gram matrices K K^T and Q K^T, then decay weights and masks.
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bn, bn, bdk, 1.0f, in.k, static_cast<blasint>(in.k_stride),
-              in.k, static_cast<blasint>(in.k_stride), 0.0f, A, static_cast<blasint>(C));
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bn, bn, bdk, 1.0f, in.q, static_cast<blasint>(in.q_stride),
-              in.k, static_cast<blasint>(in.k_stride), 0.0f, QK, static_cast<blasint>(C));
+  // Gram matrices K K^T and Q K^T (through K transposed), then decay weights and masks.
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t d = 0; d < dk; ++d) Kt[d * C + j] = in.k[j * in.k_stride + d];
+  Product(kernels, in.k, in.k_stride, n, Kt, C, dk, n, A, C, false);
+  Product(kernels, in.q, in.q_stride, n, Kt, C, dk, n, QK, C, false);
   for (int64_t i = 0; i < n; ++i) {
     float* a = A + i * C;
     float* qk = QK + i * C;
     for (int64_t j = 0; j < i; ++j) {
       const float decay = std::exp(G[i] - G[j]);
-      a[j] = beta[i] * a[j] * decay;
+      a[j] = -(beta[i] * a[j] * decay);
       qk[j] = qk[j] * decay;
     }
     for (int64_t j = i + 1; j < n; ++j) qk[j] = 0.0f;
   }
-  // Right-hand sides beta v and beta exp(G) k; solve (I + A) [U | W] = [beta v | beta exp(G) k].
+  // Right-hand sides beta v and beta exp(G) k; solve (I + A) [U | W] = [beta v | beta exp(G) k] by
+  // forward substitution: row i starts from its right-hand side and takes -A[i][j] row j for j < i.
   for (int64_t i = 0; i < n; ++i) {
     float* u = UW + i * ld;
     float* w = u + dv;
@@ -62,25 +84,22 @@ void GatedDeltaChunk(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, f
     for (int64_t e = 0; e < dv; ++e) u[e] = beta[i] * vi[e];
     const float bw = beta[i] * eg[i];
     for (int64_t d = 0; d < dk; ++d) w[d] = bw * ki[d];
+    if (i > 0) Product(kernels, A + i * C, C, 1, UW, ld, i, ld, u, ld, true);
   }
-  cblas_strsm(CblasRowMajor, CblasLeft, CblasLower, CblasNoTrans, CblasUnit, bn, static_cast<blasint>(ld), 1.0f, A,
-              static_cast<blasint>(C), UW, static_cast<blasint>(ld));
   // V' = U - W S0.
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bn, bdv, bdk, -1.0f, UW + dv, static_cast<blasint>(ld), state,
-              bdv, 1.0f, UW, static_cast<blasint>(ld));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < dk; ++d) negW[i * dk + d] = -UW[i * ld + dv + d];
+  Product(kernels, negW, dk, n, state, dv, dk, dv, UW, ld, true);
   // o = diag(exp(G)) Q S0 + QK V'.
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bn, bdv, bdk, 1.0f, in.q, static_cast<blasint>(in.q_stride),
-              state, bdv, 0.0f, out, static_cast<blasint>(out_stride));
-  for (int64_t i = 0; i < n; ++i) Scale(eg[i], out + i * out_stride, dv);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bn, bdv, bn, 1.0f, QK, static_cast<blasint>(C), UW,
-              static_cast<blasint>(ld), 1.0f, out, static_cast<blasint>(out_stride));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < dk; ++d) Qs[i * dk + d] = eg[i] * in.q[i * in.q_stride + d];
+  Product(kernels, Qs, dk, n, state, dv, dk, dv, out, out_stride, false);
+  Product(kernels, QK, C, n, UW, ld, n, dv, out, out_stride, true);
   // S = exp(G_{n-1}) S0 + (diag(tail) K)^T V'.
-  for (int64_t j = 0; j < n; ++j) {
-    const float* kj = in.k + j * in.k_stride;
-    for (int64_t d = 0; d < dk; ++d) Kt[j * dk + d] = tail[j] * kj[d];
-  }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bdk, bdv, bn, 1.0f, Kt, bdk, UW, static_cast<blasint>(ld),
-              eg[n - 1], state, bdv);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t d = 0; d < dk; ++d) Kt[d * C + j] *= tail[j];
+  for (int64_t i = 0; i < dk * dv; ++i) state[i] *= eg[n - 1];
+  Product(kernels, Kt, C, dk, UW, ld, n, dv, state, dv, true);
 }
 
 void GatedDeltaRecurrent(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, float* state, float* out,

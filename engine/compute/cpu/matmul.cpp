@@ -1,12 +1,9 @@
 #include "engine/compute/cpu/matmul.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 
 #include "engine/compute/cpu/cpu_features.h"
 #include "engine/compute/cpu/fp32_block.h"
@@ -97,7 +94,7 @@ const Fp32Kernels& Fp32KernelsOf(KernelPath path) {
   return kFp32Portable;
 }
 
-const char* ArithmeticName() { return "fp32-fma-k-order-v1"; }
+const char* ArithmeticName() { return "fp32-fma-k-order-v2"; }
 
 void MatMulBf16(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedBf16& w, float* y, int64_t ldy) {
   MatMulBf16On(ActivePath(), pool, x, m, ldx, w, y, ldy);
@@ -136,11 +133,6 @@ void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, 
       }
     }
   });
-}
-
-void InitBlas() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
 }
 
 }  // namespace anchorage::cpu

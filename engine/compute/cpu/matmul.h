@@ -48,7 +48,4 @@ struct Fp32Kernels;
 // The fp32 kernels attention uses on a path (see fp32_tile.h for their orders).
 const Fp32Kernels& Fp32KernelsOf(KernelPath path);
 
-// Makes OpenBLAS single-threaded where the attention and delta-rule kernels still call it. Idempotent.
-void InitBlas();
-
 }  // namespace anchorage::cpu
