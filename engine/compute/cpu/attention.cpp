@@ -23,15 +23,15 @@ void SoftmaxPrefix(float* p, int64_t valid) {
   for (int64_t l = 0; l < valid; ++l) p[l] *= inv;
 }
 
-// y [rows, cols] (=|+=) a [rows, k] · b, with b in 32-column panels panel_stride apart.
-void PanelProduct(const Fp32Kernels& kernels, const float* a, int64_t lda, int64_t rows, const float* b, int64_t panel_stride,
-                  int64_t k, int64_t cols, float* y, int64_t ldy, bool accumulate) {
+// y [rows, cols] (=|+=) a [rows, k] · b [k, cols] (row stride ldb; in 32-column panels when panel_stride > 0).
+void PanelProduct(const Fp32Kernels& kernels, const float* a, int64_t lda, int64_t rows, const float* b, int64_t ldb,
+                  int64_t panel_stride, int64_t k, int64_t cols, float* y, int64_t ldy, bool accumulate) {
   RowsTimesArgs p;
   p.a = a;
   p.lda = lda;
   p.rows = rows;
   p.b = b;
-  p.ldb = kF32PanelColumns;
+  p.ldb = ldb;
   p.b_panel_stride = panel_stride;
   p.k = k;
   p.cols = cols;
@@ -74,13 +74,24 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
   for (int64_t l0 = 0; l0 < len; l0 += kAttentionKeyBlock) {
     const int64_t l1 = std::min(len, l0 + kAttentionKeyBlock);
     const auto [band_row, full_row] = rows_of(l0, l1);
-    for (int64_t l = l0; l < l1; ++l) {
-      const float* key = k + l * kv_stride + kvh * hd;
-      float* column = kt.data() + ((l - l0) / kF32PanelColumns) * hd * kF32PanelColumns + (l - l0) % kF32PanelColumns;
-      for (int64_t e = 0; e < hd; ++e) column[e * kF32PanelColumns] = key[e];
+    for (int64_t j0 = l0; j0 < l1; j0 += kF32PanelColumns) {
+      float* panel = kt.data() + ((j0 - l0) / kF32PanelColumns) * hd * kF32PanelColumns;
+      const int64_t width = std::min(kF32PanelColumns, l1 - j0);
+      // 8 x 8 squares: eight rows of eight keys' values in, eight runs of eight out.
+      for (int64_t jb = 0; jb < width; jb += 8)
+        for (int64_t e0 = 0; e0 < hd; e0 += 8) {
+          float square[8][8];
+          const int64_t keys = std::min<int64_t>(8, width - jb), dims = std::min<int64_t>(8, hd - e0);
+          for (int64_t j = 0; j < keys; ++j) {
+            const float* key = k + (j0 + jb + j) * kv_stride + kvh * hd + e0;
+            for (int64_t e = 0; e < dims; ++e) square[e][j] = key[e];
+          }
+          for (int64_t e = 0; e < dims; ++e)
+            for (int64_t j = 0; j < keys; ++j) panel[(e0 + e) * kF32PanelColumns + jb + j] = square[e][j];
+        }
     }
     const auto score = [&](int64_t i, int64_t rows, int64_t keys) {
-      PanelProduct(kernels, qs.data() + i * hd, hd, rows, kt.data(), hd * kF32PanelColumns, hd, keys,
+      PanelProduct(kernels, qs.data() + i * hd, hd, rows, kt.data(), kF32PanelColumns, hd * kF32PanelColumns, hd, keys,
                    scores.data() + i * len + l0, len, false);
     };
     if (full_row < m) score(full_row * group, stacked - full_row * group, l1 - l0);
@@ -96,6 +107,7 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
   for (int64_t l0 = 0; l0 < len; l0 += kAttentionKeyBlock) {
     const int64_t l1 = std::min(len, l0 + kAttentionKeyBlock);
     const auto [band_row, full_row] = rows_of(l0, l1);
+    // Values copied row by row into panels: a sequential read, then the tile reads consecutive lines.
     for (int64_t l = l0; l < l1; ++l) {
       const float* value = v + l * kv_stride + kvh * hd;
       for (int64_t c0 = 0; c0 < hd; c0 += kF32PanelColumns)
@@ -103,8 +115,8 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
                     vp.data() + (c0 / kF32PanelColumns) * kAttentionKeyBlock * kF32PanelColumns + (l - l0) * kF32PanelColumns);
     }
     const auto values = [&](int64_t i, int64_t rows, int64_t keys) {
-      PanelProduct(kernels, scores.data() + i * len + l0, len, rows, vp.data(), kAttentionKeyBlock * kF32PanelColumns, keys, hd,
-                   os.data() + i * hd, hd, l0 > 0);
+      PanelProduct(kernels, scores.data() + i * len + l0, len, rows, vp.data(), kF32PanelColumns,
+                   kAttentionKeyBlock * kF32PanelColumns, keys, hd, os.data() + i * hd, hd, l0 > 0);
     };
     if (full_row < m) values(full_row * group, stacked - full_row * group, l1 - l0);
     for (int64_t r = band_row; r < full_row; ++r) values(r * group, group, first + r + 1 - l0);
