@@ -3,6 +3,8 @@
 // the end anchor forwards only new tokens; end alignment; budget eviction; clear.
 #include <QtTest>
 
+#include "tests/kernel_path_env.h"
+
 #include <cstring>
 #include <limits>
 
@@ -135,6 +137,7 @@ class TestResident : public QObject {
 
  private slots:
   void initTestCase() {
+    ANCHORAGE_SKIP_UNLESS_KERNEL_PATH_RUNS();
     QVERIFY(GenerateTinyModel(TinyModelSize::kTiny, 11, dir_.path().toStdString()).ok());
     auto m = LoadModel(dir_.path().toStdString());
     QVERIFY2(m.ok(), m.status().ToString().c_str());

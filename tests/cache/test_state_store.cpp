@@ -4,6 +4,8 @@
 // empties exactly the tier it names.
 #include <QtTest>
 
+#include "tests/kernel_path_env.h"
+
 #include <cstring>
 
 #include "engine/cache/resident_prefix.h"
@@ -42,6 +44,7 @@ class TestStateStore : public QObject {
 
  private slots:
   void initTestCase() {
+    ANCHORAGE_SKIP_UNLESS_KERNEL_PATH_RUNS();
     QVERIFY(GenerateTinyModel(TinyModelSize::kTiny, 5, dir_.path().toStdString()).ok());
     auto m = LoadModel(dir_.path().toStdString());
     QVERIFY(m.ok());

@@ -7,3 +7,4 @@ anchorage_add_test(test_generator SOURCES test_generator.cpp LIBS anchorage_runt
 anchorage_add_test(test_matmul SOURCES test_matmul.cpp LIBS anchorage_runtime)
 anchorage_add_test(test_attention SOURCES test_attention.cpp LIBS anchorage_runtime)
 anchorage_add_test(test_cpu_features SOURCES test_cpu_features.cpp LIBS anchorage_runtime)
+anchorage_add_kernel_path_runs(test_forward)

@@ -3,6 +3,8 @@
 #include <QTemporaryDir>
 #include <QtTest>
 
+#include "tests/kernel_path_env.h"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -49,6 +51,7 @@ class TestForward : public QObject {
 
  private slots:
   void initTestCase() {
+    ANCHORAGE_SKIP_UNLESS_KERNEL_PATH_RUNS();
     QVERIFY(dir_.isValid());
     auto m = testing::MakeModel(TinyModelSize::kTiny, 42, dir_.path().toStdString());
     QVERIFY2(m.ok(), m.ok() ? "" : m.status().ToString().c_str());
