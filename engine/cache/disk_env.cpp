@@ -1,0 +1,126 @@
+#include "engine/cache/disk_env.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "engine/core/file_util.h"
+
+namespace anchorage {
+namespace {
+
+std::string Errno() { return std::strerror(errno); }
+
+class PosixWritableFile : public WritableFile {
+ public:
+  PosixWritableFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Status Append(std::string_view bytes) override {
+    while (!bytes.empty()) {
+      const ssize_t n = ::write(fd_, bytes.data(), bytes.size());
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return IoError("write " + path_ + ": " + Errno());
+      }
+      bytes.remove_prefix(static_cast<size_t>(n));
+    }
+    return Status::Ok();
+  }
+  Status Sync() override { return ::fdatasync(fd_) == 0 ? Status::Ok() : IoError("fsync " + path_ + ": " + Errno()); }
+  Status Close() override {
+    const int fd = fd_;
+    fd_ = -1;
+    return ::close(fd) == 0 ? Status::Ok() : IoError("close " + path_ + ": " + Errno());
+  }
+
+ private:
+  int fd_;
+  std::string path_;
+};
+
+class PosixEnv : public DiskEnv {
+ public:
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return IoError("create " + path + ": " + Errno());
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(fd, path));
+  }
+  Status Rename(const std::string& from, const std::string& to) override {
+    return ::rename(from.c_str(), to.c_str()) == 0 ? Status::Ok() : IoError("rename " + from + " to " + to + ": " + Errno());
+  }
+  Status Remove(const std::string& path) override {
+    return ::unlink(path.c_str()) == 0 || errno == ENOENT ? Status::Ok() : IoError("remove " + path + ": " + Errno());
+  }
+  Status SyncDirectory(const std::string& dir) override {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return IoError("open " + dir + ": " + Errno());
+    const bool ok = ::fsync(fd) == 0;
+    const std::string error = ok ? "" : Errno();
+    ::close(fd);
+    return ok ? Status::Ok() : IoError("fsync " + dir + ": " + error);
+  }
+  Result<std::string> ReadFile(const std::string& path) override { return anchorage::ReadFile(path); }
+  Result<std::vector<std::string>> ListFiles(const std::string& dir) override {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return IoError("list " + dir + ": " + Errno());
+    std::vector<std::string> names;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      struct stat st;
+      if (::stat((dir + "/" + name).c_str(), &st) == 0 && S_ISREG(st.st_mode)) names.push_back(name);
+    }
+    ::closedir(d);
+    return names;
+  }
+  Result<int64_t> FreeBytes(const std::string& dir) override {
+    struct statvfs s;
+    if (::statvfs(dir.c_str(), &s) != 0) return IoError("statvfs " + dir + ": " + Errno());
+    return static_cast<int64_t>(s.f_bavail) * static_cast<int64_t>(s.f_frsize);
+  }
+};
+
+}  // namespace
+
+DiskEnv& DiskEnv::Posix() {
+  static PosixEnv env;
+  return env;
+}
+
+Status WriteFileCrashSafe(DiskEnv& env, const std::string& path, std::span<const std::string_view> pieces) {
+  const std::string tmp = path + std::string(kTemporarySuffix);
+  auto file = env.NewWritableFile(tmp);
+  if (!file.ok()) return file.status();
+  Status s = Status::Ok();
+  for (std::string_view piece : pieces)
+    if (s = (*file)->Append(piece); !s.ok()) break;
+  if (s.ok()) s = (*file)->Sync();
+  if (Status closed = (*file)->Close(); s.ok()) s = closed;
+  if (s.ok()) s = env.Rename(tmp, path);
+  if (!s.ok()) {
+    (void)env.Remove(tmp);
+    return s;
+  }
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  return env.SyncDirectory(dir.empty() ? "." : dir);
+}
+
+Result<int> SweepTemporaries(DiskEnv& env, const std::string& dir) {
+  ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListFiles(dir));
+  int removed = 0;
+  for (const std::string& name : names) {
+    if (!name.ends_with(kTemporarySuffix)) continue;
+    RETURN_IF_ERROR(env.Remove(dir + "/" + name));
+    ++removed;
+  }
+  return removed;
+}
+
+}  // namespace anchorage

@@ -1,0 +1,50 @@
+// The one small file interface every disk cache goes through, so tests can fail any step (LevelDB's
+// Env is the model), and the crash-safe write built on it: NAME.tmp, fsync, rename, fsync the folder.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/core/status.h"
+
+namespace anchorage {
+
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  virtual Status Append(std::string_view bytes) = 0;
+  virtual Status Sync() = 0;
+  virtual Status Close() = 0;
+};
+
+class DiskEnv {
+ public:
+  virtual ~DiskEnv() = default;
+  // Creates or truncates path, mode 0600.
+  virtual Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) = 0;
+  virtual Status Rename(const std::string& from, const std::string& to) = 0;
+  virtual Status Remove(const std::string& path) = 0;
+  virtual Status SyncDirectory(const std::string& dir) = 0;
+  virtual Result<std::string> ReadFile(const std::string& path) = 0;
+  // Names (not paths) of the regular files in dir.
+  virtual Result<std::vector<std::string>> ListFiles(const std::string& dir) = 0;
+  virtual Result<int64_t> FreeBytes(const std::string& dir) = 0;
+
+  // The real file system.
+  static DiskEnv& Posix();
+};
+
+inline constexpr std::string_view kTemporarySuffix = ".tmp";
+
+// Writes the pieces to path + ".tmp", fsyncs it, renames it over path and fsyncs the folder. On any
+// failure the .tmp is removed (where the env still lets us) and path is untouched.
+Status WriteFileCrashSafe(DiskEnv& env, const std::string& path, std::span<const std::string_view> pieces);
+
+// Removes every *.tmp in dir (a write a crash cut short); returns how many.
+Result<int> SweepTemporaries(DiskEnv& env, const std::string& dir);
+
+}  // namespace anchorage

@@ -1,0 +1,145 @@
+#include "engine/cache/disk_format.h"
+
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/core/crc32c.h"
+
+namespace anchorage {
+namespace {
+
+// Fixed prefix: magic, version, header JSON length, crc32c of everything before it and the JSON.
+constexpr size_t kPrefixBytes = 8 + 4 + 4;
+
+int64_t DTypeSize(SectionDType d) { return d == SectionDType::kF32 ? 4 : 4; }
+
+int64_t Elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && n > INT64_MAX / d)) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+int64_t AlignUp(int64_t v) { return (v + kCacheSectionAlign - 1) / kCacheSectionAlign * kCacheSectionAlign; }
+
+void PutU32(std::string& out, uint32_t v) {
+  char b[4];
+  std::memcpy(b, &v, 4);
+  out.append(b, 4);
+}
+
+uint32_t GetU32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+}  // namespace
+
+const char* SectionDTypeName(SectionDType d) { return d == SectionDType::kF32 ? "f32" : "i32"; }
+
+const DecodedSection* DecodedCacheFile::Find(std::string_view name) const {
+  for (const DecodedSection& s : sections)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+Result<EncodedCacheFile> EncodeCacheFile(const CacheFileHeader& header, const std::vector<SectionSpec>& sections) {
+  // Offsets depend on the header's own size: size it with placeholder offsets first, then for real.
+  auto header_json = [&](int64_t first_offset) {
+    nlohmann::json t = nlohmann::json::array();
+    int64_t offset = first_offset;
+    for (const SectionSpec& s : sections) {
+      t.push_back({{"name", s.name}, {"dtype", SectionDTypeName(s.dtype)}, {"shape", s.shape}, {"offset", offset},
+                   {"bytes", static_cast<int64_t>(s.bytes.size())}, {"crc32c", Crc32c(s.bytes)}});
+      offset = AlignUp(offset + static_cast<int64_t>(s.bytes.size()));
+    }
+    return nlohmann::json{{"kind", header.kind}, {"fingerprint", header.fingerprint}, {"tokens", header.tokens},
+                          {"links", header.links}, {"sections", t}}.dump();
+  };
+  for (const SectionSpec& s : sections) {
+    const int64_t n = Elements(s.shape);
+    if (n < 0 || n * DTypeSize(s.dtype) != static_cast<int64_t>(s.bytes.size()))
+      return InvalidArgument("cache file section " + s.name + ": " + std::to_string(s.bytes.size()) +
+                             " bytes do not match its shape");
+  }
+  std::string json = header_json(0);
+  int64_t first = AlignUp(static_cast<int64_t>(kPrefixBytes + json.size() + 4));
+  for (int round = 0; round < 4; ++round) {  // the offsets' digits can change the header's length
+    json = header_json(first);
+    const int64_t need = AlignUp(static_cast<int64_t>(kPrefixBytes + json.size() + 4));
+    if (need == first) break;
+    first = need;
+  }
+  EncodedCacheFile out;
+  std::string head(kCacheFileMagic, sizeof(kCacheFileMagic));
+  PutU32(head, kCacheFileVersion);
+  PutU32(head, static_cast<uint32_t>(json.size()));
+  head += json;
+  PutU32(head, Crc32c(head));
+  if (static_cast<int64_t>(head.size()) > first) return Internal("cache file header outgrew its offset");
+  head.resize(static_cast<size_t>(first), '\0');
+  out.storage.reserve(2);
+  out.storage.push_back(std::move(head));
+  out.storage.push_back(std::string(static_cast<size_t>(kCacheSectionAlign), '\0'));  // padding source
+  out.pieces.push_back(out.storage[0]);
+  out.size = first;
+  for (const SectionSpec& s : sections) {
+    out.pieces.push_back(s.bytes);
+    const int64_t end = out.size + static_cast<int64_t>(s.bytes.size());
+    const int64_t pad = AlignUp(end) - end;
+    if (pad > 0) out.pieces.push_back(std::string_view(out.storage[1]).substr(0, static_cast<size_t>(pad)));
+    out.size = end + pad;
+  }
+  return out;
+}
+
+Result<DecodedCacheFile> DecodeCacheFile(std::string data, std::string_view expect_kind, std::string_view expect_fingerprint) {
+  DecodedCacheFile f;
+  f.data = std::make_shared<const std::string>(std::move(data));
+  const std::string& d = *f.data;
+  if (d.size() < kPrefixBytes + 4) return Corrupt("cache file: " + std::to_string(d.size()) + " bytes, shorter than a header");
+  if (std::memcmp(d.data(), kCacheFileMagic, sizeof(kCacheFileMagic)) != 0) return Corrupt("cache file: not an Anchorage cache file (magic)");
+  if (const uint32_t v = GetU32(d.data() + 8); v != kCacheFileVersion)
+    return Corrupt("cache file: format version " + std::to_string(v) + ", this build reads " + std::to_string(kCacheFileVersion));
+  const size_t json_size = GetU32(d.data() + 12);
+  if (json_size > d.size() - kPrefixBytes - 4) return Corrupt("cache file: the header runs past the end (truncated?)");
+  if (Crc32c(d.data(), kPrefixBytes + json_size) != GetU32(d.data() + kPrefixBytes + json_size))
+    return Corrupt("cache file: header checksum mismatch");
+  const nlohmann::json h = nlohmann::json::parse(d.begin() + kPrefixBytes, d.begin() + static_cast<long>(kPrefixBytes + json_size), nullptr, false);
+  if (!h.is_object() || !h.contains("sections") || !h["sections"].is_array()) return Corrupt("cache file: malformed header");
+  try {
+    f.header.kind = h.at("kind").get<std::string>();
+    f.header.fingerprint = h.at("fingerprint").get<std::string>();
+    f.header.tokens = h.at("tokens").get<int64_t>();
+    f.header.links = h.at("links").get<std::vector<std::string>>();
+    if (f.header.kind != expect_kind) return Corrupt("cache file: a " + f.header.kind + " file where a " + std::string(expect_kind) + " was expected");
+    if (f.header.fingerprint != expect_fingerprint)
+      return Corrupt("cache file: written under fingerprint " + f.header.fingerprint.substr(0, 12) + ", this engine's is " +
+                     std::string(expect_fingerprint.substr(0, 12)));
+    for (const nlohmann::json& s : h["sections"]) {
+      DecodedSection sec;
+      sec.name = s.at("name").get<std::string>();
+      const std::string dtype = s.at("dtype").get<std::string>();
+      if (dtype != "f32" && dtype != "i32") return Corrupt("cache file: section " + sec.name + " has dtype " + dtype);
+      sec.dtype = dtype == "f32" ? SectionDType::kF32 : SectionDType::kI32;
+      sec.shape = s.at("shape").get<std::vector<int64_t>>();
+      const int64_t offset = s.at("offset").get<int64_t>(), bytes = s.at("bytes").get<int64_t>();
+      const int64_t elements = Elements(sec.shape);
+      if (elements < 0 || elements * DTypeSize(sec.dtype) != bytes) return Corrupt("cache file: section " + sec.name + " size does not match its shape");
+      if (offset < 0 || bytes < 0 || offset > static_cast<int64_t>(d.size()) || bytes > static_cast<int64_t>(d.size()) - offset)
+        return Corrupt("cache file: section " + sec.name + " runs past the end of the file (truncated?)");
+      sec.bytes = std::string_view(d).substr(static_cast<size_t>(offset), static_cast<size_t>(bytes));
+      if (Crc32c(sec.bytes) != s.at("crc32c").get<uint32_t>()) return Corrupt("cache file: section " + sec.name + " checksum mismatch");
+      f.sections.push_back(std::move(sec));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return Corrupt(std::string("cache file: malformed header: ") + e.what());
+  }
+  return f;
+}
+
+}  // namespace anchorage

@@ -1,0 +1,64 @@
+// The disk caches' file format: a header (magic, version, kind, fingerprint, token count, and a table
+// of sections with name, dtype, shape, offset, size and crc32c), then 4 KiB-aligned sections.
+// Decoding checks everything before a byte is used; any mismatch is a Corrupt status naming it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/core/status.h"
+
+namespace anchorage {
+
+inline constexpr char kCacheFileMagic[8] = {'A', 'N', 'C', 'H', 'C', 'A', 'C', 'H'};
+inline constexpr uint32_t kCacheFileVersion = 1;
+inline constexpr int64_t kCacheSectionAlign = 4096;
+
+enum class SectionDType { kF32, kI32 };
+const char* SectionDTypeName(SectionDType dtype);
+
+struct SectionSpec {
+  std::string name;
+  SectionDType dtype = SectionDType::kF32;
+  std::vector<int64_t> shape;
+  std::string_view bytes;  // shape's element count times the dtype's size
+};
+
+struct CacheFileHeader {
+  std::string kind;         // "chunk", "anchor", ...
+  std::string fingerprint;  // the state fingerprint the rows were computed under
+  int64_t tokens = 0;       // the prefix length the file ends at
+  std::vector<std::string> links;  // names of other files this one needs (an anchor's chunks)
+};
+
+// The file as pieces to write in order (header, then each section and its padding); the views
+// point into `storage` and into the sections' bytes, which must outlive the write.
+struct EncodedCacheFile {
+  std::vector<std::string> storage;
+  std::vector<std::string_view> pieces;
+  int64_t size = 0;
+};
+Result<EncodedCacheFile> EncodeCacheFile(const CacheFileHeader& header, const std::vector<SectionSpec>& sections);
+
+struct DecodedSection {
+  std::string name;
+  SectionDType dtype;
+  std::vector<int64_t> shape;
+  std::string_view bytes;  // into DecodedCacheFile::data
+};
+
+struct DecodedCacheFile {
+  CacheFileHeader header;
+  std::shared_ptr<const std::string> data;  // the whole file (shared, so the views survive a move)
+  std::vector<DecodedSection> sections;
+  const DecodedSection* Find(std::string_view name) const;
+};
+
+// Parses and verifies a whole file: magic, version, header crc, kind and fingerprint as expected,
+// every section inside the file, its size matching dtype and shape, and its crc32c.
+Result<DecodedCacheFile> DecodeCacheFile(std::string data, std::string_view expect_kind, std::string_view expect_fingerprint);
+
+}  // namespace anchorage

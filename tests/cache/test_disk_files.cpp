@@ -1,0 +1,289 @@
+// The disk tier's files: crc32c; a chunk and an anchor written crash-safe, read back and restored
+// resume bit for bit as a cold prefill; a flipped byte, a truncation, another fingerprint, kind or
+// layout is refused; a fault at every step of a write (or ENOSPC, or SIGKILL) leaves either the old
+// file or the new one, never a wrong one, and no .tmp after the start-up sweep.
+#include <QtTest>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "engine/cache/disk_env.h"
+#include "engine/cache/disk_files.h"
+#include "engine/core/crc32c.h"
+#include "engine/model/model.h"
+#include "engine/model/tiny_model.h"
+#include "engine/runtime/forward.h"
+#include "tests/cache/cache_test_util.h"
+
+using namespace anchorage;
+using anchorage::testing::Tokens;
+
+namespace {
+
+// Fails the operation numbered fail_at (0-based; Append, Sync, Close, Rename, SyncDirectory count),
+// with ENOSPC's message; with crash set, every later operation fails too, as if the process died.
+class FaultEnv : public DiskEnv {
+ public:
+  int64_t fail_at = -1;
+  bool crash = false;
+  int64_t ops = 0;
+
+  bool Fails() {
+    const int64_t n = ops++;
+    return (fail_at >= 0 && n == fail_at) || (crash && fail_at >= 0 && n > fail_at);
+  }
+  Status Injected(const std::string& what) { return IoError(what + ": No space left on device (injected)"); }
+
+  class File : public WritableFile {
+   public:
+    File(FaultEnv& env, std::unique_ptr<WritableFile> real) : env_(env), real_(std::move(real)) {}
+    Status Append(std::string_view b) override { return env_.Fails() ? env_.Injected("write") : real_->Append(b); }
+    Status Sync() override { return env_.Fails() ? env_.Injected("fsync") : real_->Sync(); }
+    Status Close() override {
+      Status s = real_->Close();
+      return env_.Fails() ? env_.Injected("close") : s;
+    }
+
+   private:
+    FaultEnv& env_;
+    std::unique_ptr<WritableFile> real_;
+  };
+
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    if (Fails()) return Injected("create " + path);
+    ASSIGN_OR_RETURN(auto real, Posix().NewWritableFile(path));
+    return std::unique_ptr<WritableFile>(new File(*this, std::move(real)));
+  }
+  Status Rename(const std::string& a, const std::string& b) override { return Fails() ? Injected("rename") : Posix().Rename(a, b); }
+  Status Remove(const std::string& p) override {
+    if (crash && fail_at >= 0 && ops > fail_at) return Injected("remove");  // a dead process removes nothing
+    return Posix().Remove(p);
+  }
+  Status SyncDirectory(const std::string& d) override { return Fails() ? Injected("fsync dir") : Posix().SyncDirectory(d); }
+  Result<std::string> ReadFile(const std::string& p) override { return Posix().ReadFile(p); }
+  Result<std::vector<std::string>> ListFiles(const std::string& d) override { return Posix().ListFiles(d); }
+  Result<int64_t> FreeBytes(const std::string& d) override { return Posix().FreeBytes(d); }
+};
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+Status Write(DiskEnv& env, const std::string& path, const EncodedCacheFile& file) {
+  return WriteFileCrashSafe(env, path, file.pieces);
+}
+
+}  // namespace
+
+class TestDiskFiles : public QObject {
+  Q_OBJECT
+  QTemporaryDir model_dir_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Forward> forward_;
+  std::string fp_;
+
+ private slots:
+  void initTestCase() {
+    QVERIFY(GenerateTinyModel(TinyModelSize::kTiny, 3, model_dir_.path().toStdString()).ok());
+    auto m = LoadModel(model_dir_.path().toStdString());
+    QVERIFY(m.ok());
+    model_ = std::move(m).value();
+    auto f = Forward::Create(model_->config, model_->weights, ForwardOptions{64, 2});
+    QVERIFY(f.ok());
+    forward_ = std::move(f).value();
+    fp_ = Forward::StateFingerprint(model_->fingerprint);
+  }
+
+  void crc32c() {
+    QCOMPARE(Crc32c("123456789"), 0xe3069283u);  // the standard check value
+    QCOMPARE(Crc32cPortable("123456789", 9), 0xe3069283u);
+    std::mt19937 rng(7);
+    std::string buf(10000, '\0');
+    for (auto& c : buf) c = static_cast<char>(rng());
+    for (size_t off : {0, 1, 3, 7})
+      for (size_t n : {0, 1, 7, 8, 9, 63, 64, 1000, 9000}) {
+        QCOMPARE(Crc32c(buf.data() + off, n), Crc32cPortable(buf.data() + off, n));
+        QCOMPARE(Crc32c(buf.data() + off + n / 2, n - n / 2, Crc32c(buf.data() + off, n / 2)), Crc32c(buf.data() + off, n));
+      }
+  }
+
+  void prefixHashesChain() {
+    const auto a = Tokens(1, 200, 500), b = Tokens(2, 200, 500);
+    const auto ha = PrefixHashes(a, 64);
+    QCOMPARE(ha.size(), size_t(3));
+    std::vector<int32_t> c(a.begin(), a.begin() + 128);
+    c.insert(c.end(), b.begin(), b.begin() + 72);
+    const auto hc = PrefixHashes(c, 64);
+    QCOMPARE(hc[0], ha[0]);
+    QCOMPARE(hc[1], ha[1]);
+    QVERIFY(hc[2] != ha[2]);
+    QVERIFY(PrefixHashes(b, 64)[0] != ha[0]);
+  }
+
+  // A chunk and an anchor written, reopened and restored into a fresh state continue exactly as a cold prefill.
+  void restoreIsBitExact() {
+    QTemporaryDir dir;
+    const auto ids = Tokens(5, 200, model_->tokenizer.vocab_size());
+    SequenceState cold(model_->config);
+    QVERIFY(forward_->Prefill(cold, std::span(ids.data(), 128)).ok());
+    const auto hashes = PrefixHashes(ids, 64);
+    std::vector<std::string> chunk_names;
+    for (int64_t c = 0; c < 2; ++c) {
+      auto rows = cold.CopyRows(c * 64, (c + 1) * 64);
+      QVERIFY(rows.ok());
+      ChunkFile chunk{std::vector<int32_t>(ids.begin() + c * 64, ids.begin() + (c + 1) * 64), std::move(rows).value()};
+      auto encoded = EncodeChunk(model_->config, fp_, chunk);
+      QVERIFY(encoded.ok());
+      chunk_names.push_back(ChunkFileName(hashes[c]));
+      QVERIFY(Write(DiskEnv::Posix(), dir.filePath(QString::fromStdString(chunk_names.back())).toStdString(), *encoded).ok());
+    }
+    AnchorFile anchor{cold.SaveAnchor(), chunk_names};
+    auto encoded = EncodeAnchor(model_->config, fp_, anchor);
+    QVERIFY(encoded.ok());
+    const std::string anchor_path = dir.filePath(QString::fromStdString(AnchorFileName(hashes[1]))).toStdString();
+    QVERIFY(Write(DiskEnv::Posix(), anchor_path, *encoded).ok());
+    auto cold_next = forward_->Prefill(cold, std::span(ids.data() + 128, 72), LogitsRows::kAll);
+    QVERIFY(cold_next.ok());
+
+    SequenceState warm(model_->config);
+    auto read_anchor = DecodeAnchor(model_->config, fp_, *ReadFile(anchor_path));
+    QVERIFY2(read_anchor.ok(), read_anchor.status().ToString().c_str());
+    QCOMPARE(read_anchor->chunks, chunk_names);
+    for (const std::string& name : read_anchor->chunks) {
+      auto chunk = DecodeChunk(model_->config, fp_, *ReadFile(dir.filePath(QString::fromStdString(name)).toStdString()));
+      QVERIFY2(chunk.ok(), chunk.status().ToString().c_str());
+      QVERIFY(std::equal(chunk->tokens.begin(), chunk->tokens.end(), ids.begin() + chunk->rows.begin));
+      QVERIFY(warm.WriteRows(chunk->rows).ok());
+    }
+    QVERIFY(warm.RestoreAnchor(read_anchor->anchor).ok());
+    auto warm_next = forward_->Prefill(warm, std::span(ids.data() + 128, 72), LogitsRows::kAll);
+    QVERIFY(warm_next.ok());
+    QVERIFY(SameBits(*cold_next, *warm_next));
+    QVERIFY(cold.BitEqual(warm));
+  }
+
+  void damagedFilesAreRefused() {
+    const auto ids = Tokens(9, 64, model_->tokenizer.vocab_size());
+    SequenceState s(model_->config);
+    QVERIFY(forward_->Prefill(s, ids).ok());
+    ChunkFile chunk{ids, *s.CopyRows(0, 64)};
+    auto encoded = EncodeChunk(model_->config, fp_, chunk);
+    QVERIFY(encoded.ok());
+    std::string bytes;
+    for (std::string_view p : encoded->pieces) bytes += p;
+    QCOMPARE(int64_t(bytes.size()), encoded->size);
+    QVERIFY(DecodeChunk(model_->config, fp_, bytes).ok());
+    // A flipped bit anywhere in the header or a section (the padding between sections is not read).
+    std::vector<size_t> positions = {0, 5, 9, 14, 20, 100, 300};
+    for (size_t at = kCacheSectionAlign; at < bytes.size(); at += 997) positions.push_back(at);
+    auto decoded = DecodeCacheFile(bytes, "chunk", fp_);
+    QVERIFY(decoded.ok());
+    const auto covered = [&](size_t at) {
+      if (at < 16) return true;
+      for (const auto& sec : decoded->sections) {
+        const size_t begin = static_cast<size_t>(sec.bytes.data() - decoded->data->data());
+        if (at >= begin && at < begin + sec.bytes.size()) return true;
+      }
+      const size_t json = *reinterpret_cast<const uint32_t*>(bytes.data() + 12);
+      return at < 16 + json + 4;
+    };
+    int checked = 0;
+    for (size_t at : positions) {
+      if (at >= bytes.size() || !covered(at)) continue;
+      std::string bad = bytes;
+      bad[at] = static_cast<char>(bad[at] ^ 0x10);
+      auto r = DecodeChunk(model_->config, fp_, bad);
+      QVERIFY2(!r.ok() && r.status().code() == StatusCode::kCorrupt, qPrintable(QString("flip at %1 accepted").arg(at)));
+      ++checked;
+    }
+    QVERIFY(checked > 5);
+    for (size_t len : {size_t(0), size_t(10), size_t(100), size_t(kCacheSectionAlign), bytes.size() / 2, bytes.size() - 1}) {
+      auto r = DecodeChunk(model_->config, fp_, bytes.substr(0, len));
+      QVERIFY2(!r.ok(), qPrintable(QString("truncated to %1 accepted").arg(len)));
+    }
+    auto other = DecodeChunk(model_->config, "another-fingerprint", bytes);
+    QVERIFY(!other.ok());
+    QVERIFY(other.status().message().find("fingerprint") != std::string::npos);
+    QVERIFY(!DecodeAnchor(model_->config, fp_, bytes).ok());  // a chunk is not an anchor
+    ModelConfig wider = model_->config;
+    wider.head_dim *= 2;
+    QVERIFY(!DecodeChunk(wider, fp_, bytes).ok());  // another model's layout
+  }
+
+  // A fault at every operation of a write, and a crash after it: the old file or the new, never a
+  // torn one; after the start-up sweep no .tmp is left.
+  void faultAtEveryStepKeepsOldOrNew() {
+    const auto ids = Tokens(11, 64, model_->tokenizer.vocab_size());
+    SequenceState s(model_->config);
+    QVERIFY(forward_->Prefill(s, ids).ok());
+    const ChunkFile first{ids, *s.CopyRows(0, 64)};
+    ChunkFile second = first;
+    second.rows.data[0] += 1.0f;
+    auto old_file = EncodeChunk(model_->config, fp_, first), new_file = EncodeChunk(model_->config, fp_, second);
+    QVERIFY(old_file.ok() && new_file.ok());
+    FaultEnv counter;
+    {
+      QTemporaryDir dir;
+      QVERIFY(Write(counter, dir.filePath("x.chunk").toStdString(), *new_file).ok());
+    }
+    const int64_t total_ops = counter.ops;
+    QVERIFY(total_ops >= 5);
+    for (bool crash : {false, true})
+      for (int64_t at = 0; at < total_ops; ++at) {
+        QTemporaryDir dir;
+        const std::string path = dir.filePath("x.chunk").toStdString();
+        QVERIFY(Write(DiskEnv::Posix(), path, *old_file).ok());
+        FaultEnv env;
+        env.fail_at = at;
+        env.crash = crash;
+        const Status s = Write(env, path, *new_file);
+        QVERIFY2(!s.ok(), qPrintable(QString("op %1").arg(at)));
+        QVERIFY(s.message().find("No space left") != std::string::npos);
+        auto swept = SweepTemporaries(DiskEnv::Posix(), dir.path().toStdString());
+        QVERIFY(swept.ok());
+        if (!crash) QCOMPARE(*swept, 0);  // a failing write cleans up after itself
+        auto names = DiskEnv::Posix().ListFiles(dir.path().toStdString());
+        QCOMPARE(*names, std::vector<std::string>{"x.chunk"});
+        auto back = DecodeChunk(model_->config, fp_, *ReadFile(path));
+        QVERIFY2(back.ok(), qPrintable(QString("op %1, crash %2: %3").arg(at).arg(crash).arg(QString::fromStdString(back.status().message()))));
+        const bool is_old = SameBits(back->rows.data, first.rows.data), is_new = SameBits(back->rows.data, second.rows.data);
+        QVERIFY(is_old || is_new);
+        if (at < total_ops - 1) QVERIFY2(is_old, qPrintable(QString("op %1: the new file appeared before its rename").arg(at)));
+      }
+  }
+
+  // A process killed with SIGKILL while it rewrites a file: after the sweep the file is whole.
+  void sigkillMidWrite() {
+    QTemporaryDir dir;
+    const std::string path = dir.filePath("big.chunk").toStdString();
+    std::vector<float> payload(size_t(8) << 20, 1.5f);  // 32 MiB
+    const std::vector<SectionSpec> sections = {
+        {"kv", SectionDType::kF32, {int64_t(payload.size())}, std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size() * 4)}};
+    auto file = EncodeCacheFile({"blob", fp_, 1, {}}, sections);
+    QVERIFY(file.ok());
+    QVERIFY(Write(DiskEnv::Posix(), path, *file).ok());
+    const pid_t child = ::fork();
+    QVERIFY(child >= 0);
+    if (child == 0) {
+      for (;;) (void)Write(DiskEnv::Posix(), path, *file);
+    }
+    ::usleep(150 * 1000);
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    QVERIFY(WIFSIGNALED(status));
+    QVERIFY(SweepTemporaries(DiskEnv::Posix(), dir.path().toStdString()).ok());
+    QCOMPARE(*DiskEnv::Posix().ListFiles(dir.path().toStdString()), std::vector<std::string>{"big.chunk"});
+    auto back = DecodeCacheFile(*ReadFile(path), "blob", fp_);
+    QVERIFY2(back.ok(), back.status().ToString().c_str());
+    QCOMPARE(back->sections.at(0).bytes.size(), payload.size() * 4);
+  }
+};
+
+QTEST_APPLESS_MAIN(TestDiskFiles)
+#include "test_disk_files.moc"
