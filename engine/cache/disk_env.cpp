@@ -68,6 +68,21 @@ class PosixEnv : public DiskEnv {
     return ok ? Status::Ok() : IoError("fsync " + dir + ": " + error);
   }
   Result<std::string> ReadFile(const std::string& path) override { return anchorage::ReadFile(path); }
+  Result<std::string> ReadFilePrefix(const std::string& path, int64_t max_bytes) override {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return IoError("open " + path + ": " + Errno());
+    std::string out(static_cast<size_t>(max_bytes), '\0');
+    size_t got = 0;
+    while (got < out.size()) {
+      const ssize_t n = ::read(fd, out.data() + got, out.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    ::close(fd);
+    out.resize(got);
+    return out;
+  }
   Result<std::vector<std::string>> ListFiles(const std::string& dir) override {
     DIR* d = ::opendir(dir.c_str());
     if (d == nullptr) return IoError("list " + dir + ": " + Errno());
@@ -79,6 +94,11 @@ class PosixEnv : public DiskEnv {
     }
     ::closedir(d);
     return names;
+  }
+  Result<int64_t> FileSize(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return IoError("stat " + path + ": " + Errno());
+    return static_cast<int64_t>(st.st_size);
   }
   Result<int64_t> FreeBytes(const std::string& dir) override {
     struct statvfs s;

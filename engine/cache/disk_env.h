@@ -30,9 +30,12 @@ class DiskEnv {
   virtual Status Remove(const std::string& path) = 0;
   virtual Status SyncDirectory(const std::string& dir) = 0;
   virtual Result<std::string> ReadFile(const std::string& path) = 0;
+  // Up to max_bytes from the start of the file (a header).
+  virtual Result<std::string> ReadFilePrefix(const std::string& path, int64_t max_bytes) = 0;
   // Names (not paths) of the regular files in dir.
   virtual Result<std::vector<std::string>> ListFiles(const std::string& dir) = 0;
   virtual Result<int64_t> FreeBytes(const std::string& dir) = 0;
+  virtual Result<int64_t> FileSize(const std::string& path) = 0;
 
   // The real file system.
   static DiskEnv& Posix();

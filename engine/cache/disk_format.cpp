@@ -97,6 +97,22 @@ Result<EncodedCacheFile> EncodeCacheFile(const CacheFileHeader& header, const st
   return out;
 }
 
+Result<CacheFileHeader> PeekCacheFileHeader(std::string_view d) {
+  if (d.size() < kPrefixBytes + 4 || std::memcmp(d.data(), kCacheFileMagic, sizeof(kCacheFileMagic)) != 0)
+    return Corrupt("cache file: not an Anchorage cache file (magic)");
+  const size_t json_size = GetU32(d.data() + 12);
+  if (GetU32(d.data() + 8) != kCacheFileVersion || json_size > d.size() - kPrefixBytes - 4 ||
+      Crc32c(d.data(), kPrefixBytes + json_size) != GetU32(d.data() + kPrefixBytes + json_size))
+    return Corrupt("cache file: unreadable header");
+  const nlohmann::json h = nlohmann::json::parse(d.substr(kPrefixBytes, json_size), nullptr, false);
+  if (!h.is_object()) return Corrupt("cache file: malformed header");
+  CacheFileHeader out;
+  out.kind = h.value("kind", "");
+  out.fingerprint = h.value("fingerprint", "");
+  out.tokens = h.value("tokens", int64_t(0));
+  return out;
+}
+
 Result<DecodedCacheFile> DecodeCacheFile(std::string data, std::string_view expect_kind, std::string_view expect_fingerprint) {
   DecodedCacheFile f;
   f.data = std::make_shared<const std::string>(std::move(data));

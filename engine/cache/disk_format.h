@@ -57,6 +57,9 @@ struct DecodedCacheFile {
   const DecodedSection* Find(std::string_view name) const;
 };
 
+// The header alone from the file's first bytes (no section is read or checked): for sweeps.
+Result<CacheFileHeader> PeekCacheFileHeader(std::string_view head);
+
 // Parses and verifies a whole file: magic, version, header crc, kind and fingerprint as expected,
 // every section inside the file, its size matching dtype and shape, and its crc32c.
 Result<DecodedCacheFile> DecodeCacheFile(std::string data, std::string_view expect_kind, std::string_view expect_fingerprint);

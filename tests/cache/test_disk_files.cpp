@@ -66,8 +66,10 @@ class FaultEnv : public DiskEnv {
   }
   Status SyncDirectory(const std::string& d) override { return Fails() ? Injected("fsync dir") : Posix().SyncDirectory(d); }
   Result<std::string> ReadFile(const std::string& p) override { return Posix().ReadFile(p); }
+  Result<std::string> ReadFilePrefix(const std::string& p, int64_t n) override { return Posix().ReadFilePrefix(p, n); }
   Result<std::vector<std::string>> ListFiles(const std::string& d) override { return Posix().ListFiles(d); }
   Result<int64_t> FreeBytes(const std::string& d) override { return Posix().FreeBytes(d); }
+  Result<int64_t> FileSize(const std::string& p) override { return Posix().FileSize(p); }
 };
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {

@@ -1,0 +1,227 @@
+// The disk tier's store on the tiny model with a 64-token grid: a state put, the tier reopened (in
+// this process and in a child process) and restored continues bit for bit as a cold prefill;
+// shared lines are written once; a corrupted chunk is refused, deleted with the longer lines, and
+// the rest still serves; files of another fingerprint and cut-short writes are swept at open;
+// the budget evicts the least recently used.
+#include <QtTest>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "engine/cache/disk_files.h"
+#include "engine/cache/disk_tier.h"
+#include "engine/core/file_util.h"
+#include "engine/model/model.h"
+#include "engine/model/tiny_model.h"
+#include "engine/runtime/forward.h"
+#include "tests/cache/cache_test_util.h"
+
+using namespace anchorage;
+using anchorage::testing::Concat;
+using anchorage::testing::Head;
+using anchorage::testing::Tokens;
+
+namespace {
+
+constexpr int64_t kGrid = 64;
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+}  // namespace
+
+class TestDiskTier : public QObject {
+  Q_OBJECT
+  QTemporaryDir model_dir_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Forward> forward_;
+  std::string fp_;
+  int32_t vocab_ = 0;
+
+  std::unique_ptr<DiskTier> Open(const QTemporaryDir& dir, int64_t budget = int64_t(1) << 40, const std::string& fp = "") {
+    auto t = DiskTier::Open(DiskEnv::Posix(), model_->config, fp.empty() ? fp_ : fp,
+                            DiskTierOptions{dir.filePath("disk").toStdString(), kGrid, budget});
+    return t.ok() ? std::move(t).value() : nullptr;
+  }
+
+  // The state of a cold prefill of prompt[0, length).
+  SequenceState Cold(const std::vector<int32_t>& prompt, int64_t length) {
+    SequenceState s(model_->config);
+    if (!forward_->Prefill(s, std::span(prompt.data(), size_t(length))).ok()) qFatal("prefill failed");
+    return s;
+  }
+
+  // Restores at line, prefills the rest of prompt; the logits and state must equal a cold prefill's.
+  void ExpectExactResume(DiskTier& tier, const std::vector<int32_t>& prompt, int64_t line) {
+    SequenceState warm(model_->config);
+    const Status s = tier.Restore(prompt, line, warm);
+    QVERIFY2(s.ok(), s.ToString().c_str());
+    QCOMPARE(warm.length(), line);
+    auto warm_logits = forward_->Prefill(warm, std::span(prompt.data() + line, prompt.size() - size_t(line)));
+    SequenceState cold(model_->config);
+    auto cold_logits = forward_->Prefill(cold, prompt);
+    QVERIFY(warm_logits.ok() && cold_logits.ok());
+    QVERIFY(SameBits(*warm_logits, *cold_logits));
+    QVERIFY(warm.BitEqual(cold));
+  }
+
+ private slots:
+  void initTestCase() {
+    QVERIFY(GenerateTinyModel(TinyModelSize::kTiny, 13, model_dir_.path().toStdString()).ok());
+    auto m = LoadModel(model_dir_.path().toStdString());
+    QVERIFY(m.ok());
+    model_ = std::move(m).value();
+    vocab_ = model_->tokenizer.vocab_size();
+    auto f = Forward::Create(model_->config, model_->weights, ForwardOptions{kGrid, 2});
+    QVERIFY(f.ok());
+    forward_ = std::move(f).value();
+    fp_ = Forward::StateFingerprint(model_->fingerprint);
+  }
+
+  void putReopenRestore() {
+    QTemporaryDir dir;
+    const auto a = Tokens(1, 300, vocab_);
+    {
+      auto tier = Open(dir);
+      QVERIFY(tier);
+      QVERIFY(tier->Put(a, Cold(a, 192)).ok());
+      QCOMPARE(tier->stats().chunks_written, int64_t(3));
+      QCOMPARE(tier->stats().anchors_written, int64_t(1));
+      QVERIFY(!tier->Put(a, Cold(a, 100)).ok());  // not on a line
+    }
+    auto tier = Open(dir);
+    QVERIFY(tier);
+    QCOMPARE(tier->stats().files, int64_t(4));
+    QCOMPARE(tier->Find(a, 300), int64_t(192));
+    QCOMPARE(tier->Find(a, 191), int64_t(0));
+    ExpectExactResume(*tier, a, 192);
+    // Another prompt sharing 130 tokens shares two chunks: a put at 256 writes two new ones.
+    const auto b = Concat(Head(a, 130), Tokens(2, 170, vocab_));
+    QCOMPARE(tier->Find(b, 300), int64_t(0));  // no anchor at 64 or 128
+    QVERIFY(tier->Put(b, Cold(b, 256)).ok());
+    QCOMPARE(tier->stats().chunks_written, int64_t(2));
+    QCOMPARE(tier->Find(b, 300), int64_t(256));
+    ExpectExactResume(*tier, b, 256);
+  }
+
+  // A child process opens the tier the parent wrote and restores; its logits equal the parent's cold ones.
+  void restoreInAnotherProcess() {
+    QTemporaryDir dir;
+    const auto a = Tokens(3, 200, vocab_);
+    {
+      auto tier = Open(dir);
+      QVERIFY(tier && tier->Put(a, Cold(a, 128)).ok());
+    }
+    const std::string out = dir.filePath("child-logits").toStdString();
+    const pid_t child = ::fork();
+    QVERIFY(child >= 0);
+    if (child == 0) {
+      int code = 1;
+      auto tier = Open(dir);
+      SequenceState warm(model_->config);
+      if (tier && tier->Restore(a, 128, warm).ok()) {
+        auto logits = forward_->Prefill(warm, std::span(a.data() + 128, a.size() - 128));
+        if (logits.ok()) {
+          std::ofstream f(out, std::ios::binary);
+          f.write(reinterpret_cast<const char*>(logits->data()), std::streamsize(logits->size() * 4));
+          code = f.good() ? 0 : 1;
+        }
+      }
+      ::_exit(code);
+    }
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    QVERIFY(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    SequenceState cold(model_->config);
+    auto cold_logits = forward_->Prefill(cold, a);
+    QVERIFY(cold_logits.ok());
+    auto bytes = ReadFile(out);
+    QVERIFY(bytes.ok());
+    QCOMPARE(bytes->size(), cold_logits->size() * 4);
+    QVERIFY(std::memcmp(bytes->data(), cold_logits->data(), bytes->size()) == 0);
+  }
+
+  void corruptChunkIsRefusedAndDropped() {
+    QTemporaryDir dir;
+    const auto a = Tokens(4, 300, vocab_);
+    const auto b = Concat(Head(a, 64), Tokens(5, 236, vocab_));  // shares chunk 0 only
+    auto tier = Open(dir);
+    QVERIFY(tier);
+    QVERIFY(tier->Put(a, Cold(a, 192)).ok());
+    QVERIFY(tier->Put(b, Cold(b, 128)).ok());
+    // Flip a byte inside a's second chunk.
+    const std::string victim = dir.filePath("disk").toStdString() + "/" + ChunkFileName(PrefixHashes(a, kGrid)[1]);
+    std::string bytes = *ReadFile(victim);
+    bytes[bytes.size() / 2] ^= 0x01;
+    QVERIFY(WriteFileAtomic(victim, bytes).ok());
+    SequenceState warm(model_->config);
+    QVERIFY(forward_->Prefill(warm, std::span(a.data(), 10)).ok());
+    const Status s = tier->Restore(a, 192, warm);
+    QCOMPARE(s.code(), StatusCode::kCorrupt);
+    QVERIFY2(s.message().find("checksum") != std::string::npos, s.message().c_str());
+    QCOMPARE(warm.length(), int64_t(0));  // reset, never half-restored
+    QCOMPARE(tier->stats().failed_restores, int64_t(1));
+    QVERIFY(!FileExists(victim));
+    QCOMPARE(tier->Find(a, 300), int64_t(0));  // its anchor at 192 went with the chunk
+    QCOMPARE(tier->Find(b, 300), int64_t(128));  // the other prompt still serves
+    ExpectExactResume(*tier, b, 128);
+    // Files copied under another prompt's names (a stale or planted file) are refused too.
+    const auto b_chunk0 = dir.filePath("disk").toStdString() + "/" + ChunkFileName(PrefixHashes(b, kGrid)[0]);
+    const auto c = Concat(Tokens(6, 64, vocab_), Tokens(7, 100, vocab_));
+    QVERIFY(WriteFileAtomic(dir.filePath("disk").toStdString() + "/" + ChunkFileName(PrefixHashes(c, kGrid)[0]), *ReadFile(b_chunk0)).ok());
+    QVERIFY(WriteFileAtomic(dir.filePath("disk").toStdString() + "/" + AnchorFileName(PrefixHashes(c, kGrid)[0]),
+                            *ReadFile(dir.filePath("disk").toStdString() + "/" + AnchorFileName(PrefixHashes(b, kGrid)[1]))).ok());
+    auto reopened = Open(dir);
+    QVERIFY(reopened);
+    QCOMPARE(reopened->Find(c, 164), int64_t(64));
+    const Status wrong = reopened->Restore(c, 64, warm);
+    QVERIFY(!wrong.ok());
+  }
+
+  void openSweepsForeignAndTemporaryFiles() {
+    QTemporaryDir dir;
+    const auto a = Tokens(8, 200, vocab_);
+    {
+      auto tier = Open(dir);
+      QVERIFY(tier && tier->Put(a, Cold(a, 128)).ok());
+    }
+    QVERIFY(WriteFileAtomic(dir.filePath("disk/abc.chunk.tmp").toStdString(), "cut short").ok());
+    QVERIFY(WriteFileAtomic(dir.filePath("disk/junk.anchor").toStdString(), "not a cache file").ok());
+    auto same = Open(dir);
+    QVERIFY(same);
+    QCOMPARE(same->stats().swept_temporaries, 1);
+    QCOMPARE(same->stats().swept_foreign, int64_t(1));
+    QCOMPARE(same->Find(a, 200), int64_t(128));
+    auto other = Open(dir, int64_t(1) << 40, "another-fingerprint");
+    QVERIFY(other);
+    QCOMPARE(other->stats().swept_foreign, int64_t(3));
+    QCOMPARE(other->stats().files, int64_t(0));
+    QCOMPARE(other->Find(a, 200), int64_t(0));
+  }
+
+  void budgetEvictsLeastRecentlyUsed() {
+    QTemporaryDir dir;
+    const auto a = Tokens(9, 200, vocab_), b = Tokens(10, 200, vocab_);
+    auto tier = Open(dir);
+    QVERIFY(tier && tier->Put(a, Cold(a, 128)).ok());
+    const int64_t one_prompt = tier->stats().bytes;
+    QVERIFY(tier->Put(b, Cold(b, 128)).ok());
+    SequenceState s(model_->config);
+    QVERIFY(tier->Restore(a, 128, s).ok());  // a is now the most recently used
+    tier->set_budget_bytes(one_prompt + one_prompt / 2);
+    QVERIFY(tier->stats().bytes <= one_prompt + one_prompt / 2);
+    QVERIFY(tier->stats().evicted_files > 0);
+    QCOMPARE(tier->Find(a, 200), int64_t(128));
+    QCOMPARE(tier->Find(b, 200), int64_t(0));
+    QVERIFY(tier->Clear().ok());
+    QCOMPARE(tier->stats().files, int64_t(0));
+    QCOMPARE(tier->Find(a, 200), int64_t(0));
+  }
+};
+
+QTEST_APPLESS_MAIN(TestDiskTier)
+#include "test_disk_tier.moc"
