@@ -1,10 +1,17 @@
-// Helpers of the cache tests: deterministic token lists and list surgery.
+// Helpers of the cache tests: deterministic token lists and list surgery, a tiny engine.
 #pragma once
 
+#include <QTemporaryDir>
+
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/model/model.h"
+#include "engine/model/tiny_model.h"
+#include "engine/runtime/forward.h"
 #include "engine/runtime/sampler.h"
 
 namespace anchorage::testing {
@@ -34,6 +41,30 @@ inline SamplingParams Greedy(int64_t n) {
   p.max_tokens = n;
   p.logprobs = 2;
   return p;
+}
+
+// A generated tiny model, loaded, with a Forward on the given grid and its state fingerprint.
+struct TinyEngine {
+  QTemporaryDir dir;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Forward> forward;
+  std::string fingerprint;
+
+  bool Make(uint64_t seed, int64_t grid, int threads) {
+    if (!dir.isValid() || !GenerateTinyModel(TinyModelSize::kTiny, seed, dir.path().toStdString()).ok()) return false;
+    auto m = LoadModel(dir.path().toStdString());
+    if (!m.ok()) return false;
+    model = std::move(m).value();
+    auto f = Forward::Create(model->config, model->weights, ForwardOptions{grid, threads});
+    if (!f.ok()) return false;
+    forward = std::move(f).value();
+    fingerprint = Forward::StateFingerprint(model->fingerprint);
+    return true;
+  }
+};
+
+inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 inline std::vector<int32_t> Head(const std::vector<int32_t>& a, size_t n) { return {a.begin(), a.begin() + static_cast<long>(n)}; }

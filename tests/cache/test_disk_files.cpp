@@ -21,6 +21,7 @@
 #include "tests/cache/cache_test_util.h"
 
 using namespace anchorage;
+using anchorage::testing::SameBits;
 using anchorage::testing::Tokens;
 
 namespace {
@@ -72,9 +73,6 @@ class FaultEnv : public DiskEnv {
   Result<int64_t> FileSize(const std::string& p) override { return Posix().FileSize(p); }
 };
 
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
 
 Status Write(DiskEnv& env, const std::string& path, const EncodedCacheFile& file) {
   return WriteFileCrashSafe(env, path, file.pieces);
@@ -84,21 +82,17 @@ Status Write(DiskEnv& env, const std::string& path, const EncodedCacheFile& file
 
 class TestDiskFiles : public QObject {
   Q_OBJECT
-  QTemporaryDir model_dir_;
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<Forward> forward_;
+  testing::TinyEngine engine_;
+  Model* model_ = nullptr;
+  Forward* forward_ = nullptr;
   std::string fp_;
 
  private slots:
   void initTestCase() {
-    QVERIFY(GenerateTinyModel(TinyModelSize::kTiny, 3, model_dir_.path().toStdString()).ok());
-    auto m = LoadModel(model_dir_.path().toStdString());
-    QVERIFY(m.ok());
-    model_ = std::move(m).value();
-    auto f = Forward::Create(model_->config, model_->weights, ForwardOptions{64, 2});
-    QVERIFY(f.ok());
-    forward_ = std::move(f).value();
-    fp_ = Forward::StateFingerprint(model_->fingerprint);
+    QVERIFY(engine_.Make(3, 64, 2));
+    model_ = engine_.model.get();
+    forward_ = engine_.forward.get();
+    fp_ = engine_.fingerprint;
   }
 
   void crc32c() {

@@ -22,23 +22,21 @@
 using namespace anchorage;
 using anchorage::testing::Concat;
 using anchorage::testing::Head;
+using anchorage::testing::SameBits;
 using anchorage::testing::Tokens;
 
 namespace {
 
 constexpr int64_t kGrid = 64;
 
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
 
 }  // namespace
 
 class TestDiskTier : public QObject {
   Q_OBJECT
-  QTemporaryDir model_dir_;
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<Forward> forward_;
+  testing::TinyEngine engine_;
+  Model* model_ = nullptr;
+  Forward* forward_ = nullptr;
   std::string fp_;
   int32_t vocab_ = 0;
 
@@ -71,15 +69,11 @@ class TestDiskTier : public QObject {
 
  private slots:
   void initTestCase() {
-    QVERIFY(GenerateTinyModel(TinyModelSize::kTiny, 13, model_dir_.path().toStdString()).ok());
-    auto m = LoadModel(model_dir_.path().toStdString());
-    QVERIFY(m.ok());
-    model_ = std::move(m).value();
+    QVERIFY(engine_.Make(13, kGrid, 2));
+    model_ = engine_.model.get();
+    forward_ = engine_.forward.get();
+    fp_ = engine_.fingerprint;
     vocab_ = model_->tokenizer.vocab_size();
-    auto f = Forward::Create(model_->config, model_->weights, ForwardOptions{kGrid, 2});
-    QVERIFY(f.ok());
-    forward_ = std::move(f).value();
-    fp_ = Forward::StateFingerprint(model_->fingerprint);
   }
 
   void putReopenRestore() {

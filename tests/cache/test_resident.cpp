@@ -17,6 +17,7 @@ using namespace anchorage;
 using anchorage::testing::Concat;
 using anchorage::testing::Greedy;
 using anchorage::testing::Head;
+using anchorage::testing::SameBits;
 using anchorage::testing::Tokens;
 
 namespace {
@@ -24,9 +25,6 @@ namespace {
 constexpr int64_t kGrid = 64;
 
 
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 }  // namespace
 

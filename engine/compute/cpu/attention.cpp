@@ -23,24 +23,6 @@ void SoftmaxPrefix(float* p, int64_t valid) {
   for (int64_t l = 0; l < valid; ++l) p[l] *= inv;
 }
 
-// y [rows, cols] (=|+=) a [rows, k] · b [k, cols] (row stride ldb; in 32-column panels when panel_stride > 0).
-void PanelProduct(const Fp32Kernels& kernels, const float* a, int64_t lda, int64_t rows, const float* b, int64_t ldb,
-                  int64_t panel_stride, int64_t k, int64_t cols, float* y, int64_t ldy, bool accumulate) {
-  RowsTimesArgs p;
-  p.a = a;
-  p.lda = lda;
-  p.rows = rows;
-  p.b = b;
-  p.ldb = ldb;
-  p.b_panel_stride = panel_stride;
-  p.k = k;
-  p.cols = cols;
-  p.y = y;
-  p.ldy = ldy;
-  p.accumulate = accumulate;
-  kernels.rows_times(p);
-}
-
 // Query rows stacked per block: stacked row i = r * group + g is query row r of head g of the group.
 // Every stacked row's bits depend only on its own query, its position and the keys it sees.
 void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const float* q, int64_t q_stride,
@@ -91,7 +73,7 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
         }
     }
     const auto score = [&](int64_t i, int64_t rows, int64_t keys) {
-      PanelProduct(kernels, qs.data() + i * hd, hd, rows, kt.data(), kF32PanelColumns, hd * kF32PanelColumns, hd, keys,
+      RowsTimes(kernels, qs.data() + i * hd, hd, rows, kt.data(), kF32PanelColumns, hd * kF32PanelColumns, hd, keys,
                    scores.data() + i * len + l0, len, false);
     };
     if (full_row < m) score(full_row * group, stacked - full_row * group, l1 - l0);
@@ -115,7 +97,7 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
                     vp.data() + (c0 / kF32PanelColumns) * kAttentionKeyBlock * kF32PanelColumns + (l - l0) * kF32PanelColumns);
     }
     const auto values = [&](int64_t i, int64_t rows, int64_t keys) {
-      PanelProduct(kernels, scores.data() + i * len + l0, len, rows, vp.data(), kF32PanelColumns,
+      RowsTimes(kernels, scores.data() + i * len + l0, len, rows, vp.data(), kF32PanelColumns,
                    kAttentionKeyBlock * kF32PanelColumns, keys, hd, os.data() + i * hd, hd, l0 > 0);
     };
     if (full_row < m) values(full_row * group, stacked - full_row * group, l1 - l0);

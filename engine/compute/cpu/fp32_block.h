@@ -25,6 +25,24 @@ struct Fp32Kernels {
   void (*rows_times)(const RowsTimesArgs&);
 };
 
+// y [rows, cols] (=|+=) a [rows, k] · b [k, cols] (row stride ldb; in 32-column panels when panel_stride > 0).
+inline void RowsTimes(const Fp32Kernels& kernels, const float* a, int64_t lda, int64_t rows, const float* b, int64_t ldb,
+                      int64_t panel_stride, int64_t k, int64_t cols, float* y, int64_t ldy, bool accumulate) {
+  RowsTimesArgs p;
+  p.a = a;
+  p.lda = lda;
+  p.rows = rows;
+  p.b = b;
+  p.ldb = ldb;
+  p.k = k;
+  p.cols = cols;
+  p.b_panel_stride = panel_stride;
+  p.y = y;
+  p.ldy = ldy;
+  p.accumulate = accumulate;
+  kernels.rows_times(p);
+}
+
 extern const Fp32Kernels kFp32Portable, kFp32Emulated16, kFp32Avx2, kFp32Avx512;
 
 }  // namespace anchorage::cpu

@@ -10,27 +10,6 @@
 
 namespace anchorage::cpu {
 
-namespace {
-
-// y [rows, cols] (=|+=) a [rows, k] · b [k, cols], terms in order (the path's fp32 tile).
-void Product(const Fp32Kernels& kernels, const float* a, int64_t lda, int64_t rows, const float* b, int64_t ldb, int64_t k,
-             int64_t cols, float* y, int64_t ldy, bool accumulate) {
-  RowsTimesArgs p;
-  p.a = a;
-  p.lda = lda;
-  p.rows = rows;
-  p.b = b;
-  p.ldb = ldb;
-  p.k = k;
-  p.cols = cols;
-  p.y = y;
-  p.ldy = ldy;
-  p.accumulate = accumulate;
-  kernels.rows_times(p);
-}
-
-}  // namespace
-
 void GatedDeltaChunk(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, float* state, float* out,
                      int64_t out_stride) {
   assert(n >= 1 && n <= kDeltaChunkTokens);
@@ -62,8 +41,8 @@ void GatedDeltaChunk(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, f
   // Gram matrices K K^T and Q K^T (through K transposed), then decay weights and masks.
   for (int64_t j = 0; j < n; ++j)
     for (int64_t d = 0; d < dk; ++d) Kt[d * C + j] = in.k[j * in.k_stride + d];
-  Product(kernels, in.k, in.k_stride, n, Kt, C, dk, n, A, C, false);
-  Product(kernels, in.q, in.q_stride, n, Kt, C, dk, n, QK, C, false);
+  RowsTimes(kernels, in.k, in.k_stride, n, Kt, C, 0, dk, n, A, C, false);
+  RowsTimes(kernels, in.q, in.q_stride, n, Kt, C, 0, dk, n, QK, C, false);
   for (int64_t i = 0; i < n; ++i) {
     float* a = A + i * C;
     float* qk = QK + i * C;
@@ -84,22 +63,22 @@ void GatedDeltaChunk(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, f
     for (int64_t e = 0; e < dv; ++e) u[e] = beta[i] * vi[e];
     const float bw = beta[i] * eg[i];
     for (int64_t d = 0; d < dk; ++d) w[d] = bw * ki[d];
-    if (i > 0) Product(kernels, A + i * C, C, 1, UW, ld, i, ld, u, ld, true);
+    if (i > 0) RowsTimes(kernels, A + i * C, C, 1, UW, ld, 0, i, ld, u, ld, true);
   }
   // V' = U - W S0.
   for (int64_t i = 0; i < n; ++i)
     for (int64_t d = 0; d < dk; ++d) negW[i * dk + d] = -UW[i * ld + dv + d];
-  Product(kernels, negW, dk, n, state, dv, dk, dv, UW, ld, true);
+  RowsTimes(kernels, negW, dk, n, state, dv, 0, dk, dv, UW, ld, true);
   // o = diag(exp(G)) Q S0 + QK V'.
   for (int64_t i = 0; i < n; ++i)
     for (int64_t d = 0; d < dk; ++d) Qs[i * dk + d] = eg[i] * in.q[i * in.q_stride + d];
-  Product(kernels, Qs, dk, n, state, dv, dk, dv, out, out_stride, false);
-  Product(kernels, QK, C, n, UW, ld, n, dv, out, out_stride, true);
+  RowsTimes(kernels, Qs, dk, n, state, dv, 0, dk, dv, out, out_stride, false);
+  RowsTimes(kernels, QK, C, n, UW, ld, 0, n, dv, out, out_stride, true);
   // S = exp(G_{n-1}) S0 + (diag(tail) K)^T V'.
   for (int64_t j = 0; j < n; ++j)
     for (int64_t d = 0; d < dk; ++d) Kt[d * C + j] *= tail[j];
   for (int64_t i = 0; i < dk * dv; ++i) state[i] *= eg[n - 1];
-  Product(kernels, Kt, C, dk, UW, ld, n, dv, state, dv, true);
+  RowsTimes(kernels, Kt, C, dk, UW, ld, 0, n, dv, state, dv, true);
 }
 
 void GatedDeltaRecurrent(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, float* state, float* out,
