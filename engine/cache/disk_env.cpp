@@ -6,6 +6,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -67,16 +68,31 @@ class PosixEnv : public DiskEnv {
     ::close(fd);
     return ok ? Status::Ok() : IoError("fsync " + dir + ": " + error);
   }
-  Result<std::string> ReadFile(const std::string& path) override { return anchorage::ReadFile(path); }
-  Result<std::string> ReadFilePrefix(const std::string& path, int64_t max_bytes) override {
+  Result<std::string> ReadFile(const std::string& path) override { return Read(path, -1); }
+  Result<std::string> ReadFilePrefix(const std::string& path, int64_t max_bytes) override { return Read(path, max_bytes); }
+
+  // The file's first max_bytes (all of it when negative), sized once and read straight into place.
+  static Result<std::string> Read(const std::string& path, int64_t max_bytes) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return IoError("open " + path + ": " + Errno());
-    std::string out(static_cast<size_t>(max_bytes), '\0');
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      ::close(fd);
+      return IoError("stat " + path + ": " + Errno());
+    }
+    const int64_t size = max_bytes < 0 ? static_cast<int64_t>(st.st_size) : std::min<int64_t>(max_bytes, st.st_size);
+    ::posix_fadvise(fd, 0, size, POSIX_FADV_SEQUENTIAL);
+    std::string out(static_cast<size_t>(size), '\0');
     size_t got = 0;
     while (got < out.size()) {
       const ssize_t n = ::read(fd, out.data() + got, out.size() - got);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
+      if (n < 0) {
+        const std::string error = Errno();
+        ::close(fd);
+        return IoError("read " + path + ": " + error);
+      }
+      if (n == 0) break;
       got += static_cast<size_t>(n);
     }
     ::close(fd);
