@@ -81,8 +81,7 @@ Result<ChunkFile> DecodeChunk(const ModelConfig& c, const std::string& fingerpri
 
 Result<AnchorFile> DecodeAnchor(const ModelConfig& c, const std::string& fingerprint, std::string data) {
   ASSIGN_OR_RETURN(DecodedCacheFile f, DecodeCacheFile(std::move(data), "anchor", fingerprint));
-  const SequenceState probe(c);
-  ASSIGN_OR_RETURN(const DecodedSection* state, Section(f, "state", SectionDType::kF32, {probe.anchor_bytes() / 4}));
+  ASSIGN_OR_RETURN(const DecodedSection* state, Section(f, "state", SectionDType::kF32, {SequenceState::AnchorBytes(c) / 4}));
   AnchorFile out;
   out.anchor.length = f.header.tokens;
   out.anchor.data = Copy<float>(state->bytes);

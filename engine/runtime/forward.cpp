@@ -14,29 +14,30 @@
 namespace anchorage {
 
 using cpu::MatMulBf16;
+using cpu::Sized;
 using Packed = cpu::PackedBf16;
 
 struct Forward::Layer {
   LayerKind kind = LayerKind::kLinearAttention;
   std::vector<float> in_norm, post_norm;  // fp32 [H], 1 + w
-  const Packed* gate = nullptr;  // [I, H]
-  const Packed* up = nullptr;           // [I, H]
-  const Packed* down = nullptr;         // [H, I]
+  const Packed* gate = nullptr;           // [I, H]
+  const Packed* up = nullptr;             // [I, H]
+  const Packed* down = nullptr;           // [H, I]
   // GDN.
-  const Packed* qkv = nullptr;          // [conv_dim, H]
-  const Packed* z = nullptr;            // [Nv*dv, H]
-  const Packed* b = nullptr;            // [Nv, H]
-  const Packed* a = nullptr;            // [Nv, H]
-  const Packed* out = nullptr;          // [H, Nv*dv]
+  const Packed* qkv = nullptr;            // [conv_dim, H]
+  const Packed* z = nullptr;              // [Nv*dv, H]
+  const Packed* b = nullptr;              // [Nv, H]
+  const Packed* a = nullptr;              // [Nv, H]
+  const Packed* out = nullptr;            // [H, Nv*dv]
   std::vector<float> conv;                // fp32 [K, conv_dim], tap-major
   std::vector<float> a_exp;               // fp32 [Nv], exp(A_log)
   std::vector<float> dt_bias;             // fp32 [Nv]
   std::vector<float> gdn_norm;            // fp32 [dv], plain w
   // Attention.
-  const Packed* q = nullptr;            // [2*Nh*hd, H]
-  const Packed* k = nullptr;            // [Nkv*hd, H]
-  const Packed* v = nullptr;            // [Nkv*hd, H]
-  const Packed* o = nullptr;            // [H, Nh*hd]
+  const Packed* q = nullptr;              // [2*Nh*hd, H]
+  const Packed* k = nullptr;              // [Nkv*hd, H]
+  const Packed* v = nullptr;              // [Nkv*hd, H]
+  const Packed* o = nullptr;              // [H, Nh*hd]
   std::vector<float> q_norm, k_norm;      // fp32 [hd], 1 + w
 };
 
@@ -52,12 +53,6 @@ struct Forward::Workspace {
 };
 
 namespace {
-
-template <typename T>
-T* Sized(std::vector<T>& v, int64_t count) {
-  if (v.size() < static_cast<size_t>(count)) v.resize(static_cast<size_t>(count));
-  return v.data();
-}
 
 Result<std::vector<float>> Vector(const TensorView& t, int64_t n, float add, const char* role) {
   if (t.empty()) return NotFound(std::string("Forward: missing tensor for ") + role);
@@ -104,7 +99,6 @@ Result<const cpu::PackedBf16*> Forward::Matrix(const TensorView& t, int64_t rows
     converted_bytes_ += rows * cols * 2;
     ++converted_matrices_;
   }
-  packed_bytes_ += packed_.back().bytes();
   packed_index_[t.data] = &packed_.back();
   return &packed_.back();
 }

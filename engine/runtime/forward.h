@@ -60,8 +60,6 @@ class Forward {
   // Bytes a prefill call of chunk_tokens allocates at its peak: activations and one logits row
   // (the state's K/V growth is the caller's).
   int64_t PrefillWorkspaceBytes(int64_t chunk_tokens) const;
-  // Bytes of the packed matrices (the bf16 weights, padded to 32 output columns).
-  int64_t packed_bytes() const { return packed_bytes_; }
   // Matrices the checkpoint stored as F16 or F32, held here rounded to BF16.
   int64_t converted_matrices() const { return converted_matrices_; }
   int64_t converted_bytes() const { return converted_bytes_; }
@@ -93,7 +91,6 @@ class Forward {
   std::unique_ptr<Workspace> ws_;
   std::deque<cpu::PackedBf16> packed_;                           // every matrix, in the kernels' layout
   std::map<const void*, const cpu::PackedBf16*> packed_index_;  // mapped data -> its packed copy
-  int64_t packed_bytes_ = 0;
   int64_t converted_matrices_ = 0;
   int64_t converted_bytes_ = 0;
 };

@@ -59,6 +59,12 @@ void SequenceState::Reset() {
   for (auto& t : tail_) std::fill(t.begin(), t.end(), 0.0f);
 }
 
+int64_t SequenceState::AnchorBytes(const ModelConfig& c) {
+  const int64_t recurrent = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
+  const int64_t tail = (c.linear_conv_kernel_dim - 1) * c.conv_dim();
+  return c.num_linear_attention_layers() * (recurrent + tail) * static_cast<int64_t>(sizeof(float));
+}
+
 int64_t SequenceState::anchor_bytes() const {
   return num_gdn_layers() * (recurrent_floats_ + tail_floats_) * static_cast<int64_t>(sizeof(float));
 }

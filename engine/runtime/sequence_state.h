@@ -60,6 +60,8 @@ class SequenceState {
 
   // Bytes of one anchor and of one token's K/V rows over all attention layers (fp32 storage).
   int64_t anchor_bytes() const;
+  // The same for a model, without a state.
+  static int64_t AnchorBytes(const ModelConfig& config);
   int64_t kv_bytes_per_token() const;
   // Bytes currently allocated.
   int64_t allocated_bytes() const;

@@ -218,6 +218,7 @@ class TestGrid : public QObject {
     QCOMPARE(s.anchor_bytes(), gdn * 4 * (c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim +
                                           (c.linear_conv_kernel_dim - 1) * c.conv_dim()));
     QCOMPARE(s.kv_bytes_per_token(), att * 2 * c.num_key_value_heads * c.head_dim * 4);
+    QCOMPARE(SequenceState::AnchorBytes(c), s.anchor_bytes());
     QVERIFY(s.Reserve(10).ok());
     QCOMPARE(s.capacity(), SequenceState::kKvRowStep);
   }

@@ -6,6 +6,7 @@
 
 #include "engine/compute/cpu/fp32_block.h"
 #include "engine/compute/cpu/matmul.h"
+#include "engine/compute/cpu/vec.h"
 
 namespace anchorage::cpu {
 namespace {
@@ -33,13 +34,13 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
   const int64_t first = pos0 + t0;    // position of the block's first row
   const int64_t len = first + m;      // keys the last row sees
   const int64_t stacked = group * m;
-  thread_local std::vector<float> qs, scores, os;
-  if (qs.size() < static_cast<size_t>(stacked * hd)) qs.resize(static_cast<size_t>(stacked * hd));
-  if (os.size() < static_cast<size_t>(stacked * hd)) os.resize(static_cast<size_t>(stacked * hd));
-  if (scores.size() < static_cast<size_t>(stacked * len)) scores.resize(static_cast<size_t>(stacked * len));
+  thread_local std::vector<float> qs_buf, scores_buf, os_buf;
+  float* qs = Sized(qs_buf, stacked * hd);
+  float* os = Sized(os_buf, stacked * hd);
+  float* scores = Sized(scores_buf, stacked * len);
   for (int64_t r = 0; r < m; ++r)
     for (int64_t g = 0; g < group; ++g)
-      std::copy_n(q + (t0 + r) * q_stride + (kvh * group + g) * q_head_stride, hd, qs.data() + (r * group + g) * hd);
+      std::copy_n(q + (t0 + r) * q_stride + (kvh * group + g) * q_head_stride, hd, qs + (r * group + g) * hd);
   // Keys go in blocks that stay in cache. Query row r sees keys 0..first + r: in a block [l0, l1)
   // the rows from full_row on see every key, the rows from band_row to full_row some of them.
   const auto rows_of = [&](int64_t l0, int64_t l1) {
@@ -49,15 +50,14 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
   // The block's keys transposed and its values, both in panels of 32 columns (see RowsTimesArgs).
   const int64_t key_panels = (kAttentionKeyBlock + kF32PanelColumns - 1) / kF32PanelColumns;
   const int64_t value_panels = (hd + kF32PanelColumns - 1) / kF32PanelColumns;
-  thread_local std::vector<float> kt, vp;
-  if (kt.size() < static_cast<size_t>(key_panels * hd * kF32PanelColumns)) kt.resize(static_cast<size_t>(key_panels * hd * kF32PanelColumns));
-  if (vp.size() < static_cast<size_t>(value_panels * kAttentionKeyBlock * kF32PanelColumns))
-    vp.resize(static_cast<size_t>(value_panels * kAttentionKeyBlock * kF32PanelColumns));
+  thread_local std::vector<float> kt_buf, vp_buf;
+  float* kt = Sized(kt_buf, key_panels * hd * kF32PanelColumns);
+  float* vp = Sized(vp_buf, value_panels * kAttentionKeyBlock * kF32PanelColumns);
   for (int64_t l0 = 0; l0 < len; l0 += kAttentionKeyBlock) {
     const int64_t l1 = std::min(len, l0 + kAttentionKeyBlock);
     const auto [band_row, full_row] = rows_of(l0, l1);
     for (int64_t j0 = l0; j0 < l1; j0 += kF32PanelColumns) {
-      float* panel = kt.data() + ((j0 - l0) / kF32PanelColumns) * hd * kF32PanelColumns;
+      float* panel = kt + ((j0 - l0) / kF32PanelColumns) * hd * kF32PanelColumns;
       const int64_t width = std::min(kF32PanelColumns, l1 - j0);
       // 8 x 8 squares: eight rows of eight keys' values in, eight runs of eight out.
       for (int64_t jb = 0; jb < width; jb += 8)
@@ -73,14 +73,14 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
         }
     }
     const auto score = [&](int64_t i, int64_t rows, int64_t keys) {
-      RowsTimes(kernels, qs.data() + i * hd, hd, rows, kt.data(), kF32PanelColumns, hd * kF32PanelColumns, hd, keys,
-                   scores.data() + i * len + l0, len, false);
+      RowsTimes(kernels, qs + i * hd, hd, rows, kt, kF32PanelColumns, hd * kF32PanelColumns, hd, keys,
+                   scores + i * len + l0, len, false);
     };
     if (full_row < m) score(full_row * group, stacked - full_row * group, l1 - l0);
     for (int64_t r = band_row; r < full_row; ++r) score(r * group, group, first + r + 1 - l0);
   }
   for (int64_t i = 0; i < stacked; ++i) {
-    float* row = scores.data() + i * len;
+    float* row = scores + i * len;
     const int64_t valid = first + i / group + 1;
     for (int64_t l = 0; l < valid; ++l) row[l] *= shape.scale;
     SoftmaxPrefix(row, valid);
@@ -94,18 +94,18 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
       const float* value = v + l * kv_stride + kvh * hd;
       for (int64_t c0 = 0; c0 < hd; c0 += kF32PanelColumns)
         std::copy_n(value + c0, std::min(kF32PanelColumns, hd - c0),
-                    vp.data() + (c0 / kF32PanelColumns) * kAttentionKeyBlock * kF32PanelColumns + (l - l0) * kF32PanelColumns);
+                    vp + (c0 / kF32PanelColumns) * kAttentionKeyBlock * kF32PanelColumns + (l - l0) * kF32PanelColumns);
     }
     const auto values = [&](int64_t i, int64_t rows, int64_t keys) {
-      RowsTimes(kernels, scores.data() + i * len + l0, len, rows, vp.data(), kF32PanelColumns,
-                   kAttentionKeyBlock * kF32PanelColumns, keys, hd, os.data() + i * hd, hd, l0 > 0);
+      RowsTimes(kernels, scores + i * len + l0, len, rows, vp, kF32PanelColumns,
+                   kAttentionKeyBlock * kF32PanelColumns, keys, hd, os + i * hd, hd, l0 > 0);
     };
     if (full_row < m) values(full_row * group, stacked - full_row * group, l1 - l0);
     for (int64_t r = band_row; r < full_row; ++r) values(r * group, group, first + r + 1 - l0);
   }
   for (int64_t r = 0; r < m; ++r)
     for (int64_t g = 0; g < group; ++g)
-      std::copy_n(os.data() + (r * group + g) * hd, hd, out + (t0 + r) * out_stride + (kvh * group + g) * hd);
+      std::copy_n(os + (r * group + g) * hd, hd, out + (t0 + r) * out_stride + (kvh * group + g) * hd);
 }
 
 }  // namespace

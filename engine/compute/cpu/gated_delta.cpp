@@ -17,9 +17,7 @@ void GatedDeltaChunk(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, f
   const Fp32Kernels& kernels = Fp32KernelsOf(ActivePath());
   const int64_t ld = dv + dk;  // row stride of the [U | W] right-hand sides
   thread_local std::vector<float> buf;
-  const size_t need = static_cast<size_t>(C * 4 + 2 * C * C + C * ld + 3 * C * dk);
-  if (buf.size() < need) buf.resize(need);
-  float* G = buf.data();     // [C] inclusive cumulative log-decay
+  float* G = Sized(buf, C * 4 + 2 * C * C + C * ld + 3 * C * dk);     // [C] inclusive cumulative log-decay
   float* beta = G + C;       // [C]
   float* eg = beta + C;      // [C] exp(G_i)
   float* tail = eg + C;      // [C] exp(G_{n-1} - G_j)
@@ -84,8 +82,7 @@ void GatedDeltaChunk(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, f
 void GatedDeltaRecurrent(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, float* state, float* out,
                          int64_t out_stride) {
   thread_local std::vector<float> buf;
-  if (buf.size() < static_cast<size_t>(dv)) buf.resize(static_cast<size_t>(dv));
-  float* m = buf.data();
+  float* m = Sized(buf, dv);
   for (int64_t t = 0; t < n; ++t) {
     const float* q = in.q + t * in.q_stride;
     const float* k = in.k + t * in.k_stride;

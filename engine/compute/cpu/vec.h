@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #if defined(__AVX512F__)
 // GCC 12 reports its own AVX-512 intrinsic headers as reading uninitialised values; not our code.
@@ -14,6 +15,13 @@
 #endif
 
 namespace anchorage::cpu {
+
+// v's data with room for at least count elements (grown, never shrunk): scratch that is reused.
+template <typename T>
+T* Sized(std::vector<T>& v, int64_t count) {
+  if (v.size() < static_cast<size_t>(count)) v.resize(static_cast<size_t>(count));
+  return v.data();
+}
 
 // Sum of a[i]*b[i]; the order depends only on n and the build, never on threads.
 inline float Dot(const float* a, const float* b, int64_t n) {
