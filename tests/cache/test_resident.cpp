@@ -171,18 +171,24 @@ class TestResident : public QObject {
     // resumes at the 64-line below its start, not at 0.
     auto encode = [&](const std::string& text) { return *model_->tokenizer.Encode(text); };
     std::string system = "<|im_start|>system\n";
-    for (int i = 0; i < 60; ++i) system += "rule " + std::to_string(i) + " keeps the tools honest. ";
+    for (int i = 0; i < 30; ++i) system += "rule " + std::to_string(i) + " keeps the tools honest. ";
     const std::string head = system + "<|im_end|>\n<|im_start|>user\nfirst question<|im_end|>\n<|im_start|>assistant\nan answer<|im_end|>\n";
     const auto before_user = encode(head);
     QVERIFY(before_user.size() > 300);
-    const auto turn = encode(head + "<|im_start|>user\n<tool_response>\nignored\n</tool_response><|im_end|>\n<|im_start|>user\nplease fix the tests, today is Monday<|im_end|>\n<|im_start|>assistant\n");
+    // The client puts a reminder at the message's start and drops it next turn; the message runs
+    // past the next 64-line, so the end's anchor lies above where the copies part.
+    std::string task;
+    for (int i = 0; i < 40; ++i) task += "step " + std::to_string(i) + " of the plan. ";
+    const auto turn = encode(head + "<|im_start|>user\n<tool_response>\nignored\n</tool_response><|im_end|>\n<|im_start|>user\ntoday is Monday. " + task + "<|im_end|>\n<|im_start|>assistant\n");
     const auto tool_part = encode("<|im_start|>user\n<tool_response>\nignored\n</tool_response><|im_end|>\n");
     const int64_t user_start = static_cast<int64_t>(before_user.size() + tool_part.size());
+    QVERIFY(user_start / 64 * 64 % 1024 != 0);  // not a grid line: only the user-message anchor sits there
     QVERIFY(rp.Prefill({turn, "c", 0}, &info).ok());
     const auto lines = rp.anchors().lengths();
     QVERIFY2(std::find(lines.begin(), lines.end(), user_start / 64 * 64) != lines.end(),
              qPrintable(QString("no anchor at %1 below the user message at %2").arg(user_start / 64 * 64).arg(user_start)));
-    const auto rewritten = encode(head + "<|im_start|>user\n<tool_response>\nignored\n</tool_response><|im_end|>\n<|im_start|>user\nplease fix the tests<|im_end|>\n<|im_start|>assistant\n");
+    const auto rewritten = encode(head + "<|im_start|>user\n<tool_response>\nignored\n</tool_response><|im_end|>\n<|im_start|>user\n" + task + "<|im_end|>\n<|im_start|>assistant\n");
+    QVERIFY(static_cast<int64_t>(turn.size() - 1) / 64 * 64 > user_start / 64 * 64 + 64);
     l = rp.Prefill({rewritten, "c", 0}, &info);
     QVERIFY(l.ok());
     QCOMPARE(info.cached_tokens, user_start / 64 * 64);
