@@ -196,7 +196,7 @@ void MemoryScreen::onTierCleared(const QString& tier, bool ok, const QString& me
 }
 
 void MemoryScreen::requestClear(const QString& tier) {
-  const QString text = tier == "all" ? tr("Clear the resident rows and every resident tier? The next request prefills cold.")
+  const QString text = tier == "ram" ? tr("Clear the resident rows and every resident tier? The next request prefills cold.")
                                      : tr("Clear the %1 tier? Requests that would resume from it prefill from a colder tier.").arg(tier);
   if (!m_confirm(this, tr("Clear cache tier"), text)) return;
   emit clearTierRequested(tier);
@@ -208,10 +208,10 @@ void MemoryScreen::rebuildClearButtons() {
   m_tierView->setMinimumHeight(m_tierView->horizontalHeader()->sizeHint().height() + rowHeight * std::max(6, m_tiers->rowCount()) + 4);
   for (int row = 0; row < m_tiers->rowCount(); ++row) {
     const QString tier = m_tiers->index(row, 0).data(CacheTierModel::TierRole).toString();
-    const QString command = tier == "resident" ? QString("all") : tier;
+    const QString command = tier == "resident" ? QString("ram") : tier;
     auto* button = new QPushButton(tier == "resident" ? tr("Clear all") : tr("Clear"));
     button->setObjectName("clear_" + tier);
-    button->setToolTip(tier == "resident" ? tr("Empty the resident rows and every tier") : tr("Empty the %1 tier").arg(tier));
+    button->setToolTip(tier == "resident" ? tr("Empty the resident rows and every RAM tier") : tr("Empty the %1 tier").arg(tier));
     connect(button, &QPushButton::clicked, this, [this, command] { requestClear(command); });
     m_tierView->setIndexWidget(m_tiers->index(row, CacheTierModel::ActionColumn), button);
   }

@@ -42,7 +42,7 @@ class MemoryScreen : public QWidget {
   void onTierCleared(const QString& tier, bool ok, const QString& message);
   // Applies the edited limits (validated here first, then by the engine).
   void applyLimits();
-  // Asks, then requests the tier emptied ("all" for the resident rows).
+  // Asks, then requests the tier emptied ("ram" for the resident rows and every RAM tier).
   void requestClear(const QString& tier);
 
  private:

@@ -11,7 +11,7 @@ nlohmann::json ToJson(const CacheStats& s) {
   const auto& k = s.park;
   const auto& so = s.store;
   const auto& m = s.memory;
-  return {
+  nlohmann::json doc = {
       {"resident", {{"rows", r.rows}, {"row_bytes", r.row_bytes}, {"taint_row", r.taint_row}, {"session", r.session}, {"requests", r.requests},
                     {"cold", r.cold}, {"cached_tokens", r.cached_tokens}, {"reread_tokens", r.reread_tokens}}},
       {"anchors", {{"entries", a.entries}, {"bytes", a.bytes}, {"budget_bytes", a.budget_bytes}, {"hits", a.hits}, {"evictions", a.evictions},
@@ -26,6 +26,48 @@ nlohmann::json ToJson(const CacheStats& s) {
       {"memory", {{"engine_bytes", m.engine_bytes}, {"state_bytes", m.state_bytes}, {"ceiling_bytes", m.ceiling_bytes}, {"peak_bytes", m.peak_bytes},
                   {"slack_bytes", m.slack_bytes}, {"sheds", m.sheds}, {"refused", m.refused}}},
   };
+  doc["disk"] = s.disk_enabled ? ToJson(s.disk) : nlohmann::json{{"mode", "off"}, {"open", false}};
+  return doc;
+}
+
+nlohmann::json ToJson(const DiskCacheStats& d) {
+  const DiskTierStats& t = d.tier;
+  nlohmann::json top = nlohmann::json::array();
+  for (const DiskPrefix& p : d.top) top.push_back({{"tokens", p.tokens}, {"bytes", p.bytes}, {"hits", p.hits}, {"last_used_ms", p.last_used_ms}});
+  nlohmann::json recent = nlohmann::json::array();
+  for (const CacheEvent& e : d.recent)
+    recent.push_back({{"time_ms", e.time_ms}, {"kind", e.kind}, {"tokens", e.tokens}, {"bytes", e.bytes}, {"reason", e.reason}});
+  return {{"open", true},
+          {"mode", d.mode},
+          {"dir", d.dir},
+          {"files", t.files},
+          {"anchors", t.anchors},
+          {"chunks", t.chunks},
+          {"bytes", t.bytes},
+          {"budget_bytes", d.budget_bytes},
+          {"min_free_bytes", d.min_free_bytes},
+          {"ttl_days", d.ttl_days},
+          {"free_bytes", d.free_bytes},
+          {"staged_bytes", d.staged_bytes},
+          {"hits", d.hits},
+          {"misses", d.misses},
+          {"hit_rate", d.hit_rate()},
+          {"declined_by_cost", d.declined_by_cost},
+          {"restores", t.restores},
+          {"failed_restores", t.failed_restores},
+          {"read_bytes_per_s", t.read_bytes_per_s()},
+          {"jobs", d.jobs},
+          {"dropped_jobs", d.dropped_jobs},
+          {"chunks_written", t.chunks_written},
+          {"anchors_written", t.anchors_written},
+          {"bytes_written", t.bytes_written},
+          {"refused_writes", t.refused_writes},
+          {"evicted_files", t.evicted_files},
+          {"expired_files", t.expired_files},
+          {"swept_temporaries", t.swept_temporaries},
+          {"swept_foreign", t.swept_foreign},
+          {"top_prefixes", top},
+          {"recent_events", recent}};
 }
 
 }  // namespace anchorage

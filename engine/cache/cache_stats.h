@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/cache/disk_cache.h"
+
 namespace anchorage {
 
 // Bytes in bytes; counters since the engine started.
@@ -37,6 +39,8 @@ struct CacheStats {
   struct Store {
     int64_t entries = 0, bytes = 0, budget_bytes = 0, entry_cap_bytes = 0, hits = 0, misses = 0, puts = 0, evictions = 0, declined = 0;
   } store;
+  bool disk_enabled = false;  // a disk tier is open (its mode may still be off)
+  DiskCacheStats disk;
   struct Memory {
     int64_t engine_bytes = 0, state_bytes = 0, ceiling_bytes = 0, peak_bytes = 0, slack_bytes = 0, refused = 0;
     std::map<std::string, int64_t> sheds;  // by tier
@@ -50,5 +54,7 @@ struct CacheStats {
 
 // GET /v1/cache/stats's document.
 nlohmann::json ToJson(const CacheStats& stats);
+// Its "disk" object.
+nlohmann::json ToJson(const DiskCacheStats& stats);
 
 }  // namespace anchorage

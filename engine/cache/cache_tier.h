@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -14,6 +15,18 @@
 #include "engine/runtime/sequence_state.h"
 
 namespace anchorage {
+
+// A cache event for the journal: kind is hit, write, eviction, drop, failed_restore, shed or clear.
+struct CacheEvent {
+  std::string kind;
+  std::string tier;
+  int64_t tokens = 0;
+  int64_t bytes = 0;
+  std::string reason;
+  std::optional<std::string> session;  // set by a thread other than the engine's: the session it served
+  int64_t time_ms = 0;                 // set where it is kept for the console
+};
+using CacheEventSink = std::function<void(const CacheEvent&)>;
 
 // The rows in place: what a tier plans against and restores into. Owned by ResidentPrefix.
 struct ResidentRows {

@@ -68,11 +68,14 @@ void DiskAdmission::Trim() {
   for (size_t i = 0; i < by_count.size() - static_cast<size_t>(options_.max_counted_lines / 2); ++i) counts_.erase(by_count[i].second);
 }
 
-Status DiskAdmission::Save() {
+std::string DiskAdmission::Serialize() const {
   nlohmann::json counts = nlohmann::json::object();
   for (const auto& [hash, n] : counts_) counts[hash] = n;
-  const std::string text =
-      nlohmann::json{{"version", 1}, {"line_tokens", options_.line_tokens}, {"counts", counts}}.dump() + "\n";
+  return nlohmann::json{{"version", 1}, {"line_tokens", options_.line_tokens}, {"counts", counts}}.dump() + "\n";
+}
+
+Status DiskAdmission::Save() {
+  const std::string text = Serialize();
   const std::string_view pieces[] = {text};
   return WriteFileCrashSafe(*env_, path_, pieces);
 }

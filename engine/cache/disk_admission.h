@@ -41,8 +41,15 @@ class DiskAdmission {
   std::vector<int64_t> Plan(const AdmissionRequest& request);
   int64_t Count(const std::string& line_hash) const;
   Status Save();
+  // The count file's text (Save writes it; a caller may write it elsewhere, off a lock).
+  std::string Serialize() const;
+  const std::string& path() const { return path_; }
   void Clear() { counts_.clear(); }
   const AdmissionOptions& options() const { return options_; }
+  void set_limits(int admit_after, int64_t min_tokens) {
+    options_.admit_after = admit_after;
+    options_.min_tokens = min_tokens;
+  }
 
  private:
   DiskAdmission(DiskEnv& env, std::string path, AdmissionOptions options)

@@ -36,6 +36,9 @@ class DiskEnv {
   virtual Result<std::vector<std::string>> ListFiles(const std::string& dir) = 0;
   virtual Result<int64_t> FreeBytes(const std::string& dir) = 0;
   virtual Result<int64_t> FileSize(const std::string& path) = 0;
+  // When the file was last used (written, or marked by TouchFile), in ms since the epoch.
+  virtual Result<int64_t> ModifiedTimeMs(const std::string& path) = 0;
+  virtual Status SetModifiedTimeMs(const std::string& path, int64_t ms) = 0;
 
   // The real file system.
   static DiskEnv& Posix();

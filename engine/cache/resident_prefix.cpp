@@ -1,6 +1,7 @@
 #include "engine/cache/resident_prefix.h"
 
 #include <algorithm>
+#include <chrono>
 #include <initializer_list>
 #include <limits>
 
@@ -22,6 +23,8 @@ int64_t LastUserMessageStart(const Tokenizer* tokenizer, const std::vector<int32
   return -1;
 }
 
+constexpr double kAssumedPrefillTokensPerS = 740;  // before this process measured a prefill
+
 // Drops the regions at or above limit and cuts the one that straddles it.
 void ClipRegions(std::vector<TokenRegion>& regions, int64_t limit) {
   regions.erase(std::remove_if(regions.begin(), regions.end(), [&](const TokenRegion& r) { return r.first >= limit; }), regions.end());
@@ -39,6 +42,7 @@ const char* CacheSourceName(CacheSource source) {
     case CacheSource::kPin: return "pin";
     case CacheSource::kPark: return "park";
     case CacheSource::kStore: return "store";
+    case CacheSource::kDisk: return "disk";
   }
   return "cold";
 }
@@ -60,6 +64,49 @@ ResidentPrefix::ResidentPrefix(Forward& forward, const Tokenizer* tokenizer, Res
   ConfigureTiers();
   if (tokenizer_ != nullptr)
     if (auto ids = tokenizer_->Encode("<|im_start|>user", /*parse_special=*/true); ids.ok() && ids->size() >= 2) user_turn_ids_ = std::move(ids).value();
+  if (tokenizer_ != nullptr)
+    if (auto ids = tokenizer_->Encode("<|im_start|>assistant", /*parse_special=*/true); ids.ok() && ids->size() >= 2)
+      answer_turn_ids_ = std::move(ids).value();
+}
+
+ResidentPrefix::~ResidentPrefix() { set_disk_cache(nullptr); }
+
+void ResidentPrefix::set_disk_cache(DiskCache* disk) {
+  if (disk_ != nullptr) {
+    disk_->Fence();
+    disk_->WaitIdle();
+    disk_->set_event_sink(nullptr);
+  }
+  state_.set_growth_lock(nullptr);
+  disk_ = disk;
+  disk_lines_.clear();
+  disk_staged_.clear();
+  if (disk_ != nullptr) {
+    state_.set_growth_lock(&disk_->growth_lock());
+    disk_->set_event_sink(sink_);
+    disk_->set_settings(options_.disk);
+  }
+}
+
+void ResidentPrefix::set_event_sink(CacheEventSink sink) {
+  sink_ = std::move(sink);
+  if (disk_ != nullptr) disk_->set_event_sink(sink_);
+}
+
+int64_t ResidentPrefix::FirstAnswerStart(std::span<const int32_t> prompt) const {
+  if (answer_turn_ids_.empty()) return -1;
+  const auto it = std::search(prompt.begin(), prompt.end(), answer_turn_ids_.begin(), answer_turn_ids_.end());
+  return it == prompt.end() ? -1 : static_cast<int64_t>(it - prompt.begin());
+}
+
+double ResidentPrefix::PrefillRate() const {
+  return prefill_seconds_ > 0 && prefill_tokens_ >= 256 ? prefill_tokens_ / prefill_seconds_ : kAssumedPrefillTokensPerS;
+}
+
+int64_t ResidentPrefix::DiskKeepRows(std::span<const int32_t> prompt, int64_t line) const {
+  const int64_t G = disk_->line_tokens();
+  const int64_t in_place = std::min<int64_t>({CommonPrefixLength(prompt, rows_), taint_row_, line});
+  return in_place / G * G;
 }
 
 int64_t ResidentPrefix::LastUserStart(std::span<const int32_t> prompt) const {
@@ -89,12 +136,16 @@ void ResidentPrefix::ConfigureTiers() {
 }
 
 void ResidentPrefix::set_options(const ResidentOptions& options) {
+  if (disk_ != nullptr) {
+    disk_->Fence();
+    disk_->set_settings(options.disk);
+  }
   options_ = options;
   ConfigureTiers();
   anchors_.set_budget_bytes(options.anchor_budget_bytes);
   store_.set_limits(options.store_budget_bytes, options.store_entry_cap_bytes);
   if (!options_.store_enabled) store_.Clear();
-  if (!options_.enabled) (void)Clear("all");
+  if (!options_.enabled) (void)Clear("ram");
   Shed(0, options_.memory_ceiling_bytes - options_.memory_slack_bytes, "the memory ceiling was lowered");
 }
 
@@ -132,6 +183,24 @@ ResidentPrefix::Plan ResidentPrefix::MakePlan(const CacheRequest& request) const
     p.resume_from_end = offer.resume_from_end;
     p.info.aligned = offer.aligned;
     p.info.served_prompt = offer.served_prompt.empty() ? request.prompt : std::move(offer.served_prompt);
+  }
+
+  // The disk comes after every RAM tier: taken when it starts later and its read costs less than the prefill it saves.
+  if (disk_ != nullptr) {
+    if (const int64_t line = disk_->Find(request.prompt, limit); line > best) {
+      const int64_t keep = DiskKeepRows(request.prompt, line);
+      const double read_s = disk_->RestoreSeconds(request.prompt, line, keep);
+      if (!disk_->settings().cost_check || read_s < static_cast<double>(line - best) / PrefillRate()) {
+        best = line;
+        p.info.source = CacheSource::kDisk;
+        p.resume_from_end = false;
+        p.info.aligned = false;
+        p.info.served_prompt = request.prompt;
+        p.disk_keep = keep;
+      } else {
+        p.disk_declined = true;
+      }
+    }
   }
 
   p.resume_length = best;
@@ -198,7 +267,6 @@ void ResidentPrefix::InstallPark(ParkedSession parked) {
 Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
   ResumeInfo& info = plan.info;
   const int64_t r = plan.resume_length;
-  ++counters_.requests;
   // After a guest the buffer's length is the guest's; the resident rows below rows_.size() are valid again.
   if (state_.length() != static_cast<int64_t>(rows_.size())) state_.SetLength(static_cast<int64_t>(rows_.size()));
 
@@ -221,6 +289,29 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
       RETURN_IF_ERROR(store_tier_.Restore(request.prompt, offer, resident));
       ++counters_.store_hits;
     }
+    if (info.source == CacheSource::kDisk) {
+      const int64_t keep = plan.disk_keep;
+      Status restored = disk_->Restore(request.prompt, r, state_, keep);
+      // Rows below keep are untouched either way; above it the state is the disk's or nothing.
+      rows_.resize(std::min<size_t>(rows_.size(), static_cast<size_t>(keep)));
+      ClipRegions(regions_, keep);
+      anchors_.DropAbove(keep);
+      end_.reset();
+      if (!restored.ok()) {
+        plan.disk_failed = true;
+        state_.SetLength(0);
+        return restored;
+      }
+      rows_.assign(request.prompt.begin(), request.prompt.begin() + r);
+      anchors_.Put(state_.SaveAnchor());
+      taint_row_ = kNoTaintRow;
+      ++counters_.disk_hits;
+    }
+  }
+  ++counters_.requests;
+  if (disk_ != nullptr && disk_->reads()) {
+    if (plan.disk_declined) disk_->NoteDeclinedByCost();
+    if (info.source != CacheSource::kDisk && PrefillUpto(info) - r >= disk_->line_tokens()) disk_->NoteMiss();
   }
 
   if (info.guest) {
@@ -241,10 +332,9 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
   const Anchor* anchor = nullptr;
   if (r > 0) {
     if (plan.resume_from_end) anchor = end_ ? &end_->anchor : nullptr;
-    else if (info.source == CacheSource::kStore) anchor = anchors_.LargestAtOrBelow(r);
     else anchor = anchors_.LargestAtOrBelow(r);
     if (anchor == nullptr || anchor->length != r) return Internal("resident prefix: the anchor at " + std::to_string(r) + " went missing");
-    RETURN_IF_ERROR(state_.RestoreAnchor(*anchor));
+    if (info.source != CacheSource::kDisk) RETURN_IF_ERROR(state_.RestoreAnchor(*anchor));
   } else {
     state_.Reset();
   }
@@ -259,7 +349,7 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
     if (r % kExactLineTokens != 0) taint_row_ = std::min(taint_row_, r);
     session_ = request.session;
   }
-  if (info.source != CacheSource::kCold)
+  if (info.source != CacheSource::kCold && info.source != CacheSource::kDisk)  // the disk cache journals its own
     Emit("hit", CacheSourceName(info.source), info.cached_tokens, 0, info.aligned ? "end alignment" : "");
   switch (info.source) {
     case CacheSource::kCold: ++counters_.cold; break;
@@ -298,15 +388,23 @@ Status ResidentPrefix::PrefillRange(ResumeInfo& info, int64_t upto, bool take_an
     int64_t next = std::min(upto, (at / G + 1) * G);
     for (int64_t line : lines)
       if (line > at && line < next) next = line;
+    for (int64_t line : disk_lines_)
+      if (line > at && line < next) next = line;
     std::span<const int32_t> ids(info.served_prompt.data() + at, static_cast<size_t>(next - at));
+    const auto started = std::chrono::steady_clock::now();
     auto logits = forward_.Prefill(state_, ids, LogitsRows::kLast);
     if (!logits.ok()) return logits.status();
+    prefill_tokens_ += static_cast<double>(ids.size());
+    prefill_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (take_anchors) {
       rows_.insert(rows_.end(), ids.begin(), ids.end());
-      if (state_.length() % G == 0 || std::find(lines.begin(), lines.end(), state_.length()) != lines.end()) {
+      const int64_t length = state_.length();
+      const bool for_disk = std::find(disk_lines_.begin(), disk_lines_.end(), length) != disk_lines_.end();
+      if (length % G == 0 || for_disk || std::find(lines.begin(), lines.end(), length) != lines.end()) {
         anchors_.Put(state_.SaveAnchor());
+        if (for_disk) disk_staged_.push_back(state_.SaveAnchor());
         ++written;
-        last_line = state_.length();
+        last_line = length;
       }
     }
   }
@@ -315,6 +413,52 @@ Status ResidentPrefix::PrefillRange(ResumeInfo& info, int64_t upto, bool take_an
     Emit("eviction", "anchors", 0, (anchors_.evictions() - evictions_before) * state_.anchor_bytes(),
          std::to_string(anchors_.evictions() - evictions_before) + " anchors over the budget");
   return Status::Ok();
+}
+
+void ResidentPrefix::PlanDiskWrites(const CacheRequest& request, const ResumeInfo& info) {
+  disk_lines_.clear();
+  disk_staged_.clear();
+  if (disk_ == nullptr || !disk_->writes() || info.guest) return;
+  const int64_t upto = PrefillUpto(info);
+  const std::span<const int32_t> prompt(info.served_prompt.data(), static_cast<size_t>(upto));
+  AdmissionRequest a;
+  a.prompt = prompt;
+  a.resume_at = info.cached_tokens;
+  a.exact_upto = std::min(taint_row_, upto);
+  a.user_start = LastUserMessageStart(tokenizer_, info.served_prompt);
+  a.first_answer_start = FirstAnswerStart(prompt);
+  a.first_of_session = disk_->FirstOfSession(request.session);
+  if (static_cast<int64_t>(info.served_prompt.size()) < disk_->settings().min_tokens) a.first_of_session = false;
+  for (int64_t line : disk_->PlanWrites(a)) {
+    if (line > state_.length()) {
+      disk_lines_.push_back(line);
+    } else if (const Anchor* in_place = anchors_.LargestAtOrBelow(line); in_place != nullptr && in_place->length == line) {
+      disk_staged_.push_back(*in_place);  // below the resume point: the anchor already in RAM, a cold prefill's
+    }
+  }
+}
+
+void ResidentPrefix::SubmitDiskWrites(const ResumeInfo& info, const std::string& session) {
+  disk_lines_.clear();
+  if (disk_ == nullptr || disk_staged_.empty()) return;
+  std::sort(disk_staged_.begin(), disk_staged_.end(), [](const Anchor& a, const Anchor& b) { return a.length < b.length; });
+  DiskWriteJob job;
+  const int64_t top = disk_staged_.back().length;
+  job.tokens.assign(info.served_prompt.begin(), info.served_prompt.begin() + top);
+  job.anchors = std::move(disk_staged_);
+  job.session = session;
+  disk_staged_.clear();
+  disk_->Submit(std::move(job), state_);
+}
+
+Status ResidentPrefix::AdmitAndApply(const CacheRequest& request, Plan& plan, int64_t max_new) {
+  if (disk_ != nullptr) disk_->Fence();  // the writer reads no more rows of the previous request
+  for (int attempt = 0;; ++attempt) {
+    RETURN_IF_ERROR(Admit(request, plan, max_new));
+    Status applied = Apply(request, plan);
+    if (applied.ok() || !plan.disk_failed || attempt >= 2) return applied;
+    plan = MakePlan(request);  // the failed files are gone: resume from what is in place, or cold
+  }
 }
 
 void ResidentPrefix::FinishGuest() {
@@ -329,7 +473,7 @@ void ResidentPrefix::FinishGuest() {
     Status s = state_.WriteRows(*stash_.rows);
     if (!s.ok()) {
       Emit("failed_restore", "stash", stash_.rows->end - stash_.rows->begin, stash_.bytes(), s.message());
-      (void)Clear("all");  // rows we cannot put back are not served
+      (void)Clear("ram");  // rows we cannot put back are not served
     }
     stash_.rows.reset();
   }
@@ -391,6 +535,8 @@ int64_t ResidentPrefix::EngineBytes() const {
   int64_t bytes = state_.allocated_bytes();
   for (const CacheTier* tier : std::initializer_list<const CacheTier*>{&anchors_tier_, &end_tier_, &stash_tier_, &pin_tier_, &park_tier_, &store_tier_})
     bytes += tier->bytes();
+  if (disk_ != nullptr) bytes += disk_->staged_bytes();
+  for (const Anchor& a : disk_staged_) bytes += a.bytes();
   return bytes;
 }
 
@@ -501,16 +647,19 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
     return OutOfRange("the prompt holds " + std::to_string(served) + " tokens as served; this server's context limit is " + std::to_string(context) + " tokens");
   SamplingParams fitted = params;
   fitted.max_tokens = std::min(params.max_tokens, context - served);
-  RETURN_IF_ERROR(Admit(request, plan, fitted.max_tokens));
-  RETURN_IF_ERROR(Apply(request, plan));
+  RETURN_IF_ERROR(AdmitAndApply(request, plan, fitted.max_tokens));
   ResumeInfo& info = plan.info;
   if (on_admitted) on_admitted(info);
   const int64_t n = static_cast<int64_t>(info.served_prompt.size());
+  PlanDiskWrites(request, info);
   Status prefilled = PrefillRange(info, std::max(state_.length(), PrefillUpto(info)), !info.guest);
   if (!prefilled.ok()) {
+    disk_lines_.clear();
+    disk_staged_.clear();
     if (info.guest) FinishGuest();
     return prefilled;
   }
+  SubmitDiskWrites(info, request.session);
   Generator generator(forward_, tokenizer_);
   const int64_t start = state_.length();
   auto result = generator.Generate(state_, std::span<const int32_t>(info.served_prompt.data() + start, static_cast<size_t>(n - start)),
@@ -535,12 +684,17 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
 
 Result<std::vector<float>> ResidentPrefix::Prefill(const CacheRequest& request, ResumeInfo* info_out) {
   Plan plan = MakePlan(request);
-  RETURN_IF_ERROR(Admit(request, plan, 0));
-  RETURN_IF_ERROR(Apply(request, plan));
+  RETURN_IF_ERROR(AdmitAndApply(request, plan, 0));
   ResumeInfo& info = plan.info;
   const int64_t n = static_cast<int64_t>(info.served_prompt.size());
   const int64_t G = forward_.grid_tokens();
-  RETURN_IF_ERROR(PrefillRange(info, std::max(state_.length(), PrefillUpto(info)), !info.guest));
+  PlanDiskWrites(request, info);
+  if (Status s = PrefillRange(info, std::max(state_.length(), PrefillUpto(info)), !info.guest); !s.ok()) {
+    disk_lines_.clear();
+    disk_staged_.clear();
+    return s;
+  }
+  SubmitDiskWrites(info, request.session);
   const int64_t start = state_.length();
   auto logits = forward_.Prefill(state_, std::span<const int32_t>(info.served_prompt.data() + start, static_cast<size_t>(n - start)));
   if (info.guest) {
@@ -560,8 +714,7 @@ Result<ResumeInfo> ResidentPrefix::Prewarm(const CacheRequest& request) {
   if (plan.info.guest || plan.info.source == CacheSource::kCold || plan.info.source == CacheSource::kResident ||
       plan.info.source == CacheSource::kEnd)
     return plan.info;  // nothing to bring: already in place, or no tier holds it
-  RETURN_IF_ERROR(Admit(request, plan, 0));
-  RETURN_IF_ERROR(Apply(request, plan));
+  RETURN_IF_ERROR(AdmitAndApply(request, plan, 0));
   // The rows and state are in place; the restored end stays the end, so the request resumes there.
   if (plan.resume_from_end) end_ = EndAnchor{state_.SaveAnchor(), taint_row_, regions_};
   plan.info.source = plan.resume_from_end ? CacheSource::kEnd : CacheSource::kResident;
@@ -570,8 +723,12 @@ Result<ResumeInfo> ResidentPrefix::Prewarm(const CacheRequest& request) {
 
 Status ResidentPrefix::Clear(const std::string& tier) {
   const bool all = tier == "all" || tier == "ram" || tier == "resident";
-  if (!all && tier != "anchors" && tier != "end" && tier != "stash" && tier != "pin" && tier != "park" && tier != "store")
+  if (!all && tier != "anchors" && tier != "end" && tier != "stash" && tier != "pin" && tier != "park" && tier != "store" && tier != "disk")
     return InvalidArgument("unknown cache tier '" + tier + "'; the tiers are " + kCacheTierNames);
+  if (disk_ != nullptr) disk_->Fence();
+  if (tier == "disk" && disk_ == nullptr) return InvalidArgument("this server runs without a disk tier (--disk-cache off)");
+  if ((tier == "disk" || tier == "all") && disk_ != nullptr) RETURN_IF_ERROR(disk_->Clear());
+  if (tier == "disk") return Status::Ok();
   if (all || tier == "store") store_.Clear();
   if (all || tier == "anchors") anchors_.Clear();
   if (all || tier == "end") end_.reset();
@@ -601,6 +758,10 @@ CacheStats ResidentPrefix::Stats() const {
   s.park = {park_.empty() ? 0 : 1, static_cast<int64_t>(park_.tokens.size()), park_.bytes(), options_.park_budget_bytes, k.parks, k.park_hits, park_.session};
   s.store = {static_cast<int64_t>(store_.size()), store_.bytes(), store_.budget_bytes(), store_.entry_cap_bytes(), k.store_hits, store_.misses,
              store_.puts, store_.evictions, store_.declined};
+  if (disk_ != nullptr) {
+    s.disk_enabled = true;
+    s.disk = disk_->Stats();
+  }
   s.memory = {EngineBytes(), state_.allocated_bytes(), options_.memory_ceiling_bytes, options_.memory_peak_bytes, options_.memory_slack_bytes,
               k.refused, k.sheds};
   return s;

@@ -18,6 +18,7 @@
 
 #include "engine/cache/anchor_set.h"
 #include "engine/cache/cache_stats.h"
+#include "engine/cache/disk_cache.h"
 #include "engine/cache/ram_tiers.h"
 #include "engine/cache/end_anchor.h"
 #include "engine/cache/guest_stash.h"
@@ -32,7 +33,7 @@
 namespace anchorage {
 
 // The names POST /v1/cache/clear and the console accept, for messages.
-inline constexpr const char* kCacheTierNames = "anchors, end, stash, pin, park, store, resident, ram or all";
+inline constexpr const char* kCacheTierNames = "anchors, end, stash, pin, park, store, disk, resident or ram (every RAM tier) or all";
 
 struct ResidentOptions {
   bool enabled = true;                          // off: every request prefills cold
@@ -52,10 +53,11 @@ struct ResidentOptions {
   int64_t memory_ceiling_bytes = INT64_MAX;     // engine bytes between requests
   int64_t memory_peak_bytes = INT64_MAX;        // engine bytes during a prefill, workspace included
   int64_t memory_slack_bytes = 0;               // allocator slack kept free under both
+  DiskCacheSettings disk;                       // the disk tier's, when one is open
 };
 
-enum class CacheSource { kCold, kResident, kEnd, kPin, kPark, kStore };
-const char* CacheSourceName(CacheSource source);  // "cold", "resident", "end", "pin", "park", "store"
+enum class CacheSource { kCold, kResident, kEnd, kPin, kPark, kStore, kDisk };
+const char* CacheSourceName(CacheSource source);  // "cold", "resident", "end", "pin", "park", "store", "disk"
 
 struct CacheRequest {
   std::vector<int32_t> prompt;  // the client's tokens
@@ -74,15 +76,6 @@ struct ResumeInfo {
   bool aligned = false;                // served through end alignment
 };
 
-// A cache event for the journal: kind is hit, write, eviction, drop, failed_restore or clear.
-struct CacheEvent {
-  std::string kind;
-  std::string tier;
-  int64_t tokens = 0;
-  int64_t bytes = 0;
-  std::string reason;
-};
-using CacheEventSink = std::function<void(const CacheEvent&)>;
 
 struct CachedGeneration {
   ResumeInfo resume;
@@ -92,6 +85,14 @@ struct CachedGeneration {
 class ResidentPrefix {
  public:
   ResidentPrefix(Forward& forward, const Tokenizer* tokenizer, ResidentOptions options);
+  // Fences the disk cache's writer and waits for what it copied.
+  ~ResidentPrefix();
+  ResidentPrefix(const ResidentPrefix&) = delete;
+  ResidentPrefix& operator=(const ResidentPrefix&) = delete;
+
+  // The disk tier behind the RAM tiers (not owned; it outlives this); nullptr: none.
+  void set_disk_cache(DiskCache* disk);
+  DiskCache* disk_cache() const { return disk_; }
 
   // Resumes, prefills the rest on the grid, generates, and keeps the end. Cancellation as Generator's.
   // on_admitted runs once the request fits the memory budget, before its prefill; a request that
@@ -111,11 +112,12 @@ class ResidentPrefix {
   // Where a request would resume, without changing anything.
   ResumeInfo Peek(const CacheRequest& request) const;
 
-  // Empties one tier: "anchors", "end", "stash", "pin", "park", "store", or "resident" / "ram" / "all" for every one.
+  // Empties one tier: "anchors", "end", "stash", "pin", "park", "store", "disk"; "resident" / "ram" for
+  // every RAM tier; "all" for those and the disk.
   Status Clear(const std::string& tier);
   void set_options(const ResidentOptions& options);
   // Receives every hit, write, eviction and clear; called on the engine thread.
-  void set_event_sink(CacheEventSink sink) { sink_ = std::move(sink); }
+  void set_event_sink(CacheEventSink sink);
   const ResidentOptions& options() const { return options_; }
 
   // Every tier's entries, bytes and counters.
@@ -134,9 +136,24 @@ class ResidentPrefix {
     enum class Copy { kNone, kStash, kPin, kPark } copy = Copy::kNone;  // what Apply copies aside
     int64_t copy_bytes = 0;        // an upper bound of that copy
     bool skip_copy = false;        // given up for memory: Apply copies nothing aside
+    int64_t disk_keep = 0;         // a disk restore keeps the rows in place below this line
+    bool disk_declined = false;    // the disk held a longer line whose read cost more than its prefill
+    bool disk_failed = false;      // Apply's disk restore failed: plan again from what is in place
   };
   Plan MakePlan(const CacheRequest& request) const;
   Status Apply(const CacheRequest& request, Plan& plan);
+  // Admit and Apply, planning again (without the file that failed) when a disk restore fails.
+  Status AdmitAndApply(const CacheRequest& request, Plan& plan, int64_t max_new);
+  // Rows in place a disk restore of line can keep: this prompt's, below the taint, on the disk's grid.
+  int64_t DiskKeepRows(std::span<const int32_t> prompt, int64_t line) const;
+  // Prefill tokens a second this process measured (a default before it has).
+  double PrefillRate() const;
+  // Asks the disk admission which lines of the served prompt to write; stages those already in place.
+  void PlanDiskWrites(const CacheRequest& request, const ResumeInfo& info);
+  // Hands the staged anchors to the disk cache's writer, once the prefill is done.
+  void SubmitDiskWrites(const ResumeInfo& info, const std::string& session);
+  // Where the prompt's first answer starts (its <|im_start|>assistant), or -1.
+  int64_t FirstAnswerStart(std::span<const int32_t> prompt) const;
   // The grid-split prefill of served_prompt up to `upto`, with anchors at grid lines and AnchorLines.
   Status PrefillRange(ResumeInfo& info, int64_t upto, bool take_anchors);
   // Where the anchored prefill stops: the last exact line below the prompt's end (the grid line for a guest).
@@ -177,6 +194,7 @@ class ResidentPrefix {
   Forward& forward_;
   const Tokenizer* tokenizer_;
   std::vector<int32_t> user_turn_ids_;  // "<|im_start|>user" as ids; empty without a tokenizer
+  std::vector<int32_t> answer_turn_ids_;  // "<|im_start|>assistant" as ids
   ResidentOptions options_;
   CacheEventSink sink_;
   void Emit(const char* kind, const std::string& tier, int64_t tokens, int64_t bytes, std::string reason = "") const {
@@ -195,11 +213,15 @@ class ResidentPrefix {
   ParkedSession park_;
   StateStore store_;
   int64_t guest_resume_ = 0;      // where the running guest resumed
+  DiskCache* disk_ = nullptr;
+  std::vector<int64_t> disk_lines_;   // lines this prefill stages for the disk as it passes them
+  std::vector<Anchor> disk_staged_;   // their anchors, waiting for the prefill to end
+  double prefill_tokens_ = 0, prefill_seconds_ = 0;
   bool stash_shed_ = false;       // the running guest's stash was given back: its rows are lost
   struct Counters {
     int64_t requests = 0, cold = 0, resident_hits = 0, end_hits = 0, aligned_hits = 0, pin_hits = 0, park_hits = 0;
     int64_t guests = 0, pins = 0, parks = 0, cached_tokens = 0, reread_tokens = 0, store_hits = 0;
-    int64_t refused = 0;
+    int64_t refused = 0, disk_hits = 0;
     std::map<std::string, int64_t> sheds;  // by tier
   } counters_;
   // The tiers over the data above, asked in turn (declared after it: they hold references to it).

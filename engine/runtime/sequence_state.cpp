@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <string>
 
@@ -38,6 +39,8 @@ Status SequenceState::Reserve(int64_t tokens) {
                              std::to_string(rows * kv_bytes_per_token()) + " bytes)");
   }
   const size_t used = static_cast<size_t>(length_ * kv_width_);
+  std::unique_lock<std::shared_mutex> moving;
+  if (growth_lock_ != nullptr) moving = std::unique_lock(*growth_lock_);
   for (size_t a = 0; a < k_.size(); ++a) {
     std::copy_n(k_[a].begin(), used, nk[a].begin());
     std::copy_n(v_[a].begin(), used, nv[a].begin());
@@ -111,6 +114,10 @@ Result<KvRows> SequenceState::CopyRows(int64_t begin, int64_t end) const {
   if (begin < 0 || end < begin || end > length_)
     return OutOfRange("CopyRows: rows [" + std::to_string(begin) + ", " + std::to_string(end) +
                       ") outside length " + std::to_string(length_));
+  return CopyRowsFromReader(begin, end);
+}
+
+KvRows SequenceState::CopyRowsFromReader(int64_t begin, int64_t end) const {
   KvRows rows;
   rows.begin = begin;
   rows.end = end;

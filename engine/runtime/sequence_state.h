@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <shared_mutex>
 #include <vector>
 
 #include "engine/core/status.h"
@@ -73,6 +74,11 @@ class SequenceState {
   Status RestoreAnchor(const Anchor& anchor);
   // Copies K/V rows [begin, end), end <= length().
   Result<KvRows> CopyRows(int64_t begin, int64_t end) const;
+  // The same from another thread while the owner goes on: reads no length; the caller holds the
+  // growth lock shared and knows rows [begin, end) are written and stay unchanged.
+  KvRows CopyRowsFromReader(int64_t begin, int64_t end) const;
+  // Reserve takes this lock exclusively while it moves the rows (a reader thread copies under it).
+  void set_growth_lock(std::shared_mutex* lock) { growth_lock_ = lock; }
   // Writes rows back at rows.begin (reserving as needed); the length is not changed.
   Status WriteRows(const KvRows& rows);
 
@@ -85,6 +91,7 @@ class SequenceState {
   int64_t tail_floats_ = 0;
   int64_t length_ = 0;
   int64_t capacity_ = 0;
+  std::shared_mutex* growth_lock_ = nullptr;
   std::vector<std::vector<float>> k_, v_;
   std::vector<std::vector<float>> recurrent_, tail_;
 };

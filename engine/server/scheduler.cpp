@@ -66,13 +66,14 @@ Scheduler::Scheduler(Model& model, std::unique_ptr<Forward> forward, SchedulerOp
       CacheEventRow row;
       row.kind = ParseCacheEventKind(e.kind).value_or(CacheEventKind::kWrite);
       row.tier = e.tier;
-      row.session = current_session_;
+      row.session = e.session ? *e.session : current_session_;
       row.tokens = e.tokens;
       row.bytes = e.bytes;
       row.reason = e.reason;
       journal->RecordCacheEvent(std::move(row));
     });
   }
+  if (options_.disk != nullptr) resident_.set_disk_cache(options_.disk);
   thread_ = std::thread([this] { EngineLoop(); });
 }
 
@@ -144,8 +145,13 @@ void Scheduler::ApplyPendingOptions() {
 }
 
 CacheStats Scheduler::CacheStats() const {
-  std::lock_guard lock(mu_);
-  return cache_stats_;
+  anchorage::CacheStats stats;
+  {
+    std::lock_guard lock(mu_);
+    stats = cache_stats_;
+  }
+  if (options_.disk != nullptr) stats.disk = options_.disk->Stats();  // the writer goes on between requests: read it live
+  return stats;
 }
 
 template <typename Fn>

@@ -93,6 +93,7 @@ struct SchedulerOptions {
   Journal* journal = nullptr;  // optional: every job and cache event becomes a row
   std::string model_id;
   std::optional<ReplyScript> reply_script;  // testing aid: a job whose prompt it matches decodes its reply
+  DiskCache* disk = nullptr;  // the disk tier behind the RAM tiers (not owned); nullptr: none
 };
 
 class Scheduler {

@@ -49,6 +49,13 @@ ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective) {
   o.memory_ceiling_bytes = Gib(m.at("ceiling_gb").get<double>());
   o.memory_peak_bytes = Gib(m.at("prefill_peak_gb").get<double>());
   o.memory_slack_bytes = Gib(m.at("allocator_slack_gb").get<double>());
+  const nlohmann::json& d = effective.at("disk_cache");
+  o.disk.mode = ParseDiskMode(d.at("mode").get<std::string>()).value_or(DiskMode::kOff);
+  o.disk.budget_bytes = Gib(d.at("budget_gb").get<double>());
+  o.disk.ttl_days = d.at("ttl_days").get<int64_t>();
+  o.disk.admit_after = d.at("admit_after").get<int>();
+  o.disk.min_free_bytes = Gib(d.at("min_free_gb").get<double>());
+  o.disk.min_tokens = d.at("min_tokens").get<int64_t>();
   return o;
 }
 
@@ -127,6 +134,23 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   SchedulerOptions scheduler_options;
   scheduler_options.max_queue = config.max_queue;
   scheduler_options.resident = ResidentOptionsFromSettings(effective);
+  if (config.disk_cache_dir != "off") {
+    const std::string dir = config.disk_cache_dir.empty() ? (fs::path(config.data_dir) / "cache" / "disk").string() : config.disk_cache_dir;
+    say(0.8, "opening the disk tier in " + dir);
+    // Rows computed on another grid or by another arithmetic are not this engine's: the fingerprint names both.
+    const std::string fingerprint = s->model_->state_fingerprint + "/grid-" + std::to_string(config.grid_tokens);
+    auto disk = DiskCache::Open(DiskEnv::Posix(), s->model_->config, fingerprint, dir, config.grid_tokens, scheduler_options.resident.disk);
+    if (!disk.ok()) {
+      s->notes_.push_back("warning: the disk tier is off: " + disk.status().message());
+    } else {
+      s->disk_ = std::move(disk).value();
+      const DiskTierStats t = s->disk_->tier().stats();
+      if (t.swept_foreign > 0 || t.swept_temporaries > 0)
+        s->notes_.push_back("disk tier: swept " + std::to_string(t.swept_foreign) + " files of another fingerprint and " +
+                            std::to_string(t.swept_temporaries) + " cut-short writes");
+    }
+  }
+  scheduler_options.disk = s->disk_.get();
   scheduler_options.journal = s->journal_.get();
   scheduler_options.model_id = s->model_id_;
   if (!config.test_replies_file.empty()) {

@@ -19,59 +19,15 @@
 #include "engine/model/tiny_model.h"
 #include "engine/runtime/forward.h"
 #include "tests/cache/cache_test_util.h"
+#include "tests/cache/fault_env.h"
 
 using namespace anchorage;
 using anchorage::testing::SameBits;
 using anchorage::testing::Tokens;
+using anchorage::testing::FaultEnv;
 
 namespace {
 
-// Fails the operation numbered fail_at (0-based; Append, Sync, Close, Rename, SyncDirectory count),
-// with ENOSPC's message; with crash set, every later operation fails too, as if the process died.
-class FaultEnv : public DiskEnv {
- public:
-  int64_t fail_at = -1;
-  bool crash = false;
-  int64_t ops = 0;
-
-  bool Fails() {
-    const int64_t n = ops++;
-    return (fail_at >= 0 && n == fail_at) || (crash && fail_at >= 0 && n > fail_at);
-  }
-  Status Injected(const std::string& what) { return IoError(what + ": No space left on device (injected)"); }
-
-  class File : public WritableFile {
-   public:
-    File(FaultEnv& env, std::unique_ptr<WritableFile> real) : env_(env), real_(std::move(real)) {}
-    Status Append(std::string_view b) override { return env_.Fails() ? env_.Injected("write") : real_->Append(b); }
-    Status Sync() override { return env_.Fails() ? env_.Injected("fsync") : real_->Sync(); }
-    Status Close() override {
-      Status s = real_->Close();
-      return env_.Fails() ? env_.Injected("close") : s;
-    }
-
-   private:
-    FaultEnv& env_;
-    std::unique_ptr<WritableFile> real_;
-  };
-
-  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
-    if (Fails()) return Injected("create " + path);
-    ASSIGN_OR_RETURN(auto real, Posix().NewWritableFile(path));
-    return std::unique_ptr<WritableFile>(new File(*this, std::move(real)));
-  }
-  Status Rename(const std::string& a, const std::string& b) override { return Fails() ? Injected("rename") : Posix().Rename(a, b); }
-  Status Remove(const std::string& p) override {
-    if (crash && fail_at >= 0 && ops > fail_at) return Injected("remove");  // a dead process removes nothing
-    return Posix().Remove(p);
-  }
-  Status SyncDirectory(const std::string& d) override { return Fails() ? Injected("fsync dir") : Posix().SyncDirectory(d); }
-  Result<std::string> ReadFile(const std::string& p) override { return Posix().ReadFile(p); }
-  Result<std::string> ReadFilePrefix(const std::string& p, int64_t n) override { return Posix().ReadFilePrefix(p, n); }
-  Result<std::vector<std::string>> ListFiles(const std::string& d) override { return Posix().ListFiles(d); }
-  Result<int64_t> FreeBytes(const std::string& d) override { return Posix().FreeBytes(d); }
-  Result<int64_t> FileSize(const std::string& p) override { return Posix().FileSize(p); }
-};
 
 
 Status Write(DiskEnv& env, const std::string& path, const EncodedCacheFile& file) {

@@ -61,7 +61,7 @@ class TestSettings : public QObject {
     QCOMPARE(doc["memory"]["allocator_slack_gb"].get<double>(), 0.5);
     QCOMPARE(doc["resident"]["resident_gb"].get<double>(), 2.5);
     QCOMPARE(doc["resident"]["guest_max_tokens"].get<int64_t>(), int64_t{8192});
-    QCOMPARE(doc["disk_cache"]["mode"].get<std::string>(), std::string("off"));
+    QCOMPARE(doc["disk_cache"]["mode"].get<std::string>(), std::string("readwrite"));
     QCOMPARE(doc["shadow"]["model"].get<std::string>(), std::string(""));
     QCOMPARE(doc["journal"]["retention_rows"].get<int64_t>(), int64_t{1000000});
     QVERIFY(!doc.contains("overrides"));
@@ -295,7 +295,7 @@ class TestSettings : public QObject {
     nlohmann::json doc = s.Document();
     QCOMPARE(doc["memory"]["ceiling_gb"].get<double>(), 32.0);  // the stored value
     nlohmann::json expected = {
-        {"disk_cache.mode", {{"value", "read"}, {"source", "--disk-cache"}, {"stored", "off"}}},
+        {"disk_cache.mode", {{"value", "read"}, {"source", "--disk-cache"}, {"stored", "readwrite"}}},
         {"memory.ceiling_gb", {{"value", 12.0}, {"source", "--mem-ceiling-gb"}, {"stored", 32.0}}}};
     QCOMPARE(doc["overrides"], expected);
     QCOMPARE(s.Overrides(), expected);

@@ -1,0 +1,138 @@
+// The disk tier as the resident prefix uses it: the store (disk_tier.h), its admission
+// (disk_admission.h), and a writer thread, so writes never hold a request. The engine thread stages
+// an anchor's state as the prefill passes its line and submits the job after the prefill; the
+// writer copies the rows out of the engine's state and writes while the request decodes; the next
+// request's Fence closes the window, and what was not copied by then is dropped and journaled.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "engine/cache/cache_tier.h"
+#include "engine/cache/disk_admission.h"
+#include "engine/cache/disk_tier.h"
+
+namespace anchorage {
+
+enum class DiskMode { kOff, kRead, kReadWrite };
+const char* DiskModeName(DiskMode mode);  // "off", "read", "readwrite"
+std::optional<DiskMode> ParseDiskMode(std::string_view name);
+
+// The settings document's disk_cache area, applied from the next request.
+struct DiskCacheSettings {
+  DiskMode mode = DiskMode::kReadWrite;
+  int64_t budget_bytes = 16ll << 30;
+  int64_t ttl_days = 7;
+  int admit_after = 2;
+  int64_t min_free_bytes = 20ll << 30;
+  int64_t min_tokens = 4096;
+  bool cost_check = true;  // take a disk anchor only when its read costs less than the prefill it saves
+};
+
+// What one request asks the writer to keep: anchors at lines of tokens, ascending.
+struct DiskWriteJob {
+  std::vector<int32_t> tokens;  // the prompt up to its longest anchor
+  std::vector<Anchor> anchors;
+  std::string session;
+};
+
+struct DiskCacheStats {
+  std::string mode, dir;
+  int64_t budget_bytes = 0, min_free_bytes = 0, ttl_days = 0, free_bytes = -1, staged_bytes = 0;
+  DiskTierStats tier;
+  int64_t hits = 0, misses = 0, declined_by_cost = 0, jobs = 0, dropped_jobs = 0;
+  std::vector<DiskPrefix> top;
+  std::vector<CacheEvent> recent;  // newest last
+  double hit_rate() const { return hits + misses > 0 ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 0.0; }
+};
+
+class DiskCache {
+ public:
+  // Opens the store in dir and the counts beside it; the writer thread starts.
+  static Result<std::unique_ptr<DiskCache>> Open(DiskEnv& env, const ModelConfig& config, std::string fingerprint, std::string dir,
+                                                 int64_t line_tokens, DiskCacheSettings settings);
+  // Fences, writes what was copied, saves the counts and joins the writer.
+  ~DiskCache();
+
+  void set_settings(const DiskCacheSettings& settings);
+  DiskCacheSettings settings() const;
+  bool reads() const;
+  bool writes() const;
+  int64_t line_tokens() const { return line_tokens_; }
+  // Receives every event, on the engine thread or (with its session set) on the writer's.
+  void set_event_sink(CacheEventSink sink);
+  void Record(CacheEvent event);
+
+  // The engine thread's calls.
+  int64_t Find(std::span<const int32_t> prompt, int64_t max_length) const;
+  // What reading line (rows below keep_rows in place) costs at the rate this process measured.
+  double RestoreSeconds(std::span<const int32_t> prompt, int64_t line, int64_t keep_rows) const;
+  Status Restore(std::span<const int32_t> prompt, int64_t line, SequenceState& state, int64_t keep_rows);
+  void NoteMiss() { ++misses_; }
+  void NoteDeclinedByCost() { ++declined_by_cost_; }
+  // Counts the request's cold lines and returns the lines to anchor that the tier lacks, ascending.
+  std::vector<int64_t> PlanWrites(AdmissionRequest request);
+  // Whether this is the first request seen of session (empty: never); remembers it.
+  bool FirstOfSession(const std::string& session);
+  // Queues the job; the writer reads its rows out of state until the next Fence.
+  void Submit(DiskWriteJob job, const SequenceState& state);
+  // Closes the window: no row is read out of the state after this returns.
+  void Fence();
+  // Blocks until no job is queued or running (tests, benchmarks, shutdown).
+  void WaitIdle();
+  // Fences, deletes every file and the counts.
+  Status Clear();
+  // Reserve takes this while it moves the state's rows; the writer copies under it.
+  std::shared_mutex& growth_lock() { return growth_lock_; }
+  // Host bytes the writer holds: staged anchors and the chunk it copies.
+  int64_t staged_bytes() const;
+  DiskCacheStats Stats() const;
+  DiskTier& tier() { return *tier_; }
+
+ private:
+  struct Pending {
+    DiskWriteJob job;
+    const SequenceState* state = nullptr;
+    uint64_t epoch = 0;
+  };
+  DiskCache(DiskEnv& env, std::unique_ptr<DiskTier> tier, DiskAdmission admission, int64_t line_tokens, DiskCacheSettings settings);
+  void WriterLoop();
+  void Write(Pending& pending);
+  void SaveCounts();
+
+  DiskEnv& env_;
+  std::unique_ptr<DiskTier> tier_;
+  const int64_t line_tokens_;
+  std::shared_mutex growth_lock_;
+
+  mutable std::mutex mu_;  // guards everything below
+  std::condition_variable cv_, idle_cv_;
+  DiskCacheSettings settings_;
+  DiskAdmission admission_;
+  bool counts_dirty_ = false;
+  CacheEventSink sink_;
+  std::deque<CacheEvent> recent_;
+  std::deque<Pending> queue_;
+  bool writing_ = false;
+  bool stop_ = false;
+  uint64_t epoch_ = 0;           // bumps at every Fence: a job reads rows only in the epoch it was submitted in
+  int64_t staged_bytes_ = 0;
+  std::deque<std::string> sessions_order_;
+  std::unordered_set<std::string> sessions_;
+  int64_t hits_ = 0, jobs_ = 0, dropped_jobs_ = 0;
+  std::atomic<int64_t> misses_ = 0, declined_by_cost_ = 0;
+  std::thread writer_;
+};
+
+}  // namespace anchorage
