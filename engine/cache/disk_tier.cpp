@@ -124,6 +124,7 @@ Status DiskTier::WriteFile(const std::string& name, const std::vector<std::strin
   }
   entry.bytes = size;
   entry.used_ms = Now();
+  (void)env_.SetModifiedTimeMs(PathOf(name), entry.used_ms);  // the file's age across restarts
   files_[name] = std::move(entry);
   stats_.bytes_written += size;
   RecountLocked();

@@ -73,8 +73,8 @@ ResidentPrefix::~ResidentPrefix() { set_disk_cache(nullptr); }
 
 void ResidentPrefix::set_disk_cache(DiskCache* disk) {
   if (disk_ != nullptr) {
+    disk_->WaitIdle();  // the last request's lines are written before the state they come from goes
     disk_->Fence();
-    disk_->WaitIdle();
     disk_->set_event_sink(nullptr);
   }
   state_.set_growth_lock(nullptr);

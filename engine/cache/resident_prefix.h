@@ -85,7 +85,7 @@ struct CachedGeneration {
 class ResidentPrefix {
  public:
   ResidentPrefix(Forward& forward, const Tokenizer* tokenizer, ResidentOptions options);
-  // Fences the disk cache's writer and waits for what it copied.
+  // Waits for the disk cache's writer to finish the last request's lines, then fences it.
   ~ResidentPrefix();
   ResidentPrefix(const ResidentPrefix&) = delete;
   ResidentPrefix& operator=(const ResidentPrefix&) = delete;

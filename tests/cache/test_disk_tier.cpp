@@ -2,7 +2,7 @@
 // this process and in a child process) and restored continues bit for bit as a cold prefill;
 // shared lines are written once; a corrupted chunk is refused, deleted with the longer lines, and
 // the rest still serves; files of another fingerprint and cut-short writes are swept at open;
-// the budget evicts the least recently used.
+// eviction takes the least valuable first, and the TTL the unused.
 #include <QtTest>
 
 #include <sys/wait.h>
@@ -197,23 +197,45 @@ class TestDiskTier : public QObject {
     QCOMPARE(other->Find(a, 200), int64_t(0));
   }
 
-  void budgetEvictsLeastRecentlyUsed() {
+  // The least valuable goes first: (hits + 1) x tokens per byte, halved per day unused; the TTL drops the unused.
+  void evictionByValueAgeAndTtl() {
     QTemporaryDir dir;
-    const auto a = Tokens(9, 200, vocab_), b = Tokens(10, 200, vocab_);
-    auto tier = Open(dir);
-    QVERIFY(tier && tier->Put(a, Cold(a, 128)).ok());
-    const int64_t one_prompt = tier->stats().bytes;
-    QVERIFY(tier->Put(b, Cold(b, 128)).ok());
+    int64_t now = int64_t(1700000000) * 1000;
+    const int64_t day = int64_t(24) * 3600 * 1000;
+    DiskTierOptions o{dir.filePath("disk").toStdString(), kGrid, int64_t(1) << 40, 7, 0, [&] { return now; }};
+    auto opened = DiskTier::Open(DiskEnv::Posix(), model_->config, fp_, o);
+    QVERIFY(opened.ok());
+    DiskTier& tier = **opened;
+    const auto a = Tokens(9, 200, vocab_), b = Tokens(10, 200, vocab_), c = Tokens(11, 200, vocab_);
+    QVERIFY(tier.Put(a, Cold(a, 128)).ok());
+    const int64_t one_prompt = tier.stats().bytes;
+    QVERIFY(tier.Put(b, Cold(b, 128)).ok());
     SequenceState s(model_->config);
-    QVERIFY(tier->Restore(a, 128, s).ok());  // a is now the most recently used
-    tier->set_budget_bytes(one_prompt + one_prompt / 2);
-    QVERIFY(tier->stats().bytes <= one_prompt + one_prompt / 2);
-    QVERIFY(tier->stats().evicted_files > 0);
-    QCOMPARE(tier->Find(a, 200), int64_t(128));
-    QCOMPARE(tier->Find(b, 200), int64_t(0));
-    QVERIFY(tier->Clear().ok());
-    QCOMPARE(tier->stats().files, int64_t(0));
-    QCOMPARE(tier->Find(a, 200), int64_t(0));
+    QVERIFY(tier.Restore(a, 128, s).ok());  // a has a hit, b none
+    tier.set_budget_bytes(one_prompt + one_prompt / 2);
+    QCOMPARE(tier.stats().bytes, one_prompt);
+    QCOMPARE(tier.stats().evicted_files, int64_t(3));  // b's anchor and the two chunks only it read
+    QCOMPARE(tier.Find(a, 200), int64_t(128));
+    QCOMPARE(tier.Find(b, 200), int64_t(0));
+    // Two days later a's hit is worth a quarter: a fresh c outranks it.
+    now += 2 * day;
+    tier.set_budget_bytes(int64_t(1) << 40);
+    QVERIFY(tier.Put(c, Cold(c, 128)).ok());
+    tier.set_budget_bytes(one_prompt + one_prompt / 2);
+    QCOMPARE(tier.Find(a, 200), int64_t(0));
+    QCOMPARE(tier.Find(c, 200), int64_t(128));
+    // Unused past the TTL: gone, whatever the budget; and the mtime carries the age across a reopen.
+    tier.set_budget_bytes(int64_t(1) << 40);
+    now += 6 * day;
+    auto reopened = DiskTier::Open(DiskEnv::Posix(), model_->config, fp_, o);
+    QVERIFY(reopened.ok());
+    QCOMPARE((*reopened)->Find(c, 200), int64_t(128));
+    now += 2 * day;
+    (*reopened)->Evict();
+    QCOMPARE((*reopened)->Find(c, 200), int64_t(0));
+    QCOMPARE((*reopened)->stats().expired_files, int64_t(3));
+    QCOMPARE((*reopened)->stats().files, int64_t(0));
+    QVERIFY(tier.Clear().ok());
   }
 };
 
