@@ -86,4 +86,30 @@ std::string Metrics::Render(size_t queue_depth, bool busy) const {
   return out;
 }
 
+std::string RenderDiskMetrics(const DiskCacheStats& d) {
+  std::string out;
+  auto metric = [&](const char* name, const char* type, const char* help, double value) {
+    out += std::string("# HELP anchorage_disk_cache_") + name + " " + help + "\n# TYPE anchorage_disk_cache_" + name + " " + type + "\n";
+    char number[64];
+    std::snprintf(number, sizeof(number), "%.17g", value);
+    out += std::string("anchorage_disk_cache_") + name + " " + number + "\n";
+  };
+  const DiskTierStats& t = d.tier;
+  metric("bytes", "gauge", "Bytes the disk tier's files hold.", static_cast<double>(t.bytes));
+  metric("budget_bytes", "gauge", "The disk tier's budget.", static_cast<double>(d.budget_bytes));
+  metric("free_bytes", "gauge", "Free bytes of the file system the tier is on (-1: unknown).", static_cast<double>(d.free_bytes));
+  metric("files", "gauge", "Chunk and anchor files on disk.", static_cast<double>(t.files));
+  metric("hits_total", "counter", "Requests resumed from the disk tier.", static_cast<double>(d.hits));
+  metric("misses_total", "counter", "Requests that prefilled a whole line the disk tier did not serve.", static_cast<double>(d.misses));
+  metric("failed_restores_total", "counter", "Restores refused by a check (the files were deleted).", static_cast<double>(t.failed_restores));
+  metric("read_bytes_total", "counter", "Bytes read by restores.", static_cast<double>(t.bytes_read));
+  metric("written_bytes_total", "counter", "Bytes written.", static_cast<double>(t.bytes_written));
+  metric("anchors_written_total", "counter", "Anchor files written.", static_cast<double>(t.anchors_written));
+  metric("chunks_written_total", "counter", "Chunk files written.", static_cast<double>(t.chunks_written));
+  metric("dropped_jobs_total", "counter", "Write jobs given up (window closed, failed or refused write).", static_cast<double>(d.dropped_jobs));
+  metric("evicted_files_total", "counter", "Files evicted for the budget or the free-space floor.", static_cast<double>(t.evicted_files));
+  metric("expired_files_total", "counter", "Files removed past the TTL.", static_cast<double>(t.expired_files));
+  return out;
+}
+
 }  // namespace anchorage

@@ -7,7 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "engine/cache/disk_cache.h"
+
 namespace anchorage {
+
+// The disk tier's gauges and counters in the Prometheus text exposition.
+std::string RenderDiskMetrics(const DiskCacheStats& disk);
 
 class Metrics {
  public:

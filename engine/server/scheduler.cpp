@@ -294,7 +294,7 @@ void Scheduler::RecordJob(const Job& job, const RequestFigures& s, int status, c
   row.status = status;
   row.error = error;
   row.figures = s;
-  row.cache_tier = s.cached_tokens > 0 ? "ram" : "none";
+  row.cache_tier = s.cache_source == "disk" ? "disk" : s.cached_tokens > 0 ? "ram" : "none";
   row.finish_reason = finish;
   options_.journal->RecordRequest(std::move(row));
 }
