@@ -28,7 +28,7 @@ class EngineHost : public QThread {
   void setPollIntervalMs(int ms) { m_pollMs = ms; }
 
  public slots:
-  // Empties a cache tier ("anchors", "end", "stash", "pin", "park", "all"); answers tierCleared.
+  // Empties a cache tier ("anchors", "end", "stash", "pin", "park", "store", "disk", "ram", "all"); answers tierCleared.
   void clearTier(const QString& tier);
   // Replaces the settings document (it names the version it edits); answers settingsOutcome.
   void replaceSettings(const QJsonObject& document);

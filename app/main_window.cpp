@@ -22,6 +22,7 @@
 #include "models/memory_history.h"
 #include "models/settings_model.h"
 #include "widgets/chat_screen.h"
+#include "widgets/disk_screen.h"
 #include "widgets/journal_screen.h"
 #include "widgets/memory_screen.h"
 #include "widgets/placeholder_screen.h"
@@ -41,12 +42,13 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   m_history = new MemoryHistory(this);
 
   m_memory = new MemoryScreen(m_cacheModel, m_history, m_settingsModel, m_journalModel, this);
+  m_disk = new DiskScreen(m_settingsModel, this);
   m_journalScreen = new JournalScreen(m_journalModel, this);
   m_chat = new ChatScreen(this);
   m_tabs = new QTabWidget(this);
   m_tabs->setObjectName("tabs");
   m_tabs->addTab(m_memory, tr("&Memory"));
-  m_tabs->addTab(PlaceholderScreen::diskCache(this), tr("&Disk cache"));
+  m_tabs->addTab(m_disk, tr("&Disk cache"));
   m_tabs->addTab(PlaceholderScreen::shadow(this), tr("S&hadow"));
   m_tabs->addTab(m_journalScreen, tr("&Journal"));
   m_tabs->addTab(m_chat, tr("&Chat"));
@@ -97,11 +99,16 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   connect(host, &EngineHost::settingsChanged, m_settingsModel, &SettingsModel::setSnapshot);
   connect(host, &EngineHost::settingsOutcome, m_memory, &MemoryScreen::onSettingsOutcome);
   connect(host, &EngineHost::tierCleared, m_memory, &MemoryScreen::onTierCleared);
+  connect(host, &EngineHost::cacheChanged, m_disk, &DiskScreen::setSnapshot);
+  connect(host, &EngineHost::settingsOutcome, m_disk, &DiskScreen::onSettingsOutcome);
+  connect(host, &EngineHost::tierCleared, m_disk, &DiskScreen::onTierCleared);
   connect(host, &EngineHost::chatDelta, m_chat, &ChatScreen::onDelta);
   connect(host, &EngineHost::chatFinished, m_chat, &ChatScreen::onFinished);
   // Screens -> commands (EngineHost queues them to the host thread).
   connect(m_memory, &MemoryScreen::clearTierRequested, host, &EngineHost::clearTier);
   connect(m_memory, &MemoryScreen::settingsReplaceRequested, host, &EngineHost::replaceSettings);
+  connect(m_disk, &DiskScreen::clearTierRequested, host, &EngineHost::clearTier);
+  connect(m_disk, &DiskScreen::settingsReplaceRequested, host, &EngineHost::replaceSettings);
   connect(m_chat, &ChatScreen::sendRequested, host, &EngineHost::sendChat);
   connect(m_chat, &ChatScreen::stopRequested, host, &EngineHost::stopChat);
   connect(host, &QThread::finished, this, [this] {

@@ -7,6 +7,7 @@
 #include "app/snapshots.h"
 
 class CacheTierModel;
+class DiskScreen;
 class ChatScreen;
 class EngineHost;
 class JournalModel;
@@ -33,6 +34,7 @@ class MainWindow : public QMainWindow {
 
   QTabWidget* tabs() const { return m_tabs; }
   MemoryScreen* memoryScreen() const { return m_memory; }
+  DiskScreen* diskScreen() const { return m_disk; }
   JournalScreen* journalScreen() const { return m_journalScreen; }
   ChatScreen* chatScreen() const { return m_chat; }
   CacheTierModel* cacheModel() const { return m_cacheModel; }
@@ -62,6 +64,7 @@ class MainWindow : public QMainWindow {
   MemoryHistory* m_history;
   QTabWidget* m_tabs;
   MemoryScreen* m_memory;
+  DiskScreen* m_disk;
   JournalScreen* m_journalScreen;
   ChatScreen* m_chat;
   QWidget* m_banner;

@@ -14,15 +14,6 @@ PlaceholderScreen::PlaceholderScreen(const QString& title, const QString& text, 
   layout->addStretch();
 }
 
-PlaceholderScreen* PlaceholderScreen::diskCache(QWidget* parent) {
-  return new PlaceholderScreen(tr("Disk cache"),
-                               tr("The disk tier (chunk files of K/V rows and anchor files on NVMe, admitted after repeated cold "
-                             "reads) is not built yet. Nothing is written to disk and there is nothing to clear here. "
-                             "Its knobs already live in the settings document under <code>disk_cache</code> "
-                             "(mode off, read, readwrite) and take effect once the tier exists."),
-                               parent);
-}
-
 PlaceholderScreen* PlaceholderScreen::shadow(QWidget* parent) {
   return new PlaceholderScreen(tr("Shadow reader"),
                                tr("The shadow reader (a second, small engine that keeps each session's exact state and answers "

@@ -10,6 +10,5 @@ class PlaceholderScreen : public QWidget {
   PlaceholderScreen(const QString& title, const QString& text, QWidget* parent = nullptr);
 
   // The screens of tiers not built yet.
-  static PlaceholderScreen* diskCache(QWidget* parent);
   static PlaceholderScreen* shadow(QWidget* parent);
 };

@@ -1,5 +1,6 @@
 // The console on the tiny model: a chat from the Chat tab streams its answer, the Journal and the
-// Memory screen follow, a limit edit is applied (and a stale one refused), tiers clear, close drains.
+// Memory screen follow, a limit edit is applied (and a stale one refused), tiers clear, the Disk cache
+// screen shows the tier and edits and clears it, close drains.
 #include <QAbstractItemModelTester>
 #include <QFile>
 #include <QJsonDocument>
@@ -23,6 +24,7 @@
 #include "models/memory_history.h"
 #include "models/settings_model.h"
 #include "widgets/chat_screen.h"
+#include "widgets/disk_screen.h"
 #include "widgets/journal_screen.h"
 #include "widgets/memory_screen.h"
 
@@ -177,6 +179,30 @@ class TestConsoleGui : public QObject {
     QTRY_COMPARE_WITH_TIMEOUT(tierValue(tiers, "resident", CacheTierModel::EntriesColumn), 0, 10000);
     QCOMPARE(tierValue(tiers, "resident", CacheTierModel::BytesColumn), 0);
     QTRY_VERIFY_WITH_TIMEOUT(window.journalModel()->index(0, JournalModel::KindColumn).data().toString() == "clear", 10000);
+
+    // The Disk cache screen: the tier is open in the data folder; a budget edit applies; a clear asks first.
+    DiskScreen* disk = window.diskScreen();
+    window.tabs()->setCurrentWidget(disk);
+    QTRY_VERIFY_WITH_TIMEOUT(disk->summaryText().contains("readwrite"), 10000);
+    QVERIFY2(disk->summaryText().contains("cache/disk"), qPrintable(disk->summaryText()));
+    const qint64 before_disk = settings->version();
+    disk->editor("disk_cache.budget_gb")->setValue(3);
+    QTest::mouseClick(disk->findChild<QPushButton*>("applyDiskButton"), Qt::LeftButton);
+    QTRY_COMPARE_WITH_TIMEOUT(settings->version(), before_disk + 1, 10000);
+    QCOMPARE(settings->value("disk_cache.budget_gb").toDouble(), 3.0);
+    QVERIFY(disk->findChild<QLabel*>("diskMessage")->text().startsWith("Applied"));
+    int disk_asked = 0;
+    disk->setConfirmFunction([&](QWidget*, const QString&, const QString&) { return ++disk_asked, false; });
+    QSignalSpy disk_cleared(&host, &EngineHost::tierCleared);
+    QTest::mouseClick(disk->findChild<QPushButton*>("clear_disk"), Qt::LeftButton);
+    QCOMPARE(disk_asked, 1);
+    QCOMPARE(disk_cleared.count(), 0);
+    disk->setConfirmFunction([&](QWidget*, const QString&, const QString&) { return ++disk_asked, true; });
+    QTest::mouseClick(disk->findChild<QPushButton*>("clear_disk"), Qt::LeftButton);
+    QTRY_COMPARE_WITH_TIMEOUT(disk_cleared.count(), 1, 10000);
+    QCOMPARE(disk_cleared[0][0].toString(), QString("disk"));
+    QVERIFY(disk_cleared[0][1].toBool());
+    QTRY_VERIFY_WITH_TIMEOUT(disk->summaryText().contains("of its 3.00 GiB budget"), 10000);  // a command between requests applies the settings
 
     // Shortcuts switch tabs.
     QTest::keyClick(&window, Qt::Key_4, Qt::ControlModifier);

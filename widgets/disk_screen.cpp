@@ -1,0 +1,252 @@
+#include "widgets/disk_screen.h"
+
+#include <QComboBox>
+#include <QDoubleSpinBox>
+#include <QFormLayout>
+#include <QGroupBox>
+#include <QHBoxLayout>
+#include <QHeaderView>
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QLabel>
+#include <QPushButton>
+#include <QTableWidget>
+#include <QVBoxLayout>
+
+#include "models/format.h"
+#include "models/settings_model.h"
+
+namespace {
+
+struct NumberField {
+  const char* key;
+  const char* label;
+  const char* suffix;
+  int decimals;
+};
+const NumberField kFields[] = {
+    {"disk_cache.budget_gb", "Budget", " GiB", 1},
+    {"disk_cache.ttl_days", "Keep unused entries", " days", 0},
+    {"disk_cache.min_free_gb", "Leave free on the disk", " GiB", 1},
+    {"disk_cache.admit_after", "Write after cold reads", "", 0},
+    {"disk_cache.min_tokens", "Shortest prefix written", " tokens", 0},
+};
+
+QTableWidget* MakeTable(const QStringList& headers, const QString& name, QWidget* parent) {
+  auto* t = new QTableWidget(0, headers.size(), parent);
+  t->setObjectName(name);
+  t->setHorizontalHeaderLabels(headers);
+  t->verticalHeader()->hide();
+  t->setEditTriggers(QAbstractItemView::NoEditTriggers);
+  t->setSelectionBehavior(QAbstractItemView::SelectRows);
+  t->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
+  t->horizontalHeader()->setStretchLastSection(true);
+  return t;
+}
+
+QTableWidgetItem* Cell(const QString& text, bool number = false) {
+  auto* item = new QTableWidgetItem(text);
+  if (number) item->setTextAlignment(Qt::AlignRight | Qt::AlignVCenter);
+  return item;
+}
+
+}  // namespace
+
+DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(parent), m_settings(settings) {
+  auto* status = new QGroupBox(tr("Disk tier"), this);
+  m_summary = new QLabel(tr("Waiting for the engine…"), status);
+  m_summary->setObjectName("diskSummary");
+  m_summary->setWordWrap(true);
+  m_summary->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  m_clear = new QPushButton(tr("Clear the disk tier…"), status);
+  m_clear->setObjectName("clear_disk");
+  m_clear->setToolTip(tr("Delete every chunk and anchor file and the cold-read counts"));
+  connect(m_clear, &QPushButton::clicked, this, &DiskScreen::requestClear);
+  auto* statusLayout = new QVBoxLayout(status);
+  statusLayout->addWidget(m_summary);
+  auto* clearRow = new QHBoxLayout;
+  clearRow->addStretch();
+  clearRow->addWidget(m_clear);
+  statusLayout->addLayout(clearRow);
+  statusLayout->addStretch();
+
+  auto* knobs = new QGroupBox(tr("Settings"), this);
+  auto* form = new QFormLayout;
+  m_mode = new QComboBox(knobs);
+  m_mode->setObjectName("disk_cache_mode");
+  m_mode->addItems({"off", "read", "readwrite"});
+  connect(m_mode, &QComboBox::currentIndexChanged, this, &DiskScreen::markDirty);
+  form->addRow(tr("Mode"), m_mode);
+  for (const NumberField& f : kFields) {
+    auto* spin = new QDoubleSpinBox(knobs);
+    spin->setObjectName(QString(f.key).replace('.', '_'));
+    spin->setDecimals(f.decimals);
+    spin->setSuffix(f.suffix);
+    spin->setMinimumWidth(140);
+    connect(spin, &QDoubleSpinBox::valueChanged, this, &DiskScreen::markDirty);
+    m_editors[f.key] = spin;
+    form->addRow(tr(f.label), spin);
+  }
+  m_apply = new QPushButton(tr("Apply"), knobs);
+  m_apply->setObjectName("applyDiskButton");
+  m_revert = new QPushButton(tr("Revert"), knobs);
+  connect(m_apply, &QPushButton::clicked, this, &DiskScreen::applySettings);
+  connect(m_revert, &QPushButton::clicked, this, [this] {
+    m_dirty = false;
+    loadSettings();
+    setMessage({}, false);
+  });
+  auto* buttons = new QHBoxLayout;
+  buttons->addStretch();
+  buttons->addWidget(m_revert);
+  buttons->addWidget(m_apply);
+  m_message = new QLabel(knobs);
+  m_message->setObjectName("diskMessage");
+  m_message->setWordWrap(true);
+  auto* knobLayout = new QVBoxLayout(knobs);
+  knobLayout->addLayout(form);
+  knobLayout->addLayout(buttons);
+  knobLayout->addWidget(m_message);
+  knobLayout->addStretch();
+
+  auto* prefixBox = new QGroupBox(tr("Most-hit prefixes (token counts; no text is kept here)"), this);
+  m_prefixes = MakeTable({tr("Tokens"), tr("Bytes"), tr("Hits"), tr("Last used")}, "diskPrefixTable", prefixBox);
+  (new QVBoxLayout(prefixBox))->addWidget(m_prefixes);
+  auto* eventBox = new QGroupBox(tr("Last events"), this);
+  m_events = MakeTable({tr("Time"), tr("Event"), tr("Tokens"), tr("Bytes"), tr("Why")}, "diskEventTable", eventBox);
+  (new QVBoxLayout(eventBox))->addWidget(m_events);
+
+  auto* top = new QHBoxLayout;
+  top->addWidget(status, 3);
+  top->addWidget(knobs, 2);
+  auto* bottom = new QHBoxLayout;
+  bottom->addWidget(prefixBox, 2);
+  bottom->addWidget(eventBox, 3);
+  auto* layout = new QVBoxLayout(this);
+  layout->addLayout(top, 0);
+  layout->addLayout(bottom, 1);
+
+  connect(settings, &QAbstractItemModel::modelReset, this, &DiskScreen::loadSettings);
+  connect(settings, &QAbstractItemModel::dataChanged, this, &DiskScreen::loadSettings);
+  loadSettings();
+}
+
+QString DiskScreen::summaryText() const { return m_summary->text(); }
+
+void DiskScreen::markDirty() {
+  m_dirty = true;
+  m_apply->setEnabled(true);
+  m_revert->setEnabled(true);
+}
+
+void DiskScreen::loadSettings() {
+  if (m_dirty) return;  // keep the operator's edit
+  const bool loaded = m_settings->version() > 0;
+  {
+    QSignalBlocker block(m_mode);
+    m_mode->setCurrentText(m_settings->value("disk_cache.mode").toString());
+    m_mode->setEnabled(loaded);
+  }
+  for (auto it = m_editors.begin(); it != m_editors.end(); ++it) {
+    const QJsonObject f = m_settings->field(it.key());
+    QSignalBlocker block(it.value());
+    if (f.contains("min")) it.value()->setRange(f["min"].toDouble(), f["max"].toDouble());
+    it.value()->setValue(m_settings->value(it.key()).toDouble());
+    it.value()->setToolTip(f["description"].toString());
+    it.value()->setEnabled(loaded);
+  }
+  m_apply->setEnabled(false);
+  m_revert->setEnabled(false);
+}
+
+void DiskScreen::applySettings() {
+  QVariantMap values;
+  values["disk_cache.mode"] = m_mode->currentText();
+  for (auto it = m_editors.begin(); it != m_editors.end(); ++it) {
+    const QJsonObject f = m_settings->field(it.key());
+    if (f["type"].toString() == "integer") values[it.key()] = static_cast<qint64>(it.value()->value());
+    else values[it.key()] = it.value()->value();
+  }
+  setMessage(tr("Applying as version %1…").arg(m_settings->version() + 1), false);
+  emit settingsReplaceRequested(m_settings->documentWith(values));
+}
+
+void DiskScreen::onSettingsOutcome(const SettingsOutcome& outcome) {
+  if (!m_dirty) return;  // another screen's change
+  if (outcome.ok) {
+    m_dirty = false;
+    loadSettings();
+    setMessage(tr("Applied: settings version %1; the disk tier uses it from the next request.").arg(outcome.version), false);
+  } else {
+    setMessage(tr("Refused (HTTP %1): %2").arg(outcome.httpStatus).arg(outcome.message), true);
+  }
+}
+
+void DiskScreen::onTierCleared(const QString& tier, bool ok, const QString& message) {
+  if (tier != "disk") return;
+  setMessage(ok ? tr("Cleared the disk tier.") : tr("Clearing the disk tier failed: %1").arg(message), !ok);
+}
+
+void DiskScreen::requestClear() {
+  if (!m_confirm(this, tr("Clear the disk tier"),
+                 tr("Delete every file of the disk tier and its cold-read counts? Sessions whose heads it holds prefill them cold again.")))
+    return;
+  emit clearTierRequested("disk");
+}
+
+void DiskScreen::setSnapshot(const CacheSnapshot& snapshot) {
+  const QJsonObject d = QJsonDocument::fromJson(snapshot.json).object().value("disk").toObject();
+  m_open = d.value("open").toBool();
+  m_clear->setEnabled(m_open);
+  if (!m_open) {
+    m_summary->setText(tr("This engine runs without a disk tier (started with --disk-cache off)."));
+    m_prefixes->setRowCount(0);
+    m_events->setRowCount(0);
+    return;
+  }
+  auto n = [&](const char* key) { return static_cast<qint64>(d.value(key).toDouble()); };
+  const qint64 free = n("free_bytes");
+  const double rate = d.value("read_bytes_per_s").toDouble();
+  QString text = tr("<b>%1</b> in %2<br>").arg(d.value("mode").toString().toHtmlEscaped(), d.value("dir").toString().toHtmlEscaped());
+  text += tr("Holds %1 of its %2 budget: %3 anchors, %4 chunks.<br>").arg(fmt::bytes(n("bytes")), fmt::bytes(n("budget_bytes"))).arg(n("anchors")).arg(n("chunks"));
+  text += tr("Free on the disk: %1 (the tier leaves %2).<br>").arg(free >= 0 ? fmt::bytes(free) : tr("unknown"), fmt::bytes(n("min_free_bytes")));
+  text += tr("Hit rate %1%: %2 hits, %3 misses; %4 failed restores.<br>")
+              .arg(100.0 * d.value("hit_rate").toDouble(), 0, 'f', 1)
+              .arg(n("hits"))
+              .arg(n("misses"))
+              .arg(n("failed_restores"));
+  text += tr("Written %1 (%2 anchors, %3 chunks); %4 jobs dropped; %5 files evicted, %6 expired.")
+              .arg(fmt::bytes(n("bytes_written")))
+              .arg(n("anchors_written"))
+              .arg(n("chunks_written"))
+              .arg(n("dropped_jobs"))
+              .arg(n("evicted_files"))
+              .arg(n("expired_files"));
+  if (rate > 0) text += tr("<br>Restores read at %1/s.").arg(fmt::bytes(static_cast<qint64>(rate)));
+  m_summary->setText(text);
+
+  const QJsonArray top = d.value("top_prefixes").toArray();
+  m_prefixes->setRowCount(static_cast<int>(top.size()));
+  for (int i = 0; i < top.size(); ++i) {
+    const QJsonObject p = top[i].toObject();
+    m_prefixes->setItem(i, 0, Cell(QString::number(static_cast<qint64>(p["tokens"].toDouble())), true));
+    m_prefixes->setItem(i, 1, Cell(fmt::bytes(static_cast<qint64>(p["bytes"].toDouble())), true));
+    m_prefixes->setItem(i, 2, Cell(QString::number(static_cast<qint64>(p["hits"].toDouble())), true));
+    m_prefixes->setItem(i, 3, Cell(fmt::timeOfDay(static_cast<qint64>(p["last_used_ms"].toDouble()))));
+  }
+  const QJsonArray events = d.value("recent_events").toArray();
+  m_events->setRowCount(static_cast<int>(events.size()));
+  for (int i = 0; i < events.size(); ++i) {
+    const QJsonObject e = events[events.size() - 1 - i].toObject();  // newest first
+    m_events->setItem(i, 0, Cell(fmt::timeOfDay(static_cast<qint64>(e["time_ms"].toDouble()))));
+    m_events->setItem(i, 1, Cell(e["kind"].toString()));
+    m_events->setItem(i, 2, Cell(QString::number(static_cast<qint64>(e["tokens"].toDouble())), true));
+    m_events->setItem(i, 3, Cell(fmt::bytes(static_cast<qint64>(e["bytes"].toDouble())), true));
+    m_events->setItem(i, 4, Cell(e["reason"].toString()));
+  }
+}
+
+void DiskScreen::setMessage(const QString& text, bool error) {
+  m_message->setText(text);
+  m_message->setStyleSheet(error ? "color: #b00020;" : QString());
+}
