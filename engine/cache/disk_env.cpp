@@ -72,11 +72,21 @@ class PosixEnv : public DiskEnv {
     ::close(fd);
     return ok ? Status::Ok() : IoError("fsync " + dir + ": " + error);
   }
-  Result<std::string> ReadFile(const std::string& path) override { return Read(path, -1); }
-  Result<std::string> ReadFilePrefix(const std::string& path, int64_t max_bytes) override { return Read(path, max_bytes); }
+  Result<std::string> ReadFile(const std::string& path) override {
+    std::string out;
+    RETURN_IF_ERROR(Read(path, -1, &out));
+    return out;
+  }
+  Status ReadFileInto(const std::string& path, std::string* out) override { return Read(path, -1, out); }
+  Result<std::string> ReadFilePrefix(const std::string& path, int64_t max_bytes) override {
+    std::string out;
+    RETURN_IF_ERROR(Read(path, max_bytes, &out));
+    return out;
+  }
 
   // The file's first max_bytes (all of it when negative), sized once and read straight into place.
-  static Result<std::string> Read(const std::string& path, int64_t max_bytes) {
+  static Status Read(const std::string& path, int64_t max_bytes, std::string* out_string) {
+    std::string& out = *out_string;
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return IoError("open " + path + ": " + Errno());
     struct stat st;
@@ -86,7 +96,7 @@ class PosixEnv : public DiskEnv {
     }
     const int64_t size = max_bytes < 0 ? static_cast<int64_t>(st.st_size) : std::min<int64_t>(max_bytes, st.st_size);
     ::posix_fadvise(fd, 0, size, POSIX_FADV_SEQUENTIAL);
-    std::string out(static_cast<size_t>(size), '\0');
+    out.resize(static_cast<size_t>(size));
     size_t got = 0;
     while (got < out.size()) {
       const ssize_t n = ::read(fd, out.data() + got, out.size() - got);
@@ -102,7 +112,7 @@ class PosixEnv : public DiskEnv {
     ::posix_fadvise(fd, 0, size, POSIX_FADV_DONTNEED);
     ::close(fd);
     out.resize(got);
-    return out;
+    return Status::Ok();
   }
   Result<std::vector<std::string>> ListFiles(const std::string& dir) override {
     DIR* d = ::opendir(dir.c_str());

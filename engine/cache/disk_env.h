@@ -30,6 +30,11 @@ class DiskEnv {
   virtual Status Remove(const std::string& path) = 0;
   virtual Status SyncDirectory(const std::string& dir) = 0;
   virtual Result<std::string> ReadFile(const std::string& path) = 0;
+  // The whole file into *out, reusing its storage (a restore reads many files of one size).
+  virtual Status ReadFileInto(const std::string& path, std::string* out) {
+    ASSIGN_OR_RETURN(*out, ReadFile(path));
+    return Status::Ok();
+  }
   // Up to max_bytes from the start of the file (a header).
   virtual Result<std::string> ReadFilePrefix(const std::string& path, int64_t max_bytes) = 0;
   // Names (not paths) of the regular files in dir.

@@ -114,9 +114,14 @@ Result<CacheFileHeader> PeekCacheFileHeader(std::string_view d) {
 }
 
 Result<DecodedCacheFile> DecodeCacheFile(std::string data, std::string_view expect_kind, std::string_view expect_fingerprint) {
+  auto owned = std::make_shared<const std::string>(std::move(data));
+  ASSIGN_OR_RETURN(DecodedCacheFile f, DecodeCacheFileView(*owned, expect_kind, expect_fingerprint));
+  f.data = std::move(owned);
+  return f;
+}
+
+Result<DecodedCacheFile> DecodeCacheFileView(std::string_view d, std::string_view expect_kind, std::string_view expect_fingerprint) {
   DecodedCacheFile f;
-  f.data = std::make_shared<const std::string>(std::move(data));
-  const std::string& d = *f.data;
   if (d.size() < kPrefixBytes + 4) return Corrupt("cache file: " + std::to_string(d.size()) + " bytes, shorter than a header");
   if (std::memcmp(d.data(), kCacheFileMagic, sizeof(kCacheFileMagic)) != 0) return Corrupt("cache file: not an Anchorage cache file (magic)");
   if (const uint32_t v = GetU32(d.data() + 8); v != kCacheFileVersion)
@@ -148,7 +153,7 @@ Result<DecodedCacheFile> DecodeCacheFile(std::string data, std::string_view expe
       if (elements < 0 || elements * DTypeSize(sec.dtype) != bytes) return Corrupt("cache file: section " + sec.name + " size does not match its shape");
       if (offset < 0 || bytes < 0 || offset > static_cast<int64_t>(d.size()) || bytes > static_cast<int64_t>(d.size()) - offset)
         return Corrupt("cache file: section " + sec.name + " runs past the end of the file (truncated?)");
-      sec.bytes = std::string_view(d).substr(static_cast<size_t>(offset), static_cast<size_t>(bytes));
+      sec.bytes = d.substr(static_cast<size_t>(offset), static_cast<size_t>(bytes));
       if (Crc32c(sec.bytes) != s.at("crc32c").get<uint32_t>()) return Corrupt("cache file: section " + sec.name + " checksum mismatch");
       f.sections.push_back(std::move(sec));
     }

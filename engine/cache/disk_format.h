@@ -63,5 +63,7 @@ Result<CacheFileHeader> PeekCacheFileHeader(std::string_view head);
 // Parses and verifies a whole file: magic, version, header crc, kind and fingerprint as expected,
 // every section inside the file, its size matching dtype and shape, and its crc32c.
 Result<DecodedCacheFile> DecodeCacheFile(std::string data, std::string_view expect_kind, std::string_view expect_fingerprint);
+// The same over bytes the caller keeps alive (data stays empty; the sections point into `data`).
+Result<DecodedCacheFile> DecodeCacheFileView(std::string_view data, std::string_view expect_kind, std::string_view expect_fingerprint);
 
 }  // namespace anchorage

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "engine/cache/disk_files.h"
 #include "engine/core/file_util.h"
@@ -205,14 +206,14 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
   };
   const std::string anchor_name = AnchorFileName(hashes.back());
   int64_t bytes_read = 0;
-  auto anchor_bytes = env_.ReadFile(PathOf(anchor_name));
-  if (!anchor_bytes.ok()) return fail(hashes.size() - 1, anchor_bytes.status());
-  bytes_read += static_cast<int64_t>(anchor_bytes->size());
-  auto anchor = DecodeAnchor(config_, fingerprint_, std::move(anchor_bytes).value());
+  std::string anchor_bytes, buffer;  // buffer: one chunk at a time, reused; rows go straight from it into the state
+  if (Status s = env_.ReadFileInto(PathOf(anchor_name), &anchor_bytes); !s.ok()) return fail(hashes.size() - 1, s);
+  bytes_read += static_cast<int64_t>(anchor_bytes.size());
+  auto anchor = DecodeAnchorView(config_, fingerprint_, anchor_bytes);
   if (!anchor.ok()) return fail(hashes.size() - 1, Corrupt(anchor_name + ": " + anchor.status().message()));
-  if (anchor->anchor.length != line || anchor->chunks.size() != hashes.size())
+  if (anchor->length != line || anchor->chunks.size() != hashes.size())
     return fail(hashes.size() - 1, Corrupt(anchor_name + ": names " + std::to_string(anchor->chunks.size()) + " chunks for line " + std::to_string(line)));
-  if (keep_rows == 0) state.Reset();
+  if (keep_rows == 0) state.SetLength(0);  // the recurrent part is overwritten below
   if (Status s = state.Reserve(line); !s.ok()) {
     state.Reset();
     return s;
@@ -220,18 +221,17 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
   for (size_t c = static_cast<size_t>(keep_rows / G); c < hashes.size(); ++c) {
     const std::string name = ChunkFileName(hashes[c]);
     if (anchor->chunks[c] != name) return fail(c, Corrupt(anchor_name + ": chunk " + std::to_string(c) + " is not this prompt's"));
-    auto bytes = env_.ReadFile(PathOf(name));
-    if (!bytes.ok()) return fail(c, bytes.status());
-    bytes_read += static_cast<int64_t>(bytes->size());
-    auto chunk = DecodeChunk(config_, fingerprint_, std::move(bytes).value());
+    if (Status s = env_.ReadFileInto(PathOf(name), &buffer); !s.ok()) return fail(c, s);
+    bytes_read += static_cast<int64_t>(buffer.size());
+    auto chunk = DecodeChunkView(config_, fingerprint_, buffer);
     if (!chunk.ok()) return fail(c, Corrupt(name + ": " + chunk.status().message()));
     const int64_t begin = static_cast<int64_t>(c) * G;
-    if (chunk->rows.begin != begin || chunk->rows.end != begin + G ||
-        !std::equal(chunk->tokens.begin(), chunk->tokens.end(), prompt.begin() + begin))
+    if (chunk->begin != begin || chunk->end != begin + G || chunk->tokens.size() != static_cast<size_t>(G) * sizeof(int32_t) ||
+        std::memcmp(chunk->tokens.data(), prompt.data() + begin, chunk->tokens.size()) != 0)
       return fail(c, Corrupt(name + ": its token ids are not the prompt's"));
-    if (Status s = state.WriteRows(chunk->rows); !s.ok()) return fail(c, s);
+    if (Status s = state.WriteRowsFrom(begin, begin + G, chunk->kv.data(), chunk->kv.size()); !s.ok()) return fail(c, s);
   }
-  if (Status s = state.RestoreAnchor(anchor->anchor); !s.ok()) return fail(hashes.size() - 1, s);
+  if (Status s = state.RestoreAnchorFrom(line, anchor->state.data(), anchor->state.size()); !s.ok()) return fail(hashes.size() - 1, s);
   std::vector<std::string> touched;
   {
     std::lock_guard lock(mu_);

@@ -73,7 +73,10 @@ Scheduler::Scheduler(Model& model, std::unique_ptr<Forward> forward, SchedulerOp
       journal->RecordCacheEvent(std::move(row));
     });
   }
-  if (options_.disk != nullptr) resident_.set_disk_cache(options_.disk);
+  if (options_.disk != nullptr) {
+    resident_.set_disk_cache(options_.disk);
+    cache_stats_ = resident_.Stats();
+  }
   thread_ = std::thread([this] { EngineLoop(); });
 }
 
@@ -150,7 +153,10 @@ CacheStats Scheduler::CacheStats() const {
     std::lock_guard lock(mu_);
     stats = cache_stats_;
   }
-  if (options_.disk != nullptr) stats.disk = options_.disk->Stats();  // the writer goes on between requests: read it live
+  if (options_.disk != nullptr) {  // the writer goes on between requests: read it live
+    stats.disk_enabled = true;
+    stats.disk = options_.disk->Stats();
+  }
   return stats;
 }
 

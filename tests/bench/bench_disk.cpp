@@ -1,9 +1,10 @@
 // The disk tier's store against a cold prefill: a head of N tokens prefilled cold, put on the disk,
 // dropped from the page cache and restored, with the machine's sequential read rate beside it.
-// anchorage-bench-disk [--model-dir DIR] [--tokens 8192] [--dir /tmp/anchorage-bench/disk] [--json]
+// anchorage-bench-disk [--model-dir DIR] [--tokens 8192] [--dir /tmp/anchorage-bench/disk] [--repeats N] [--json]
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -69,6 +70,7 @@ int Fail(const Status& s) {
 int main(int argc, char** argv) {
   std::string model_dir, dir = "/tmp/anchorage-bench/disk";
   int64_t tokens = 8192;
+  int repeats = 1;
   bool as_json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -77,8 +79,9 @@ int main(int argc, char** argv) {
     else if (a == "--model-dir") model_dir = v, ++i;
     else if (a == "--tokens") tokens = std::atoll(v.c_str()), ++i;
     else if (a == "--dir") dir = v, ++i;
+    else if (a == "--repeats") repeats = std::max(1, std::atoi(v.c_str())), ++i;
     else {
-      std::fprintf(stderr, "usage: anchorage-bench-disk [--model-dir DIR] [--tokens N] [--dir DIR] [--json]\n");
+      std::fprintf(stderr, "usage: anchorage-bench-disk [--model-dir DIR] [--tokens N] [--dir DIR] [--repeats N] [--json]\n");
       return 2;
     }
   }
@@ -113,9 +116,12 @@ int main(int argc, char** argv) {
   const double restore_ms = bench::NowMs() - t0;
   const bool exact = warm.BitEqual(cold);
   SequenceState again(c);
-  t0 = bench::NowMs();
-  if (Status s = (*tier)->Restore(prompt, line, again); !s.ok()) return Fail(s);
-  const double cached_restore_ms = bench::NowMs() - t0;
+  double cached_restore_ms = 1e300;
+  for (int r = 0; r < repeats; ++r) {  // the best of repeats, the files in the page cache
+    t0 = bench::NowMs();
+    if (Status s = (*tier)->Restore(prompt, line, again); !s.ok()) return Fail(s);
+    cached_restore_ms = std::min(cached_restore_ms, bench::NowMs() - t0);
+  }
   const double read_gbs = SequentialReadGBs(dir, std::max<int64_t>(bytes, int64_t(1) << 30));
   const double restore_gbs = static_cast<double>(bytes) / (restore_ms / 1e3) / 1e9;
 

@@ -84,6 +84,7 @@ class TestDiskCacheServer : public QObject {
     QVERIFY(cached > 0 && cached % 64 == 0 && cached < prompt_tokens);
     QCOMPARE(warm["choices"][0]["message"]["content"].get<std::string>(), cold_text);
     const json disk = Stats(b)["disk"];
+    QVERIFY2(disk.contains("hits") && disk.contains("top_prefixes"), disk.dump().c_str());
     QCOMPARE(disk["hits"].get<int64_t>(), int64_t(1));
     QCOMPARE(disk["mode"].get<std::string>(), std::string("readwrite"));
     QVERIFY(disk["top_prefixes"].size() >= 1);
