@@ -15,6 +15,7 @@
 
 #include "models/format.h"
 #include "models/settings_model.h"
+#include "widgets/settings_editors.h"
 
 namespace {
 
@@ -147,14 +148,7 @@ void DiskScreen::loadSettings() {
     m_mode->setCurrentText(m_settings->value("disk_cache.mode").toString());
     m_mode->setEnabled(loaded);
   }
-  for (auto it = m_editors.begin(); it != m_editors.end(); ++it) {
-    const QJsonObject f = m_settings->field(it.key());
-    QSignalBlocker block(it.value());
-    if (f.contains("min")) it.value()->setRange(f["min"].toDouble(), f["max"].toDouble());
-    it.value()->setValue(m_settings->value(it.key()).toDouble());
-    it.value()->setToolTip(f["description"].toString());
-    it.value()->setEnabled(loaded);
-  }
+  loadEditors(m_editors, *m_settings);
   m_apply->setEnabled(false);
   m_revert->setEnabled(false);
 }
@@ -246,7 +240,4 @@ void DiskScreen::setSnapshot(const CacheSnapshot& snapshot) {
   }
 }
 
-void DiskScreen::setMessage(const QString& text, bool error) {
-  m_message->setText(text);
-  m_message->setStyleSheet(error ? "color: #b00020;" : QString());
-}
+void DiskScreen::setMessage(const QString& text, bool error) { showMessage(m_message, text, error); }

@@ -23,6 +23,7 @@
 #include "models/journal_model.h"
 #include "models/memory_history.h"
 #include "models/settings_model.h"
+#include "widgets/settings_editors.h"
 
 namespace {
 
@@ -156,14 +157,7 @@ MemoryScreen::MemoryScreen(CacheTierModel* tiers, MemoryHistory* history, Settin
 void MemoryScreen::loadLimits() {
   m_versionLabel->setText(m_settings->version() > 0 ? QString::number(m_settings->version()) : tr("(loading)"));
   if (m_dirty) return;  // keep the operator's edit
-  for (auto it = m_editors.begin(); it != m_editors.end(); ++it) {
-    const QJsonObject f = m_settings->field(it.key());
-    QSignalBlocker block(it.value());
-    if (f.contains("min")) it.value()->setRange(f["min"].toDouble(), f["max"].toDouble());
-    it.value()->setValue(m_settings->value(it.key()).toDouble());
-    it.value()->setToolTip(f["description"].toString());
-    it.value()->setEnabled(m_settings->version() > 0);
-  }
+  loadEditors(m_editors, *m_settings);
   m_apply->setEnabled(false);
   m_revert->setEnabled(false);
 }
@@ -271,7 +265,4 @@ void MemoryScreen::updateTotals() {
                         .arg(c.refused));
 }
 
-void MemoryScreen::setMessage(const QString& text, bool error) {
-  m_message->setText(text);
-  m_message->setStyleSheet(error ? "color: #b00020;" : QString());
-}
+void MemoryScreen::setMessage(const QString& text, bool error) { showMessage(m_message, text, error); }

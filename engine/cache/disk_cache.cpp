@@ -16,6 +16,16 @@ int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+CacheEvent DiskEvent(std::string kind, int64_t tokens, int64_t bytes, std::string reason) {
+  CacheEvent e;
+  e.kind = std::move(kind);
+  e.tier = "disk";
+  e.tokens = tokens;
+  e.bytes = bytes;
+  e.reason = std::move(reason);
+  return e;
+}
+
 AdmissionOptions AdmissionOf(int64_t line_tokens, const DiskCacheSettings& s) {
   AdmissionOptions a;
   a.line_tokens = line_tokens;
@@ -77,6 +87,27 @@ void DiskCache::set_settings(const DiskCacheSettings& settings) {
     admission_.set_limits(settings.admit_after, settings.min_tokens);
   }
   tier_->set_limits(settings.budget_bytes, settings.ttl_days, settings.min_free_bytes);
+  ReportEvictions(std::nullopt);
+}
+
+void DiskCache::ReportEvictions(const std::optional<std::string>& session) {
+  const DiskTierStats t = tier_->stats();
+  int64_t evicted = 0, expired = 0, bytes = 0;
+  {
+    std::lock_guard lock(mu_);
+    evicted = t.evicted_files - reported_evicted_;
+    expired = t.expired_files - reported_expired_;
+    bytes = t.evicted_bytes - reported_evicted_bytes_;
+    reported_evicted_ = t.evicted_files;
+    reported_expired_ = t.expired_files;
+    reported_evicted_bytes_ = t.evicted_bytes;
+  }
+  if (evicted + expired == 0) return;
+  CacheEvent e = DiskEvent("eviction", 0, bytes,
+                           std::to_string(evicted) + " files for the budget or the free-space floor, " + std::to_string(expired) +
+                               " unused past the TTL");
+  e.session = session;
+  Record(std::move(e));
 }
 
 DiskCacheSettings DiskCache::settings() const {
@@ -120,15 +151,15 @@ Status DiskCache::Restore(std::span<const int32_t> prompt, int64_t line, Sequenc
   Status s = tier_->Restore(prompt, line, state, keep_rows);
   const DiskTierStats after = tier_->stats();
   if (!s.ok()) {
-    Record({"failed_restore", "disk", line, 0, s.message() + "; the request continues from the rows in place"});
+    Record(DiskEvent("failed_restore", line, 0, s.message() + "; the request continues from the rows in place"));
     return s;
   }
   {
     std::lock_guard lock(mu_);
     ++hits_;
   }
-  Record({"hit", "disk", line, after.bytes_read - before.bytes_read,
-          "read " + std::to_string((line - keep_rows) / line_tokens_) + " chunks and the anchor"});
+  Record(DiskEvent("hit", line, after.bytes_read - before.bytes_read,
+                   "read " + std::to_string((line - keep_rows) / line_tokens_) + " chunks and the anchor"));
   return Status::Ok();
 }
 
@@ -190,7 +221,7 @@ Status DiskCache::Clear() {
     counts_dirty_ = true;
   }
   SaveCounts();
-  Record({"clear", "disk", 0, 0, "by request"});
+  Record(DiskEvent("clear", 0, 0, "by request"));
   return s;
 }
 
@@ -239,7 +270,7 @@ void DiskCache::Write(Pending& p) {
   const std::span<const int32_t> tokens(p.job.tokens);
   const std::vector<std::string> hashes = PrefixHashes(tokens, G);
   auto event = [&](const char* kind, int64_t line, int64_t bytes, std::string reason) {
-    CacheEvent e{kind, "disk", line, bytes, std::move(reason)};
+    CacheEvent e = DiskEvent(kind, line, bytes, std::move(reason));
     e.session = p.job.session;
     Record(std::move(e));
   };
@@ -294,6 +325,7 @@ void DiskCache::Write(Pending& p) {
     }
     event("write", anchor.length, tier_->stats().bytes_written - bytes_before,
           std::to_string(chunks) + " chunks and the anchor at " + std::to_string(anchor.length));
+    ReportEvictions(p.job.session);
   }
 }
 

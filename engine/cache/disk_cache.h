@@ -110,6 +110,8 @@ class DiskCache {
   void WriterLoop();
   void Write(Pending& pending);
   void SaveCounts();
+  // Journals the files the tier evicted or expired since the last report, as one event.
+  void ReportEvictions(const std::optional<std::string>& session);
 
   DiskEnv& env_;
   std::unique_ptr<DiskTier> tier_;
@@ -131,6 +133,7 @@ class DiskCache {
   std::deque<std::string> sessions_order_;
   std::unordered_set<std::string> sessions_;
   int64_t hits_ = 0, jobs_ = 0, dropped_jobs_ = 0;
+  int64_t reported_evicted_ = 0, reported_expired_ = 0, reported_evicted_bytes_ = 0;
   std::atomic<int64_t> misses_ = 0, declined_by_cost_ = 0;
   std::thread writer_;
 };

@@ -75,18 +75,12 @@ Result<ChunkView> DecodeChunkView(const ModelConfig& c, const std::string& finge
 }
 
 Result<ChunkFile> DecodeChunk(const ModelConfig& c, const std::string& fingerprint, std::string data) {
-  ASSIGN_OR_RETURN(DecodedCacheFile f, DecodeCacheFile(std::move(data), "chunk", fingerprint));
-  const DecodedSection* tokens = f.Find("tokens");
-  if (tokens == nullptr || tokens->shape.size() != 1) return Corrupt("cache file: chunk without its token ids");
-  const int64_t rows = tokens->shape[0];
-  if (rows <= 0 || rows > f.header.tokens) return Corrupt("cache file: chunk of " + std::to_string(rows) + " rows ending at " + std::to_string(f.header.tokens));
-  ASSIGN_OR_RETURN(const DecodedSection* ids, Section(f, "tokens", SectionDType::kI32, {rows}));
-  ASSIGN_OR_RETURN(const DecodedSection* kv, Section(f, "kv", SectionDType::kF32, {c.num_full_attention_layers(), 2, rows, KvWidth(c)}));
+  ASSIGN_OR_RETURN(ChunkView v, DecodeChunkView(c, fingerprint, data));
   ChunkFile out;
-  out.tokens = Copy<int32_t>(ids->bytes);
-  out.rows.begin = f.header.tokens - rows;
-  out.rows.end = f.header.tokens;
-  out.rows.data = Copy<float>(kv->bytes);
+  out.tokens = Copy<int32_t>(v.tokens);
+  out.rows.begin = v.begin;
+  out.rows.end = v.end;
+  out.rows.data = Copy<float>(v.kv);
   return out;
 }
 
@@ -97,12 +91,11 @@ Result<AnchorView> DecodeAnchorView(const ModelConfig& c, const std::string& fin
 }
 
 Result<AnchorFile> DecodeAnchor(const ModelConfig& c, const std::string& fingerprint, std::string data) {
-  ASSIGN_OR_RETURN(DecodedCacheFile f, DecodeCacheFile(std::move(data), "anchor", fingerprint));
-  ASSIGN_OR_RETURN(const DecodedSection* state, Section(f, "state", SectionDType::kF32, {SequenceState::AnchorBytes(c) / 4}));
+  ASSIGN_OR_RETURN(AnchorView v, DecodeAnchorView(c, fingerprint, data));
   AnchorFile out;
-  out.anchor.length = f.header.tokens;
-  out.anchor.data = Copy<float>(state->bytes);
-  out.chunks = f.header.links;
+  out.anchor.length = v.length;
+  out.anchor.data = Copy<float>(v.state);
+  out.chunks = std::move(v.chunks);
   return out;
 }
 

@@ -13,6 +13,7 @@ namespace {
 
 constexpr int64_t kHeaderPeekBytes = 64 << 10;
 constexpr int64_t kMsPerDay = 24ll * 3600 * 1000;
+constexpr int64_t kWriterMs = 10 * 60 * 1000;  // a chunk this young without its anchor may be a write in progress
 
 bool IsTierFile(const std::string& name) { return name.ends_with(".chunk") || name.ends_with(".anchor"); }
 
@@ -275,6 +276,7 @@ double DiskTier::ValueLocked(const std::string&, const Entry& e, const std::map<
 
 void DiskTier::EvictLocked(int64_t limit_bytes) {
   const int64_t now = Now();
+  const int64_t bytes_before = stats_.bytes;
   auto readers_of = [&] {
     std::map<std::string, int> readers;
     for (const auto& [name, e] : files_)
@@ -301,14 +303,18 @@ void DiskTier::EvictLocked(int64_t limit_bytes) {
   }
   while (stats_.bytes > limit_bytes && !files_.empty()) {
     const auto readers = readers_of();
-    // Chunks no anchor reads go first, oldest first; then the least valuable anchor and the chunks only it read.
+    // Chunks no anchor reads go first, oldest first (a writer's young ones only when no anchor is left);
+    // then the least valuable anchor and the chunks only it read.
+    const bool anchors_left = stats_.anchors > 0;
     std::string victim;
     int64_t victim_used = INT64_MAX;
-    for (const auto& [name, n] : readers)
-      if (n == 0 && files_.at(name).used_ms < victim_used) {
+    for (const auto& [name, n] : readers) {
+      const int64_t used = files_.at(name).used_ms;
+      if (n == 0 && used < victim_used && (!anchors_left || now - used > kWriterMs)) {
         victim = name;
-        victim_used = files_.at(name).used_ms;
+        victim_used = used;
       }
+    }
     if (victim.empty()) {
       double least = 0;
       for (const auto& [name, e] : files_) {
@@ -330,6 +336,7 @@ void DiskTier::EvictLocked(int64_t limit_bytes) {
         ++stats_.evicted_files;
       }
   }
+  stats_.evicted_bytes += bytes_before - stats_.bytes;
 }
 
 void DiskTier::Evict() {

@@ -31,7 +31,7 @@ struct DiskTierOptions {
 struct DiskTierStats {
   int64_t files = 0, bytes = 0, anchors = 0, chunks = 0;
   int64_t chunks_written = 0, anchors_written = 0, bytes_written = 0, refused_writes = 0;
-  int64_t restores = 0, failed_restores = 0, evicted_files = 0, expired_files = 0;
+  int64_t restores = 0, failed_restores = 0, evicted_files = 0, expired_files = 0, evicted_bytes = 0;
   int64_t bytes_read = 0;
   double read_seconds = 0;
   int64_t swept_temporaries = 0, swept_foreign = 0;  // at open: cut-short writes, other fingerprints

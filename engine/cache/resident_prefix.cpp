@@ -427,8 +427,8 @@ void ResidentPrefix::PlanDiskWrites(const CacheRequest& request, const ResumeInf
   a.exact_upto = std::min(taint_row_, upto);
   a.user_start = LastUserMessageStart(tokenizer_, info.served_prompt);
   a.first_answer_start = FirstAnswerStart(prompt);
-  a.first_of_session = disk_->FirstOfSession(request.session);
-  if (static_cast<int64_t>(info.served_prompt.size()) < disk_->settings().min_tokens) a.first_of_session = false;
+  // A session's first long request: its short side requests (a title) do not use up the head anchors.
+  a.first_of_session = static_cast<int64_t>(info.served_prompt.size()) >= disk_->settings().min_tokens && disk_->FirstOfSession(request.session);
   for (int64_t line : disk_->PlanWrites(a)) {
     if (line > state_.length()) {
       disk_lines_.push_back(line);

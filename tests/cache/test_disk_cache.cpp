@@ -338,6 +338,27 @@ class TestDiskCache : public QObject {
     QCOMPARE(Run(*rp, a).source, CacheSource::kCold);
   }
 
+  void evictionsAreJournaled() {
+    QTemporaryDir dir;
+    auto disk = OpenDisk(dir);
+    EventLog log;
+    auto rp = Engine(disk.get(), &log);
+    const auto a = Tokens(11, 300, vocab_), b = Tokens(12, 300, vocab_);
+    Run(*rp, a);
+    disk->WaitIdle();
+    const int64_t one = disk->tier().stats().bytes;
+    ResidentOptions o = Options();
+    o.disk.budget_bytes = one + one / 2;
+    rp->set_options(o);
+    Run(*rp, b);
+    disk->WaitIdle();
+    const auto evicted = log.Find("eviction", "for the budget");
+    QVERIFY2(evicted.has_value(), "an eviction is journaled");
+    QVERIFY(evicted->bytes >= one / 2);
+    QCOMPARE(disk->tier().Find(a, 300), int64_t(0));  // as valuable as b and older: it went, not b's chunks in flight
+    QCOMPARE(disk->tier().Find(b, 300), int64_t(256));
+  }
+
   // With the cost rule on, a line is read only when its read is cheaper than its prefill at the measured rates.
   void costRuleComparesMeasuredRates() {
     QTemporaryDir dir;

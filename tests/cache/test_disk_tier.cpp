@@ -42,7 +42,7 @@ class TestDiskTier : public QObject {
 
   std::unique_ptr<DiskTier> Open(const QTemporaryDir& dir, int64_t budget = int64_t(1) << 40, const std::string& fp = "") {
     auto t = DiskTier::Open(DiskEnv::Posix(), model_->config, fp.empty() ? fp_ : fp,
-                            DiskTierOptions{dir.filePath("disk").toStdString(), kGrid, budget});
+                            DiskTierOptions{dir.filePath("disk").toStdString(), kGrid, budget, 7, 0, nullptr});
     return t.ok() ? std::move(t).value() : nullptr;
   }
 

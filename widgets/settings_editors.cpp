@@ -1,0 +1,23 @@
+#include "widgets/settings_editors.h"
+
+#include <QDoubleSpinBox>
+#include <QLabel>
+#include <QSignalBlocker>
+
+#include "models/settings_model.h"
+
+void loadEditors(const QMap<QString, QDoubleSpinBox*>& editors, const SettingsModel& settings) {
+  for (auto it = editors.begin(); it != editors.end(); ++it) {
+    const QJsonObject f = settings.field(it.key());
+    QSignalBlocker block(it.value());
+    if (f.contains("min")) it.value()->setRange(f["min"].toDouble(), f["max"].toDouble());
+    it.value()->setValue(settings.value(it.key()).toDouble());
+    it.value()->setToolTip(f["description"].toString());
+    it.value()->setEnabled(settings.version() > 0);
+  }
+}
+
+void showMessage(QLabel* label, const QString& text, bool error) {
+  label->setText(text);
+  label->setStyleSheet(error ? "color: #b00020;" : QString());
+}

@@ -1,0 +1,15 @@
+// What the screens that edit settings share: spin boxes filled from the settings model, and the
+// one-line message under their buttons.
+#pragma once
+
+#include <QMap>
+#include <QString>
+
+class QDoubleSpinBox;
+class QLabel;
+class SettingsModel;
+
+// Sets each "area.field" editor's range, value and tooltip from the stored document, without signals.
+void loadEditors(const QMap<QString, QDoubleSpinBox*>& editors, const SettingsModel& settings);
+// Shows text under the buttons, red when it is an error.
+void showMessage(QLabel* label, const QString& text, bool error);
