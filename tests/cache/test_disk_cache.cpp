@@ -338,6 +338,29 @@ class TestDiskCache : public QObject {
     QCOMPARE(Run(*rp, a).source, CacheSource::kCold);
   }
 
+  // Peek names the disk; prewarm brings its state into the engine's buffer, and the request resumes there.
+  void peekAndPrewarmFromDisk() {
+    QTemporaryDir dir;
+    const auto a = Tokens(13, 300, vocab_);
+    auto disk = OpenDisk(dir);
+    Run(*Engine(disk.get()), a);
+    auto rp = Engine(disk.get());
+    const CacheRequest request{a, "", 0, 0};
+    const ResumeInfo peek = rp->Peek(request);
+    QCOMPARE(peek.source, CacheSource::kDisk);
+    QCOMPARE(peek.cached_tokens, int64_t(256));
+    auto warmed = rp->Prewarm(request);
+    QVERIFY(warmed.ok());
+    QCOMPARE(warmed->source, CacheSource::kResident);
+    QCOMPARE(warmed->cached_tokens, int64_t(256));
+    std::vector<float> logits;
+    const ResumeInfo info = Run(*rp, a, &logits);
+    QCOMPARE(info.source, CacheSource::kResident);
+    QCOMPARE(info.cached_tokens, int64_t(256));
+    QVERIFY(SameBits(logits, Cold(a)));
+    QCOMPARE(disk->Stats().hits, int64_t(1));
+  }
+
   void evictionsAreJournaled() {
     QTemporaryDir dir;
     auto disk = OpenDisk(dir);
