@@ -110,6 +110,9 @@ Result<CacheFileHeader> PeekCacheFileHeader(std::string_view d) {
   out.kind = h.value("kind", "");
   out.fingerprint = h.value("fingerprint", "");
   out.tokens = h.value("tokens", int64_t(0));
+  if (h.contains("links") && h["links"].is_array())
+    for (const nlohmann::json& l : h["links"])
+      if (l.is_string()) out.links.push_back(l.get<std::string>());
   return out;
 }
 

@@ -197,6 +197,24 @@ class TestDiskTier : public QObject {
     QCOMPARE(other->Find(a, 200), int64_t(0));
   }
 
+  // After a restart the anchors still name their chunks: a budget eviction takes one whole prompt, never another's chunks.
+  void evictionAfterReopenKeepsWholePrompts() {
+    QTemporaryDir dir;
+    const auto a = Tokens(14, 200, vocab_), b = Tokens(15, 200, vocab_);
+    int64_t one_prompt = 0;
+    {
+      auto tier = Open(dir);
+      QVERIFY(tier && tier->Put(a, Cold(a, 128)).ok());
+      one_prompt = tier->stats().bytes;
+      QVERIFY(tier->Put(b, Cold(b, 128)).ok());
+    }
+    auto tier = Open(dir);
+    QVERIFY(tier);
+    tier->set_budget_bytes(one_prompt + one_prompt / 2);
+    QCOMPARE(tier->stats().bytes, one_prompt);
+    QCOMPARE(tier->Find(a, 200) + tier->Find(b, 200), int64_t(128));  // one prompt whole, the other gone
+  }
+
   // The least valuable goes first: (hits + 1) x tokens per byte, halved per day unused; the TTL drops the unused.
   void evictionByValueAgeAndTtl() {
     QTemporaryDir dir;
