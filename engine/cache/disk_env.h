@@ -2,6 +2,7 @@
 // Env is the model), and the crash-safe write built on it: NAME.tmp, fsync, rename, fsync the folder.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -21,6 +22,13 @@ class WritableFile {
   virtual Status Close() = 0;
 };
 
+// Bytes [offset, offset + size) of a file, read into dest.
+struct ReadRange {
+  int64_t offset = 0;
+  int64_t size = 0;
+  char* dest = nullptr;
+};
+
 class DiskEnv {
  public:
   virtual ~DiskEnv() = default;
@@ -33,6 +41,16 @@ class DiskEnv {
   // The whole file into *out, reusing its storage (a restore reads many files of one size).
   virtual Status ReadFileInto(const std::string& path, std::string* out) {
     ASSIGN_OR_RETURN(*out, ReadFile(path));
+    return Status::Ok();
+  }
+  // Reads each range straight into its destination; a range past the end is a Corrupt status.
+  virtual Status ReadRanges(const std::string& path, std::span<const ReadRange> ranges) {
+    ASSIGN_OR_RETURN(std::string all, ReadFile(path));
+    for (const ReadRange& r : ranges) {
+      if (r.offset < 0 || r.size < 0 || r.offset > static_cast<int64_t>(all.size()) || r.size > static_cast<int64_t>(all.size()) - r.offset)
+        return Corrupt(path + ": a section runs past the end of the file (truncated?)");
+      std::copy_n(all.data() + r.offset, r.size, r.dest);
+    }
     return Status::Ok();
   }
   // Up to max_bytes from the start of the file (a header).

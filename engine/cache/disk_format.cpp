@@ -123,8 +123,8 @@ Result<DecodedCacheFile> DecodeCacheFile(std::string data, std::string_view expe
   return f;
 }
 
-Result<DecodedCacheFile> DecodeCacheFileView(std::string_view d, std::string_view expect_kind, std::string_view expect_fingerprint) {
-  DecodedCacheFile f;
+Result<CacheFileLayout> DecodeCacheFileHeader(std::string_view d, std::string_view expect_kind, std::string_view expect_fingerprint) {
+  CacheFileLayout f;
   if (d.size() < kPrefixBytes + 4) return Corrupt("cache file: " + std::to_string(d.size()) + " bytes, shorter than a header");
   if (std::memcmp(d.data(), kCacheFileMagic, sizeof(kCacheFileMagic)) != 0) return Corrupt("cache file: not an Anchorage cache file (magic)");
   if (const uint32_t v = GetU32(d.data() + 8); v != kCacheFileVersion)
@@ -145,23 +145,42 @@ Result<DecodedCacheFile> DecodeCacheFileView(std::string_view d, std::string_vie
       return Corrupt("cache file: written under fingerprint " + f.header.fingerprint.substr(0, 12) + ", this engine's is " +
                      std::string(expect_fingerprint.substr(0, 12)));
     for (const nlohmann::json& s : h["sections"]) {
-      DecodedSection sec;
+      SectionLayout sec;
       sec.name = s.at("name").get<std::string>();
       const std::string dtype = s.at("dtype").get<std::string>();
       if (dtype != "f32" && dtype != "i32") return Corrupt("cache file: section " + sec.name + " has dtype " + dtype);
       sec.dtype = dtype == "f32" ? SectionDType::kF32 : SectionDType::kI32;
       sec.shape = s.at("shape").get<std::vector<int64_t>>();
-      const int64_t offset = s.at("offset").get<int64_t>(), bytes = s.at("bytes").get<int64_t>();
+      sec.offset = s.at("offset").get<int64_t>();
+      sec.bytes = s.at("bytes").get<int64_t>();
+      sec.crc32c = s.at("crc32c").get<uint32_t>();
       const int64_t elements = Elements(sec.shape);
-      if (elements < 0 || elements * DTypeSize(sec.dtype) != bytes) return Corrupt("cache file: section " + sec.name + " size does not match its shape");
-      if (offset < 0 || bytes < 0 || offset > static_cast<int64_t>(d.size()) || bytes > static_cast<int64_t>(d.size()) - offset)
-        return Corrupt("cache file: section " + sec.name + " runs past the end of the file (truncated?)");
-      sec.bytes = d.substr(static_cast<size_t>(offset), static_cast<size_t>(bytes));
-      if (Crc32c(sec.bytes) != s.at("crc32c").get<uint32_t>()) return Corrupt("cache file: section " + sec.name + " checksum mismatch");
+      if (elements < 0 || elements * DTypeSize(sec.dtype) != sec.bytes) return Corrupt("cache file: section " + sec.name + " size does not match its shape");
+      if (sec.offset < 0 || sec.bytes < 0) return Corrupt("cache file: section " + sec.name + " has a negative offset or size");
       f.sections.push_back(std::move(sec));
     }
   } catch (const nlohmann::json::exception& e) {
     return Corrupt(std::string("cache file: malformed header: ") + e.what());
+  }
+  return f;
+}
+
+const SectionLayout* CacheFileLayout::Find(std::string_view name) const {
+  for (const SectionLayout& s : sections)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+Result<DecodedCacheFile> DecodeCacheFileView(std::string_view d, std::string_view expect_kind, std::string_view expect_fingerprint) {
+  ASSIGN_OR_RETURN(CacheFileLayout layout, DecodeCacheFileHeader(d, expect_kind, expect_fingerprint));
+  DecodedCacheFile f;
+  f.header = std::move(layout.header);
+  for (SectionLayout& s : layout.sections) {
+    if (s.offset > static_cast<int64_t>(d.size()) || s.bytes > static_cast<int64_t>(d.size()) - s.offset)
+      return Corrupt("cache file: section " + s.name + " runs past the end of the file (truncated?)");
+    const std::string_view bytes = d.substr(static_cast<size_t>(s.offset), static_cast<size_t>(s.bytes));
+    if (Crc32c(bytes) != s.crc32c) return Corrupt("cache file: section " + s.name + " checksum mismatch");
+    f.sections.push_back(DecodedSection{std::move(s.name), s.dtype, std::move(s.shape), bytes});
   }
   return f;
 }

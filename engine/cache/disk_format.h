@@ -57,6 +57,23 @@ struct DecodedCacheFile {
   const DecodedSection* Find(std::string_view name) const;
 };
 
+// A section as the header describes it, not yet read or checked.
+struct SectionLayout {
+  std::string name;
+  SectionDType dtype = SectionDType::kF32;
+  std::vector<int64_t> shape;
+  int64_t offset = 0, bytes = 0;
+  uint32_t crc32c = 0;
+};
+struct CacheFileLayout {
+  CacheFileHeader header;
+  std::vector<SectionLayout> sections;
+  const SectionLayout* Find(std::string_view name) const;
+};
+// The header and its section table from the file's first bytes: magic, version, header crc, kind,
+// fingerprint, each size against its shape; the sections themselves are the caller's to read and check.
+Result<CacheFileLayout> DecodeCacheFileHeader(std::string_view head, std::string_view expect_kind, std::string_view expect_fingerprint);
+
 // The header alone from the file's first bytes (no section is read or checked): for sweeps.
 Result<CacheFileHeader> PeekCacheFileHeader(std::string_view head);
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "engine/cache/disk_files.h"
+#include "engine/core/crc32c.h"
 #include "engine/core/file_util.h"
 
 namespace anchorage {
@@ -207,7 +208,7 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
   };
   const std::string anchor_name = AnchorFileName(hashes.back());
   int64_t bytes_read = 0;
-  std::string anchor_bytes, buffer;  // buffer: one chunk at a time, reused; rows go straight from it into the state
+  std::string anchor_bytes;
   if (Status s = env_.ReadFileInto(PathOf(anchor_name), &anchor_bytes); !s.ok()) return fail(hashes.size() - 1, s);
   bytes_read += static_cast<int64_t>(anchor_bytes.size());
   auto anchor = DecodeAnchorView(config_, fingerprint_, anchor_bytes);
@@ -219,18 +220,37 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
     state.Reset();
     return s;
   }
+  const int64_t layers = state.num_attention_layers(), width = state.kv_width();
+  const int64_t block = G * width * static_cast<int64_t>(sizeof(float));  // one layer's K (or V) rows of a chunk
+  std::vector<ReadRange> ranges(static_cast<size_t>(2 * layers));
   for (size_t c = static_cast<size_t>(keep_rows / G); c < hashes.size(); ++c) {
     const std::string name = ChunkFileName(hashes[c]);
-    if (anchor->chunks[c] != name) return fail(c, Corrupt(anchor_name + ": chunk " + std::to_string(c) + " is not this prompt's"));
-    if (Status s = env_.ReadFileInto(PathOf(name), &buffer); !s.ok()) return fail(c, s);
-    bytes_read += static_cast<int64_t>(buffer.size());
-    auto chunk = DecodeChunkView(config_, fingerprint_, buffer);
-    if (!chunk.ok()) return fail(c, Corrupt(name + ": " + chunk.status().message()));
     const int64_t begin = static_cast<int64_t>(c) * G;
-    if (chunk->begin != begin || chunk->end != begin + G || chunk->tokens.size() != static_cast<size_t>(G) * sizeof(int32_t) ||
-        std::memcmp(chunk->tokens.data(), prompt.data() + begin, chunk->tokens.size()) != 0)
-      return fail(c, Corrupt(name + ": its token ids are not the prompt's"));
-    if (Status s = state.WriteRowsFrom(begin, begin + G, chunk->kv.data(), chunk->kv.size()); !s.ok()) return fail(c, s);
+    if (anchor->chunks[c] != name) return fail(c, Corrupt(anchor_name + ": chunk " + std::to_string(c) + " is not this prompt's"));
+    // The header and the token ids first; then the rows straight into the state, checked there before the state is used.
+    auto head = env_.ReadFilePrefix(PathOf(name), kHeaderPeekBytes);
+    if (!head.ok()) return fail(c, head.status());
+    auto layout = DecodeCacheFileHeader(*head, "chunk", fingerprint_);
+    if (!layout.ok()) return fail(c, Corrupt(name + ": " + layout.status().message()));
+    const SectionLayout* ids = layout->Find("tokens");
+    const SectionLayout* kv = layout->Find("kv");
+    if (ids == nullptr || kv == nullptr || layout->header.tokens != begin + G || ids->shape != std::vector<int64_t>{G} ||
+        kv->shape != std::vector<int64_t>{layers, 2, G, width})
+      return fail(c, Corrupt(name + ": not a chunk of this model's rows " + std::to_string(begin) + " to " + std::to_string(begin + G)));
+    if (ids->offset + ids->bytes > static_cast<int64_t>(head->size()))
+      return fail(c, Corrupt(name + ": its token ids lie past the header's read (truncated?)"));
+    const std::string_view id_bytes = std::string_view(*head).substr(static_cast<size_t>(ids->offset), static_cast<size_t>(ids->bytes));
+    if (Crc32c(id_bytes) != ids->crc32c) return fail(c, Corrupt(name + ": section tokens checksum mismatch"));
+    if (std::memcmp(id_bytes.data(), prompt.data() + begin, id_bytes.size()) != 0) return fail(c, Corrupt(name + ": its token ids are not the prompt's"));
+    for (int64_t a = 0; a < layers; ++a) {
+      ranges[static_cast<size_t>(2 * a)] = {kv->offset + 2 * a * block, block, reinterpret_cast<char*>(state.k_rows(a) + begin * width)};
+      ranges[static_cast<size_t>(2 * a + 1)] = {kv->offset + (2 * a + 1) * block, block, reinterpret_cast<char*>(state.v_rows(a) + begin * width)};
+    }
+    if (Status s = env_.ReadRanges(PathOf(name), ranges); !s.ok()) return fail(c, s);
+    uint32_t crc = 0;
+    for (const ReadRange& r : ranges) crc = Crc32c(r.dest, static_cast<size_t>(r.size), crc);
+    if (crc != kv->crc32c) return fail(c, Corrupt(name + ": section kv checksum mismatch"));
+    bytes_read += static_cast<int64_t>(head->size()) + 2 * layers * block;
   }
   if (Status s = state.RestoreAnchorFrom(line, anchor->state.data(), anchor->state.size()); !s.ok()) return fail(hashes.size() - 1, s);
   std::vector<std::string> touched;

@@ -176,6 +176,22 @@ class TestDiskTier : public QObject {
     QVERIFY(!wrong.ok());
   }
 
+  void truncatedChunkIsRefused() {
+    QTemporaryDir dir;
+    const auto a = Tokens(16, 200, vocab_);
+    auto tier = Open(dir);
+    QVERIFY(tier && tier->Put(a, Cold(a, 128)).ok());
+    const std::string victim = dir.filePath("disk").toStdString() + "/" + ChunkFileName(PrefixHashes(a, kGrid)[1]);
+    const std::string bytes = *ReadFile(victim);
+    QVERIFY(WriteFileAtomic(victim, bytes.substr(0, bytes.size() / 2)).ok());
+    SequenceState warm(model_->config);
+    const Status s = tier->Restore(a, 128, warm);
+    QCOMPARE(s.code(), StatusCode::kCorrupt);
+    QVERIFY2(s.message().find("truncated") != std::string::npos, s.message().c_str());
+    QCOMPARE(warm.length(), int64_t(0));
+    QCOMPARE(tier->Find(a, 200), int64_t(0));
+  }
+
   void openSweepsForeignAndTemporaryFiles() {
     QTemporaryDir dir;
     const auto a = Tokens(8, 200, vocab_);
