@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <future>
 
 #include "engine/cache/disk_files.h"
 #include "engine/core/crc32c.h"
@@ -222,35 +223,67 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
   }
   const int64_t layers = state.num_attention_layers(), width = state.kv_width();
   const int64_t block = G * width * static_cast<int64_t>(sizeof(float));  // one layer's K (or V) rows of a chunk
-  std::vector<ReadRange> ranges(static_cast<size_t>(2 * layers));
-  for (size_t c = static_cast<size_t>(keep_rows / G); c < hashes.size(); ++c) {
+  // One chunk: its header and token ids are read and checked, then its rows go straight into the
+  // state; their crc is the caller's to check, before the state is used.
+  struct ReadChunk {
+    Status status;
+    std::vector<ReadRange> ranges;
+    uint32_t kv_crc = 0;
+    int64_t bytes = 0;
+  };
+  auto read_chunk = [&](size_t c) {
+    ReadChunk out;
     const std::string name = ChunkFileName(hashes[c]);
     const int64_t begin = static_cast<int64_t>(c) * G;
-    if (anchor->chunks[c] != name) return fail(c, Corrupt(anchor_name + ": chunk " + std::to_string(c) + " is not this prompt's"));
-    // The header and the token ids first; then the rows straight into the state, checked there before the state is used.
+    auto bad = [&](std::string why) {
+      out.status = Corrupt(name + ": " + why);
+      return std::move(out);
+    };
+    if (anchor->chunks[c] != name) return bad("the anchor " + anchor_name + " names another chunk here");
     auto head = env_.ReadFilePrefix(PathOf(name), kHeaderPeekBytes);
-    if (!head.ok()) return fail(c, head.status());
+    if (!head.ok()) {
+      out.status = head.status();
+      return out;
+    }
     auto layout = DecodeCacheFileHeader(*head, "chunk", fingerprint_);
-    if (!layout.ok()) return fail(c, Corrupt(name + ": " + layout.status().message()));
+    if (!layout.ok()) return bad(layout.status().message());
     const SectionLayout* ids = layout->Find("tokens");
     const SectionLayout* kv = layout->Find("kv");
     if (ids == nullptr || kv == nullptr || layout->header.tokens != begin + G || ids->shape != std::vector<int64_t>{G} ||
         kv->shape != std::vector<int64_t>{layers, 2, G, width})
-      return fail(c, Corrupt(name + ": not a chunk of this model's rows " + std::to_string(begin) + " to " + std::to_string(begin + G)));
-    if (ids->offset + ids->bytes > static_cast<int64_t>(head->size()))
-      return fail(c, Corrupt(name + ": its token ids lie past the header's read (truncated?)"));
+      return bad("not a chunk of this model's rows " + std::to_string(begin) + " to " + std::to_string(begin + G));
+    if (ids->offset + ids->bytes > static_cast<int64_t>(head->size())) return bad("its token ids lie past the header's read (truncated?)");
     const std::string_view id_bytes = std::string_view(*head).substr(static_cast<size_t>(ids->offset), static_cast<size_t>(ids->bytes));
-    if (Crc32c(id_bytes) != ids->crc32c) return fail(c, Corrupt(name + ": section tokens checksum mismatch"));
-    if (std::memcmp(id_bytes.data(), prompt.data() + begin, id_bytes.size()) != 0) return fail(c, Corrupt(name + ": its token ids are not the prompt's"));
+    if (Crc32c(id_bytes) != ids->crc32c) return bad("section tokens checksum mismatch");
+    if (std::memcmp(id_bytes.data(), prompt.data() + begin, id_bytes.size()) != 0) return bad("its token ids are not the prompt's");
+    out.ranges.resize(static_cast<size_t>(2 * layers));
     for (int64_t a = 0; a < layers; ++a) {
-      ranges[static_cast<size_t>(2 * a)] = {kv->offset + 2 * a * block, block, reinterpret_cast<char*>(state.k_rows(a) + begin * width)};
-      ranges[static_cast<size_t>(2 * a + 1)] = {kv->offset + (2 * a + 1) * block, block, reinterpret_cast<char*>(state.v_rows(a) + begin * width)};
+      out.ranges[static_cast<size_t>(2 * a)] = {kv->offset + 2 * a * block, block, reinterpret_cast<char*>(state.k_rows(a) + begin * width)};
+      out.ranges[static_cast<size_t>(2 * a + 1)] = {kv->offset + (2 * a + 1) * block, block, reinterpret_cast<char*>(state.v_rows(a) + begin * width)};
     }
-    if (Status s = env_.ReadRanges(PathOf(name), ranges); !s.ok()) return fail(c, s);
-    uint32_t crc = 0;
-    for (const ReadRange& r : ranges) crc = Crc32c(r.dest, static_cast<size_t>(r.size), crc);
-    if (crc != kv->crc32c) return fail(c, Corrupt(name + ": section kv checksum mismatch"));
-    bytes_read += static_cast<int64_t>(head->size()) + 2 * layers * block;
+    out.status = env_.ReadRanges(PathOf(name), out.ranges);
+    out.kv_crc = kv->crc32c;
+    out.bytes = static_cast<int64_t>(head->size()) + 2 * layers * block;
+    return out;
+  };
+  // The next chunk is read on a second thread while this one's crc is checked (each into its own rows).
+  const size_t first = static_cast<size_t>(keep_rows / G);
+  std::future<ReadChunk> next;
+  if (first < hashes.size()) next = std::async(std::launch::async, read_chunk, first);
+  for (size_t c = first; c < hashes.size(); ++c) {
+    ReadChunk chunk = next.get();
+    if (chunk.status.ok() && c + 1 < hashes.size()) next = std::async(std::launch::async, read_chunk, c + 1);
+    Status checked = chunk.status;
+    if (checked.ok()) {
+      uint32_t crc = 0;
+      for (const ReadRange& r : chunk.ranges) crc = Crc32c(r.dest, static_cast<size_t>(r.size), crc);
+      if (crc != chunk.kv_crc) checked = Corrupt(ChunkFileName(hashes[c]) + ": section kv checksum mismatch");
+    }
+    if (!checked.ok()) {
+      if (next.valid()) next.wait();  // its reads into the state end before the state is reset
+      return fail(c, checked);
+    }
+    bytes_read += chunk.bytes;
   }
   if (Status s = state.RestoreAnchorFrom(line, anchor->state.data(), anchor->state.size()); !s.ok()) return fail(hashes.size() - 1, s);
   std::vector<std::string> touched;
