@@ -209,17 +209,37 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
   };
   const std::string anchor_name = AnchorFileName(hashes.back());
   int64_t bytes_read = 0;
-  std::string anchor_bytes;
-  if (Status s = env_.ReadFileInto(PathOf(anchor_name), &anchor_bytes); !s.ok()) return fail(hashes.size() - 1, s);
-  bytes_read += static_cast<int64_t>(anchor_bytes.size());
-  auto anchor = DecodeAnchorView(config_, fingerprint_, anchor_bytes);
+  // The anchor's header first; its recurrent state then goes straight into the state, checked there.
+  auto anchor_head = env_.ReadFilePrefix(PathOf(anchor_name), kHeaderPeekBytes);
+  if (!anchor_head.ok()) return fail(hashes.size() - 1, anchor_head.status());
+  auto anchor = DecodeCacheFileHeader(*anchor_head, "anchor", fingerprint_);
   if (!anchor.ok()) return fail(hashes.size() - 1, Corrupt(anchor_name + ": " + anchor.status().message()));
-  if (anchor->length != line || anchor->chunks.size() != hashes.size())
-    return fail(hashes.size() - 1, Corrupt(anchor_name + ": names " + std::to_string(anchor->chunks.size()) + " chunks for line " + std::to_string(line)));
+  const SectionLayout* recurrent = anchor->Find("state");
+  if (recurrent == nullptr || recurrent->shape != std::vector<int64_t>{SequenceState::AnchorBytes(config_) / 4})
+    return fail(hashes.size() - 1, Corrupt(anchor_name + ": not an anchor of this model's layout"));
+  const std::vector<std::string>& chunk_names = anchor->header.links;
+  if (anchor->header.tokens != line || chunk_names.size() != hashes.size())
+    return fail(hashes.size() - 1, Corrupt(anchor_name + ": names " + std::to_string(chunk_names.size()) + " chunks for line " + std::to_string(line)));
   if (keep_rows == 0) state.SetLength(0);  // the recurrent part is overwritten below
   if (Status s = state.Reserve(line); !s.ok()) {
     state.Reset();
     return s;
+  }
+  {
+    std::vector<ReadRange> ranges;
+    int64_t offset = recurrent->offset;
+    const int64_t state_bytes = state.recurrent_floats() * static_cast<int64_t>(sizeof(float));
+    const int64_t tail_bytes = state.tail_floats() * static_cast<int64_t>(sizeof(float));
+    for (int64_t g = 0; g < state.num_gdn_layers(); ++g) {
+      ranges.push_back({offset, state_bytes, reinterpret_cast<char*>(state.recurrent(g))});
+      ranges.push_back({offset + state_bytes, tail_bytes, reinterpret_cast<char*>(state.conv_tail(g))});
+      offset += state_bytes + tail_bytes;
+    }
+    if (Status s = env_.ReadRanges(PathOf(anchor_name), ranges); !s.ok()) return fail(hashes.size() - 1, s);
+    uint32_t crc = 0;
+    for (const ReadRange& r : ranges) crc = Crc32c(r.dest, static_cast<size_t>(r.size), crc);
+    if (crc != recurrent->crc32c) return fail(hashes.size() - 1, Corrupt(anchor_name + ": section state checksum mismatch"));
+    bytes_read += static_cast<int64_t>(anchor_head->size()) + recurrent->bytes;
   }
   const int64_t layers = state.num_attention_layers(), width = state.kv_width();
   const int64_t block = G * width * static_cast<int64_t>(sizeof(float));  // one layer's K (or V) rows of a chunk
@@ -239,7 +259,7 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
       out.status = Corrupt(name + ": " + why);
       return std::move(out);
     };
-    if (anchor->chunks[c] != name) return bad("the anchor " + anchor_name + " names another chunk here");
+    if (chunk_names[c] != name) return bad("the anchor " + anchor_name + " names another chunk here");
     auto head = env_.ReadFilePrefix(PathOf(name), kHeaderPeekBytes);
     if (!head.ok()) {
       out.status = head.status();
@@ -285,7 +305,7 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
     }
     bytes_read += chunk.bytes;
   }
-  if (Status s = state.RestoreAnchorFrom(line, anchor->state.data(), anchor->state.size()); !s.ok()) return fail(hashes.size() - 1, s);
+  state.SetLength(line);
   std::vector<std::string> touched;
   {
     std::lock_guard lock(mu_);
