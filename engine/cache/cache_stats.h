@@ -39,7 +39,7 @@ struct CacheStats {
   struct Store {
     int64_t entries = 0, bytes = 0, budget_bytes = 0, entry_cap_bytes = 0, hits = 0, misses = 0, puts = 0, evictions = 0, declined = 0;
   } store;
-  bool disk_enabled = false;  // a disk tier is open (its mode may still be off)
+  bool disk_enabled = false;  // a disk tier is open (its mode may still be off); the scheduler reads it live
   DiskCacheStats disk;
   struct Memory {
     int64_t engine_bytes = 0, state_bytes = 0, ceiling_bytes = 0, peak_bytes = 0, slack_bytes = 0, refused = 0;

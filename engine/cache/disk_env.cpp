@@ -77,7 +77,6 @@ class PosixEnv : public DiskEnv {
     RETURN_IF_ERROR(Read(path, -1, &out));
     return out;
   }
-  Status ReadFileInto(const std::string& path, std::string* out) override { return Read(path, -1, out); }
   Result<std::string> ReadFilePrefix(const std::string& path, int64_t max_bytes) override {
     std::string out;
     RETURN_IF_ERROR(Read(path, max_bytes, &out));

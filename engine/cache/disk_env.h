@@ -38,11 +38,6 @@ class DiskEnv {
   virtual Status Remove(const std::string& path) = 0;
   virtual Status SyncDirectory(const std::string& dir) = 0;
   virtual Result<std::string> ReadFile(const std::string& path) = 0;
-  // The whole file into *out, reusing its storage (a restore reads many files of one size).
-  virtual Status ReadFileInto(const std::string& path, std::string* out) {
-    ASSIGN_OR_RETURN(*out, ReadFile(path));
-    return Status::Ok();
-  }
   // Reads each range straight into its destination; a range past the end is a Corrupt status.
   virtual Status ReadRanges(const std::string& path, std::span<const ReadRange> ranges) {
     ASSIGN_OR_RETURN(std::string all, ReadFile(path));

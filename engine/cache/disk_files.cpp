@@ -63,39 +63,29 @@ Result<EncodedCacheFile> EncodeAnchor(const ModelConfig& c, const std::string& f
   return EncodeCacheFile(header, sections);
 }
 
-Result<ChunkView> DecodeChunkView(const ModelConfig& c, const std::string& fingerprint, std::string_view data) {
-  ASSIGN_OR_RETURN(DecodedCacheFile f, DecodeCacheFileView(data, "chunk", fingerprint));
+Result<ChunkFile> DecodeChunk(const ModelConfig& c, const std::string& fingerprint, std::string data) {
+  ASSIGN_OR_RETURN(DecodedCacheFile f, DecodeCacheFile(std::move(data), "chunk", fingerprint));
   const DecodedSection* tokens = f.Find("tokens");
   if (tokens == nullptr || tokens->shape.size() != 1) return Corrupt("cache file: chunk without its token ids");
   const int64_t rows = tokens->shape[0];
   if (rows <= 0 || rows > f.header.tokens) return Corrupt("cache file: chunk of " + std::to_string(rows) + " rows ending at " + std::to_string(f.header.tokens));
   ASSIGN_OR_RETURN(const DecodedSection* ids, Section(f, "tokens", SectionDType::kI32, {rows}));
   ASSIGN_OR_RETURN(const DecodedSection* kv, Section(f, "kv", SectionDType::kF32, {c.num_full_attention_layers(), 2, rows, KvWidth(c)}));
-  return ChunkView{f.header.tokens - rows, f.header.tokens, ids->bytes, kv->bytes};
-}
-
-Result<ChunkFile> DecodeChunk(const ModelConfig& c, const std::string& fingerprint, std::string data) {
-  ASSIGN_OR_RETURN(ChunkView v, DecodeChunkView(c, fingerprint, data));
   ChunkFile out;
-  out.tokens = Copy<int32_t>(v.tokens);
-  out.rows.begin = v.begin;
-  out.rows.end = v.end;
-  out.rows.data = Copy<float>(v.kv);
+  out.tokens = Copy<int32_t>(ids->bytes);
+  out.rows.begin = f.header.tokens - rows;
+  out.rows.end = f.header.tokens;
+  out.rows.data = Copy<float>(kv->bytes);
   return out;
 }
 
-Result<AnchorView> DecodeAnchorView(const ModelConfig& c, const std::string& fingerprint, std::string_view data) {
-  ASSIGN_OR_RETURN(DecodedCacheFile f, DecodeCacheFileView(data, "anchor", fingerprint));
-  ASSIGN_OR_RETURN(const DecodedSection* state, Section(f, "state", SectionDType::kF32, {SequenceState::AnchorBytes(c) / 4}));
-  return AnchorView{f.header.tokens, state->bytes, f.header.links};
-}
-
 Result<AnchorFile> DecodeAnchor(const ModelConfig& c, const std::string& fingerprint, std::string data) {
-  ASSIGN_OR_RETURN(AnchorView v, DecodeAnchorView(c, fingerprint, data));
+  ASSIGN_OR_RETURN(DecodedCacheFile f, DecodeCacheFile(std::move(data), "anchor", fingerprint));
+  ASSIGN_OR_RETURN(const DecodedSection* state, Section(f, "state", SectionDType::kF32, {SequenceState::AnchorBytes(c) / 4}));
   AnchorFile out;
-  out.anchor.length = v.length;
-  out.anchor.data = Copy<float>(v.state);
-  out.chunks = std::move(v.chunks);
+  out.anchor.length = f.header.tokens;
+  out.anchor.data = Copy<float>(state->bytes);
+  out.chunks = f.header.links;
   return out;
 }
 

@@ -37,20 +37,6 @@ Result<EncodedCacheFile> EncodeAnchor(const ModelConfig& config, const std::stri
 
 // Decoding checks the file (disk_format.h) and that its layout is this model's.
 Result<ChunkFile> DecodeChunk(const ModelConfig& config, const std::string& fingerprint, std::string data);
-// A checked chunk as views into the caller's bytes: no copy.
-struct ChunkView {
-  int64_t begin = 0, end = 0;
-  std::string_view tokens;  // int32 ids of rows [begin, end)
-  std::string_view kv;      // laid out as KvRows::data
-};
-Result<ChunkView> DecodeChunkView(const ModelConfig& config, const std::string& fingerprint, std::string_view data);
 Result<AnchorFile> DecodeAnchor(const ModelConfig& config, const std::string& fingerprint, std::string data);
-// A checked anchor as a view into the caller's bytes.
-struct AnchorView {
-  int64_t length = 0;
-  std::string_view state;  // laid out as Anchor::data
-  std::vector<std::string> chunks;
-};
-Result<AnchorView> DecodeAnchorView(const ModelConfig& config, const std::string& fingerprint, std::string_view data);
 
 }  // namespace anchorage

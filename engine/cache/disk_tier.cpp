@@ -19,6 +19,13 @@ constexpr int64_t kWriterMs = 10 * 60 * 1000;  // a chunk this young without its
 
 bool IsTierFile(const std::string& name) { return name.ends_with(".chunk") || name.ends_with(".anchor"); }
 
+// The crc32c of the ranges' destinations, in order: one section read in pieces.
+uint32_t Crc32cOfRanges(const std::vector<ReadRange>& ranges) {
+  uint32_t crc = 0;
+  for (const ReadRange& r : ranges) crc = Crc32c(r.dest, static_cast<size_t>(r.size), crc);
+  return crc;
+}
+
 double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -236,9 +243,7 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
       offset += state_bytes + tail_bytes;
     }
     if (Status s = env_.ReadRanges(PathOf(anchor_name), ranges); !s.ok()) return fail(hashes.size() - 1, s);
-    uint32_t crc = 0;
-    for (const ReadRange& r : ranges) crc = Crc32c(r.dest, static_cast<size_t>(r.size), crc);
-    if (crc != recurrent->crc32c) return fail(hashes.size() - 1, Corrupt(anchor_name + ": section state checksum mismatch"));
+    if (Crc32cOfRanges(ranges) != recurrent->crc32c) return fail(hashes.size() - 1, Corrupt(anchor_name + ": section state checksum mismatch"));
     bytes_read += static_cast<int64_t>(anchor_head->size()) + recurrent->bytes;
   }
   const int64_t layers = state.num_attention_layers(), width = state.kv_width();
@@ -294,11 +299,8 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
     ReadChunk chunk = next.get();
     if (chunk.status.ok() && c + 1 < hashes.size()) next = std::async(std::launch::async, read_chunk, c + 1);
     Status checked = chunk.status;
-    if (checked.ok()) {
-      uint32_t crc = 0;
-      for (const ReadRange& r : chunk.ranges) crc = Crc32c(r.dest, static_cast<size_t>(r.size), crc);
-      if (crc != chunk.kv_crc) checked = Corrupt(ChunkFileName(hashes[c]) + ": section kv checksum mismatch");
-    }
+    if (checked.ok() && Crc32cOfRanges(chunk.ranges) != chunk.kv_crc)
+      checked = Corrupt(ChunkFileName(hashes[c]) + ": section kv checksum mismatch");
     if (!checked.ok()) {
       if (next.valid()) next.wait();  // its reads into the state end before the state is reset
       return fail(c, checked);
@@ -306,7 +308,6 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
     bytes_read += chunk.bytes;
   }
   state.SetLength(line);
-  std::vector<std::string> touched;
   {
     std::lock_guard lock(mu_);
     for (const std::string& h : hashes) TouchLocked(ChunkFileName(h));

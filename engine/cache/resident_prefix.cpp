@@ -298,8 +298,7 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
       anchors_.DropAbove(keep);
       end_.reset();
       if (!restored.ok()) {
-        plan.disk_failed = true;
-        state_.SetLength(0);
+        plan.disk_failed = true;  // the tier reset the state; rows below keep are intact
         return restored;
       }
       rows_.assign(request.prompt.begin(), request.prompt.begin() + r);
@@ -758,10 +757,6 @@ CacheStats ResidentPrefix::Stats() const {
   s.park = {park_.empty() ? 0 : 1, static_cast<int64_t>(park_.tokens.size()), park_.bytes(), options_.park_budget_bytes, k.parks, k.park_hits, park_.session};
   s.store = {static_cast<int64_t>(store_.size()), store_.bytes(), store_.budget_bytes(), store_.entry_cap_bytes(), k.store_hits, store_.misses,
              store_.puts, store_.evictions, store_.declined};
-  if (disk_ != nullptr) {
-    s.disk_enabled = true;
-    s.disk = disk_->Stats();
-  }
   s.memory = {EngineBytes(), state_.allocated_bytes(), options_.memory_ceiling_bytes, options_.memory_peak_bytes, options_.memory_slack_bytes,
               k.refused, k.sheds};
   return s;

@@ -92,22 +92,19 @@ Anchor SequenceState::SaveAnchor() const {
 }
 
 Status SequenceState::RestoreAnchor(const Anchor& anchor) {
-  return RestoreAnchorFrom(anchor.length, reinterpret_cast<const char*>(anchor.data.data()), anchor.data.size() * sizeof(float));
-}
-
-Status SequenceState::RestoreAnchorFrom(int64_t length, const char* bytes, size_t size) {
   const size_t want = static_cast<size_t>(num_gdn_layers() * (recurrent_floats_ + tail_floats_));
-  if (size != want * sizeof(float))
-    return InvalidArgument("RestoreAnchor: anchor holds " + std::to_string(size / sizeof(float)) + " floats, state wants " + std::to_string(want));
-  if (length < 0 || (!k_.empty() && length > capacity_))
-    return OutOfRange("RestoreAnchor: anchor length " + std::to_string(length) + " exceeds capacity " + std::to_string(capacity_));
+  if (anchor.data.size() != want)
+    return InvalidArgument("RestoreAnchor: anchor holds " + std::to_string(anchor.data.size()) + " floats, state wants " + std::to_string(want));
+  if (anchor.length < 0 || (!k_.empty() && anchor.length > capacity_))
+    return OutOfRange("RestoreAnchor: anchor length " + std::to_string(anchor.length) + " exceeds capacity " + std::to_string(capacity_));
+  const float* p = anchor.data.data();
   for (size_t g = 0; g < recurrent_.size(); ++g) {
-    std::memcpy(recurrent_[g].data(), bytes, static_cast<size_t>(recurrent_floats_) * sizeof(float));
-    bytes += recurrent_floats_ * sizeof(float);
-    std::memcpy(tail_[g].data(), bytes, static_cast<size_t>(tail_floats_) * sizeof(float));
-    bytes += tail_floats_ * sizeof(float);
+    std::copy_n(p, recurrent_floats_, recurrent_[g].begin());
+    p += recurrent_floats_;
+    std::copy_n(p, tail_floats_, tail_[g].begin());
+    p += tail_floats_;
   }
-  length_ = length;
+  length_ = anchor.length;
   return Status::Ok();
 }
 
@@ -134,21 +131,17 @@ KvRows SequenceState::CopyRowsFromReader(int64_t begin, int64_t end) const {
 }
 
 Status SequenceState::WriteRows(const KvRows& rows) {
-  return WriteRowsFrom(rows.begin, rows.end, reinterpret_cast<const char*>(rows.data.data()), rows.data.size() * sizeof(float));
-}
-
-Status SequenceState::WriteRowsFrom(int64_t begin, int64_t end, const char* bytes, size_t size) {
-  const size_t n = static_cast<size_t>((end - begin) * kv_width_);
-  if (begin < 0 || end < begin || size != n * 2 * k_.size() * sizeof(float))
-    return InvalidArgument("WriteRows: rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") with " +
-                           std::to_string(size / sizeof(float)) + " floats do not fit this model");
-  RETURN_IF_ERROR(Reserve(end));
-  const size_t layer_bytes = n * sizeof(float);
+  const size_t n = static_cast<size_t>((rows.end - rows.begin) * kv_width_);
+  if (rows.begin < 0 || rows.end < rows.begin || rows.data.size() != n * 2 * k_.size())
+    return InvalidArgument("WriteRows: rows [" + std::to_string(rows.begin) + ", " + std::to_string(rows.end) +
+                           ") with " + std::to_string(rows.data.size()) + " floats do not fit this model");
+  RETURN_IF_ERROR(Reserve(rows.end));
+  const float* p = rows.data.data();
   for (size_t a = 0; a < k_.size(); ++a) {
-    std::memcpy(k_[a].data() + begin * kv_width_, bytes, layer_bytes);
-    bytes += layer_bytes;
-    std::memcpy(v_[a].data() + begin * kv_width_, bytes, layer_bytes);
-    bytes += layer_bytes;
+    std::copy_n(p, n, k_[a].begin() + rows.begin * kv_width_);
+    p += n;
+    std::copy_n(p, n, v_[a].begin() + rows.begin * kv_width_);
+    p += n;
   }
   return Status::Ok();
 }

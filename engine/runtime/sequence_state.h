@@ -72,8 +72,6 @@ class SequenceState {
   // Restores an anchor: recurrent part and length; K/V rows below anchor.length must already be valid.
   // Fails without change if the anchor's size does not match or its length exceeds the capacity.
   Status RestoreAnchor(const Anchor& anchor);
-  // The same from bytes laid out as Anchor::data (a file section).
-  Status RestoreAnchorFrom(int64_t length, const char* bytes, size_t size);
   // Copies K/V rows [begin, end), end <= length().
   Result<KvRows> CopyRows(int64_t begin, int64_t end) const;
   // The same from another thread while the owner goes on: reads no length; the caller holds the
@@ -83,8 +81,6 @@ class SequenceState {
   void set_growth_lock(std::shared_mutex* lock) { growth_lock_ = lock; }
   // Writes rows back at rows.begin (reserving as needed); the length is not changed.
   Status WriteRows(const KvRows& rows);
-  // The same from bytes laid out as KvRows::data (a file section).
-  Status WriteRowsFrom(int64_t begin, int64_t end, const char* bytes, size_t size);
 
   // True when length, K/V rows below the length, recurrent states and tails are bit-equal.
   bool BitEqual(const SequenceState& other) const;

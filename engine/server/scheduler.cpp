@@ -73,10 +73,7 @@ Scheduler::Scheduler(Model& model, std::unique_ptr<Forward> forward, SchedulerOp
       journal->RecordCacheEvent(std::move(row));
     });
   }
-  if (options_.disk != nullptr) {
-    resident_.set_disk_cache(options_.disk);
-    cache_stats_ = resident_.Stats();
-  }
+  if (options_.disk != nullptr) resident_.set_disk_cache(options_.disk);
   thread_ = std::thread([this] { EngineLoop(); });
 }
 
