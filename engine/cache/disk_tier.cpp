@@ -232,32 +232,34 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
     state.Reset();
     return s;
   }
-  {
+  // One read of the restore: the anchor's recurrent state, or one chunk's K/V rows, straight into
+  // the state; their crc is the caller's to check, before the state is used.
+  struct Read {
+    Status status;
     std::vector<ReadRange> ranges;
+    uint32_t crc = 0;
+    int64_t bytes = 0;
+  };
+  auto read_anchor = [&] {
+    Read out;
     int64_t offset = recurrent->offset;
     const int64_t state_bytes = state.recurrent_floats() * static_cast<int64_t>(sizeof(float));
     const int64_t tail_bytes = state.tail_floats() * static_cast<int64_t>(sizeof(float));
     for (int64_t g = 0; g < state.num_gdn_layers(); ++g) {
-      ranges.push_back({offset, state_bytes, reinterpret_cast<char*>(state.recurrent(g))});
-      ranges.push_back({offset + state_bytes, tail_bytes, reinterpret_cast<char*>(state.conv_tail(g))});
+      out.ranges.push_back({offset, state_bytes, reinterpret_cast<char*>(state.recurrent(g))});
+      out.ranges.push_back({offset + state_bytes, tail_bytes, reinterpret_cast<char*>(state.conv_tail(g))});
       offset += state_bytes + tail_bytes;
     }
-    if (Status s = env_.ReadRanges(PathOf(anchor_name), ranges); !s.ok()) return fail(hashes.size() - 1, s);
-    if (Crc32cOfRanges(ranges) != recurrent->crc32c) return fail(hashes.size() - 1, Corrupt(anchor_name + ": section state checksum mismatch"));
-    bytes_read += static_cast<int64_t>(anchor_head->size()) + recurrent->bytes;
-  }
+    out.status = env_.ReadRanges(PathOf(anchor_name), out.ranges);
+    out.crc = recurrent->crc32c;
+    out.bytes = static_cast<int64_t>(anchor_head->size()) + recurrent->bytes;
+    return out;
+  };
   const int64_t layers = state.num_attention_layers(), width = state.kv_width();
   const int64_t block = G * width * static_cast<int64_t>(sizeof(float));  // one layer's K (or V) rows of a chunk
-  // One chunk: its header and token ids are read and checked, then its rows go straight into the
-  // state; their crc is the caller's to check, before the state is used.
-  struct ReadChunk {
-    Status status;
-    std::vector<ReadRange> ranges;
-    uint32_t kv_crc = 0;
-    int64_t bytes = 0;
-  };
+  // A chunk's header and token ids are read and checked before its rows are.
   auto read_chunk = [&](size_t c) {
-    ReadChunk out;
+    Read out;
     const std::string name = ChunkFileName(hashes[c]);
     const int64_t begin = static_cast<int64_t>(c) * G;
     auto bad = [&](std::string why) {
@@ -287,25 +289,33 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
       out.ranges[static_cast<size_t>(2 * a + 1)] = {kv->offset + (2 * a + 1) * block, block, reinterpret_cast<char*>(state.v_rows(a) + begin * width)};
     }
     out.status = env_.ReadRanges(PathOf(name), out.ranges);
-    out.kv_crc = kv->crc32c;
+    out.crc = kv->crc32c;
     out.bytes = static_cast<int64_t>(head->size()) + 2 * layers * block;
     return out;
   };
-  // The next chunk is read on a second thread while this one's crc is checked (each into its own rows).
-  const size_t first = static_cast<size_t>(keep_rows / G);
-  std::future<ReadChunk> next;
-  if (first < hashes.size()) next = std::async(std::launch::async, read_chunk, first);
-  for (size_t c = first; c < hashes.size(); ++c) {
-    ReadChunk chunk = next.get();
-    if (chunk.status.ok() && c + 1 < hashes.size()) next = std::async(std::launch::async, read_chunk, c + 1);
-    Status checked = chunk.status;
-    if (checked.ok() && Crc32cOfRanges(chunk.ranges) != chunk.kv_crc)
-      checked = Corrupt(ChunkFileName(hashes[c]) + ": section kv checksum mismatch");
+  // Read j is the anchor (j == 0) or chunk first + j - 1; a few run at once, each into its own part
+  // of the state, so the drive always has the next one queued while the last one's crc is checked.
+  const size_t first = static_cast<size_t>(keep_rows / G), reads = 1 + hashes.size() - first;
+  constexpr size_t kReadsInFlight = 3;
+  std::vector<std::future<Read>> pending(reads);
+  auto launch = [&](size_t j) {
+    if (j >= reads) return;
+    pending[j] = j == 0 ? std::async(std::launch::async, read_anchor) : std::async(std::launch::async, read_chunk, first + j - 1);
+  };
+  for (size_t j = 0; j < kReadsInFlight; ++j) launch(j);
+  for (size_t j = 0; j < reads; ++j) {
+    Read done = pending[j].get();
+    launch(j + kReadsInFlight);
+    const std::string name = j == 0 ? anchor_name : ChunkFileName(hashes[first + j - 1]);
+    Status checked = done.status;
+    if (checked.ok() && Crc32cOfRanges(done.ranges) != done.crc)
+      checked = Corrupt(name + (j == 0 ? ": section state checksum mismatch" : ": section kv checksum mismatch"));
     if (!checked.ok()) {
-      if (next.valid()) next.wait();  // its reads into the state end before the state is reset
-      return fail(c, checked);
+      for (auto& f : pending)
+        if (f.valid()) f.wait();  // their reads into the state end before the state is reset
+      return fail(j == 0 ? hashes.size() - 1 : first + j - 1, checked);
     }
-    bytes_read += chunk.bytes;
+    bytes_read += done.bytes;
   }
   state.SetLength(line);
   {

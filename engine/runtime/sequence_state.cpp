@@ -17,8 +17,8 @@ SequenceState::SequenceState(const ModelConfig& config) {
       k_.emplace_back();
       v_.emplace_back();
     } else {
-      recurrent_.emplace_back(static_cast<size_t>(recurrent_floats_), 0.0f);
-      tail_.emplace_back(static_cast<size_t>(tail_floats_), 0.0f);
+      recurrent_.emplace_back(static_cast<size_t>(recurrent_floats_));
+      tail_.emplace_back(static_cast<size_t>(tail_floats_));
     }
   }
 }
@@ -28,11 +28,11 @@ Status SequenceState::Reserve(int64_t tokens) {
   const int64_t rows = (tokens + kKvRowStep - 1) / kKvRowStep * kKvRowStep;
   const size_t floats = static_cast<size_t>(rows * kv_width_);
   // Allocate everything first so a failure leaves the state unchanged.
-  std::vector<std::vector<float>> nk(k_.size()), nv(v_.size());
+  std::vector<PageArray<float>> nk(k_.size()), nv(v_.size());
   try {
     for (size_t a = 0; a < k_.size(); ++a) {
-      nk[a].resize(floats);
-      nv[a].resize(floats);
+      nk[a] = PageArray<float>(floats);
+      nv[a] = PageArray<float>(floats);
     }
   } catch (const std::bad_alloc&) {
     return ResourceExhausted("SequenceState::Reserve: cannot allocate " + std::to_string(rows) + " K/V rows (" +

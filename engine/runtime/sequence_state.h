@@ -6,6 +6,7 @@
 #include <shared_mutex>
 #include <vector>
 
+#include "engine/core/page_buffer.h"
 #include "engine/core/status.h"
 #include "engine/model/model_config.h"
 
@@ -92,8 +93,8 @@ class SequenceState {
   int64_t length_ = 0;
   int64_t capacity_ = 0;
   std::shared_mutex* growth_lock_ = nullptr;
-  std::vector<std::vector<float>> k_, v_;
-  std::vector<std::vector<float>> recurrent_, tail_;
+  std::vector<PageArray<float>> k_, v_;  // page-aligned, so the disk tier reads rows straight in
+  std::vector<PageArray<float>> recurrent_, tail_;
 };
 
 }  // namespace anchorage

@@ -1,8 +1,10 @@
 // The disk tier against a cold prefill: a request of N + 200 tokens prefilled cold through the
 // engine's caches (its writer puts the head on disk), the files dropped from the page cache, then
 // the same request from a fresh engine: TTFT both ways, the restore's rate against the machine's
-// sequential read rate, and the restored state against the cold one, bit for bit.
-// anchorage-bench-disk [--model-dir DIR] [--tokens 8192] [--dir /tmp/anchorage-bench/disk] [--repeats N] [--json]
+// sequential read rate, and the restored state against the cold one, bit for bit. With
+// --restore-only the state is made of pseudo-random rows instead of a prefill (any length, quickly),
+// and only the restore is measured.
+// anchorage-bench-disk [--model-dir DIR] [--tokens 8192] [--dir /tmp/anchorage-bench/disk] [--repeats N] [--restore-only] [--json]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -65,9 +67,97 @@ double SequentialReadGBs(const std::string& dir, int64_t bytes) {
   return static_cast<double>(got) / (ms / 1e3) / 1e9;
 }
 
+// A state of `length` rows of pseudo-random floats, the same for the same seed.
+SequenceState RandomState(const ModelConfig& c, int64_t length, uint32_t seed) {
+  SequenceState s(c);
+  (void)s.Reserve(length);
+  uint32_t x = seed * 2654435761u + 1;
+  auto fill = [&](float* p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+      p[i] = static_cast<float>(static_cast<int32_t>(x)) * 0x1p-31f;
+    }
+  };
+  for (int64_t a = 0; a < s.num_attention_layers(); ++a) {
+    fill(s.k_rows(a), length * s.kv_width());
+    fill(s.v_rows(a), length * s.kv_width());
+  }
+  for (int64_t g = 0; g < s.num_gdn_layers(); ++g) {
+    fill(s.recurrent(g), s.recurrent_floats());
+    fill(s.conv_tail(g), s.tail_floats());
+  }
+  s.SetLength(length);
+  return s;
+}
+
 int Fail(const Status& s) {
   std::fprintf(stderr, "%s\n", s.ToString().c_str());
   return 1;
+}
+
+// Token ids that look like a prompt: spread over the vocabulary, none of the special ones.
+std::vector<int32_t> MakePrompt(const ModelConfig& c, int64_t n) {
+  std::vector<int32_t> prompt(static_cast<size_t>(n));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 2654435761u) % static_cast<size_t>(c.vocab_size - 16));
+  return prompt;
+}
+
+// The restore alone: a pseudo-random state of `tokens` rows put on disk, dropped from the page
+// cache, and read back; its rate against the machine's sequential read rate.
+int RestoreOnly(const ModelConfig& c, int64_t tokens, const std::string& dir, int repeats, bool as_json) {
+  const int64_t G = 1024, line = tokens / G * G;
+  if (line <= 0) return Fail(InvalidArgument("--tokens must be at least 1024"));
+  const std::vector<int32_t> prompt = MakePrompt(c, line);
+  const SequenceState written = RandomState(c, line, 7);
+  fs::remove_all(dir);
+  auto tier = DiskTier::Open(DiskEnv::Posix(), c, "bench/grid-1024", DiskTierOptions{dir, G, int64_t(1) << 40, 0, 0, nullptr});
+  if (!tier.ok()) return Fail(tier.status());
+  double t0 = bench::NowMs();
+  if (Status s = (*tier)->Put(prompt, written); !s.ok()) return Fail(s);
+  const double write_ms = bench::NowMs() - t0;
+  const int64_t bytes = (*tier)->stats().bytes, files = (*tier)->stats().files;
+  // Into a fresh state (its memory mapped as the rows arrive), and into one that holds its memory.
+  double best_ms = 1e300, sum_ms = 0, reused_best_ms = 1e300;
+  bool exact = true;
+  SequenceState reused(c);
+  for (int r = 0; r < repeats; ++r) {
+    DropFolder(dir);
+    SequenceState read(c);
+    t0 = bench::NowMs();
+    if (Status s = (*tier)->Restore(prompt, line, read); !s.ok()) return Fail(s);
+    const double ms = bench::NowMs() - t0;
+    best_ms = std::min(best_ms, ms);
+    sum_ms += ms;
+    exact = exact && read.BitEqual(written);
+    DropFolder(dir);
+    t0 = bench::NowMs();
+    if (Status s = (*tier)->Restore(prompt, line, reused); !s.ok()) return Fail(s);
+    reused_best_ms = std::min(reused_best_ms, bench::NowMs() - t0);
+    exact = exact && reused.BitEqual(written);
+  }
+  tier->reset();
+  const double read_gbs = SequentialReadGBs(dir, std::max<int64_t>(bytes, int64_t(1) << 30));
+  fs::remove_all(dir);
+  const double restore_gbs = static_cast<double>(bytes) / (best_ms / 1e3) / 1e9;
+  const double reused_gbs = static_cast<double>(bytes) / (reused_best_ms / 1e3) / 1e9;
+  if (as_json) {
+    const nlohmann::json report = {{"tokens", line}, {"bytes", bytes}, {"files", files}, {"write_ms", write_ms},
+                                   {"restore_best_ms", best_ms}, {"restore_mean_ms", sum_ms / repeats}, {"restore_gbs", restore_gbs},
+                                   {"restore_reused_state_best_ms", reused_best_ms}, {"restore_reused_state_gbs", reused_gbs},
+                                   {"sequential_read_gbs", read_gbs}, {"restore_fraction_of_read_rate", restore_gbs / read_gbs},
+                                   {"bit_equal", exact}};
+    std::printf("%s\n", report.dump(2).c_str());
+  } else {
+    std::printf("state of %lld rows: %.1f MiB on disk (%lld files), written in %.0f ms\n", static_cast<long long>(line),
+                static_cast<double>(bytes) / (1 << 20), static_cast<long long>(files), write_ms);
+    std::printf("restore from the drive into a new state: best %.0f ms, mean %.0f ms of %d (%.2f GB/s at best)\n", best_ms, sum_ms / repeats,
+                repeats, restore_gbs);
+    std::printf("into a state that holds its memory: best %.0f ms (%.2f GB/s)\n", reused_best_ms, reused_gbs);
+    std::printf("machine: sequential read %.2f GB/s; the restore ran at %.0f %% of it (%.0f %% into a held state)\n", read_gbs,
+                100.0 * restore_gbs / read_gbs, 100.0 * reused_gbs / read_gbs);
+    std::printf("restored state bit-equal to the written one: %s\n", exact ? "yes" : "NO");
+  }
+  return exact ? 0 : 1;
 }
 
 }  // namespace
@@ -76,17 +166,18 @@ int main(int argc, char** argv) {
   std::string model_dir, dir = "/tmp/anchorage-bench/disk";
   int64_t tokens = 8192;
   int repeats = 1;
-  bool as_json = false;
+  bool as_json = false, restore_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const std::string v = i + 1 < argc ? argv[i + 1] : "";
     if (a == "--json") as_json = true;
+    else if (a == "--restore-only") restore_only = true;
     else if (a == "--model-dir") model_dir = v, ++i;
     else if (a == "--tokens") tokens = std::atoll(v.c_str()), ++i;
     else if (a == "--dir") dir = v, ++i;
     else if (a == "--repeats") repeats = std::max(1, std::atoi(v.c_str())), ++i;
     else {
-      std::fprintf(stderr, "usage: anchorage-bench-disk [--model-dir DIR] [--tokens N] [--dir DIR] [--repeats N] [--json]\n");
+      std::fprintf(stderr, "usage: anchorage-bench-disk [--model-dir DIR] [--tokens N] [--dir DIR] [--repeats N] [--restore-only] [--json]\n");
       return 2;
     }
   }
@@ -94,13 +185,13 @@ int main(int argc, char** argv) {
   auto model = LoadModel(model_dir);
   if (!model.ok()) return Fail(model.status());
   const ModelConfig& c = (*model)->config;
+  if (restore_only) return RestoreOnly(c, tokens, dir, repeats, as_json);
   auto forward = Forward::Create(c, (*model)->weights, ForwardOptions{1024, 0});
   if (!forward.ok()) return Fail(forward.status());
   const int64_t line = tokens / 1024 * 1024;
   if (line <= 0) return Fail(InvalidArgument("--tokens must be at least 1024"));
   // A head of `line` tokens and a new user message of 200 after it.
-  std::vector<int32_t> prompt(static_cast<size_t>(line + 200));
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 2654435761u) % static_cast<size_t>(c.vocab_size - 16));
+  const std::vector<int32_t> prompt = MakePrompt(c, line + 200);
   fs::remove_all(dir);
   const std::string fingerprint = Forward::StateFingerprint((*model)->fingerprint) + "/grid-1024";
   DiskCacheSettings settings;
