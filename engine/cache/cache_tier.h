@@ -1,7 +1,8 @@
-// The one interface every cache tier offers the resident prefix (the disk tier and the session
-// spill will be two more): find what it would serve, restore it, say its bytes, shed them.
+// The one interface every cache tier offers the resident prefix (the RAM tiers, the disk, and the
+// session spill to come): find what it would serve, restore it, say its bytes, shed them.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -28,6 +29,8 @@ struct CacheEvent {
 };
 using CacheEventSink = std::function<void(const CacheEvent&)>;
 
+inline constexpr int64_t kNoTaintRow = INT64_MAX;  // no row of the rows in place was written by a decode
+
 // The rows in place: what a tier plans against and restores into. Owned by ResidentPrefix.
 struct ResidentRows {
   SequenceState& state;
@@ -46,6 +49,7 @@ struct TierOffer {
   std::vector<int32_t> served_prompt;  // set when the tier serves other tokens than the client's (end alignment)
   bool aligned = false;
   int64_t restore_bytes = 0;           // what the restore copies into the rows in place (its cost; 0: already there)
+  double restore_seconds = 0;          // a read off the drive: taken only when it costs less than the prefill it saves; 0: not weighed
   bool copy_aside = true;              // the restore may keep what it replaces (a park swap); off when memory is short
 };
 
@@ -62,7 +66,9 @@ class CacheTier {
   // What it would serve prompt, resuming at most at limit, given the rows in place; changes nothing.
   virtual TierOffer Find(std::span<const int32_t> prompt, const ResidentRows& resident, int64_t limit) const = 0;
   // Puts the offer's rows, anchors, end, taint and session in place (the state at resume_length is
-  // restored by the caller). On failure the rows in place and the tier are as they were.
+  // restored by the caller, or by a tier that reads it straight into the state). On failure the rows
+  // in place and the tier are as they were, except that a tier reading into the state may have cut
+  // the rows in place back to what it kept (the caller plans again from there).
   virtual Status Restore(std::span<const int32_t> prompt, const TierOffer& offer, ResidentRows& resident) = 0;
   virtual int64_t bytes() const = 0;
   // Gives back its cheapest unit (an entry, or the whole tier); {0, 0} when it holds nothing.
@@ -75,6 +81,12 @@ inline int64_t CommonPrefixLength(std::span<const int32_t> a, std::span<const in
   size_t i = 0;
   while (i < n && a[i] == b[i]) ++i;
   return static_cast<int64_t>(i);
+}
+
+// Drops the regions at or above limit and cuts the one that straddles it.
+inline void ClipTokenRegions(std::vector<TokenRegion>& regions, int64_t limit) {
+  std::erase_if(regions, [&](const TokenRegion& r) { return r.first >= limit; });
+  for (TokenRegion& r : regions) r.second = std::min(r.second, limit);
 }
 
 }  // namespace anchorage

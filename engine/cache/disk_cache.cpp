@@ -136,9 +136,41 @@ void DiskCache::Record(CacheEvent event) {
   if (sink) sink(event);
 }
 
-int64_t DiskCache::Find(std::span<const int32_t> prompt, int64_t max_length) const {
+int64_t DiskCache::FindLine(std::span<const int32_t> prompt, int64_t max_length) const {
   if (!reads() || static_cast<int64_t>(prompt.size()) < line_tokens_) return 0;
   return tier_->Find(prompt, max_length);
+}
+
+int64_t DiskCache::KeepRows(std::span<const int32_t> prompt, const ResidentRows& resident, int64_t line) const {
+  const int64_t in_place = std::min<int64_t>({CommonPrefixLength(prompt, resident.rows), resident.taint_row, line});
+  return in_place / line_tokens_ * line_tokens_;
+}
+
+TierOffer DiskCache::Find(std::span<const int32_t> prompt, const ResidentRows& resident, int64_t limit) const {
+  TierOffer offer;
+  const int64_t line = FindLine(prompt, limit);
+  if (line == 0) return offer;
+  const int64_t keep = KeepRows(prompt, resident, line);
+  offer.resume_length = line;
+  offer.restore_bytes = tier_->RestoreBytes(prompt, line, keep);
+  if (settings().cost_check) offer.restore_seconds = std::max(1e-9, RestoreSeconds(prompt, line, keep));
+  return offer;
+}
+
+Status DiskCache::Restore(std::span<const int32_t> prompt, const TierOffer& offer, ResidentRows& resident) {
+  const int64_t line = offer.resume_length;
+  const int64_t keep = KeepRows(prompt, resident, line);
+  Status restored = RestoreLine(prompt, line, resident.state, keep);
+  // Rows below keep are untouched either way; above it the state is the disk's or nothing.
+  resident.rows.resize(std::min<size_t>(resident.rows.size(), static_cast<size_t>(keep)));
+  ClipTokenRegions(resident.regions, keep);
+  resident.anchors.DropAbove(keep);
+  resident.end.reset();
+  RETURN_IF_ERROR(restored);
+  resident.rows.assign(prompt.begin(), prompt.begin() + line);
+  resident.anchors.Put(resident.state.SaveAnchor());
+  resident.taint_row = kNoTaintRow;
+  return Status::Ok();
 }
 
 double DiskCache::RestoreSeconds(std::span<const int32_t> prompt, int64_t line, int64_t keep_rows) const {
@@ -146,7 +178,7 @@ double DiskCache::RestoreSeconds(std::span<const int32_t> prompt, int64_t line, 
   return static_cast<double>(tier_->RestoreBytes(prompt, line, keep_rows)) / (rate > 0 ? rate : kAssumedReadBytesPerS);
 }
 
-Status DiskCache::Restore(std::span<const int32_t> prompt, int64_t line, SequenceState& state, int64_t keep_rows) {
+Status DiskCache::RestoreLine(std::span<const int32_t> prompt, int64_t line, SequenceState& state, int64_t keep_rows) {
   const DiskTierStats before = tier_->stats();
   Status s = tier_->Restore(prompt, line, state, keep_rows);
   const DiskTierStats after = tier_->stats();

@@ -57,13 +57,22 @@ struct DiskCacheStats {
   double hit_rate() const { return hits + misses > 0 ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 0.0; }
 };
 
-class DiskCache {
+// As a tier (the last the resident prefix asks): it offers the longest line on disk with the read's
+// cost, reads the chunks above the rows in place and the anchor straight into the state, and holds
+// no memory but what the writer stages.
+class DiskCache : public CacheTier {
  public:
   // Opens the store in dir and the counts beside it; the writer thread starts.
   static Result<std::unique_ptr<DiskCache>> Open(DiskEnv& env, const ModelConfig& config, std::string fingerprint, std::string dir,
                                                  int64_t line_tokens, DiskCacheSettings settings);
   // Fences, writes what was copied, saves the counts and joins the writer.
-  ~DiskCache();
+  ~DiskCache() override;
+
+  const char* name() const override { return "disk"; }
+  TierOffer Find(std::span<const int32_t> prompt, const ResidentRows& resident, int64_t limit) const override;
+  Status Restore(std::span<const int32_t> prompt, const TierOffer& offer, ResidentRows& resident) override;
+  int64_t bytes() const override { return staged_bytes(); }
+  ShedUnit ShedOne() override { return {}; }  // staged anchors go at the next fence; the files hold no memory
 
   void set_settings(const DiskCacheSettings& settings);
   DiskCacheSettings settings() const;
@@ -75,10 +84,12 @@ class DiskCache {
   void Record(CacheEvent event);
 
   // The engine thread's calls.
-  int64_t Find(std::span<const int32_t> prompt, int64_t max_length) const;
+  int64_t FindLine(std::span<const int32_t> prompt, int64_t max_length) const;
   // What reading line (rows below keep_rows in place) costs at the rate this process measured.
   double RestoreSeconds(std::span<const int32_t> prompt, int64_t line, int64_t keep_rows) const;
-  Status Restore(std::span<const int32_t> prompt, int64_t line, SequenceState& state, int64_t keep_rows);
+  Status RestoreLine(std::span<const int32_t> prompt, int64_t line, SequenceState& state, int64_t keep_rows);
+  // The rows in place a restore of line keeps: the prompt's, below the taint, on a line.
+  int64_t KeepRows(std::span<const int32_t> prompt, const ResidentRows& resident, int64_t line) const;
   void NoteMiss() { ++misses_; }
   void NoteDeclinedByCost() { ++declined_by_cost_; }
   // Counts the request's cold lines and returns the lines to anchor that the tier lacks, ascending.

@@ -15,8 +15,6 @@
 
 namespace anchorage {
 
-inline constexpr int64_t kNoTaintRow = INT64_MAX;  // no row of the rows in place was written by a decode
-
 // Grid anchors of the rows in place: the request keeps its common prefix and resumes at the
 // largest anchor within it.
 class AnchorsTier : public CacheTier {

@@ -25,12 +25,6 @@ int64_t LastUserMessageStart(const Tokenizer* tokenizer, const std::vector<int32
 
 constexpr double kAssumedPrefillTokensPerS = 740;  // before this process measured a prefill
 
-// Drops the regions at or above limit and cuts the one that straddles it.
-void ClipRegions(std::vector<TokenRegion>& regions, int64_t limit) {
-  regions.erase(std::remove_if(regions.begin(), regions.end(), [&](const TokenRegion& r) { return r.first >= limit; }), regions.end());
-  for (TokenRegion& r : regions) r.second = std::min(r.second, limit);
-}
-
 
 }  // namespace
 
@@ -103,12 +97,6 @@ double ResidentPrefix::PrefillRate() const {
   return prefill_seconds_ > 0 && prefill_tokens_ >= 256 ? prefill_tokens_ / prefill_seconds_ : kAssumedPrefillTokensPerS;
 }
 
-int64_t ResidentPrefix::DiskKeepRows(std::span<const int32_t> prompt, int64_t line) const {
-  const int64_t G = disk_->line_tokens();
-  const int64_t in_place = std::min<int64_t>({CommonPrefixLength(prompt, rows_), taint_row_, line});
-  return in_place / G * G;
-}
-
 int64_t ResidentPrefix::LastUserStart(std::span<const int32_t> prompt) const {
   if (user_turn_ids_.empty() || prompt.size() < user_turn_ids_.size()) return -1;
   for (size_t i = prompt.size() - user_turn_ids_.size() + 1; i-- > 0;)
@@ -172,35 +160,25 @@ ResidentPrefix::Plan ResidentPrefix::MakePlan(const CacheRequest& request) const
   int64_t best = 0;
   // The tiers in the order the seed asks them; a later one wins only when it resumes later.
   const ResidentRows resident = View();
-  const std::pair<const CacheTier*, CacheSource> tiers[] = {{&anchors_tier_, CacheSource::kResident}, {&end_tier_, CacheSource::kEnd},
-                                                            {&pin_tier_, CacheSource::kPin},         {&park_tier_, CacheSource::kPark},
-                                                            {&store_tier_, CacheSource::kStore}};
+  // The disk comes last and is weighed: a read off the drive is taken only when it costs less than
+  // the prefill it saves.
+  const std::pair<const CacheTier*, CacheSource> tiers[] = {
+      {&anchors_tier_, CacheSource::kResident}, {&end_tier_, CacheSource::kEnd},   {&pin_tier_, CacheSource::kPin},
+      {&park_tier_, CacheSource::kPark},        {&store_tier_, CacheSource::kStore}, {disk_, CacheSource::kDisk}};
   for (const auto& [tier, source] : tiers) {
+    if (tier == nullptr) continue;
     TierOffer offer = tier->Find(request.prompt, resident, limit);
     if (offer.resume_length <= best) continue;
+    if (offer.restore_seconds > 0 && offer.restore_seconds >= static_cast<double>(offer.resume_length - best) / PrefillRate()) {
+      p.declined_by_cost = true;
+      continue;
+    }
     best = offer.resume_length;
     p.info.source = source;
     p.resume_from_end = offer.resume_from_end;
     p.info.aligned = offer.aligned;
     p.info.served_prompt = offer.served_prompt.empty() ? request.prompt : std::move(offer.served_prompt);
-  }
-
-  // The disk comes after every RAM tier: taken when it starts later and its read costs less than the prefill it saves.
-  if (disk_ != nullptr) {
-    if (const int64_t line = disk_->Find(request.prompt, limit); line > best) {
-      const int64_t keep = DiskKeepRows(request.prompt, line);
-      const double read_s = disk_->RestoreSeconds(request.prompt, line, keep);
-      if (!disk_->settings().cost_check || read_s < static_cast<double>(line - best) / PrefillRate()) {
-        best = line;
-        p.info.source = CacheSource::kDisk;
-        p.resume_from_end = false;
-        p.info.aligned = false;
-        p.info.served_prompt = request.prompt;
-        p.disk_keep = keep;
-      } else {
-        p.disk_declined = true;
-      }
-    }
+    p.offer = std::move(offer);
   }
 
   p.resume_length = best;
@@ -271,7 +249,7 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
   if (state_.length() != static_cast<int64_t>(rows_.size())) state_.SetLength(static_cast<int64_t>(rows_.size()));
 
   ResidentRows resident = View();
-  TierOffer offer{r, plan.resume_from_end, {}, info.aligned, 0, !plan.skip_copy};
+  TierOffer offer{.resume_length = r, .resume_from_end = plan.resume_from_end, .aligned = info.aligned, .copy_aside = !plan.skip_copy};
   if (info.source == CacheSource::kPin) {
     RETURN_IF_ERROR(pin_tier_.Restore(request.prompt, offer, resident));
     ++counters_.pin_hits;
@@ -290,26 +268,16 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
       ++counters_.store_hits;
     }
     if (info.source == CacheSource::kDisk) {
-      const int64_t keep = plan.disk_keep;
-      Status restored = disk_->Restore(request.prompt, r, state_, keep);
-      // Rows below keep are untouched either way; above it the state is the disk's or nothing.
-      rows_.resize(std::min<size_t>(rows_.size(), static_cast<size_t>(keep)));
-      ClipRegions(regions_, keep);
-      anchors_.DropAbove(keep);
-      end_.reset();
-      if (!restored.ok()) {
-        plan.disk_failed = true;  // the tier reset the state; rows below keep are intact
-        return restored;
+      if (Status s = disk_->Restore(request.prompt, plan.offer, resident); !s.ok()) {
+        plan.restore_failed = true;  // the state above the kept rows is gone: plan again from what is in place
+        return s;
       }
-      rows_.assign(request.prompt.begin(), request.prompt.begin() + r);
-      anchors_.Put(state_.SaveAnchor());
-      taint_row_ = kNoTaintRow;
       ++counters_.disk_hits;
     }
   }
   ++counters_.requests;
   if (disk_ != nullptr && disk_->reads()) {
-    if (plan.disk_declined) disk_->NoteDeclinedByCost();
+    if (plan.declined_by_cost) disk_->NoteDeclinedByCost();
     if (info.source != CacheSource::kDisk && PrefillUpto(info) - r >= disk_->line_tokens()) disk_->NoteMiss();
   }
 
@@ -340,7 +308,7 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
 
   if (!info.guest) {
     rows_.resize(std::min<size_t>(rows_.size(), static_cast<size_t>(r)));
-    ClipRegions(regions_, r);
+    ClipTokenRegions(regions_, r);
     anchors_.DropAbove(r);
     end_.reset();
     if (taint_row_ >= r) taint_row_ = kNoTaintRow;  // every row left is a cold prefill's
@@ -455,7 +423,7 @@ Status ResidentPrefix::AdmitAndApply(const CacheRequest& request, Plan& plan, in
   for (int attempt = 0;; ++attempt) {
     RETURN_IF_ERROR(Admit(request, plan, max_new));
     Status applied = Apply(request, plan);
-    if (applied.ok() || !plan.disk_failed || attempt >= 2) return applied;
+    if (applied.ok() || !plan.restore_failed || attempt >= 2) return applied;
     plan = MakePlan(request);  // the failed files are gone: resume from what is in place, or cold
   }
 }
@@ -463,7 +431,7 @@ Status ResidentPrefix::AdmitAndApply(const CacheRequest& request, Plan& plan, in
 void ResidentPrefix::FinishGuest() {
   if (stash_shed_) {  // the stash was given back for memory: the guest's rows replaced the resident ones
     rows_.resize(std::min<size_t>(rows_.size(), static_cast<size_t>(guest_resume_)));
-    ClipRegions(regions_, guest_resume_);
+    ClipTokenRegions(regions_, guest_resume_);
     anchors_.DropAbove(guest_resume_);
     if (end_ && end_->anchor.length > guest_resume_) end_.reset();
     stash_shed_ = false;
@@ -482,7 +450,7 @@ void ResidentPrefix::KeepEnd(const ResumeInfo& info, int64_t forwarded, const st
   const int64_t n = static_cast<int64_t>(info.served_prompt.size());
   rows_.assign(info.served_prompt.begin(), info.served_prompt.end());
   rows_.insert(rows_.end(), generated.begin(), generated.begin() + forwarded);
-  ClipRegions(regions_, n);
+  ClipTokenRegions(regions_, n);
   regions_.emplace_back(n, n + forwarded);
   if (forwarded > 0) taint_row_ = std::min(taint_row_, n);
   if (options_.end_anchor && options_.enabled) {

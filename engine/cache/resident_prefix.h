@@ -136,16 +136,15 @@ class ResidentPrefix {
     enum class Copy { kNone, kStash, kPin, kPark } copy = Copy::kNone;  // what Apply copies aside
     int64_t copy_bytes = 0;        // an upper bound of that copy
     bool skip_copy = false;        // given up for memory: Apply copies nothing aside
-    int64_t disk_keep = 0;         // a disk restore keeps the rows in place below this line
-    bool disk_declined = false;    // the disk held a longer line whose read cost more than its prefill
-    bool disk_failed = false;      // Apply's disk restore failed: plan again from what is in place
+    TierOffer offer;                // what the chosen tier offered
+    bool declined_by_cost = false;  // a tier held a longer line whose read cost more than its prefill
+    bool restore_failed = false;    // a restore into the state failed: plan again from what is in place
   };
   Plan MakePlan(const CacheRequest& request) const;
   Status Apply(const CacheRequest& request, Plan& plan);
   // Admit and Apply, planning again (without the file that failed) when a disk restore fails.
   Status AdmitAndApply(const CacheRequest& request, Plan& plan, int64_t max_new);
   // Rows in place a disk restore of line can keep: this prompt's, below the taint, on the disk's grid.
-  int64_t DiskKeepRows(std::span<const int32_t> prompt, int64_t line) const;
   // Prefill tokens a second this process measured (a default before it has).
   double PrefillRate() const;
   // Asks the disk admission which lines of the served prompt to write; stages those already in place.

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "engine/cache/disk_env.h"
 
@@ -16,6 +18,7 @@ class FaultEnv : public DiskEnv {
   bool crash = false;
   std::atomic<int64_t> ops = 0;
   int64_t free_bytes = -1;  // what FreeBytes says when set
+  std::atomic<int> read_delay_ms = 0;  // every ReadRanges waits this long first: a slow drive
 
   bool Fails() {
     const int64_t n = ops++;
@@ -51,6 +54,10 @@ class FaultEnv : public DiskEnv {
   Status SyncDirectory(const std::string& d) override { return Fails() ? Injected("fsync dir") : Posix().SyncDirectory(d); }
   Result<std::string> ReadFile(const std::string& p) override { return Posix().ReadFile(p); }
   Result<std::string> ReadFilePrefix(const std::string& p, int64_t n) override { return Posix().ReadFilePrefix(p, n); }
+  Status ReadRanges(const std::string& p, std::span<const ReadRange> ranges) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms.load()));
+    return Posix().ReadRanges(p, ranges);
+  }
   Result<std::vector<std::string>> ListFiles(const std::string& d) override { return Posix().ListFiles(d); }
   Result<int64_t> FreeBytes(const std::string& d) override { return free_bytes >= 0 ? free_bytes : Posix().FreeBytes(d); }
   Result<int64_t> FileSize(const std::string& p) override { return Posix().FileSize(p); }

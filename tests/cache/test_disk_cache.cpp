@@ -399,6 +399,29 @@ class TestDiskCache : public QObject {
     // Before this engine measured a prefill it assumes 740 tokens a second: 256 tokens cost 0.35 s.
     QCOMPARE(peek.source, read_s < 256.0 / 740 ? CacheSource::kDisk : CacheSource::kCold);
   }
+
+  // A drive measured slower than the prefill: the line stays on disk, the request prefills, and the
+  // decline is counted.
+  void costRuleDeclinesASlowRead() {
+    QTemporaryDir dir;
+    FaultEnv slow;
+    auto disk = OpenDisk(dir, slow);
+    const auto a = Tokens(13, 300, vocab_);
+    Run(*Engine(disk.get()), a);
+    disk->WaitIdle();
+    slow.read_delay_ms = 400;
+    QCOMPARE(Run(*Engine(disk.get()), a).source, CacheSource::kDisk);  // unweighed: taken, and its rate measured
+    QVERIFY(disk->RestoreSeconds(a, 256, 0) > 256.0 / 740);
+    ResidentOptions o = Options();
+    o.disk.cost_check = true;
+    auto rp = std::make_unique<ResidentPrefix>(*forward_, &model_->tokenizer, o);
+    rp->set_disk_cache(disk.get());
+    std::vector<float> logits;
+    QCOMPARE(Run(*rp, a, &logits).source, CacheSource::kCold);
+    QVERIFY(SameBits(logits, Cold(a)));
+    QCOMPARE(disk->Stats().declined_by_cost, int64_t(1));
+    QCOMPARE(disk->Stats().hits, int64_t(1));
+  }
 };
 
 QTEST_APPLESS_MAIN(TestDiskCache)
