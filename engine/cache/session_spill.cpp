@@ -1,0 +1,468 @@
+#include "engine/cache/session_spill.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/cache/plane_codec.h"
+#include "engine/core/file_util.h"
+#include "engine/core/sha256.h"
+
+namespace anchorage {
+namespace {
+
+constexpr int kManifestVersion = 1;
+constexpr const char* kManifestSuffix = ".manifest";
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string BlockName(const std::string& id, size_t k) { return id + ".b" + std::to_string(k); }
+std::string AnchorName(const std::string& id, int64_t length) { return id + ".a" + std::to_string(length); }
+std::string EndName(const std::string& id) { return id + ".end"; }
+
+// The buffers of a block in file order: every attention layer's K, then its V.
+float* BufferRows(SequenceState& s, size_t b) { return b % 2 == 0 ? s.k_rows(static_cast<int64_t>(b / 2)) : s.v_rows(static_cast<int64_t>(b / 2)); }
+const float* BufferRows(const SequenceState& s, size_t b) {
+  return b % 2 == 0 ? s.k_rows(static_cast<int64_t>(b / 2)) : s.v_rows(static_cast<int64_t>(b / 2));
+}
+
+nlohmann::json SumsJson(const std::pair<uint64_t, uint64_t>& s) { return nlohmann::json::array({s.first, s.second}); }
+std::pair<uint64_t, uint64_t> SumsOf(const nlohmann::json& j) { return {j.at(0).get<uint64_t>(), j.at(1).get<uint64_t>()}; }
+
+}  // namespace
+
+std::pair<uint64_t, uint64_t> WordSums(const void* data, int64_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t plain = 0, weighted = 0;
+  const int64_t words = bytes / 4;
+  for (int64_t i = 0; i < words; ++i) {
+    uint32_t w;
+    std::memcpy(&w, p + 4 * i, 4);
+    plain += w;
+    weighted += static_cast<uint64_t>(i + 1) * w;
+  }
+  return {plain, weighted};
+}
+
+int64_t SessionSpill::Manifest::bytes() const {
+  int64_t n = 0;
+  for (const BlockRecord& b : blocks) n += b.bytes;
+  return n;
+}
+
+int64_t SessionSpill::Manifest::raw_bytes() const {
+  int64_t n = 0;
+  for (const BlockRecord& b : blocks) n += b.raw_bytes;
+  return n;
+}
+
+SessionSpill::SessionSpill(DiskEnv& env, const ModelConfig& config, std::string fingerprint, SessionSpillOptions options)
+    : env_(env), config_(config), fingerprint_(std::move(fingerprint)), options_(std::move(options)), pool_(std::max(1, options_.threads)) {}
+
+int64_t SessionSpill::Now() const {
+  if (options_.now_ms) return options_.now_ms();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string SessionSpill::EntryId(const std::string& session, std::span<const int32_t> tokens) {
+  Sha256 h;
+  if (!session.empty()) {
+    h.Update("session:");
+    h.Update(session);
+  } else {
+    const size_t n = std::min<size_t>(tokens.size(), kSpillBlockRows);
+    h.Update("tokens:");
+    h.Update(std::string_view(reinterpret_cast<const char*>(tokens.data()), n * sizeof(int32_t)));
+  }
+  return h.FinishHex().substr(0, 32);
+}
+
+Result<std::unique_ptr<SessionSpill>> SessionSpill::Open(DiskEnv& env, const ModelConfig& config, std::string fingerprint,
+                                                         SessionSpillOptions options) {
+  RETURN_IF_ERROR(MakeDirectories(options.dir, 0700));
+  std::unique_ptr<SessionSpill> s(new SessionSpill(env, config, std::move(fingerprint), std::move(options)));
+  ASSIGN_OR_RETURN(const int swept, SweepTemporaries(env, s->options_.dir));
+  ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListFiles(s->options_.dir));
+  std::map<std::string, std::vector<std::string>> files_of;
+  for (const std::string& name : names) files_of[name.substr(0, name.find('.'))].push_back(name);
+  std::lock_guard lock(s->mu_);
+  s->stats_.swept = swept;
+  const int64_t now = s->Now();
+  for (const auto& [id, files] : files_of) {
+    const std::string manifest_path = s->PathOf(id + kManifestSuffix);
+    std::optional<Manifest> m;
+    if (auto data = env.ReadFile(manifest_path); data.ok())
+      if (auto decoded = s->DecodeManifest(*data); decoded.ok()) m = std::move(decoded).value();
+    if (m) {
+      if (auto used = env.ModifiedTimeMs(manifest_path); used.ok()) m->used_ms = *used;
+      if (now - m->used_ms > s->options_.ttl_ms) {
+        ++s->stats_.expired;
+        m.reset();
+      }
+    }
+    if (!m) {  // unfinished, of another fingerprint, unreadable or expired
+      for (const std::string& f : files) (void)env.Remove(s->PathOf(f));
+      s->stats_.swept += static_cast<int64_t>(files.size());
+      continue;
+    }
+    s->index_[id] = std::move(*m);
+    (void)s->RemoveFilesLocked(id, &s->index_[id]);  // files the manifest does not name
+  }
+  s->EvictLocked("");
+  return s;
+}
+
+std::string SessionSpill::EncodeManifest(const Manifest& m) const {
+  nlohmann::json blocks = nlohmann::json::array(), anchors = nlohmann::json::array();
+  for (const BlockRecord& b : m.blocks) {
+    nlohmann::json sums = nlohmann::json::array();
+    for (const auto& s : b.sums) sums.push_back(SumsJson(s));
+    blocks.push_back({{"rows", b.rows}, {"encoded", b.encoded}, {"lengths", b.lengths}, {"sums", sums}, {"bytes", b.bytes}, {"raw_bytes", b.raw_bytes}});
+  }
+  for (const AnchorRecord& a : m.anchors) anchors.push_back({{"length", a.length}, {"sums", SumsJson(a.sums)}, {"file", a.file}});
+  nlohmann::json j = {{"version", kManifestVersion},
+                      {"fingerprint", fingerprint_},
+                      {"kv_width", config_.num_key_value_heads * config_.head_dim},
+                      {"attention_layers", config_.num_full_attention_layers()},
+                      {"anchor_bytes", SequenceState::AnchorBytes(config_)},
+                      {"session", m.session},
+                      {"tokens", m.tokens},
+                      {"taint_row", m.taint_row},
+                      {"regions", m.regions},
+                      {"anchors", anchors},
+                      {"blocks", blocks},
+                      {"end", nullptr}};
+  if (m.end)
+    j["end"] = {{"length", m.end->length}, {"sums", SumsJson(m.end->sums)}, {"file", m.end->file},
+                {"taint_row", m.end_taint_row}, {"regions", m.end_regions}};
+  return j.dump();
+}
+
+Result<SessionSpill::Manifest> SessionSpill::DecodeManifest(const std::string& data) const {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(data);
+    if (j.at("version").get<int>() != kManifestVersion) return Corrupt("spill manifest: version " + j.at("version").dump());
+    if (j.at("fingerprint").get<std::string>() != fingerprint_) return Corrupt("spill manifest: another fingerprint");
+    if (j.at("kv_width").get<int64_t>() != config_.num_key_value_heads * config_.head_dim ||
+        j.at("attention_layers").get<int64_t>() != config_.num_full_attention_layers() ||
+        j.at("anchor_bytes").get<int64_t>() != SequenceState::AnchorBytes(config_))
+      return Corrupt("spill manifest: not this model's layout");
+    Manifest m;
+    m.session = j.at("session").get<std::string>();
+    m.tokens = j.at("tokens").get<std::vector<int32_t>>();
+    m.taint_row = j.at("taint_row").get<int64_t>();
+    m.regions = j.at("regions").get<std::vector<TokenRegion>>();
+    const size_t buffers = static_cast<size_t>(2 * config_.num_full_attention_layers());
+    int64_t rows = 0;
+    for (const auto& b : j.at("blocks")) {
+      BlockRecord r;
+      r.rows = b.at("rows").get<int64_t>();
+      r.encoded = b.at("encoded").get<bool>();
+      r.lengths = b.at("lengths").get<std::vector<int64_t>>();
+      for (const auto& s : b.at("sums")) r.sums.push_back(SumsOf(s));
+      r.bytes = b.at("bytes").get<int64_t>();
+      r.raw_bytes = b.at("raw_bytes").get<int64_t>();
+      if (r.rows <= 0 || r.rows > kSpillBlockRows || r.lengths.size() != buffers || r.sums.size() != buffers)
+        return Corrupt("spill manifest: a block of another shape");
+      rows += r.rows;
+      m.blocks.push_back(std::move(r));
+    }
+    if (rows != static_cast<int64_t>(m.tokens.size())) return Corrupt("spill manifest: blocks hold " + std::to_string(rows) + " rows for " + std::to_string(m.tokens.size()) + " tokens");
+    for (const auto& a : j.at("anchors")) m.anchors.push_back({a.at("length").get<int64_t>(), SumsOf(a.at("sums")), a.at("file").get<std::string>()});
+    if (!j.at("end").is_null()) {
+      const auto& e = j.at("end");
+      m.end = AnchorRecord{e.at("length").get<int64_t>(), SumsOf(e.at("sums")), e.at("file").get<std::string>()};
+      m.end_taint_row = e.at("taint_row").get<int64_t>();
+      m.end_regions = e.at("regions").get<std::vector<TokenRegion>>();
+    }
+    return m;
+  } catch (const nlohmann::json::exception& e) {
+    return Corrupt(std::string("spill manifest: ") + e.what());
+  }
+}
+
+Result<std::string> SessionSpill::EncodeBlock(const SequenceState& state, int64_t begin, const BlockRecord& sums, BlockRecord* record) {
+  const int64_t width = state.kv_width();
+  const int64_t bytes = sums.rows * width * static_cast<int64_t>(sizeof(float));
+  *record = sums;
+  record->encoded = options_.compress;
+  record->lengths.clear();
+  std::string out;
+  for (size_t b = 0; b < sums.sums.size(); ++b) {
+    const std::span<const char> raw(reinterpret_cast<const char*>(BufferRows(state, b) + begin * width), static_cast<size_t>(bytes));
+    if (options_.compress) {
+      ASSIGN_OR_RETURN(std::string enc, EncodePlanes(raw, PlaneCodecOptions{4, options_.level, &pool_}));
+      record->lengths.push_back(static_cast<int64_t>(enc.size()));
+      out += enc;
+    } else {
+      record->lengths.push_back(bytes);
+      out.append(raw.data(), raw.size());
+    }
+  }
+  record->bytes = static_cast<int64_t>(out.size());
+  record->raw_bytes = bytes * static_cast<int64_t>(sums.sums.size());
+  return out;
+}
+
+Result<SpillSaveReport> SessionSpill::Save(const SpillEntry& entry, const SequenceState& state) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t valid = static_cast<int64_t>(entry.tokens.size());
+  if (valid == 0 || valid > state.length())
+    return InvalidArgument("session spill: " + std::to_string(valid) + " tokens for a state of " + std::to_string(state.length()) + " rows");
+  const std::string id = EntryId(entry.session, entry.tokens);
+  const int64_t width = state.kv_width();
+  const size_t buffers = static_cast<size_t>(2 * state.num_attention_layers());
+  std::lock_guard lock(mu_);
+  std::optional<Manifest> old;
+  if (auto it = index_.find(id); it != index_.end()) old = it->second;
+  index_.erase(id);
+  RETURN_IF_ERROR(env_.Remove(PathOf(id + kManifestSuffix)));  // removed first: until the new one, the entry is unfinished
+  SpillSaveReport report;
+  Manifest m;
+  m.session = entry.session;
+  m.tokens = entry.tokens;
+  m.taint_row = entry.taint_row;
+  m.regions = entry.regions;
+  auto write = [&](const std::string& name, std::string_view bytes) {
+    report.bytes_written += static_cast<int64_t>(bytes.size());
+    return WriteFileCrashSafe(env_, PathOf(name), std::span(&bytes, 1));
+  };
+  auto fail = [&](Status s) {
+    (void)RemoveFilesLocked(id, nullptr);
+    return s;
+  };
+  for (int64_t begin = 0, k = 0; begin < valid; begin += kSpillBlockRows, ++k) {
+    BlockRecord sums;
+    sums.rows = std::min(kSpillBlockRows, valid - begin);
+    for (size_t b = 0; b < buffers; ++b) sums.sums.push_back(WordSums(BufferRows(state, b) + begin * width, sums.rows * width * 4));
+    const bool same_tokens = old && static_cast<size_t>(k) < old->blocks.size() && old->blocks[k].rows == sums.rows &&
+                             std::equal(entry.tokens.begin() + begin, entry.tokens.begin() + begin + sums.rows, old->tokens.begin() + begin);
+    if (same_tokens && old->blocks[k].sums == sums.sums) {
+      m.blocks.push_back(old->blocks[k]);
+      ++report.blocks_kept;
+      continue;
+    }
+    BlockRecord record;
+    auto bytes = EncodeBlock(state, begin, sums, &record);
+    if (!bytes.ok()) return fail(bytes.status());
+    if (Status s = write(BlockName(id, static_cast<size_t>(k)), *bytes); !s.ok()) return fail(s);
+    report.raw_bytes += record.raw_bytes;
+    ++report.blocks_written;
+    m.blocks.push_back(std::move(record));
+  }
+  auto put_anchor = [&](const Anchor& a, const std::string& name, const std::optional<AnchorRecord>& before) -> Result<AnchorRecord> {
+    AnchorRecord r{a.length, WordSums(a.data.data(), a.bytes()), name};
+    if (before && before->length == r.length && before->sums == r.sums && before->file == name) {
+      ++report.anchors_kept;
+      return r;
+    }
+    RETURN_IF_ERROR(write(name, std::string_view(reinterpret_cast<const char*>(a.data.data()), static_cast<size_t>(a.bytes()))));
+    ++report.anchors_written;
+    return r;
+  };
+  for (const Anchor& a : entry.anchors) {
+    std::optional<AnchorRecord> before;
+    if (old)
+      for (const AnchorRecord& r : old->anchors)
+        if (r.length == a.length) before = r;
+    auto r = put_anchor(a, AnchorName(id, a.length), before);
+    if (!r.ok()) return fail(r.status());
+    m.anchors.push_back(*r);
+  }
+  if (entry.end) {
+    auto r = put_anchor(entry.end->anchor, EndName(id), old ? old->end : std::nullopt);
+    if (!r.ok()) return fail(r.status());
+    m.end = *r;
+    m.end_taint_row = entry.end->taint_row;
+    m.end_regions = entry.end->regions;
+  }
+  m.used_ms = Now();
+  if (Status s = RemoveFilesLocked(id, &m); !s.ok()) return fail(s);  // blocks and anchors the new entry no longer names
+  const std::string manifest = EncodeManifest(m);
+  if (Status s = write(id + kManifestSuffix, manifest); !s.ok()) return fail(s);
+  index_[id] = std::move(m);
+  report.seconds = SecondsSince(start);
+  ++stats_.saves;
+  stats_.bytes_written += report.bytes_written;
+  stats_.save_seconds += report.seconds;
+  EvictLocked(id);
+  return report;
+}
+
+Result<SpillEntry> SessionSpill::Restore(const std::string& id, SequenceState& state, std::span<const int32_t> in_place,
+                                         SpillRestoreReport* report) {
+  const auto start = std::chrono::steady_clock::now();
+  std::lock_guard lock(mu_);
+  const auto it = index_.find(id);
+  if (it == index_.end()) return NotFound("session spill: no entry " + id);
+  const Manifest& m = it->second;
+  SpillRestoreReport r;
+  auto fail = [&](Status s) {
+    (void)RemoveFilesLocked(id, nullptr);
+    index_.erase(id);
+    ++stats_.failed_restores;
+    return s;
+  };
+  const int64_t valid = static_cast<int64_t>(m.tokens.size());
+  if (Status s = state.Reserve(valid); !s.ok()) return s;
+  const int64_t common = std::min<int64_t>(CommonPrefixLength(in_place, m.tokens), state.length());
+  const int64_t width = state.kv_width();
+  for (size_t k = 0; k < m.blocks.size(); ++k) {
+    const BlockRecord& b = m.blocks[k];
+    const int64_t begin = static_cast<int64_t>(k) * kSpillBlockRows;
+    if (begin + b.rows <= common) {
+      ++r.blocks_in_place;
+      continue;
+    }
+    const std::string name = BlockName(id, k);
+    auto data = env_.ReadFile(PathOf(name));
+    if (!data.ok()) return fail(data.status());
+    if (static_cast<int64_t>(data->size()) != b.bytes) return fail(Corrupt(name + ": " + std::to_string(data->size()) + " bytes, the manifest says " + std::to_string(b.bytes)));
+    const int64_t bytes = b.rows * width * static_cast<int64_t>(sizeof(float));
+    int64_t offset = 0;
+    for (size_t buf = 0; buf < b.sums.size(); ++buf) {
+      char* dest = reinterpret_cast<char*>(BufferRows(state, buf) + begin * width);
+      const std::string_view payload = std::string_view(*data).substr(static_cast<size_t>(offset), static_cast<size_t>(b.lengths[buf]));
+      offset += b.lengths[buf];
+      if (b.encoded) {
+        if (Status s = DecodePlanes(payload, std::span(dest, static_cast<size_t>(bytes)), &pool_); !s.ok()) return fail(Corrupt(name + ": " + s.message()));
+      } else {
+        if (static_cast<int64_t>(payload.size()) != bytes) return fail(Corrupt(name + ": a raw buffer of the wrong size"));
+        std::memcpy(dest, payload.data(), payload.size());
+      }
+      if (WordSums(dest, bytes) != b.sums[buf]) return fail(Corrupt(name + ": buffer " + std::to_string(buf) + " does not sum to what was saved"));
+    }
+    ++r.blocks_read;
+    r.bytes_read += b.bytes;
+  }
+  SpillEntry out;
+  out.session = m.session;
+  out.tokens = m.tokens;
+  out.taint_row = m.taint_row;
+  out.regions = m.regions;
+  auto read_anchor = [&](const AnchorRecord& a) -> Result<Anchor> {
+    ASSIGN_OR_RETURN(std::string data, env_.ReadFile(PathOf(a.file)));
+    if (static_cast<int64_t>(data.size()) != SequenceState::AnchorBytes(config_)) return Corrupt(a.file + ": not an anchor of this model");
+    if (WordSums(data.data(), static_cast<int64_t>(data.size())) != a.sums) return Corrupt(a.file + ": does not sum to what was saved");
+    Anchor anchor;
+    anchor.length = a.length;
+    anchor.data.resize(data.size() / sizeof(float));
+    std::memcpy(anchor.data.data(), data.data(), data.size());
+    r.bytes_read += static_cast<int64_t>(data.size());
+    return anchor;
+  };
+  for (const AnchorRecord& a : m.anchors) {
+    auto anchor = read_anchor(a);
+    if (!anchor.ok()) return fail(anchor.status());
+    out.anchors.push_back(std::move(anchor).value());
+  }
+  if (m.end) {
+    auto anchor = read_anchor(*m.end);
+    if (!anchor.ok()) return fail(anchor.status());
+    out.end = EndAnchor{std::move(anchor).value(), m.end_taint_row, m.end_regions};
+  }
+  state.SetLength(valid);
+  it->second.used_ms = Now();
+  (void)env_.SetModifiedTimeMs(PathOf(id + kManifestSuffix), it->second.used_ms);
+  r.seconds = SecondsSince(start);
+  ++stats_.restores;
+  stats_.bytes_read += r.bytes_read;
+  stats_.restore_seconds += r.seconds;
+  if (report != nullptr) *report = r;
+  return out;
+}
+
+Status SessionSpill::RemoveFilesLocked(const std::string& id, const Manifest* keep) {
+  std::set<std::string> named;
+  if (keep != nullptr) {
+    named.insert(id + kManifestSuffix);
+    for (size_t k = 0; k < keep->blocks.size(); ++k) named.insert(BlockName(id, k));
+    for (const AnchorRecord& a : keep->anchors) named.insert(a.file);
+    if (keep->end) named.insert(keep->end->file);
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> names, env_.ListFiles(options_.dir));
+  // The manifest goes first, so a crash part way leaves an unfinished entry, never a wrong one.
+  std::stable_partition(names.begin(), names.end(), [](const std::string& n) { return n.ends_with(kManifestSuffix); });
+  for (const std::string& name : names)
+    if (name.substr(0, name.find('.')) == id && !named.contains(name)) RETURN_IF_ERROR(env_.Remove(PathOf(name)));
+  return Status::Ok();
+}
+
+void SessionSpill::EvictLocked(const std::string& keep_id) {
+  const int64_t now = Now();
+  int64_t total = 0;
+  for (const auto& [id, m] : index_) total += m.bytes();
+  while (!index_.empty()) {
+    auto oldest = index_.end();
+    for (auto it = index_.begin(); it != index_.end(); ++it)
+      if (it->first != keep_id && (oldest == index_.end() || it->second.used_ms < oldest->second.used_ms)) oldest = it;
+    if (oldest == index_.end()) break;
+    const bool expired = now - oldest->second.used_ms > options_.ttl_ms;
+    if (!expired && total <= options_.budget_bytes) break;
+    total -= oldest->second.bytes();
+    ++(expired ? stats_.expired : stats_.evictions);
+    (void)RemoveFilesLocked(oldest->first, nullptr);
+    index_.erase(oldest);
+  }
+}
+
+std::optional<SpillEntryInfo> SessionSpill::Info(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  const auto it = index_.find(id);
+  if (it == index_.end()) return std::nullopt;
+  const Manifest& m = it->second;
+  return SpillEntryInfo{id, m.session, static_cast<int64_t>(m.tokens.size()), m.bytes(), m.raw_bytes(), m.used_ms, m.end ? m.end->length : 0};
+}
+
+std::vector<SpillEntryInfo> SessionSpill::Entries() const {
+  std::vector<SpillEntryInfo> out;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, m] : index_)
+      out.push_back({id, m.session, static_cast<int64_t>(m.tokens.size()), m.bytes(), m.raw_bytes(), m.used_ms, m.end ? m.end->length : 0});
+  }
+  std::sort(out.begin(), out.end(), [](const SpillEntryInfo& a, const SpillEntryInfo& b) { return a.used_ms > b.used_ms; });
+  return out;
+}
+
+std::optional<std::pair<std::string, int64_t>> SessionSpill::LongestMatch(std::span<const int32_t> prompt) const {
+  std::lock_guard lock(mu_);
+  std::optional<std::pair<std::string, int64_t>> best;
+  for (const auto& [id, m] : index_) {
+    const int64_t common = CommonPrefixLength(prompt, m.tokens);
+    if (common > 0 && (!best || common > best->second)) best = {id, common};
+  }
+  return best;
+}
+
+Status SessionSpill::Remove(const std::string& id) {
+  std::lock_guard lock(mu_);
+  index_.erase(id);
+  return RemoveFilesLocked(id, nullptr);
+}
+
+Status SessionSpill::Clear() {
+  std::lock_guard lock(mu_);
+  index_.clear();
+  ASSIGN_OR_RETURN(std::vector<std::string> names, env_.ListFiles(options_.dir));
+  for (const std::string& name : names) RETURN_IF_ERROR(env_.Remove(PathOf(name)));
+  return Status::Ok();
+}
+
+SessionSpillStats SessionSpill::stats() const {
+  std::lock_guard lock(mu_);
+  SessionSpillStats s = stats_;
+  s.entries = static_cast<int64_t>(index_.size());
+  for (const auto& [id, m] : index_) {
+    s.bytes += m.bytes();
+    s.raw_bytes += m.raw_bytes();
+  }
+  return s;
+}
+
+}  // namespace anchorage
