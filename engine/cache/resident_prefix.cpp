@@ -37,6 +37,7 @@ const char* CacheSourceName(CacheSource source) {
     case CacheSource::kPark: return "park";
     case CacheSource::kStore: return "store";
     case CacheSource::kDisk: return "disk";
+    case CacheSource::kSpill: return "spill";
   }
   return "cold";
 }
@@ -64,6 +65,71 @@ ResidentPrefix::ResidentPrefix(Forward& forward, const Tokenizer* tokenizer, Res
 }
 
 ResidentPrefix::~ResidentPrefix() { set_disk_cache(nullptr); }
+
+void ResidentPrefix::set_session_spill(SessionSpill* spill) {
+  spill_ = spill;
+  spill_tier_ = spill != nullptr ? std::make_unique<SpillTier>(*spill) : nullptr;
+  if (spill_tier_) spill_tier_->set_cost_check(options_.spill.cost_check);
+}
+
+bool ResidentPrefix::SpillsOnEviction(int64_t shared_head) const {
+  const int64_t here = static_cast<int64_t>(rows_.size());
+  if (spill_ == nullptr || !options_.spill.enabled || here < options_.spill.min_tokens) return false;
+  const int64_t park_need = RowBytes(here - shared_head) + (ParkedSession::kMaxAnchors + 1) * state_.anchor_bytes();
+  return park_need > options_.park_budget_bytes;
+}
+
+Status ResidentPrefix::SpillResident(const std::string& reason, bool resident) {
+  if (spill_ == nullptr || !options_.spill.enabled || rows_.empty()) return Status::Ok();
+  SpillEntry entry;
+  entry.session = session_;
+  entry.tokens = rows_;
+  entry.taint_row = taint_row_;
+  entry.regions = regions_;
+  if (end_ && end_->anchor.length <= static_cast<int64_t>(rows_.size())) entry.end = end_;
+  for (const Anchor& a : anchors_.Newest(ParkedSession::kMaxAnchors))
+    if (a.length <= static_cast<int64_t>(rows_.size())) entry.anchors.push_back(a);
+  std::sort(entry.anchors.begin(), entry.anchors.end(), [](const Anchor& a, const Anchor& b) { return a.length < b.length; });
+  if (entry.anchors.empty() && !entry.end) return Status::Ok();  // nothing a request could resume from
+  if (state_.length() < static_cast<int64_t>(rows_.size())) state_.SetLength(static_cast<int64_t>(rows_.size()));
+  auto saved = spill_->Save(entry, state_);
+  if (!saved.ok()) {
+    Emit("drop", "spill", static_cast<int64_t>(rows_.size()), 0, reason + ": " + saved.status().message());
+    return saved.status();
+  }
+  ++counters_.spill_saves;
+  Emit("write", "spill", static_cast<int64_t>(rows_.size()), saved->bytes_written,
+       reason + ": " + std::to_string(saved->blocks_written) + " blocks written, " + std::to_string(saved->blocks_kept) + " kept");
+  if (resident) return spill_->SetResident(SessionSpill::EntryId(entry.session, entry.tokens));
+  return Status::Ok();
+}
+
+Result<bool> ResidentPrefix::ResumeSpilledResident() {
+  if (spill_ == nullptr || !options_.spill.enabled) return false;
+  const std::optional<std::string> id = spill_->TakeResident();
+  if (!id) return false;
+  rows_.clear();
+  regions_.clear();
+  anchors_.Clear();
+  end_.reset();
+  state_.SetLength(0);
+  SpillRestoreReport report;
+  auto entry = spill_->Restore(*id, state_, {}, &report);
+  if (!entry.ok()) {
+    state_.Reset();
+    Emit("failed_restore", "spill", 0, 0, entry.status().message() + "; the next request starts cold");
+    return entry.status();
+  }
+  for (const Anchor& a : entry->anchors) anchors_.Put(a);
+  rows_ = std::move(entry->tokens);
+  regions_ = std::move(entry->regions);
+  taint_row_ = entry->taint_row;
+  end_ = std::move(entry->end);
+  session_ = std::move(entry->session);
+  ++counters_.spill_hits;
+  Emit("hit", "spill", static_cast<int64_t>(rows_.size()), report.bytes_read, "read back at the start");
+  return true;
+}
 
 void ResidentPrefix::set_disk_cache(DiskCache* disk) {
   if (disk_ != nullptr) {
@@ -129,6 +195,7 @@ void ResidentPrefix::set_options(const ResidentOptions& options) {
     disk_->set_settings(options.disk);
   }
   options_ = options;
+  if (spill_tier_) spill_tier_->set_cost_check(options_.spill.cost_check);
   ConfigureTiers();
   anchors_.set_budget_bytes(options.anchor_budget_bytes);
   store_.set_limits(options.store_budget_bytes, options.store_entry_cap_bytes);
@@ -160,15 +227,18 @@ ResidentPrefix::Plan ResidentPrefix::MakePlan(const CacheRequest& request) const
   int64_t best = 0;
   // The tiers in the order the seed asks them; a later one wins only when it resumes later.
   const ResidentRows resident = View();
-  // The disk comes last and is weighed: a read off the drive is taken only when it costs less than
-  // the prefill it saves.
+  // The spill and the disk come last and are weighed: a read off the drive is taken only when it
+  // costs less than the prefill it saves.
   const std::pair<const CacheTier*, CacheSource> tiers[] = {
       {&anchors_tier_, CacheSource::kResident}, {&end_tier_, CacheSource::kEnd},   {&pin_tier_, CacheSource::kPin},
-      {&park_tier_, CacheSource::kPark},        {&store_tier_, CacheSource::kStore}, {disk_, CacheSource::kDisk}};
+      {&park_tier_, CacheSource::kPark},        {&store_tier_, CacheSource::kStore}, {spill_tier_.get(), CacheSource::kSpill},
+      {disk_, CacheSource::kDisk}};
   for (const auto& [tier, source] : tiers) {
-    if (tier == nullptr) continue;
+    if (tier == nullptr || (source == CacheSource::kSpill && !options_.spill.enabled)) continue;
     TierOffer offer = tier->Find(request.prompt, resident, limit);
     if (offer.resume_length <= best) continue;
+    // The spill serves a conversation only where it goes more than a chunk past what RAM serves.
+    if (source == CacheSource::kSpill && offer.resume_length <= best + forward_.grid_tokens()) continue;
     if (offer.restore_seconds > 0 && offer.restore_seconds >= static_cast<double>(offer.resume_length - best) / PrefillRate()) {
       p.declined_by_cost = true;
       continue;
@@ -261,11 +331,22 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
     if (c < static_cast<int64_t>(rows_.size()) && !plan.skip_copy && plan.copy != Plan::Copy::kNone) {
       // This request replaces rows: keep the head of its own session, or park another session's.
       if (plan.copy == Plan::Copy::kPin) PinHead();
-      else ParkResident(std::min(r, c));
+      else if (const int64_t head = std::min(r, c); !SpillsOnEviction(head) || !SpillResident("eviction").ok()) ParkResident(head);
     }
     if (info.source == CacheSource::kStore) {
       RETURN_IF_ERROR(store_tier_.Restore(request.prompt, offer, resident));
       ++counters_.store_hits;
+    }
+    if (info.source == CacheSource::kSpill) {
+      if (Status s = spill_tier_->Restore(request.prompt, plan.offer, resident); !s.ok()) {
+        plan.restore_failed = true;
+        Emit("failed_restore", "spill", r, 0, s.message() + "; the request continues from the rows in place");
+        return s;
+      }
+      const SpillRestoreReport& report = spill_tier_->last_restore();
+      Emit("hit", "spill", r, report.bytes_read,
+           std::to_string(report.blocks_read) + " blocks read, " + std::to_string(report.blocks_in_place) + " in place");
+      ++counters_.spill_hits;
     }
     if (info.source == CacheSource::kDisk) {
       if (Status s = disk_->Restore(request.prompt, plan.offer, resident); !s.ok()) {
@@ -316,7 +397,7 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
     if (r % kExactLineTokens != 0) taint_row_ = std::min(taint_row_, r);
     session_ = request.session;
   }
-  if (info.source != CacheSource::kCold && info.source != CacheSource::kDisk)  // the disk cache journals its own
+  if (info.source != CacheSource::kCold && info.source != CacheSource::kDisk && info.source != CacheSource::kSpill)  // they journal their own
     Emit("hit", CacheSourceName(info.source), info.cached_tokens, 0, info.aligned ? "end alignment" : "");
   switch (info.source) {
     case CacheSource::kCold: ++counters_.cold; break;
@@ -690,8 +771,15 @@ Result<ResumeInfo> ResidentPrefix::Prewarm(const CacheRequest& request) {
 
 Status ResidentPrefix::Clear(const std::string& tier) {
   const bool all = tier == "all" || tier == "ram" || tier == "resident";
-  if (!all && tier != "anchors" && tier != "end" && tier != "stash" && tier != "pin" && tier != "park" && tier != "store" && tier != "disk")
+  if (!all && tier != "anchors" && tier != "end" && tier != "stash" && tier != "pin" && tier != "park" && tier != "store" && tier != "disk" &&
+      tier != "spill")
     return InvalidArgument("unknown cache tier '" + tier + "'; the tiers are " + kCacheTierNames);
+  if (tier == "spill" && spill_ == nullptr) return InvalidArgument("this server runs without a session spill");
+  if ((tier == "spill" || tier == "all") && spill_ != nullptr) RETURN_IF_ERROR(spill_->Clear());
+  if (tier == "spill") {
+    Emit("clear", "spill", 0, 0, "by request");
+    return Status::Ok();
+  }
   if (disk_ != nullptr) disk_->Fence();
   if (tier == "disk" && disk_ == nullptr) return InvalidArgument("this server runs without a disk tier (--disk-cache off)");
   if ((tier == "disk" || tier == "all") && disk_ != nullptr) RETURN_IF_ERROR(disk_->Clear());

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <climits>
 #include <map>
+#include <memory>
 #include <functional>
 #include <cstdint>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "engine/cache/cache_stats.h"
 #include "engine/cache/disk_cache.h"
 #include "engine/cache/ram_tiers.h"
+#include "engine/cache/spill_tier.h"
 #include "engine/cache/end_anchor.h"
 #include "engine/cache/guest_stash.h"
 #include "engine/cache/parked_session.h"
@@ -33,7 +35,14 @@
 namespace anchorage {
 
 // The names POST /v1/cache/clear and the console accept, for messages.
-inline constexpr const char* kCacheTierNames = "anchors, end, stash, pin, park, store, disk, resident or ram (every RAM tier) or all";
+inline constexpr const char* kCacheTierNames = "anchors, end, stash, pin, park, store, disk, spill, resident or ram (every RAM tier) or all";
+
+// The session spill's knobs the resident prefix reads (the spill's budget and TTL are its own).
+struct SpillSettings {
+  bool enabled = true;          // off: nothing is read from or written to the spill
+  int64_t min_tokens = 16384;   // an evicted conversation shorter than this is not written
+  bool cost_check = true;       // read an entry only when its read costs less than the prefill it saves
+};
 
 struct ResidentOptions {
   bool enabled = true;                          // off: every request prefills cold
@@ -54,10 +63,11 @@ struct ResidentOptions {
   int64_t memory_peak_bytes = INT64_MAX;        // engine bytes during a prefill, workspace included
   int64_t memory_slack_bytes = 0;               // allocator slack kept free under both
   DiskCacheSettings disk;                       // the disk tier's, when one is open
+  SpillSettings spill;                          // the session spill's, when one is open
 };
 
-enum class CacheSource { kCold, kResident, kEnd, kPin, kPark, kStore, kDisk };
-const char* CacheSourceName(CacheSource source);  // "cold", "resident", "end", "pin", "park", "store", "disk"
+enum class CacheSource { kCold, kResident, kEnd, kPin, kPark, kStore, kDisk, kSpill };
+const char* CacheSourceName(CacheSource source);  // "cold", "resident", "end", "pin", "park", "store", "disk", "spill"
 
 struct CacheRequest {
   std::vector<int32_t> prompt;  // the client's tokens
@@ -93,6 +103,14 @@ class ResidentPrefix {
   // The disk tier behind the RAM tiers (not owned; it outlives this); nullptr: none.
   void set_disk_cache(DiskCache* disk);
   DiskCache* disk_cache() const { return disk_; }
+  // The session spill (not owned; it outlives this); nullptr: none.
+  void set_session_spill(SessionSpill* spill);
+  SessionSpill* session_spill() const { return spill_; }
+  // Writes the resident conversation to the spill (a planned stop passes resident: the next start
+  // reads it back first). Nothing to write (no spill, no rows) is ok.
+  Status SpillResident(const std::string& reason, bool resident = false);
+  // Reads back the conversation a planned stop left resident; false when there was none.
+  Result<bool> ResumeSpilledResident();
 
   // Resumes, prefills the rest on the grid, generates, and keeps the end. Cancellation as Generator's.
   // on_admitted runs once the request fits the memory budget, before its prefill; a request that
@@ -175,6 +193,9 @@ class ResidentPrefix {
   void PinHead();
   void ParkResident(int64_t shared_head);
   void InstallPark(ParkedSession parked);
+  // An eviction writes the resident conversation to the spill instead of the park when it is long
+  // enough and the park cannot hold its rows above the shared head.
+  bool SpillsOnEviction(int64_t shared_head) const;
   // The rows in place as the tiers see them.
   ResidentRows View();
   ResidentRows View() const;
@@ -213,6 +234,8 @@ class ResidentPrefix {
   StateStore store_;
   int64_t guest_resume_ = 0;      // where the running guest resumed
   DiskCache* disk_ = nullptr;
+  SessionSpill* spill_ = nullptr;
+  std::unique_ptr<SpillTier> spill_tier_;
   std::vector<int64_t> disk_lines_;   // lines this prefill stages for the disk as it passes them
   std::vector<Anchor> disk_staged_;   // their anchors, waiting for the prefill to end
   double prefill_tokens_ = 0, prefill_seconds_ = 0;
@@ -220,7 +243,7 @@ class ResidentPrefix {
   struct Counters {
     int64_t requests = 0, cold = 0, resident_hits = 0, end_hits = 0, aligned_hits = 0, pin_hits = 0, park_hits = 0;
     int64_t guests = 0, pins = 0, parks = 0, cached_tokens = 0, reread_tokens = 0, store_hits = 0;
-    int64_t refused = 0, disk_hits = 0;
+    int64_t refused = 0, disk_hits = 0, spill_hits = 0, spill_saves = 0;
     std::map<std::string, int64_t> sheds;  // by tier
   } counters_;
   // The tiers over the data above, asked in turn (declared after it: they hold references to it).

@@ -16,6 +16,8 @@ namespace {
 
 constexpr int kManifestVersion = 1;
 constexpr const char* kManifestSuffix = ".manifest";
+constexpr const char* kResidentFile = "resident.json";
+constexpr double kAssumedRestoreBytesPerS = 1e9;  // before this process restored an entry
 
 double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -89,7 +91,8 @@ Result<std::unique_ptr<SessionSpill>> SessionSpill::Open(DiskEnv& env, const Mod
   ASSIGN_OR_RETURN(const int swept, SweepTemporaries(env, s->options_.dir));
   ASSIGN_OR_RETURN(std::vector<std::string> names, env.ListFiles(s->options_.dir));
   std::map<std::string, std::vector<std::string>> files_of;
-  for (const std::string& name : names) files_of[name.substr(0, name.find('.'))].push_back(name);
+  for (const std::string& name : names)
+    if (name != kResidentFile) files_of[name.substr(0, name.find('.'))].push_back(name);
   std::lock_guard lock(s->mu_);
   s->stats_.swept = swept;
   const int64_t now = s->Now();
@@ -430,14 +433,51 @@ std::vector<SpillEntryInfo> SessionSpill::Entries() const {
   return out;
 }
 
-std::optional<std::pair<std::string, int64_t>> SessionSpill::LongestMatch(std::span<const int32_t> prompt) const {
+std::optional<SpillOffer> SessionSpill::Offer(std::span<const int32_t> prompt, std::span<const int32_t> in_place, int64_t limit) const {
   std::lock_guard lock(mu_);
-  std::optional<std::pair<std::string, int64_t>> best;
+  std::optional<SpillOffer> best;
   for (const auto& [id, m] : index_) {
-    const int64_t common = CommonPrefixLength(prompt, m.tokens);
-    if (common > 0 && (!best || common > best->second)) best = {id, common};
+    const int64_t reach = std::min(CommonPrefixLength(prompt, m.tokens), limit);
+    SpillOffer o{id, 0, false, 0};
+    for (const AnchorRecord& a : m.anchors)
+      if (a.length <= reach) o.resume_length = std::max(o.resume_length, a.length);
+    if (m.end && m.end->length <= reach && m.end->length > o.resume_length) {
+      o.resume_length = m.end->length;
+      o.from_end = true;
+    }
+    if (o.resume_length == 0 || (best && best->resume_length >= o.resume_length)) continue;
+    const int64_t here = CommonPrefixLength(in_place, m.tokens);
+    for (size_t k = 0; k < m.blocks.size(); ++k)
+      if (static_cast<int64_t>(k) * kSpillBlockRows + m.blocks[k].rows > here) o.read_bytes += m.blocks[k].bytes;
+    o.read_bytes += static_cast<int64_t>(m.anchors.size() + (m.end ? 1 : 0)) * SequenceState::AnchorBytes(config_);
+    best = std::move(o);
   }
   return best;
+}
+
+double SessionSpill::RestoreBytesPerSecond() const {
+  std::lock_guard lock(mu_);
+  return stats_.restore_seconds > 0 && stats_.bytes_read > 0 ? static_cast<double>(stats_.bytes_read) / stats_.restore_seconds
+                                                              : kAssumedRestoreBytesPerS;
+}
+
+Status SessionSpill::SetResident(const std::string& id) {
+  const std::string body = nlohmann::json{{"id", id}}.dump();
+  const std::string_view piece(body);
+  return WriteFileCrashSafe(env_, PathOf(kResidentFile), std::span(&piece, 1));
+}
+
+std::optional<std::string> SessionSpill::TakeResident() {
+  auto data = env_.ReadFile(PathOf(kResidentFile));
+  if (!data.ok()) return std::nullopt;
+  (void)env_.Remove(PathOf(kResidentFile));
+  try {
+    std::string id = nlohmann::json::parse(*data).at("id").get<std::string>();
+    std::lock_guard lock(mu_);
+    if (index_.contains(id)) return id;
+  } catch (const nlohmann::json::exception&) {
+  }
+  return std::nullopt;
 }
 
 Status SessionSpill::Remove(const std::string& id) {

@@ -66,6 +66,15 @@ struct SpillEntryInfo {
   int64_t tokens = 0, bytes = 0, raw_bytes = 0, used_ms = 0, end_length = 0;
 };
 
+// What the spill would serve a prompt: the entry, where the request resumes (its end anchor or a
+// saved grid anchor), and the bytes a restore would read (blocks not already in place, anchors).
+struct SpillOffer {
+  std::string id;
+  int64_t resume_length = 0;
+  bool from_end = false;
+  int64_t read_bytes = 0;
+};
+
 struct SessionSpillStats {
   int64_t entries = 0, bytes = 0, raw_bytes = 0, saves = 0, restores = 0, failed_restores = 0, evictions = 0, expired = 0;
   int64_t bytes_written = 0, bytes_read = 0, swept = 0;
@@ -92,8 +101,13 @@ class SessionSpill {
 
   std::optional<SpillEntryInfo> Info(const std::string& id) const;
   std::vector<SpillEntryInfo> Entries() const;  // newest use first
-  // The entry whose tokens share the longest prefix with prompt, and that length; nullopt if none.
-  std::optional<std::pair<std::string, int64_t>> LongestMatch(std::span<const int32_t> prompt) const;
+  // The entry that resumes prompt furthest (at most at limit), given the rows in place; nullopt if none.
+  std::optional<SpillOffer> Offer(std::span<const int32_t> prompt, std::span<const int32_t> in_place, int64_t limit) const;
+  // Bytes a second the restores of this process read (decoding included); a default before the first.
+  double RestoreBytesPerSecond() const;
+  // The entry a planned stop left resident, for the next start to read back first (crash-safe file).
+  Status SetResident(const std::string& id);
+  std::optional<std::string> TakeResident();
   Status Remove(const std::string& id);
   Status Clear();
   SessionSpillStats stats() const;

@@ -1,0 +1,146 @@
+// The session spill behind the resident prefix, on the tiny model with a 64-token grid: a
+// conversation evicted by another session's request is written to the spill instead of the park,
+// and its next turn resumes at the saved end anchor with the tokens of an engine it never left; a
+// second eviction writes only the new blocks; a planned stop and a new engine read it back first;
+// a damaged entry goes, and the turn is served from what is in place.
+#include <QtTest>
+
+#include <filesystem>
+
+#include "engine/cache/resident_prefix.h"
+#include "engine/cache/session_spill.h"
+#include "engine/core/file_util.h"
+#include "tests/cache/cache_test_util.h"
+
+using namespace anchorage;
+using anchorage::testing::Concat;
+using anchorage::testing::Greedy;
+using anchorage::testing::Tokens;
+
+class TestSpillTier : public QObject {
+  Q_OBJECT
+  testing::TinyEngine engine_;
+  Model* model_ = nullptr;
+  Forward* forward_ = nullptr;
+  int32_t vocab_ = 0;
+
+  ResidentOptions Options() const {
+    ResidentOptions o;
+    o.store_enabled = false;
+    o.park_budget_bytes = 1;  // the park holds nothing: an eviction goes to the spill
+    o.spill.min_tokens = 256;
+    o.spill.cost_check = false;  // the tiny model prefills faster than any drive reads
+    return o;
+  }
+  std::unique_ptr<SessionSpill> OpenSpill(const QTemporaryDir& dir) {
+    SessionSpillOptions o;
+    o.dir = dir.filePath("sessions").toStdString();
+    auto s = SessionSpill::Open(DiskEnv::Posix(), model_->config, engine_.fingerprint, o);
+    if (!s.ok()) qFatal("%s", s.status().ToString().c_str());
+    return std::move(s).value();
+  }
+  std::unique_ptr<ResidentPrefix> Engine(SessionSpill* spill, std::vector<CacheEvent>* events = nullptr) {
+    auto rp = std::make_unique<ResidentPrefix>(*forward_, &model_->tokenizer, Options());
+    if (events != nullptr) rp->set_event_sink([events](const CacheEvent& e) { events->push_back(e); });
+    rp->set_session_spill(spill);
+    return rp;
+  }
+  // A turn: the greedy tokens and where it resumed.
+  std::pair<std::vector<int32_t>, ResumeInfo> Turn(ResidentPrefix& rp, const std::vector<int32_t>& prompt, const std::string& session) {
+    auto out = rp.Generate(CacheRequest{prompt, session, 16, 0}, Greedy(16), nullptr);
+    if (!out.ok()) qFatal("%s", out.status().ToString().c_str());
+    return {out->generation.tokens, out->resume};
+  }
+  static bool Has(const std::vector<CacheEvent>& events, const std::string& kind, const std::string& text = "") {
+    return std::any_of(events.begin(), events.end(), [&](const CacheEvent& e) {
+      return e.tier == "spill" && e.kind == kind && e.reason.find(text) != std::string::npos;
+    });
+  }
+
+ private slots:
+  void initTestCase() {
+    QVERIFY(engine_.Make(41, 64, 2));
+    model_ = engine_.model.get();
+    forward_ = engine_.forward.get();
+    vocab_ = model_->tokenizer.vocab_size();
+  }
+
+  void evictedConversationResumesAtItsEnd() {
+    QTemporaryDir dir;
+    auto spill = OpenSpill(dir);
+    std::vector<CacheEvent> events;
+    auto rp = Engine(spill.get(), &events);
+    auto reference = Engine(nullptr);  // the same conversation on an engine nobody else uses
+    const auto a1 = Tokens(1, 1300, vocab_), b = Tokens(2, 1400, vocab_), user = Tokens(3, 40, vocab_);
+    const auto [gen1, r1] = Turn(*rp, a1, "a");
+    QVERIFY(Turn(*reference, a1, "a").first == gen1);
+    QCOMPARE(Turn(*rp, b, "b").second.source, CacheSource::kCold);
+    QVERIFY2(Has(events, "write", "eviction"), "the evicted conversation was written to the spill");
+    QCOMPARE(spill->stats().entries, int64_t(1));
+    const auto a2 = Concat(Concat(a1, gen1), user);
+    const auto [gen2, r2] = Turn(*rp, a2, "a");
+    QCOMPARE(r2.source, CacheSource::kSpill);
+    QCOMPARE(r2.cached_tokens, static_cast<int64_t>(a1.size() + gen1.size() - 1));  // the end anchor: the last token is forwarded again
+    const auto [ref2, ref_info] = Turn(*reference, a2, "a");
+    QCOMPARE(ref_info.source, CacheSource::kEnd);
+    QVERIFY2(gen2 == ref2, "the turn after the spill writes what it would have without it");
+    // Evicted again: only the blocks the turn changed are written.
+    events.clear();
+    Turn(*rp, b, "b");
+    const auto write = std::find_if(events.begin(), events.end(), [](const CacheEvent& e) { return e.tier == "spill" && e.kind == "write"; });
+    QVERIFY(write != events.end());
+    QVERIFY2(write->reason.find(", 1 kept") != std::string::npos, write->reason.c_str());
+  }
+
+  void plannedStopReadsBackFirst() {
+    QTemporaryDir dir;
+    const auto a1 = Tokens(4, 1200, vocab_), user = Tokens(5, 30, vocab_);
+    std::vector<int32_t> gen1, expected;
+    std::vector<int32_t> rows;
+    {
+      auto spill = OpenSpill(dir);
+      auto rp = Engine(spill.get());
+      gen1 = Turn(*rp, a1, "a").first;
+      rows = rp->rows();
+      QVERIFY(rp->SpillResident("planned stop", true).ok());
+      expected = Turn(*rp, Concat(Concat(a1, gen1), user), "a").first;  // the process that never stopped
+    }
+    auto spill = OpenSpill(dir);
+    auto rp = Engine(spill.get());
+    auto resumed = rp->ResumeSpilledResident();
+    QVERIFY(resumed.ok() && *resumed);
+    QVERIFY(rp->rows() == rows);
+    const auto [gen2, info] = Turn(*rp, Concat(Concat(a1, gen1), user), "a");
+    QCOMPARE(info.source, CacheSource::kEnd);
+    QVERIFY(gen2 == expected);
+    QVERIFY(!*rp->ResumeSpilledResident());  // read back once
+  }
+
+  void damagedEntryFallsBackToWhatIsInPlace() {
+    QTemporaryDir dir;
+    auto spill = OpenSpill(dir);
+    std::vector<CacheEvent> events;
+    auto rp = Engine(spill.get(), &events);
+    const auto a1 = Tokens(6, 1300, vocab_), b = Tokens(7, 1400, vocab_), user = Tokens(8, 30, vocab_);
+    const auto gen1 = Turn(*rp, a1, "a").first;
+    Turn(*rp, b, "b");
+    const std::string folder = dir.filePath("sessions").toStdString();
+    for (const auto& e : std::filesystem::directory_iterator(folder)) {
+      if (!e.path().string().ends_with(".b1")) continue;
+      std::string bytes = *ReadFile(e.path().string());
+      bytes[bytes.size() / 2] ^= 0x04;
+      QVERIFY(WriteFileAtomic(e.path().string(), bytes).ok());
+    }
+    auto cold = Engine(nullptr);
+    const auto a2 = Concat(Concat(a1, gen1), user);
+    const auto [gen2, info] = Turn(*rp, a2, "a");
+    QVERIFY(info.source != CacheSource::kSpill);
+    QVERIFY(Has(events, "failed_restore"));
+    QVERIFY(!spill->Info(SessionSpill::EntryId("a", a1)).has_value());  // a's entry went; b's, evicted by this turn, is there
+    QVERIFY(spill->Info(SessionSpill::EntryId("b", b)).has_value());
+    QVERIFY(gen2 == Turn(*cold, a2, "a").first);
+  }
+};
+
+QTEST_APPLESS_MAIN(TestSpillTier)
+#include "test_spill_tier.moc"
