@@ -27,7 +27,21 @@ nlohmann::json ToJson(const CacheStats& s) {
                   {"slack_bytes", m.slack_bytes}, {"sheds", m.sheds}, {"refused", m.refused}}},
   };
   doc["disk"] = s.disk_enabled ? ToJson(s.disk) : nlohmann::json{{"mode", "off"}, {"open", false}};
+  doc["spill"] = s.spill_enabled ? SpillJson(s.spill, s.spill_entries) : nlohmann::json{{"open", false}};
   return doc;
+}
+
+nlohmann::json SpillJson(const SessionSpillStats& s, const std::vector<SpillEntryInfo>& entries) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const SpillEntryInfo& e : entries)
+    list.push_back({{"tokens", e.tokens}, {"bytes", e.bytes}, {"raw_bytes", e.raw_bytes}, {"end_length", e.end_length}, {"used_ms", e.used_ms},
+                    {"has_session", !e.session.empty()}});
+  const double saved = s.raw_bytes > 0 ? 1.0 - static_cast<double>(s.bytes) / static_cast<double>(s.raw_bytes) : 0.0;
+  return {{"open", true},          {"entries", s.entries},       {"bytes", s.bytes},
+          {"raw_bytes", s.raw_bytes}, {"codec_saved_fraction", saved}, {"saves", s.saves},
+          {"restores", s.restores}, {"failed_restores", s.failed_restores}, {"evictions", s.evictions},
+          {"expired", s.expired},   {"bytes_written", s.bytes_written}, {"bytes_read", s.bytes_read},
+          {"save_seconds", s.save_seconds}, {"restore_seconds", s.restore_seconds}, {"list", list}};
 }
 
 nlohmann::json ToJson(const DiskCacheStats& d) {

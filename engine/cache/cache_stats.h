@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/cache/disk_cache.h"
+#include "engine/cache/session_spill.h"
 
 namespace anchorage {
 
@@ -41,6 +42,9 @@ struct CacheStats {
   } store;
   bool disk_enabled = false;  // a disk tier is open (its mode may still be off); the scheduler reads it live
   DiskCacheStats disk;
+  bool spill_enabled = false;  // a session spill is open; read live like the disk
+  SessionSpillStats spill;
+  std::vector<SpillEntryInfo> spill_entries;  // newest use first
   struct Memory {
     int64_t engine_bytes = 0, state_bytes = 0, ceiling_bytes = 0, peak_bytes = 0, slack_bytes = 0, refused = 0;
     std::map<std::string, int64_t> sheds;  // by tier
@@ -56,5 +60,7 @@ struct CacheStats {
 nlohmann::json ToJson(const CacheStats& stats);
 // Its "disk" object.
 nlohmann::json ToJson(const DiskCacheStats& stats);
+// Its "spill" object: counters and the entries (token counts and sizes, never tokens).
+nlohmann::json SpillJson(const SessionSpillStats& stats, const std::vector<SpillEntryInfo>& entries);
 
 }  // namespace anchorage

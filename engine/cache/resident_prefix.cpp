@@ -70,6 +70,7 @@ void ResidentPrefix::set_session_spill(SessionSpill* spill) {
   spill_ = spill;
   spill_tier_ = spill != nullptr ? std::make_unique<SpillTier>(*spill) : nullptr;
   if (spill_tier_) spill_tier_->set_cost_check(options_.spill.cost_check);
+  if (spill_ != nullptr) spill_->set_limits(options_.spill.budget_bytes, options_.spill.ttl_ms);
 }
 
 bool ResidentPrefix::SpillsOnEviction(int64_t shared_head) const {
@@ -196,6 +197,7 @@ void ResidentPrefix::set_options(const ResidentOptions& options) {
   }
   options_ = options;
   if (spill_tier_) spill_tier_->set_cost_check(options_.spill.cost_check);
+  if (spill_ != nullptr) spill_->set_limits(options_.spill.budget_bytes, options_.spill.ttl_ms);
   ConfigureTiers();
   anchors_.set_budget_bytes(options.anchor_budget_bytes);
   store_.set_limits(options.store_budget_bytes, options.store_entry_cap_bytes);

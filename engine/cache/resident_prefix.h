@@ -42,6 +42,8 @@ struct SpillSettings {
   bool enabled = true;          // off: nothing is read from or written to the spill
   int64_t min_tokens = 16384;   // an evicted conversation shorter than this is not written
   bool cost_check = true;       // read an entry only when its read costs less than the prefill it saves
+  int64_t budget_bytes = 64ll << 30;
+  int64_t ttl_ms = 48ll * 3600 * 1000;  // an entry unused this long goes
 };
 
 struct ResidentOptions {

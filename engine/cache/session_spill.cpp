@@ -494,6 +494,13 @@ Status SessionSpill::Clear() {
   return Status::Ok();
 }
 
+void SessionSpill::set_limits(int64_t budget_bytes, int64_t ttl_ms) {
+  std::lock_guard lock(mu_);
+  options_.budget_bytes = budget_bytes;
+  options_.ttl_ms = ttl_ms;
+  EvictLocked("");
+}
+
 SessionSpillStats SessionSpill::stats() const {
   std::lock_guard lock(mu_);
   SessionSpillStats s = stats_;

@@ -110,6 +110,8 @@ class SessionSpill {
   std::optional<std::string> TakeResident();
   Status Remove(const std::string& id);
   Status Clear();
+  // New budget and TTL (the settings document's), applied now.
+  void set_limits(int64_t budget_bytes, int64_t ttl_ms);
   SessionSpillStats stats() const;
 
  private:
@@ -152,7 +154,7 @@ class SessionSpill {
   DiskEnv& env_;
   const ModelConfig config_;
   const std::string fingerprint_;
-  const SessionSpillOptions options_;
+  SessionSpillOptions options_;  // budget_bytes and ttl_ms change under mu_
   ThreadPool pool_;
   mutable std::mutex mu_;  // guards the index and stats
   std::map<std::string, Manifest> index_;

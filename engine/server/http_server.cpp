@@ -166,7 +166,9 @@ void HttpServer::RouteOperations() {
   });
   Route("GET", "/metrics", RouteClass::kControl, RouteAccess::kClient, [this](const HttpRequest&, HttpResponse& res) {
     std::string text = metrics_.Render(scheduler_.queue_depth(), scheduler_.busy());
-    if (const anchorage::CacheStats stats = scheduler_.CacheStats(); stats.disk_enabled) text += RenderDiskMetrics(stats.disk);
+    const anchorage::CacheStats stats = scheduler_.CacheStats();
+    if (stats.disk_enabled) text += RenderDiskMetrics(stats.disk);
+    if (stats.spill_enabled) text += RenderSpillMetrics(stats.spill);
     res.SetContent(text, "text/plain; version=0.0.4");
   });
   Route("GET", "/v1/models", RouteClass::kControl, RouteAccess::kClient, [this](const HttpRequest&, HttpResponse& res) {
@@ -405,7 +407,7 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
                {"completion_tokens", s.completion_tokens},
                {"total_tokens", s.prompt_tokens + s.completion_tokens},
                {"prompt_tokens_details", {{"cached_tokens", std::max<int64_t>(0, s.prompt_tokens - s.reread_tokens)}}},
-               {"anchorage", {{"cache_tier", s.cache_source == "disk" ? "disk" : s.cached_tokens > 0 ? "ram" : "none"}, {"cache_source", s.cache_source}, {"cached_tokens", s.cached_tokens},
+               {"anchorage", {{"cache_tier", s.cache_source == "disk" || s.cache_source == "spill" ? s.cache_source : s.cached_tokens > 0 ? "ram" : "none"}, {"cache_source", s.cache_source}, {"cached_tokens", s.cached_tokens},
                               {"reread_tokens", s.reread_tokens}, {"served_prompt_tokens", s.served_prompt_tokens},
                               {"prefill_ms", s.prefill_ms}, {"ttft_ms", s.ttft_ms},
                               {"decode_tokens_per_s", s.decode_tokens_per_s}, {"queue_ms", s.queue_ms}}}};

@@ -86,14 +86,37 @@ std::string Metrics::Render(size_t queue_depth, bool busy) const {
   return out;
 }
 
+namespace {
+
+// One metric line of a family: its HELP, TYPE and value.
+void AppendMetric(std::string& out, const std::string& family, const char* name, const char* type, const char* help, double value) {
+  out += "# HELP " + family + name + " " + help + "\n# TYPE " + family + name + " " + type + "\n";
+  char number[64];
+  std::snprintf(number, sizeof(number), "%.17g", value);
+  out += family + name + " " + number + "\n";
+}
+
+}  // namespace
+
+std::string RenderSpillMetrics(const SessionSpillStats& s) {
+  std::string out;
+  auto metric = [&](const char* name, const char* type, const char* help, double value) { AppendMetric(out, "anchorage_spill_", name, type, help, value); };
+  metric("entries", "gauge", "Conversations in the session spill.", static_cast<double>(s.entries));
+  metric("bytes", "gauge", "Bytes the spill's blocks hold as stored.", static_cast<double>(s.bytes));
+  metric("raw_bytes", "gauge", "Bytes the spill's blocks hold before the codec.", static_cast<double>(s.raw_bytes));
+  metric("saves_total", "counter", "Conversations written (evictions and planned stops).", static_cast<double>(s.saves));
+  metric("restores_total", "counter", "Conversations read back.", static_cast<double>(s.restores));
+  metric("failed_restores_total", "counter", "Restores refused by a check (the entry was deleted).", static_cast<double>(s.failed_restores));
+  metric("written_bytes_total", "counter", "Bytes written.", static_cast<double>(s.bytes_written));
+  metric("read_bytes_total", "counter", "Bytes read.", static_cast<double>(s.bytes_read));
+  metric("evictions_total", "counter", "Entries evicted for the budget.", static_cast<double>(s.evictions));
+  metric("expired_total", "counter", "Entries removed past the TTL.", static_cast<double>(s.expired));
+  return out;
+}
+
 std::string RenderDiskMetrics(const DiskCacheStats& d) {
   std::string out;
-  auto metric = [&](const char* name, const char* type, const char* help, double value) {
-    out += std::string("# HELP anchorage_disk_cache_") + name + " " + help + "\n# TYPE anchorage_disk_cache_" + name + " " + type + "\n";
-    char number[64];
-    std::snprintf(number, sizeof(number), "%.17g", value);
-    out += std::string("anchorage_disk_cache_") + name + " " + number + "\n";
-  };
+  auto metric = [&](const char* name, const char* type, const char* help, double value) { AppendMetric(out, "anchorage_disk_cache_", name, type, help, value); };
   const DiskTierStats& t = d.tier;
   metric("bytes", "gauge", "Bytes the disk tier's files hold.", static_cast<double>(t.bytes));
   metric("budget_bytes", "gauge", "The disk tier's budget.", static_cast<double>(d.budget_bytes));

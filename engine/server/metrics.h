@@ -8,11 +8,14 @@
 #include <vector>
 
 #include "engine/cache/disk_cache.h"
+#include "engine/cache/session_spill.h"
 
 namespace anchorage {
 
 // The disk tier's gauges and counters in the Prometheus text exposition.
 std::string RenderDiskMetrics(const DiskCacheStats& disk);
+// The session spill's counters, anchorage_spill_*.
+std::string RenderSpillMetrics(const SessionSpillStats& spill);
 
 class Metrics {
  public:

@@ -74,6 +74,7 @@ Scheduler::Scheduler(Model& model, std::unique_ptr<Forward> forward, SchedulerOp
     });
   }
   if (options_.disk != nullptr) resident_.set_disk_cache(options_.disk);
+  if (options_.spill != nullptr) resident_.set_session_spill(options_.spill);
   thread_ = std::thread([this] { EngineLoop(); });
 }
 
@@ -154,6 +155,11 @@ CacheStats Scheduler::CacheStats() const {
     stats.disk_enabled = true;
     stats.disk = options_.disk->Stats();
   }
+  if (options_.spill != nullptr) {
+    stats.spill_enabled = true;
+    stats.spill = options_.spill->stats();
+    stats.spill_entries = options_.spill->Entries();
+  }
   return stats;
 }
 
@@ -172,6 +178,14 @@ auto Scheduler::BetweenRequests(const std::string& session, Fn&& fn) {
 
 Status Scheduler::ClearCache(const std::string& tier) {
   return BetweenRequests("", [&] { return resident_.Clear(tier); });
+}
+
+Status Scheduler::SpillForStop() {
+  return BetweenRequests("", [&] { return resident_.SpillResident("planned stop", true); });
+}
+
+Result<bool> Scheduler::ResumeSpilled() {
+  return BetweenRequests("", [&] { return resident_.ResumeSpilledResident(); });
 }
 
 Result<ResumeInfo> Scheduler::PrewarmCache(const CacheRequest& request) {
@@ -297,7 +311,7 @@ void Scheduler::RecordJob(const Job& job, const RequestFigures& s, int status, c
   row.status = status;
   row.error = error;
   row.figures = s;
-  row.cache_tier = s.cache_source == "disk" ? "disk" : s.cached_tokens > 0 ? "ram" : "none";
+  row.cache_tier = s.cache_source == "disk" || s.cache_source == "spill" ? s.cache_source : s.cached_tokens > 0 ? "ram" : "none";
   row.finish_reason = finish;
   options_.journal->RecordRequest(std::move(row));
 }

@@ -94,6 +94,7 @@ struct SchedulerOptions {
   std::string model_id;
   std::optional<ReplyScript> reply_script;  // testing aid: a job whose prompt it matches decodes its reply
   DiskCache* disk = nullptr;  // the disk tier behind the RAM tiers (not owned); nullptr: none
+  SessionSpill* spill = nullptr;  // the session spill (not owned); nullptr: none
 };
 
 class Scheduler {
@@ -128,6 +129,10 @@ class Scheduler {
   Result<ResumeInfo> PeekCache(const CacheRequest& request, int wait_ms);
   // Brings a state held below the resident rows into place ahead of its request (waits like a request).
   Result<ResumeInfo> PrewarmCache(const CacheRequest& request);
+  // A planned stop: writes the resident conversation to the session spill for the next start.
+  Status SpillForStop();
+  // The next start: reads back what a planned stop left; false when there was nothing.
+  Result<bool> ResumeSpilled();
   // Prefill tokens per second measured over this process's requests (0 before the first).
   double measured_prefill_rate() const;
 

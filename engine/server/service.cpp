@@ -56,6 +56,11 @@ ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective) {
   o.disk.admit_after = d.at("admit_after").get<int>();
   o.disk.min_free_bytes = Gib(d.at("min_free_gb").get<double>());
   o.disk.min_tokens = d.at("min_tokens").get<int64_t>();
+  const nlohmann::json& sp = effective.at("spill");
+  o.spill.enabled = sp.at("mode").get<std::string>() != "off";
+  o.spill.budget_bytes = Gib(sp.at("budget_gb").get<double>());
+  o.spill.min_tokens = sp.at("min_tokens").get<int64_t>();
+  o.spill.ttl_ms = sp.at("ttl_hours").get<int64_t>() * 3600 * 1000;
   return o;
 }
 
@@ -148,9 +153,20 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
       if (t.swept_foreign > 0 || t.swept_temporaries > 0)
         s->notes_.push_back("disk tier: swept " + std::to_string(t.swept_foreign) + " files of another fingerprint and " +
                             std::to_string(t.swept_temporaries) + " cut-short writes");
+      // The session spill lives in the tier's folder and shares its fingerprint.
+      SessionSpillOptions spill_options;
+      spill_options.dir = (fs::path(dir) / "sessions").string();
+      spill_options.budget_bytes = scheduler_options.resident.spill.budget_bytes;
+      spill_options.ttl_ms = scheduler_options.resident.spill.ttl_ms;
+      auto spill = SessionSpill::Open(DiskEnv::Posix(), s->model_->config, fingerprint, spill_options);
+      if (!spill.ok()) s->notes_.push_back("warning: the session spill is off: " + spill.status().message());
+      else s->spill_ = std::move(spill).value();
+      if (s->spill_ && s->spill_->stats().swept > 0)
+        s->notes_.push_back("session spill: swept " + std::to_string(s->spill_->stats().swept) + " files of unfinished, foreign or expired entries");
     }
   }
   scheduler_options.disk = s->disk_.get();
+  scheduler_options.spill = s->spill_.get();
   scheduler_options.journal = s->journal_.get();
   scheduler_options.model_id = s->model_id_;
   if (!config.test_replies_file.empty()) {
@@ -160,6 +176,11 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     scheduler_options.reply_script = std::move(script).value();
   }
   s->scheduler_ = std::make_unique<Scheduler>(*s->model_, std::move(forward), scheduler_options);
+  if (s->spill_) {
+    auto resumed = s->scheduler_->ResumeSpilled();
+    if (!resumed.ok()) s->notes_.push_back("warning: the conversation the last stop left was not read back: " + resumed.status().message());
+    else if (*resumed) s->notes_.push_back("session spill: read back the conversation the last stop left resident");
+  }
 
   Scheduler* scheduler = s->scheduler_.get();
   Journal* journal = s->journal_.get();
@@ -210,6 +231,8 @@ void Service::Drain() {
   scheduler_->WaitIdle();
   http_->Stop();  // Serve() returns once every worker has written its response
   if (serving_.joinable()) serving_.join();
+  // The spill journals its own write (or the drop and why); the drain goes on either way.
+  (void)scheduler_->SpillForStop();
   journal_->Flush();
 }
 

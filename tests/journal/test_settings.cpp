@@ -62,12 +62,13 @@ class TestSettings : public QObject {
     QCOMPARE(doc["resident"]["resident_gb"].get<double>(), 2.5);
     QCOMPARE(doc["resident"]["guest_max_tokens"].get<int64_t>(), int64_t{8192});
     QCOMPARE(doc["disk_cache"]["mode"].get<std::string>(), std::string("readwrite"));
+    QCOMPARE(doc["spill"]["min_tokens"].get<int64_t>(), int64_t{16384});
     QCOMPARE(doc["shadow"]["model"].get<std::string>(), std::string(""));
     QCOMPARE(doc["journal"]["retention_rows"].get<int64_t>(), int64_t{1000000});
     QVERIFY(!doc.contains("overrides"));
     std::vector<std::string> areas;
     for (const auto& [k, v] : doc.items()) areas.push_back(k);
-    QCOMPARE(areas.size(), size_t{7});  // version and six areas
+    QCOMPARE(areas.size(), size_t{8});  // version and seven areas
 
     nlohmann::json schema = s.Schema();
     size_t fields = 0;

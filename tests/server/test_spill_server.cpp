@@ -1,0 +1,97 @@
+// The session spill through anchorage-server on the tiny model (64-token grid): a conversation's
+// server stops with SIGTERM (the drain writes the resident conversation), the next server reads it
+// back before its first request, and the next turn resumes where it would have and answers the
+// same greedy tokens as a server that never stopped; the stats and /metrics show the spill, and
+// clear?tier=spill empties it.
+#include <QtTest>
+
+#include <signal.h>
+
+#include <filesystem>
+
+#include "engine/core/file_util.h"
+#include "engine/settings/settings.h"
+#include "tests/server/server_fixture.h"
+
+using anchorage::testing::ServerProcess;
+using json = nlohmann::json;
+
+namespace {
+
+std::string LongText() {
+  std::string text = "Please keep these notes about spills, blocks and anchors in mind.";
+  for (int i = 0; i < 160; ++i) text += " note" + std::to_string(i * 7919 % 1000) + " says block " + std::to_string(i);
+  return text;
+}
+
+json Turn(const json& messages) { return {{"messages", messages}, {"max_tokens", 12}, {"temperature", 0}, {"session_id", "conv-1"}}; }
+
+}  // namespace
+
+class TestSpillServer : public QObject {
+  Q_OBJECT
+
+  void WriteSettings(const QTemporaryDir& data) {
+    json doc = anchorage::DefaultSettingsDocument(anchorage::MachineTotalRamBytes());
+    doc["disk_cache"]["min_free_gb"] = 0;
+    QVERIFY(anchorage::MakeDirectories(data.path().toStdString(), 0700).ok());
+    QVERIFY(anchorage::WriteFileAtomic(data.filePath("settings.json").toStdString(), doc.dump()).ok());
+  }
+  json Ask(ServerProcess& s, const json& body) {
+    auto r = s.Post("/v1/chat/completions", body.dump());
+    if (!r || r->status != 200) {
+      qWarning() << "chat failed:" << (r ? QString::fromStdString(r->body) : QString("no response"));
+      return json::object();
+    }
+    return json::parse(r->body, nullptr, false);
+  }
+  static std::string Text(const json& reply) { return reply["choices"][0]["message"]["content"].get<std::string>(); }
+
+ private slots:
+  void drainAndRestartResumesTheConversation() {
+    const json first = json::array({{{"role", "user"}, {"content", LongText()}}});
+    // A server that never stops: the reference.
+    QTemporaryDir never;
+    WriteSettings(never);
+    ServerProcess reference;
+    QVERIFY(reference.Start(never.path(), {"--grid", "64"}));
+    const std::string reply1 = Text(Ask(reference, Turn(first)));
+    json second = first;
+    second.push_back({{"role", "assistant"}, {"content", reply1}});
+    second.push_back({{"role", "user"}, {"content", "And which block comes last?"}});
+    const json expected = Ask(reference, Turn(second));
+
+    QTemporaryDir data;
+    WriteSettings(data);
+    {
+      ServerProcess a;
+      QVERIFY(a.Start(data.path(), {"--grid", "64"}));
+      QCOMPARE(Text(Ask(a, Turn(first))), reply1);
+      ::kill(static_cast<pid_t>(a.process().processId()), SIGTERM);
+      QVERIFY(a.process().waitForFinished(20000));
+      QCOMPARE(a.process().exitCode(), 0);
+    }
+    const std::string sessions = data.filePath("cache/disk/sessions").toStdString();
+    QVERIFY(std::filesystem::exists(sessions + "/resident.json"));
+    ServerProcess b;
+    QVERIFY(b.Start(data.path(), {"--grid", "64"}));
+    const json got = Ask(b, Turn(second));
+    QCOMPARE(got["usage"]["anchorage"]["cache_source"], expected["usage"]["anchorage"]["cache_source"]);
+    QCOMPARE(got["usage"]["anchorage"]["cached_tokens"], expected["usage"]["anchorage"]["cached_tokens"]);
+    QVERIFY(got["usage"]["anchorage"]["cached_tokens"].get<int64_t>() > 256);
+    QCOMPARE(Text(got), Text(expected));
+    const json spill = json::parse(b.Get("/v1/cache/stats")->body)["spill"];
+    QVERIFY2(spill["open"].get<bool>() && spill["restores"].get<int64_t>() == 1, spill.dump().c_str());
+    QCOMPARE(spill["entries"].get<int64_t>(), int64_t(1));
+    QVERIFY(spill["list"][0]["tokens"].get<int64_t>() > 256);
+    QVERIFY(!spill["list"][0].contains("session"));  // token counts and sizes, never the conversation
+    QVERIFY(b.Get("/metrics")->body.find("anchorage_spill_restores_total 1\n") != std::string::npos);
+    auto cleared = b.Post("/v1/cache/clear?tier=spill", "");
+    QVERIFY(cleared && cleared->status == 200);
+    QCOMPARE(json::parse(cleared->body)["stats"]["spill"]["entries"].get<int64_t>(), int64_t(0));
+    QVERIFY(!Ask(b, Turn(first)).empty());
+  }
+};
+
+QTEST_MAIN(TestSpillServer)
+#include "test_spill_server.moc"
