@@ -27,8 +27,16 @@ nlohmann::json ToJson(const CacheStats& s) {
                   {"slack_bytes", m.slack_bytes}, {"sheds", m.sheds}, {"refused", m.refused}}},
   };
   doc["disk"] = s.disk_enabled ? ToJson(s.disk) : nlohmann::json{{"mode", "off"}, {"open", false}};
+  if (s.write_guard) doc["disk_writes"] = WriteGuardJson(*s.write_guard);
   doc["spill"] = s.spill_enabled ? SpillJson(s.spill, s.spill_entries) : nlohmann::json{{"open", false}};
   return doc;
+}
+
+nlohmann::json WriteGuardJson(const WriteGuardStats& s) {
+  nlohmann::json days = nlohmann::json::object();
+  for (const auto& [day, bytes] : s.days) days[day] = static_cast<double>(bytes) / 1e9;
+  return {{"today", s.today}, {"today_gb", static_cast<double>(s.today_bytes) / 1e9}, {"budget_gb", static_cast<double>(s.budget_bytes) / 1e9},
+          {"level", WriteLevelName(s.level)}, {"skips", s.skips}, {"days_gb", days}};
 }
 
 nlohmann::json SpillJson(const SessionSpillStats& s, const std::vector<SpillEntryInfo>& entries) {
@@ -71,7 +79,7 @@ nlohmann::json ToJson(const DiskCacheStats& d) {
           {"failed_restores", t.failed_restores},
           {"read_bytes_per_s", t.read_bytes_per_s()},
           {"jobs", d.jobs},
-          {"dropped_jobs", d.dropped_jobs},
+          {"dropped_jobs", d.dropped_jobs}, {"skipped_by_write_budget", d.skipped_by_write_budget},
           {"chunks_written", t.chunks_written},
           {"anchors_written", t.anchors_written},
           {"bytes_written", t.bytes_written},

@@ -87,7 +87,13 @@ void DiskCache::set_settings(const DiskCacheSettings& settings) {
     admission_.set_limits(settings.admit_after, settings.min_tokens);
   }
   tier_->set_limits(settings.budget_bytes, settings.ttl_days, settings.min_free_bytes);
+  if (WriteGuard* g = guard_.load()) g->set_budget(settings.write_budget_bytes);
   ReportEvictions(std::nullopt);
+}
+
+void DiskCache::set_write_guard(WriteGuard* guard) {
+  guard_ = guard;
+  if (guard != nullptr) guard->set_budget(settings().write_budget_bytes);
 }
 
 void DiskCache::ReportEvictions(const std::optional<std::string>& session) {
@@ -204,6 +210,18 @@ std::vector<int64_t> DiskCache::PlanWrites(AdmissionRequest request) {
     counts_dirty_ = true;
     if (settings_.mode != DiskMode::kReadWrite) return {};
   }
+  if (WriteGuard* g = guard_.load(); g != nullptr && !lines.empty() && !g->TierMayWrite()) {
+    g->NoteSkip();
+    {
+      std::lock_guard lock(mu_);
+      ++skipped_by_write_budget_;
+    }
+    const WriteGuardStats w = g->Stats();
+    Record(DiskEvent("drop", lines.back(), 0,
+                     "the day's write budget is spent (" + std::to_string(w.today_bytes >> 20) + " of " + std::to_string(w.budget_bytes >> 20) +
+                         " MiB, level " + WriteLevelName(w.level) + "): " + std::to_string(lines.size()) + " lines not written"));
+    return {};
+  }
   const std::vector<std::string> hashes = PrefixHashes(request.prompt, line_tokens_);
   std::erase_if(lines, [&](int64_t line) { return tier_->HasFile(AnchorFileName(hashes[static_cast<size_t>(line / line_tokens_) - 1])); });
   return lines;
@@ -286,7 +304,9 @@ void DiskCache::WriterLoop() {
       queue_.pop_front();
       writing_ = true;
     }
+    const int64_t written_before = tier_->stats().bytes_written;
     Write(pending);
+    if (WriteGuard* g = guard_.load()) g->Add(tier_->stats().bytes_written - written_before);
     SaveCounts();
     {
       std::lock_guard lock(mu_);
@@ -379,6 +399,7 @@ DiskCacheStats DiskCache::Stats() const {
   s.hits = hits_;
   s.jobs = jobs_;
   s.dropped_jobs = dropped_jobs_;
+  s.skipped_by_write_budget = skipped_by_write_budget_;
   s.recent.assign(recent_.begin(), recent_.end());
   return s;
 }

@@ -22,6 +22,7 @@
 #include "engine/cache/cache_tier.h"
 #include "engine/cache/disk_admission.h"
 #include "engine/cache/disk_tier.h"
+#include "engine/cache/write_guard.h"
 
 namespace anchorage {
 
@@ -38,6 +39,7 @@ struct DiskCacheSettings {
   int64_t min_free_bytes = 20ll << 30;
   int64_t min_tokens = 4096;
   bool cost_check = true;  // take a disk anchor only when its read costs less than the prefill it saves
+  int64_t write_budget_bytes = 200ll << 30;  // the day's writes of the tier and the spill (write_guard.h)
 };
 
 // What one request asks the writer to keep: anchors at lines of tokens, ascending.
@@ -51,7 +53,7 @@ struct DiskCacheStats {
   std::string mode, dir;
   int64_t budget_bytes = 0, min_free_bytes = 0, ttl_days = 0, free_bytes = -1, staged_bytes = 0;
   DiskTierStats tier;
-  int64_t hits = 0, misses = 0, declined_by_cost = 0, jobs = 0, dropped_jobs = 0;
+  int64_t hits = 0, misses = 0, declined_by_cost = 0, jobs = 0, dropped_jobs = 0, skipped_by_write_budget = 0;
   std::vector<DiskPrefix> top;
   std::vector<CacheEvent> recent;  // newest last
   double hit_rate() const { return hits + misses > 0 ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 0.0; }
@@ -75,6 +77,8 @@ class DiskCache : public CacheTier {
   ShedUnit ShedOne() override { return {}; }  // staged anchors go at the next fence; the files hold no memory
 
   void set_settings(const DiskCacheSettings& settings);
+  // The day's write budget it shares with the spill (not owned; it outlives this); nullptr: none.
+  void set_write_guard(WriteGuard* guard);
   DiskCacheSettings settings() const;
   bool reads() const;
   bool writes() const;
@@ -126,6 +130,7 @@ class DiskCache : public CacheTier {
 
   DiskEnv& env_;
   std::unique_ptr<DiskTier> tier_;
+  std::atomic<WriteGuard*> guard_ = nullptr;
   const int64_t line_tokens_;
   std::shared_mutex growth_lock_;
 
@@ -143,7 +148,7 @@ class DiskCache : public CacheTier {
   int64_t staged_bytes_ = 0;
   std::deque<std::string> sessions_order_;
   std::unordered_set<std::string> sessions_;
-  int64_t hits_ = 0, jobs_ = 0, dropped_jobs_ = 0;
+  int64_t hits_ = 0, jobs_ = 0, dropped_jobs_ = 0, skipped_by_write_budget_ = 0;
   int64_t reported_evicted_ = 0, reported_expired_ = 0, reported_evicted_bytes_ = 0;
   std::atomic<int64_t> misses_ = 0, declined_by_cost_ = 0;
   std::thread writer_;

@@ -3,6 +3,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <memory>
 #include <cstring>
 #include <vector>
 
@@ -86,8 +87,8 @@ Result<std::string> EncodePlanes(std::span<const char> data, const PlaneCodecOpt
   const int w = options.word_bytes;
   if (w < 1 || w > 8 || data.size() % static_cast<size_t>(w) != 0)
     return InvalidArgument("plane codec: " + std::to_string(data.size()) + " bytes are not whole words of " + std::to_string(w));
-  std::string planes(data.size(), '\0');
-  SplitPlanes(data, w, planes.data());
+  const std::unique_ptr<char[]> planes(new char[data.size()]);  // every byte is written: no zero fill
+  SplitPlanes(data, w, planes.get());
   const auto spans = FrameSpans(data.size(), w);
   std::vector<std::string> encoded(spans.size());
   std::vector<size_t> errors(spans.size(), 0);
@@ -98,7 +99,7 @@ Result<std::string> EncodePlanes(std::span<const char> data, const PlaneCodecOpt
     ZSTD_CCtx* cctx = ZSTD_createCCtx();
     ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, options.level);
     ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);  // a flipped byte fails the decode, not just the sums after it
-    const size_t n = ZSTD_compress2(cctx, out.data(), out.size(), planes.data() + begin, size);
+    const size_t n = ZSTD_compress2(cctx, out.data(), out.size(), planes.get() + begin, size);
     ZSTD_freeCCtx(cctx);
     if (ZSTD_isError(n)) errors[f] = n;
     else if (n >= size) out.clear();  // stored
@@ -116,7 +117,7 @@ Result<std::string> EncodePlanes(std::span<const char> data, const PlaneCodecOpt
   PutU32(out, static_cast<uint32_t>(spans.size()));
   for (size_t f = 0; f < spans.size(); ++f) PutU64(out, encoded[f].empty() ? (spans[f].second | kStoredFlag) : encoded[f].size());
   for (size_t f = 0; f < spans.size(); ++f) {
-    if (encoded[f].empty()) out.append(planes.data() + spans[f].first, spans[f].second);
+    if (encoded[f].empty()) out.append(planes.get() + spans[f].first, spans[f].second);
     else out += encoded[f];
   }
   return out;
@@ -148,21 +149,21 @@ Status DecodePlanes(std::string_view encoded, std::span<char> out, ThreadPool* p
     offsets[f + 1] = offsets[f] + n;
   }
   if (offsets[frames] != encoded.size()) return Corrupt("plane codec: bytes after the last frame");
-  std::string planes(out.size(), '\0');
+  const std::unique_ptr<char[]> planes(new char[out.size()]);  // every byte is written before it is read
   std::vector<std::string> errors(frames);
   RunTasks(pool, frames, [&](size_t f) {
     const auto [begin, size] = spans[f];
     if (stored[f]) {
-      std::memcpy(planes.data() + begin, encoded.data() + offsets[f], size);
+      std::memcpy(planes.get() + begin, encoded.data() + offsets[f], size);
       return;
     }
-    const size_t n = ZSTD_decompress(planes.data() + begin, size, encoded.data() + offsets[f], offsets[f + 1] - offsets[f]);
+    const size_t n = ZSTD_decompress(planes.get() + begin, size, encoded.data() + offsets[f], offsets[f + 1] - offsets[f]);
     if (ZSTD_isError(n)) errors[f] = ZSTD_getErrorName(n);
     else if (n != size) errors[f] = "decodes to " + std::to_string(n) + " bytes, not " + std::to_string(size);
   });
   for (uint64_t f = 0; f < frames; ++f)
     if (!errors[f].empty()) return Corrupt("plane codec: frame " + std::to_string(f) + ": " + errors[f]);
-  JoinPlanes(planes, static_cast<int>(w), out.data());
+  JoinPlanes(std::span<const char>(planes.get(), out.size()), static_cast<int>(w), out.data());
   return Status::Ok();
 }
 

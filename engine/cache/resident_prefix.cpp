@@ -92,8 +92,18 @@ Status ResidentPrefix::SpillResident(const std::string& reason, bool resident) {
     if (a.length <= static_cast<int64_t>(rows_.size())) entry.anchors.push_back(a);
   std::sort(entry.anchors.begin(), entry.anchors.end(), [](const Anchor& a, const Anchor& b) { return a.length < b.length; });
   if (entry.anchors.empty() && !entry.end) return Status::Ok();  // nothing a request could resume from
+  if (guard_ != nullptr && !guard_->SpillMayWrite(resident, static_cast<int64_t>(rows_.size()))) {
+    guard_->NoteSkip();
+    ++counters_.spill_skips;
+    const WriteGuardStats w = guard_->Stats();
+    const std::string why = "the day's write budget is spent (" + std::to_string(w.today_bytes >> 20) + " of " +
+                            std::to_string(w.budget_bytes >> 20) + " MiB, level " + WriteLevelName(w.level) + ")";
+    Emit("drop", "spill", static_cast<int64_t>(rows_.size()), 0, reason + ": " + why);
+    return ResourceExhausted(why);
+  }
   if (state_.length() < static_cast<int64_t>(rows_.size())) state_.SetLength(static_cast<int64_t>(rows_.size()));
   auto saved = spill_->Save(entry, state_);
+  if (guard_ != nullptr && saved.ok()) guard_->Add(saved->bytes_written);
   if (!saved.ok()) {
     Emit("drop", "spill", static_cast<int64_t>(rows_.size()), 0, reason + ": " + saved.status().message());
     return saved.status();

@@ -111,6 +111,8 @@ class ResidentPrefix {
   // Writes the resident conversation to the spill (a planned stop passes resident: the next start
   // reads it back first). Nothing to write (no spill, no rows) is ok.
   Status SpillResident(const std::string& reason, bool resident = false);
+  // The day's write budget the spill shares with the disk tier (not owned); nullptr: none.
+  void set_write_guard(WriteGuard* guard) { guard_ = guard; }
   // Reads back the conversation a planned stop left resident; false when there was none.
   Result<bool> ResumeSpilledResident();
 
@@ -238,6 +240,7 @@ class ResidentPrefix {
   DiskCache* disk_ = nullptr;
   SessionSpill* spill_ = nullptr;
   std::unique_ptr<SpillTier> spill_tier_;
+  WriteGuard* guard_ = nullptr;
   std::vector<int64_t> disk_lines_;   // lines this prefill stages for the disk as it passes them
   std::vector<Anchor> disk_staged_;   // their anchors, waiting for the prefill to end
   double prefill_tokens_ = 0, prefill_seconds_ = 0;
@@ -245,7 +248,7 @@ class ResidentPrefix {
   struct Counters {
     int64_t requests = 0, cold = 0, resident_hits = 0, end_hits = 0, aligned_hits = 0, pin_hits = 0, park_hits = 0;
     int64_t guests = 0, pins = 0, parks = 0, cached_tokens = 0, reread_tokens = 0, store_hits = 0;
-    int64_t refused = 0, disk_hits = 0, spill_hits = 0, spill_saves = 0;
+    int64_t refused = 0, disk_hits = 0, spill_hits = 0, spill_saves = 0, spill_skips = 0;
     std::map<std::string, int64_t> sheds;  // by tier
   } counters_;
   // The tiers over the data above, asked in turn (declared after it: they hold references to it).

@@ -39,16 +39,18 @@ std::pair<uint64_t, uint64_t> SumsOf(const nlohmann::json& j) { return {j.at(0).
 }  // namespace
 
 std::pair<uint64_t, uint64_t> WordSums(const void* data, int64_t bytes) {
+  // With P the running sum and Q the sum of the P's, the weighted sum is (n + 1) P - Q (mod 2^64):
+  // two adds a word, no multiply.
   const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t plain = 0, weighted = 0;
   const int64_t words = bytes / 4;
+  uint64_t plain = 0, prefix_total = 0;
   for (int64_t i = 0; i < words; ++i) {
     uint32_t w;
     std::memcpy(&w, p + 4 * i, 4);
     plain += w;
-    weighted += static_cast<uint64_t>(i + 1) * w;
+    prefix_total += plain;
   }
-  return {plain, weighted};
+  return {plain, static_cast<uint64_t>(words + 1) * plain - prefix_total};
 }
 
 int64_t SessionSpill::Manifest::bytes() const {

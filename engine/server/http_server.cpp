@@ -153,7 +153,11 @@ bool HttpServer::Admit(const HttpRequest& req, HttpResponse& res) const {
 void HttpServer::RouteOperations() {
   Route("GET", "/health", RouteClass::kControl, RouteAccess::kPublic, [this](const HttpRequest&, HttpResponse& res) {
     RequestFigures last = scheduler_.last_stats();
+    const anchorage::CacheStats cache = scheduler_.CacheStats();
+    nlohmann::json cache_health = nlohmann::json::object();
+    if (cache.write_guard) cache_health["disk_writes"] = WriteGuardJson(*cache.write_guard);
     SendJson(res, {{"status", scheduler_.draining() ? "draining" : "ok"},
+                   {"cache", cache_health},
                    {"model", options_.model_id},
                    {"state", scheduler_.busy() ? "busy" : "idle"},
                    {"queue", scheduler_.queue_depth()},

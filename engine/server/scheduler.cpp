@@ -75,6 +75,7 @@ Scheduler::Scheduler(Model& model, std::unique_ptr<Forward> forward, SchedulerOp
   }
   if (options_.disk != nullptr) resident_.set_disk_cache(options_.disk);
   if (options_.spill != nullptr) resident_.set_session_spill(options_.spill);
+  resident_.set_write_guard(options_.write_guard);
   thread_ = std::thread([this] { EngineLoop(); });
 }
 
@@ -160,6 +161,7 @@ CacheStats Scheduler::CacheStats() const {
     stats.spill = options_.spill->stats();
     stats.spill_entries = options_.spill->Entries();
   }
+  if (options_.write_guard != nullptr) stats.write_guard = options_.write_guard->Stats();
   return stats;
 }
 

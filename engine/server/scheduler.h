@@ -95,6 +95,7 @@ struct SchedulerOptions {
   std::optional<ReplyScript> reply_script;  // testing aid: a job whose prompt it matches decodes its reply
   DiskCache* disk = nullptr;  // the disk tier behind the RAM tiers (not owned); nullptr: none
   SessionSpill* spill = nullptr;  // the session spill (not owned); nullptr: none
+  WriteGuard* write_guard = nullptr;  // the day's write budget of both (not owned); nullptr: none
 };
 
 class Scheduler {

@@ -56,6 +56,7 @@ ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective) {
   o.disk.admit_after = d.at("admit_after").get<int>();
   o.disk.min_free_bytes = Gib(d.at("min_free_gb").get<double>());
   o.disk.min_tokens = d.at("min_tokens").get<int64_t>();
+  o.disk.write_budget_bytes = Gib(d.at("write_budget_gb").get<double>());
   const nlohmann::json& sp = effective.at("spill");
   o.spill.enabled = sp.at("mode").get<std::string>() != "off";
   o.spill.budget_bytes = Gib(sp.at("budget_gb").get<double>());
@@ -149,6 +150,8 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
       s->notes_.push_back("warning: the disk tier is off: " + disk.status().message());
     } else {
       s->disk_ = std::move(disk).value();
+      s->write_guard_ = WriteGuard::Open(DiskEnv::Posix(), (fs::path(dir) / "writes.json").string(), scheduler_options.resident.disk.write_budget_bytes);
+      s->disk_->set_write_guard(s->write_guard_.get());
       const DiskTierStats t = s->disk_->tier().stats();
       if (t.swept_foreign > 0 || t.swept_temporaries > 0)
         s->notes_.push_back("disk tier: swept " + std::to_string(t.swept_foreign) + " files of another fingerprint and " +
@@ -167,6 +170,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   }
   scheduler_options.disk = s->disk_.get();
   scheduler_options.spill = s->spill_.get();
+  scheduler_options.write_guard = s->write_guard_.get();
   scheduler_options.journal = s->journal_.get();
   scheduler_options.model_id = s->model_id_;
   if (!config.test_replies_file.empty()) {

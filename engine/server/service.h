@@ -51,6 +51,7 @@ class Service {
   std::unique_ptr<Model> model_;
   std::unique_ptr<SettingsStore> settings_;
   std::unique_ptr<Journal> journal_;
+  std::unique_ptr<WriteGuard> write_guard_;  // before the tier and the spill that count into it
   std::unique_ptr<DiskCache> disk_;  // before the scheduler: it outlives the engine that writes to it
   std::unique_ptr<SessionSpill> spill_;  // the same
   std::unique_ptr<Scheduler> scheduler_;

@@ -261,6 +261,7 @@ std::vector<SettingField> SettingsSchemaFields(int64_t total_ram_bytes) {
       Integer("disk_cache", "admit_after", 1, 100, 2, "cold reads of a prefix before it is written"),
       Number("disk_cache", "min_free_gb", 0, 65536, 20, "GiB the file system must keep free; writes stop below"),
       Integer("disk_cache", "min_tokens", 0, 1 << 24, 4096, "shortest prefix in tokens worth writing"),
+      Number("disk_cache", "write_budget_gb", 0, 1 << 20, 200, "GiB the disk tier and the spill may write a day; past it they write less"),
       Enum("spill", "mode", {"off", "on"}, "on", "session spill: whole conversations to the disk tier's folder and back"),
       Number("spill", "budget_gb", 0, 65536, 64, "GiB the session spill may occupy"),
       Integer("spill", "min_tokens", 0, 1 << 24, 16384, "shortest conversation an eviction writes"),

@@ -1,10 +1,13 @@
-// The session spill's codec on real K/V rows: a prompt of N tokens prefilled cold on the model, its
-// rows cut into blocks of 1,024 rows a layer, each block encoded (byte planes, zstd) and decoded:
-// bytes raw and encoded, and the encode and decode rates, on the pool's threads.
-// anchorage-bench-spill [--model-dir DIR] [--tokens 4096] [--level 1] [--threads 2] [--json]
+// The session spill on the model. Default: the codec on real K/V rows (a prompt of N tokens
+// prefilled cold, its rows cut into blocks of 1,024 rows a layer, each block encoded and decoded:
+// bytes raw and encoded, encode and decode rates). --restart: a conversation of N tokens and a
+// reply, written by a planned stop, read back by a new engine, and its next turn's TTFT against the
+// same turn read cold; save and restore times and rates, bytes raw and stored, the tokens equal.
+// anchorage-bench-spill [--model-dir DIR] [--tokens 4096] [--level 1] [--threads 2] [--restart] [--dir D] [--json]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -12,6 +15,8 @@
 
 #include "bench_util.h"
 #include "engine/cache/plane_codec.h"
+#include "engine/cache/resident_prefix.h"
+#include "engine/cache/session_spill.h"
 #include "engine/compute/cpu/matmul.h"
 #include "engine/core/thread_pool.h"
 #include "engine/model/model.h"
@@ -26,13 +31,105 @@ int Fail(const Status& s) {
   return 1;
 }
 
+std::vector<int32_t> MakePrompt(const ModelConfig& c, int64_t n, uint32_t salt) {
+  std::vector<int32_t> prompt(static_cast<size_t>(n));
+  for (size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] = static_cast<int32_t>(3 + ((i + salt * 7919u) * 2654435761u) % static_cast<size_t>(c.vocab_size - 16));
+  return prompt;
+}
+
+// A planned stop and a restart: see the header.
+int Restart(Forward& forward, const ModelConfig& c, int64_t tokens, const std::string& dir, bool as_json) {
+  std::filesystem::remove_all(dir);
+  SessionSpillOptions so;
+  so.dir = dir;
+  ResidentOptions ro;
+  ro.store_enabled = false;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_tokens = 8;
+  const std::vector<int32_t> first = MakePrompt(c, tokens, 1);
+  auto ttft = [&](ResidentPrefix& rp, const std::vector<int32_t>& prompt, std::vector<int32_t>* out, ResumeInfo* info) -> Status {
+    const double start = bench::NowMs();
+    double first_ms = 0;
+    ASSIGN_OR_RETURN(CachedGeneration g, rp.Generate(CacheRequest{prompt, "bench", 8, 0}, greedy, [&](const GeneratedToken&) {
+                       if (first_ms == 0) first_ms = bench::NowMs() - start;
+                       return true;
+                     }));
+    *out = g.generation.tokens;
+    *info = g.resume;
+    return first_ms > 0 ? Status::Ok() : Internal("no token");
+  };
+  std::vector<int32_t> reply, second;
+  double save_ms = 0;
+  SpillSaveReport saved;
+  {
+    auto spill = SessionSpill::Open(DiskEnv::Posix(), c, "bench", so);
+    if (!spill.ok()) return Fail(spill.status());
+    ResidentPrefix rp(forward, nullptr, ro);
+    rp.set_session_spill(spill->get());
+    ResumeInfo info;
+    if (Status s = ttft(rp, first, &reply, &info); !s.ok()) return Fail(s);
+    const double t0 = bench::NowMs();
+    if (Status s = rp.SpillResident("planned stop", true); !s.ok()) return Fail(s);
+    save_ms = bench::NowMs() - t0;
+  }
+  second = first;
+  second.insert(second.end(), reply.begin(), reply.end());
+  const std::vector<int32_t> user = MakePrompt(c, 100, 2);
+  second.insert(second.end(), user.begin(), user.end());
+  // The restart: a new spill and engine read the conversation back, then the next turn.
+  auto spill = SessionSpill::Open(DiskEnv::Posix(), c, "bench", so);
+  if (!spill.ok()) return Fail(spill.status());
+  ResidentPrefix warm(forward, nullptr, ro);
+  warm.set_session_spill(spill->get());
+  double t0 = bench::NowMs();
+  auto resumed = warm.ResumeSpilledResident();
+  const double restore_ms = bench::NowMs() - t0;
+  if (!resumed.ok() || !*resumed) return Fail(resumed.ok() ? Internal("nothing read back") : resumed.status());
+  const SessionSpillStats st = (*spill)->stats();
+  std::vector<int32_t> warm_tokens, cold_tokens;
+  ResumeInfo warm_info, cold_info;
+  t0 = bench::NowMs();
+  if (Status s = ttft(warm, second, &warm_tokens, &warm_info); !s.ok()) return Fail(s);
+  const double warm_turn_ms = bench::NowMs() - t0;
+  ResidentPrefix cold(forward, nullptr, ro);
+  t0 = bench::NowMs();
+  if (Status s = ttft(cold, second, &cold_tokens, &cold_info); !s.ok()) return Fail(s);
+  const double cold_ms = bench::NowMs() - t0;
+  const double restart_ttft_ms = restore_ms + warm_turn_ms;
+  const bool same = warm_tokens == cold_tokens;
+  const nlohmann::json report = {{"tokens", tokens}, {"entry_tokens", first.size() + reply.size()}, {"save_ms", save_ms},
+                                 {"restore_ms", restore_ms}, {"stored_bytes", st.bytes}, {"raw_bytes", st.raw_bytes},
+                                 {"bytes_read", st.bytes_read}, {"restore_gbs", st.bytes_read / (restore_ms / 1e3) / 1e9},
+                                 {"restart_ttft_ms", restart_ttft_ms}, {"cold_ttft_ms", cold_ms}, {"resumed_at", warm_info.cached_tokens},
+                                 {"source", CacheSourceName(warm_info.source)}, {"same_tokens_as_cold", same},
+                                 {"kernel_path", cpu::PathName(cpu::ActivePath())}};
+  if (as_json) {
+    std::printf("%s\n", report.dump(2).c_str());
+  } else {
+    std::printf("conversation of %lld tokens and an 8-token reply; kernel path %s\n", static_cast<long long>(tokens), cpu::PathName(cpu::ActivePath()));
+    std::printf("planned stop: saved in %.0f ms (%.1f MiB raw, %.1f MiB stored, %.1f %% saved)\n", save_ms, st.raw_bytes / 1048576.0,
+                st.bytes / 1048576.0, 100.0 * (1.0 - static_cast<double>(st.bytes) / std::max<double>(1, st.raw_bytes)));
+    std::printf("restart: read back %.1f MiB (blocks as stored and 5 anchors) in %.0f ms (%.2f GB/s); next turn resumed at %lld (%s)\n",
+                st.bytes_read / 1048576.0, restore_ms, st.bytes_read / (restore_ms / 1e3) / 1e9, static_cast<long long>(warm_info.cached_tokens),
+                CacheSourceName(warm_info.source));
+    std::printf("TTFT of the next turn: after the restart %.0f ms (read back + turn), cold re-read %.0f ms = %.1f %%\n", restart_ttft_ms, cold_ms,
+                100.0 * restart_ttft_ms / cold_ms);
+    std::printf("tokens equal to the cold re-read's: %s\n", same ? "yes" : "no (the greedy gate allows a near tie)");
+  }
+  std::filesystem::remove_all(dir);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string model_dir;
   int64_t tokens = 4096;
   int level = 1, threads = 2;
-  bool as_json = false;
+  bool as_json = false, restart = false;
+  std::string dir = "/tmp/anchorage-bench/spill";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const std::string v = i + 1 < argc ? argv[i + 1] : "";
@@ -41,8 +138,10 @@ int main(int argc, char** argv) {
     else if (a == "--tokens") tokens = std::atoll(v.c_str()), ++i;
     else if (a == "--level") level = std::atoi(v.c_str()), ++i;
     else if (a == "--threads") threads = std::max(1, std::atoi(v.c_str())), ++i;
+    else if (a == "--restart") restart = true;
+    else if (a == "--dir") dir = v, ++i;
     else {
-      std::fprintf(stderr, "usage: anchorage-bench-spill [--model-dir DIR] [--tokens N] [--level L] [--threads T] [--json]\n");
+      std::fprintf(stderr, "usage: anchorage-bench-spill [--model-dir DIR] [--tokens N] [--level L] [--threads T] [--restart] [--dir D] [--json]\n");
       return 2;
     }
   }
@@ -52,6 +151,7 @@ int main(int argc, char** argv) {
   const ModelConfig& c = (*model)->config;
   auto forward = Forward::Create(c, (*model)->weights, ForwardOptions{1024, 0});
   if (!forward.ok()) return Fail(forward.status());
+  if (restart) return Restart(**forward, c, tokens, dir, as_json);
   std::vector<int32_t> prompt(static_cast<size_t>(tokens));
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 2654435761u) % static_cast<size_t>(c.vocab_size - 16));
   SequenceState state(c);

@@ -382,6 +382,35 @@ class TestDiskCache : public QObject {
     QCOMPARE(disk->tier().Find(b, 300), int64_t(256));
   }
 
+  // Past the day's write budget the tier plans nothing and journals the skip; the writes it makes
+  // otherwise count toward the day.
+  void writeBudgetStopsPlanning() {
+    QTemporaryDir dir;
+    auto disk = OpenDisk(dir);
+    auto guard = WriteGuard::Open(DiskEnv::Posix(), dir.filePath("writes.json").toStdString(), 0, [] { return std::string("2026-12-01"); });
+    guard->Add(1);
+    disk->set_write_guard(guard.get());
+    ResidentOptions o = Options();
+    o.disk.write_budget_bytes = 0;
+    EventLog log;
+    auto rp = std::make_unique<ResidentPrefix>(*forward_, &model_->tokenizer, o);
+    rp->set_event_sink(log.Sink());
+    rp->set_disk_cache(disk.get());
+    const auto a = Tokens(14, 300, vocab_);
+    Run(*rp, a);
+    disk->WaitIdle();
+    QCOMPARE(disk->tier().stats().anchors_written, int64_t(0));
+    QVERIFY(log.Find("drop", "write budget").has_value());
+    QCOMPARE(disk->Stats().skipped_by_write_budget, int64_t(1));
+    QCOMPARE(guard->Stats().skips, int64_t(1));
+    o.disk.write_budget_bytes = int64_t(1) << 40;
+    rp->set_options(o);
+    Run(*rp, Tokens(15, 300, vocab_));
+    disk->WaitIdle();
+    QCOMPARE(disk->tier().stats().anchors_written, int64_t(1));
+    QCOMPARE(guard->Stats().today_bytes, 1 + disk->tier().stats().bytes_written);
+  }
+
   // With the cost rule on, a line is read only when its read is cheaper than its prefill at the measured rates.
   void costRuleComparesMeasuredRates() {
     QTemporaryDir dir;

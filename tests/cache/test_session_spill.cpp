@@ -91,6 +91,21 @@ class TestSessionSpill : public QObject {
     vocab_ = model_->tokenizer.vocab_size();
   }
 
+  // The two sums as defined: plain, and each word times its 1-based position, both mod 2^64.
+  void wordSumsAreTheDefinedOnes() {
+    std::vector<uint32_t> words(1001);
+    for (size_t i = 0; i < words.size(); ++i) words[i] = static_cast<uint32_t>(0x9e3779b9u * (i + 7));
+    uint64_t plain = 0, weighted = 0;
+    for (size_t i = 0; i < words.size(); ++i) {
+      plain += words[i];
+      weighted += static_cast<uint64_t>(i + 1) * words[i];
+    }
+    QCOMPARE(WordSums(words.data(), static_cast<int64_t>(words.size() * 4)), std::make_pair(plain, weighted));
+    std::swap(words[3], words[4]);  // the weighted sum sees an order the plain one does not
+    QCOMPARE(WordSums(words.data(), static_cast<int64_t>(words.size() * 4)).first, plain);
+    QVERIFY(WordSums(words.data(), static_cast<int64_t>(words.size() * 4)).second != weighted);
+  }
+
   void savedEntryRestoresInANewSpill() {
     for (bool compress : {true, false}) {
       QTemporaryDir dir;

@@ -116,6 +116,24 @@ class TestSpillTier : public QObject {
     QVERIFY(!*rp->ResumeSpilledResident());  // read back once
   }
 
+  // Past 1.5 times the day's budget an eviction is not written (and journaled); a planned stop is.
+  void writeBudgetSkipsEvictionsNotTheDrain() {
+    QTemporaryDir dir;
+    auto spill = OpenSpill(dir);
+    auto guard = WriteGuard::Open(DiskEnv::Posix(), dir.filePath("writes.json").toStdString(), 10, [] { return std::string("2026-12-01"); });
+    guard->Add(100);
+    std::vector<CacheEvent> events;
+    auto rp = Engine(spill.get(), &events);
+    rp->set_write_guard(guard.get());
+    Turn(*rp, Tokens(9, 1300, vocab_), "a");
+    Turn(*rp, Tokens(10, 1400, vocab_), "b");
+    QVERIFY(Has(events, "drop", "write budget"));
+    QCOMPARE(spill->stats().entries, int64_t(0));
+    QVERIFY(rp->SpillResident("planned stop", true).ok());
+    QCOMPARE(spill->stats().entries, int64_t(1));
+    QVERIFY(guard->Stats().today_bytes > 100);
+  }
+
   void damagedEntryFallsBackToWhatIsInPlace() {
     QTemporaryDir dir;
     auto spill = OpenSpill(dir);

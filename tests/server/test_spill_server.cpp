@@ -1,8 +1,8 @@
 // The session spill through anchorage-server on the tiny model (64-token grid): a conversation's
 // server stops with SIGTERM (the drain writes the resident conversation), the next server reads it
 // back before its first request, and the next turn resumes where it would have and answers the
-// same greedy tokens as a server that never stopped; the stats and /metrics show the spill, and
-// clear?tier=spill empties it.
+// same greedy tokens as a server that never stopped; the stats, /metrics and /health's day of
+// writes show the spill, and clear?tier=spill empties it.
 #include <QtTest>
 
 #include <signal.h>
@@ -86,6 +86,11 @@ class TestSpillServer : public QObject {
     QVERIFY(spill["list"][0]["tokens"].get<int64_t>() > 256);
     QVERIFY(!spill["list"][0].contains("session"));  // token counts and sizes, never the conversation
     QVERIFY(b.Get("/metrics")->body.find("anchorage_spill_restores_total 1\n") != std::string::npos);
+    // The first server's drain counted toward the day's writes, kept across the restart.
+    const json writes = json::parse(b.Get("/health")->body)["cache"]["disk_writes"];
+    QCOMPARE(writes["level"].get<std::string>(), std::string("ok"));
+    QVERIFY2(writes["today_gb"].get<double>() > 0, writes.dump().c_str());
+    QCOMPARE(writes["budget_gb"].get<double>(), 200.0 * (1 << 30) / 1e9);
     auto cleared = b.Post("/v1/cache/clear?tier=spill", "");
     QVERIFY(cleared && cleared->status == 200);
     QCOMPARE(json::parse(cleared->body)["stats"]["spill"]["entries"].get<int64_t>(), int64_t(0));
