@@ -31,6 +31,10 @@ const NumberField kFields[] = {
     {"disk_cache.min_free_gb", "Leave free on the disk", " GiB", 1},
     {"disk_cache.admit_after", "Write after cold reads", "", 0},
     {"disk_cache.min_tokens", "Shortest prefix written", " tokens", 0},
+    {"disk_cache.write_budget_gb", "Writes a day (tier and spill)", " GiB", 0},
+    {"spill.budget_gb", "Spill budget", " GiB", 1},
+    {"spill.min_tokens", "Shortest conversation spilled", " tokens", 0},
+    {"spill.ttl_hours", "Keep unused conversations", " hours", 0},
 };
 
 QTableWidget* MakeTable(const QStringList& headers, const QString& name, QWidget* parent) {
@@ -78,6 +82,11 @@ DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(paren
   m_mode->addItems({"off", "read", "readwrite"});
   connect(m_mode, &QComboBox::currentIndexChanged, this, &DiskScreen::markDirty);
   form->addRow(tr("Mode"), m_mode);
+  m_spillMode = new QComboBox(knobs);
+  m_spillMode->setObjectName("spill_mode");
+  m_spillMode->addItems({"off", "on"});
+  connect(m_spillMode, &QComboBox::currentIndexChanged, this, &DiskScreen::markDirty);
+  form->addRow(tr("Session spill"), m_spillMode);
   for (const NumberField& f : kFields) {
     auto* spin = new QDoubleSpinBox(knobs);
     spin->setObjectName(QString(f.key).replace('.', '_'));
@@ -117,6 +126,27 @@ DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(paren
   m_events = MakeTable({tr("Time"), tr("Event"), tr("Tokens"), tr("Bytes"), tr("Why")}, "diskEventTable", eventBox);
   (new QVBoxLayout(eventBox))->addWidget(m_events);
 
+  auto* spillBox = new QGroupBox(tr("Session spill (whole conversations; token counts and sizes only)"), this);
+  m_spillSummary = new QLabel(tr("Waiting for the engine…"), spillBox);
+  m_spillSummary->setObjectName("spillSummary");
+  m_spillSummary->setWordWrap(true);
+  m_spillSummary->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  m_clearSpill = new QPushButton(tr("Clear the spill…"), spillBox);
+  m_clearSpill->setObjectName("clear_spill");
+  m_clearSpill->setToolTip(tr("Delete every saved conversation"));
+  connect(m_clearSpill, &QPushButton::clicked, this, &DiskScreen::requestClearSpill);
+  m_spillEntries = MakeTable({tr("Tokens"), tr("Stored"), tr("Raw"), tr("End at"), tr("Last used")}, "spillEntryTable", spillBox);
+  m_spillEvents = MakeTable({tr("Time"), tr("Event"), tr("Tokens"), tr("Bytes"), tr("Why")}, "spillEventTable", spillBox);
+  auto* spillHead = new QHBoxLayout;
+  spillHead->addWidget(m_spillSummary, 1);
+  spillHead->addWidget(m_clearSpill, 0, Qt::AlignTop);
+  auto* spillTables = new QHBoxLayout;
+  spillTables->addWidget(m_spillEntries, 2);
+  spillTables->addWidget(m_spillEvents, 3);
+  auto* spillLayout = new QVBoxLayout(spillBox);
+  spillLayout->addLayout(spillHead);
+  spillLayout->addLayout(spillTables);
+
   auto* top = new QHBoxLayout;
   top->addWidget(status, 3);
   top->addWidget(knobs, 2);
@@ -126,6 +156,7 @@ DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(paren
   auto* layout = new QVBoxLayout(this);
   layout->addLayout(top, 0);
   layout->addLayout(bottom, 1);
+  layout->addWidget(spillBox, 1);
 
   connect(settings, &QAbstractItemModel::modelReset, this, &DiskScreen::loadSettings);
   connect(settings, &QAbstractItemModel::dataChanged, this, &DiskScreen::loadSettings);
@@ -133,6 +164,7 @@ DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(paren
 }
 
 QString DiskScreen::summaryText() const { return m_summary->text(); }
+QString DiskScreen::spillSummaryText() const { return m_spillSummary->text(); }
 
 void DiskScreen::markDirty() {
   m_dirty = true;
@@ -148,6 +180,11 @@ void DiskScreen::loadSettings() {
     m_mode->setCurrentText(m_settings->value("disk_cache.mode").toString());
     m_mode->setEnabled(loaded);
   }
+  {
+    QSignalBlocker block(m_spillMode);
+    m_spillMode->setCurrentText(m_settings->value("spill.mode").toString());
+    m_spillMode->setEnabled(loaded);
+  }
   loadEditors(m_editors, *m_settings);
   m_apply->setEnabled(false);
   m_revert->setEnabled(false);
@@ -156,6 +193,7 @@ void DiskScreen::loadSettings() {
 void DiskScreen::applySettings() {
   QVariantMap values;
   values["disk_cache.mode"] = m_mode->currentText();
+  values["spill.mode"] = m_spillMode->currentText();
   for (auto it = m_editors.begin(); it != m_editors.end(); ++it) {
     const QJsonObject f = m_settings->field(it.key());
     if (f["type"].toString() == "integer") values[it.key()] = static_cast<qint64>(it.value()->value());
@@ -177,8 +215,16 @@ void DiskScreen::onSettingsOutcome(const SettingsOutcome& outcome) {
 }
 
 void DiskScreen::onTierCleared(const QString& tier, bool ok, const QString& message) {
-  if (tier != "disk") return;
-  setMessage(ok ? tr("Cleared the disk tier.") : tr("Clearing the disk tier failed: %1").arg(message), !ok);
+  if (tier != "disk" && tier != "spill") return;
+  const QString what = tier == "disk" ? tr("the disk tier") : tr("the session spill");
+  setMessage(ok ? tr("Cleared %1.").arg(what) : tr("Clearing %1 failed: %2").arg(what, message), !ok);
+}
+
+void DiskScreen::requestClearSpill() {
+  if (!m_confirm(this, tr("Clear the session spill"),
+                 tr("Delete every saved conversation? Their next turns read everything past the disk tier's heads again.")))
+    return;
+  emit clearTierRequested("spill");
 }
 
 void DiskScreen::requestClear() {
@@ -189,9 +235,11 @@ void DiskScreen::requestClear() {
 }
 
 void DiskScreen::setSnapshot(const CacheSnapshot& snapshot) {
-  const QJsonObject d = QJsonDocument::fromJson(snapshot.json).object().value("disk").toObject();
+  const QJsonObject doc = QJsonDocument::fromJson(snapshot.json).object();
+  const QJsonObject d = doc.value("disk").toObject();
   m_open = d.value("open").toBool();
   m_clear->setEnabled(m_open);
+  setSpill(doc.value("spill").toObject());
   if (!m_open) {
     m_summary->setText(tr("This engine runs without a disk tier (started with --disk-cache off)."));
     m_prefixes->setRowCount(0);
@@ -217,6 +265,12 @@ void DiskScreen::setSnapshot(const CacheSnapshot& snapshot) {
               .arg(n("evicted_files"))
               .arg(n("expired_files"));
   if (rate > 0) text += tr("<br>Restores read at %1/s.").arg(fmt::bytes(static_cast<qint64>(rate)));
+  if (const QJsonObject w = doc.value("disk_writes").toObject(); !w.isEmpty())
+    text += tr("<br>Written today (tier and spill): %1 of %2 GiB a day, level <b>%3</b>; %4 writes skipped for the budget.")
+                .arg(w.value("today_gb").toDouble(), 0, 'f', 2)
+                .arg(w.value("budget_gb").toDouble(), 0, 'f', 0)
+                .arg(w.value("level").toString())
+                .arg(static_cast<qint64>(w.value("skips").toDouble()));
   m_summary->setText(text);
 
   const QJsonArray top = d.value("top_prefixes").toArray();
@@ -237,6 +291,48 @@ void DiskScreen::setSnapshot(const CacheSnapshot& snapshot) {
     m_events->setItem(i, 2, Cell(QString::number(static_cast<qint64>(e["tokens"].toDouble())), true));
     m_events->setItem(i, 3, Cell(fmt::bytes(static_cast<qint64>(e["bytes"].toDouble())), true));
     m_events->setItem(i, 4, Cell(e["reason"].toString()));
+  }
+}
+
+void DiskScreen::setSpill(const QJsonObject& sp) {
+  const bool open = sp.value("open").toBool();
+  m_clearSpill->setEnabled(open);
+  if (!open) {
+    m_spillSummary->setText(tr("This engine runs without a session spill (it lives in the disk tier's folder)."));
+    m_spillEntries->setRowCount(0);
+    m_spillEvents->setRowCount(0);
+    return;
+  }
+  auto n = [&](const char* key) { return static_cast<qint64>(sp.value(key).toDouble()); };
+  m_spillSummary->setText(tr("%1 conversations, %2 stored for %3 of rows (the codec saves %4%).<br>"
+                             "%5 saves, %6 restores, %7 failed restores; %8 evicted for the budget, %9 expired.")
+                              .arg(n("entries"))
+                              .arg(fmt::bytes(n("bytes")), fmt::bytes(n("raw_bytes")))
+                              .arg(100.0 * sp.value("codec_saved_fraction").toDouble(), 0, 'f', 1)
+                              .arg(n("saves"))
+                              .arg(n("restores"))
+                              .arg(n("failed_restores"))
+                              .arg(n("evictions"))
+                              .arg(n("expired")));
+  const QJsonArray list = sp.value("list").toArray();
+  m_spillEntries->setRowCount(static_cast<int>(list.size()));
+  for (int i = 0; i < list.size(); ++i) {
+    const QJsonObject e = list[i].toObject();
+    m_spillEntries->setItem(i, 0, Cell(QString::number(static_cast<qint64>(e["tokens"].toDouble())), true));
+    m_spillEntries->setItem(i, 1, Cell(fmt::bytes(static_cast<qint64>(e["bytes"].toDouble())), true));
+    m_spillEntries->setItem(i, 2, Cell(fmt::bytes(static_cast<qint64>(e["raw_bytes"].toDouble())), true));
+    m_spillEntries->setItem(i, 3, Cell(QString::number(static_cast<qint64>(e["end_length"].toDouble())), true));
+    m_spillEntries->setItem(i, 4, Cell(fmt::timeOfDay(static_cast<qint64>(e["used_ms"].toDouble()))));
+  }
+  const QJsonArray events = sp.value("recent_events").toArray();
+  m_spillEvents->setRowCount(static_cast<int>(events.size()));
+  for (int i = 0; i < events.size(); ++i) {
+    const QJsonObject e = events[events.size() - 1 - i].toObject();  // newest first
+    m_spillEvents->setItem(i, 0, Cell(fmt::timeOfDay(static_cast<qint64>(e["time_ms"].toDouble()))));
+    m_spillEvents->setItem(i, 1, Cell(e["kind"].toString()));
+    m_spillEvents->setItem(i, 2, Cell(QString::number(static_cast<qint64>(e["tokens"].toDouble())), true));
+    m_spillEvents->setItem(i, 3, Cell(fmt::bytes(static_cast<qint64>(e["bytes"].toDouble())), true));
+    m_spillEvents->setItem(i, 4, Cell(e["reason"].toString()));
   }
 }
 

@@ -1,5 +1,7 @@
 // DiskScreen: the disk tier: its folder, free space, budget, bytes and hit rate, the most-hit
-// prefixes (token counts only), the last events, its settings (editable) and a clear button.
+// prefixes (token counts only), the last events, the day's writes against their budget; the
+// session spill: its entries (token counts and sizes), bytes stored against raw, its last saves and
+// restores; the settings of both (editable) and a clear button for each.
 #pragma once
 
 #include <QJsonObject>
@@ -28,7 +30,10 @@ class DiskScreen : public QWidget {
   QComboBox* modeEditor() const { return m_mode; }
   QTableWidget* prefixTable() const { return m_prefixes; }
   QTableWidget* eventTable() const { return m_events; }
+  QTableWidget* spillEntryTable() const { return m_spillEntries; }
+  QTableWidget* spillEventTable() const { return m_spillEvents; }
   QString summaryText() const;
+  QString spillSummaryText() const;
 
  signals:
   void clearTierRequested(const QString& tier);
@@ -41,16 +46,24 @@ class DiskScreen : public QWidget {
   void applySettings();
   // Asks, then requests the disk tier emptied.
   void requestClear();
+  // Asks, then requests the session spill emptied.
+  void requestClearSpill();
 
  private:
   void loadSettings();
+  void setSpill(const QJsonObject& spill);
   void markDirty();
   void setMessage(const QString& text, bool error);
 
   SettingsModel* m_settings;
   QMap<QString, QDoubleSpinBox*> m_editors;  // "disk_cache.budget_gb" -> editor
   QComboBox* m_mode;
+  QComboBox* m_spillMode;
   QLabel* m_summary;
+  QLabel* m_spillSummary;
+  QPushButton* m_clearSpill;
+  QTableWidget* m_spillEntries;
+  QTableWidget* m_spillEvents;
   QLabel* m_message;
   QPushButton* m_apply;
   QPushButton* m_revert;

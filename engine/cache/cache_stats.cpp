@@ -28,28 +28,33 @@ nlohmann::json ToJson(const CacheStats& s) {
   };
   doc["disk"] = s.disk_enabled ? ToJson(s.disk) : nlohmann::json{{"mode", "off"}, {"open", false}};
   if (s.write_guard) doc["disk_writes"] = WriteGuardJson(*s.write_guard);
-  doc["spill"] = s.spill_enabled ? SpillJson(s.spill, s.spill_entries) : nlohmann::json{{"open", false}};
+  doc["spill"] = s.spill_enabled ? SpillJson(s.spill, s.spill_entries, s.spill_events) : nlohmann::json{{"open", false}};
   return doc;
 }
 
 nlohmann::json WriteGuardJson(const WriteGuardStats& s) {
   nlohmann::json days = nlohmann::json::object();
-  for (const auto& [day, bytes] : s.days) days[day] = static_cast<double>(bytes) / 1e9;
-  return {{"today", s.today}, {"today_gb", static_cast<double>(s.today_bytes) / 1e9}, {"budget_gb", static_cast<double>(s.budget_bytes) / 1e9},
+  constexpr double kGib = 1024.0 * 1024.0 * 1024.0;  // as the settings count: GiB
+  for (const auto& [day, bytes] : s.days) days[day] = static_cast<double>(bytes) / kGib;
+  return {{"today", s.today}, {"today_gb", static_cast<double>(s.today_bytes) / kGib}, {"budget_gb", static_cast<double>(s.budget_bytes) / kGib},
           {"level", WriteLevelName(s.level)}, {"skips", s.skips}, {"days_gb", days}};
 }
 
-nlohmann::json SpillJson(const SessionSpillStats& s, const std::vector<SpillEntryInfo>& entries) {
+nlohmann::json SpillJson(const SessionSpillStats& s, const std::vector<SpillEntryInfo>& entries, const std::vector<CacheEvent>& events) {
   nlohmann::json list = nlohmann::json::array();
   for (const SpillEntryInfo& e : entries)
     list.push_back({{"tokens", e.tokens}, {"bytes", e.bytes}, {"raw_bytes", e.raw_bytes}, {"end_length", e.end_length}, {"used_ms", e.used_ms},
                     {"has_session", !e.session.empty()}});
   const double saved = s.raw_bytes > 0 ? 1.0 - static_cast<double>(s.bytes) / static_cast<double>(s.raw_bytes) : 0.0;
+  nlohmann::json recent = nlohmann::json::array();
+  for (const CacheEvent& e : events)
+    recent.push_back({{"kind", e.kind}, {"tokens", e.tokens}, {"bytes", e.bytes}, {"reason", e.reason}, {"time_ms", e.time_ms}});
   return {{"open", true},          {"entries", s.entries},       {"bytes", s.bytes},
           {"raw_bytes", s.raw_bytes}, {"codec_saved_fraction", saved}, {"saves", s.saves},
           {"restores", s.restores}, {"failed_restores", s.failed_restores}, {"evictions", s.evictions},
           {"expired", s.expired},   {"bytes_written", s.bytes_written}, {"bytes_read", s.bytes_read},
-          {"save_seconds", s.save_seconds}, {"restore_seconds", s.restore_seconds}, {"list", list}};
+          {"save_seconds", s.save_seconds}, {"restore_seconds", s.restore_seconds}, {"list", list},
+          {"recent_events", recent}};
 }
 
 nlohmann::json ToJson(const DiskCacheStats& d) {

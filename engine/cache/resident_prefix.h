@@ -222,7 +222,9 @@ class ResidentPrefix {
   ResidentOptions options_;
   CacheEventSink sink_;
   void Emit(const char* kind, const std::string& tier, int64_t tokens, int64_t bytes, std::string reason = "") const {
-    if (sink_) sink_(CacheEvent{kind, tier, tokens, bytes, std::move(reason), std::nullopt, 0});
+    CacheEvent event{kind, tier, tokens, bytes, std::move(reason), std::nullopt, 0};
+    if (tier == "spill" && spill_ != nullptr) spill_->Record(event);  // the console's last spill events
+    if (sink_) sink_(event);
   }
   SequenceState state_;
   std::vector<int32_t> rows_;     // tokens whose K/V rows are valid in state_

@@ -496,6 +496,18 @@ Status SessionSpill::Clear() {
   return Status::Ok();
 }
 
+void SessionSpill::Record(CacheEvent event) {
+  event.time_ms = Now();
+  std::lock_guard lock(mu_);
+  recent_.push_back(std::move(event));
+  while (recent_.size() > 32) recent_.pop_front();
+}
+
+std::vector<CacheEvent> SessionSpill::RecentEvents() const {
+  std::lock_guard lock(mu_);
+  return {recent_.begin(), recent_.end()};
+}
+
 void SessionSpill::set_limits(int64_t budget_bytes, int64_t ttl_ms) {
   std::lock_guard lock(mu_);
   options_.budget_bytes = budget_bytes;

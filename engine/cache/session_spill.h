@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -110,6 +111,9 @@ class SessionSpill {
   std::optional<std::string> TakeResident();
   Status Remove(const std::string& id);
   Status Clear();
+  // Keeps an event of the spill's for the console (the newest 32), stamped now.
+  void Record(CacheEvent event);
+  std::vector<CacheEvent> RecentEvents() const;  // newest last
   // New budget and TTL (the settings document's), applied now.
   void set_limits(int64_t budget_bytes, int64_t ttl_ms);
   SessionSpillStats stats() const;
@@ -159,6 +163,7 @@ class SessionSpill {
   mutable std::mutex mu_;  // guards the index and stats
   std::map<std::string, Manifest> index_;
   SessionSpillStats stats_;
+  std::deque<CacheEvent> recent_;
 };
 
 // Two sums of a buffer's 32-bit words: plain, and weighted by position (1-based); both wrap.

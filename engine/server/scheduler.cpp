@@ -160,6 +160,7 @@ CacheStats Scheduler::CacheStats() const {
     stats.spill_enabled = true;
     stats.spill = options_.spill->stats();
     stats.spill_entries = options_.spill->Entries();
+    stats.spill_events = options_.spill->RecentEvents();
   }
   if (options_.write_guard != nullptr) stats.write_guard = options_.write_guard->Stats();
   return stats;

@@ -203,6 +203,18 @@ class TestConsoleGui : public QObject {
     QCOMPARE(disk_cleared[0][0].toString(), QString("disk"));
     QVERIFY(disk_cleared[0][1].toBool());
     QTRY_VERIFY_WITH_TIMEOUT(disk->summaryText().contains("of its 3.00 GiB budget"), 10000);  // a command between requests applies the settings
+    QVERIFY2(disk->summaryText().contains("Written today"), qPrintable(disk->summaryText()));
+    // The session spill beside it: open, editable, cleared only after a yes.
+    QVERIFY2(disk->spillSummaryText().contains("conversations"), qPrintable(disk->spillSummaryText()));
+    const qint64 before_spill = settings->version();
+    disk->editor("spill.min_tokens")->setValue(20000);
+    QTest::mouseClick(disk->findChild<QPushButton*>("applyDiskButton"), Qt::LeftButton);
+    QTRY_COMPARE_WITH_TIMEOUT(settings->version(), before_spill + 1, 10000);
+    QCOMPARE(settings->value("spill.min_tokens").toDouble(), 20000.0);
+    QTest::mouseClick(disk->findChild<QPushButton*>("clear_spill"), Qt::LeftButton);
+    QTRY_COMPARE_WITH_TIMEOUT(disk_cleared.count(), 2, 10000);
+    QCOMPARE(disk_cleared[1][0].toString(), QString("spill"));
+    QVERIFY(disk_cleared[1][1].toBool());
 
     // Shortcuts switch tabs.
     QTest::keyClick(&window, Qt::Key_4, Qt::ControlModifier);
