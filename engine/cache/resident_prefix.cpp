@@ -70,7 +70,7 @@ void ResidentPrefix::set_session_spill(SessionSpill* spill) {
   spill_ = spill;
   spill_tier_ = spill != nullptr ? std::make_unique<SpillTier>(*spill) : nullptr;
   if (spill_tier_) spill_tier_->set_cost_check(options_.spill.cost_check);
-  if (spill_ != nullptr) spill_->set_limits(options_.spill.budget_bytes, options_.spill.ttl_ms);
+  if (spill_ != nullptr) spill_->set_limits(options_.spill.budget_bytes, options_.spill.ttl_ms, options_.disk.min_free_bytes);
 }
 
 bool ResidentPrefix::SpillsOnEviction(int64_t shared_head) const {
@@ -78,6 +78,29 @@ bool ResidentPrefix::SpillsOnEviction(int64_t shared_head) const {
   if (spill_ == nullptr || !options_.spill.enabled || here < options_.spill.min_tokens) return false;
   const int64_t park_need = RowBytes(here - shared_head) + (ParkedSession::kMaxAnchors + 1) * state_.anchor_bytes();
   return park_need > options_.park_budget_bytes;
+}
+
+Status ResidentPrefix::SaveToSpill(const SpillEntry& entry, const SequenceState& state, const std::string& reason, bool drain) {
+  const int64_t tokens = static_cast<int64_t>(entry.tokens.size());
+  if (guard_ != nullptr && !guard_->SpillMayWrite(drain, tokens)) {
+    guard_->NoteSkip();
+    ++counters_.spill_skips;
+    const WriteGuardStats w = guard_->Stats();
+    const std::string why = "the day's write budget is spent (" + std::to_string(w.today_bytes >> 20) + " of " +
+                            std::to_string(w.budget_bytes >> 20) + " MiB, level " + WriteLevelName(w.level) + ")";
+    Emit("drop", "spill", tokens, 0, reason + ": " + why);
+    return ResourceExhausted(why);
+  }
+  auto saved = spill_->Save(entry, state);
+  if (!saved.ok()) {
+    Emit("drop", "spill", tokens, 0, reason + ": " + saved.status().message());
+    return saved.status();
+  }
+  if (guard_ != nullptr) guard_->Add(saved->bytes_written);
+  ++counters_.spill_saves;
+  Emit("write", "spill", tokens, saved->bytes_written,
+       reason + ": " + std::to_string(saved->blocks_written) + " blocks written, " + std::to_string(saved->blocks_kept) + " kept");
+  return Status::Ok();
 }
 
 Status ResidentPrefix::SpillResident(const std::string& reason, bool resident) {
@@ -92,27 +115,39 @@ Status ResidentPrefix::SpillResident(const std::string& reason, bool resident) {
     if (a.length <= static_cast<int64_t>(rows_.size())) entry.anchors.push_back(a);
   std::sort(entry.anchors.begin(), entry.anchors.end(), [](const Anchor& a, const Anchor& b) { return a.length < b.length; });
   if (entry.anchors.empty() && !entry.end) return Status::Ok();  // nothing a request could resume from
-  if (guard_ != nullptr && !guard_->SpillMayWrite(resident, static_cast<int64_t>(rows_.size()))) {
-    guard_->NoteSkip();
-    ++counters_.spill_skips;
-    const WriteGuardStats w = guard_->Stats();
-    const std::string why = "the day's write budget is spent (" + std::to_string(w.today_bytes >> 20) + " of " +
-                            std::to_string(w.budget_bytes >> 20) + " MiB, level " + WriteLevelName(w.level) + ")";
-    Emit("drop", "spill", static_cast<int64_t>(rows_.size()), 0, reason + ": " + why);
-    return ResourceExhausted(why);
-  }
   if (state_.length() < static_cast<int64_t>(rows_.size())) state_.SetLength(static_cast<int64_t>(rows_.size()));
-  auto saved = spill_->Save(entry, state_);
-  if (guard_ != nullptr && saved.ok()) guard_->Add(saved->bytes_written);
-  if (!saved.ok()) {
-    Emit("drop", "spill", static_cast<int64_t>(rows_.size()), 0, reason + ": " + saved.status().message());
-    return saved.status();
-  }
-  ++counters_.spill_saves;
-  Emit("write", "spill", static_cast<int64_t>(rows_.size()), saved->bytes_written,
-       reason + ": " + std::to_string(saved->blocks_written) + " blocks written, " + std::to_string(saved->blocks_kept) + " kept");
+  RETURN_IF_ERROR(SaveToSpill(entry, state_, reason, resident));
   if (resident) return spill_->SetResident(SessionSpill::EntryId(entry.session, entry.tokens));
   return Status::Ok();
+}
+
+Status ResidentPrefix::SpillParked(const std::string& reason) {
+  if (spill_ == nullptr || !options_.spill.enabled || park_.empty()) return Status::Ok();
+  const int64_t head = park_.head, top = static_cast<int64_t>(park_.tokens.size());
+  // The parked rows below its head are the rows in place; without them the park is not a conversation.
+  if (CommonPrefixLength(rows_, park_.tokens) < head || state_.length() < head) return Status::Ok();
+  SequenceState whole(forward_.config());
+  if (head > 0) {
+    ASSIGN_OR_RETURN(KvRows below, state_.CopyRows(0, head));
+    RETURN_IF_ERROR(whole.WriteRows(below));
+  }
+  RETURN_IF_ERROR(whole.WriteRows(park_.rows));
+  whole.SetLength(top);
+  SpillEntry entry;
+  entry.session = park_.session;
+  entry.tokens = park_.tokens;
+  entry.taint_row = park_.taint_row;
+  entry.end = park_.end;
+  if (park_.end) entry.regions = park_.end->regions;
+  entry.anchors = park_.anchors;
+  if (entry.anchors.empty() && !entry.end) return Status::Ok();
+  return SaveToSpill(entry, whole, reason, true);
+}
+
+Status ResidentPrefix::SpillForStop() {
+  const Status parked = SpillParked("planned stop (parked)");
+  const Status resident = SpillResident("planned stop", true);
+  return resident.ok() ? parked : resident;
 }
 
 Result<bool> ResidentPrefix::ResumeSpilledResident() {
@@ -207,7 +242,7 @@ void ResidentPrefix::set_options(const ResidentOptions& options) {
   }
   options_ = options;
   if (spill_tier_) spill_tier_->set_cost_check(options_.spill.cost_check);
-  if (spill_ != nullptr) spill_->set_limits(options_.spill.budget_bytes, options_.spill.ttl_ms);
+  if (spill_ != nullptr) spill_->set_limits(options_.spill.budget_bytes, options_.spill.ttl_ms, options_.disk.min_free_bytes);
   ConfigureTiers();
   anchors_.set_budget_bytes(options.anchor_budget_bytes);
   store_.set_limits(options.store_budget_bytes, options.store_entry_cap_bytes);

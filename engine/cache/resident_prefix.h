@@ -113,6 +113,9 @@ class ResidentPrefix {
   Status SpillResident(const std::string& reason, bool resident = false);
   // The day's write budget the spill shares with the disk tier (not owned); nullptr: none.
   void set_write_guard(WriteGuard* guard) { guard_ = guard; }
+  // A planned stop: writes the parked conversation (its head from the rows in place) and then the
+  // resident one, marked to be read back first.
+  Status SpillForStop();
   // Reads back the conversation a planned stop left resident; false when there was none.
   Result<bool> ResumeSpilledResident();
 
@@ -200,6 +203,9 @@ class ResidentPrefix {
   // An eviction writes the resident conversation to the spill instead of the park when it is long
   // enough and the park cannot hold its rows above the shared head.
   bool SpillsOnEviction(int64_t shared_head) const;
+  // Writes a spill entry, counted against the day's writes (a drain always may); events say how it went.
+  Status SaveToSpill(const SpillEntry& entry, const SequenceState& state, const std::string& reason, bool drain);
+  Status SpillParked(const std::string& reason);
   // The rows in place as the tiers see them.
   ResidentRows View();
   ResidentRows View() const;

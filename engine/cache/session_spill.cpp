@@ -223,6 +223,11 @@ Result<SpillSaveReport> SessionSpill::Save(const SpillEntry& entry, const Sequen
   const int64_t width = state.kv_width();
   const size_t buffers = static_cast<size_t>(2 * state.num_attention_layers());
   std::lock_guard lock(mu_);
+  // The rows as they are, at most: what the save could add to the file system.
+  const int64_t at_most = valid * state.kv_bytes_per_token() + static_cast<int64_t>(entry.anchors.size() + 1) * state.anchor_bytes();
+  if (auto free = env_.FreeBytes(options_.dir); free.ok() && *free - at_most < options_.min_free_bytes)
+    return ResourceExhausted("session spill: writing " + std::to_string(at_most >> 20) + " MiB would leave less than " +
+                             std::to_string(options_.min_free_bytes >> 20) + " MiB free on the disk (" + std::to_string(*free >> 20) + " MiB free)");
   std::optional<Manifest> old;
   if (auto it = index_.find(id); it != index_.end()) old = it->second;
   index_.erase(id);
@@ -508,10 +513,11 @@ std::vector<CacheEvent> SessionSpill::RecentEvents() const {
   return {recent_.begin(), recent_.end()};
 }
 
-void SessionSpill::set_limits(int64_t budget_bytes, int64_t ttl_ms) {
+void SessionSpill::set_limits(int64_t budget_bytes, int64_t ttl_ms, int64_t min_free_bytes) {
   std::lock_guard lock(mu_);
   options_.budget_bytes = budget_bytes;
   options_.ttl_ms = ttl_ms;
+  options_.min_free_bytes = min_free_bytes;
   EvictLocked("");
 }
 

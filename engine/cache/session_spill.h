@@ -34,6 +34,7 @@ struct SessionSpillOptions {
   std::string dir;                              // <disk tier>/sessions
   int64_t budget_bytes = 64ll << 30;
   int64_t ttl_ms = 48ll * 3600 * 1000;          // an entry unused this long goes
+  int64_t min_free_bytes = 0;                   // a save that would leave less free on the file system is refused (the tier's floor)
   bool compress = true;                         // the byte-plane codec; raw blocks stay readable either way
   int level = 1;                                // zstd's
   int threads = 2;                              // the codec's pool
@@ -115,7 +116,7 @@ class SessionSpill {
   void Record(CacheEvent event);
   std::vector<CacheEvent> RecentEvents() const;  // newest last
   // New budget and TTL (the settings document's), applied now.
-  void set_limits(int64_t budget_bytes, int64_t ttl_ms);
+  void set_limits(int64_t budget_bytes, int64_t ttl_ms, int64_t min_free_bytes);
   SessionSpillStats stats() const;
 
  private:

@@ -184,7 +184,7 @@ Status Scheduler::ClearCache(const std::string& tier) {
 }
 
 Status Scheduler::SpillForStop() {
-  return BetweenRequests("", [&] { return resident_.SpillResident("planned stop", true); });
+  return BetweenRequests("", [&] { return resident_.SpillForStop(); });
 }
 
 Result<bool> Scheduler::ResumeSpilled() {

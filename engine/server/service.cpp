@@ -161,6 +161,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
       spill_options.dir = (fs::path(dir) / "sessions").string();
       spill_options.budget_bytes = scheduler_options.resident.spill.budget_bytes;
       spill_options.ttl_ms = scheduler_options.resident.spill.ttl_ms;
+      spill_options.min_free_bytes = scheduler_options.resident.disk.min_free_bytes;
       auto spill = SessionSpill::Open(DiskEnv::Posix(), s->model_->config, fingerprint, spill_options);
       if (!spill.ok()) s->notes_.push_back("warning: the session spill is off: " + spill.status().message());
       else s->spill_ = std::move(spill).value();

@@ -245,6 +245,24 @@ class TestSessionSpill : public QObject {
     QVERIFY(spill->Info(SessionSpill::EntryId("a", a.tokens)).has_value());
   }
 
+  // The tier's free-space floor: a save that would go under it is refused and writes nothing.
+  void fullDiskRefusesTheSave() {
+    QTemporaryDir dir;
+    const Conversation c = Make(12, 1100);
+    FaultEnv env;
+    env.free_bytes = 64ll << 20;
+    SessionSpillOptions o = Options(dir);
+    o.min_free_bytes = 64ll << 20;  // any write would go under it
+    auto spill = Open(o, "", env);
+    auto saved = spill->Save(c.entry, *c.state);
+    QCOMPARE(saved.status().code(), StatusCode::kResourceExhausted);
+    QVERIFY2(saved.status().message().find("free on the disk") != std::string::npos, saved.status().message().c_str());
+    QCOMPARE(spill->stats().entries, int64_t(0));
+    QVERIFY(std::filesystem::is_empty(o.dir));
+    env.free_bytes = 1ll << 40;
+    QVERIFY(spill->Save(c.entry, *c.state).ok());
+  }
+
   // A crash at any write step of a second save leaves the first entry whole or no entry.
   void crashAtEveryStepServesNothingWrong() {
     const Conversation first = Make(10, 1500);

@@ -116,6 +116,40 @@ class TestSpillTier : public QObject {
     QVERIFY(!*rp->ResumeSpilledResident());  // read back once
   }
 
+  // A planned stop writes the parked conversation too; after the restart its next turn comes
+  // from the spill with the tokens of an engine that never stopped.
+  void plannedStopWritesTheParkToo() {
+    QTemporaryDir dir;
+    const auto a1 = Tokens(11, 1300, vocab_), b = Tokens(12, 1400, vocab_), user = Tokens(13, 30, vocab_);
+    ResidentOptions o = Options();
+    o.park_budget_bytes = int64_t(1) << 30;  // the eviction parks a
+    o.spill.min_tokens = 1 << 20;
+    std::vector<int32_t> gen1, b_rows;
+    {
+      auto spill = OpenSpill(dir);
+      ResidentPrefix rp(*forward_, &model_->tokenizer, o);
+      rp.set_session_spill(spill.get());
+      gen1 = Turn(rp, a1, "a").first;
+      Turn(rp, b, "b");
+      QCOMPARE(rp.Stats().park.entries, int64_t(1));
+      QCOMPARE(spill->stats().entries, int64_t(0));
+      b_rows = rp.rows();
+      QVERIFY(rp.SpillForStop().ok());
+      QCOMPARE(spill->stats().entries, int64_t(2));
+    }
+    auto reference = Engine(nullptr);
+    QVERIFY(Turn(*reference, a1, "a").first == gen1);
+    const auto a2 = Concat(Concat(a1, gen1), user);
+    const auto expected = Turn(*reference, a2, "a").first;
+    auto spill = OpenSpill(dir);
+    auto rp = Engine(spill.get());
+    QVERIFY(*rp->ResumeSpilledResident());  // b, the resident one
+    QVERIFY(rp->rows() == b_rows);
+    const auto [gen2, info] = Turn(*rp, a2, "a");
+    QCOMPARE(info.source, CacheSource::kSpill);
+    QVERIFY(gen2 == expected);
+  }
+
   // Past 1.5 times the day's budget an eviction is not written (and journaled); a planned stop is.
   void writeBudgetSkipsEvictionsNotTheDrain() {
     QTemporaryDir dir;
