@@ -68,8 +68,8 @@ ResidentPrefix::~ResidentPrefix() { set_disk_cache(nullptr); }
 
 void ResidentPrefix::set_session_spill(SessionSpill* spill) {
   spill_ = spill;
-  spill_tier_ = spill != nullptr ? std::make_unique<SpillTier>(*spill) : nullptr;
-  if (spill_tier_) spill_tier_->set_cost_check(options_.spill.cost_check);
+  spill_tier_ = spill != nullptr ? std::make_unique<SpillTier>(*spill, tokenizer_) : nullptr;
+  ConfigureTiers();
   if (spill_ != nullptr) spill_->set_limits(options_.spill.budget_bytes, options_.spill.ttl_ms, options_.disk.min_free_bytes);
 }
 
@@ -231,6 +231,10 @@ bool ResidentPrefix::SameConversation(const CacheRequest& request, int64_t commo
 
 void ResidentPrefix::ConfigureTiers() {
   end_tier_.set_options({options_.end_anchor, options_.end_alignment, options_.end_align_reasoning});
+  if (spill_tier_) {
+    spill_tier_->set_cost_check(options_.spill.cost_check);
+    spill_tier_->set_alignment({options_.end_anchor, options_.end_alignment, options_.end_align_reasoning});
+  }
   park_tier_.set_budget_bytes(options_.park_budget_bytes);
   store_tier_.set_enabled(options_.store_enabled);
 }
@@ -241,7 +245,6 @@ void ResidentPrefix::set_options(const ResidentOptions& options) {
     disk_->set_settings(options.disk);
   }
   options_ = options;
-  if (spill_tier_) spill_tier_->set_cost_check(options_.spill.cost_check);
   if (spill_ != nullptr) spill_->set_limits(options_.spill.budget_bytes, options_.spill.ttl_ms, options_.disk.min_free_bytes);
   ConfigureTiers();
   anchors_.set_budget_bytes(options.anchor_budget_bytes);
@@ -385,7 +388,7 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
       ++counters_.store_hits;
     }
     if (info.source == CacheSource::kSpill) {
-      if (Status s = spill_tier_->Restore(request.prompt, plan.offer, resident); !s.ok()) {
+      if (Status s = spill_tier_->Restore(info.served_prompt, plan.offer, resident); !s.ok()) {
         plan.restore_failed = true;
         Emit("failed_restore", "spill", r, 0, s.message() + "; the request continues from the rows in place");
         return s;

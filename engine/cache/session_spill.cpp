@@ -462,6 +462,31 @@ std::optional<SpillOffer> SessionSpill::Offer(std::span<const int32_t> prompt, s
   return best;
 }
 
+std::optional<SpillEndCandidate> SessionSpill::EndCandidate(std::span<const int32_t> prompt, std::span<const int32_t> in_place,
+                                                            int64_t min_common) const {
+  std::lock_guard lock(mu_);
+  const Manifest* best = nullptr;
+  std::string best_id;
+  int64_t best_common = min_common - 1;
+  for (const auto& [id, m] : index_) {
+    if (!m.end) continue;
+    const int64_t common = CommonPrefixLength(prompt, m.tokens);
+    if (common < m.end->length && common > best_common) {
+      best = &m;
+      best_id = id;
+      best_common = common;
+    }
+  }
+  if (best == nullptr) return std::nullopt;
+  SpillEndCandidate c{best_id, {best->tokens.begin(), best->tokens.begin() + best->end->length}, best->end->length, best->end_taint_row,
+                      best->end_regions, 0};
+  const int64_t here = CommonPrefixLength(in_place, best->tokens);
+  for (size_t k = 0; k < best->blocks.size(); ++k)
+    if (static_cast<int64_t>(k) * kSpillBlockRows + best->blocks[k].rows > here) c.read_bytes += best->blocks[k].bytes;
+  c.read_bytes += static_cast<int64_t>(best->anchors.size() + 1) * SequenceState::AnchorBytes(config_);
+  return c;
+}
+
 double SessionSpill::RestoreBytesPerSecond() const {
   std::lock_guard lock(mu_);
   return stats_.restore_seconds > 0 && stats_.bytes_read > 0 ? static_cast<double>(stats_.bytes_read) / stats_.restore_seconds

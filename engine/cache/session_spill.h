@@ -77,6 +77,16 @@ struct SpillOffer {
   int64_t read_bytes = 0;
 };
 
+// An entry whose end the prompt does not reach token for token, for end alignment to try: its
+// tokens up to the end, and the end's length, taint and generation regions.
+struct SpillEndCandidate {
+  std::string id;
+  std::vector<int32_t> tokens;
+  int64_t end_length = 0, end_taint_row = 0;
+  std::vector<TokenRegion> end_regions;
+  int64_t read_bytes = 0;
+};
+
 struct SessionSpillStats {
   int64_t entries = 0, bytes = 0, raw_bytes = 0, saves = 0, restores = 0, failed_restores = 0, evictions = 0, expired = 0;
   int64_t bytes_written = 0, bytes_read = 0, swept = 0;
@@ -105,6 +115,8 @@ class SessionSpill {
   std::vector<SpillEntryInfo> Entries() const;  // newest use first
   // The entry that resumes prompt furthest (at most at limit), given the rows in place; nullopt if none.
   std::optional<SpillOffer> Offer(std::span<const int32_t> prompt, std::span<const int32_t> in_place, int64_t limit) const;
+  // The entry sharing the most tokens (at least min_common) with prompt whose end lies past them.
+  std::optional<SpillEndCandidate> EndCandidate(std::span<const int32_t> prompt, std::span<const int32_t> in_place, int64_t min_common) const;
   // Bytes a second the restores of this process read (decoding included); a default before the first.
   double RestoreBytesPerSecond() const;
   // The entry a planned stop left resident, for the next start to read back first (crash-safe file).

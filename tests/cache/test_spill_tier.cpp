@@ -150,6 +150,52 @@ class TestSpillTier : public QObject {
     QVERIFY(gen2 == expected);
   }
 
+  // A client that leaves the reasoning out of its copy still resumes at the entry's end, through end
+  // alignment on the entry's own tokens, as it would in RAM.
+  void alignedCopyResumesAtTheEntryEnd() {
+    QTemporaryDir dir;
+    auto spill = OpenSpill(dir);
+    ResidentOptions o = Options();
+    o.spill.min_tokens = 0;
+    ResidentPrefix rp(*forward_, &model_->tokenizer, o);
+    rp.set_session_spill(spill.get());
+    std::string question = "What is a grid line?";
+    for (int i = 0; i < 40; ++i) question += " Think of row " + std::to_string(i) + ".";
+    const std::string turn1 = "<|im_start|>user\n" + question + "<|im_end|>\n<|im_start|>assistant\n<think>\n";
+    auto prompt = model_->tokenizer.Encode(turn1);
+    auto reply = model_->tokenizer.Encode("Think about chunks.\n</think>\n\nA grid line is a chunk boundary.<|im_end|>");
+    QVERIFY(prompt.ok() && reply.ok());
+    SamplingParams forced;
+    forced.temperature = 0;
+    forced.forced_ids = *reply;
+    forced.max_tokens = static_cast<int64_t>(reply->size());
+    forced.stop_token_ids = {*model_->tokenizer.TokenId("<|im_end|>")};
+    QVERIFY(rp.Generate({*prompt, "a", 64}, forced, nullptr).ok());
+    const std::vector<int32_t> rows = rp.rows();
+    QVERIFY(rows.size() > 128);
+    Turn(rp, Tokens(14, rows.size() + 200, vocab_), "b");  // evicts a to the spill
+    QCOMPARE(spill->stats().entries, int64_t(1));
+    const std::string next = "<|im_end|>\n<|im_start|>user\nAnd a row?<|im_end|>\n<|im_start|>assistant\n<think>\n";
+    auto copy = model_->tokenizer.Encode("<|im_start|>user\n" + question + "<|im_end|>\n<|im_start|>assistant\nA grid line is a chunk boundary." + next);
+    QVERIFY(copy.ok());
+    const ResumeInfo peek = rp.Peek({*copy, "a", 16});
+    QCOMPARE(peek.source, CacheSource::kSpill);
+    QVERIFY(peek.aligned);
+    QCOMPARE(peek.cached_tokens, static_cast<int64_t>(rows.size()));
+    QVERIFY(std::equal(rows.begin(), rows.end(), peek.served_prompt.begin()));
+    auto served = rp.Generate({*copy, "a", 8}, Greedy(8), nullptr);
+    QVERIFY(served.ok());
+    QCOMPARE(served->resume.source, CacheSource::kSpill);
+    QCOMPARE(served->resume.cached_tokens, static_cast<int64_t>(rows.size()));
+    // The same as an engine whose rows never left, served from its end in RAM.
+    ResidentPrefix never_left(*forward_, &model_->tokenizer, o);
+    QVERIFY(never_left.Generate({*prompt, "a", 64}, forced, nullptr).ok());
+    auto reference = never_left.Generate({*copy, "a", 8}, Greedy(8), nullptr);
+    QVERIFY(reference.ok());
+    QCOMPARE(reference->resume.source, CacheSource::kEnd);
+    QVERIFY(reference->generation.tokens == served->generation.tokens);
+  }
+
   // Past 1.5 times the day's budget an eviction is not written (and journaled); a planned stop is.
   void writeBudgetSkipsEvictionsNotTheDrain() {
     QTemporaryDir dir;
