@@ -28,7 +28,7 @@ nlohmann::json ToJson(const CacheStats& s) {
   };
   doc["disk"] = s.disk_enabled ? ToJson(s.disk) : nlohmann::json{{"mode", "off"}, {"open", false}};
   if (s.write_guard) doc["disk_writes"] = WriteGuardJson(*s.write_guard);
-  doc["spill"] = s.spill_enabled ? SpillJson(s.spill, s.spill_entries, s.spill_events) : nlohmann::json{{"open", false}};
+  doc["spill"] = s.spill_enabled ? SpillJson(s.spill, s.spill_entries, s.spill_events, s.spill_refused) : nlohmann::json{{"open", false}};
   return doc;
 }
 
@@ -40,7 +40,8 @@ nlohmann::json WriteGuardJson(const WriteGuardStats& s) {
           {"level", WriteLevelName(s.level)}, {"skips", s.skips}, {"days_gb", days}};
 }
 
-nlohmann::json SpillJson(const SessionSpillStats& s, const std::vector<SpillEntryInfo>& entries, const std::vector<CacheEvent>& events) {
+nlohmann::json SpillJson(const SessionSpillStats& s, const std::vector<SpillEntryInfo>& entries, const std::vector<CacheEvent>& events,
+                         const std::map<std::string, int64_t>& refused) {
   nlohmann::json list = nlohmann::json::array();
   for (const SpillEntryInfo& e : entries)
     list.push_back({{"tokens", e.tokens}, {"bytes", e.bytes}, {"raw_bytes", e.raw_bytes}, {"end_length", e.end_length}, {"used_ms", e.used_ms},
@@ -54,7 +55,7 @@ nlohmann::json SpillJson(const SessionSpillStats& s, const std::vector<SpillEntr
           {"restores", s.restores}, {"failed_restores", s.failed_restores}, {"evictions", s.evictions},
           {"expired", s.expired},   {"bytes_written", s.bytes_written}, {"bytes_read", s.bytes_read},
           {"save_seconds", s.save_seconds}, {"restore_seconds", s.restore_seconds}, {"list", list},
-          {"recent_events", recent}};
+          {"recent_events", recent}, {"refused", refused}};
 }
 
 nlohmann::json ToJson(const DiskCacheStats& d) {

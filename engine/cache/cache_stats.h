@@ -47,6 +47,7 @@ struct CacheStats {
   SessionSpillStats spill;
   std::vector<SpillEntryInfo> spill_entries;  // newest use first
   std::vector<CacheEvent> spill_events;       // newest last
+  std::map<std::string, int64_t> spill_refused;  // offers not taken, by why (the resident prefix counts them)
   std::optional<WriteGuardStats> write_guard;  // the day's writes of the tier and the spill
   struct Memory {
     int64_t engine_bytes = 0, state_bytes = 0, ceiling_bytes = 0, peak_bytes = 0, slack_bytes = 0, refused = 0;
@@ -66,6 +67,7 @@ nlohmann::json ToJson(const DiskCacheStats& stats);
 // /health's cache.disk_writes: today's GB, the budget, the level, the skips and 14 days.
 nlohmann::json WriteGuardJson(const WriteGuardStats& stats);
 // Its "spill" object: counters and the entries (token counts and sizes, never tokens).
-nlohmann::json SpillJson(const SessionSpillStats& stats, const std::vector<SpillEntryInfo>& entries, const std::vector<CacheEvent>& events);
+nlohmann::json SpillJson(const SessionSpillStats& stats, const std::vector<SpillEntryInfo>& entries, const std::vector<CacheEvent>& events,
+                         const std::map<std::string, int64_t>& refused);
 
 }  // namespace anchorage

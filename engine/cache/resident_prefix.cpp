@@ -283,14 +283,24 @@ ResidentPrefix::Plan ResidentPrefix::MakePlan(const CacheRequest& request) const
       {&anchors_tier_, CacheSource::kResident}, {&end_tier_, CacheSource::kEnd},   {&pin_tier_, CacheSource::kPin},
       {&park_tier_, CacheSource::kPark},        {&store_tier_, CacheSource::kStore}, {spill_tier_.get(), CacheSource::kSpill},
       {disk_, CacheSource::kDisk}};
+  std::string spill_why;  // why the spill's offer was not taken, when it made one
+  int64_t spill_offer = 0, ram_best = 0;
   for (const auto& [tier, source] : tiers) {
     if (tier == nullptr || (source == CacheSource::kSpill && !options_.spill.enabled)) continue;
     TierOffer offer = tier->Find(request.prompt, resident, limit);
+    if (source == CacheSource::kSpill) {
+      spill_offer = offer.resume_length;
+      ram_best = best;
+    }
     if (offer.resume_length <= best) continue;
     // The spill serves a conversation only where it goes more than a chunk past what RAM serves.
-    if (source == CacheSource::kSpill && offer.resume_length <= best + forward_.grid_tokens()) continue;
+    if (source == CacheSource::kSpill && offer.resume_length <= best + forward_.grid_tokens()) {
+      spill_why = "short";
+      continue;
+    }
     if (offer.restore_seconds > 0 && offer.restore_seconds >= static_cast<double>(offer.resume_length - best) / PrefillRate()) {
-      p.declined_by_cost = true;
+      if (source == CacheSource::kDisk) p.declined_by_cost = true;
+      if (source == CacheSource::kSpill) spill_why = "slow";
       continue;
     }
     best = offer.resume_length;
@@ -299,6 +309,20 @@ ResidentPrefix::Plan ResidentPrefix::MakePlan(const CacheRequest& request) const
     p.info.aligned = offer.aligned;
     p.info.served_prompt = offer.served_prompt.empty() ? request.prompt : std::move(offer.served_prompt);
     p.offer = std::move(offer);
+  }
+
+  // A long prompt that shares at least four chunks with an entry, more than RAM serves, and is not
+  // served from the spill: say why (end_no_align: its end not reached and the alignment refused;
+  // anchors_below: no end, and its saved anchors below what RAM serves; slow; short).
+  if (spill_ != nullptr && options_.spill.enabled && p.info.source != CacheSource::kSpill && n >= options_.spill.min_tokens) {
+    const int64_t shares = spill_->LongestCommon(request.prompt);
+    if (shares >= 4 * forward_.grid_tokens() && shares > ram_best) {
+      if (spill_why.empty())
+        spill_why = spill_offer > ram_best ? "slow" : spill_->EndCandidate(request.prompt, rows_, 1) ? "end_no_align" : "anchors_below";
+      p.spill_refused = spill_why;
+      p.spill_refusal_note = "no entry served: tokens=" + std::to_string(n) + " shares=" + std::to_string(shares) + " offer=" +
+                             std::to_string(spill_offer) + " ram=" + std::to_string(ram_best) + " why=" + spill_why;
+    }
   }
 
   p.resume_length = best;
@@ -407,6 +431,10 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
     }
   }
   ++counters_.requests;
+  if (!plan.spill_refused.empty()) {
+    ++counters_.spill_refused[plan.spill_refused];
+    if (spill_ != nullptr) spill_->Record(CacheEvent{"refused", "spill", static_cast<int64_t>(request.prompt.size()), 0, plan.spill_refusal_note, std::nullopt, 0});
+  }
   if (disk_ != nullptr && disk_->reads()) {
     if (plan.declined_by_cost) disk_->NoteDeclinedByCost();
     if (info.source != CacheSource::kDisk && PrefillUpto(info) - r >= disk_->line_tokens()) disk_->NoteMiss();
@@ -854,6 +882,7 @@ Status ResidentPrefix::Clear(const std::string& tier) {
 CacheStats ResidentPrefix::Stats() const {
   const auto& k = counters_;
   CacheStats s;
+  s.spill_refused = k.spill_refused;
   s.resident = {static_cast<int64_t>(rows_.size()), RowBytes(static_cast<int64_t>(rows_.size())), taint_row_ == kNoTaintRow ? -1 : taint_row_,
                 session_, k.requests, k.cold, k.cached_tokens, k.reread_tokens};
   s.anchors = {static_cast<int64_t>(anchors_.size()), anchors_.bytes(), anchors_.budget_bytes(), k.resident_hits, anchors_.evictions(), anchors_.lengths()};

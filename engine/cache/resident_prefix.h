@@ -164,6 +164,8 @@ class ResidentPrefix {
     TierOffer offer;                // what the chosen tier offered
     bool declined_by_cost = false;  // a tier held a longer line whose read cost more than its prefill
     bool restore_failed = false;    // a restore into the state failed: plan again from what is in place
+    std::string spill_refused;      // why a spill entry that shares much with the prompt did not serve it
+    std::string spill_refusal_note;
   };
   Plan MakePlan(const CacheRequest& request) const;
   Status Apply(const CacheRequest& request, Plan& plan);
@@ -257,6 +259,7 @@ class ResidentPrefix {
     int64_t requests = 0, cold = 0, resident_hits = 0, end_hits = 0, aligned_hits = 0, pin_hits = 0, park_hits = 0;
     int64_t guests = 0, pins = 0, parks = 0, cached_tokens = 0, reread_tokens = 0, store_hits = 0;
     int64_t refused = 0, disk_hits = 0, spill_hits = 0, spill_saves = 0, spill_skips = 0;
+    std::map<std::string, int64_t> spill_refused;  // by why
     std::map<std::string, int64_t> sheds;  // by tier
   } counters_;
   // The tiers over the data above, asked in turn (declared after it: they hold references to it).

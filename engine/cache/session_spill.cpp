@@ -462,6 +462,13 @@ std::optional<SpillOffer> SessionSpill::Offer(std::span<const int32_t> prompt, s
   return best;
 }
 
+int64_t SessionSpill::LongestCommon(std::span<const int32_t> prompt) const {
+  std::lock_guard lock(mu_);
+  int64_t best = 0;
+  for (const auto& [id, m] : index_) best = std::max(best, CommonPrefixLength(prompt, m.tokens));
+  return best;
+}
+
 std::optional<SpillEndCandidate> SessionSpill::EndCandidate(std::span<const int32_t> prompt, std::span<const int32_t> in_place,
                                                             int64_t min_common) const {
   std::lock_guard lock(mu_);

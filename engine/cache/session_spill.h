@@ -115,6 +115,8 @@ class SessionSpill {
   std::vector<SpillEntryInfo> Entries() const;  // newest use first
   // The entry that resumes prompt furthest (at most at limit), given the rows in place; nullopt if none.
   std::optional<SpillOffer> Offer(std::span<const int32_t> prompt, std::span<const int32_t> in_place, int64_t limit) const;
+  // The most tokens any entry shares with prompt.
+  int64_t LongestCommon(std::span<const int32_t> prompt) const;
   // The entry sharing the most tokens (at least min_common) with prompt whose end lies past them.
   std::optional<SpillEndCandidate> EndCandidate(std::span<const int32_t> prompt, std::span<const int32_t> in_place, int64_t min_common) const;
   // Bytes a second the restores of this process read (decoding included); a default before the first.

@@ -196,6 +196,29 @@ class TestSpillTier : public QObject {
     QVERIFY(reference->generation.tokens == served->generation.tokens);
   }
 
+  // An entry that shares much with a prompt but does not serve it says why, and counts it: here
+  // the rows in place serve all but a chunk of what the entry would.
+  void refusedOffersSayWhy() {
+    QTemporaryDir dir;
+    auto spill = OpenSpill(dir);
+    ResidentPrefix rp(*forward_, &model_->tokenizer, Options());
+    rp.set_session_spill(spill.get());
+    const auto a1 = Tokens(15, 1300, vocab_), b = Tokens(16, 1400, vocab_), user = Tokens(17, 30, vocab_);
+    const auto gen1 = Turn(rp, a1, "a").first;
+    Turn(rp, b, "b");
+    QCOMPARE(spill->stats().entries, int64_t(1));
+    // Another conversation that shares a's first 1,290 tokens becomes resident.
+    Turn(rp, Concat(std::vector<int32_t>(a1.begin(), a1.begin() + 1290), Tokens(18, 200, vocab_)), "c");
+    const auto [gen2, info] = Turn(rp, Concat(Concat(a1, gen1), user), "a");
+    QCOMPARE(info.source, CacheSource::kResident);
+    QCOMPARE(info.cached_tokens, int64_t(1280));
+    QCOMPARE(rp.Stats().spill_refused.at("short"), int64_t(1));
+    const auto events = spill->RecentEvents();
+    QVERIFY(std::any_of(events.begin(), events.end(), [](const CacheEvent& e) {
+      return e.kind == "refused" && e.reason.find("why=short") != std::string::npos && e.reason.find("ram=1280") != std::string::npos;
+    }));
+  }
+
   // Past 1.5 times the day's budget an eviction is not written (and journaled); a planned stop is.
   void writeBudgetSkipsEvictionsNotTheDrain() {
     QTemporaryDir dir;
