@@ -2,9 +2,13 @@
 // gives every row, the end anchor and the anchors bit for bit, and the next tokens' logits of a
 // state that never left; raw, compressed and mixed entries restore the same state; a second save
 // writes only the changed blocks and a restore reads only the blocks not in place; a flipped byte,
-// a missing manifest, another fingerprint, the budget, the TTL and a crash at any write step each
-// end with the right entry or none, never a wrong one.
+// a missing manifest, another fingerprint, the budget, the TTL, a crash at any write step and a
+// SIGKILL mid-save each end with the right entry or none, never a wrong one.
 #include <QtTest>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 
@@ -243,6 +247,39 @@ class TestSessionSpill : public QObject {
     QCOMPARE(spill->stats().evictions, int64_t(1));
     QVERIFY(!spill->Info(SessionSpill::EntryId("b", b.tokens)).has_value());
     QVERIFY(spill->Info(SessionSpill::EntryId("a", a.tokens)).has_value());
+  }
+
+  // A process killed with SIGKILL while it saves, again and again, leaves an entry that restores
+  // as one of the two versions it wrote, or no entry: never a mix.
+  void sigkillMidSave() {
+    const Conversation first = Make(20, 2100);
+    Conversation second = Make(20, 2100);
+    const std::vector<int32_t> more = Tokens(21, 1100, vocab_);
+    QVERIFY(forward_->Prefill(*second.state, more).ok());
+    second.tokens.insert(second.tokens.end(), more.begin(), more.end());
+    second.entry.tokens = second.tokens;
+    second.entry.end = EndAnchor{second.state->SaveAnchor(), second.entry.taint_row, second.entry.regions};
+    for (int delay_ms : {5, 40, 150}) {
+      QTemporaryDir dir;
+      QVERIFY(Open(Options(dir))->Save(first.entry, *first.state).ok());
+      const pid_t child = ::fork();
+      QVERIFY(child >= 0);
+      if (child == 0) {
+        auto spill = SessionSpill::Open(DiskEnv::Posix(), model_->config, engine_.fingerprint, Options(dir));
+        for (int i = 0;; ++i) (void)(*spill)->Save(i % 2 == 0 ? second.entry : first.entry, i % 2 == 0 ? *second.state : *first.state);
+      }
+      ::usleep(delay_ms * 1000);
+      ::kill(child, SIGKILL);
+      int status = 0;
+      ::waitpid(child, &status, 0);
+      QVERIFY(WIFSIGNALED(status));
+      auto spill = Open(Options(dir));
+      for (const auto& e : std::filesystem::directory_iterator(Options(dir).dir)) QVERIFY(!e.path().string().ends_with(".tmp"));
+      const auto info = spill->Info(SessionSpill::EntryId("s", first.tokens));
+      if (!info) continue;
+      QVERIFY(info->tokens == static_cast<int64_t>(first.tokens.size()) || info->tokens == static_cast<int64_t>(second.tokens.size()));
+      ExpectRestores(*spill, info->tokens == static_cast<int64_t>(first.tokens.size()) ? first : second);
+    }
   }
 
   // The tier's free-space floor: a save that would go under it is refused and writes nothing.
