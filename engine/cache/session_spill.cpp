@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -198,15 +199,22 @@ Result<std::string> SessionSpill::EncodeBlock(const SequenceState& state, int64_
   record->encoded = options_.compress;
   record->lengths.clear();
   std::string out;
-  for (size_t b = 0; b < sums.sums.size(); ++b) {
-    const std::span<const char> raw(reinterpret_cast<const char*>(BufferRows(state, b) + begin * width), static_cast<size_t>(bytes));
-    if (options_.compress) {
-      ASSIGN_OR_RETURN(std::string enc, EncodePlanes(raw, PlaneCodecOptions{4, options_.level, &pool_}));
-      record->lengths.push_back(static_cast<int64_t>(enc.size()));
-      out += enc;
-    } else {
+  auto raw_of = [&](size_t b) {
+    return std::span<const char>(reinterpret_cast<const char*>(BufferRows(state, b) + begin * width), static_cast<size_t>(bytes));
+  };
+  if (options_.compress) {
+    // One buffer a task: each plane codec runs alone on its thread.
+    std::vector<Result<std::string>> encoded(sums.sums.size(), Result<std::string>(std::string()));
+    pool_.Run(encoded.size(), [&](size_t b) { encoded[b] = EncodePlanes(raw_of(b), PlaneCodecOptions{4, options_.level, nullptr}); });
+    for (auto& e : encoded) {
+      if (!e.ok()) return e.status();
+      record->lengths.push_back(static_cast<int64_t>(e->size()));
+      out += *e;
+    }
+  } else {
+    for (size_t b = 0; b < sums.sums.size(); ++b) {
       record->lengths.push_back(bytes);
-      out.append(raw.data(), raw.size());
+      out.append(raw_of(b).data(), raw_of(b).size());
     }
   }
   record->bytes = static_cast<int64_t>(out.size());
@@ -246,10 +254,14 @@ Result<SpillSaveReport> SessionSpill::Save(const SpillEntry& entry, const Sequen
     (void)RemoveFilesLocked(id, nullptr);
     return s;
   };
+  // A block is written on a second thread while the next one is summed and encoded.
+  std::future<Status> writing;
+  auto wait_write = [&]() -> Status { return writing.valid() ? writing.get() : Status::Ok(); };
   for (int64_t begin = 0, k = 0; begin < valid; begin += kSpillBlockRows, ++k) {
     BlockRecord sums;
     sums.rows = std::min(kSpillBlockRows, valid - begin);
-    for (size_t b = 0; b < buffers; ++b) sums.sums.push_back(WordSums(BufferRows(state, b) + begin * width, sums.rows * width * 4));
+    sums.sums.resize(buffers);
+    pool_.Run(buffers, [&](size_t b) { sums.sums[b] = WordSums(BufferRows(state, b) + begin * width, sums.rows * width * 4); });
     const bool same_tokens = old && static_cast<size_t>(k) < old->blocks.size() && old->blocks[k].rows == sums.rows &&
                              std::equal(entry.tokens.begin() + begin, entry.tokens.begin() + begin + sums.rows, old->tokens.begin() + begin);
     if (same_tokens && old->blocks[k].sums == sums.sums) {
@@ -259,12 +271,21 @@ Result<SpillSaveReport> SessionSpill::Save(const SpillEntry& entry, const Sequen
     }
     BlockRecord record;
     auto bytes = EncodeBlock(state, begin, sums, &record);
-    if (!bytes.ok()) return fail(bytes.status());
-    if (Status s = write(BlockName(id, static_cast<size_t>(k)), *bytes); !s.ok()) return fail(s);
+    if (!bytes.ok()) {
+      (void)wait_write();
+      return fail(bytes.status());
+    }
+    if (Status s = wait_write(); !s.ok()) return fail(s);
+    report.bytes_written += static_cast<int64_t>(bytes->size());
+    writing = std::async(std::launch::async, [this, name = BlockName(id, static_cast<size_t>(k)), data = std::move(bytes).value()] {
+      const std::string_view piece(data);
+      return WriteFileCrashSafe(env_, PathOf(name), std::span(&piece, 1));
+    });
     report.raw_bytes += record.raw_bytes;
     ++report.blocks_written;
     m.blocks.push_back(std::move(record));
   }
+  if (Status s = wait_write(); !s.ok()) return fail(s);
   auto put_anchor = [&](const Anchor& a, const std::string& name, const std::optional<AnchorRecord>& before) -> Result<AnchorRecord> {
     AnchorRecord r{a.length, WordSums(a.data.data(), a.bytes()), name};
     if (before && before->length == r.length && before->sums == r.sums && before->file == name) {
@@ -322,31 +343,52 @@ Result<SpillEntry> SessionSpill::Restore(const std::string& id, SequenceState& s
   if (Status s = state.Reserve(valid); !s.ok()) return s;
   const int64_t common = std::min<int64_t>(CommonPrefixLength(in_place, m.tokens), state.length());
   const int64_t width = state.kv_width();
+  std::vector<size_t> to_read;
   for (size_t k = 0; k < m.blocks.size(); ++k) {
+    if (static_cast<int64_t>(k) * kSpillBlockRows + m.blocks[k].rows <= common) ++r.blocks_in_place;
+    else to_read.push_back(k);
+  }
+  // The next block's file is read on a second thread while this one is decoded and summed, one
+  // buffer a task on the pool.
+  auto read_file = [this, &id](size_t k) { return env_.ReadFile(PathOf(BlockName(id, k))); };
+  std::future<Result<std::string>> next;
+  if (!to_read.empty()) next = std::async(std::launch::async, read_file, to_read[0]);
+  for (size_t i = 0; i < to_read.size(); ++i) {
+    const size_t k = to_read[i];
     const BlockRecord& b = m.blocks[k];
     const int64_t begin = static_cast<int64_t>(k) * kSpillBlockRows;
-    if (begin + b.rows <= common) {
-      ++r.blocks_in_place;
-      continue;
-    }
     const std::string name = BlockName(id, k);
-    auto data = env_.ReadFile(PathOf(name));
-    if (!data.ok()) return fail(data.status());
-    if (static_cast<int64_t>(data->size()) != b.bytes) return fail(Corrupt(name + ": " + std::to_string(data->size()) + " bytes, the manifest says " + std::to_string(b.bytes)));
+    auto data = next.get();
+    if (i + 1 < to_read.size()) next = std::async(std::launch::async, read_file, to_read[i + 1]);
+    auto failed = [&](Status s) {
+      if (next.valid()) next.wait();
+      return fail(std::move(s));
+    };
+    if (!data.ok()) return failed(data.status());
+    if (static_cast<int64_t>(data->size()) != b.bytes)
+      return failed(Corrupt(name + ": " + std::to_string(data->size()) + " bytes, the manifest says " + std::to_string(b.bytes)));
     const int64_t bytes = b.rows * width * static_cast<int64_t>(sizeof(float));
-    int64_t offset = 0;
-    for (size_t buf = 0; buf < b.sums.size(); ++buf) {
+    std::vector<int64_t> offsets(b.sums.size() + 1, 0);
+    for (size_t buf = 0; buf < b.sums.size(); ++buf) offsets[buf + 1] = offsets[buf] + b.lengths[buf];
+    std::vector<Status> checked(b.sums.size(), Status::Ok());
+    pool_.Run(b.sums.size(), [&](size_t buf) {
       char* dest = reinterpret_cast<char*>(BufferRows(state, buf) + begin * width);
-      const std::string_view payload = std::string_view(*data).substr(static_cast<size_t>(offset), static_cast<size_t>(b.lengths[buf]));
-      offset += b.lengths[buf];
+      const std::string_view payload = std::string_view(*data).substr(static_cast<size_t>(offsets[buf]), static_cast<size_t>(b.lengths[buf]));
       if (b.encoded) {
-        if (Status s = DecodePlanes(payload, std::span(dest, static_cast<size_t>(bytes)), &pool_); !s.ok()) return fail(Corrupt(name + ": " + s.message()));
+        if (Status s = DecodePlanes(payload, std::span(dest, static_cast<size_t>(bytes)), nullptr); !s.ok()) {
+          checked[buf] = Corrupt(name + ": " + s.message());
+          return;
+        }
+      } else if (static_cast<int64_t>(payload.size()) != bytes) {
+        checked[buf] = Corrupt(name + ": a raw buffer of the wrong size");
+        return;
       } else {
-        if (static_cast<int64_t>(payload.size()) != bytes) return fail(Corrupt(name + ": a raw buffer of the wrong size"));
         std::memcpy(dest, payload.data(), payload.size());
       }
-      if (WordSums(dest, bytes) != b.sums[buf]) return fail(Corrupt(name + ": buffer " + std::to_string(buf) + " does not sum to what was saved"));
-    }
+      if (WordSums(dest, bytes) != b.sums[buf]) checked[buf] = Corrupt(name + ": buffer " + std::to_string(buf) + " does not sum to what was saved");
+    });
+    for (const Status& s : checked)
+      if (!s.ok()) return failed(s);
     ++r.blocks_read;
     r.bytes_read += b.bytes;
   }
