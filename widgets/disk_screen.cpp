@@ -55,6 +55,19 @@ QTableWidgetItem* Cell(const QString& text, bool number = false) {
   return item;
 }
 
+// Events, newest first: time, kind, tokens, bytes, why.
+void FillEventTable(QTableWidget* table, const QJsonArray& events) {
+  table->setRowCount(static_cast<int>(events.size()));
+  for (int i = 0; i < events.size(); ++i) {
+    const QJsonObject e = events[events.size() - 1 - i].toObject();
+    table->setItem(i, 0, Cell(fmt::timeOfDay(static_cast<qint64>(e["time_ms"].toDouble()))));
+    table->setItem(i, 1, Cell(e["kind"].toString()));
+    table->setItem(i, 2, Cell(QString::number(static_cast<qint64>(e["tokens"].toDouble())), true));
+    table->setItem(i, 3, Cell(fmt::bytes(static_cast<qint64>(e["bytes"].toDouble())), true));
+    table->setItem(i, 4, Cell(e["reason"].toString()));
+  }
+}
+
 }  // namespace
 
 DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(parent), m_settings(settings) {
@@ -282,16 +295,7 @@ void DiskScreen::setSnapshot(const CacheSnapshot& snapshot) {
     m_prefixes->setItem(i, 2, Cell(QString::number(static_cast<qint64>(p["hits"].toDouble())), true));
     m_prefixes->setItem(i, 3, Cell(fmt::timeOfDay(static_cast<qint64>(p["last_used_ms"].toDouble()))));
   }
-  const QJsonArray events = d.value("recent_events").toArray();
-  m_events->setRowCount(static_cast<int>(events.size()));
-  for (int i = 0; i < events.size(); ++i) {
-    const QJsonObject e = events[events.size() - 1 - i].toObject();  // newest first
-    m_events->setItem(i, 0, Cell(fmt::timeOfDay(static_cast<qint64>(e["time_ms"].toDouble()))));
-    m_events->setItem(i, 1, Cell(e["kind"].toString()));
-    m_events->setItem(i, 2, Cell(QString::number(static_cast<qint64>(e["tokens"].toDouble())), true));
-    m_events->setItem(i, 3, Cell(fmt::bytes(static_cast<qint64>(e["bytes"].toDouble())), true));
-    m_events->setItem(i, 4, Cell(e["reason"].toString()));
-  }
+  FillEventTable(m_events, d.value("recent_events").toArray());
 }
 
 void DiskScreen::setSpill(const QJsonObject& sp) {
@@ -324,16 +328,7 @@ void DiskScreen::setSpill(const QJsonObject& sp) {
     m_spillEntries->setItem(i, 3, Cell(QString::number(static_cast<qint64>(e["end_length"].toDouble())), true));
     m_spillEntries->setItem(i, 4, Cell(fmt::timeOfDay(static_cast<qint64>(e["used_ms"].toDouble()))));
   }
-  const QJsonArray events = sp.value("recent_events").toArray();
-  m_spillEvents->setRowCount(static_cast<int>(events.size()));
-  for (int i = 0; i < events.size(); ++i) {
-    const QJsonObject e = events[events.size() - 1 - i].toObject();  // newest first
-    m_spillEvents->setItem(i, 0, Cell(fmt::timeOfDay(static_cast<qint64>(e["time_ms"].toDouble()))));
-    m_spillEvents->setItem(i, 1, Cell(e["kind"].toString()));
-    m_spillEvents->setItem(i, 2, Cell(QString::number(static_cast<qint64>(e["tokens"].toDouble())), true));
-    m_spillEvents->setItem(i, 3, Cell(fmt::bytes(static_cast<qint64>(e["bytes"].toDouble())), true));
-    m_spillEvents->setItem(i, 4, Cell(e["reason"].toString()));
-  }
+  FillEventTable(m_spillEvents, sp.value("recent_events").toArray());
 }
 
 void DiskScreen::setMessage(const QString& text, bool error) { showMessage(m_message, text, error); }
