@@ -118,7 +118,11 @@ class PosixEnv : public DiskEnv {
   // Page-aligned ranges come straight from the drive (O_DIRECT), each run of them that lies back to
   // back in the file in one call; the rest, or all where the file system refuses O_DIRECT, through
   // the page cache, dropped after.
-  Status ReadRanges(const std::string& path, std::span<const ReadRange> ranges) override {
+  Status ReadRanges(const std::string& path, std::span<const ReadRange> all) override {
+    std::vector<ReadRange> ranges;  // an empty range reads nothing (and would read as a short file)
+    for (const ReadRange& r : all)
+      if (r.size > 0) ranges.push_back(r);
+    if (ranges.empty()) return Status::Ok();
     const int direct = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
     int buffered = -1;
     Status s = Status::Ok();
@@ -128,7 +132,7 @@ class PosixEnv : public DiskEnv {
         while (end < ranges.size() && end - i < kMaxRun && PageAligned(ranges[end]) &&
                ranges[end].offset == ranges[end - 1].offset + ranges[end - 1].size)
           ++end;
-        s = ReadRun(direct, path, ranges.subspan(i, end - i));
+        s = ReadRun(direct, path, std::span(ranges).subspan(i, end - i));
         if (s.ok()) {
           i = end;
           continue;
@@ -145,7 +149,7 @@ class PosixEnv : public DiskEnv {
         }
         ::posix_fadvise(buffered, 0, 0, POSIX_FADV_SEQUENTIAL);
       }
-      s = ReadRun(buffered, path, ranges.subspan(i, 1));
+      s = ReadRun(buffered, path, std::span(ranges).subspan(i, 1));
       i = end;
     }
     if (buffered >= 0) {

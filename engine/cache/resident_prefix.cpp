@@ -73,9 +73,14 @@ void ResidentPrefix::set_session_spill(SessionSpill* spill) {
   if (spill_ != nullptr) spill_->set_limits(options_.spill.budget_bytes, options_.spill.ttl_ms, options_.disk.min_free_bytes);
 }
 
-bool ResidentPrefix::SpillsOnEviction(int64_t shared_head) const {
+bool ResidentPrefix::SpillsOnEviction(int64_t shared_head, const ResumeInfo& info) const {
   const int64_t here = static_cast<int64_t>(rows_.size());
   if (spill_ == nullptr || !options_.spill.enabled || here < options_.spill.min_tokens) return false;
+  // Two conversations without a session that open alike share an entry: never overwrite the one this request restores.
+  if (info.source == CacheSource::kSpill) {
+    const std::optional<SpillOffer> restoring = spill_->Offer(info.served_prompt, {}, info.cached_tokens);
+    if (restoring && restoring->id == SessionSpill::EntryId(session_, rows_)) return false;
+  }
   const int64_t park_need = RowBytes(here - shared_head) + (ParkedSession::kMaxAnchors + 1) * state_.anchor_bytes();
   return park_need > options_.park_budget_bytes;
 }
@@ -114,7 +119,7 @@ Status ResidentPrefix::SpillResident(const std::string& reason, bool resident) {
   for (const Anchor& a : anchors_.Newest(ParkedSession::kMaxAnchors))
     if (a.length <= static_cast<int64_t>(rows_.size())) entry.anchors.push_back(a);
   std::sort(entry.anchors.begin(), entry.anchors.end(), [](const Anchor& a, const Anchor& b) { return a.length < b.length; });
-  if (entry.anchors.empty() && !entry.end) return Status::Ok();  // nothing a request could resume from
+  if (entry.anchors.empty() && !entry.end) return NotFound("the conversation has no anchor or end to resume from");
   if (state_.length() < static_cast<int64_t>(rows_.size())) state_.SetLength(static_cast<int64_t>(rows_.size()));
   RETURN_IF_ERROR(SaveToSpill(entry, state_, reason, resident));
   if (resident) return spill_->SetResident(SessionSpill::EntryId(entry.session, entry.tokens));
@@ -405,7 +410,7 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
     if (c < static_cast<int64_t>(rows_.size()) && !plan.skip_copy && plan.copy != Plan::Copy::kNone) {
       // This request replaces rows: keep the head of its own session, or park another session's.
       if (plan.copy == Plan::Copy::kPin) PinHead();
-      else if (const int64_t head = std::min(r, c); !SpillsOnEviction(head) || !SpillResident("eviction").ok()) ParkResident(head);
+      else if (const int64_t head = std::min(r, c); !SpillsOnEviction(head, info) || !SpillResident("eviction").ok()) ParkResident(head);
     }
     if (info.source == CacheSource::kStore) {
       RETURN_IF_ERROR(store_tier_.Restore(request.prompt, offer, resident));

@@ -204,7 +204,7 @@ class ResidentPrefix {
   void InstallPark(ParkedSession parked);
   // An eviction writes the resident conversation to the spill instead of the park when it is long
   // enough and the park cannot hold its rows above the shared head.
-  bool SpillsOnEviction(int64_t shared_head) const;
+  bool SpillsOnEviction(int64_t shared_head, const ResumeInfo& info) const;
   // Writes a spill entry, counted against the day's writes (a drain always may); events say how it went.
   Status SaveToSpill(const SpillEntry& entry, const SequenceState& state, const std::string& reason, bool drain);
   Status SpillParked(const std::string& reason);

@@ -37,6 +37,28 @@ const float* BufferRows(const SequenceState& s, size_t b) {
 nlohmann::json SumsJson(const std::pair<uint64_t, uint64_t>& s) { return nlohmann::json::array({s.first, s.second}); }
 std::pair<uint64_t, uint64_t> SumsOf(const nlohmann::json& j) { return {j.at(0).get<uint64_t>(), j.at(1).get<uint64_t>()}; }
 
+// A session key is a client's bytes (not always UTF-8): the manifest keeps it in hex.
+std::string Hex(std::string_view bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+std::optional<std::string> Unhex(std::string_view hex) {
+  if (hex.size() % 2 != 0) return std::nullopt;
+  auto value = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+  std::string out;
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    const int hi = value(hex[i]), lo = value(hex[i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out += static_cast<char>(hi * 16 + lo);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::pair<uint64_t, uint64_t> WordSums(const void* data, int64_t bytes) {
@@ -136,7 +158,7 @@ std::string SessionSpill::EncodeManifest(const Manifest& m) const {
                       {"kv_width", config_.num_key_value_heads * config_.head_dim},
                       {"attention_layers", config_.num_full_attention_layers()},
                       {"anchor_bytes", SequenceState::AnchorBytes(config_)},
-                      {"session", m.session},
+                      {"session_hex", Hex(m.session)},
                       {"tokens", m.tokens},
                       {"taint_row", m.taint_row},
                       {"regions", m.regions},
@@ -159,7 +181,9 @@ Result<SessionSpill::Manifest> SessionSpill::DecodeManifest(const std::string& d
         j.at("anchor_bytes").get<int64_t>() != SequenceState::AnchorBytes(config_))
       return Corrupt("spill manifest: not this model's layout");
     Manifest m;
-    m.session = j.at("session").get<std::string>();
+    const std::optional<std::string> session = Unhex(j.at("session_hex").get<std::string>());
+    if (!session) return Corrupt("spill manifest: a session key that is not hex");
+    m.session = *session;
     m.tokens = j.at("tokens").get<std::vector<int32_t>>();
     m.taint_row = j.at("taint_row").get<int64_t>();
     m.regions = j.at("regions").get<std::vector<TokenRegion>>();
@@ -175,6 +199,13 @@ Result<SessionSpill::Manifest> SessionSpill::DecodeManifest(const std::string& d
       r.raw_bytes = b.at("raw_bytes").get<int64_t>();
       if (r.rows <= 0 || r.rows > kSpillBlockRows || r.lengths.size() != buffers || r.sums.size() != buffers)
         return Corrupt("spill manifest: a block of another shape");
+      int64_t sum = 0;
+      for (int64_t n : r.lengths) {
+        if (n < 0 || n > r.bytes) return Corrupt("spill manifest: a buffer length outside its block");
+        sum += n;
+      }
+      if (sum != r.bytes) return Corrupt("spill manifest: buffer lengths that do not add up to the block");
+      if (!m.blocks.empty() && m.blocks.back().rows != kSpillBlockRows) return Corrupt("spill manifest: a short block that is not the last");
       rows += r.rows;
       m.blocks.push_back(std::move(r));
     }
@@ -186,6 +217,10 @@ Result<SessionSpill::Manifest> SessionSpill::DecodeManifest(const std::string& d
       m.end_taint_row = e.at("taint_row").get<int64_t>();
       m.end_regions = e.at("regions").get<std::vector<TokenRegion>>();
     }
+    const int64_t n = static_cast<int64_t>(m.tokens.size());
+    for (const AnchorRecord& a : m.anchors)
+      if (a.length <= 0 || a.length > n) return Corrupt("spill manifest: an anchor past its rows");
+    if (m.end && (m.end->length <= 0 || m.end->length > n)) return Corrupt("spill manifest: an end past its rows");
     return m;
   } catch (const nlohmann::json::exception& e) {
     return Corrupt(std::string("spill manifest: ") + e.what());
@@ -238,8 +273,8 @@ Result<SpillSaveReport> SessionSpill::Save(const SpillEntry& entry, const Sequen
                              std::to_string(options_.min_free_bytes >> 20) + " MiB free on the disk (" + std::to_string(*free >> 20) + " MiB free)");
   std::optional<Manifest> old;
   if (auto it = index_.find(id); it != index_.end()) old = it->second;
-  index_.erase(id);
   RETURN_IF_ERROR(env_.Remove(PathOf(id + kManifestSuffix)));  // removed first: until the new one, the entry is unfinished
+  index_.erase(id);
   SpillSaveReport report;
   Manifest m;
   m.session = entry.session;
@@ -326,7 +361,7 @@ Result<SpillSaveReport> SessionSpill::Save(const SpillEntry& entry, const Sequen
 }
 
 Result<SpillEntry> SessionSpill::Restore(const std::string& id, SequenceState& state, std::span<const int32_t> in_place,
-                                         SpillRestoreReport* report) {
+                                         SpillRestoreReport* report, int64_t upto) {
   const auto start = std::chrono::steady_clock::now();
   std::lock_guard lock(mu_);
   const auto it = index_.find(id);
@@ -339,12 +374,13 @@ Result<SpillEntry> SessionSpill::Restore(const std::string& id, SequenceState& s
     ++stats_.failed_restores;
     return s;
   };
-  const int64_t valid = static_cast<int64_t>(m.tokens.size());
-  if (Status s = state.Reserve(valid); !s.ok()) return s;
+  const int64_t valid = std::min<int64_t>(static_cast<int64_t>(m.tokens.size()), upto);
+  const int64_t blocks = (valid + kSpillBlockRows - 1) / kSpillBlockRows;  // whole blocks: the sums are a block's
+  if (Status s = state.Reserve(std::min<int64_t>(blocks * kSpillBlockRows, static_cast<int64_t>(m.tokens.size()))); !s.ok()) return s;
   const int64_t common = std::min<int64_t>(CommonPrefixLength(in_place, m.tokens), state.length());
   const int64_t width = state.kv_width();
   std::vector<size_t> to_read;
-  for (size_t k = 0; k < m.blocks.size(); ++k) {
+  for (size_t k = 0; k < static_cast<size_t>(blocks); ++k) {
     if (static_cast<int64_t>(k) * kSpillBlockRows + m.blocks[k].rows <= common) ++r.blocks_in_place;
     else to_read.push_back(k);
   }
@@ -394,9 +430,10 @@ Result<SpillEntry> SessionSpill::Restore(const std::string& id, SequenceState& s
   }
   SpillEntry out;
   out.session = m.session;
-  out.tokens = m.tokens;
+  out.tokens.assign(m.tokens.begin(), m.tokens.begin() + valid);
   out.taint_row = m.taint_row;
   out.regions = m.regions;
+  ClipTokenRegions(out.regions, valid);
   auto read_anchor = [&](const AnchorRecord& a) -> Result<Anchor> {
     ASSIGN_OR_RETURN(std::string data, env_.ReadFile(PathOf(a.file)));
     if (static_cast<int64_t>(data.size()) != SequenceState::AnchorBytes(config_)) return Corrupt(a.file + ": not an anchor of this model");
@@ -409,11 +446,12 @@ Result<SpillEntry> SessionSpill::Restore(const std::string& id, SequenceState& s
     return anchor;
   };
   for (const AnchorRecord& a : m.anchors) {
+    if (a.length > valid) continue;
     auto anchor = read_anchor(a);
     if (!anchor.ok()) return fail(anchor.status());
     out.anchors.push_back(std::move(anchor).value());
   }
-  if (m.end) {
+  if (m.end && m.end->length <= valid) {
     auto anchor = read_anchor(*m.end);
     if (!anchor.ok()) return fail(anchor.status());
     out.end = EndAnchor{std::move(anchor).value(), m.end_taint_row, m.end_regions};
@@ -496,9 +534,13 @@ std::optional<SpillOffer> SessionSpill::Offer(std::span<const int32_t> prompt, s
     }
     if (o.resume_length == 0 || (best && best->resume_length >= o.resume_length)) continue;
     const int64_t here = CommonPrefixLength(in_place, m.tokens);
-    for (size_t k = 0; k < m.blocks.size(); ++k)
-      if (static_cast<int64_t>(k) * kSpillBlockRows + m.blocks[k].rows > here) o.read_bytes += m.blocks[k].bytes;
-    o.read_bytes += static_cast<int64_t>(m.anchors.size() + (m.end ? 1 : 0)) * SequenceState::AnchorBytes(config_);
+    for (size_t k = 0; k < m.blocks.size(); ++k) {
+      const int64_t begin = static_cast<int64_t>(k) * kSpillBlockRows;
+      if (begin < o.resume_length && begin + m.blocks[k].rows > here) o.read_bytes += m.blocks[k].bytes;
+    }
+    int64_t anchors = o.from_end ? 1 : 0;
+    for (const AnchorRecord& a : m.anchors) anchors += a.length <= o.resume_length;
+    o.read_bytes += anchors * SequenceState::AnchorBytes(config_);
     best = std::move(o);
   }
   return best;

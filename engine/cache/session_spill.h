@@ -8,6 +8,7 @@
 // last, so an entry without one is an unfinished write, deleted at the next open.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -106,10 +107,12 @@ class SessionSpill {
   // Writes rows [0, entry.tokens.size()) of state and the entry's anchors, replacing the entry of
   // the same id; unchanged blocks and anchors are kept. Then evicts to the budget.
   Result<SpillSaveReport> Save(const SpillEntry& entry, const SequenceState& state);
-  // Reads the entry into state: rows whose tokens equal in_place (whole blocks) are kept, the others
-  // read and summed; the length becomes the entry's. On failure the entry is deleted and rows above
-  // the kept blocks are not valid (the caller resets them).
-  Result<SpillEntry> Restore(const std::string& id, SequenceState& state, std::span<const int32_t> in_place, SpillRestoreReport* report);
+  // Reads the entry's rows below upto (whole blocks; all of them by default) into state: blocks
+  // whose tokens equal in_place (rows the caller vouches for) are kept, the others read and summed;
+  // the length becomes min(upto, the entry's). What it returns holds the tokens, anchors and end
+  // up to there. On failure the entry is deleted and rows above the kept blocks are not valid.
+  Result<SpillEntry> Restore(const std::string& id, SequenceState& state, std::span<const int32_t> in_place, SpillRestoreReport* report,
+                             int64_t upto = INT64_MAX);
 
   std::optional<SpillEntryInfo> Info(const std::string& id) const;
   std::vector<SpillEntryInfo> Entries() const;  // newest use first

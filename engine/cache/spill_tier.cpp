@@ -4,16 +4,25 @@
 
 namespace anchorage {
 
+namespace {
+
+// The rows in place a restore may keep: below the taint, a cold prefill's like the entry's.
+std::span<const int32_t> Exact(const ResidentRows& resident) {
+  return std::span<const int32_t>(resident.rows).subspan(0, static_cast<size_t>(std::min<int64_t>(resident.rows.size(), resident.taint_row)));
+}
+
+}  // namespace
+
 TierOffer SpillTier::Find(std::span<const int32_t> prompt, const ResidentRows& resident, int64_t limit) const {
   TierOffer offer;
-  if (const std::optional<SpillOffer> o = spill_.Offer(prompt, resident.rows, limit)) {
+  if (const std::optional<SpillOffer> o = spill_.Offer(prompt, Exact(resident), limit)) {
     offer.resume_length = o->resume_length;
     offer.resume_from_end = o->from_end;
     offer.restore_bytes = o->read_bytes;
   }
   // An entry whose end the copy does not reach token for token: end alignment on the entry's tokens.
   if (alignment_.enabled && alignment_.alignment && tokenizer_ != nullptr) {
-    if (auto c = spill_.EndCandidate(prompt, resident.rows, offer.resume_length + 1); c && c->end_length > offer.resume_length) {
+    if (auto c = spill_.EndCandidate(prompt, Exact(resident), offer.resume_length + 1); c && c->end_length > offer.resume_length) {
       std::optional<EndAnchor> end = EndAnchor{Anchor{c->end_length, {}}, c->end_taint_row, c->end_regions};
       EndTier aligner(end, tokenizer_);
       aligner.set_options(alignment_);
@@ -35,11 +44,12 @@ TierOffer SpillTier::Find(std::span<const int32_t> prompt, const ResidentRows& r
 
 Status SpillTier::Restore(std::span<const int32_t> prompt, const TierOffer& offer, ResidentRows& resident) {
   // prompt is the one served: after end alignment, the entry's own tokens up to its end, then the copy's new text.
-  const std::optional<SpillOffer> o = spill_.Offer(prompt, resident.rows, offer.resume_length);
+  const std::span<const int32_t> exact = Exact(resident);
+  const std::optional<SpillOffer> o = spill_.Offer(prompt, exact, offer.resume_length);
   if (!o || o->resume_length != offer.resume_length) return NotFound("session spill: the entry offered is gone");
   // Blocks below this are the prompt's and the entry's both: the restore leaves them as they are.
-  const int64_t untouched = std::min(CommonPrefixLength(resident.rows, prompt), offer.resume_length) / kSpillBlockRows * kSpillBlockRows;
-  auto entry = spill_.Restore(o->id, resident.state, resident.rows, &last_);
+  const int64_t untouched = std::min(CommonPrefixLength(exact, prompt), offer.resume_length) / kSpillBlockRows * kSpillBlockRows;
+  auto entry = spill_.Restore(o->id, resident.state, exact, &last_, offer.resume_length);
   if (!entry.ok()) {
     resident.rows.resize(std::min<size_t>(resident.rows.size(), static_cast<size_t>(untouched)));
     ClipTokenRegions(resident.regions, untouched);
@@ -47,7 +57,7 @@ Status SpillTier::Restore(std::span<const int32_t> prompt, const TierOffer& offe
     resident.end.reset();
     return entry.status();
   }
-  resident.anchors.DropAbove(CommonPrefixLength(resident.rows, entry->tokens));
+  resident.anchors.DropAbove(CommonPrefixLength(exact, entry->tokens));
   for (const Anchor& a : entry->anchors) resident.anchors.Put(a);
   resident.rows = std::move(entry->tokens);
   resident.regions = std::move(entry->regions);

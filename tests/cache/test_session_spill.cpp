@@ -128,6 +128,34 @@ class TestSessionSpill : public QObject {
     }
   }
 
+  // A session key is the client's bytes, UTF-8 or not; a restore can stop at a line below the end.
+  void anySessionKeyAndAPartialRestore() {
+    QTemporaryDir dir;
+    const std::string key = std::string("conv-\xff\xfe\x01", 8);
+    const Conversation c = Make(13, 2600, key);
+    {
+      auto spill = Open(Options(dir));
+      QVERIFY(spill->Save(c.entry, *c.state).ok());
+    }
+    auto spill = Open(Options(dir));
+    const std::string id = SessionSpill::EntryId(key, c.tokens);
+    QCOMPARE(spill->Info(id)->session, key);
+    SequenceState state(model_->config);
+    SpillRestoreReport report;
+    auto got = spill->Restore(id, state, {}, &report, 1024);
+    QVERIFY2(got.ok(), got.status().ToString().c_str());
+    QCOMPARE(report.blocks_read, int64_t(1));
+    QCOMPARE(got->tokens.size(), size_t(1024));
+    QCOMPARE(state.length(), int64_t(1024));
+    QCOMPARE(got->anchors.size(), size_t(1));  // the anchor at 1024; the one at 2048 and the end lie above
+    QVERIFY(!got->end.has_value());
+    QVERIFY(state.RestoreAnchor(got->anchors[0]).ok());
+    SequenceState head(model_->config);
+    QVERIFY(forward_->Prefill(head, std::span(c.tokens).subspan(0, 1024)).ok());
+    QVERIFY(state.BitEqual(head));
+    ExpectRestores(*spill, c);
+  }
+
   // Written raw, extended with the codec on: the entry mixes both and restores as one.
   void secondSaveWritesOnlyChangedBlocks() {
     QTemporaryDir dir;

@@ -5,6 +5,7 @@
 // a damaged entry goes, and the turn is served from what is in place.
 #include <QtTest>
 
+#include <cstring>
 #include <filesystem>
 
 #include "engine/cache/resident_prefix.h"
@@ -148,6 +149,36 @@ class TestSpillTier : public QObject {
     const auto [gen2, info] = Turn(*rp, a2, "a");
     QCOMPARE(info.source, CacheSource::kSpill);
     QVERIFY(gen2 == expected);
+  }
+
+  // Rows in place that a decode wrote are not a cold prefill's: a restore reads the entry's own rows
+  // there even when the tokens are the same.
+  void decodeWrittenRowsInPlaceAreReadAgain() {
+    QTemporaryDir dir;
+    auto spill = OpenSpill(dir);
+    const auto p = Tokens(19, 2033, vocab_);
+    auto rp = Engine(spill.get());
+    const auto gen = Turn(*rp, p, "r").first;  // rows 2033..2048 are written by the decode
+    QCOMPARE(rp->rows().size(), size_t(2048));
+    // The same tokens read cold, and more, as another conversation saved to the spill.
+    const auto x = Concat(Concat(p, gen), Tokens(20, 400, vocab_));
+    ResidentPrefix other(*forward_, &model_->tokenizer, Options());
+    other.set_session_spill(spill.get());
+    const auto gen_x = Turn(other, x, "x").first;
+    QVERIFY(other.SpillResident("test").ok());
+    const auto next = Concat(Concat(x, gen_x), Tokens(21, 30, vocab_));
+    const auto [served, info] = Turn(*rp, next, "x");
+    QCOMPARE(info.source, CacheSource::kSpill);
+    QCOMPARE(rp->taint_row(), static_cast<int64_t>(x.size()));  // the entry's taint: its prompt's end
+    const auto [expected, ref_info] = Turn(other, next, "x");  // the engine it never left
+    QCOMPARE(ref_info.source, CacheSource::kEnd);
+    QVERIFY(served == expected);
+    SequenceState cold(model_->config);
+    QVERIFY(forward_->Prefill(cold, std::span(x).subspan(0, 2048)).ok());
+    const int64_t width = cold.kv_width();
+    for (int64_t a = 0; a < cold.num_attention_layers(); ++a)
+      QVERIFY2(std::memcmp(rp->state().k_rows(a) + 2033 * width, cold.k_rows(a) + 2033 * width, 15 * width * sizeof(float)) == 0,
+               "the rows the decode wrote were replaced by the entry's");
   }
 
   // A client that leaves the reasoning out of its copy still resumes at the entry's end, through end
