@@ -75,9 +75,7 @@ std::string DiskAdmission::Serialize() const {
 }
 
 Status DiskAdmission::Save() {
-  const std::string text = Serialize();
-  const std::string_view pieces[] = {text};
-  return WriteFileCrashSafe(*env_, path_, pieces);
+  return WriteFileCrashSafe(*env_, path_, Serialize());
 }
 
 }  // namespace anchorage

@@ -211,15 +211,12 @@ std::vector<int64_t> DiskCache::PlanWrites(AdmissionRequest request) {
     if (settings_.mode != DiskMode::kReadWrite) return {};
   }
   if (WriteGuard* g = guard_.load(); g != nullptr && !lines.empty() && !g->TierMayWrite()) {
-    g->NoteSkip();
+    const std::string why = g->NoteSkip();
     {
       std::lock_guard lock(mu_);
       ++skipped_by_write_budget_;
     }
-    const WriteGuardStats w = g->Stats();
-    Record(DiskEvent("drop", lines.back(), 0,
-                     "the day's write budget is spent (" + std::to_string(w.today_bytes >> 20) + " of " + std::to_string(w.budget_bytes >> 20) +
-                         " MiB, level " + WriteLevelName(w.level) + "): " + std::to_string(lines.size()) + " lines not written"));
+    Record(DiskEvent("drop", lines.back(), 0, why + ": " + std::to_string(lines.size()) + " lines not written"));
     return {};
   }
   const std::vector<std::string> hashes = PrefixHashes(request.prompt, line_tokens_);
@@ -289,8 +286,7 @@ void DiskCache::SaveCounts() {
     text = admission_.Serialize();
     path = admission_.path();
   }
-  const std::string_view pieces[] = {text};
-  (void)WriteFileCrashSafe(env_, path, pieces);  // counts are advice: a failed save costs a later admission
+  (void)WriteFileCrashSafe(env_, path, text);  // counts are advice: a failed save costs a later admission
 }
 
 void DiskCache::WriterLoop() {

@@ -67,6 +67,9 @@ inline constexpr std::string_view kTemporarySuffix = ".tmp";
 // Writes the pieces to path + ".tmp", fsyncs it, renames it over path and fsyncs the folder. On any
 // failure the .tmp is removed (where the env still lets us) and path is untouched.
 Status WriteFileCrashSafe(DiskEnv& env, const std::string& path, std::span<const std::string_view> pieces);
+inline Status WriteFileCrashSafe(DiskEnv& env, const std::string& path, std::string_view bytes) {
+  return WriteFileCrashSafe(env, path, std::span(&bytes, 1));
+}
 
 // Removes every *.tmp in dir (a write a crash cut short); returns how many.
 Result<int> SweepTemporaries(DiskEnv& env, const std::string& dir);

@@ -88,11 +88,8 @@ bool ResidentPrefix::SpillsOnEviction(int64_t shared_head, const ResumeInfo& inf
 Status ResidentPrefix::SaveToSpill(const SpillEntry& entry, const SequenceState& state, const std::string& reason, bool drain) {
   const int64_t tokens = static_cast<int64_t>(entry.tokens.size());
   if (guard_ != nullptr && !guard_->SpillMayWrite(drain, tokens)) {
-    guard_->NoteSkip();
+    const std::string why = guard_->NoteSkip();
     ++counters_.spill_skips;
-    const WriteGuardStats w = guard_->Stats();
-    const std::string why = "the day's write budget is spent (" + std::to_string(w.today_bytes >> 20) + " of " +
-                            std::to_string(w.budget_bytes >> 20) + " MiB, level " + WriteLevelName(w.level) + ")";
     Emit("drop", "spill", tokens, 0, reason + ": " + why);
     return ResourceExhausted(why);
   }

@@ -283,7 +283,7 @@ Result<SpillSaveReport> SessionSpill::Save(const SpillEntry& entry, const Sequen
   m.regions = entry.regions;
   auto write = [&](const std::string& name, std::string_view bytes) {
     report.bytes_written += static_cast<int64_t>(bytes.size());
-    return WriteFileCrashSafe(env_, PathOf(name), std::span(&bytes, 1));
+    return WriteFileCrashSafe(env_, PathOf(name), bytes);
   };
   auto fail = [&](Status s) {
     (void)RemoveFilesLocked(id, nullptr);
@@ -313,8 +313,7 @@ Result<SpillSaveReport> SessionSpill::Save(const SpillEntry& entry, const Sequen
     if (Status s = wait_write(); !s.ok()) return fail(s);
     report.bytes_written += static_cast<int64_t>(bytes->size());
     writing = std::async(std::launch::async, [this, name = BlockName(id, static_cast<size_t>(k)), data = std::move(bytes).value()] {
-      const std::string_view piece(data);
-      return WriteFileCrashSafe(env_, PathOf(name), std::span(&piece, 1));
+      return WriteFileCrashSafe(env_, PathOf(name), data);
     });
     report.raw_bytes += record.raw_bytes;
     ++report.blocks_written;
@@ -501,20 +500,22 @@ void SessionSpill::EvictLocked(const std::string& keep_id) {
   }
 }
 
+SpillEntryInfo SessionSpill::InfoOf(const std::string& id, const Manifest& m) {
+  return {id, m.session, static_cast<int64_t>(m.tokens.size()), m.bytes(), m.raw_bytes(), m.used_ms, m.end ? m.end->length : 0};
+}
+
 std::optional<SpillEntryInfo> SessionSpill::Info(const std::string& id) const {
   std::lock_guard lock(mu_);
   const auto it = index_.find(id);
   if (it == index_.end()) return std::nullopt;
-  const Manifest& m = it->second;
-  return SpillEntryInfo{id, m.session, static_cast<int64_t>(m.tokens.size()), m.bytes(), m.raw_bytes(), m.used_ms, m.end ? m.end->length : 0};
+  return InfoOf(id, it->second);
 }
 
 std::vector<SpillEntryInfo> SessionSpill::Entries() const {
   std::vector<SpillEntryInfo> out;
   {
     std::lock_guard lock(mu_);
-    for (const auto& [id, m] : index_)
-      out.push_back({id, m.session, static_cast<int64_t>(m.tokens.size()), m.bytes(), m.raw_bytes(), m.used_ms, m.end ? m.end->length : 0});
+    for (const auto& [id, m] : index_) out.push_back(InfoOf(id, m));
   }
   std::sort(out.begin(), out.end(), [](const SpillEntryInfo& a, const SpillEntryInfo& b) { return a.used_ms > b.used_ms; });
   return out;
@@ -533,17 +534,22 @@ std::optional<SpillOffer> SessionSpill::Offer(std::span<const int32_t> prompt, s
       o.from_end = true;
     }
     if (o.resume_length == 0 || (best && best->resume_length >= o.resume_length)) continue;
-    const int64_t here = CommonPrefixLength(in_place, m.tokens);
-    for (size_t k = 0; k < m.blocks.size(); ++k) {
-      const int64_t begin = static_cast<int64_t>(k) * kSpillBlockRows;
-      if (begin < o.resume_length && begin + m.blocks[k].rows > here) o.read_bytes += m.blocks[k].bytes;
-    }
-    int64_t anchors = o.from_end ? 1 : 0;
-    for (const AnchorRecord& a : m.anchors) anchors += a.length <= o.resume_length;
-    o.read_bytes += anchors * SequenceState::AnchorBytes(config_);
+    o.read_bytes = RestoreBytes(m, in_place, o.resume_length, o.from_end);
     best = std::move(o);
   }
   return best;
+}
+
+int64_t SessionSpill::RestoreBytes(const Manifest& m, std::span<const int32_t> in_place, int64_t upto, bool with_end) const {
+  const int64_t here = CommonPrefixLength(in_place, m.tokens);
+  int64_t bytes = 0;
+  for (size_t k = 0; k < m.blocks.size(); ++k) {
+    const int64_t begin = static_cast<int64_t>(k) * kSpillBlockRows;
+    if (begin < upto && begin + m.blocks[k].rows > here) bytes += m.blocks[k].bytes;
+  }
+  int64_t anchors = with_end ? 1 : 0;
+  for (const AnchorRecord& a : m.anchors) anchors += a.length <= upto;
+  return bytes + anchors * SequenceState::AnchorBytes(config_);
 }
 
 int64_t SessionSpill::LongestCommon(std::span<const int32_t> prompt) const {
@@ -569,13 +575,9 @@ std::optional<SpillEndCandidate> SessionSpill::EndCandidate(std::span<const int3
     }
   }
   if (best == nullptr) return std::nullopt;
-  SpillEndCandidate c{best_id, {best->tokens.begin(), best->tokens.begin() + best->end->length}, best->end->length, best->end_taint_row,
-                      best->end_regions, 0};
-  const int64_t here = CommonPrefixLength(in_place, best->tokens);
-  for (size_t k = 0; k < best->blocks.size(); ++k)
-    if (static_cast<int64_t>(k) * kSpillBlockRows + best->blocks[k].rows > here) c.read_bytes += best->blocks[k].bytes;
-  c.read_bytes += static_cast<int64_t>(best->anchors.size() + 1) * SequenceState::AnchorBytes(config_);
-  return c;
+  return SpillEndCandidate{best_id,          {best->tokens.begin(), best->tokens.begin() + best->end->length},
+                           best->end->length, best->end_taint_row,
+                           best->end_regions, RestoreBytes(*best, in_place, best->end->length, true)};
 }
 
 double SessionSpill::RestoreBytesPerSecond() const {
@@ -585,9 +587,7 @@ double SessionSpill::RestoreBytesPerSecond() const {
 }
 
 Status SessionSpill::SetResident(const std::string& id) {
-  const std::string body = nlohmann::json{{"id", id}}.dump();
-  const std::string_view piece(body);
-  return WriteFileCrashSafe(env_, PathOf(kResidentFile), std::span(&piece, 1));
+  return WriteFileCrashSafe(env_, PathOf(kResidentFile), nlohmann::json{{"id", id}}.dump());
 }
 
 std::optional<std::string> SessionSpill::TakeResident() {

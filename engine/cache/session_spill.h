@@ -171,6 +171,9 @@ class SessionSpill {
   Result<Manifest> DecodeManifest(const std::string& data) const;
   Result<std::string> EncodeBlock(const SequenceState& state, int64_t begin, const BlockRecord& sums, BlockRecord* record);
   Status RemoveFilesLocked(const std::string& id, const Manifest* keep);
+  // What Restore(upto) reads of m (the end's anchor too when with_end), given the rows in place.
+  int64_t RestoreBytes(const Manifest& m, std::span<const int32_t> in_place, int64_t upto, bool with_end) const;
+  static SpillEntryInfo InfoOf(const std::string& id, const Manifest& m);
   void EvictLocked(const std::string& keep_id);
 
   DiskEnv& env_;

@@ -55,9 +55,8 @@ void WriteGuard::Add(int64_t bytes) {
 }
 
 void WriteGuard::SaveLocked() {
-  const std::string body = nlohmann::json{{"days", days_}, {"skips", skips_}}.dump();
-  const std::string_view piece(body);
-  (void)WriteFileCrashSafe(env_, path_, std::span(&piece, 1));  // a count that could not be saved is still kept in memory
+  // A count that could not be saved is still kept in memory.
+  (void)WriteFileCrashSafe(env_, path_, nlohmann::json{{"days", days_}, {"skips", skips_}}.dump());
 }
 
 WriteLevel WriteGuard::LevelLocked() const {
@@ -81,10 +80,14 @@ bool WriteGuard::SpillMayWrite(bool drain, int64_t tokens) const {
   return l == WriteLevel::kOk || (l == WriteLevel::kOver && tokens >= kEvictionTokensWhenOver);
 }
 
-void WriteGuard::NoteSkip() {
+std::string WriteGuard::NoteSkip() {
   std::lock_guard lock(mu_);
   ++skips_;
   SaveLocked();
+  const auto it = days_.find(Today());
+  const int64_t today = it == days_.end() ? 0 : it->second;
+  return "the day's write budget is spent (" + std::to_string(today >> 20) + " of " + std::to_string(budget_bytes_ >> 20) + " MiB, level " +
+         WriteLevelName(LevelLocked()) + ")";
 }
 
 WriteGuardStats WriteGuard::Stats() const {

@@ -43,7 +43,8 @@ class WriteGuard {
   bool TierMayWrite() const;
   // Whether the spill may write a conversation of `tokens`: a planned stop's drain always may.
   bool SpillMayWrite(bool drain, int64_t tokens) const;
-  void NoteSkip();
+  // Counts a write skipped for the budget; returns why, for its journal row.
+  std::string NoteSkip();
   WriteGuardStats Stats() const;
 
  private:

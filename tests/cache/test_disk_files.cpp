@@ -92,7 +92,7 @@ class TestDiskFiles : public QObject {
     std::string bytes(size_t(64) << 10, '\0');
     for (auto& c : bytes) c = static_cast<char>(rng());
     const std::string_view piece(bytes);
-    QVERIFY(WriteFileCrashSafe(DiskEnv::Posix(), path, std::span(&piece, 1)).ok());
+    QVERIFY(WriteFileCrashSafe(DiskEnv::Posix(), path, piece).ok());
     PageBuffer dest(bytes.size());
     char* d = static_cast<char*>(dest.data());
     const std::vector<ReadRange> ranges = {
