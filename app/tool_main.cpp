@@ -10,7 +10,8 @@ namespace {
 
 const char* kUsage =
     "usage: anchorage-tool COMMAND [ARGS]\n"
-    "  make-model --size tiny|small --seed N DIR   generate a random Qwen3.5-structured model folder\n"
+    "  make-model --size tiny|small|shadow --seed N [--tokenizer-of SIZE] DIR\n"
+    "                                              generate a random Qwen3.5-structured model folder\n"
     "  tokenize --model DIR [--no-special]         text on stdin, JSON ids out (DIR may hold only tokenizer.json)\n"
     "  detokenize --model DIR [--skip-special]     JSON ids on stdin, text out\n"
     "  render --model DIR                          OpenAI chat body on stdin, rendered prompt out\n"

@@ -61,7 +61,7 @@ Result<Tokenizer> LoadTokenizerFrom(const std::string& dir) {
 }  // namespace
 
 int MakeModel(const Args& args) {
-  ParsedArgs p = ParseArgs(args, {"--size", "--seed"}, {});
+  ParsedArgs p = ParseArgs(args, {"--size", "--seed", "--tokenizer-of"}, {});
   if (!p.error.empty()) return Usage(p.error);
   if (p.positional.size() != 1) return Usage("make-model needs one output folder");
   auto size = ParseTinyModelSize(p.Get("--size").value_or("tiny"));
@@ -72,7 +72,13 @@ int MakeModel(const Args& args) {
   } catch (...) {
     return Usage("--seed must be a non-negative integer");
   }
-  Status s = GenerateTinyModel(*size, seed, p.positional[0]);
+  std::optional<TinyModelSize> tokenizer_of;
+  if (auto name = p.Get("--tokenizer-of")) {
+    auto parsed = ParseTinyModelSize(*name);
+    if (!parsed.ok()) return Usage("--tokenizer-of: " + parsed.status().message());
+    tokenizer_of = *parsed;
+  }
+  Status s = GenerateTinyModel(*size, seed, p.positional[0], tokenizer_of);
   if (!s.ok()) return Fail(s.ToString());
   std::printf("wrote %s\n", p.positional[0].c_str());
   return 0;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/cache/plane_codec.h"
+#include "engine/core/hex.h"
 #include "engine/core/file_util.h"
 #include "engine/core/sha256.h"
 
@@ -36,28 +37,6 @@ const float* BufferRows(const SequenceState& s, size_t b) {
 
 nlohmann::json SumsJson(const std::pair<uint64_t, uint64_t>& s) { return nlohmann::json::array({s.first, s.second}); }
 std::pair<uint64_t, uint64_t> SumsOf(const nlohmann::json& j) { return {j.at(0).get<uint64_t>(), j.at(1).get<uint64_t>()}; }
-
-// A session key is a client's bytes (not always UTF-8): the manifest keeps it in hex.
-std::string Hex(std::string_view bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out += digits[c >> 4];
-    out += digits[c & 15];
-  }
-  return out;
-}
-std::optional<std::string> Unhex(std::string_view hex) {
-  if (hex.size() % 2 != 0) return std::nullopt;
-  auto value = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
-  std::string out;
-  for (size_t i = 0; i < hex.size(); i += 2) {
-    const int hi = value(hex[i]), lo = value(hex[i + 1]);
-    if (hi < 0 || lo < 0) return std::nullopt;
-    out += static_cast<char>(hi * 16 + lo);
-  }
-  return out;
-}
 
 }  // namespace
 

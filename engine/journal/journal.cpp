@@ -68,9 +68,28 @@ CREATE TABLE shadow_answers(
 CREATE INDEX shadow_answers_time_ms ON shadow_answers(time_ms);
 CREATE TABLE meta(key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 )sql",
+    R"sql(
+DROP TABLE shadow_answers;
+CREATE TABLE shadow(
+  id INTEGER PRIMARY KEY,
+  time_ms INTEGER NOT NULL,
+  session TEXT NOT NULL,
+  question TEXT NOT NULL,
+  insertion_tokens INTEGER NOT NULL,
+  behind_tokens INTEGER NOT NULL,
+  lag_ms REAL NOT NULL,
+  shadow_choice TEXT,
+  shadow_probability REAL,
+  main_choice TEXT,
+  main_probability REAL,
+  agree INTEGER,
+  note TEXT NOT NULL);
+CREATE INDEX shadow_time_ms ON shadow(time_ms);
+CREATE INDEX shadow_session ON shadow(session);
+)sql",
 };
 
-constexpr std::array<const char*, 3> kTables = {"requests", "cache_events", "shadow_answers"};
+constexpr std::array<const char*, 3> kTables = {"requests", "cache_events", "shadow"};
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -207,7 +226,7 @@ std::optional<CacheEventKind> ParseCacheEventKind(std::string_view name) {
 
 nlohmann::json JournalStats::ToJson() const {
   return {{"request_rows", request_rows},     {"cache_event_rows", cache_event_rows},
-          {"shadow_answer_rows", shadow_answer_rows}, {"bytes_on_disk", bytes_on_disk},
+          {"shadow_rows", shadow_rows}, {"bytes_on_disk", bytes_on_disk},
           {"dropped_rows", dropped_rows},     {"failed_rows", failed_rows},
           {"committed_rows", committed_rows}, {"pruned_rows", pruned_rows},
           {"queued_rows", queued_rows},       {"schema_version", schema_version}};
@@ -274,11 +293,12 @@ Status Journal::OpenConnections() {
       int64_t max_id,
       QueryInt(write_db_,
                "SELECT max(coalesce((SELECT max(id) FROM requests), 0), coalesce((SELECT max(id) FROM cache_events), 0),"
+               " coalesce((SELECT max(id) FROM shadow), 0),"
                " coalesce((SELECT value FROM meta WHERE key = 'next_id') - 1, 0))",
                path_));
   next_id_ = max_id + 1;
 
-  Statement insert_request, insert_event;
+  Statement insert_request, insert_event, insert_shadow;
   RETURN_IF_ERROR(Statement::Prepare(
       write_db_,
       "INSERT INTO requests(id, time_ms, session, model, route, status, error, prompt_tokens, cached_tokens,"
@@ -290,6 +310,12 @@ Status Journal::OpenConnections() {
       "INSERT INTO cache_events(id, time_ms, kind, tier, session, tokens, bytes, ms, reason)"
       " VALUES(?,?,?,?,?,?,?,?,?)",
       path_, &insert_event));
+  RETURN_IF_ERROR(Statement::Prepare(
+      write_db_,
+      "INSERT INTO shadow(id, time_ms, session, question, insertion_tokens, behind_tokens, lag_ms, shadow_choice,"
+      " shadow_probability, main_choice, main_probability, agree, note) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+      path_, &insert_shadow));
+  insert_shadow_ = insert_shadow.Release();
   insert_request_ = insert_request.Release();
   insert_event_ = insert_event.Release();
 
@@ -308,6 +334,7 @@ Journal::~Journal() {
   if (writer_.joinable()) writer_.join();
   sqlite3_finalize(insert_request_);
   sqlite3_finalize(insert_event_);
+  sqlite3_finalize(insert_shadow_);
   sqlite3_close(read_db_);
   sqlite3_close(write_db_);
 }
@@ -322,7 +349,12 @@ void Journal::RecordCacheEvent(CacheEventRow row) {
   Enqueue(std::move(row));
 }
 
-void Journal::Enqueue(std::variant<RequestRow, CacheEventRow> row) {
+void Journal::RecordShadow(ShadowRow row) {
+  if (row.time_ms == 0) row.time_ms = NowMs();
+  Enqueue(std::move(row));
+}
+
+void Journal::Enqueue(std::variant<RequestRow, CacheEventRow, ShadowRow> row) {
   bool dropped = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -437,6 +469,30 @@ Status Journal::WriteBatch(std::deque<Queued>& batch) {
         sqlite3_bind_double(st, 16, r->figures.prefill_tokens_per_s());
         sqlite3_bind_double(st, 17, r->figures.decode_tokens_per_s);
         sqlite3_bind_text(st, 18, r->finish_reason.c_str(), -1, SQLITE_TRANSIENT);
+      } else if (const ShadowRow* r = std::get_if<ShadowRow>(&q.row)) {
+        st = insert_shadow_;
+        auto text_or_null = [&](int i, const std::optional<std::string>& v) {
+          if (v) sqlite3_bind_text(st, i, v->c_str(), -1, SQLITE_TRANSIENT);
+          else sqlite3_bind_null(st, i);
+        };
+        auto real_or_null = [&](int i, const std::optional<double>& v) {
+          if (v) sqlite3_bind_double(st, i, *v);
+          else sqlite3_bind_null(st, i);
+        };
+        sqlite3_bind_int64(st, 1, next_id_);
+        sqlite3_bind_int64(st, 2, r->time_ms);
+        sqlite3_bind_text(st, 3, r->session.c_str(), -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(st, 4, r->question.c_str(), -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(st, 5, r->insertion_tokens);
+        sqlite3_bind_int64(st, 6, r->behind_tokens);
+        sqlite3_bind_double(st, 7, r->lag_ms);
+        text_or_null(8, r->shadow_choice);
+        real_or_null(9, r->shadow_probability);
+        text_or_null(10, r->main_choice);
+        real_or_null(11, r->main_probability);
+        if (r->agree) sqlite3_bind_int64(st, 12, *r->agree ? 1 : 0);
+        else sqlite3_bind_null(st, 12);
+        sqlite3_bind_text(st, 13, r->note.c_str(), -1, SQLITE_TRANSIENT);
       } else {
         const CacheEventRow& e = std::get<CacheEventRow>(q.row);
         st = insert_event_;
@@ -455,7 +511,7 @@ Status Journal::WriteBatch(std::deque<Queued>& batch) {
       sqlite3_clear_bindings(st);
       if (rc != SQLITE_DONE) {
         return SqliteError(write_db_, rc, "sqlite3_step",
-                           st == insert_request_ ? "INSERT INTO requests" : "INSERT INTO cache_events", path_);
+                           st == insert_request_ ? "INSERT INTO requests" : st == insert_shadow_ ? "INSERT INTO shadow" : "INSERT INTO cache_events", path_);
       }
       ++next_id_;
     }
@@ -523,12 +579,15 @@ Result<QueryPage> Journal::Query(const JournalQuery& query) const {
 
   TableFilter requests{"requests", "request", "", {}};
   TableFilter events{"cache_events", "cache_event", "", {}};
+  TableFilter shadow{"shadow", "shadow", "", {}};
   bool want_requests = query.kind.empty() || query.kind == "request";
   bool want_events = query.kind.empty() || query.kind == "cache_event";
-  if (!want_requests && !want_events) {
+  // Shadow rows belong to no cache tier: a tier filter leaves them out.
+  bool want_shadow = (query.kind.empty() && query.tier.empty()) || query.kind == "shadow";
+  if (!want_requests && !want_events && !want_shadow) {
     if (!ParseCacheEventKind(query.kind)) {
       return InvalidArgument("journal query: unknown kind '" + query.kind +
-                             "' (request, cache_event, hit, write, eviction, shed, drop, failed_restore, clear)");
+                             "' (request, cache_event, shadow, hit, write, eviction, shed, drop, failed_restore, clear)");
     }
     want_events = true;
     events.Add("kind = ?");
@@ -540,7 +599,7 @@ Result<QueryPage> Journal::Query(const JournalQuery& query) const {
     events.Add("tier = ?");
     events.binds.push_back(query.tier);
   }
-  for (TableFilter* f : {&requests, &events}) {
+  for (TableFilter* f : {&requests, &events, &shadow}) {
     if (!query.session.empty()) {
       f->Add("session = ?");
       f->binds.push_back(query.session);
@@ -561,6 +620,8 @@ Result<QueryPage> Journal::Query(const JournalQuery& query) const {
     requests.binds.push_back(query.text);
     events.Add("(instr(lower(reason), lower(:text)) > 0 OR instr(lower(session), lower(:text)) > 0)");
     events.binds.push_back(query.text);
+    shadow.Add("(instr(lower(note), lower(:text)) > 0 OR instr(lower(session), lower(:text)) > 0)");
+    shadow.binds.push_back(query.text);
   }
 
   std::lock_guard<std::mutex> lock(read_db_mu_);
@@ -569,8 +630,8 @@ Result<QueryPage> Journal::Query(const JournalQuery& query) const {
     QueryPage out;
     std::vector<std::pair<int64_t, nlohmann::json>> merged;
     int64_t fetch = query.offset + query.limit + 1;
-    for (TableFilter* f : {&requests, &events}) {
-      if ((f == &requests && !want_requests) || (f == &events && !want_events)) continue;
+    for (TableFilter* f : {&requests, &events, &shadow}) {
+      if ((f == &requests && !want_requests) || (f == &events && !want_events) || (f == &shadow && !want_shadow)) continue;
       std::string where = f->where;
       std::vector<Binding> binds = f->binds;
       Statement count;
@@ -616,7 +677,7 @@ Result<JournalStats> Journal::Stats() const {
     Status s = [&]() -> Status {
       ASSIGN_OR_RETURN(stats.request_rows, QueryInt(read_db_, "SELECT count(*) FROM requests", path_));
       ASSIGN_OR_RETURN(stats.cache_event_rows, QueryInt(read_db_, "SELECT count(*) FROM cache_events", path_));
-      ASSIGN_OR_RETURN(stats.shadow_answer_rows, QueryInt(read_db_, "SELECT count(*) FROM shadow_answers", path_));
+      ASSIGN_OR_RETURN(stats.shadow_rows, QueryInt(read_db_, "SELECT count(*) FROM shadow", path_));
       ASSIGN_OR_RETURN(int64_t version, QueryInt(read_db_, "PRAGMA user_version", path_));
       stats.schema_version = static_cast<int>(version);
       return Status::Ok();

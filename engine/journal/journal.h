@@ -54,6 +54,20 @@ struct CacheEventRow {
   std::string reason;
 };
 
+// One turn's shadow agreement: the shadow's and the main model's answers at the turn's insertion point.
+struct ShadowRow {
+  int64_t time_ms = 0;  // Unix epoch milliseconds
+  std::string session;
+  std::string question;
+  int64_t insertion_tokens = 0;
+  int64_t behind_tokens = 0;  // how far behind the reader was when the turn began
+  double lag_ms = 0;          // from the turn's start to the shadow's answer
+  std::optional<std::string> shadow_choice, main_choice;
+  std::optional<double> shadow_probability, main_probability;
+  std::optional<bool> agree;  // absent when either side did not answer
+  std::string note;           // why a side did not answer
+};
+
 struct JournalOptions {
   std::string data_dir;            // created (0700) if missing; holds journal.db
   int64_t retention_days = 30;     // rows older than this are pruned; 0 keeps all ages
@@ -66,7 +80,7 @@ struct JournalOptions {
 
 // A filter over both tables; rows come newest first (id descending; ids are shared by both tables).
 struct JournalQuery {
-  std::string kind;     // "" all, "request", "cache_event", or a cache event kind ("hit", ...)
+  std::string kind;     // "" all, "request", "cache_event", "shadow", or a cache event kind ("hit", ...)
   std::string tier;     // "" any; matches requests.cache_tier and cache_events.tier
   std::string session;  // "" any; exact match
   std::optional<int64_t> from_ms;  // inclusive
@@ -86,7 +100,7 @@ struct QueryPage {
 struct JournalStats {
   int64_t request_rows = 0;
   int64_t cache_event_rows = 0;
-  int64_t shadow_answer_rows = 0;
+  int64_t shadow_rows = 0;
   int64_t bytes_on_disk = 0;   // journal.db plus its -wal and -shm files
   int64_t dropped_rows = 0;    // rows dropped because the queue was full
   int64_t failed_rows = 0;     // rows lost because their batch failed to commit
@@ -100,7 +114,7 @@ struct JournalStats {
 // Thread-safe. Record* never blocks on the disk; one writer thread commits rows in batches.
 class Journal {
  public:
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
 
   // Opens or creates data_dir/journal.db, migrates its schema and starts the writer.
   static Result<std::unique_ptr<Journal>> Open(const JournalOptions& options);
@@ -110,6 +124,7 @@ class Journal {
 
   void RecordRequest(RequestRow row);
   void RecordCacheEvent(CacheEventRow row);
+  void RecordShadow(ShadowRow row);
 
   // Returns once every row recorded before the call is committed, dropped or failed.
   void Flush();
@@ -141,7 +156,7 @@ class Journal {
  private:
   struct Queued {
     uint64_t seq;
-    std::variant<RequestRow, CacheEventRow> row;
+    std::variant<RequestRow, CacheEventRow, ShadowRow> row;
   };
 
   explicit Journal(const JournalOptions& options);
@@ -149,7 +164,7 @@ class Journal {
   void WriterLoop();
   Status WriteBatch(std::deque<Queued>& batch);
   Result<int64_t> PruneLocked(int64_t now_ms);
-  void Enqueue(std::variant<RequestRow, CacheEventRow> row);
+  void Enqueue(std::variant<RequestRow, CacheEventRow, ShadowRow> row);
   void KeepError(Status status);
 
   JournalOptions options_;
@@ -159,6 +174,7 @@ class Journal {
   sqlite3* write_db_ = nullptr;
   sqlite3_stmt* insert_request_ = nullptr;
   sqlite3_stmt* insert_event_ = nullptr;
+  sqlite3_stmt* insert_shadow_ = nullptr;
   int64_t next_id_ = 1;
 
   mutable std::mutex read_db_mu_;  // guards read_db_

@@ -86,7 +86,17 @@ int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 Result<TinyModelSize> ParseTinyModelSize(const std::string& name) {
   if (name == "tiny") return TinyModelSize::kTiny;
   if (name == "small") return TinyModelSize::kSmall;
-  return InvalidArgument("unknown model size '" + name + "' (expected tiny or small)");
+  if (name == "shadow") return TinyModelSize::kShadow;
+  return InvalidArgument("unknown model size '" + name + "' (expected tiny, small or shadow)");
+}
+
+const char* TinyModelSizeName(TinyModelSize size) {
+  switch (size) {
+    case TinyModelSize::kTiny: return "tiny";
+    case TinyModelSize::kSmall: return "small";
+    case TinyModelSize::kShadow: return "shadow";
+  }
+  return "tiny";
 }
 
 ModelConfig TinyModelConfig(TinyModelSize size, int64_t vocab_size) {
@@ -111,6 +121,20 @@ ModelConfig TinyModelConfig(TinyModelSize size, int64_t vocab_size) {
     c.vocab_size = RoundUp(vocab_size, 64);
     c.max_position_embeddings = 262144;  // the real Qwen3.5 context, so agent-sized prompts fit
     c.tie_word_embeddings = true;
+  } else if (size == TinyModelSize::kShadow) {
+    c.hidden_size = 32;
+    c.num_hidden_layers = 4;
+    c.intermediate_size = 64;
+    c.num_attention_heads = 1;
+    c.num_key_value_heads = 1;
+    c.head_dim = 32;
+    c.linear_num_key_heads = 1;
+    c.linear_num_value_heads = 2;
+    c.linear_key_head_dim = 16;
+    c.linear_value_head_dim = 16;
+    c.vocab_size = RoundUp(vocab_size, 64);
+    c.max_position_embeddings = 262144;
+    c.tie_word_embeddings = true;
   } else {
     c.hidden_size = 1024;
     c.num_hidden_layers = 12;
@@ -131,13 +155,15 @@ ModelConfig TinyModelConfig(TinyModelSize size, int64_t vocab_size) {
   return c;
 }
 
-Status GenerateTinyModel(TinyModelSize size, uint64_t seed, const std::string& dir) {
+Status GenerateTinyModel(TinyModelSize size, uint64_t seed, const std::string& dir, std::optional<TinyModelSize> tokenizer_of) {
   namespace fs = std::filesystem;
   RETURN_IF_ERROR(MakeDirectories(dir));
 
-  const std::string tokenizer_json = BuildTinyTokenizerJson(embedded::kTinyCorpus, size == TinyModelSize::kTiny ? kTinyMerges : kSmallMerges);
+  const TinyModelSize vocab_of = tokenizer_of.value_or(size == TinyModelSize::kShadow ? TinyModelSize::kTiny : size);
+  const std::string tokenizer_json = BuildTinyTokenizerJson(embedded::kTinyCorpus, vocab_of == TinyModelSize::kSmall ? kSmallMerges : kTinyMerges);
   ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Parse(tokenizer_json, "generated tokenizer.json"));
   ModelConfig c = TinyModelConfig(size, tokenizer.vocab_size());
+  c.vocab_size = TinyModelConfig(vocab_of, tokenizer.vocab_size()).vocab_size;
   for (const char* eos : {"<|im_end|>", "<|endoftext|>"}) {
     auto id = tokenizer.TokenId(eos);
     if (!id) return Internal(std::string("generated tokenizer lacks ") + eos);
@@ -190,7 +216,7 @@ Status GenerateTinyModel(TinyModelSize size, uint64_t seed, const std::string& d
   const nlohmann::json fields = c.ToJson();
   for (auto& [k, v] : fields.items()) config[k] = v;
   config["dtype"] = "bfloat16";
-  config["anchorage_generator"] = {{"size", size == TinyModelSize::kTiny ? "tiny" : "small"}, {"seed", seed}};
+  config["anchorage_generator"] = {{"size", TinyModelSizeName(size)}, {"seed", seed}};
 
   nlohmann::ordered_json tokenizer_config = {
       {"add_bos_token", false},

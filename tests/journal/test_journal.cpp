@@ -231,8 +231,35 @@ class TestJournal : public QObject {
     QCOMPARE(stats->dropped_rows, int64_t{0});
     QCOMPARE(stats->schema_version, Journal::kSchemaVersion);
     QVERIFY(stats->bytes_on_disk > 0);
-    QCOMPARE(SqlInt(j->path(), "PRAGMA user_version"), int64_t{1});
-    QCOMPARE(SqlInt(j->path(), "SELECT count(*) FROM shadow_answers"), int64_t{0});
+    QCOMPARE(SqlInt(j->path(), "PRAGMA user_version"), int64_t{Journal::kSchemaVersion});
+    QCOMPARE(SqlInt(j->path(), "SELECT count(*) FROM shadow"), int64_t{0});
+
+    ShadowRow shadow;
+    shadow.time_ms = 1700000000300;
+    shadow.session = "s-1";
+    shadow.question = "what?";
+    shadow.insertion_tokens = 9000;
+    shadow.behind_tokens = 300;
+    shadow.lag_ms = 41.5;
+    shadow.shadow_choice = "code";
+    shadow.shadow_probability = 0.75;
+    shadow.note = "the main model did not answer";
+    j->RecordShadow(shadow);
+    j->Flush();
+    JournalQuery only_shadow;
+    only_shadow.kind = "shadow";
+    Result<QueryPage> shadow_page = j->Query(only_shadow);
+    QVERIFY(shadow_page.ok());
+    QCOMPARE(shadow_page->rows.size(), size_t{1});
+    const nlohmann::json& row = shadow_page->rows[0];
+    QCOMPARE(row["id"].get<int64_t>(), int64_t{9});  // ids are shared with the other tables
+    QCOMPARE(row["type"].get<std::string>(), std::string("shadow"));
+    QCOMPARE(row["insertion_tokens"].get<int64_t>(), int64_t{9000});
+    QCOMPARE(row["shadow_choice"].get<std::string>(), std::string("code"));
+    QCOMPARE(row["shadow_probability"].get<double>(), 0.75);
+    QVERIFY(row["main_choice"].is_null());
+    QVERIFY(row["agree"].is_null());
+    QCOMPARE(j->Stats()->shadow_rows, int64_t{1});
   }
 
   void timeZeroMeansNow() {
