@@ -52,6 +52,7 @@ struct CacheStats {
   struct Memory {
     int64_t engine_bytes = 0, state_bytes = 0, ceiling_bytes = 0, peak_bytes = 0, slack_bytes = 0, refused = 0;
     std::map<std::string, int64_t> sheds;  // by tier
+    int64_t shadow_bytes = 0;  // the shadow reader's resident states, counted in engine_bytes
     int64_t shed_total() const {
       int64_t n = 0;
       for (const auto& [tier, count] : sheds) n += count;

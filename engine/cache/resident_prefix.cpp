@@ -665,7 +665,32 @@ int64_t ResidentPrefix::EngineBytes() const {
     bytes += tier->bytes();
   if (disk_ != nullptr) bytes += disk_->staged_bytes();
   for (const Anchor& a : disk_staged_) bytes += a.bytes();
+  if (outside_bytes_) bytes += outside_bytes_();
   return bytes;
+}
+
+Result<std::vector<float>> ResidentPrefix::ForkLogits(std::span<const int32_t> context, std::span<const int32_t> extra, int64_t max_reread) {
+  const size_t n = std::min(context.size(), rows_.size());
+  const int64_t common = static_cast<int64_t>(std::mismatch(context.begin(), context.begin() + static_cast<std::ptrdiff_t>(n), rows_.begin()).first - context.begin());
+  const int64_t length = state_.length();
+  std::optional<Anchor> from;
+  if (common == static_cast<int64_t>(context.size()) && common == length) from = state_.SaveAnchor();
+  else if (const Anchor* a = anchors_.LargestAtOrBelow(std::min(common, length))) from = *a;
+  if (!from || static_cast<int64_t>(context.size()) - from->length > max_reread)
+    return NotFound("the engine holds no state of this conversation near its point (" + std::to_string(common) + " of " +
+                    std::to_string(context.size()) + " ids in place)");
+  if (disk_ != nullptr) disk_->Fence();  // the writer reads no more rows of the previous request
+  ASSIGN_OR_RETURN(KvRows above, state_.CopyRows(from->length, length));
+  const Anchor at_end = state_.SaveAnchor();
+  RETURN_IF_ERROR(state_.RestoreAnchor(*from));
+  std::vector<int32_t> ids(context.begin() + from->length, context.end());
+  ids.insert(ids.end(), extra.begin(), extra.end());
+  auto logits = forward_.Prefill(state_, ids);
+  // Back to the bits before the fork, whatever the prefill did.
+  Status rows_back = state_.WriteRows(above);
+  Status end_back = state_.RestoreAnchor(at_end);
+  if (!rows_back.ok() || !end_back.ok()) return Internal("the fork could not put the engine's state back");
+  return logits;
 }
 
 ResidentRows ResidentPrefix::View() { return ResidentRows{state_, rows_, anchors_, end_, regions_, taint_row_, session_}; }
@@ -895,7 +920,7 @@ CacheStats ResidentPrefix::Stats() const {
   s.store = {static_cast<int64_t>(store_.size()), store_.bytes(), store_.budget_bytes(), store_.entry_cap_bytes(), k.store_hits, store_.misses,
              store_.puts, store_.evictions, store_.declined};
   s.memory = {EngineBytes(), state_.allocated_bytes(), options_.memory_ceiling_bytes, options_.memory_peak_bytes, options_.memory_slack_bytes,
-              k.refused, k.sheds};
+              k.refused, k.sheds, outside_bytes_ ? outside_bytes_() : 0};
   return s;
 }
 

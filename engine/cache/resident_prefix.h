@@ -128,8 +128,14 @@ class ResidentPrefix {
   // Brings a state held by the pin, the park or the store into the engine's buffer ahead of its
   // request; returns where the request would then resume.
   Result<ResumeInfo> Prewarm(const CacheRequest& request);
-  // Bytes the engine holds now: its state buffers and every cache tier.
+  // Bytes the engine holds now: its state buffers, every cache tier and the outside bytes.
   int64_t EngineBytes() const;
+  // Bytes held beside the engine that count in its memory budget (the shadow reader's states).
+  void set_outside_bytes(std::function<int64_t()> bytes) { outside_bytes_ = std::move(bytes); }
+  // The last row's logits of context and then extra, on a fork of the state in place: from the rows
+  // and an anchor this conversation shares with context, re-reading at most max_reread ids; the
+  // state is the same bits afterwards. NotFound when no such state is in place.
+  Result<std::vector<float>> ForkLogits(std::span<const int32_t> context, std::span<const int32_t> extra, int64_t max_reread);
   // The workspace a prefill of new_tokens (plus max_new decoded rows) adds at its peak.
   int64_t PrefillPeakBytes(int64_t prompt_tokens, int64_t resume_at, int64_t max_new) const;
   // Resumes and prefills the whole prompt; returns the last position's logits (no end anchor is kept).
@@ -229,6 +235,7 @@ class ResidentPrefix {
   std::vector<int32_t> answer_turn_ids_;  // "<|im_start|>assistant" as ids
   ResidentOptions options_;
   CacheEventSink sink_;
+  std::function<int64_t()> outside_bytes_;
   void Emit(const char* kind, const std::string& tier, int64_t tokens, int64_t bytes, std::string reason = "") const {
     CacheEvent event{kind, tier, tokens, bytes, std::move(reason), std::nullopt, 0};
     if (tier == "spill" && spill_ != nullptr) spill_->Record(event);  // the console's last spill events

@@ -91,6 +91,7 @@ HttpServer::HttpServer(Model& model, Scheduler& scheduler, ServerOptions options
   transport_.SetGate([this](const HttpRequest& req, HttpResponse& res) { return Admit(req, res); });
   RouteOperations();
   RouteCache();
+  RouteShadow();
   RouteJournalAndSettings();
   RouteCompletions();
 }
@@ -173,6 +174,7 @@ void HttpServer::RouteOperations() {
     const anchorage::CacheStats stats = scheduler_.CacheStats();
     if (stats.disk_enabled) text += RenderDiskMetrics(stats.disk);
     if (stats.spill_enabled) text += RenderSpillMetrics(stats.spill);
+    if (ShadowReader* shadow = scheduler_.shadow()) text += RenderShadowMetrics(shadow->Snapshot());
     res.SetContent(text, "text/plain; version=0.0.4");
   });
   Route("GET", "/v1/models", RouteClass::kControl, RouteAccess::kClient, [this](const HttpRequest&, HttpResponse& res) {
@@ -274,6 +276,55 @@ void HttpServer::RouteCache() {
       }
     }
     SendJson(res, body);
+  });
+}
+
+void HttpServer::RouteShadow() {
+  Route("GET", "/v1/shadow/status", RouteClass::kControl, RouteAccess::kClient, [this](const HttpRequest&, HttpResponse& res) {
+    ShadowReader* shadow = scheduler_.shadow();
+    if (shadow == nullptr) return SendJson(res, {{"loaded", false}, {"reason", "no shadow model is loaded (start with --shadow-model DIR)"}});
+    SendJson(res, ShadowStatusJson(shadow->Snapshot()));
+  });
+
+  Route("POST", "/v1/shadow/ask", RouteClass::kWork, RouteAccess::kClient, [this](const HttpRequest& req, HttpResponse& res) {
+    const auto start = std::chrono::steady_clock::now();
+    ojson body;
+    ApiError error;
+    if (!ParseJsonBody(req.body, &body, &error)) return SendError(res, error);
+    auto bad = [&](const std::string& message, const std::string& param) { SendError(res, {400, message, "invalid_request_error", param, "invalid_value"}); };
+    if (!body.is_object()) return bad("the body must be a JSON object", "");
+    if (!body.contains("session") || !body["session"].is_string()) return bad("'session' must be a string: the conversation id the shadow reads", "session");
+    if (!body.contains("question") || !body["question"].is_string()) return bad("'question' must be a string", "question");
+    if (!body.contains("choices") || !body["choices"].is_array()) return bad("'choices' must be an array of strings (1 to 26)", "choices");
+    std::vector<std::string> choices;
+    for (const auto& c : body["choices"]) {
+      if (!c.is_string()) return bad("every choice must be a string", "choices");
+      choices.push_back(c.get<std::string>());
+    }
+    int wait_ms = 2000;
+    if (body.contains("wait_ms")) {
+      if (!body["wait_ms"].is_number_integer() || body["wait_ms"].get<int64_t>() < 0 || body["wait_ms"].get<int64_t>() > 60000)
+        return bad("'wait_ms' must be an integer in [0, 60000]", "wait_ms");
+      wait_ms = body["wait_ms"].get<int>();
+    }
+    auto answer = scheduler_.AskShadow(body["session"].get<std::string>(), body["question"].get<std::string>(), choices, wait_ms);
+    if (!answer.ok()) {
+      const Status& st = answer.status();
+      if (st.code() == StatusCode::kUnsupported) return SendError(res, {503, st.message(), "server_error", "", "shadow_unavailable"});
+      if (st.code() == StatusCode::kNotFound) return SendError(res, {404, st.message(), "invalid_request_error", "session", "unknown_session"});
+      if (st.code() == StatusCode::kInvalidArgument) return bad(st.message(), st.message().find("context") != std::string::npos ? "question" : "choices");
+      return SendError(res, {500, st.ToString(), "server_error", "", "engine_error"});
+    }
+    ojson probabilities = ojson::array();
+    for (double p : answer->probabilities) probabilities.push_back(p);
+    SendJson(res, {{"choice", choices[static_cast<size_t>(answer->choice)]},
+                   {"index", answer->choice},
+                   {"letter", std::string(1, static_cast<char>('A' + answer->choice))},
+                   {"probabilities", probabilities},
+                   {"read_tokens", answer->read_tokens},
+                   {"behind_tokens", answer->behind_tokens},
+                   {"forward_ms", answer->ms},
+                   {"ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()}});
   });
 }
 

@@ -51,6 +51,7 @@ class HttpServer {
   bool Admit(const HttpRequest& req, HttpResponse& res) const;
   void RouteOperations();
   void RouteCache();
+  void RouteShadow();
   void RouteJournalAndSettings();
   void RouteCompletions();
 

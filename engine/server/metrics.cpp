@@ -114,6 +114,25 @@ std::string RenderSpillMetrics(const SessionSpillStats& s) {
   return out;
 }
 
+std::string RenderShadowMetrics(const ShadowStatus& s) {
+  std::string out;
+  auto metric = [&](const char* name, const char* type, const char* help, double value) { AppendMetric(out, "anchorage_shadow_", name, type, help, value); };
+  int64_t backlog = 0;
+  for (const ShadowSessionInfo& i : s.sessions) backlog += i.backlog;
+  metric("sessions", "gauge", "Sessions the shadow reader holds, resident or on disk.", static_cast<double>(s.sessions.size()));
+  metric("resident_bytes", "gauge", "Bytes of resident shadow states.", static_cast<double>(s.resident_bytes));
+  metric("disk_bytes", "gauge", "Bytes of shadow session files.", static_cast<double>(s.disk_bytes));
+  metric("backlog_tokens", "gauge", "Ids the reader has not read yet, over every resident session.", static_cast<double>(backlog));
+  metric("tokens_read_total", "counter", "Ids read in whole grid chunks.", static_cast<double>(s.tokens_read));
+  metric("read_seconds_total", "counter", "Seconds spent reading chunks.", s.read_ms / 1000.0);
+  metric("rollbacks_total", "counter", "Prompts that parted from what was read (back to a checkpoint).", static_cast<double>(s.rollbacks));
+  metric("evictions_total", "counter", "Sessions moved out of memory for the budget.", static_cast<double>(s.evictions));
+  metric("asks_total", "counter", "Questions answered.", static_cast<double>(s.asks));
+  metric("compared_total", "counter", "Turns both models answered the agreement question at.", static_cast<double>(s.compared));
+  metric("agreed_total", "counter", "Turns where both gave the same answer.", static_cast<double>(s.agreed));
+  return out;
+}
+
 std::string RenderDiskMetrics(const DiskCacheStats& d) {
   std::string out;
   auto metric = [&](const char* name, const char* type, const char* help, double value) { AppendMetric(out, "anchorage_disk_cache_", name, type, help, value); };

@@ -9,6 +9,7 @@
 
 #include "engine/cache/disk_cache.h"
 #include "engine/cache/session_spill.h"
+#include "engine/shadow/shadow_reader.h"
 
 namespace anchorage {
 
@@ -16,6 +17,8 @@ namespace anchorage {
 std::string RenderDiskMetrics(const DiskCacheStats& disk);
 // The session spill's counters, anchorage_spill_*.
 std::string RenderSpillMetrics(const SessionSpillStats& spill);
+// The shadow reader's gauges and counters, anchorage_shadow_*.
+std::string RenderShadowMetrics(const ShadowStatus& shadow);
 
 class Metrics {
  public:

@@ -76,6 +76,7 @@ Scheduler::Scheduler(Model& model, std::unique_ptr<Forward> forward, SchedulerOp
   if (options_.disk != nullptr) resident_.set_disk_cache(options_.disk);
   if (options_.spill != nullptr) resident_.set_session_spill(options_.spill);
   resident_.set_write_guard(options_.write_guard);
+  if (options_.shadow != nullptr) resident_.set_outside_bytes([shadow = options_.shadow] { return shadow->resident_bytes(); });
   thread_ = std::thread([this] { EngineLoop(); });
 }
 
@@ -163,6 +164,11 @@ CacheStats Scheduler::CacheStats() const {
     stats.spill_events = options_.spill->RecentEvents();
   }
   if (options_.write_guard != nullptr) stats.write_guard = options_.write_guard->Stats();
+  if (options_.shadow != nullptr) {  // the reader goes on in idle windows: read it live
+    const int64_t shadow_bytes = options_.shadow->resident_bytes();
+    stats.memory.engine_bytes += shadow_bytes - stats.memory.shadow_bytes;
+    stats.memory.shadow_bytes = shadow_bytes;
+  }
   return stats;
 }
 
@@ -180,7 +186,42 @@ auto Scheduler::BetweenRequests(const std::string& session, Fn&& fn) {
 }
 
 Status Scheduler::ClearCache(const std::string& tier) {
-  return BetweenRequests("", [&] { return resident_.Clear(tier); });
+  return BetweenRequests("", [&] {
+    if (tier == "shadow") return options_.shadow != nullptr ? options_.shadow->Clear() : InvalidArgument("no shadow model is loaded: tier shadow holds nothing");
+    Status s = resident_.Clear(tier);
+    if (s.ok() && tier == "all" && options_.shadow != nullptr) s = options_.shadow->Clear();
+    return s;
+  });
+}
+
+Result<ShadowAnswer> Scheduler::AskShadow(const std::string& session, const std::string& question, const std::vector<std::string>& choices, int wait_ms) {
+  if (options_.shadow == nullptr) return Unsupported("no shadow model is loaded (start with --shadow-model DIR)");
+  ASSIGN_OR_RETURN(ShadowQuestion q, options_.shadow->PrepareQuestion(question, choices));
+  RETURN_IF_ERROR(options_.shadow->WaitFresh(session, wait_ms));
+  lock_.LockForRequest();
+  auto answer = options_.shadow->Ask(session, q);
+  lock_.UnlockRequest();
+  return answer;
+}
+
+Status Scheduler::WriteShadowForStop() {
+  if (options_.shadow == nullptr) return Status::Ok();
+  return BetweenRequests("", [&] { return options_.shadow->WriteAll(); });
+}
+
+void Scheduler::ShadowIdle() {
+  if (!lock_.TryLockForIdle()) return;
+  if (options_.shadow->HasIdleWork()) {
+    auto should_stop = [this] {
+      std::lock_guard lock(mu_);
+      return stop_ || !queue_.empty() || lock_.ShouldYield();
+    };
+    constexpr int64_t kMainForkRereadTokens = 1024;
+    options_.shadow->IdleWork(should_stop, [this](std::span<const int32_t> context, std::span<const int32_t> question) {
+      return resident_.ForkLogits(context, question, kMainForkRereadTokens);
+    });
+  }
+  lock_.UnlockIdle();
 }
 
 Status Scheduler::SpillForStop() {
@@ -224,7 +265,14 @@ void Scheduler::EngineLoop() {
     double queue_ms = 0;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      auto ready = [&] { return stop_ || !queue_.empty(); };
+      if (options_.shadow == nullptr) {
+        cv_.wait(lock, ready);
+      } else if (!cv_.wait_for(lock, std::chrono::milliseconds(200), ready)) {
+        lock.unlock();
+        ShadowIdle();  // the shadow looks for work every 0.2 s while no request runs or waits
+        continue;
+      }
       if (stop_ && queue_.empty()) return;
       job = queue_.front().first;
       queue_ms = MsSince(queue_.front().second);
@@ -267,6 +315,7 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
   SamplingParams sampling = job.sampling();
   if (options_.reply_script && sampling.forced_ids.empty())
     if (auto scripted = options_.reply_script->ReplyFor(job.prompt_ids())) sampling.forced_ids = std::move(*scripted);
+  ShadowReader* shadow = options_.shadow;
   auto result = resident_.Generate(
       request, sampling,
       [&](const GeneratedToken& token) {
@@ -275,9 +324,16 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
           have_first = true;
         }
         job.PushToken(token);
+        if (shadow != nullptr) {  // between two decode steps: the turn's output, then the reader's ration
+          shadow->NoteOutput(job.session(), std::span(&token.sampled.id, 1));
+          shadow->ReadRationed(job.session(), MsSince(first_token));
+        }
         return !job.cancel_flag().load();
       },
-      &job.cancel_flag(), [&](const ResumeInfo&) { job.Admit(Status::Ok()); });
+      &job.cancel_flag(), [&](const ResumeInfo& info) {
+        job.Admit(Status::Ok());
+        if (shadow != nullptr) shadow->BeginTurn(job.session(), info.served_prompt);
+      });
   const auto end = std::chrono::steady_clock::now();
   if (!result.ok()) {
     job.Admit(result.status());

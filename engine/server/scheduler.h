@@ -24,6 +24,7 @@
 #include "engine/runtime/generator.h"
 #include "engine/runtime/sequence_state.h"
 #include "engine/server/engine_lock.h"
+#include "engine/shadow/shadow_reader.h"
 
 namespace anchorage {
 
@@ -96,6 +97,7 @@ struct SchedulerOptions {
   DiskCache* disk = nullptr;  // the disk tier behind the RAM tiers (not owned); nullptr: none
   SessionSpill* spill = nullptr;  // the session spill (not owned); nullptr: none
   WriteGuard* write_guard = nullptr;  // the day's write budget of both (not owned); nullptr: none
+  ShadowReader* shadow = nullptr;  // the shadow reader (not owned); nullptr: none
 };
 
 class Scheduler {
@@ -134,12 +136,20 @@ class Scheduler {
   Status SpillForStop();
   // The next start: reads back what a planned stop left; false when there was nothing.
   Result<bool> ResumeSpilled();
+  // The shadow reader's answer to a typed question over a session: waits up to wait_ms for it to
+  // catch up, then answers on what it has read. Unsupported without a shadow model.
+  Result<ShadowAnswer> AskShadow(const std::string& session, const std::string& question, const std::vector<std::string>& choices, int wait_ms);
+  ShadowReader* shadow() { return options_.shadow; }
+  // A planned stop: writes every resident shadow session to disk.
+  Status WriteShadowForStop();
   // Prefill tokens per second measured over this process's requests (0 before the first).
   double measured_prefill_rate() const;
 
  private:
   void EngineLoop();
   void RunJob(Job& job, double queue_ms);
+  // The shadow reader's idle window, when the engine lock is free for idle work.
+  void ShadowIdle();
   // Installs options set by SetResidentOptions; the caller holds the engine lock.
   void ApplyPendingOptions();
   // Runs fn on the calling thread holding the engine lock like a request, then refreshes the stats.

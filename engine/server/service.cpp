@@ -65,6 +65,21 @@ ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective) {
   return o;
 }
 
+ShadowOptions ShadowOptionsFromSettings(const nlohmann::json& effective) {
+  ShadowOptions o;
+  const nlohmann::json& sh = effective.at("shadow");
+  o.enabled = sh.at("enabled").get<bool>();
+  o.ration = sh.at("ration").get<double>();
+  o.budget_bytes = Gib(sh.at("budget_gb").get<double>());
+  o.disk_budget_bytes = Gib(sh.at("disk_gb").get<double>());
+  o.disk_ttl_ms = sh.at("ttl_hours").get<int64_t>() * 3600 * 1000;
+  o.question = sh.at("question").get<std::string>();
+  o.choices.clear();
+  for (const std::string& c : SplitList(sh.at("choices").get<std::string>(), '|')) o.choices.push_back(c);
+  o.min_tokens = sh.at("min_tokens").get<int64_t>();
+  return o;
+}
+
 // Data-folder entries readable by others get 0600 (files) or 0700 (folders); says what it changed.
 static std::vector<std::string> TightenDataFolder(const std::string& dir) {
   namespace fs = std::filesystem;
@@ -169,6 +184,30 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
         s->notes_.push_back("session spill: swept " + std::to_string(s->spill_->stats().swept) + " files of unfinished, foreign or expired entries");
     }
   }
+  // The shadow reader: on the named model, or beside the generated tiny model on the generated shadow model.
+  std::string shadow_dir = config.shadow_model_dir.empty() ? effective["shadow"]["model"].get<std::string>() : config.shadow_model_dir;
+  const bool shadow_named = !shadow_dir.empty();
+  if (shadow_dir.empty() && config.model_dir.empty()) {
+    shadow_dir = (fs::path(config.data_dir) / "models" / "shadow-seed0").string();
+    if (!fs::exists(fs::path(shadow_dir) / "model.safetensors")) {
+      say(0.85, "generating the shadow model in " + shadow_dir);
+      RETURN_IF_ERROR(GenerateTinyModel(TinyModelSize::kShadow, 0, shadow_dir));
+    }
+  }
+  if (!shadow_dir.empty() && shadow_dir != "off") {
+    say(0.87, "loading the shadow model " + shadow_dir);
+    ShadowOptions shadow_options = ShadowOptionsFromSettings(effective);
+    shadow_options.context_tokens = config.context_tokens;
+    Result<std::unique_ptr<ShadowReader>> shadow = [&]() -> Result<std::unique_ptr<ShadowReader>> {
+      ASSIGN_OR_RETURN(std::unique_ptr<Model> shadow_model, LoadModel(shadow_dir));
+      return ShadowReader::Create(std::move(shadow_model), *s->model_, ForwardOptions{kShadowGridTokens, config.threads},
+                                  (fs::path(config.data_dir) / "cache" / "shadow").string(), shadow_options, s->journal_.get());
+    }();
+    if (!shadow.ok() && shadow_named) return InvalidArgument("the shadow model: " + shadow.status().message());
+    if (!shadow.ok()) s->notes_.push_back("warning: the shadow reader is off: " + shadow.status().message());
+    else s->shadow_ = std::move(shadow).value();
+  }
+  scheduler_options.shadow = s->shadow_.get();
   scheduler_options.disk = s->disk_.get();
   scheduler_options.spill = s->spill_.get();
   scheduler_options.write_guard = s->write_guard_.get();
@@ -189,8 +228,15 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
 
   Scheduler* scheduler = s->scheduler_.get();
   Journal* journal = s->journal_.get();
-  s->settings_->AddListener([scheduler, journal](const nlohmann::json& effective, int64_t) {
+  ShadowReader* shadow = s->shadow_.get();
+  const int64_t context_tokens = config.context_tokens;
+  s->settings_->AddListener([scheduler, journal, shadow, context_tokens](const nlohmann::json& effective, int64_t) {
     scheduler->SetResidentOptions(ResidentOptionsFromSettings(effective));
+    if (shadow != nullptr) {
+      ShadowOptions o = ShadowOptionsFromSettings(effective);
+      o.context_tokens = context_tokens;
+      shadow->SetOptions(o);
+    }
     journal->SetRetention(effective["journal"].value("retention_days", int64_t(30)), effective["journal"].value("retention_rows", int64_t(1000000)));
   });
 
@@ -238,6 +284,7 @@ void Service::Drain() {
   if (serving_.joinable()) serving_.join();
   // The spill journals its own write (or the drop and why); the drain goes on either way.
   (void)scheduler_->SpillForStop();
+  (void)scheduler_->WriteShadowForStop();
   journal_->Flush();
 }
 

@@ -19,6 +19,8 @@ namespace anchorage {
 
 // The resident prefix's options from the effective settings document.
 ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective);
+// The shadow reader's, from its "shadow" area.
+ShadowOptions ShadowOptionsFromSettings(const nlohmann::json& effective);
 
 class Service {
  public:
@@ -54,6 +56,7 @@ class Service {
   std::unique_ptr<WriteGuard> write_guard_;  // before the tier and the spill that count into it
   std::unique_ptr<DiskCache> disk_;  // before the scheduler: it outlives the engine that writes to it
   std::unique_ptr<SessionSpill> spill_;  // the same
+  std::unique_ptr<ShadowReader> shadow_;  // the same
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<HttpServer> http_;
   std::thread serving_;

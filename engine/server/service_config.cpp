@@ -38,6 +38,10 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
     if (value.empty()) return InvalidArgument(source + ": disk-cache needs a folder, or off");
     c.disk_cache_dir = value;
   }
+  else if (key == "shadow-model") {
+    if (value.empty()) return InvalidArgument(source + ": shadow-model needs a model folder, or off");
+    c.shadow_model_dir = value;
+  }
   else if (key == "served-model-name") c.served_model_name = value;
   else if (key == "grid") {
     RETURN_IF_ERROR(integer(64, 1 << 20, &v));
@@ -102,13 +106,15 @@ const char* ServerUsage() {
          "                        [--max-queue N] [--ctx TOKENS] [--threads N] [--caches on|off]\n"
          "                        [--resident-gb GB] [--resident-guest-max TOKENS] [--resident-stash-gb GB]\n"
          "                        [--resident-pin-gb GB] [--resident-park-gb GB] [--end-anchor on|off]\n"
-         "                        [--disk-cache DIR|off]\n"
+         "                        [--disk-cache DIR|off] [--shadow-model DIR|off]\n"
          "                        [--http-threads N] [--max-connections N] [--max-connections-per-client N]\n"
          "                        [--http-header-timeout-ms MS] [--http-body-timeout-ms MS]\n"
          "                        [--http-keep-alive-timeout-ms MS] [--max-body-bytes N] [--test-replies FILE]\n"
          "Serves the OpenAI-compatible API on http://127.0.0.1:8000/v1 by default. Without --model it\n"
          "generates the tiny model in DATA_DIR/models/tiny-seed0 and serves that. The disk tier lives in\n"
-         "DATA_DIR/cache/disk unless --disk-cache names another folder (off: none). FILE is a JSON object\n"
+         "DATA_DIR/cache/disk unless --disk-cache names another folder (off: none). The shadow reader runs\n"
+         "on --shadow-model (a small model of the same vocabulary), or beside the generated tiny model on\n"
+         "the generated shadow model; its session files live in DATA_DIR/cache/shadow. FILE is a JSON object\n"
          "with the same keys as the flags (\"port\": 8001, \"grid\": 1024, ...); flags override it.\n";
 }
 

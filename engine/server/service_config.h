@@ -16,6 +16,7 @@ struct ServerConfig {
   std::string model_dir;          // empty: the generated tiny model in data_dir
   std::string data_dir;           // default: $XDG_DATA_HOME/anchorage or ~/.local/share/anchorage
   std::string disk_cache_dir;     // the disk tier's folder; empty: DATA_DIR/cache/disk; "off": no disk tier
+  std::string shadow_model_dir;   // the shadow reader's model; empty: shadow.model, else beside the generated tiny model; "off": none
   std::string served_model_name;  // default: the model folder's name; "id,alias,alias" adds names
   bool strict_model_names = false;  // refuse a request naming another model (default: any name is served)
   int64_t grid_tokens = 1024;

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/cache/disk_env.h"
 #include "engine/core/status.h"
 #include "engine/journal/journal.h"
@@ -95,6 +97,9 @@ struct ShadowStatus {
   double ration = 0;
   std::string last_error;
 };
+
+// GET /v1/shadow/status's document.
+nlohmann::ordered_json ShadowStatusJson(const ShadowStatus& status);
 
 class ShadowReader {
  public:

@@ -81,7 +81,7 @@ class TestSettings : public QObject {
     }
     QCOMPARE(fields, SettingsSchemaFields(k64GiB).size());
     QCOMPARE(schema["areas"]["disk_cache"]["mode"]["values"], (nlohmann::json{"off", "read", "readwrite"}));
-    QCOMPARE(schema["areas"]["shadow"]["agreement_threshold"]["max"].get<double>(), 1.0);
+    QCOMPARE(schema["areas"]["shadow"]["ration"]["max"].get<double>(), 0.5);
     QVERIFY(MachineTotalRamBytes() > 0);
     // A valid document that nobody wrote yet is not on disk.
     QVERIFY(!FileExists(s.path()));
@@ -148,7 +148,7 @@ class TestSettings : public QObject {
     QTest::newRow("integer wanted") << "resident.guest_max_tokens" << "8.5" << "expected an integer, got number";
     QTest::newRow("boolean wanted") << "resident.enabled" << "1" << "expected a boolean, got integer";
     QTest::newRow("above range") << "disk_cache.ttl_days" << "99999" << "99999 is outside 0..3650";
-    QTest::newRow("below range") << "shadow.agreement_threshold" << "-0.5" << "-0.5 is outside 0..1";
+    QTest::newRow("below range") << "shadow.ration" << "-0.5" << "-0.5 is outside 0..0.5";
     QTest::newRow("bad enum") << "disk_cache.mode" << "\"sometimes\"" << "\"sometimes\" is not one of off, read, readwrite";
     QTest::newRow("unknown field") << "memory.bogus_gb" << "1" << "unknown field";
     QTest::newRow("missing field") << "resident.park_gb" << "<remove>" << "missing";
@@ -350,14 +350,14 @@ class TestSettings : public QObject {
     // A non-empty directory where the backup goes: the rename over it fails.
     QVERIFY(MakeDirectories(path + ".bak/blocker").ok());
     nlohmann::json doc = s.Document();
-    doc["shadow"]["enabled"] = true;
+    doc["shadow"]["enabled"] = false;
     ReplaceOutcome o = s.Replace(doc);
     QVERIFY(!o.ok());
     QVERIFY(o.error->kind == SettingsError::Kind::kIo);
     QCOMPARE(o.error->http_status(), 500);
     QVERIFY2(o.error->message.find("rename " + path + ".bak.tmp") != std::string::npos, o.error->message.c_str());
     QCOMPARE(s.version(), int64_t{1});
-    QCOMPARE(s.Document()["shadow"]["enabled"].get<bool>(), false);
+    QCOMPARE(s.Document()["shadow"]["enabled"].get<bool>(), true);
     QVERIFY(!FileExists(path));
     QCOMPARE(calls, 0);
   }
