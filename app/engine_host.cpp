@@ -66,6 +66,11 @@ JournalRowSnapshot journalRowOf(const nlohmann::json& r) {
     row.status = static_cast<int>(num(r, "status"));
     const std::string error = str(r, "error");
     row.text = QString::fromStdString(error.empty() ? str(r, "route") + " " + str(r, "finish_reason") : error);
+  } else if (row.type == "shadow") {
+    row.kind = "shadow";
+    row.tokens = num(r, "insertion_tokens");
+    const auto answer = [&](const char* choice) { return r.contains(choice) && r[choice].is_string() ? r[choice].get<std::string>() : std::string("-"); };
+    row.text = QString::fromStdString("shadow " + answer("shadow_choice") + ", main " + answer("main_choice") + (str(r, "note").empty() ? "" : "; " + str(r, "note")));
   } else {
     row.kind = QString::fromStdString(str(r, "kind"));
     row.tier = QString::fromStdString(str(r, "tier"));
@@ -99,6 +104,7 @@ class EngineWorker : public QObject {
     const qint64 now = nowMs();
     pollJournal(now);
     pollCache(now);
+    pollShadow(now);
     pollSettings();
     pollStatus(now);
   }
@@ -315,6 +321,16 @@ class EngineWorker : public QObject {
     emit m_host->cacheChanged(c);
   }
 
+  void pollShadow(qint64 now) {
+    anchorage::ShadowReader* shadow = m_service->scheduler().shadow();
+    const QByteArray json = shadow != nullptr ? dumpJson(anchorage::ShadowStatusJson(shadow->Snapshot()))
+                                              : dumpJson({{"loaded", false}, {"reason", "start with --shadow-model DIR (a small model of the same vocabulary)"}});
+    if (json == m_lastShadowJson && now - m_lastShadowMs < 1000) return;
+    m_lastShadowJson = json;
+    m_lastShadowMs = now;
+    emit m_host->shadowChanged(ShadowSnapshot{now, json});
+  }
+
   void pollJournal(qint64 now) {
     anchorage::Journal* journal = m_service->journal();
     if (!journal || now - m_lastJournalMs < 500) return;
@@ -352,6 +368,8 @@ class EngineWorker : public QObject {
   QNetworkAccessManager m_nam;
   QHash<QString, Chat> m_chats;
   QByteArray m_lastCacheJson;
+  QByteArray m_lastShadowJson;
+  qint64 m_lastShadowMs = 0;
   qint64 m_lastCacheMs = 0;
   QByteArray m_lastSettingsJson;
   QString m_lastStatusKey;
@@ -363,6 +381,7 @@ class EngineWorker : public QObject {
 
 EngineHost::EngineHost(const anchorage::ServerConfig& config, QObject* parent) : QThread(parent), m_config(config) {
   qRegisterMetaType<CacheSnapshot>();
+  qRegisterMetaType<ShadowSnapshot>();
   qRegisterMetaType<JournalSnapshot>();
   qRegisterMetaType<EngineStatusSnapshot>();
   qRegisterMetaType<SettingsSnapshot>();

@@ -45,6 +45,7 @@ class EngineHost : public QThread {
   void startFailed(const QString& error);
   void statusChanged(const EngineStatusSnapshot& status);
   void cacheChanged(const CacheSnapshot& cache);
+  void shadowChanged(const ShadowSnapshot& shadow);
   void journalChanged(const JournalSnapshot& journal);
   void settingsChanged(const SettingsSnapshot& settings);
   void settingsOutcome(const SettingsOutcome& outcome);

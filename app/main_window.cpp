@@ -25,7 +25,7 @@
 #include "widgets/disk_screen.h"
 #include "widgets/journal_screen.h"
 #include "widgets/memory_screen.h"
-#include "widgets/placeholder_screen.h"
+#include "widgets/shadow_screen.h"
 
 namespace {
 const char* kTabNames[] = {"memory", "disk-cache", "shadow", "journal", "chat"};
@@ -43,13 +43,14 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
 
   m_memory = new MemoryScreen(m_cacheModel, m_history, m_settingsModel, m_journalModel, this);
   m_disk = new DiskScreen(m_settingsModel, this);
+  m_shadow = new ShadowScreen(m_settingsModel, this);
   m_journalScreen = new JournalScreen(m_journalModel, this);
   m_chat = new ChatScreen(this);
   m_tabs = new QTabWidget(this);
   m_tabs->setObjectName("tabs");
   m_tabs->addTab(m_memory, tr("&Memory"));
   m_tabs->addTab(m_disk, tr("&Disk cache"));
-  m_tabs->addTab(PlaceholderScreen::shadow(this), tr("S&hadow"));
+  m_tabs->addTab(m_shadow, tr("S&hadow"));
   m_tabs->addTab(m_journalScreen, tr("&Journal"));
   m_tabs->addTab(m_chat, tr("&Chat"));
 
@@ -109,6 +110,11 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   connect(m_memory, &MemoryScreen::settingsReplaceRequested, host, &EngineHost::replaceSettings);
   connect(m_disk, &DiskScreen::clearTierRequested, host, &EngineHost::clearTier);
   connect(m_disk, &DiskScreen::settingsReplaceRequested, host, &EngineHost::replaceSettings);
+  connect(host, &EngineHost::shadowChanged, m_shadow, &ShadowScreen::setSnapshot);
+  connect(host, &EngineHost::settingsOutcome, m_shadow, &ShadowScreen::onSettingsOutcome);
+  connect(host, &EngineHost::tierCleared, m_shadow, &ShadowScreen::onTierCleared);
+  connect(m_shadow, &ShadowScreen::clearTierRequested, host, &EngineHost::clearTier);
+  connect(m_shadow, &ShadowScreen::settingsReplaceRequested, host, &EngineHost::replaceSettings);
   connect(m_chat, &ChatScreen::sendRequested, host, &EngineHost::sendChat);
   connect(m_chat, &ChatScreen::stopRequested, host, &EngineHost::stopChat);
   connect(host, &QThread::finished, this, [this] {

@@ -8,6 +8,7 @@
 
 class CacheTierModel;
 class DiskScreen;
+class ShadowScreen;
 class ChatScreen;
 class EngineHost;
 class JournalModel;
@@ -35,6 +36,7 @@ class MainWindow : public QMainWindow {
   QTabWidget* tabs() const { return m_tabs; }
   MemoryScreen* memoryScreen() const { return m_memory; }
   DiskScreen* diskScreen() const { return m_disk; }
+  ShadowScreen* shadowScreen() const { return m_shadow; }
   JournalScreen* journalScreen() const { return m_journalScreen; }
   ChatScreen* chatScreen() const { return m_chat; }
   CacheTierModel* cacheModel() const { return m_cacheModel; }
@@ -65,6 +67,7 @@ class MainWindow : public QMainWindow {
   QTabWidget* m_tabs;
   MemoryScreen* m_memory;
   DiskScreen* m_disk;
+  ShadowScreen* m_shadow;
   JournalScreen* m_journalScreen;
   ChatScreen* m_chat;
   QWidget* m_banner;

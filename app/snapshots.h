@@ -31,11 +31,17 @@ struct CacheSnapshot {
   QByteArray json;  // GET /v1/cache/stats as the engine reports it
 };
 
-// One journal row (a request or a cache event).
+// The shadow reader at one moment: GET /v1/shadow/status's document ({"loaded": false, ...} without one).
+struct ShadowSnapshot {
+  qint64 timeMs = 0;
+  QByteArray json;
+};
+
+// One journal row (a request, a cache event or a shadow agreement).
 struct JournalRowSnapshot {
   qint64 id = 0;
   qint64 timeMs = 0;
-  QString type;     // "request" or "cache_event"
+  QString type;     // "request", "cache_event" or "shadow"
   QString kind;     // "request" or the event kind ("hit", "shed", ...)
   QString tier;
   QString session;
@@ -100,6 +106,7 @@ struct ChatTurnStats {
 };
 
 Q_DECLARE_METATYPE(CacheSnapshot)
+Q_DECLARE_METATYPE(ShadowSnapshot)
 Q_DECLARE_METATYPE(JournalSnapshot)
 Q_DECLARE_METATYPE(EngineStatusSnapshot)
 Q_DECLARE_METATYPE(SettingsSnapshot)

@@ -39,7 +39,7 @@ bool JournalFilterModel::filterAcceptsRow(int sourceRow, const QModelIndex& sour
   const int status = m->index(sourceRow, 0, sourceParent).data(JournalModel::StatusRole).toInt();
   if (m_alertsOnly && kind != "shed" && status != 503) return false;
   if (!m_kind.isEmpty()) {
-    if (m_kind == "cache_event" ? kind == "request" : kind != m_kind) return false;
+    if (m_kind == "cache_event" ? kind == "request" || kind == "shadow" : kind != m_kind) return false;
   }
   if (!m_tier.isEmpty() && !cell(JournalModel::TierColumn).contains(m_tier, Qt::CaseInsensitive)) return false;
   if (!m_session.isEmpty() && !cell(JournalModel::SessionColumn).contains(m_session, Qt::CaseInsensitive)) return false;

@@ -10,7 +10,7 @@ class JournalFilterModel : public QSortFilterProxyModel {
  public:
   explicit JournalFilterModel(QObject* parent = nullptr);
 
-  void setKind(const QString& kind);        // "" any, "request", "cache_event" or an event kind
+  void setKind(const QString& kind);        // "" any, "request", "cache_event", "shadow" or an event kind
   void setTier(const QString& tier);        // substring, case-insensitive
   void setSession(const QString& session);  // substring, case-insensitive
   void setText(const QString& text);        // substring of any column, case-insensitive

@@ -21,7 +21,7 @@ JournalScreen::JournalScreen(JournalModel* journal, QWidget* parent) : QWidget(p
   m_kind = new QComboBox(this);
   m_kind->setObjectName("kindFilter");
   m_kind->addItem(tr("all kinds"), QString());
-  for (const char* k : {"request", "cache_event", "hit", "write", "eviction", "shed", "drop", "failed_restore", "clear"}) m_kind->addItem(k, QString(k));
+  for (const char* k : {"request", "cache_event", "shadow", "hit", "write", "eviction", "shed", "drop", "failed_restore", "clear"}) m_kind->addItem(k, QString(k));
   m_tier = new QLineEdit(this);
   m_tier->setPlaceholderText(tr("tier"));
   m_tier->setObjectName("tierFilter");

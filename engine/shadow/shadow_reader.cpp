@@ -114,6 +114,7 @@ ShadowSession* ShadowReader::Resident(const std::string& session, bool create) {
   }
   Entry& e = it->second;
   e.last_used_ms = WallMs();
+  e.use = ++uses_;
   if (e.state) return e.state.get();
   if (e.disk_bytes > 0) {
     const std::string path = PathOf(session);
@@ -249,21 +250,27 @@ bool ShadowReader::IdleWork(const std::function<bool()>& should_stop, const Main
       did = true;
       continue;
     }
-    std::string pick;
-    int64_t newest = -1;
+    const std::string* pick = nullptr;  // the most recently used session with a chunk to read
+    uint64_t newest = 0;
     for (auto& [id, e] : sessions_)
-      if (e.state && e.state->backlog() >= e.state->grid_tokens() && e.last_used_ms > newest) {
-        newest = e.last_used_ms;
-        pick = id;
+      if (e.state && e.state->backlog() >= e.state->grid_tokens() && (pick == nullptr || e.use > newest)) {
+        newest = e.use;
+        pick = &id;
       }
-    if (newest < 0) {
-      for (Pending& p : pending_)  // answers due where nothing is left to read
-        if (ShadowSession* s = p.shadow_done ? nullptr : Resident(p.row.session, false)) AnswerDue(p.row.session, *s);
+    if (pick == nullptr) {
+      for (Pending& p : pending_) {  // answers due where nothing is left to read
+        if (p.shadow_done) continue;
+        if (ShadowSession* s = Resident(p.row.session, false)) AnswerDue(p.row.session, *s);
+        if (!p.shadow_done) {
+          p.shadow_done = true;
+          p.shadow_note = "the session's state is gone";
+        }
+      }
       FinishAgreements();
       break;
     }
-    ShadowSession* s = sessions_[pick].state.get();
-    auto read = ReadOne(pick, *s);
+    const std::string session = *pick;
+    auto read = ReadOne(session, *sessions_.at(session).state);
     if (!read.ok()) {
       NoteError("shadow read: " + read.status().message());
       break;
@@ -383,7 +390,7 @@ void ShadowReader::EnforceBudget(const std::string& keep) {
   while (bytes > budget) {
     auto victim = sessions_.end();
     for (auto it = sessions_.begin(); it != sessions_.end(); ++it)
-      if (it->second.state && it->first != keep && (victim == sessions_.end() || it->second.last_used_ms < victim->second.last_used_ms)) victim = it;
+      if (it->second.state && it->first != keep && (victim == sessions_.end() || it->second.use < victim->second.use)) victim = it;
     if (victim == sessions_.end()) break;  // the session in use stays, even over the cap
     bytes -= victim->second.state->bytes();
     (void)Evict(victim->first, victim->second);
@@ -441,7 +448,7 @@ void ShadowReader::SweepDisk() {
     for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
       if (it->second.state || it->second.disk_bytes == 0) continue;
       bytes += it->second.disk_bytes;
-      if (victim == sessions_.end() || it->second.last_used_ms < victim->second.last_used_ms) victim = it;
+      if (victim == sessions_.end() || std::tie(it->second.use, it->second.last_used_ms) < std::tie(victim->second.use, victim->second.last_used_ms)) victim = it;
     }
     if (bytes <= o.disk_budget_bytes || victim == sessions_.end()) break;
     (void)env.Remove(PathOf(victim->first));
@@ -537,7 +544,11 @@ void ShadowReader::Publish() {
     }
     s.sessions.push_back(std::move(i));
   }
-  std::sort(s.sessions.begin(), s.sessions.end(), [](const ShadowSessionInfo& a, const ShadowSessionInfo& b) { return a.last_used_ms > b.last_used_ms; });
+  std::vector<std::pair<uint64_t, ShadowSessionInfo>> order;
+  for (ShadowSessionInfo& i : s.sessions) order.emplace_back(sessions_.at(i.session).use, std::move(i));
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  s.sessions.clear();
+  for (auto& [use, i] : order) s.sessions.push_back(std::move(i));
   s.resident_bytes = resident;
   resident_bytes_.store(resident);
   {

@@ -154,6 +154,7 @@ class ShadowReader {
   struct Entry {
     std::unique_ptr<ShadowSession> state;  // null: on disk
     int64_t last_used_ms = 0;
+    uint64_t use = 0;                      // the order of uses: the least recent goes first
     int64_t disk_bytes = 0;                // its file's size, 0 when none
   };
   struct Pending {
@@ -200,6 +201,7 @@ class ShadowReader {
   double turn_used_ms_ = 0;
   double last_chunk_ms_ = 0;
   ShadowStatus counters_;
+  uint64_t uses_ = 0;
 
   // Published for other threads.
   mutable std::mutex status_mu_;

@@ -1,6 +1,7 @@
 // The console on the tiny model: a chat from the Chat tab streams its answer, the Journal and the
 // Memory screen follow, a limit edit is applied (and a stale one refused), tiers clear, the Disk cache
-// screen shows the tier and edits and clears it, close drains.
+// screen shows the tier and edits and clears it, the Shadow screen shows the chat's session, edits
+// the ration and clears it, close drains.
 #include <QAbstractItemModelTester>
 #include <QFile>
 #include <QJsonDocument>
@@ -12,6 +13,7 @@
 #include <QSpinBox>
 #include <QTabWidget>
 #include <QTableView>
+#include <QTableWidget>
 #include <QTemporaryDir>
 #include <QTextBrowser>
 #include <QtTest>
@@ -27,6 +29,7 @@
 #include "widgets/disk_screen.h"
 #include "widgets/journal_screen.h"
 #include "widgets/memory_screen.h"
+#include "widgets/shadow_screen.h"
 
 namespace {
 
@@ -215,6 +218,26 @@ class TestConsoleGui : public QObject {
     QTRY_COMPARE_WITH_TIMEOUT(disk_cleared.count(), 2, 10000);
     QCOMPARE(disk_cleared[1][0].toString(), QString("spill"));
     QVERIFY(disk_cleared[1][1].toBool());
+
+    // The Shadow screen: the chat's conversation is read by the generated shadow model; a ration edit applies; a clear asks first.
+    ShadowScreen* shadow = window.shadowScreen();
+    window.tabs()->setCurrentWidget(shadow);
+    QTRY_VERIFY_WITH_TIMEOUT(shadow->summaryText().contains("Reading"), 10000);
+    QTRY_VERIFY_WITH_TIMEOUT(shadow->sessionTable()->rowCount() >= 1, 10000);
+    QVERIFY(shadow->sessionTable()->item(0, 1)->text().toLongLong() >= 0);
+    const qint64 before_shadow = settings->version();
+    shadow->editor("shadow.ration")->setValue(0.05);
+    QTest::mouseClick(shadow->findChild<QPushButton*>("applyShadowButton"), Qt::LeftButton);
+    QTRY_COMPARE_WITH_TIMEOUT(settings->version(), before_shadow + 1, 10000);
+    QCOMPARE(settings->value("shadow.ration").toDouble(), 0.05);
+    int shadow_asked = 0;
+    shadow->setConfirmFunction([&](QWidget*, const QString&, const QString&) { return ++shadow_asked, true; });
+    QTest::mouseClick(shadow->findChild<QPushButton*>("clear_shadow"), Qt::LeftButton);
+    QCOMPARE(shadow_asked, 1);
+    QTRY_COMPARE_WITH_TIMEOUT(disk_cleared.count(), 3, 10000);
+    QCOMPARE(disk_cleared[2][0].toString(), QString("shadow"));
+    QVERIFY(disk_cleared[2][1].toBool());
+    QTRY_COMPARE_WITH_TIMEOUT(shadow->sessionTable()->rowCount(), 0, 10000);
 
     // Shortcuts switch tabs.
     QTest::keyClick(&window, Qt::Key_4, Qt::ControlModifier);
