@@ -35,7 +35,7 @@
 namespace anchorage {
 
 // The names POST /v1/cache/clear and the console accept, for messages.
-inline constexpr const char* kCacheTierNames = "anchors, end, stash, pin, park, store, disk, spill, resident or ram (every RAM tier) or all";
+inline constexpr const char* kCacheTierNames = "anchors, end, stash, pin, park, store, disk, spill, shadow, resident or ram (every RAM tier) or all";
 
 // The session spill's knobs the resident prefix reads (the spill's budget and TTL are its own).
 struct SpillSettings {
