@@ -277,6 +277,7 @@ bool ShadowReader::IdleWork(const std::function<bool()>& should_stop, const Main
     }
     did = true;
     FinishAgreements();
+    Publish();  // an ask waiting for this session sees each chunk
   }
   if (did) Publish();
   return did;
@@ -401,6 +402,7 @@ void ShadowReader::EnforceBudget(const std::string& keep) {
 Status ShadowReader::Evict(const std::string& session, Entry& e) {
   ++counters_.evictions;
   Status saved = disk_dir_.empty() ? NotFound("no disk") : SaveShadowFile(DiskEnv::Posix(), PathOf(session), fingerprint_, session, *e.state);
+  e.disk_read_tokens = e.state->committed();
   e.state.reset();
   if (!saved.ok()) {
     if (!disk_dir_.empty()) NoteError("a shadow session could not be written (it will be read again): " + saved.message());
@@ -439,6 +441,7 @@ void ShadowReader::SweepDisk() {
     Entry& e = sessions_[*session];
     if (e.state) continue;
     e.disk_bytes = [&] { auto n = env.FileSize(path); return n.ok() ? *n : int64_t{1}; }();
+    e.disk_read_tokens = header->tokens;
     e.last_used_ms = std::max(e.last_used_ms, used);
   }
   // Over the disk budget the least recently used files go.
@@ -539,6 +542,7 @@ void ShadowReader::Publish() {
     } else {
       i.on_disk = e.disk_bytes > 0;
       i.bytes = e.disk_bytes;
+      i.read = i.known = e.disk_read_tokens;
       s.disk_bytes += e.disk_bytes;
       ++s.disk_files;
     }

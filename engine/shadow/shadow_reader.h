@@ -156,6 +156,7 @@ class ShadowReader {
     int64_t last_used_ms = 0;
     uint64_t use = 0;                      // the order of uses: the least recent goes first
     int64_t disk_bytes = 0;                // its file's size, 0 when none
+    int64_t disk_read_tokens = 0;          // the committed length its file holds
   };
   struct Pending {
     ShadowAgreement row;

@@ -1,5 +1,6 @@
 // The shadow reader inside the scheduler on the tiny model: a request that arrives while the idle
-// window reads waits at most the chunk in flight (ordering of chunk counts, not time); a turn feeds
+// window reads waits at most the chunk in flight (ordering of chunk counts, not time); a ration of 0
+// reads nothing inside a turn and a ration reads whole chunks there; a turn feeds
 // the shadow its served prompt and output, and the idle window then reads them exactly; the
 // agreement's main side is a fork of the engine's state that leaves the engine's next turn the same.
 #include <QtTest>
@@ -72,6 +73,32 @@ class TestShadowScheduler : public QObject {
     QVERIFY2(shadow->chunks_at_last_turn() <= after_submit + 1,
              (std::to_string(shadow->chunks_at_last_turn()) + " chunks at the turn, " + std::to_string(after_submit) + " at the submit").c_str());
     QVERIFY(shadow->chunks_at_last_turn() < 400);
+  }
+
+  void rationReadsInsideTheTurnOnly() {
+    for (double ration : {0.0, 0.5}) {
+      ShadowOptions o;
+      o.ration = ration;
+      o.idle_read_ms = 0;  // no idle window: only the ration reads
+      o.slice_ms = 20;
+      auto shadow = Reader(o);
+      auto engine = Engine(shadow.get());
+      const std::vector<int32_t> out = Run(*engine, Tokens(6, 2000, vocab_), "r", 1500);
+      QCOMPARE(out.size(), size_t{1500});
+      engine->engine_lock().LockForRequest();
+      const ShadowSession* s = shadow->Find("r");
+      QVERIFY(s != nullptr);
+      QCOMPARE(s->known(), int64_t{3500});
+      if (ration == 0) {
+        QCOMPARE(s->committed(), int64_t{0});
+      } else {  // whole chunks, the prompt first
+        QVERIFY2(s->committed() > 0, "the ration read nothing during a 1,500-token decode");
+        QCOMPARE(s->committed() % 512, int64_t{0});
+        auto fresh = testing::FreshPrefill(shadow->forward(), std::span(s->ids()).first(static_cast<size_t>(s->committed())));
+        QVERIFY(fresh->BitEqual(s->state()));
+      }
+      engine->engine_lock().UnlockRequest();
+    }
   }
 
   void turnsFeedTheShadowExactly() {
