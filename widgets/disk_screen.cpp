@@ -1,8 +1,5 @@
 #include "widgets/disk_screen.h"
 
-#include <QComboBox>
-#include <QDoubleSpinBox>
-#include <QFormLayout>
 #include <QGroupBox>
 #include <QHBoxLayout>
 #include <QHeaderView>
@@ -14,8 +11,8 @@
 #include <QVBoxLayout>
 
 #include "models/format.h"
-#include "models/settings_model.h"
-#include "widgets/settings_editors.h"
+#include "widgets/settings_panel.h"
+#include "widgets/screen_parts.h"
 
 namespace {
 
@@ -37,106 +34,40 @@ const NumberField kFields[] = {
     {"spill.ttl_hours", "Keep unused conversations", " hours", 0},
 };
 
-QTableWidget* MakeTable(const QStringList& headers, const QString& name, QWidget* parent) {
-  auto* t = new QTableWidget(0, headers.size(), parent);
-  t->setObjectName(name);
-  t->setHorizontalHeaderLabels(headers);
-  t->verticalHeader()->hide();
-  t->setEditTriggers(QAbstractItemView::NoEditTriggers);
-  t->setSelectionBehavior(QAbstractItemView::SelectRows);
-  t->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
-  t->horizontalHeader()->setStretchLastSection(true);
-  return t;
-}
-
-QTableWidgetItem* Cell(const QString& text, bool number = false) {
-  auto* item = new QTableWidgetItem(text);
-  if (number) item->setTextAlignment(Qt::AlignRight | Qt::AlignVCenter);
-  return item;
-}
-
 // Events, newest first: time, kind, tokens, bytes, why.
 void FillEventTable(QTableWidget* table, const QJsonArray& events) {
   table->setRowCount(static_cast<int>(events.size()));
   for (int i = 0; i < events.size(); ++i) {
     const QJsonObject e = events[events.size() - 1 - i].toObject();
-    table->setItem(i, 0, Cell(fmt::timeOfDay(static_cast<qint64>(e["time_ms"].toDouble()))));
-    table->setItem(i, 1, Cell(e["kind"].toString()));
-    table->setItem(i, 2, Cell(QString::number(static_cast<qint64>(e["tokens"].toDouble())), true));
-    table->setItem(i, 3, Cell(fmt::bytes(static_cast<qint64>(e["bytes"].toDouble())), true));
-    table->setItem(i, 4, Cell(e["reason"].toString()));
+    table->setItem(i, 0, tableCell(fmt::timeOfDay(static_cast<qint64>(e["time_ms"].toDouble()))));
+    table->setItem(i, 1, tableCell(e["kind"].toString()));
+    table->setItem(i, 2, tableCell(QString::number(static_cast<qint64>(e["tokens"].toDouble())), true));
+    table->setItem(i, 3, tableCell(fmt::bytes(static_cast<qint64>(e["bytes"].toDouble())), true));
+    table->setItem(i, 4, tableCell(e["reason"].toString()));
   }
 }
 
 }  // namespace
 
-DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(parent), m_settings(settings) {
-  auto* status = new QGroupBox(tr("Disk tier"), this);
-  m_summary = new QLabel(tr("Waiting for the engine…"), status);
-  m_summary->setObjectName("diskSummary");
-  m_summary->setWordWrap(true);
-  m_summary->setTextInteractionFlags(Qt::TextSelectableByMouse);
-  m_clear = new QPushButton(tr("Clear the disk tier…"), status);
+DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(parent) {
+  m_clear = new QPushButton(tr("Clear the disk tier…"));
   m_clear->setObjectName("clear_disk");
   m_clear->setToolTip(tr("Delete every chunk and anchor file and the cold-read counts"));
   connect(m_clear, &QPushButton::clicked, this, &DiskScreen::requestClear);
-  auto* statusLayout = new QVBoxLayout(status);
-  statusLayout->addWidget(m_summary);
-  auto* clearRow = new QHBoxLayout;
-  clearRow->addStretch();
-  clearRow->addWidget(m_clear);
-  statusLayout->addLayout(clearRow);
-  statusLayout->addStretch();
+  auto* status = makeSummaryBox(tr("Disk tier"), "diskSummary", &m_summary, m_clear, this);
 
-  auto* knobs = new QGroupBox(tr("Settings"), this);
-  auto* form = new QFormLayout;
-  m_mode = new QComboBox(knobs);
-  m_mode->setObjectName("disk_cache_mode");
-  m_mode->addItems({"off", "read", "readwrite"});
-  connect(m_mode, &QComboBox::currentIndexChanged, this, &DiskScreen::markDirty);
-  form->addRow(tr("Mode"), m_mode);
-  m_spillMode = new QComboBox(knobs);
-  m_spillMode->setObjectName("spill_mode");
-  m_spillMode->addItems({"off", "on"});
-  connect(m_spillMode, &QComboBox::currentIndexChanged, this, &DiskScreen::markDirty);
-  form->addRow(tr("Session spill"), m_spillMode);
-  for (const NumberField& f : kFields) {
-    auto* spin = new QDoubleSpinBox(knobs);
-    spin->setObjectName(QString(f.key).replace('.', '_'));
-    spin->setDecimals(f.decimals);
-    spin->setSuffix(f.suffix);
-    spin->setMinimumWidth(140);
-    connect(spin, &QDoubleSpinBox::valueChanged, this, &DiskScreen::markDirty);
-    m_editors[f.key] = spin;
-    form->addRow(tr(f.label), spin);
-  }
-  m_apply = new QPushButton(tr("Apply"), knobs);
-  m_apply->setObjectName("applyDiskButton");
-  m_revert = new QPushButton(tr("Revert"), knobs);
-  connect(m_apply, &QPushButton::clicked, this, &DiskScreen::applySettings);
-  connect(m_revert, &QPushButton::clicked, this, [this] {
-    m_dirty = false;
-    loadSettings();
-    setMessage({}, false);
-  });
-  auto* buttons = new QHBoxLayout;
-  buttons->addStretch();
-  buttons->addWidget(m_revert);
-  buttons->addWidget(m_apply);
-  m_message = new QLabel(knobs);
-  m_message->setObjectName("diskMessage");
-  m_message->setWordWrap(true);
-  auto* knobLayout = new QVBoxLayout(knobs);
-  knobLayout->addLayout(form);
-  knobLayout->addLayout(buttons);
-  knobLayout->addWidget(m_message);
-  knobLayout->addStretch();
+  m_panel = new SettingsPanel(settings, "applyDiskButton", "diskMessage", tr("the disk tier uses it from the next request"), this);
+  m_panel->addChoice("disk_cache.mode", tr("Mode"), {"off", "read", "readwrite"});
+  m_panel->addChoice("spill.mode", tr("Session spill"), {"off", "on"});
+  for (const NumberField& f : kFields) m_panel->addNumber(f.key, tr(f.label), f.suffix, f.decimals);
+  m_panel->finish();
+  connect(m_panel, &SettingsPanel::settingsReplaceRequested, this, &DiskScreen::settingsReplaceRequested);
 
   auto* prefixBox = new QGroupBox(tr("Most-hit prefixes (token counts; no text is kept here)"), this);
-  m_prefixes = MakeTable({tr("Tokens"), tr("Bytes"), tr("Hits"), tr("Last used")}, "diskPrefixTable", prefixBox);
+  m_prefixes = makeTable({tr("Tokens"), tr("Bytes"), tr("Hits"), tr("Last used")}, "diskPrefixTable", prefixBox);
   (new QVBoxLayout(prefixBox))->addWidget(m_prefixes);
   auto* eventBox = new QGroupBox(tr("Last events"), this);
-  m_events = MakeTable({tr("Time"), tr("Event"), tr("Tokens"), tr("Bytes"), tr("Why")}, "diskEventTable", eventBox);
+  m_events = makeTable({tr("Time"), tr("Event"), tr("Tokens"), tr("Bytes"), tr("Why")}, "diskEventTable", eventBox);
   (new QVBoxLayout(eventBox))->addWidget(m_events);
 
   auto* spillBox = new QGroupBox(tr("Session spill (whole conversations; token counts and sizes only)"), this);
@@ -148,8 +79,8 @@ DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(paren
   m_clearSpill->setObjectName("clear_spill");
   m_clearSpill->setToolTip(tr("Delete every saved conversation"));
   connect(m_clearSpill, &QPushButton::clicked, this, &DiskScreen::requestClearSpill);
-  m_spillEntries = MakeTable({tr("Tokens"), tr("Stored"), tr("Raw"), tr("End at"), tr("Last used")}, "spillEntryTable", spillBox);
-  m_spillEvents = MakeTable({tr("Time"), tr("Event"), tr("Tokens"), tr("Bytes"), tr("Why")}, "spillEventTable", spillBox);
+  m_spillEntries = makeTable({tr("Tokens"), tr("Stored"), tr("Raw"), tr("End at"), tr("Last used")}, "spillEntryTable", spillBox);
+  m_spillEvents = makeTable({tr("Time"), tr("Event"), tr("Tokens"), tr("Bytes"), tr("Why")}, "spillEventTable", spillBox);
   auto* spillHead = new QHBoxLayout;
   spillHead->addWidget(m_spillSummary, 1);
   spillHead->addWidget(m_clearSpill, 0, Qt::AlignTop);
@@ -162,7 +93,7 @@ DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(paren
 
   auto* top = new QHBoxLayout;
   top->addWidget(status, 3);
-  top->addWidget(knobs, 2);
+  top->addWidget(m_panel, 2);
   auto* bottom = new QHBoxLayout;
   bottom->addWidget(prefixBox, 2);
   bottom->addWidget(eventBox, 3);
@@ -170,67 +101,20 @@ DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(paren
   layout->addLayout(top, 0);
   layout->addLayout(bottom, 1);
   layout->addWidget(spillBox, 1);
-
-  connect(settings, &QAbstractItemModel::modelReset, this, &DiskScreen::loadSettings);
-  connect(settings, &QAbstractItemModel::dataChanged, this, &DiskScreen::loadSettings);
-  loadSettings();
 }
 
 QString DiskScreen::summaryText() const { return m_summary->text(); }
 QString DiskScreen::spillSummaryText() const { return m_spillSummary->text(); }
 
-void DiskScreen::markDirty() {
-  m_dirty = true;
-  m_apply->setEnabled(true);
-  m_revert->setEnabled(true);
-}
+QDoubleSpinBox* DiskScreen::editor(const QString& key) const { return m_panel->number(key); }
+QComboBox* DiskScreen::modeEditor() const { return m_panel->choice("disk_cache.mode"); }
 
-void DiskScreen::loadSettings() {
-  if (m_dirty) return;  // keep the operator's edit
-  const bool loaded = m_settings->version() > 0;
-  {
-    QSignalBlocker block(m_mode);
-    m_mode->setCurrentText(m_settings->value("disk_cache.mode").toString());
-    m_mode->setEnabled(loaded);
-  }
-  {
-    QSignalBlocker block(m_spillMode);
-    m_spillMode->setCurrentText(m_settings->value("spill.mode").toString());
-    m_spillMode->setEnabled(loaded);
-  }
-  loadEditors(m_editors, *m_settings);
-  m_apply->setEnabled(false);
-  m_revert->setEnabled(false);
-}
-
-void DiskScreen::applySettings() {
-  QVariantMap values;
-  values["disk_cache.mode"] = m_mode->currentText();
-  values["spill.mode"] = m_spillMode->currentText();
-  for (auto it = m_editors.begin(); it != m_editors.end(); ++it) {
-    const QJsonObject f = m_settings->field(it.key());
-    if (f["type"].toString() == "integer") values[it.key()] = static_cast<qint64>(it.value()->value());
-    else values[it.key()] = it.value()->value();
-  }
-  setMessage(tr("Applying as version %1…").arg(m_settings->version() + 1), false);
-  emit settingsReplaceRequested(m_settings->documentWith(values));
-}
-
-void DiskScreen::onSettingsOutcome(const SettingsOutcome& outcome) {
-  if (!m_dirty) return;  // another screen's change
-  if (outcome.ok) {
-    m_dirty = false;
-    loadSettings();
-    setMessage(tr("Applied: settings version %1; the disk tier uses it from the next request.").arg(outcome.version), false);
-  } else {
-    setMessage(tr("Refused (HTTP %1): %2").arg(outcome.httpStatus).arg(outcome.message), true);
-  }
-}
+void DiskScreen::onSettingsOutcome(const SettingsOutcome& outcome) { m_panel->onSettingsOutcome(outcome); }
 
 void DiskScreen::onTierCleared(const QString& tier, bool ok, const QString& message) {
   if (tier != "disk" && tier != "spill") return;
   const QString what = tier == "disk" ? tr("the disk tier") : tr("the session spill");
-  setMessage(ok ? tr("Cleared %1.").arg(what) : tr("Clearing %1 failed: %2").arg(what, message), !ok);
+  m_panel->setMessage(ok ? tr("Cleared %1.").arg(what) : tr("Clearing %1 failed: %2").arg(what, message), !ok);
 }
 
 void DiskScreen::requestClearSpill() {
@@ -290,10 +174,10 @@ void DiskScreen::setSnapshot(const CacheSnapshot& snapshot) {
   m_prefixes->setRowCount(static_cast<int>(top.size()));
   for (int i = 0; i < top.size(); ++i) {
     const QJsonObject p = top[i].toObject();
-    m_prefixes->setItem(i, 0, Cell(QString::number(static_cast<qint64>(p["tokens"].toDouble())), true));
-    m_prefixes->setItem(i, 1, Cell(fmt::bytes(static_cast<qint64>(p["bytes"].toDouble())), true));
-    m_prefixes->setItem(i, 2, Cell(QString::number(static_cast<qint64>(p["hits"].toDouble())), true));
-    m_prefixes->setItem(i, 3, Cell(fmt::timeOfDay(static_cast<qint64>(p["last_used_ms"].toDouble()))));
+    m_prefixes->setItem(i, 0, tableCell(QString::number(static_cast<qint64>(p["tokens"].toDouble())), true));
+    m_prefixes->setItem(i, 1, tableCell(fmt::bytes(static_cast<qint64>(p["bytes"].toDouble())), true));
+    m_prefixes->setItem(i, 2, tableCell(QString::number(static_cast<qint64>(p["hits"].toDouble())), true));
+    m_prefixes->setItem(i, 3, tableCell(fmt::timeOfDay(static_cast<qint64>(p["last_used_ms"].toDouble()))));
   }
   FillEventTable(m_events, d.value("recent_events").toArray());
 }
@@ -322,13 +206,12 @@ void DiskScreen::setSpill(const QJsonObject& sp) {
   m_spillEntries->setRowCount(static_cast<int>(list.size()));
   for (int i = 0; i < list.size(); ++i) {
     const QJsonObject e = list[i].toObject();
-    m_spillEntries->setItem(i, 0, Cell(QString::number(static_cast<qint64>(e["tokens"].toDouble())), true));
-    m_spillEntries->setItem(i, 1, Cell(fmt::bytes(static_cast<qint64>(e["bytes"].toDouble())), true));
-    m_spillEntries->setItem(i, 2, Cell(fmt::bytes(static_cast<qint64>(e["raw_bytes"].toDouble())), true));
-    m_spillEntries->setItem(i, 3, Cell(QString::number(static_cast<qint64>(e["end_length"].toDouble())), true));
-    m_spillEntries->setItem(i, 4, Cell(fmt::timeOfDay(static_cast<qint64>(e["used_ms"].toDouble()))));
+    m_spillEntries->setItem(i, 0, tableCell(QString::number(static_cast<qint64>(e["tokens"].toDouble())), true));
+    m_spillEntries->setItem(i, 1, tableCell(fmt::bytes(static_cast<qint64>(e["bytes"].toDouble())), true));
+    m_spillEntries->setItem(i, 2, tableCell(fmt::bytes(static_cast<qint64>(e["raw_bytes"].toDouble())), true));
+    m_spillEntries->setItem(i, 3, tableCell(QString::number(static_cast<qint64>(e["end_length"].toDouble())), true));
+    m_spillEntries->setItem(i, 4, tableCell(fmt::timeOfDay(static_cast<qint64>(e["used_ms"].toDouble()))));
   }
   FillEventTable(m_spillEvents, sp.value("recent_events").toArray());
 }
 
-void DiskScreen::setMessage(const QString& text, bool error) { showMessage(m_message, text, error); }

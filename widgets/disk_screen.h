@@ -5,13 +5,13 @@
 #pragma once
 
 #include <QJsonObject>
-#include <QMap>
 #include <QWidget>
 
 #include "app/snapshots.h"
 #include "widgets/confirm.h"
 
 class SettingsModel;
+class SettingsPanel;
 class QComboBox;
 class QDoubleSpinBox;
 class QLabel;
@@ -26,8 +26,8 @@ class DiskScreen : public QWidget {
   explicit DiskScreen(SettingsModel* settings, QWidget* parent = nullptr);
 
   void setConfirmFunction(ConfirmFunction confirm) { m_confirm = std::move(confirm); }
-  QDoubleSpinBox* editor(const QString& key) const { return m_editors.value(key); }
-  QComboBox* modeEditor() const { return m_mode; }
+  QDoubleSpinBox* editor(const QString& key) const;
+  QComboBox* modeEditor() const;
   QTableWidget* prefixTable() const { return m_prefixes; }
   QTableWidget* eventTable() const { return m_events; }
   QTableWidget* spillEntryTable() const { return m_spillEntries; }
@@ -43,34 +43,23 @@ class DiskScreen : public QWidget {
   void setSnapshot(const CacheSnapshot& snapshot);
   void onSettingsOutcome(const SettingsOutcome& outcome);
   void onTierCleared(const QString& tier, bool ok, const QString& message);
-  void applySettings();
   // Asks, then requests the disk tier emptied.
   void requestClear();
   // Asks, then requests the session spill emptied.
   void requestClearSpill();
 
  private:
-  void loadSettings();
   void setSpill(const QJsonObject& spill);
-  void markDirty();
-  void setMessage(const QString& text, bool error);
 
-  SettingsModel* m_settings;
-  QMap<QString, QDoubleSpinBox*> m_editors;  // "disk_cache.budget_gb" -> editor
-  QComboBox* m_mode;
-  QComboBox* m_spillMode;
+  SettingsPanel* m_panel;
   QLabel* m_summary;
   QLabel* m_spillSummary;
   QPushButton* m_clearSpill;
   QTableWidget* m_spillEntries;
   QTableWidget* m_spillEvents;
-  QLabel* m_message;
-  QPushButton* m_apply;
-  QPushButton* m_revert;
   QPushButton* m_clear;
   QTableWidget* m_prefixes;
   QTableWidget* m_events;
-  bool m_dirty = false;
   bool m_open = false;  // the engine runs a disk tier
   ConfirmFunction m_confirm = askConfirmation;
 };

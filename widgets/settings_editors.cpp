@@ -17,6 +17,13 @@ void loadEditors(const QMap<QString, QDoubleSpinBox*>& editors, const SettingsMo
   }
 }
 
+void addEditorValues(const QMap<QString, QDoubleSpinBox*>& editors, const SettingsModel& settings, QVariantMap* values) {
+  for (auto it = editors.begin(); it != editors.end(); ++it) {
+    if (settings.field(it.key())["type"].toString() == "integer") (*values)[it.key()] = static_cast<qint64>(it.value()->value());
+    else (*values)[it.key()] = it.value()->value();
+  }
+}
+
 void showMessage(QLabel* label, const QString& text, bool error) {
   label->setText(text);
   label->setStyleSheet(error ? "color: #b00020;" : QString());

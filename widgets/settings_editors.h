@@ -4,6 +4,7 @@
 
 #include <QMap>
 #include <QString>
+#include <QVariantMap>
 
 class QDoubleSpinBox;
 class QLabel;
@@ -11,5 +12,7 @@ class SettingsModel;
 
 // Sets each "area.field" editor's range, value and tooltip from the stored document, without signals.
 void loadEditors(const QMap<QString, QDoubleSpinBox*>& editors, const SettingsModel& settings);
+// Puts each editor's value into values, as an integer where the schema says so.
+void addEditorValues(const QMap<QString, QDoubleSpinBox*>& editors, const SettingsModel& settings, QVariantMap* values);
 // Shows text under the buttons, red when it is an error.
 void showMessage(QLabel* label, const QString& text, bool error);

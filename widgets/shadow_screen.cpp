@@ -2,17 +2,13 @@
 
 #include <QChart>
 #include <QChartView>
-#include <QCheckBox>
 #include <QDateTime>
-#include <QDoubleSpinBox>
-#include <QFormLayout>
 #include <QGroupBox>
 #include <QHBoxLayout>
 #include <QHeaderView>
 #include <QJsonArray>
 #include <QJsonDocument>
 #include <QLabel>
-#include <QLineEdit>
 #include <QLineSeries>
 #include <QPushButton>
 #include <QTableWidget>
@@ -20,8 +16,8 @@
 #include <QVBoxLayout>
 
 #include "models/format.h"
-#include "models/settings_model.h"
-#include "widgets/settings_editors.h"
+#include "widgets/settings_panel.h"
+#include "widgets/screen_parts.h"
 
 namespace {
 
@@ -38,24 +34,6 @@ const NumberField kFields[] = {
     {"shadow.min_tokens", "Ask at turns from", " tokens", 0},
 };
 
-QTableWidget* MakeTable(const QStringList& headers, const QString& name, QWidget* parent) {
-  auto* t = new QTableWidget(0, headers.size(), parent);
-  t->setObjectName(name);
-  t->setHorizontalHeaderLabels(headers);
-  t->verticalHeader()->hide();
-  t->setEditTriggers(QAbstractItemView::NoEditTriggers);
-  t->setSelectionBehavior(QAbstractItemView::SelectRows);
-  t->horizontalHeader()->setSectionResizeMode(QHeaderView::ResizeToContents);
-  t->horizontalHeader()->setStretchLastSection(true);
-  return t;
-}
-
-QTableWidgetItem* Cell(const QString& text, bool number = false) {
-  auto* item = new QTableWidgetItem(text);
-  if (number) item->setTextAlignment(Qt::AlignRight | Qt::AlignVCenter);
-  return item;
-}
-
 qint64 N(const QJsonObject& o, const char* key) { return static_cast<qint64>(o.value(key).toDouble()); }
 
 QString SessionName(const QJsonValue& v) {
@@ -71,74 +49,24 @@ QString AnswerText(const QJsonValue& v) {
 
 }  // namespace
 
-ShadowScreen::ShadowScreen(SettingsModel* settings, QWidget* parent) : QWidget(parent), m_settings(settings) {
+ShadowScreen::ShadowScreen(SettingsModel* settings, QWidget* parent) : QWidget(parent) {
   m_startMs = QDateTime::currentMSecsSinceEpoch();
-  auto* status = new QGroupBox(tr("Shadow reader"), this);
-  m_summary = new QLabel(tr("Waiting for the engine…"), status);
-  m_summary->setObjectName("shadowSummary");
-  m_summary->setWordWrap(true);
-  m_summary->setTextInteractionFlags(Qt::TextSelectableByMouse);
-  m_clear = new QPushButton(tr("Clear the shadow…"), status);
+  m_clear = new QPushButton(tr("Clear the shadow…"));
   m_clear->setObjectName("clear_shadow");
   m_clear->setToolTip(tr("Drop every session's shadow state, in memory and on disk"));
   connect(m_clear, &QPushButton::clicked, this, &ShadowScreen::requestClear);
-  auto* statusLayout = new QVBoxLayout(status);
-  statusLayout->addWidget(m_summary);
-  auto* clearRow = new QHBoxLayout;
-  clearRow->addStretch();
-  clearRow->addWidget(m_clear);
-  statusLayout->addLayout(clearRow);
-  statusLayout->addStretch();
+  auto* status = makeSummaryBox(tr("Shadow reader"), "shadowSummary", &m_summary, m_clear, this);
 
-  auto* knobs = new QGroupBox(tr("Settings"), this);
-  auto* form = new QFormLayout;
-  m_enabled = new QCheckBox(tr("Read every session"), knobs);
-  m_enabled->setObjectName("shadow_enabled");
-  connect(m_enabled, &QCheckBox::toggled, this, &ShadowScreen::markDirty);
-  form->addRow(tr("Enabled"), m_enabled);
-  for (const NumberField& f : kFields) {
-    auto* spin = new QDoubleSpinBox(knobs);
-    spin->setObjectName(QString(f.key).replace('.', '_'));
-    spin->setDecimals(f.decimals);
-    spin->setSuffix(f.suffix);
-    spin->setMinimumWidth(140);
-    connect(spin, &QDoubleSpinBox::valueChanged, this, &ShadowScreen::markDirty);
-    m_editors[f.key] = spin;
-    form->addRow(tr(f.label), spin);
-  }
-  m_question = new QLineEdit(knobs);
-  m_question->setObjectName("shadow_question");
-  connect(m_question, &QLineEdit::textEdited, this, &ShadowScreen::markDirty);
-  form->addRow(tr("Agreement question"), m_question);
-  m_choices = new QLineEdit(knobs);
-  m_choices->setObjectName("shadow_choices");
-  m_choices->setToolTip(tr("The choices, separated by |; each becomes a letter A, B, …"));
-  connect(m_choices, &QLineEdit::textEdited, this, &ShadowScreen::markDirty);
-  form->addRow(tr("Choices"), m_choices);
-  m_apply = new QPushButton(tr("Apply"), knobs);
-  m_apply->setObjectName("applyShadowButton");
-  m_revert = new QPushButton(tr("Revert"), knobs);
-  connect(m_apply, &QPushButton::clicked, this, &ShadowScreen::applySettings);
-  connect(m_revert, &QPushButton::clicked, this, [this] {
-    m_dirty = false;
-    loadSettings();
-    setMessage({}, false);
-  });
-  auto* buttons = new QHBoxLayout;
-  buttons->addStretch();
-  buttons->addWidget(m_revert);
-  buttons->addWidget(m_apply);
-  m_message = new QLabel(knobs);
-  m_message->setObjectName("shadowMessage");
-  m_message->setWordWrap(true);
-  auto* knobLayout = new QVBoxLayout(knobs);
-  knobLayout->addLayout(form);
-  knobLayout->addLayout(buttons);
-  knobLayout->addWidget(m_message);
-  knobLayout->addStretch();
+  m_panel = new SettingsPanel(settings, "applyShadowButton", "shadowMessage", tr("the reader uses it from its next read"), this);
+  m_panel->addSwitch("shadow.enabled", tr("Enabled"), tr("Read every session"));
+  for (const NumberField& f : kFields) m_panel->addNumber(f.key, tr(f.label), f.suffix, f.decimals);
+  m_panel->addText("shadow.question", tr("Agreement question"));
+  m_panel->addText("shadow.choices", tr("Choices"));
+  m_panel->finish();
+  connect(m_panel, &SettingsPanel::settingsReplaceRequested, this, &ShadowScreen::settingsReplaceRequested);
 
   auto* sessionBox = new QGroupBox(tr("Sessions (token counts only)"), this);
-  m_sessions = MakeTable({tr("Session"), tr("Read"), tr("Backlog"), tr("Bytes"), tr("Checkpoints"), tr("Where"), tr("Last used")}, "shadowSessionTable", sessionBox);
+  m_sessions = makeTable({tr("Session"), tr("Read"), tr("Backlog"), tr("Bytes"), tr("Checkpoints"), tr("Where"), tr("Last used")}, "shadowSessionTable", sessionBox);
   (new QVBoxLayout(sessionBox))->addWidget(m_sessions);
 
   auto* chartBox = new QGroupBox(tr("Agreement with the main model"), this);
@@ -162,12 +90,12 @@ ShadowScreen::ShadowScreen(SettingsModel* settings, QWidget* parent) : QWidget(p
   (new QVBoxLayout(chartBox))->addWidget(m_chartView);
 
   auto* answerBox = new QGroupBox(tr("Last answers"), this);
-  m_answers = MakeTable({tr("Time"), tr("Session"), tr("At"), tr("Shadow"), tr("Main"), tr("Agree"), tr("Behind"), tr("Lag"), tr("Note")}, "shadowAnswerTable", answerBox);
+  m_answers = makeTable({tr("Time"), tr("Session"), tr("At"), tr("Shadow"), tr("Main"), tr("Agree"), tr("Behind"), tr("Lag"), tr("Note")}, "shadowAnswerTable", answerBox);
   (new QVBoxLayout(answerBox))->addWidget(m_answers);
 
   auto* top = new QHBoxLayout;
   top->addWidget(status, 3);
-  top->addWidget(knobs, 2);
+  top->addWidget(m_panel, 2);
   auto* middle = new QHBoxLayout;
   middle->addWidget(sessionBox, 3);
   middle->addWidget(chartBox, 2);
@@ -175,65 +103,17 @@ ShadowScreen::ShadowScreen(SettingsModel* settings, QWidget* parent) : QWidget(p
   layout->addLayout(top, 0);
   layout->addLayout(middle, 1);
   layout->addWidget(answerBox, 1);
-
-  connect(settings, &QAbstractItemModel::modelReset, this, &ShadowScreen::loadSettings);
-  connect(settings, &QAbstractItemModel::dataChanged, this, &ShadowScreen::loadSettings);
-  loadSettings();
 }
 
 QString ShadowScreen::summaryText() const { return m_summary->text(); }
 
-void ShadowScreen::markDirty() {
-  m_dirty = true;
-  m_apply->setEnabled(true);
-  m_revert->setEnabled(true);
-}
+QDoubleSpinBox* ShadowScreen::editor(const QString& key) const { return m_panel->number(key); }
 
-void ShadowScreen::loadSettings() {
-  if (m_dirty) return;  // keep the operator's edit
-  const bool loaded = m_settings->version() > 0;
-  {
-    QSignalBlocker block(m_enabled);
-    m_enabled->setChecked(m_settings->value("shadow.enabled").toBool());
-    m_enabled->setEnabled(loaded);
-  }
-  m_question->setText(m_settings->value("shadow.question").toString());
-  m_choices->setText(m_settings->value("shadow.choices").toString());
-  m_question->setEnabled(loaded);
-  m_choices->setEnabled(loaded);
-  loadEditors(m_editors, *m_settings);
-  m_apply->setEnabled(false);
-  m_revert->setEnabled(false);
-}
-
-void ShadowScreen::applySettings() {
-  QVariantMap values;
-  values["shadow.enabled"] = m_enabled->isChecked();
-  values["shadow.question"] = m_question->text();
-  values["shadow.choices"] = m_choices->text();
-  for (auto it = m_editors.begin(); it != m_editors.end(); ++it) {
-    const QJsonObject f = m_settings->field(it.key());
-    if (f["type"].toString() == "integer") values[it.key()] = static_cast<qint64>(it.value()->value());
-    else values[it.key()] = it.value()->value();
-  }
-  setMessage(tr("Applying as version %1…").arg(m_settings->version() + 1), false);
-  emit settingsReplaceRequested(m_settings->documentWith(values));
-}
-
-void ShadowScreen::onSettingsOutcome(const SettingsOutcome& outcome) {
-  if (!m_dirty) return;  // another screen's change
-  if (outcome.ok) {
-    m_dirty = false;
-    loadSettings();
-    setMessage(tr("Applied: settings version %1; the reader uses it from its next read.").arg(outcome.version), false);
-  } else {
-    setMessage(tr("Refused (HTTP %1): %2").arg(outcome.httpStatus).arg(outcome.message), true);
-  }
-}
+void ShadowScreen::onSettingsOutcome(const SettingsOutcome& outcome) { m_panel->onSettingsOutcome(outcome); }
 
 void ShadowScreen::onTierCleared(const QString& tier, bool ok, const QString& message) {
   if (tier != "shadow") return;
-  setMessage(ok ? tr("Cleared the shadow: every session is read again from its next turn.") : tr("Clearing the shadow failed: %1").arg(message), !ok);
+  m_panel->setMessage(ok ? tr("Cleared the shadow: every session is read again from its next turn.") : tr("Clearing the shadow failed: %1").arg(message), !ok);
 }
 
 void ShadowScreen::requestClear() {
@@ -280,13 +160,13 @@ void ShadowScreen::setSnapshot(const ShadowSnapshot& snapshot) {
     const QJsonObject e = sessions[i].toObject();
     QStringList checkpoints;
     for (const QJsonValue& c : e.value("checkpoints").toArray()) checkpoints << QString::number(static_cast<qint64>(c.toDouble()));
-    m_sessions->setItem(i, 0, Cell(SessionName(e.value("session"))));
-    m_sessions->setItem(i, 1, Cell(QString::number(N(e, "read_tokens")), true));
-    m_sessions->setItem(i, 2, Cell(QString::number(N(e, "backlog_tokens")), true));
-    m_sessions->setItem(i, 3, Cell(fmt::bytes(N(e, "bytes")), true));
-    m_sessions->setItem(i, 4, Cell(checkpoints.join(", ")));
-    m_sessions->setItem(i, 5, Cell(e.value("on_disk").toBool() ? tr("disk") : tr("memory")));
-    m_sessions->setItem(i, 6, Cell(fmt::timeOfDay(N(e, "last_used_ms"))));
+    m_sessions->setItem(i, 0, tableCell(SessionName(e.value("session"))));
+    m_sessions->setItem(i, 1, tableCell(QString::number(N(e, "read_tokens")), true));
+    m_sessions->setItem(i, 2, tableCell(QString::number(N(e, "backlog_tokens")), true));
+    m_sessions->setItem(i, 3, tableCell(fmt::bytes(N(e, "bytes")), true));
+    m_sessions->setItem(i, 4, tableCell(checkpoints.join(", ")));
+    m_sessions->setItem(i, 5, tableCell(e.value("on_disk").toBool() ? tr("disk") : tr("memory")));
+    m_sessions->setItem(i, 6, tableCell(fmt::timeOfDay(N(e, "last_used_ms"))));
   }
 
   const QJsonArray answers = s.value("last_answers").toArray();
@@ -294,15 +174,15 @@ void ShadowScreen::setSnapshot(const ShadowSnapshot& snapshot) {
   for (int i = 0; i < answers.size(); ++i) {
     const QJsonObject a = answers[i].toObject();
     const QJsonValue agree = a.value("agree");
-    m_answers->setItem(i, 0, Cell(fmt::timeOfDay(N(a, "time_ms"))));
-    m_answers->setItem(i, 1, Cell(SessionName(a.value("session"))));
-    m_answers->setItem(i, 2, Cell(QString::number(N(a, "insertion_tokens")), true));
-    m_answers->setItem(i, 3, Cell(AnswerText(a.value("shadow"))));
-    m_answers->setItem(i, 4, Cell(AnswerText(a.value("main"))));
-    m_answers->setItem(i, 5, Cell(agree.isBool() ? (agree.toBool() ? tr("yes") : tr("no")) : tr("—")));
-    m_answers->setItem(i, 6, Cell(QString::number(N(a, "behind_tokens")), true));
-    m_answers->setItem(i, 7, Cell(tr("%1 ms").arg(a.value("lag_ms").toDouble(), 0, 'f', 0), true));
-    m_answers->setItem(i, 8, Cell(a.value("note").toString()));
+    m_answers->setItem(i, 0, tableCell(fmt::timeOfDay(N(a, "time_ms"))));
+    m_answers->setItem(i, 1, tableCell(SessionName(a.value("session"))));
+    m_answers->setItem(i, 2, tableCell(QString::number(N(a, "insertion_tokens")), true));
+    m_answers->setItem(i, 3, tableCell(AnswerText(a.value("shadow"))));
+    m_answers->setItem(i, 4, tableCell(AnswerText(a.value("main"))));
+    m_answers->setItem(i, 5, tableCell(agree.isBool() ? (agree.toBool() ? tr("yes") : tr("no")) : tr("—")));
+    m_answers->setItem(i, 6, tableCell(QString::number(N(a, "behind_tokens")), true));
+    m_answers->setItem(i, 7, tableCell(tr("%1 ms").arg(a.value("lag_ms").toDouble(), 0, 'f', 0), true));
+    m_answers->setItem(i, 8, tableCell(a.value("note").toString()));
   }
 
   if (compared > 0 && compared != m_lastCompared) {
@@ -314,4 +194,3 @@ void ShadowScreen::setSnapshot(const ShadowSnapshot& snapshot) {
   m_lastCompared = compared;
 }
 
-void ShadowScreen::setMessage(const QString& text, bool error) { showMessage(m_message, text, error); }

@@ -6,7 +6,6 @@
 
 #include <QJsonObject>
 #include <QList>
-#include <QMap>
 #include <QPointF>
 #include <QWidget>
 
@@ -14,12 +13,11 @@
 #include "widgets/confirm.h"
 
 class SettingsModel;
-class QCheckBox;
+class SettingsPanel;
 class QChart;
 class QChartView;
 class QDoubleSpinBox;
 class QLabel;
-class QLineEdit;
 class QLineSeries;
 class QPushButton;
 class QTableWidget;
@@ -34,10 +32,7 @@ class ShadowScreen : public QWidget {
   void setConfirmFunction(ConfirmFunction confirm) { m_confirm = std::move(confirm); }
   QTableWidget* sessionTable() const { return m_sessions; }
   QTableWidget* answerTable() const { return m_answers; }
-  QDoubleSpinBox* editor(const QString& key) const { return m_editors.value(key); }
-  QCheckBox* enabledEditor() const { return m_enabled; }
-  QLineEdit* questionEditor() const { return m_question; }
-  QLineEdit* choicesEditor() const { return m_choices; }
+  QDoubleSpinBox* editor(const QString& key) const;
   QString summaryText() const;
   // The agreement rate's points: (minutes since the screen opened, rate).
   const QList<QPointF>& agreementPoints() const { return m_points; }
@@ -50,24 +45,12 @@ class ShadowScreen : public QWidget {
   void setSnapshot(const ShadowSnapshot& snapshot);
   void onSettingsOutcome(const SettingsOutcome& outcome);
   void onTierCleared(const QString& tier, bool ok, const QString& message);
-  void applySettings();
   // Asks, then requests every shadow session dropped.
   void requestClear();
 
  private:
-  void loadSettings();
-  void markDirty();
-  void setMessage(const QString& text, bool error);
-
-  SettingsModel* m_settings;
-  QMap<QString, QDoubleSpinBox*> m_editors;
-  QCheckBox* m_enabled;
-  QLineEdit* m_question;
-  QLineEdit* m_choices;
+  SettingsPanel* m_panel;
   QLabel* m_summary;
-  QLabel* m_message;
-  QPushButton* m_apply;
-  QPushButton* m_revert;
   QPushButton* m_clear;
   QTableWidget* m_sessions;
   QTableWidget* m_answers;
@@ -77,6 +60,5 @@ class ShadowScreen : public QWidget {
   QList<QPointF> m_points;
   qint64 m_startMs = 0;
   qint64 m_lastCompared = -1;
-  bool m_dirty = false;
   ConfirmFunction m_confirm = askConfirmation;
 };
