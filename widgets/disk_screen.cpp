@@ -11,28 +11,10 @@
 #include <QVBoxLayout>
 
 #include "models/format.h"
-#include "widgets/settings_panel.h"
 #include "widgets/screen_parts.h"
+#include "widgets/settings_panel.h"
 
 namespace {
-
-struct NumberField {
-  const char* key;
-  const char* label;
-  const char* suffix;
-  int decimals;
-};
-const NumberField kFields[] = {
-    {"disk_cache.budget_gb", "Budget", " GiB", 1},
-    {"disk_cache.ttl_days", "Keep unused entries", " days", 0},
-    {"disk_cache.min_free_gb", "Leave free on the disk", " GiB", 1},
-    {"disk_cache.admit_after", "Write after cold reads", "", 0},
-    {"disk_cache.min_tokens", "Shortest prefix written", " tokens", 0},
-    {"disk_cache.write_budget_gb", "Writes a day (tier and spill)", " GiB", 0},
-    {"spill.budget_gb", "Spill budget", " GiB", 1},
-    {"spill.min_tokens", "Shortest conversation spilled", " tokens", 0},
-    {"spill.ttl_hours", "Keep unused conversations", " hours", 0},
-};
 
 // Events, newest first: time, kind, tokens, bytes, why.
 void FillEventTable(QTableWidget* table, const QJsonArray& events) {
@@ -59,7 +41,17 @@ DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(paren
   m_panel = new SettingsPanel(settings, "applyDiskButton", "diskMessage", tr("the disk tier uses it from the next request"), this);
   m_panel->addChoice("disk_cache.mode", tr("Mode"), {"off", "read", "readwrite"});
   m_panel->addChoice("spill.mode", tr("Session spill"), {"off", "on"});
-  for (const NumberField& f : kFields) m_panel->addNumber(f.key, tr(f.label), f.suffix, f.decimals);
+  m_panel->addNumbers({
+    {"disk_cache.budget_gb", "Budget", " GiB", 1},
+    {"disk_cache.ttl_days", "Keep unused entries", " days", 0},
+    {"disk_cache.min_free_gb", "Leave free on the disk", " GiB", 1},
+    {"disk_cache.admit_after", "Write after cold reads", "", 0},
+    {"disk_cache.min_tokens", "Shortest prefix written", " tokens", 0},
+    {"disk_cache.write_budget_gb", "Writes a day (tier and spill)", " GiB", 0},
+    {"spill.budget_gb", "Spill budget", " GiB", 1},
+    {"spill.min_tokens", "Shortest conversation spilled", " tokens", 0},
+    {"spill.ttl_hours", "Keep unused conversations", " hours", 0},
+  });
   m_panel->finish();
   connect(m_panel, &SettingsPanel::settingsReplaceRequested, this, &DiskScreen::settingsReplaceRequested);
 

@@ -46,6 +46,10 @@ QDoubleSpinBox* SettingsPanel::addNumber(const QString& key, const QString& labe
   return spin;
 }
 
+void SettingsPanel::addNumbers(std::initializer_list<Number> numbers) {
+  for (const Number& n : numbers) addNumber(n.key, tr(n.label), n.suffix, n.decimals);
+}
+
 QComboBox* SettingsPanel::addChoice(const QString& key, const QString& label, const QStringList& values) {
   auto* box = new QComboBox(this);
   box->setObjectName(ObjectName(key));

@@ -16,23 +16,10 @@
 #include <QVBoxLayout>
 
 #include "models/format.h"
-#include "widgets/settings_panel.h"
 #include "widgets/screen_parts.h"
+#include "widgets/settings_panel.h"
 
 namespace {
-
-struct NumberField {
-  const char* key;
-  const char* label;
-  const char* suffix;
-  int decimals;
-};
-const NumberField kFields[] = {
-    {"shadow.ration", "Share of a turn", "", 3},
-    {"shadow.budget_gb", "Resident budget", " GiB", 1},
-    {"shadow.disk_gb", "Disk budget", " GiB", 1},
-    {"shadow.min_tokens", "Ask at turns from", " tokens", 0},
-};
 
 qint64 N(const QJsonObject& o, const char* key) { return static_cast<qint64>(o.value(key).toDouble()); }
 
@@ -59,7 +46,12 @@ ShadowScreen::ShadowScreen(SettingsModel* settings, QWidget* parent) : QWidget(p
 
   m_panel = new SettingsPanel(settings, "applyShadowButton", "shadowMessage", tr("the reader uses it from its next read"), this);
   m_panel->addSwitch("shadow.enabled", tr("Enabled"), tr("Read every session"));
-  for (const NumberField& f : kFields) m_panel->addNumber(f.key, tr(f.label), f.suffix, f.decimals);
+  m_panel->addNumbers({
+    {"shadow.ration", "Share of a turn", "", 3},
+    {"shadow.budget_gb", "Resident budget", " GiB", 1},
+    {"shadow.disk_gb", "Disk budget", " GiB", 1},
+    {"shadow.min_tokens", "Ask at turns from", " tokens", 0},
+  });
   m_panel->addText("shadow.question", tr("Agreement question"));
   m_panel->addText("shadow.choices", tr("Choices"));
   m_panel->finish();

@@ -101,30 +101,18 @@ double FirstTouchGBs(int64_t bytes) {
   return static_cast<double>(bytes) / ((bench::NowMs() - t0) / 1e3) / 1e9;
 }
 
-int Fail(const Status& s) {
-  std::fprintf(stderr, "%s\n", s.ToString().c_str());
-  return 1;
-}
-
-// Token ids that look like a prompt: spread over the vocabulary, none of the special ones.
-std::vector<int32_t> MakePrompt(const ModelConfig& c, int64_t n) {
-  std::vector<int32_t> prompt(static_cast<size_t>(n));
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 2654435761u) % static_cast<size_t>(c.vocab_size - 16));
-  return prompt;
-}
-
 // The restore alone: a pseudo-random state of `tokens` rows put on disk, dropped from the page
 // cache, and read back; its rate against the machine's sequential read rate.
 int RestoreOnly(const ModelConfig& c, int64_t tokens, const std::string& dir, int repeats, bool as_json) {
   const int64_t G = 1024, line = tokens / G * G;
-  if (line <= 0) return Fail(InvalidArgument("--tokens must be at least 1024"));
-  const std::vector<int32_t> prompt = MakePrompt(c, line);
+  if (line <= 0) return bench::Fail(InvalidArgument("--tokens must be at least 1024"));
+  const std::vector<int32_t> prompt = bench::PromptIds(c, line);
   const SequenceState written = RandomState(c, line, 7);
   fs::remove_all(dir);
   auto tier = DiskTier::Open(DiskEnv::Posix(), c, "bench/grid-1024", DiskTierOptions{dir, G, int64_t(1) << 40, 0, 0, nullptr});
-  if (!tier.ok()) return Fail(tier.status());
+  if (!tier.ok()) return bench::Fail(tier.status());
   double t0 = bench::NowMs();
-  if (Status s = (*tier)->Put(prompt, written); !s.ok()) return Fail(s);
+  if (Status s = (*tier)->Put(prompt, written); !s.ok()) return bench::Fail(s);
   const double write_ms = bench::NowMs() - t0;
   const int64_t bytes = (*tier)->stats().bytes, files = (*tier)->stats().files;
   // Into a fresh state (its memory mapped as the rows arrive), and into one that holds its memory.
@@ -135,14 +123,14 @@ int RestoreOnly(const ModelConfig& c, int64_t tokens, const std::string& dir, in
     DropFolder(dir);
     SequenceState read(c);
     t0 = bench::NowMs();
-    if (Status s = (*tier)->Restore(prompt, line, read); !s.ok()) return Fail(s);
+    if (Status s = (*tier)->Restore(prompt, line, read); !s.ok()) return bench::Fail(s);
     const double ms = bench::NowMs() - t0;
     best_ms = std::min(best_ms, ms);
     sum_ms += ms;
     exact = exact && read.BitEqual(written);
     DropFolder(dir);
     t0 = bench::NowMs();
-    if (Status s = (*tier)->Restore(prompt, line, reused); !s.ok()) return Fail(s);
+    if (Status s = (*tier)->Restore(prompt, line, reused); !s.ok()) return bench::Fail(s);
     reused_best_ms = std::min(reused_best_ms, bench::NowMs() - t0);
     exact = exact && reused.BitEqual(written);
   }
@@ -197,15 +185,15 @@ int main(int argc, char** argv) {
   }
   if (model_dir.empty()) model_dir = bench::ModelFolder("small");
   auto model = LoadModel(model_dir);
-  if (!model.ok()) return Fail(model.status());
+  if (!model.ok()) return bench::Fail(model.status());
   const ModelConfig& c = (*model)->config;
   if (restore_only) return RestoreOnly(c, tokens, dir, repeats, as_json);
   auto forward = Forward::Create(c, (*model)->weights, ForwardOptions{1024, 0});
-  if (!forward.ok()) return Fail(forward.status());
+  if (!forward.ok()) return bench::Fail(forward.status());
   const int64_t line = tokens / 1024 * 1024;
-  if (line <= 0) return Fail(InvalidArgument("--tokens must be at least 1024"));
+  if (line <= 0) return bench::Fail(InvalidArgument("--tokens must be at least 1024"));
   // A head of `line` tokens and a new user message of 200 after it.
-  const std::vector<int32_t> prompt = MakePrompt(c, line + 200);
+  const std::vector<int32_t> prompt = bench::PromptIds(c, line + 200);
   fs::remove_all(dir);
   const std::string fingerprint = Forward::StateFingerprint((*model)->fingerprint) + "/grid-1024";
   DiskCacheSettings settings;
@@ -248,38 +236,38 @@ int main(int argc, char** argv) {
   double write_ms = 0;
   {
     auto disk = DiskCache::Open(DiskEnv::Posix(), c, fingerprint, dir, 1024, settings);
-    if (!disk.ok()) return Fail(disk.status());
+    if (!disk.ok()) return bench::Fail(disk.status());
     const double t0 = bench::NowMs();
     auto t = first_token(**disk, &cold_ttft_ms, &cold_info, &cold);
-    if (!t.ok()) return Fail(t.status());
+    if (!t.ok()) return bench::Fail(t.status());
     cold_token = *t;
     write_ms = bench::NowMs() - t0 - cold_ttft_ms;  // the writer's time after the first token (it ran while the request ended)
   }
   auto tier = DiskTier::Open(DiskEnv::Posix(), c, fingerprint, DiskTierOptions{dir, 1024, int64_t(1) << 40, 0, 0, nullptr});
-  if (!tier.ok()) return Fail(tier.status());
+  if (!tier.ok()) return bench::Fail(tier.status());
   const int64_t bytes = (*tier)->stats().bytes;
   const int64_t files = (*tier)->stats().files;
   DropFolder(dir);
 
   SequenceState warm(c);
   double t0 = bench::NowMs();
-  if (Status s = (*tier)->Restore(prompt, line, warm); !s.ok()) return Fail(s);
+  if (Status s = (*tier)->Restore(prompt, line, warm); !s.ok()) return bench::Fail(s);
   const double restore_ms = bench::NowMs() - t0;
   const bool exact = warm.BitEqual(cold);
   SequenceState again(c);
   double cached_restore_ms = 1e300;
   for (int r = 0; r < repeats; ++r) {  // the best of repeats
     t0 = bench::NowMs();
-    if (Status s = (*tier)->Restore(prompt, line, again); !s.ok()) return Fail(s);
+    if (Status s = (*tier)->Restore(prompt, line, again); !s.ok()) return bench::Fail(s);
     cached_restore_ms = std::min(cached_restore_ms, bench::NowMs() - t0);
   }
   tier->reset();
   DropFolder(dir);
   {
     auto disk = DiskCache::Open(DiskEnv::Posix(), c, fingerprint, dir, 1024, settings);
-    if (!disk.ok()) return Fail(disk.status());
+    if (!disk.ok()) return bench::Fail(disk.status());
     auto t = first_token(**disk, &disk_ttft_ms, &disk_info, nullptr);
-    if (!t.ok()) return Fail(t.status());
+    if (!t.ok()) return bench::Fail(t.status());
     disk_token = *t;
   }
   const double read_gbs = SequentialReadGBs(dir, std::max<int64_t>(bytes, int64_t(1) << 30));

@@ -22,6 +22,7 @@
 #include "engine/model/tiny_model.h"
 #include "engine/model/weights.h"
 #include "engine/runtime/forward.h"
+#include "bench_util.h"
 #include "reference_forward.h"
 
 using namespace anchorage;
@@ -101,11 +102,6 @@ double StreamGBs(const std::vector<float>& buffer, int threads) {
   return best;
 }
 
-int Fail(const Status& s) {
-  std::fprintf(stderr, "bench: %s\n", s.ToString().c_str());
-  return 1;
-}
-
 }  // namespace
 
 // Usage: anchorage-bench-engine [--json] [--no-accuracy] [--no-decode] [--max-tokens N] [--threads 1,2] [--model-dir DIR]
@@ -142,15 +138,15 @@ int main(int argc, char** argv) {
     made_dir = true;
     const double t0 = Now();
     Status s = GenerateTinyModel(TinyModelSize::kSmall, 1, dir);
-    if (!s.ok()) return Fail(s);
+    if (!s.ok()) return bench::Fail(s);
     std::printf("generated small model in %.1f s\n", Now() - t0);
   }
   auto config = LoadModelConfig(dir + "/config.json");
-  if (!config.ok()) return Fail(config.status());
+  if (!config.ok()) return bench::Fail(config.status());
   auto set = SafetensorsSet::OpenDirectory(dir);
-  if (!set.ok()) return Fail(set.status());
+  if (!set.ok()) return bench::Fail(set.status());
   auto weights = MapWeights(*config, *set);
-  if (!weights.ok()) return Fail(weights.status());
+  if (!weights.ok()) return bench::Fail(weights.status());
   const ModelConfig& c = *config;
   std::printf("kernel path: %s (%s)\n", cpu::PathName(cpu::ActivePath()), cpu::ArithmeticName());
   std::printf("model: H %lld, layers %lld, I %lld, vocab %lld, weights %.1f MiB\n",
@@ -196,7 +192,7 @@ int main(int argc, char** argv) {
 
   for (int threads : thread_counts) {
     auto f = Forward::Create(c, *weights, ForwardOptions{1024, threads});
-    if (!f.ok()) return Fail(f.status());
+    if (!f.ok()) return bench::Fail(f.status());
     Forward& fw = **f;
     std::printf("--- threads %d, grid %lld\n", fw.threads(), static_cast<long long>(fw.grid_tokens()));
     {  // warm-up: touch the weights once
@@ -213,7 +209,7 @@ int main(int argc, char** argv) {
         const int64_t e = std::min(n, b + fw.grid_tokens());
         const double c0 = Now();
         auto r = fw.Prefill(s, std::span(ids.data() + b, static_cast<size_t>(e - b)));
-        if (!r.ok()) return Fail(r.status());
+        if (!r.ok()) return bench::Fail(r.status());
         chunk_ms.push_back((Now() - c0) * 1e3);
       }
       const double secs = Now() - t0;
@@ -229,7 +225,7 @@ int main(int argc, char** argv) {
       const double d0 = Now();
       for (int i = 0; i < steps; ++i) {
         auto r = fw.Decode(s, ids[static_cast<size_t>(i)]);
-        if (!r.ok()) return Fail(r.status());
+        if (!r.ok()) return bench::Fail(r.status());
       }
       const double dsecs = Now() - d0;
       const double bw = stream.count(fw.threads()) ? stream[fw.threads()] : 0;
@@ -244,7 +240,7 @@ int main(int argc, char** argv) {
       const double d0 = Now();
       for (int i = 0; i < steps; ++i) {
         auto r = fw.Decode(s, ids[static_cast<size_t>(i)]);
-        if (!r.ok()) return Fail(r.status());
+        if (!r.ok()) return bench::Fail(r.status());
       }
       const double dsecs = Now() - d0;
       const double bw = stream.count(fw.threads()) ? stream[fw.threads()] : 0;
@@ -260,10 +256,10 @@ int main(int argc, char** argv) {
     const double t0 = Now();
     const auto ref = reference::Logits(c, *weights, short_ids);
     auto f = Forward::Create(c, *weights, ForwardOptions{1024, 2});
-    if (!f.ok()) return Fail(f.status());
+    if (!f.ok()) return bench::Fail(f.status());
     SequenceState s(c);
     auto all = (*f)->Prefill(s, short_ids, LogitsRows::kAll);
-    if (!all.ok()) return Fail(all.status());
+    if (!all.ok()) return bench::Fail(all.status());
     const int64_t V = c.vocab_size;
     double worst = 0.0, max_ref = 0.0;
     for (int64_t i = 0; i < n * V; ++i) {
@@ -275,7 +271,7 @@ int main(int argc, char** argv) {
     (void)(*f)->Prefill(d, std::span(short_ids.data(), 1));
     for (int64_t t = 1; t < n; ++t) {
       auto r = (*f)->Decode(d, short_ids[t]);
-      if (!r.ok()) return Fail(r.status());
+      if (!r.ok()) return bench::Fail(r.status());
       for (int64_t i = 0; i < V; ++i) worst_dec = std::max(worst_dec, std::abs(double((*r)[i]) - ref[t * V + i]));
     }
     std::printf("accuracy (%lld tokens): max |logit - fp64 reference| prefill %.3g, decode %.3g (max |logit| %.3g; "

@@ -22,17 +22,6 @@ using namespace anchorage;
 
 namespace {
 
-int Fail(const Status& s) {
-  std::fprintf(stderr, "bench-shadow: %s\n", s.ToString().c_str());
-  return 1;
-}
-
-std::vector<int32_t> Ids(const ModelConfig& c, int64_t n, uint32_t salt) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(3 + ((i + salt * 7919u) * 2654435761u) % static_cast<size_t>(c.vocab_size - 16));
-  return ids;
-}
-
 Result<std::unique_ptr<ShadowReader>> MakeReader(const std::string& shadow_dir, const Model& main, int threads) {
   ASSIGN_OR_RETURN(std::unique_ptr<Model> shadow, LoadModel(shadow_dir));
   return ShadowReader::Create(std::move(shadow), main, ForwardOptions{kShadowGridTokens, threads}, "", ShadowOptions{});
@@ -69,38 +58,38 @@ int main(int argc, char** argv) {
   }
   const std::string main_dir = bench::ModelFolder(main_size);
   auto main_size_parsed = ParseTinyModelSize(main_size);
-  if (!main_size_parsed.ok()) return Fail(main_size_parsed.status());
+  if (!main_size_parsed.ok()) return bench::Fail(main_size_parsed.status());
   const std::string shadow_dir = "/tmp/anchorage-bench/shadow-for-" + main_size + "-seed1";
   if (!std::filesystem::exists(shadow_dir + "/model.safetensors"))
-    if (Status s = GenerateTinyModel(TinyModelSize::kShadow, 1, shadow_dir, *main_size_parsed); !s.ok()) return Fail(s);
+    if (Status s = GenerateTinyModel(TinyModelSize::kShadow, 1, shadow_dir, *main_size_parsed); !s.ok()) return bench::Fail(s);
   auto main = LoadModel(main_dir);
-  if (!main.ok()) return Fail(main.status());
+  if (!main.ok()) return bench::Fail(main.status());
   const ModelConfig& c = (*main)->config;
   std::printf("machine: %s; kernel path %s; %d threads\n", cpu::DetectCpu().brand.c_str(), cpu::PathName(cpu::ActivePath()), threads);
 
   // Read rate and ask latency.
   {
     auto reader = MakeReader(shadow_dir, **main, threads);
-    if (!reader.ok()) return Fail(reader.status());
+    if (!reader.ok()) return bench::Fail(reader.status());
     ShadowReader& r = **reader;
     std::printf("shadow model: H %lld, %lld layers; main %s: H %lld, %lld layers\n", static_cast<long long>(r.model().config.hidden_size),
                 static_cast<long long>(r.model().config.num_hidden_layers), main_size.c_str(), static_cast<long long>(c.hidden_size),
                 static_cast<long long>(c.num_hidden_layers));
     auto question = r.PrepareQuestion("What does the user ask for in the last message?", {"a code edit", "an explanation", "something else"});
-    if (!question.ok()) return Fail(question.status());
+    if (!question.ok()) return bench::Fail(question.status());
     uint32_t salt = 1;
     for (const std::string& item : SplitList(token_list, ',')) {
       const int64_t n = std::atoll(item.c_str());
       const std::string session = "read-" + item;
       const double t0 = bench::NowMs();
-      r.BeginTurn(session, Ids(c, n + 300, salt++));
+      r.BeginTurn(session, bench::PromptIds(c, n + 300, salt++));
       while (r.HasIdleWork()) r.IdleWork([] { return false; }, nullptr);
       const double read_ms = bench::NowMs() - t0;
       std::vector<double> ask_ms;
       for (int k = 0; k < 5; ++k) {
         const double a0 = bench::NowMs();
         auto answer = r.Ask(session, *question);
-        if (!answer.ok()) return Fail(answer.status());
+        if (!answer.ok()) return bench::Fail(answer.status());
         ask_ms.push_back(bench::NowMs() - a0);
       }
       const ShadowSession* s = r.Find(session);
@@ -119,14 +108,14 @@ int main(int argc, char** argv) {
     return std::make_unique<Scheduler>(**main, std::move(f), o);
   };
   auto reader = MakeReader(shadow_dir, **main, threads);
-  if (!reader.ok()) return Fail(reader.status());
+  if (!reader.ok()) return bench::Fail(reader.status());
   auto off = make_engine(nullptr);
   auto on = make_engine(reader->get());
-  if (!off.ok() || !on.ok()) return Fail(off.ok() ? on.status() : off.status());
+  if (!off.ok() || !on.ok()) return bench::Fail(off.ok() ? on.status() : off.status());
   std::vector<double> rate_off, rate_on;
   for (int run = 0; run < runs; ++run) {
     for (bool shadow : {false, true}) {
-      const std::vector<int32_t> prompt = Ids(c, prompt_tokens, 100 + static_cast<uint32_t>(run * 2 + shadow));
+      const std::vector<int32_t> prompt = bench::PromptIds(c, prompt_tokens, 100 + static_cast<uint32_t>(run * 2 + shadow));
       const double rate = DecodeRate(shadow ? **on : **off, prompt, "decode-" + std::to_string(run) + (shadow ? "-on" : "-off"), decode);
       (shadow ? rate_on : rate_off).push_back(rate);
       std::printf("run %d shadow %-3s: decode %.2f tok/s\n", run, shadow ? "on" : "off", rate);

@@ -26,18 +26,6 @@ using namespace anchorage;
 
 namespace {
 
-int Fail(const Status& s) {
-  std::fprintf(stderr, "%s\n", s.ToString().c_str());
-  return 1;
-}
-
-std::vector<int32_t> MakePrompt(const ModelConfig& c, int64_t n, uint32_t salt) {
-  std::vector<int32_t> prompt(static_cast<size_t>(n));
-  for (size_t i = 0; i < prompt.size(); ++i)
-    prompt[i] = static_cast<int32_t>(3 + ((i + salt * 7919u) * 2654435761u) % static_cast<size_t>(c.vocab_size - 16));
-  return prompt;
-}
-
 // A planned stop and a restart: see the header.
 int Restart(Forward& forward, const ModelConfig& c, int64_t tokens, const std::string& dir, bool as_json) {
   std::filesystem::remove_all(dir);
@@ -48,7 +36,7 @@ int Restart(Forward& forward, const ModelConfig& c, int64_t tokens, const std::s
   SamplingParams greedy;
   greedy.temperature = 0;
   greedy.max_tokens = 8;
-  const std::vector<int32_t> first = MakePrompt(c, tokens, 1);
+  const std::vector<int32_t> first = bench::PromptIds(c, tokens, 1);
   auto ttft = [&](ResidentPrefix& rp, const std::vector<int32_t>& prompt, std::vector<int32_t>* out, ResumeInfo* info) -> Status {
     const double start = bench::NowMs();
     double first_ms = 0;
@@ -65,37 +53,37 @@ int Restart(Forward& forward, const ModelConfig& c, int64_t tokens, const std::s
   SpillSaveReport saved;
   {
     auto spill = SessionSpill::Open(DiskEnv::Posix(), c, "bench", so);
-    if (!spill.ok()) return Fail(spill.status());
+    if (!spill.ok()) return bench::Fail(spill.status());
     ResidentPrefix rp(forward, nullptr, ro);
     rp.set_session_spill(spill->get());
     ResumeInfo info;
-    if (Status s = ttft(rp, first, &reply, &info); !s.ok()) return Fail(s);
+    if (Status s = ttft(rp, first, &reply, &info); !s.ok()) return bench::Fail(s);
     const double t0 = bench::NowMs();
-    if (Status s = rp.SpillResident("planned stop", true); !s.ok()) return Fail(s);
+    if (Status s = rp.SpillResident("planned stop", true); !s.ok()) return bench::Fail(s);
     save_ms = bench::NowMs() - t0;
   }
   second = first;
   second.insert(second.end(), reply.begin(), reply.end());
-  const std::vector<int32_t> user = MakePrompt(c, 100, 2);
+  const std::vector<int32_t> user = bench::PromptIds(c, 100, 2);
   second.insert(second.end(), user.begin(), user.end());
   // The restart: a new spill and engine read the conversation back, then the next turn.
   auto spill = SessionSpill::Open(DiskEnv::Posix(), c, "bench", so);
-  if (!spill.ok()) return Fail(spill.status());
+  if (!spill.ok()) return bench::Fail(spill.status());
   ResidentPrefix warm(forward, nullptr, ro);
   warm.set_session_spill(spill->get());
   double t0 = bench::NowMs();
   auto resumed = warm.ResumeSpilledResident();
   const double restore_ms = bench::NowMs() - t0;
-  if (!resumed.ok() || !*resumed) return Fail(resumed.ok() ? Internal("nothing read back") : resumed.status());
+  if (!resumed.ok() || !*resumed) return bench::Fail(resumed.ok() ? Internal("nothing read back") : resumed.status());
   const SessionSpillStats st = (*spill)->stats();
   std::vector<int32_t> warm_tokens, cold_tokens;
   ResumeInfo warm_info, cold_info;
   t0 = bench::NowMs();
-  if (Status s = ttft(warm, second, &warm_tokens, &warm_info); !s.ok()) return Fail(s);
+  if (Status s = ttft(warm, second, &warm_tokens, &warm_info); !s.ok()) return bench::Fail(s);
   const double warm_turn_ms = bench::NowMs() - t0;
   ResidentPrefix cold(forward, nullptr, ro);
   t0 = bench::NowMs();
-  if (Status s = ttft(cold, second, &cold_tokens, &cold_info); !s.ok()) return Fail(s);
+  if (Status s = ttft(cold, second, &cold_tokens, &cold_info); !s.ok()) return bench::Fail(s);
   const double cold_ms = bench::NowMs() - t0;
   const double restart_ttft_ms = restore_ms + warm_turn_ms;
   const bool same = warm_tokens == cold_tokens;
@@ -147,16 +135,16 @@ int main(int argc, char** argv) {
   }
   if (model_dir.empty()) model_dir = bench::ModelFolder("small");
   auto model = LoadModel(model_dir);
-  if (!model.ok()) return Fail(model.status());
+  if (!model.ok()) return bench::Fail(model.status());
   const ModelConfig& c = (*model)->config;
   auto forward = Forward::Create(c, (*model)->weights, ForwardOptions{1024, 0});
-  if (!forward.ok()) return Fail(forward.status());
+  if (!forward.ok()) return bench::Fail(forward.status());
   if (restart) return Restart(**forward, c, tokens, dir, as_json);
   std::vector<int32_t> prompt(static_cast<size_t>(tokens));
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 2654435761u) % static_cast<size_t>(c.vocab_size - 16));
   SequenceState state(c);
   const double t0 = bench::NowMs();
-  if (auto logits = (*forward)->Prefill(state, prompt); !logits.ok()) return Fail(logits.status());
+  if (auto logits = (*forward)->Prefill(state, prompt); !logits.ok()) return bench::Fail(logits.status());
   const double prefill_ms = bench::NowMs() - t0;
 
   ThreadPool pool(threads);
@@ -172,10 +160,10 @@ int main(int argc, char** argv) {
         double t = bench::NowMs();
         auto enc = EncodePlanes(block, PlaneCodecOptions{4, level, &pool});
         encode_ms += bench::NowMs() - t;
-        if (!enc.ok()) return Fail(enc.status());
+        if (!enc.ok()) return bench::Fail(enc.status());
         back.resize(block.size());
         t = bench::NowMs();
-        if (Status s = DecodePlanes(*enc, back, &pool); !s.ok()) return Fail(s);
+        if (Status s = DecodePlanes(*enc, back, &pool); !s.ok()) return bench::Fail(s);
         decode_ms += bench::NowMs() - t;
         exact = exact && std::equal(block.begin(), block.end(), back.begin());
         raw += static_cast<int64_t>(block.size());

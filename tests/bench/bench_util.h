@@ -3,11 +3,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "engine/core/status.h"
+#include "engine/model/model_config.h"
 #include "engine/model/tiny_model.h"
 
 namespace anchorage::bench {
@@ -23,6 +26,19 @@ inline std::string ModelFolder(const std::string& size) {
     }
   }
   return dir;
+}
+
+// Prints the error and returns the exit status of a failed benchmark.
+inline int Fail(const Status& s) {
+  std::fprintf(stderr, "%s\n", s.ToString().c_str());
+  return 1;
+}
+
+// Token ids that look like a prompt: spread over the vocabulary, none of the special ones; salt varies them.
+inline std::vector<int32_t> PromptIds(const ModelConfig& c, int64_t n, uint32_t salt = 0) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(3 + ((i + salt * 7919u) * 2654435761u) % static_cast<size_t>(c.vocab_size - 16));
+  return ids;
 }
 
 inline double NowMs() {
