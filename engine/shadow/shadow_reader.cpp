@@ -148,14 +148,13 @@ void ShadowReader::BeginTurn(const std::string& session, std::span<const int32_t
     ++counters_.rollbacks;
     counters_.reread_tokens += feed.rolled_back;
   }
-  turn_session_ = session;
   turn_used_ms_ = 0;
   const int64_t n = static_cast<int64_t>(served_prompt.size());
   if (!o.question.empty() && !o.choices.empty() && n >= o.min_tokens && n > 0) {
     if (!agreement_question_ || agreement_key_ != AgreementKey(o)) {
       auto q = PrepareQuestion(o.question, o.choices);
       agreement_key_ = AgreementKey(o);
-      if (q.ok()) agreement_question_ = std::move(q).value();
+      if (q.ok()) agreement_question_ = std::make_shared<const ShadowQuestion>(std::move(q).value());
       else {
         agreement_question_.reset();
         NoteError("shadow.question: " + q.status().message());
@@ -169,6 +168,7 @@ void ShadowReader::BeginTurn(const std::string& session, std::span<const int32_t
       }
     if (agreement_question_ && s->committed() <= insertion / kShadowGridTokens * kShadowGridTokens) {
       Pending p;
+      p.question = agreement_question_;
       p.row.session = session;
       p.row.insertion = insertion;
       p.row.behind_tokens = insertion - s->committed();
@@ -294,7 +294,7 @@ void ShadowReader::AnswerDue(const std::string& session, ShadowSession& s) {
       p.shadow_note = s.committed() > line ? "the reader was past the turn's point" : "the session changed before the reader reached the turn's point";
       continue;
     }
-    auto answer = AnswerOn(s, p.row.insertion, *agreement_question_);
+    auto answer = AnswerOn(s, p.row.insertion, *p.question);
     if (!answer.ok()) {
       p.shadow_note = answer.status().message();
       continue;
@@ -311,12 +311,12 @@ void ShadowReader::AnswerMain(Pending& p, const MainFork& main_fork) {
     return;
   }
   const double t0 = MonoMs();
-  auto logits = main_fork(p.context, agreement_question_->ids);
+  auto logits = main_fork(p.context, p.question->ids);
   if (!logits.ok()) {
     p.row.main_note = logits.status().message();
     return;
   }
-  ShadowAnswer a = LetterAnswer(*logits, agreement_question_->letter_ids);
+  ShadowAnswer a = LetterAnswer(*logits, p.question->letter_ids);
   a.read_tokens = p.row.insertion;
   a.ms = MonoMs() - t0;
   p.row.main = a;
@@ -345,6 +345,9 @@ void ShadowReader::FinishAgreements() {
       continue;
     }
     ShadowAgreement row = std::move(it->row);
+    const ShadowQuestion& q = *it->question;
+    row.question = q.text;
+    row.choices = q.choices;
     row.time_ms = WallMs();
     if (row.main_note.empty() && !row.main) row.main_note = "the main model did not answer";
     if (!row.shadow) row.main_note += (row.main_note.empty() ? "" : "; ") + ("shadow: " + it->shadow_note);
@@ -353,20 +356,20 @@ void ShadowReader::FinishAgreements() {
       ++counters_.compared;
       if (*row.agree) ++counters_.agreed;
     }
-    if (journal_ != nullptr && agreement_question_) {
+    if (journal_ != nullptr) {
       ShadowRow j;
       j.time_ms = row.time_ms;
       j.session = row.session;
-      j.question = agreement_question_->text;
+      j.question = q.text;
       j.insertion_tokens = row.insertion;
       j.behind_tokens = row.behind_tokens;
       j.lag_ms = row.lag_ms;
       if (row.shadow) {
-        j.shadow_choice = agreement_question_->choices[static_cast<size_t>(row.shadow->choice)];
+        j.shadow_choice = q.choices[static_cast<size_t>(row.shadow->choice)];
         j.shadow_probability = row.shadow->probabilities[static_cast<size_t>(row.shadow->choice)];
       }
       if (row.main) {
-        j.main_choice = agreement_question_->choices[static_cast<size_t>(row.main->choice)];
+        j.main_choice = q.choices[static_cast<size_t>(row.main->choice)];
         j.main_probability = row.main->probabilities[static_cast<size_t>(row.main->choice)];
       }
       j.agree = row.agree;

@@ -65,6 +65,8 @@ struct ShadowAnswer {
 struct ShadowAgreement {
   int64_t time_ms = 0;
   std::string session;
+  std::string question;
+  std::vector<std::string> choices;
   int64_t insertion = 0;      // ids before the question (the prompt's last <|im_end|> included)
   int64_t behind_tokens = 0;  // how far behind the reader was when the turn began
   double lag_ms = 0;          // from the turn's start to the shadow's answer
@@ -159,6 +161,7 @@ class ShadowReader {
     int64_t disk_read_tokens = 0;          // the committed length its file holds
   };
   struct Pending {
+    std::shared_ptr<const ShadowQuestion> question;
     ShadowAgreement row;
     std::vector<int32_t> context;  // the prompt up to the insertion point
     double started_ms = 0;
@@ -196,9 +199,8 @@ class ShadowReader {
   // Engine-lock side.
   std::map<std::string, Entry> sessions_;
   std::deque<Pending> pending_;
-  std::optional<ShadowQuestion> agreement_question_;
+  std::shared_ptr<const ShadowQuestion> agreement_question_;  // built from the options; each turn keeps its own
   std::string agreement_key_;  // the question and choices it was built from
-  std::string turn_session_;
   double turn_used_ms_ = 0;
   double last_chunk_ms_ = 0;
   ShadowStatus counters_;

@@ -28,8 +28,8 @@ ojson ShadowStatusJson(const ShadowStatus& s) {
                         {"bytes", i.bytes}, {"checkpoints", i.checkpoints}, {"on_disk", i.on_disk}, {"last_used_ms", i.last_used_ms}});
   ojson answers = ojson::array();
   for (const ShadowAgreement& a : s.last_agreements)
-    answers.push_back({{"time_ms", a.time_ms}, {"session", SessionJson(a.session)}, {"insertion_tokens", a.insertion}, {"behind_tokens", a.behind_tokens},
-                       {"lag_ms", a.lag_ms}, {"shadow", AnswerJson(a.shadow, s.choices)}, {"main", AnswerJson(a.main, s.choices)},
+    answers.push_back({{"time_ms", a.time_ms}, {"session", SessionJson(a.session)}, {"question", a.question}, {"insertion_tokens", a.insertion}, {"behind_tokens", a.behind_tokens},
+                       {"lag_ms", a.lag_ms}, {"shadow", AnswerJson(a.shadow, a.choices)}, {"main", AnswerJson(a.main, a.choices)},
                        {"agree", a.agree ? ojson(*a.agree) : ojson(nullptr)}, {"note", a.main_note}});
   return {{"loaded", true},
           {"enabled", s.enabled},

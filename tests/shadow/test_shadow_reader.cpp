@@ -196,6 +196,12 @@ class TestShadowReader : public QObject {
     };
     r->BeginTurn("t", p);
     r->BeginTurn("short", Prompt(41, 300));  // under min_tokens: not asked
+    // A question the operator breaks while the turn's answer is pending: the turn keeps its own.
+    ShadowOptions broken = o;
+    broken.choices.assign(27, "x");
+    r->SetOptions(broken);
+    r->BeginTurn("later", Prompt(42, 1100));
+    QVERIFY(r->Snapshot().last_error.find("26") != std::string::npos);
     Drain(*r, main_fork);
     QCOMPARE(asked_context.size(), size_t{1197});  // up to and with the prompt's last <|im_end|>
     ShadowStatus st = r->Snapshot();
@@ -204,6 +210,7 @@ class TestShadowReader : public QObject {
     QVERIFY(row.shadow && row.main && row.agree);
     QCOMPARE(*row.agree, row.shadow->choice == row.main->choice);
     QCOMPARE(row.insertion, int64_t{1197});
+    QCOMPARE(row.choices, o.choices);
     QCOMPARE(row.behind_tokens, int64_t{1197});
     QCOMPARE(st.compared, int64_t{1});
     // The shadow's answer is its own ask at the insertion point.
