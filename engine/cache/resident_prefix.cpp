@@ -815,8 +815,11 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
   SubmitDiskWrites(info, request.session);
   Generator generator(forward_, tokenizer_);
   const int64_t start = state_.length();
+  SpeculativeOptions speculative;
+  speculative.max_draft = options_.max_draft;
+  speculative.history = std::span<const int32_t>(info.served_prompt.data(), static_cast<size_t>(start));
   auto result = generator.Generate(state_, std::span<const int32_t>(info.served_prompt.data() + start, static_cast<size_t>(n - start)),
-                                   fitted, on_token, cancel);
+                                   fitted, on_token, cancel, speculative);
   if (info.guest) {
     FinishGuest();
   } else if (result.ok()) {

@@ -17,6 +17,8 @@ struct RequestFigures {
   double prefill_ms = 0;
   double ttft_ms = 0;
   double decode_tokens_per_s = 0;
+  int64_t drafted_tokens = 0;        // speculative drafts proposed
+  int64_t accepted_tokens = 0;       // of those, picked by the model too
   std::string cache_source = "cold";  // cold, resident, end, pin, park, store
 
   double prefill_tokens_per_s() const { return prefill_ms > 0 ? 1000.0 * static_cast<double>(reread_tokens) / prefill_ms : 0.0; }

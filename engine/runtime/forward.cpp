@@ -52,7 +52,24 @@ struct Forward::Workspace {
   std::vector<float> cos, sin;            // fp32 [n, rotary/2]
 };
 
+// What a draft window logs of each GDN layer to advance the state by its kept rows later.
+struct Forward::DraftLog {
+  SequenceState* state = nullptr;  // the state the window ran on; null: no window open
+  int64_t pos0 = 0, rows = 0;
+  std::vector<std::vector<float>> qkv, conv, beta, g;  // per GDN layer: [rows, C], [rows, C], [rows, Nv] x2
+};
+
 namespace {
+
+// The last K-1 pre-conv rows of [tail; qkv rows 0..n) become the tail.
+void AdvanceTail(float* tail, const float* qkv, int64_t n, int64_t keep, int64_t C) {
+  if (n >= keep) {
+    std::copy_n(qkv + (n - keep) * C, keep * C, tail);
+  } else {
+    std::copy(tail + n * C, tail + keep * C, tail);
+    std::copy_n(qkv, n * C, tail + (keep - n) * C);
+  }
+}
 
 Result<std::vector<float>> Vector(const TensorView& t, int64_t n, float add, const char* role) {
   if (t.empty()) return NotFound(std::string("Forward: missing tensor for ") + role);
@@ -68,7 +85,7 @@ Result<std::vector<float>> Vector(const TensorView& t, int64_t n, float add, con
 
 Forward::Forward(const ModelConfig& config, const ForwardOptions& options)
     : config_(config), options_(options), pool_(std::make_unique<ThreadPool>(options.threads)),
-      ws_(std::make_unique<Workspace>()) {}
+      ws_(std::make_unique<Workspace>()), draft_(std::make_unique<DraftLog>()) {}
 
 Forward::~Forward() = default;
 
@@ -212,6 +229,55 @@ Result<std::vector<float>> Forward::Verify(SequenceState& state, std::span<const
   return logits;
 }
 
+Result<std::vector<float>> Forward::DraftWindow(SequenceState& state, std::span<const int32_t> ids) {
+  RETURN_IF_ERROR(CheckIds(ids));
+  if (ids.empty()) return InvalidArgument("a draft window needs at least one id");
+  const int64_t n = static_cast<int64_t>(ids.size());
+  RETURN_IF_ERROR(state.Reserve(state.length() + n));
+  DraftLog& log = *draft_;
+  log.state = &state;
+  log.pos0 = state.length();
+  log.rows = n;
+  log.qkv.resize(static_cast<size_t>(state.num_gdn_layers()));
+  log.conv.resize(log.qkv.size());
+  log.beta.resize(log.qkv.size());
+  log.g.resize(log.qkv.size());
+  std::vector<float> logits(static_cast<size_t>(n * config_.vocab_size));
+  RunChunk(state, ids.data(), n, Mode::kDraft, true, logits.data());
+  return logits;
+}
+
+Status Forward::KeepDraft(SequenceState& state, int64_t rows) {
+  DraftLog& log = *draft_;
+  if (log.state != &state || state.length() != log.pos0 + log.rows) return InvalidArgument("KeepDraft: no draft window is open on this state");
+  if (rows < 0 || rows > log.rows) return InvalidArgument("KeepDraft: " + std::to_string(rows) + " rows of a window of " + std::to_string(log.rows));
+  log.state = nullptr;
+  const ModelConfig& c = config_;
+  const int64_t C = c.conv_dim(), Nv = c.linear_num_value_heads, r = Nv / c.linear_num_key_heads;
+  const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim, KD = c.key_dim();
+  for (int64_t gi = 0; gi < state.num_gdn_layers() && rows > 0; ++gi) {
+    const float* conv = log.conv[static_cast<size_t>(gi)].data();
+    float* S = state.recurrent(gi);
+    pool_->Run(static_cast<size_t>(Nv), [&](size_t hh) {
+      const int64_t h = static_cast<int64_t>(hh), kh = h / r;
+      thread_local std::vector<float> out;
+      out.resize(static_cast<size_t>(rows * dv));
+      cpu::DeltaInputs in;
+      in.q = conv + kh * dk;
+      in.k = conv + KD + kh * dk;
+      in.v = conv + 2 * KD + h * dv;
+      in.q_stride = in.k_stride = in.v_stride = C;
+      in.beta = log.beta[static_cast<size_t>(gi)].data() + h;
+      in.g = log.g[static_cast<size_t>(gi)].data() + h;
+      in.beta_stride = in.g_stride = Nv;
+      cpu::GatedDeltaRecurrent(in, rows, dk, dv, S + h * dk * dv, out.data(), dv);
+    });
+    AdvanceTail(state.conv_tail(gi), log.qkv[static_cast<size_t>(gi)].data(), rows, c.linear_conv_kernel_dim - 1, C);
+  }
+  state.SetLength(log.pos0 + rows);
+  return Status::Ok();
+}
+
 void Forward::RmsNormRows(const float* x, const float* w1, int64_t n, int64_t width, float* y) {
   const float eps = static_cast<float>(config_.rms_norm_eps);
   pool_->Run(static_cast<size_t>(n), [&](size_t t) {
@@ -314,13 +380,15 @@ void Forward::GdnMixer(const Layer& L, SequenceState& state, int64_t gi, int64_t
       g[t * Nv + h] = -L.a_exp[h] * cpu::Softplus(aa[t * Nv + h] + L.dt_bias[h]);
     }
   });
-  // New tail: the last K-1 pre-conv rows of [tail; qkv].
-  const int64_t keep = K - 1;
-  if (n >= keep) {
-    std::copy_n(qkv + (n - keep) * C, keep * C, tail);
+  if (mode == Mode::kDraft) {  // the tail and the state advance at KeepDraft, by the kept rows
+    DraftLog& log = *draft_;
+    const size_t i = static_cast<size_t>(gi);
+    log.qkv[i].assign(qkv, qkv + n * C);
+    log.conv[i].assign(conv, conv + n * C);
+    log.beta[i].assign(beta, beta + n * Nv);
+    log.g[i].assign(g, g + n * Nv);
   } else {
-    std::copy(tail + n * C, tail + keep * C, tail);
-    std::copy_n(qkv, n * C, tail + (keep - n) * C);
+    AdvanceTail(tail, qkv, n, K - 1, C);
   }
   // The delta rule per value head; chunks of 64 aligned to absolute positions.
   const int64_t pos0 = state.length();
@@ -332,7 +400,7 @@ void Forward::GdnMixer(const Layer& L, SequenceState& state, int64_t gi, int64_t
     int64_t t = 0;
     while (t < n) {
       const int64_t p = pos0 + t;
-      const int64_t m = mode == Mode::kRecurrent
+      const int64_t m = mode != Mode::kChunked
                             ? n - t
                             : std::min(n - t, (p / cpu::kDeltaChunkTokens + 1) * cpu::kDeltaChunkTokens - p);
       cpu::DeltaInputs in;
@@ -343,7 +411,11 @@ void Forward::GdnMixer(const Layer& L, SequenceState& state, int64_t gi, int64_t
       in.beta = beta + t * Nv + h;
       in.g = g + t * Nv + h;
       in.beta_stride = in.g_stride = Nv;
-      if (mode == Mode::kRecurrent) {
+      if (mode == Mode::kDraft) {  // on a copy: the state itself waits for KeepDraft
+        thread_local std::vector<float> scratch;
+        scratch.assign(Sh, Sh + dk * dv);
+        cpu::GatedDeltaRecurrent(in, m, dk, dv, scratch.data(), core + t * VD + h * dv, VD);
+      } else if (mode == Mode::kRecurrent) {
         cpu::GatedDeltaRecurrent(in, m, dk, dv, Sh, core + t * VD + h * dv, VD);
       } else {
         cpu::GatedDeltaChunk(in, m, dk, dv, Sh, core + t * VD + h * dv, VD);
@@ -399,6 +471,9 @@ void Forward::AttentionMixer(const Layer& L, SequenceState& state, int64_t ai, i
   cpu::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
   if (mode == Mode::kRecurrent && n == 1) {
     cpu::AttentionDecode(*pool_, shape, qg, 2 * hd, pos0 + 1, state.k_rows(ai), state.v_rows(ai), KW, attn);
+  } else if (mode == Mode::kDraft) {  // each row as its own decode step: the same kernel over the rows before it
+    for (int64_t t = 0; t < n; ++t)
+      cpu::AttentionDecode(*pool_, shape, qg + t * QW, 2 * hd, pos0 + t + 1, state.k_rows(ai), state.v_rows(ai), KW, attn + t * Nh * hd);
   } else {
     cpu::AttentionPrefill(*pool_, shape, qg, QW, 2 * hd, n, pos0, state.k_rows(ai), state.v_rows(ai), KW, attn,
                           Nh * hd);

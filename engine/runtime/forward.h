@@ -52,6 +52,15 @@ class Forward {
   // Appends ids in one forward (no grid split) and returns fp32 logits [ids.size(), vocab].
   Result<std::vector<float>> Verify(SequenceState& state, std::span<const int32_t> ids);
 
+  // A draft window: forwards ids (the last sampled token and the drafts) at state.length().. in one
+  // forward whose every row computes what Decode of that id would, and returns logits [ids.size(),
+  // vocab]. K/V rows are written; the recurrent states and conv tails stay as they were, the
+  // window's DeltaNet inputs logged. KeepDraft(state, rows) then advances them by the first rows
+  // with Decode's fp32 steps in the same order and cuts the length back, so the state is bit-equal
+  // to rows Decode calls. Nothing else may touch the state in between.
+  Result<std::vector<float>> DraftWindow(SequenceState& state, std::span<const int32_t> ids);
+  Status KeepDraft(SequenceState& state, int64_t rows);
+
   const ModelConfig& config() const { return config_; }
   int64_t vocab_size() const { return config_.vocab_size; }
   int64_t grid_tokens() const { return options_.grid_tokens; }
@@ -67,7 +76,8 @@ class Forward {
  private:
   struct Layer;
   struct Workspace;
-  enum class Mode { kChunked, kRecurrent };
+  struct DraftLog;
+  enum class Mode { kChunked, kRecurrent, kDraft };
 
   Forward(const ModelConfig& config, const ForwardOptions& options);
   Status CheckIds(std::span<const int32_t> ids) const;
@@ -89,6 +99,7 @@ class Forward {
   std::vector<float> final_norm_;      // fp32 [H], 1 + w
   std::vector<double> inv_freq_;       // [rotary_dim / 2]
   std::unique_ptr<Workspace> ws_;
+  std::unique_ptr<DraftLog> draft_;
   std::deque<cpu::PackedBf16> packed_;                           // every matrix, in the kernels' layout
   std::map<const void*, const cpu::PackedBf16*> packed_index_;  // mapped data -> its packed copy
   int64_t converted_matrices_ = 0;

@@ -1,5 +1,6 @@
 #include "engine/runtime/generator.h"
 
+#include "engine/runtime/lookup_drafter.h"
 #include "engine/text/unicode_text.h"
 
 #include <algorithm>
@@ -18,7 +19,7 @@ Generator::Generator(Forward& forward, const Tokenizer* tokenizer) : forward_(fo
 
 Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<const int32_t> prompt_ids,
                                              const SamplingParams& params, const TokenCallback& on_token,
-                                             const std::atomic<bool>* cancel) {
+                                             const std::atomic<bool>* cancel, const SpeculativeOptions& speculative) {
   GenerationResult result;
   result.prompt_tokens = static_cast<int64_t>(prompt_ids.size());
   std::vector<float> logits;
@@ -33,6 +34,55 @@ Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<con
   std::string full;            // valid UTF-8 text of raw[0, sanitized_bytes): invalid bytes become U+FFFD
   size_t emitted = 0;          // bytes of `full` already released
   result.finish = FinishReason::kLength;
+  // Speculation: every id the state holds or will, for the drafter; the open window's rows.
+  const bool drafting = speculative.max_draft > 0 && params.temperature <= 0;
+  std::vector<int32_t> sequence;
+  if (drafting) {
+    sequence.assign(speculative.history.begin(), speculative.history.end());
+    sequence.insert(sequence.end(), prompt_ids.begin(), prompt_ids.end());
+  }
+  std::vector<float> window;          // logits [rows, vocab] of the open window
+  std::vector<int32_t> window_ids;    // its ids: the token that opened it, then the drafts
+  int64_t window_used = 0;            // rows whose picks are made (their ids are kept)
+  int draft_length = speculative.max_draft;
+  const int64_t vocab = forward_.vocab_size();
+  auto close_window = [&]() -> Status {
+    if (window_ids.empty()) return Status::Ok();
+    const int64_t drafts = static_cast<int64_t>(window_ids.size()) - 1, accepted = window_used - 1;
+    result.accepted_tokens += accepted;
+    // The draft length follows the acceptance: longer after a full window, shorter after a poor one.
+    if (accepted == drafts) draft_length = std::min(speculative.max_draft, draft_length + 1);
+    else if (2 * accepted < drafts) draft_length = std::max(1, draft_length / 2);
+    window_ids.clear();
+    return forward_.KeepDraft(state, window_used);
+  };
+  // The logits after id: the open window's next row when id is its next draft, else a new window or a decode.
+  auto advance = [&](int32_t id) -> Status {
+    if (!window_ids.empty()) {
+      if (window_used < static_cast<int64_t>(window_ids.size()) && window_ids[static_cast<size_t>(window_used)] == id) {
+        logits.assign(window.begin() + window_used * vocab, window.begin() + (window_used + 1) * vocab);
+        ++window_used;
+        return Status::Ok();
+      }
+      RETURN_IF_ERROR(close_window());
+    }
+    if (drafting) {
+      const int64_t room = params.max_tokens - static_cast<int64_t>(result.tokens.size()) - 1;  // drafts past the last pick are wasted
+      std::vector<int32_t> draft = LookupDraft(sequence, static_cast<int>(std::min<int64_t>(draft_length, room)));
+      if (!draft.empty()) {
+        draft.insert(draft.begin(), id);
+        ASSIGN_OR_RETURN(window, forward_.DraftWindow(state, draft));
+        window_ids = std::move(draft);
+        result.drafted_tokens += static_cast<int64_t>(window_ids.size()) - 1;
+        logits.assign(window.begin(), window.begin() + vocab);
+        window_used = 1;
+        return Status::Ok();
+      }
+    }
+    ASSIGN_OR_RETURN(logits, forward_.Decode(state, id));
+    return Status::Ok();
+  };
+  Status failed;
   while (static_cast<int64_t>(result.tokens.size()) < params.max_tokens) {
     if (cancel && cancel->load()) {
       result.finish = FinishReason::kCancelled;
@@ -42,6 +92,7 @@ Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<con
     token.sampled = sampler.Sample(logits, result.tokens);
     const int32_t id = token.sampled.id;
     result.tokens.push_back(id);
+    if (drafting) sequence.push_back(id);
     const bool stop_id = std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), id) !=
                          params.stop_token_ids.end();
     const bool at_limit = static_cast<int64_t>(result.tokens.size()) >= params.max_tokens;
@@ -90,8 +141,13 @@ Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<con
       result.finish = FinishReason::kCancelled;
       break;
     }
-    ASSIGN_OR_RETURN(logits, forward_.Decode(state, id));
+    failed = advance(id);
+    if (!failed.ok()) break;
   }
+  // The state holds every pick but the last, as without drafts.
+  Status closed = close_window();
+  if (!failed.ok()) return failed;
+  RETURN_IF_ERROR(closed);
   if (result.finish == FinishReason::kCancelled && tokenizer_) {
     full += unicode::SanitizeUtf8(std::string_view(raw).substr(sanitized_bytes));
   }

@@ -465,8 +465,10 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
                {"anchorage", {{"cache_tier", s.cache_source == "disk" || s.cache_source == "spill" ? s.cache_source : s.cached_tokens > 0 ? "ram" : "none"}, {"cache_source", s.cache_source}, {"cached_tokens", s.cached_tokens},
                               {"reread_tokens", s.reread_tokens}, {"served_prompt_tokens", s.served_prompt_tokens},
                               {"prefill_ms", s.prefill_ms}, {"ttft_ms", s.ttft_ms},
-                              {"decode_tokens_per_s", s.decode_tokens_per_s}, {"queue_ms", s.queue_ms}}}};
+                              {"decode_tokens_per_s", s.decode_tokens_per_s}, {"queue_ms", s.queue_ms},
+                              {"drafted_tokens", s.drafted_tokens}, {"accepted_tokens", s.accepted_tokens}}}};
     metrics_.CountTokens(s.prompt_tokens, s.cached_tokens, s.completion_tokens);
+    metrics_.CountDrafts(s.drafted_tokens, s.accepted_tokens);
     if (s.ttft_ms > 0) metrics_.ObserveTtftMs(s.ttft_ms);
     if (s.prefill_ms > 0) metrics_.ObservePrefillTokensPerS(1000.0 * static_cast<double>(s.reread_tokens) / s.prefill_ms);
     if (s.decode_tokens_per_s > 0) metrics_.ObserveDecodeTokensPerS(s.decode_tokens_per_s);

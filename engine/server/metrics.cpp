@@ -39,6 +39,12 @@ void Metrics::CountTokens(int64_t prompt, int64_t cached, int64_t output) {
   output_tokens_ += static_cast<uint64_t>(output);
 }
 
+void Metrics::CountDrafts(int64_t drafted, int64_t accepted) {
+  std::lock_guard lock(mu_);
+  drafted_tokens_ += static_cast<uint64_t>(drafted);
+  accepted_tokens_ += static_cast<uint64_t>(accepted);
+}
+
 void Metrics::ObserveTtftMs(double ms) { std::lock_guard lock(mu_); ttft_.Observe(ms); }
 void Metrics::ObservePrefillTokensPerS(double rate) { std::lock_guard lock(mu_); prefill_rate_.Observe(rate); }
 void Metrics::ObserveDecodeTokensPerS(double rate) {
@@ -72,6 +78,10 @@ std::string Metrics::Render(size_t queue_depth, bool busy) const {
   out += "anchorage_cached_tokens_total " + std::to_string(cached_tokens_) + "\n";
   out += "# HELP anchorage_output_tokens_total Generated tokens.\n# TYPE anchorage_output_tokens_total counter\n";
   out += "anchorage_output_tokens_total " + std::to_string(output_tokens_) + "\n";
+  out += "# HELP anchorage_drafted_tokens_total Speculative drafts proposed.\n# TYPE anchorage_drafted_tokens_total counter\n";
+  out += "anchorage_drafted_tokens_total " + std::to_string(drafted_tokens_) + "\n";
+  out += "# HELP anchorage_accepted_tokens_total Speculative drafts the model picked too.\n# TYPE anchorage_accepted_tokens_total counter\n";
+  out += "anchorage_accepted_tokens_total " + std::to_string(accepted_tokens_) + "\n";
   out += "# HELP anchorage_cancelled_requests_total Requests whose client went away.\n# TYPE anchorage_cancelled_requests_total counter\n";
   out += "anchorage_cancelled_requests_total " + std::to_string(cancelled_) + "\n";
   RenderHistogram(out, "anchorage_ttft_ms", "Time to first token in milliseconds.", ttft_);

@@ -24,6 +24,7 @@ class Metrics {
  public:
   void CountRequest(const std::string& route, int status);
   void CountTokens(int64_t prompt, int64_t cached, int64_t output);
+  void CountDrafts(int64_t drafted, int64_t accepted);
   void ObserveTtftMs(double ms);
   void ObservePrefillTokensPerS(double rate);
   void ObserveDecodeTokensPerS(double rate);
@@ -45,7 +46,7 @@ class Metrics {
 
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
-  uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, output_tokens_ = 0, cancelled_ = 0;
+  uint64_t prompt_tokens_ = 0, cached_tokens_ = 0, output_tokens_ = 0, cancelled_ = 0, drafted_tokens_ = 0, accepted_tokens_ = 0;
   double last_decode_rate_ = 0;
   Histogram ttft_ = Make({10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000});
   Histogram prefill_rate_ = Make({50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000});

@@ -342,6 +342,8 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
     return;
   }
   stats.completion_tokens = static_cast<int64_t>(result->generation.tokens.size());
+  stats.drafted_tokens = result->generation.drafted_tokens;
+  stats.accepted_tokens = result->generation.accepted_tokens;
   stats.cached_tokens = result->resume.cached_tokens;
   stats.reread_tokens = result->resume.reread_tokens;
   stats.served_prompt_tokens = static_cast<int64_t>(result->resume.served_prompt.size());

@@ -62,6 +62,8 @@ ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective) {
   o.spill.budget_bytes = Gib(sp.at("budget_gb").get<double>());
   o.spill.min_tokens = sp.at("min_tokens").get<int64_t>();
   o.spill.ttl_ms = sp.at("ttl_hours").get<int64_t>() * 3600 * 1000;
+  const nlohmann::json& spec = effective.at("speculative");
+  o.max_draft = spec.at("mode").get<std::string>() == "off" ? 0 : static_cast<int>(spec.at("max_draft").get<int64_t>());
   return o;
 }
 

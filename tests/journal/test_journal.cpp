@@ -164,6 +164,8 @@ class TestJournal : public QObject {
     r.figures.ttft_ms = 12.5;
     r.figures.prefill_ms = 32;  // 64 tokens: 2,000 a second
     r.figures.decode_tokens_per_s = 40.5;
+    r.figures.drafted_tokens = 12;
+    r.figures.accepted_tokens = 9;
     r.finish_reason = "length";
     j->RecordRequest(r);
     const std::vector<CacheEventKind> kinds = {CacheEventKind::kHit,  CacheEventKind::kWrite,
@@ -206,7 +208,9 @@ class TestJournal : public QObject {
     QCOMPARE(req["prefill_tokens_per_s"].get<double>(), 2000.0);
     QCOMPARE(req["decode_tokens_per_s"].get<double>(), 40.5);
     QCOMPARE(req["finish_reason"].get<std::string>(), std::string("length"));
-    QCOMPARE(req.size(), size_t{19});  // 18 columns, id included, plus "type"
+    QCOMPARE(req["drafted_tokens"].get<int64_t>(), int64_t{12});
+    QCOMPARE(req["accepted_tokens"].get<int64_t>(), int64_t{9});
+    QCOMPARE(req.size(), size_t{21});  // 20 columns, id included, plus "type"
 
     for (size_t i = 0; i < kinds.size(); ++i) {
       const nlohmann::json& e = page->rows[6 - i];

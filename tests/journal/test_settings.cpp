@@ -68,7 +68,7 @@ class TestSettings : public QObject {
     QVERIFY(!doc.contains("overrides"));
     std::vector<std::string> areas;
     for (const auto& [k, v] : doc.items()) areas.push_back(k);
-    QCOMPARE(areas.size(), size_t{8});  // version and seven areas
+    QCOMPARE(areas.size(), size_t{9});  // version and eight areas
 
     nlohmann::json schema = s.Schema();
     size_t fields = 0;

@@ -85,6 +85,12 @@ class ServerProcess {
     return c.Post(path.c_str(), headers, body, "application/json");
   }
 
+  httplib::Result Put(const std::string& path, const std::string& body) {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60, 0);
+    return c.Put(path.c_str(), body, "application/json");
+  }
+
   // Posts a streaming request; on_event sees each parsed event and may return false to hang up.
   StreamResult Stream(const std::string& path, const nlohmann::json& body,
                       const std::function<bool(const nlohmann::json&)>& on_event = nullptr) {

@@ -1,0 +1,65 @@
+// Speculative decoding through anchorage-server on the tiny model: a reply that repeats a file from
+// the prompt (forced through the real forward by --test-replies) is drafted by lookup and almost
+// every draft accepted; usage, /metrics and the journal count them; with speculative.mode off the
+// same request drafts nothing and answers the same text.
+#include <QtTest>
+
+#include <fstream>
+
+#include "tests/server/server_fixture.h"
+
+using anchorage::testing::ServerProcess;
+using json = nlohmann::json;
+
+namespace {
+
+std::string File() {
+  std::string text;
+  for (int i = 0; i < 30; ++i) text += "int value" + std::to_string(i) + " = compute(" + std::to_string(i * 7 % 13) + ", grid);\n";
+  return text;
+}
+
+json Repeat(const std::string& session) {
+  return {{"messages", {{{"role", "user"}, {"content", "Repeat the file exactly:\n" + File()}}}}, {"max_tokens", 600}, {"temperature", 0}, {"session_id", session}};
+}
+
+}  // namespace
+
+class TestSpeculativeServer : public QObject {
+  Q_OBJECT
+  QTemporaryDir data_;
+
+ private slots:
+  void copiesAreDraftedAndCounted() {
+    std::ofstream(data_.filePath("replies.json").toStdString()) << json::array({{{"match", "Repeat the file"}, {"reply", "</think>\n\n" + File()}}}).dump();
+    ServerProcess s;
+    QVERIFY(s.Start(data_.path(), {"--grid", "64", "--test-replies", data_.filePath("replies.json")}));
+    auto r = s.Post("/v1/chat/completions", Repeat("a").dump());
+    QVERIFY(r && r->status == 200);
+    const json on = json::parse(r->body);
+    QCOMPARE(on["choices"][0]["message"]["content"].get<std::string>(), File());
+    const json& usage = on["usage"]["anchorage"];
+    const int64_t drafted = usage["drafted_tokens"].get<int64_t>(), accepted = usage["accepted_tokens"].get<int64_t>();
+    const int64_t completion = on["usage"]["completion_tokens"].get<int64_t>();
+    QVERIFY2(accepted > completion / 2 && accepted <= drafted, usage.dump().c_str());
+    const std::string metrics = s.Get("/metrics")->body;
+    QVERIFY(metrics.find("anchorage_accepted_tokens_total " + std::to_string(accepted) + "\n") != std::string::npos);
+    auto journal = s.Get("/v1/journal?kind=request");
+    QVERIFY(journal && journal->status == 200);
+    QCOMPARE(json::parse(journal->body)["rows"][0]["drafted_tokens"].get<int64_t>(), drafted);
+
+    json settings = json::parse(s.Get("/v1/settings")->body);
+    settings["speculative"]["mode"] = "off";
+    auto put = s.Put("/v1/settings", settings.dump());
+    QVERIFY(put && put->status == 200);
+    auto again = s.Post("/v1/chat/completions", Repeat("b").dump());
+    QVERIFY(again && again->status == 200);
+    const json off = json::parse(again->body);
+    QCOMPARE(off["choices"][0]["message"]["content"].get<std::string>(), File());
+    QCOMPARE(off["usage"]["anchorage"]["drafted_tokens"].get<int64_t>(), int64_t{0});
+    QCOMPARE(off["usage"]["completion_tokens"], on["usage"]["completion_tokens"]);
+  }
+};
+
+QTEST_MAIN(TestSpeculativeServer)
+#include "test_speculative_server.moc"
