@@ -231,6 +231,8 @@ class EngineWorker : public QObject {
         f.ttft_ms = a["ttft_ms"].toDouble();
         f.decode_tokens_per_s = a["decode_tokens_per_s"].toDouble();
         f.queue_ms = a["queue_ms"].toDouble();
+        f.drafted_tokens = a["drafted_tokens"].toInteger();
+        f.accepted_tokens = a["accepted_tokens"].toInteger();
       }
     }
   }

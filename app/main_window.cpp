@@ -224,6 +224,11 @@ void MainWindow::onStatus(const EngineStatusSnapshot& s) {
                 .arg(s.last.ttft_ms, 0, 'f', 1)
                 .arg(s.last.decode_tokens_per_s, 0, 'f', 1);
   else phase = tr("idle");
+  if (s.phase != "prefill" && s.last.drafted_tokens > 0)
+    phase += tr(", drafts %1 of %2 accepted (%3%)")
+                 .arg(s.last.accepted_tokens)
+                 .arg(s.last.drafted_tokens)
+                 .arg(100.0 * static_cast<double>(s.last.accepted_tokens) / static_cast<double>(s.last.drafted_tokens), 0, 'f', 0);
   m_phaseLabel->setText(phase);
   m_phaseBar->setVisible(s.phase == "prefill" || s.phase == "busy");
 }
