@@ -66,7 +66,7 @@ struct ResidentOptions {
   int64_t memory_slack_bytes = 0;               // allocator slack kept free under both
   DiskCacheSettings disk;                       // the disk tier's, when one is open
   SpillSettings spill;                          // the session spill's, when one is open
-  int max_draft = 8;                            // lookup drafts a decode window for greedy requests; 0: off
+  int max_draft = 8;                            // lookup drafts a decode window; 0: off
 };
 
 enum class CacheSource { kCold, kResident, kEnd, kPin, kPark, kStore, kDisk, kSpill };

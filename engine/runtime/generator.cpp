@@ -35,7 +35,9 @@ Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<con
   size_t emitted = 0;          // bytes of `full` already released
   result.finish = FinishReason::kLength;
   // Speculation: every id the state holds or will, for the drafter; the open window's rows.
-  const bool drafting = speculative.max_draft > 0 && params.temperature <= 0;
+  // Every pick is the sampler's on the same logits, history and draw as without drafts: a draft only
+  // decides which rows are forwarded ahead, so sampled requests keep their tokens too.
+  const bool drafting = speculative.max_draft > 0;
   std::vector<int32_t> sequence;
   if (drafting) {
     sequence.assign(speculative.history.begin(), speculative.history.end());

@@ -34,8 +34,8 @@ struct GenerationResult {
   int64_t accepted_tokens = 0;  // of those, the ones the model picked too
 };
 
-// Speculative decoding of greedy picks: lookup drafts verified in one draft window a round; the
-// tokens and the state are the same bits as plain decoding.
+// Speculative decoding: lookup drafts verified in one draft window a round; the tokens and the
+// state are the same bits as plain decoding, greedy or sampled (the same draws in the same order).
 struct SpeculativeOptions {
   int max_draft = 0;                  // most drafts a window; 0: off
   std::span<const int32_t> history;   // the ids the state holds before the prompt (the drafter reads them too)
@@ -52,7 +52,6 @@ class Generator {
   // Prefills prompt_ids onto state (which may already hold a prefix: the prompt continues it) and
   // generates. cancel (optional) is polled between tokens. Errors come from the forward. On return the
   // state holds the prompt and every generated token except the last (sampled, never forwarded).
-  // Drafts run only where they cannot change a pick: greedy sampling.
   Result<GenerationResult> Generate(SequenceState& state, std::span<const int32_t> prompt_ids,
                                     const SamplingParams& params, const TokenCallback& on_token,
                                     const std::atomic<bool>* cancel = nullptr, const SpeculativeOptions& speculative = {});

@@ -275,7 +275,7 @@ std::vector<SettingField> SettingsSchemaFields(int64_t total_ram_bytes) {
       String("shadow", "question", "What does the user ask for in the last message?", "the agreement question asked of both models at long turns; empty: none"),
       String("shadow", "choices", "a code edit|an explanation|something else", "the agreement question's choices, separated by |"),
       Integer("shadow", "min_tokens", 0, 1 << 24, 8192, "shortest prompt the agreement question is asked at"),
-      Enum("speculative", "mode", {"off", "lookup"}, "lookup", "speculative decoding of greedy requests: off, or lookup drafts (n-gram copies of the conversation)"),
+      Enum("speculative", "mode", {"off", "lookup"}, "lookup", "speculative decoding: off, or lookup drafts (n-gram copies of the conversation); the tokens stay the same"),
       Integer("speculative", "max_draft", 1, 64, 8, "most drafts a decode window verifies"),
       Integer("journal", "retention_days", 1, 3650, 30, "days journal rows are kept"),
       Integer("journal", "retention_rows", 1000, 1000000000, 1000000, "rows kept per journal table"),
