@@ -66,6 +66,11 @@ ResidentPrefix::ResidentPrefix(Forward& forward, const Tokenizer* tokenizer, Res
 
 ResidentPrefix::~ResidentPrefix() { set_disk_cache(nullptr); }
 
+void ResidentPrefix::set_suffix_store(SuffixStore* store) {
+  suffix_store_ = store;
+  if (store != nullptr) store->Configure(options_.suffix_store_bytes, options_.suffix_store_read_only);
+}
+
 void ResidentPrefix::set_session_spill(SessionSpill* spill) {
   spill_ = spill;
   spill_tier_ = spill != nullptr ? std::make_unique<SpillTier>(*spill, tokenizer_) : nullptr;
@@ -248,6 +253,7 @@ void ResidentPrefix::set_options(const ResidentOptions& options) {
   }
   options_ = options;
   if (spill_ != nullptr) spill_->set_limits(options_.spill.budget_bytes, options_.spill.ttl_ms, options_.disk.min_free_bytes);
+  if (suffix_store_ != nullptr) suffix_store_->Configure(options_.suffix_store_bytes, options_.suffix_store_read_only);
   ConfigureTiers();
   anchors_.set_budget_bytes(options.anchor_budget_bytes);
   store_.set_limits(options.store_budget_bytes, options.store_entry_cap_bytes);
@@ -818,8 +824,14 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
   SpeculativeOptions speculative;
   speculative.max_draft = options_.max_draft;
   speculative.history = std::span<const int32_t>(info.served_prompt.data(), static_cast<size_t>(start));
+  if (options_.suffix_store) speculative.store = suffix_store_;
   auto result = generator.Generate(state_, std::span<const int32_t>(info.served_prompt.data() + start, static_cast<size_t>(n - start)),
                                    fitted, on_token, cancel, speculative);
+  if (result.ok() && suffix_store_ != nullptr && options_.suffix_store && !options_.suffix_store_read_only) {
+    std::vector<int32_t> read_and_written = info.served_prompt;
+    read_and_written.insert(read_and_written.end(), result->tokens.begin(), result->tokens.end());
+    if (Status s = suffix_store_->Append(read_and_written); !s.ok()) Emit("drop", "suffix", static_cast<int64_t>(read_and_written.size()), 0, s.message());
+  }
   if (info.guest) {
     FinishGuest();
   } else if (result.ok()) {

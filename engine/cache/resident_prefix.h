@@ -67,6 +67,9 @@ struct ResidentOptions {
   DiskCacheSettings disk;                       // the disk tier's, when one is open
   SpillSettings spill;                          // the session spill's, when one is open
   int max_draft = 8;                            // lookup drafts a decode window; 0: off
+  bool suffix_store = true;                     // draft from (and, unless read-only, append to) the suffix store
+  bool suffix_store_read_only = false;
+  int64_t suffix_store_bytes = 16ll << 20;
 };
 
 enum class CacheSource { kCold, kResident, kEnd, kPin, kPark, kStore, kDisk, kSpill };
@@ -112,6 +115,8 @@ class ResidentPrefix {
   // Writes the resident conversation to the spill (a planned stop passes resident: the next start
   // reads it back first). Nothing to write (no spill, no rows) is ok.
   Status SpillResident(const std::string& reason, bool resident = false);
+  // Earlier requests' ids for the lookup drafter (not owned); nullptr: none.
+  void set_suffix_store(SuffixStore* store);
   // The day's write budget the spill shares with the disk tier (not owned); nullptr: none.
   void set_write_guard(WriteGuard* guard) { guard_ = guard; }
   // A planned stop: writes the parked conversation (its head from the rows in place) and then the
@@ -257,6 +262,7 @@ class ResidentPrefix {
   int64_t guest_resume_ = 0;      // where the running guest resumed
   DiskCache* disk_ = nullptr;
   SessionSpill* spill_ = nullptr;
+  SuffixStore* suffix_store_ = nullptr;
   std::unique_ptr<SpillTier> spill_tier_;
   WriteGuard* guard_ = nullptr;
   std::vector<int64_t> disk_lines_;   // lines this prefill stages for the disk as it passes them

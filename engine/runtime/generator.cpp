@@ -70,7 +70,9 @@ Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<con
     }
     if (drafting) {
       const int64_t room = params.max_tokens - static_cast<int64_t>(result.tokens.size()) - 1;  // drafts past the last pick are wasted
-      std::vector<int32_t> draft = LookupDraft(sequence, static_cast<int>(std::min<int64_t>(draft_length, room)));
+      const int length = static_cast<int>(std::min<int64_t>(draft_length, room));
+      std::vector<int32_t> draft = LookupDraft(sequence, length);
+      if (draft.empty() && speculative.store != nullptr) draft = speculative.store->Draft(sequence, length);
       if (!draft.empty()) {
         draft.insert(draft.begin(), id);
         ASSIGN_OR_RETURN(window, forward_.DraftWindow(state, draft));

@@ -14,6 +14,7 @@
 #include "engine/runtime/forward.h"
 #include "engine/runtime/sampler.h"
 #include "engine/runtime/sequence_state.h"
+#include "engine/runtime/suffix_store.h"
 
 namespace anchorage {
 
@@ -39,6 +40,7 @@ struct GenerationResult {
 struct SpeculativeOptions {
   int max_draft = 0;                  // most drafts a window; 0: off
   std::span<const int32_t> history;   // the ids the state holds before the prompt (the drafter reads them too)
+  const SuffixStore* store = nullptr; // earlier requests' ids, asked when the sequence itself has no match
 };
 
 // Called once per generated token; returning false cancels before the next token.

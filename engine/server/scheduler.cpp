@@ -76,6 +76,7 @@ Scheduler::Scheduler(Model& model, std::unique_ptr<Forward> forward, SchedulerOp
   if (options_.disk != nullptr) resident_.set_disk_cache(options_.disk);
   if (options_.spill != nullptr) resident_.set_session_spill(options_.spill);
   resident_.set_write_guard(options_.write_guard);
+  resident_.set_suffix_store(options_.suffix_store);
   if (options_.shadow != nullptr) resident_.set_outside_bytes([shadow = options_.shadow] { return shadow->resident_bytes(); });
   thread_ = std::thread([this] { EngineLoop(); });
 }

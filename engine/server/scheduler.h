@@ -98,6 +98,7 @@ struct SchedulerOptions {
   SessionSpill* spill = nullptr;  // the session spill (not owned); nullptr: none
   WriteGuard* write_guard = nullptr;  // the day's write budget of both (not owned); nullptr: none
   ShadowReader* shadow = nullptr;  // the shadow reader (not owned); nullptr: none
+  SuffixStore* suffix_store = nullptr;  // the lookup drafter's store of earlier requests (not owned); nullptr: none
 };
 
 class Scheduler {

@@ -64,6 +64,9 @@ ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective) {
   o.spill.ttl_ms = sp.at("ttl_hours").get<int64_t>() * 3600 * 1000;
   const nlohmann::json& spec = effective.at("speculative");
   o.max_draft = spec.at("mode").get<std::string>() == "off" ? 0 : static_cast<int>(spec.at("max_draft").get<int64_t>());
+  o.suffix_store = spec.at("suffix_store").get<std::string>() != "off";
+  o.suffix_store_read_only = spec.at("suffix_store").get<std::string>() == "read";
+  o.suffix_store_bytes = static_cast<int64_t>(spec.at("suffix_store_mb").get<double>() * double(1 << 20));
   return o;
 }
 
@@ -210,6 +213,19 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     else s->shadow_ = std::move(shadow).value();
   }
   scheduler_options.shadow = s->shadow_.get();
+  // The lookup drafter's store of earlier requests (token ids only) in DATA_DIR/cache/suffix.
+  {
+    SuffixStoreOptions so;
+    so.dir = (fs::path(config.data_dir) / "cache" / "suffix").string();
+    so.tokenizer_sha256 = s->model_->tokenizer.sha256();
+    so.max_bytes = scheduler_options.resident.suffix_store_bytes;
+    so.read_only = scheduler_options.resident.suffix_store_read_only;
+    auto store = SuffixStore::Open(so, s->model_->config.vocab_size);
+    if (!store.ok()) s->notes_.push_back("warning: the suffix store is off: " + store.status().message());
+    else s->suffix_store_ = std::move(store).value();
+    if (s->suffix_store_ && !s->suffix_store_->note().empty()) s->notes_.push_back("suffix store: " + s->suffix_store_->note());
+  }
+  scheduler_options.suffix_store = s->suffix_store_.get();
   scheduler_options.disk = s->disk_.get();
   scheduler_options.spill = s->spill_.get();
   scheduler_options.write_guard = s->write_guard_.get();

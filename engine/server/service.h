@@ -57,6 +57,7 @@ class Service {
   std::unique_ptr<DiskCache> disk_;  // before the scheduler: it outlives the engine that writes to it
   std::unique_ptr<SessionSpill> spill_;  // the same
   std::unique_ptr<ShadowReader> shadow_;  // the same
+  std::unique_ptr<SuffixStore> suffix_store_;  // the same
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<HttpServer> http_;
   std::thread serving_;

@@ -277,6 +277,8 @@ std::vector<SettingField> SettingsSchemaFields(int64_t total_ram_bytes) {
       Integer("shadow", "min_tokens", 0, 1 << 24, 8192, "shortest prompt the agreement question is asked at"),
       Enum("speculative", "mode", {"off", "lookup"}, "lookup", "speculative decoding: off, or lookup drafts (n-gram copies of the conversation); the tokens stay the same"),
       Integer("speculative", "max_draft", 1, 64, 8, "most drafts a decode window verifies"),
+      Enum("speculative", "suffix_store", {"off", "read", "readwrite"}, "readwrite", "the lookup drafter's store of earlier requests' token ids: off, read only, or read and append"),
+      Number("speculative", "suffix_store_mb", 1, 4096, 16, "MiB the suffix store keeps; past it the oldest half goes"),
       Integer("journal", "retention_days", 1, 3650, 30, "days journal rows are kept"),
       Integer("journal", "retention_rows", 1000, 1000000000, 1000000, "rows kept per journal table"),
   };

@@ -10,3 +10,4 @@ anchorage_add_test(test_cpu_features SOURCES test_cpu_features.cpp LIBS anchorag
 anchorage_add_kernel_path_runs(test_forward)
 anchorage_add_test(test_speculative SOURCES test_speculative.cpp LIBS anchorage_runtime)
 anchorage_add_kernel_path_runs(test_speculative)
+anchorage_add_test(test_suffix_store SOURCES test_suffix_store.cpp LIBS anchorage_runtime)
