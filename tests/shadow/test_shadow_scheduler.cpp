@@ -25,11 +25,13 @@ class TestShadowScheduler : public QObject {
     if (!r.ok()) qFatal("%s", r.status().ToString().c_str());
     return std::move(r).value();
   }
-  std::unique_ptr<Scheduler> Engine(ShadowReader* shadow) {
+  // max_draft 0 turns drafts off (the ration test needs a decode whose length in time follows its tokens).
+  std::unique_ptr<Scheduler> Engine(ShadowReader* shadow, int max_draft = 8) {
     auto f = Forward::Create(models_.main->config, models_.main->weights, ForwardOptions{256, 2});
     if (!f.ok()) qFatal("%s", f.status().ToString().c_str());
     SchedulerOptions o;
     o.shadow = shadow;
+    o.resident.max_draft = max_draft;
     return std::make_unique<Scheduler>(*models_.main, std::move(f).value(), o);
   }
   static std::vector<int32_t> Run(Scheduler& s, const std::vector<int32_t>& prompt, const std::string& session, int64_t n) {
@@ -82,7 +84,7 @@ class TestShadowScheduler : public QObject {
       o.idle_read_ms = 0;  // no idle window: only the ration reads
       o.slice_ms = 20;
       auto shadow = Reader(o);
-      auto engine = Engine(shadow.get());
+      auto engine = Engine(shadow.get(), 0);
       const std::vector<int32_t> out = Run(*engine, Tokens(6, 2000, vocab_), "r", 1500);
       QCOMPARE(out.size(), size_t{1500});
       engine->engine_lock().LockForRequest();
