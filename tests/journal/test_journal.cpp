@@ -565,6 +565,38 @@ class TestJournal : public QObject {
     QCOMPARE(page->rows[0]["id"].get<int64_t>(), int64_t{1});
   }
 
+  void migratesAVersionOneJournal() {
+    QTemporaryDir dir;
+    JournalOptions o = Options(dir);
+    {
+      auto j = OpenOrFail(o);
+      RequestRow r;
+      r.session = "old";
+      r.figures.completion_tokens = 3;
+      j->RecordRequest(r);
+    }
+    // Back to the first schema: no draft counts, the reserved shadow_answers table.
+    std::string path = o.data_dir + "/journal.db";
+    sqlite3* db = nullptr;
+    sqlite3_open(path.c_str(), &db);
+    const char* v1 =
+        "ALTER TABLE requests DROP COLUMN drafted_tokens; ALTER TABLE requests DROP COLUMN accepted_tokens; DROP TABLE shadow;"
+        " CREATE TABLE shadow_answers(id INTEGER PRIMARY KEY, time_ms INTEGER NOT NULL, session TEXT NOT NULL, question TEXT NOT NULL,"
+        " answer TEXT NOT NULL, agreement REAL); PRAGMA user_version=1;";
+    QCOMPARE(sqlite3_exec(db, v1, nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+    auto j = OpenOrFail(o);
+    QCOMPARE(SqlInt(path, "PRAGMA user_version"), int64_t{Journal::kSchemaVersion});
+    QCOMPARE(SqlInt(path, "SELECT drafted_tokens FROM requests WHERE session = 'old'"), int64_t{0});
+    QCOMPARE(SqlInt(path, "SELECT count(*) FROM sqlite_master WHERE name = 'shadow_answers'"), int64_t{0});
+    ShadowRow row;
+    row.session = "new";
+    j->RecordShadow(row);
+    j->Flush();
+    QCOMPARE(SqlInt(path, "SELECT count(*) FROM shadow"), int64_t{1});
+    QCOMPARE(SqlInt(path, "SELECT count(*) FROM requests"), int64_t{1});
+  }
+
   void openRejectsANewerSchemaAndGarbage() {
     QTemporaryDir dir;
     JournalOptions o = Options(dir);
