@@ -82,6 +82,8 @@ CREATE TABLE shadow(
   shadow_probability REAL,
   main_choice TEXT,
   main_probability REAL,
+  shadow_probabilities TEXT,
+  main_probabilities TEXT,
   agree INTEGER,
   note TEXT NOT NULL);
 CREATE INDEX shadow_time_ms ON shadow(time_ms);
@@ -317,7 +319,8 @@ Status Journal::OpenConnections() {
   RETURN_IF_ERROR(Statement::Prepare(
       write_db_,
       "INSERT INTO shadow(id, time_ms, session, question, insertion_tokens, behind_tokens, lag_ms, shadow_choice,"
-      " shadow_probability, main_choice, main_probability, agree, note) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+      " shadow_probability, main_choice, main_probability, shadow_probabilities, main_probabilities, agree, note)"
+      " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
       path_, &insert_shadow));
   insert_shadow_ = insert_shadow.Release();
   insert_request_ = insert_request.Release();
@@ -496,9 +499,15 @@ Status Journal::WriteBatch(std::deque<Queued>& batch) {
         real_or_null(9, r->shadow_probability);
         text_or_null(10, r->main_choice);
         real_or_null(11, r->main_probability);
-        if (r->agree) sqlite3_bind_int64(st, 12, *r->agree ? 1 : 0);
-        else sqlite3_bind_null(st, 12);
-        sqlite3_bind_text(st, 13, r->note.c_str(), -1, SQLITE_TRANSIENT);
+        auto list_or_null = [&](int i, const std::vector<double>& v) {
+          if (v.empty()) return sqlite3_bind_null(st, i);
+          return sqlite3_bind_text(st, i, nlohmann::json(v).dump().c_str(), -1, SQLITE_TRANSIENT);
+        };
+        list_or_null(12, r->shadow_probabilities);
+        list_or_null(13, r->main_probabilities);
+        if (r->agree) sqlite3_bind_int64(st, 14, *r->agree ? 1 : 0);
+        else sqlite3_bind_null(st, 14);
+        sqlite3_bind_text(st, 15, r->note.c_str(), -1, SQLITE_TRANSIENT);
       } else {
         const CacheEventRow& e = std::get<CacheEventRow>(q.row);
         st = insert_event_;

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <thread>
 #include <variant>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -63,7 +64,8 @@ struct ShadowRow {
   int64_t behind_tokens = 0;  // how far behind the reader was when the turn began
   double lag_ms = 0;          // from the turn's start to the shadow's answer
   std::optional<std::string> shadow_choice, main_choice;
-  std::optional<double> shadow_probability, main_probability;
+  std::optional<double> shadow_probability, main_probability;  // of the chosen choice
+  std::vector<double> shadow_probabilities, main_probabilities;  // every choice's, in order; empty when not answered
   std::optional<bool> agree;  // absent when either side did not answer
   std::string note;           // why a side did not answer
 };

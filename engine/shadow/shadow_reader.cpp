@@ -367,10 +367,12 @@ void ShadowReader::FinishAgreements() {
       if (row.shadow) {
         j.shadow_choice = q.choices[static_cast<size_t>(row.shadow->choice)];
         j.shadow_probability = row.shadow->probabilities[static_cast<size_t>(row.shadow->choice)];
+        j.shadow_probabilities = row.shadow->probabilities;
       }
       if (row.main) {
         j.main_choice = q.choices[static_cast<size_t>(row.main->choice)];
         j.main_probability = row.main->probabilities[static_cast<size_t>(row.main->choice)];
+        j.main_probabilities = row.main->probabilities;
       }
       j.agree = row.agree;
       j.note = row.main_note;

@@ -223,6 +223,9 @@ class TestShadowReader : public QObject {
     QCOMPARE(page->rows[0]["session"].get<std::string>(), std::string("t"));
     QCOMPARE(page->rows[0]["agree"].get<int64_t>(), *row.agree ? int64_t{1} : int64_t{0});
     QVERIFY(page->rows[0]["main_probability"].get<double>() > 0);
+    const nlohmann::json probabilities = nlohmann::json::parse(page->rows[0]["shadow_probabilities"].get<std::string>());
+    QCOMPARE(probabilities.size(), size_t{3});
+    QCOMPARE(probabilities[static_cast<size_t>(row.shadow->choice)].get<double>(), row.shadow->probabilities[static_cast<size_t>(row.shadow->choice)]);
   }
 };
 
