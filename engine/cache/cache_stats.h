@@ -49,6 +49,11 @@ struct CacheStats {
   std::vector<CacheEvent> spill_events;       // newest last
   std::map<std::string, int64_t> spill_refused;  // offers not taken, by why (the resident prefix counts them)
   std::optional<WriteGuardStats> write_guard;  // the day's writes of the tier and the spill
+  struct Suffix {
+    bool open = false;
+    int64_t bytes = 0, max_bytes = 0, ids = 0;
+    bool read_only = false;
+  } suffix;  // the lookup drafter's suffix store
   struct Memory {
     int64_t engine_bytes = 0, state_bytes = 0, ceiling_bytes = 0, peak_bytes = 0, slack_bytes = 0, refused = 0;
     std::map<std::string, int64_t> sheds;  // by tier

@@ -936,6 +936,9 @@ CacheStats ResidentPrefix::Stats() const {
              store_.puts, store_.evictions, store_.declined};
   s.memory = {EngineBytes(), state_.allocated_bytes(), options_.memory_ceiling_bytes, options_.memory_peak_bytes, options_.memory_slack_bytes,
               k.refused, k.sheds, outside_bytes_ ? outside_bytes_() : 0};
+  if (suffix_store_ != nullptr)
+    s.suffix = {options_.suffix_store, suffix_store_->bytes(), suffix_store_->max_bytes(), static_cast<int64_t>(suffix_store_->log().size()),
+                suffix_store_->read_only()};
   return s;
 }
 

@@ -41,6 +41,8 @@ class SuffixStore {
   }
   const std::vector<int32_t>& log() const { return ids_; }  // documents separated by -1
   int64_t bytes() const { return static_cast<int64_t>(ids_.size() * sizeof(int32_t)); }
+  int64_t max_bytes() const { return options_.max_bytes; }
+  bool read_only() const { return options_.read_only; }
   const std::string& path() const { return path_; }
   const std::string& note() const { return note_; }
 

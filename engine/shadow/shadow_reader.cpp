@@ -214,8 +214,10 @@ void ShadowReader::ReadRationed(const std::string& session, double ms_since_firs
     const double next = last_chunk_ms_ > 0 ? last_chunk_ms_ : o.slice_ms;
     if (spent + next > allowed || spent + next > o.slice_ms) break;
     const double t0 = MonoMs();
+    const int64_t before = s->committed();
     auto read = ReadOne(session, *s);
     spent += MonoMs() - t0;
+    counters_.ration_tokens += s->committed() - before;
     if (!read.ok()) {
       NoteError("shadow read: " + read.status().message());
       break;

@@ -89,6 +89,7 @@ struct ShadowStatus {
   int64_t grid_tokens = kShadowGridTokens;
   std::vector<ShadowSessionInfo> sessions;  // most recently used first
   int64_t resident_bytes = 0, budget_bytes = 0, disk_bytes = 0, disk_files = 0;
+  int64_t ration_tokens = 0;  // of tokens_read, those read inside turns (the rest in idle windows)
   int64_t chunks_read = 0, tokens_read = 0, rollbacks = 0, reread_tokens = 0, evictions = 0, disk_loads = 0, drops = 0;
   double read_ms = 0;                  // over every chunk
   double ms_per_1000_tokens = 0;

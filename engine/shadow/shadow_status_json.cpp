@@ -42,6 +42,7 @@ ojson ShadowStatusJson(const ShadowStatus& s) {
           {"disk_files", s.disk_files},
           {"chunks_read", s.chunks_read},
           {"tokens_read", s.tokens_read},
+          {"ration_tokens", s.ration_tokens},
           {"ms_per_1000_tokens", s.ms_per_1000_tokens},
           {"rollbacks", s.rollbacks},
           {"reread_tokens", s.reread_tokens},

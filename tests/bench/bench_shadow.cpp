@@ -125,8 +125,8 @@ int main(int argc, char** argv) {
   }
   const double m_off = bench::Percentile(rate_off, 0.5), m_on = bench::Percentile(rate_on, 0.5);
   const ShadowStatus st = (*reader)->Snapshot();
-  std::printf("decode %lld tokens after a %lld-token prompt, median of %d: shadow off %.2f tok/s, on %.2f tok/s (%+.2f %%); the shadow read %lld tokens\n",
+  std::printf("decode %lld tokens after a %lld-token prompt, median of %d: shadow off %.2f tok/s, on %.2f tok/s (%+.2f %%); the shadow read %lld tokens, %lld of them inside turns\n",
               static_cast<long long>(decode), static_cast<long long>(prompt_tokens), runs, m_off, m_on, 100.0 * (m_on - m_off) / m_off,
-              static_cast<long long>(st.tokens_read));
+              static_cast<long long>(st.tokens_read), static_cast<long long>(st.ration_tokens));
   return 0;
 }

@@ -47,6 +47,9 @@ class TestSpeculativeServer : public QObject {
     auto journal = s.Get("/v1/journal?kind=request");
     QVERIFY(journal && journal->status == 200);
     QCOMPARE(json::parse(journal->body)["rows"][0]["drafted_tokens"].get<int64_t>(), drafted);
+    // The request's ids went to the suffix store (token counts only in the stats).
+    const json suffix = json::parse(s.Get("/v1/cache/stats")->body)["suffix_store"];
+    QVERIFY2(suffix["open"].get<bool>() && suffix["ids"].get<int64_t>() > completion, suffix.dump().c_str());
 
     json settings = json::parse(s.Get("/v1/settings")->body);
     settings["speculative"]["mode"] = "off";

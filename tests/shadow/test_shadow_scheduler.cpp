@@ -96,6 +96,7 @@ class TestShadowScheduler : public QObject {
       } else {  // whole chunks, the prompt first
         QVERIFY2(s->committed() > 0, "the ration read nothing during a 1,500-token decode");
         QCOMPARE(s->committed() % 512, int64_t{0});
+        QCOMPARE(shadow->Snapshot().ration_tokens, s->committed());
         auto fresh = testing::FreshPrefill(shadow->forward(), std::span(s->ids()).first(static_cast<size_t>(s->committed())));
         QVERIFY(fresh->BitEqual(s->state()));
       }
