@@ -12,6 +12,7 @@
 
 #include "engine/cache/anchor_set.h"
 #include "engine/cache/end_anchor.h"
+#include "engine/core/common_prefix.h"
 #include "engine/core/status.h"
 #include "engine/runtime/sequence_state.h"
 
@@ -74,14 +75,6 @@ class CacheTier {
   // Gives back its cheapest unit (an entry, or the whole tier); {0, 0} when it holds nothing.
   virtual ShedUnit ShedOne() = 0;
 };
-
-// The length of the common prefix of two token lists.
-inline int64_t CommonPrefixLength(std::span<const int32_t> a, std::span<const int32_t> b) {
-  const size_t n = std::min(a.size(), b.size());
-  size_t i = 0;
-  while (i < n && a[i] == b[i]) ++i;
-  return static_cast<int64_t>(i);
-}
 
 // Drops the regions at or above limit and cuts the one that straddles it.
 inline void ClipTokenRegions(std::vector<TokenRegion>& regions, int64_t limit) {

@@ -401,7 +401,7 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
   if (state_.length() != static_cast<int64_t>(rows_.size())) state_.SetLength(static_cast<int64_t>(rows_.size()));
 
   ResidentRows resident = View();
-  TierOffer offer{.resume_length = r, .resume_from_end = plan.resume_from_end, .aligned = info.aligned, .copy_aside = !plan.skip_copy};
+  TierOffer offer{.resume_length = r, .resume_from_end = plan.resume_from_end, .served_prompt = {}, .aligned = info.aligned, .copy_aside = !plan.skip_copy};
   if (info.source == CacheSource::kPin) {
     RETURN_IF_ERROR(pin_tier_.Restore(request.prompt, offer, resident));
     ++counters_.pin_hits;
@@ -676,8 +676,7 @@ int64_t ResidentPrefix::EngineBytes() const {
 }
 
 Result<std::vector<float>> ResidentPrefix::ForkLogits(std::span<const int32_t> context, std::span<const int32_t> extra, int64_t max_reread) {
-  const size_t n = std::min(context.size(), rows_.size());
-  const int64_t common = static_cast<int64_t>(std::mismatch(context.begin(), context.begin() + static_cast<std::ptrdiff_t>(n), rows_.begin()).first - context.begin());
+  const int64_t common = CommonPrefixLength(context, rows_);
   const int64_t length = state_.length();
   std::optional<Anchor> from;
   if (common == static_cast<int64_t>(context.size()) && common == length) from = state_.SaveAnchor();

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "engine/core/common_prefix.h"
 #include "engine/core/file_util.h"
 
 namespace anchorage {
@@ -114,10 +115,7 @@ std::vector<int32_t> SuffixStore::Draft(std::span<const int32_t> ids, int max_dr
 Status SuffixStore::Append(std::span<const int32_t> ids) {
   if (options_.read_only || ids.empty()) return Status::Ok();
   int64_t common = 0;
-  for (const std::vector<int32_t>& r : recent_) {
-    const size_t n = std::min(r.size(), ids.size());
-    common = std::max<int64_t>(common, std::mismatch(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), r.begin()).first - ids.begin());
-  }
+  for (const std::vector<int32_t>& r : recent_) common = std::max(common, CommonPrefixLength(ids, r));
   recent_.emplace_back(ids.begin(), ids.end());
   if (recent_.size() > kRecentRequests) recent_.pop_front();
   const int64_t from = std::max<int64_t>(0, common - kOverlapIds);

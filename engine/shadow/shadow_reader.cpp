@@ -63,7 +63,8 @@ Result<std::unique_ptr<ShadowReader>> ShadowReader::Create(std::unique_ptr<Model
   if (auto id = r->model_->tokenizer.TokenId("<|im_end|>")) r->im_end_ = *id;
   if (!disk_dir.empty()) {
     RETURN_IF_ERROR(MakeDirectories(disk_dir, 0700));
-    r->SweepDisk();
+    r->ScanDisk();
+    r->TrimDisk();
   }
   r->Publish();
   return r;
@@ -418,15 +419,13 @@ Status ShadowReader::Evict(const std::string& session, Entry& e) {
     return saved;
   }
   e.disk_bytes = [&] { auto n = DiskEnv::Posix().FileSize(PathOf(session)); return n.ok() ? *n : int64_t{1}; }();
-  SweepDisk();
+  TrimDisk();
   return Status::Ok();
 }
 
-void ShadowReader::SweepDisk() {
+void ShadowReader::ScanDisk() {
   if (disk_dir_.empty()) return;
   DiskEnv& env = DiskEnv::Posix();
-  const ShadowOptions o = options();
-  const int64_t now = WallMs();
   auto files = env.ListFiles(disk_dir_);
   if (!files.ok()) return;
   for (const std::string& name : *files) {
@@ -441,7 +440,7 @@ void ShadowReader::SweepDisk() {
     std::optional<std::string> session;
     if (header.ok() && header->kind == "shadow" && header->fingerprint == fingerprint_ && header->links.size() == 1) session = Unhex(header->links[0]);
     const int64_t used = [&] { auto t = env.ModifiedTimeMs(path); return t.ok() ? *t : int64_t{0}; }();
-    if (!session || ShadowFileName(*session) != name || now - used > o.disk_ttl_ms) {
+    if (!session || ShadowFileName(*session) != name) {
       (void)env.Remove(path);
       continue;
     }
@@ -450,6 +449,21 @@ void ShadowReader::SweepDisk() {
     e.disk_bytes = [&] { auto n = env.FileSize(path); return n.ok() ? *n : int64_t{1}; }();
     e.disk_read_tokens = header->tokens;
     e.last_used_ms = std::max(e.last_used_ms, used);
+  }
+}
+
+void ShadowReader::TrimDisk() {
+  if (disk_dir_.empty()) return;
+  DiskEnv& env = DiskEnv::Posix();
+  const ShadowOptions o = options();
+  const int64_t now = WallMs();
+  for (auto it = sessions_.begin(); it != sessions_.end();) {  // files unused past the TTL go
+    if (!it->second.state && it->second.disk_bytes > 0 && now - it->second.last_used_ms > o.disk_ttl_ms) {
+      (void)env.Remove(PathOf(it->first));
+      it = sessions_.erase(it);
+    } else {
+      ++it;
+    }
   }
   // Over the disk budget the least recently used files go.
   while (true) {
@@ -534,8 +548,12 @@ void ShadowReader::Publish() {
   s.choices = o.choices;
   s.ration = o.ration;
   s.ms_per_1000_tokens = s.tokens_read > 0 ? 1000.0 * s.read_ms / static_cast<double>(s.tokens_read) : 0;
+  std::vector<const std::pair<const std::string, Entry>*> by_use;  // most recently used first
+  for (const auto& entry : sessions_) by_use.push_back(&entry);
+  std::sort(by_use.begin(), by_use.end(), [](const auto* a, const auto* b) { return a->second.use > b->second.use; });
   int64_t resident = 0;
-  for (const auto& [id, e] : sessions_) {
+  for (const auto* entry : by_use) {
+    const auto& [id, e] = *entry;
     ShadowSessionInfo i;
     i.session = id;
     i.last_used_ms = e.last_used_ms;
@@ -555,11 +573,6 @@ void ShadowReader::Publish() {
     }
     s.sessions.push_back(std::move(i));
   }
-  std::vector<std::pair<uint64_t, ShadowSessionInfo>> order;
-  for (ShadowSessionInfo& i : s.sessions) order.emplace_back(sessions_.at(i.session).use, std::move(i));
-  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  s.sessions.clear();
-  for (auto& [use, i] : order) s.sessions.push_back(std::move(i));
   s.resident_bytes = resident;
   resident_bytes_.store(resident);
   {

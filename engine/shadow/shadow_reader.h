@@ -182,7 +182,10 @@ class ShadowReader {
   void FinishAgreements();
   void EnforceBudget(const std::string& keep);
   Status Evict(const std::string& session, Entry& e);
-  void SweepDisk();
+  // At the start: lists the session files, removing cut-short and foreign ones (TrimDisk then expires).
+  void ScanDisk();
+  // In memory: drops files past the TTL, then the least recently used past the disk budget.
+  void TrimDisk();
   std::string PathOf(const std::string& session) const;
   void Publish();
   void NoteError(const std::string& what);

@@ -2,14 +2,15 @@
 
 #include <algorithm>
 
+#include "engine/core/common_prefix.h"
+
 namespace anchorage {
 
 ShadowSession::ShadowSession(const ModelConfig& config, int64_t grid_tokens) : grid_(grid_tokens), state_(config) {}
 
 ShadowFeed ShadowSession::Feed(std::span<const int32_t> ids, bool prompt_end) {
   ShadowFeed feed;
-  const size_t n = std::min(ids.size(), ids_.size());
-  feed.common = static_cast<int64_t>(std::mismatch(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids_.begin()).first - ids.begin());
+  feed.common = CommonPrefixLength(ids, ids_);
   if (feed.common < committed()) {
     const int64_t before = committed();
     while (!checkpoints_.empty() && checkpoints_.back().length > feed.common) checkpoints_.pop_back();

@@ -85,7 +85,6 @@ int main(int argc, char** argv) {
     spec.max_draft = drafts;
     spec.history = std::span(prompt).first(prompt.size() - 1);
     double first = 0;
-    const double t0 = bench::NowMs();
     auto r = generator.Generate(s, std::span(prompt).last(1), params, [&](const GeneratedToken&) {
       if (first == 0) first = bench::NowMs();
       return true;
@@ -93,7 +92,6 @@ int main(int argc, char** argv) {
     const double end = bench::NowMs();
     if (!r.ok()) return 0;
     *out = *r;
-    (void)t0;
     return static_cast<double>(r->tokens.size() - 1) / ((end - first) / 1000.0);
   };
   SequenceState plain_state(c), draft_state(c);

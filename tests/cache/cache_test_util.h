@@ -13,6 +13,7 @@
 #include "engine/model/tiny_model.h"
 #include "engine/runtime/forward.h"
 #include "engine/runtime/sampler.h"
+#include "engine/text/tokenizer.h"
 
 namespace anchorage::testing {
 
@@ -40,6 +41,16 @@ inline SamplingParams Greedy(int64_t n) {
   p.temperature = 0;
   p.max_tokens = n;
   p.logprobs = 2;
+  return p;
+}
+
+// Greedy sampling that picks exactly reply's ids (a scripted answer through the real forward), ending at <|im_end|>.
+inline SamplingParams ForcedReply(const Tokenizer& tokenizer, const std::vector<int32_t>& reply) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.forced_ids = reply;
+  p.max_tokens = static_cast<int64_t>(reply.size());
+  p.stop_token_ids = {*tokenizer.TokenId("<|im_end|>")};
   return p;
 }
 

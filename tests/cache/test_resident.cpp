@@ -239,13 +239,9 @@ class TestResident : public QObject {
     const std::string turn1 = "<|im_start|>user\nWhat is a grid line?<|im_end|>\n<|im_start|>assistant\n<think>\n";
     auto prompt = model_->tokenizer.Encode(turn1);
     QVERIFY(prompt.ok());
-    SamplingParams forced;
-    forced.temperature = 0;
     auto reply = model_->tokenizer.Encode("Think about chunks.\n</think>\n\nA grid line is a chunk boundary.<|im_end|>");
     QVERIFY(reply.ok());
-    forced.forced_ids = *reply;
-    forced.max_tokens = static_cast<int64_t>(reply->size());
-    forced.stop_token_ids = {*model_->tokenizer.TokenId("<|im_end|>")};
+    const SamplingParams forced = testing::ForcedReply(model_->tokenizer, *reply);
     auto first = rp.Generate({*prompt, "", 64}, forced, nullptr);
     QVERIFY(first.ok());
     const int64_t end = static_cast<int64_t>(prompt->size() + reply->size() - 1);
@@ -382,11 +378,7 @@ class TestResident : public QObject {
     auto prompt = model_->tokenizer.Encode(turn1);
     auto reply = model_->tokenizer.Encode("Think about chunks for a while, then answer.\n</think>\n\nA grid line is a chunk boundary.<|im_end|>");
     QVERIFY(prompt.ok() && reply.ok());
-    SamplingParams forced;
-    forced.temperature = 0;
-    forced.forced_ids = *reply;
-    forced.max_tokens = static_cast<int64_t>(reply->size());
-    forced.stop_token_ids = {*model_->tokenizer.TokenId("<|im_end|>")};
+    const SamplingParams forced = testing::ForcedReply(model_->tokenizer, *reply);
     QVERIFY(rp.Generate({*prompt, "", 64}, forced, nullptr).ok());
     auto copy = model_->tokenizer.Encode("<|im_start|>user\nWhat is a grid line?<|im_end|>\n<|im_start|>assistant\nA grid line is a chunk boundary.<|im_end|>\n<|im_start|>user\nAnd a row?<|im_end|>\n<|im_start|>assistant\n");
     QVERIFY(copy.ok());

@@ -196,11 +196,7 @@ class TestSpillTier : public QObject {
     auto prompt = model_->tokenizer.Encode(turn1);
     auto reply = model_->tokenizer.Encode("Think about chunks.\n</think>\n\nA grid line is a chunk boundary.<|im_end|>");
     QVERIFY(prompt.ok() && reply.ok());
-    SamplingParams forced;
-    forced.temperature = 0;
-    forced.forced_ids = *reply;
-    forced.max_tokens = static_cast<int64_t>(reply->size());
-    forced.stop_token_ids = {*model_->tokenizer.TokenId("<|im_end|>")};
+    const SamplingParams forced = testing::ForcedReply(model_->tokenizer, *reply);
     QVERIFY(rp.Generate({*prompt, "a", 64}, forced, nullptr).ok());
     const std::vector<int32_t> rows = rp.rows();
     QVERIFY(rows.size() > 128);
