@@ -822,6 +822,8 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
   const int64_t start = state_.length();
   SpeculativeOptions speculative;
   speculative.max_draft = options_.max_draft;
+  speculative.lookup = options_.lookup_drafts;
+  speculative.mtp = options_.mtp_drafts;
   speculative.history = std::span<const int32_t>(info.served_prompt.data(), static_cast<size_t>(start));
   if (options_.suffix_store) speculative.store = suffix_store_;
   auto result = generator.Generate(state_, std::span<const int32_t>(info.served_prompt.data() + start, static_cast<size_t>(n - start)),

@@ -66,7 +66,9 @@ struct ResidentOptions {
   int64_t memory_slack_bytes = 0;               // allocator slack kept free under both
   DiskCacheSettings disk;                       // the disk tier's, when one is open
   SpillSettings spill;                          // the session spill's, when one is open
-  int max_draft = 8;                            // lookup drafts a decode window; 0: off
+  int max_draft = 8;                            // drafts a decode window; 0: off
+  bool lookup_drafts = true;                    // n-gram copies of the conversation and the suffix store
+  bool mtp_drafts = false;                      // the checkpoint's MTP head (where it has one), when lookup finds none
   bool suffix_store = true;                     // draft from (and, unless read-only, append to) the suffix store
   bool suffix_store_read_only = false;
   int64_t suffix_store_bytes = 16ll << 20;

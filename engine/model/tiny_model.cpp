@@ -177,6 +177,21 @@ Status GenerateTinyModel(TinyModelSize size, uint64_t seed, const std::string& d
   w.Bf16("model.embed_tokens.weight", {V, H}, 0.0f, 1.0f);
   w.Bf16("model.norm.weight", {H}, 0.0f, 0.1f);
   if (!c.tie_word_embeddings) w.Bf16("lm_head.weight", {V, H}, 0.0f, in_h);
+  auto attention = [&](const std::string& p) {
+    const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+    const float in_o = 1.0f / std::sqrt(static_cast<float>(nh * hd)) * std::sqrt(3.0f);
+    w.Bf16(p + "self_attn.q_proj.weight", {2 * nh * hd, H}, 0.0f, in_h);
+    w.Bf16(p + "self_attn.k_proj.weight", {nkv * hd, H}, 0.0f, in_h);
+    w.Bf16(p + "self_attn.v_proj.weight", {nkv * hd, H}, 0.0f, in_h);
+    w.Bf16(p + "self_attn.o_proj.weight", {H, nh * hd}, 0.0f, in_o);
+    w.Bf16(p + "self_attn.q_norm.weight", {hd}, 0.0f, 0.1f);
+    w.Bf16(p + "self_attn.k_norm.weight", {hd}, 0.0f, 0.1f);
+  };
+  auto mlp = [&](const std::string& p) {
+    w.Bf16(p + "mlp.gate_proj.weight", {I, H}, 0.0f, in_h);
+    w.Bf16(p + "mlp.up_proj.weight", {I, H}, 0.0f, in_h);
+    w.Bf16(p + "mlp.down_proj.weight", {H, I}, 0.0f, in_i);
+  };
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     w.Bf16(p + "input_layernorm.weight", {H}, 0.0f, 0.1f);
@@ -197,24 +212,24 @@ Status GenerateTinyModel(TinyModelSize size, uint64_t seed, const std::string& d
       w.Bf16(p + "linear_attn.norm.weight", {c.linear_value_head_dim}, 1.0f, 0.1f);
       w.Bf16(p + "linear_attn.out_proj.weight", {H, vd}, 0.0f, in_v);
     } else {
-      const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
-      const float in_o = 1.0f / std::sqrt(static_cast<float>(nh * hd)) * std::sqrt(3.0f);
-      w.Bf16(p + "self_attn.q_proj.weight", {2 * nh * hd, H}, 0.0f, in_h);
-      w.Bf16(p + "self_attn.k_proj.weight", {nkv * hd, H}, 0.0f, in_h);
-      w.Bf16(p + "self_attn.v_proj.weight", {nkv * hd, H}, 0.0f, in_h);
-      w.Bf16(p + "self_attn.o_proj.weight", {H, nh * hd}, 0.0f, in_o);
-      w.Bf16(p + "self_attn.q_norm.weight", {hd}, 0.0f, 0.1f);
-      w.Bf16(p + "self_attn.k_norm.weight", {hd}, 0.0f, 0.1f);
+      attention(p);
     }
-    w.Bf16(p + "mlp.gate_proj.weight", {I, H}, 0.0f, in_h);
-    w.Bf16(p + "mlp.up_proj.weight", {I, H}, 0.0f, in_h);
-    w.Bf16(p + "mlp.down_proj.weight", {H, I}, 0.0f, in_i);
+    mlp(p);
+  }
+  if (size != TinyModelSize::kShadow) {  // the multi-token-prediction block, as the 27B-class checkpoints ship it
+    w.Bf16("mtp.fc.weight", {H, 2 * H}, 0.0f, 1.0f / std::sqrt(static_cast<float>(2 * H)) * std::sqrt(3.0f));
+    for (const char* norm : {"mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight",
+                             "mtp.layers.0.input_layernorm.weight", "mtp.layers.0.post_attention_layernorm.weight"})
+      w.Bf16(norm, {H}, 0.0f, 0.1f);
+    attention("mtp.layers.0.");
+    mlp("mtp.layers.0.");
   }
 
   nlohmann::ordered_json config;
   config["architectures"] = {"Qwen3_5ForCausalLM"};
   const nlohmann::json fields = c.ToJson();
   for (auto& [k, v] : fields.items()) config[k] = v;
+  config["mtp_num_hidden_layers"] = size == TinyModelSize::kShadow ? 0 : 1;
   config["dtype"] = "bfloat16";
   config["anchorage_generator"] = {{"size", TinyModelSizeName(size)}, {"seed", seed}};
 

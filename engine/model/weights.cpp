@@ -30,6 +30,41 @@ class Mapper {
   std::string prefix_;
 };
 
+// A decoder layer's norms and MLP under p.
+Status MapNormsAndMlp(const ModelConfig& c, Mapper& m, const std::string& p, LayerWeights& lw) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  RETURN_IF_ERROR(m.Get(p + "input_layernorm.weight", {H}, &lw.input_layernorm));
+  RETURN_IF_ERROR(m.Get(p + "post_attention_layernorm.weight", {H}, &lw.post_attention_layernorm));
+  RETURN_IF_ERROR(m.Get(p + "mlp.gate_proj.weight", {I, H}, &lw.gate_proj));
+  RETURN_IF_ERROR(m.Get(p + "mlp.up_proj.weight", {I, H}, &lw.up_proj));
+  return m.Get(p + "mlp.down_proj.weight", {H, I}, &lw.down_proj);
+}
+
+// Full attention's tensors under q (a layer's self_attn.).
+Status MapAttention(const ModelConfig& c, Mapper& m, const std::string& q, AttentionWeights& a) {
+  const int64_t H = c.hidden_size, hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  RETURN_IF_ERROR(m.Get(q + "q_proj.weight", {(c.attn_output_gate ? 2 : 1) * nh * hd, H}, &a.q_proj));
+  RETURN_IF_ERROR(m.Get(q + "k_proj.weight", {nkv * hd, H}, &a.k_proj));
+  RETURN_IF_ERROR(m.Get(q + "v_proj.weight", {nkv * hd, H}, &a.v_proj));
+  RETURN_IF_ERROR(m.Get(q + "o_proj.weight", {H, nh * hd}, &a.o_proj));
+  RETURN_IF_ERROR(m.Get(q + "q_norm.weight", {hd}, &a.q_norm));
+  return m.Get(q + "k_norm.weight", {hd}, &a.k_norm);
+}
+
+Result<MtpWeights> MapMtp(const ModelConfig& c, const SafetensorsSet& set) {
+  Mapper m(set, "mtp.");
+  MtpWeights w;
+  const int64_t H = c.hidden_size;
+  RETURN_IF_ERROR(m.Get("fc.weight", {H, 2 * H}, &w.fc));
+  RETURN_IF_ERROR(m.Get("pre_fc_norm_embedding.weight", {H}, &w.pre_fc_norm_embedding));
+  RETURN_IF_ERROR(m.Get("pre_fc_norm_hidden.weight", {H}, &w.pre_fc_norm_hidden));
+  RETURN_IF_ERROR(m.Get("norm.weight", {H}, &w.norm));
+  w.layer.kind = LayerKind::kFullAttention;
+  RETURN_IF_ERROR(MapNormsAndMlp(c, m, "layers.0.", w.layer));
+  RETURN_IF_ERROR(MapAttention(c, m, "layers.0.self_attn.", w.layer.attn));
+  return w;
+}
+
 }  // namespace
 
 Result<ModelWeights> MapWeights(const ModelConfig& c, const SafetensorsSet& set) {
@@ -40,7 +75,7 @@ Result<ModelWeights> MapWeights(const ModelConfig& c, const SafetensorsSet& set)
 
   Mapper m(set, prefix);
   ModelWeights w;
-  const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
   RETURN_IF_ERROR(m.Get("embed_tokens.weight", {V, H}, &w.embed_tokens));
   RETURN_IF_ERROR(m.Get("norm.weight", {H}, &w.norm));
   if (c.tie_word_embeddings) {
@@ -50,15 +85,15 @@ Result<ModelWeights> MapWeights(const ModelConfig& c, const SafetensorsSet& set)
     RETURN_IF_ERROR(root.Get("lm_head.weight", {V, H}, &w.lm_head));
   }
 
-  const int64_t hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   const int64_t nv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     LayerWeights lw;
     lw.kind = c.layer_types[static_cast<size_t>(i)];
     const std::string p = "layers." + std::to_string(i) + ".";
-    RETURN_IF_ERROR(m.Get(p + "input_layernorm.weight", {H}, &lw.input_layernorm));
-    RETURN_IF_ERROR(m.Get(p + "post_attention_layernorm.weight", {H}, &lw.post_attention_layernorm));
-    if (lw.kind == LayerKind::kLinearAttention) {
+    RETURN_IF_ERROR(MapNormsAndMlp(c, m, p, lw));
+    if (lw.kind == LayerKind::kFullAttention) {
+      RETURN_IF_ERROR(MapAttention(c, m, p + "self_attn.", lw.attn));
+    } else {
       GdnWeights& g = lw.gdn;
       const std::string q = p + "linear_attn.";
       RETURN_IF_ERROR(m.Get(q + "in_proj_qkv.weight", {c.conv_dim(), H}, &g.in_proj_qkv));
@@ -70,20 +105,15 @@ Result<ModelWeights> MapWeights(const ModelConfig& c, const SafetensorsSet& set)
       RETURN_IF_ERROR(m.Get(q + "dt_bias", {nv}, &g.dt_bias));
       RETURN_IF_ERROR(m.Get(q + "norm.weight", {dv}, &g.norm));
       RETURN_IF_ERROR(m.Get(q + "out_proj.weight", {H, nv * dv}, &g.out_proj));
-    } else {
-      AttentionWeights& a = lw.attn;
-      const std::string q = p + "self_attn.";
-      RETURN_IF_ERROR(m.Get(q + "q_proj.weight", {(c.attn_output_gate ? 2 : 1) * nh * hd, H}, &a.q_proj));
-      RETURN_IF_ERROR(m.Get(q + "k_proj.weight", {nkv * hd, H}, &a.k_proj));
-      RETURN_IF_ERROR(m.Get(q + "v_proj.weight", {nkv * hd, H}, &a.v_proj));
-      RETURN_IF_ERROR(m.Get(q + "o_proj.weight", {H, nh * hd}, &a.o_proj));
-      RETURN_IF_ERROR(m.Get(q + "q_norm.weight", {hd}, &a.q_norm));
-      RETURN_IF_ERROR(m.Get(q + "k_norm.weight", {hd}, &a.k_norm));
     }
-    RETURN_IF_ERROR(m.Get(p + "mlp.gate_proj.weight", {I, H}, &lw.gate_proj));
-    RETURN_IF_ERROR(m.Get(p + "mlp.up_proj.weight", {I, H}, &lw.up_proj));
-    RETURN_IF_ERROR(m.Get(p + "mlp.down_proj.weight", {H, I}, &lw.down_proj));
     w.layers.push_back(std::move(lw));
+  }
+  if (set.Find("mtp.fc.weight") == nullptr) {
+    w.mtp_note = "the checkpoint has no mtp.* tensors";
+  } else if (Result<MtpWeights> mtp = MapMtp(c, set); mtp.ok()) {
+    w.mtp = std::move(*mtp);
+  } else {
+    w.mtp_note = mtp.status().message();
   }
   return w;
 }

@@ -1,7 +1,8 @@
 // The Qwen3.5 text model's tensors by role, mapped from Hugging Face names (with or without the
-// multimodal wrapper's model.language_model. prefix; vision and MTP tensors are ignored).
+// multimodal wrapper's model.language_model. prefix; vision tensors are ignored).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,11 +44,22 @@ struct LayerWeights {
   TensorView down_proj;                 // [H, I]
 };
 
+// The multi-token-prediction block (mtp.*): one full-attention decoder layer over fc(e, h).
+struct MtpWeights {
+  TensorView fc;                    // [H, 2H], the embedding's half first
+  TensorView pre_fc_norm_embedding; // [H], zero-centred
+  TensorView pre_fc_norm_hidden;    // [H], zero-centred
+  TensorView norm;                  // [H], zero-centred
+  LayerWeights layer;               // mtp.layers.0, a full-attention layer
+};
+
 struct ModelWeights {
   TensorView embed_tokens;  // [V, H]
   TensorView norm;          // [H], zero-centred
   TensorView lm_head;       // [V, H]; equals embed_tokens when tied
   std::vector<LayerWeights> layers;
+  std::optional<MtpWeights> mtp;  // set when the checkpoint has every mtp.* tensor
+  std::string mtp_note;           // why mtp is unset: no mtp.* tensors, or the first bad one
 };
 
 // Finds and shape-checks every tensor the forward needs; an error names the tensor and the file.

@@ -50,6 +50,8 @@ struct Forward::Workspace {
   std::vector<float> attn;                // fp32 [n, Nh*hd]
   std::vector<float> gate, up;            // fp32 [n, I]
   std::vector<float> cos, sin;            // fp32 [n, rotary/2]
+  std::vector<float> hidden;              // fp32 [n, H], final-normed rows for the MTP head
+  std::vector<float> cat;                 // fp32 [n, 2H], the MTP head's [embedding | hidden]
 };
 
 // What a draft window logs of each GDN layer to advance the state by its kept rows later.
@@ -57,6 +59,15 @@ struct Forward::DraftLog {
   SequenceState* state = nullptr;  // the state the window ran on; null: no window open
   int64_t pos0 = 0, rows = 0;
   std::vector<std::vector<float>> qkv, conv, beta, g;  // per GDN layer: [rows, C], [rows, C], [rows, Nv] x2
+  MtpState* mtp = nullptr;    // where the kept rows' hidden states go; null: nowhere
+  std::vector<float> hidden;  // [rows, H] when mtp is set
+};
+
+// The multi-token-prediction block: fc over [norm_e(embed(id)) | norm_h(hidden)], one decoder layer.
+struct Forward::Mtp {
+  const Packed* fc = nullptr;               // [H, 2H]
+  std::vector<float> norm_embedding, norm_hidden, norm;  // fp32 [H], 1 + w
+  Layer layer;
 };
 
 namespace {
@@ -120,6 +131,33 @@ Result<const cpu::PackedBf16*> Forward::Matrix(const TensorView& t, int64_t rows
   return &packed_.back();
 }
 
+Result<Forward::Layer> Forward::NormsAndMlp(const LayerWeights& lw) {
+  const int64_t H = config_.hidden_size, I = config_.intermediate_size;
+  Layer layer;
+  layer.kind = lw.kind;
+  ASSIGN_OR_RETURN(layer.in_norm, Vector(lw.input_layernorm, H, 1.0f, "input_layernorm"));
+  ASSIGN_OR_RETURN(layer.post_norm, Vector(lw.post_attention_layernorm, H, 1.0f, "post_attention_layernorm"));
+  ASSIGN_OR_RETURN(layer.gate, Matrix(lw.gate_proj, I, H, "gate_proj"));
+  ASSIGN_OR_RETURN(layer.up, Matrix(lw.up_proj, I, H, "up_proj"));
+  ASSIGN_OR_RETURN(layer.down, Matrix(lw.down_proj, H, I, "down_proj"));
+  return layer;
+}
+
+Result<Forward::Layer> Forward::AttentionLayer(const LayerWeights& lw) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, hd = c.head_dim;
+  ASSIGN_OR_RETURN(Layer layer, NormsAndMlp(lw));
+  layer.kind = LayerKind::kFullAttention;
+  const AttentionWeights& at = lw.attn;
+  ASSIGN_OR_RETURN(layer.q, Matrix(at.q_proj, 2 * c.num_attention_heads * hd, H, "q_proj"));
+  ASSIGN_OR_RETURN(layer.k, Matrix(at.k_proj, c.num_key_value_heads * hd, H, "k_proj"));
+  ASSIGN_OR_RETURN(layer.v, Matrix(at.v_proj, c.num_key_value_heads * hd, H, "v_proj"));
+  ASSIGN_OR_RETURN(layer.o, Matrix(at.o_proj, H, c.num_attention_heads * hd, "o_proj"));
+  ASSIGN_OR_RETURN(layer.q_norm, Vector(at.q_norm, hd, 1.0f, "q_norm"));
+  ASSIGN_OR_RETURN(layer.k_norm, Vector(at.k_norm, hd, 1.0f, "k_norm"));
+  return layer;
+}
+
 Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const ModelWeights& w,
                                                  const ForwardOptions& options) {
   static_assert(kExactLineTokens == cpu::kDeltaChunkTokens);
@@ -134,7 +172,7 @@ Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const Mod
       c.linear_num_key_heads <= 0 || c.linear_num_value_heads % c.linear_num_key_heads != 0)
     return InvalidArgument("Forward: head counts do not group evenly");
   std::unique_ptr<Forward> f(new Forward(c, options));
-  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  const int64_t H = c.hidden_size;
   ASSIGN_OR_RETURN(f->embed_, f->Matrix(w.embed_tokens, c.vocab_size, H, "embed_tokens"));
   ASSIGN_OR_RETURN(f->lm_head_, f->Matrix(w.lm_head, c.vocab_size, H, "lm_head"));
   ASSIGN_OR_RETURN(f->final_norm_, Vector(w.norm, H, 1.0f, "norm"));
@@ -142,17 +180,12 @@ Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const Mod
   for (int64_t i = 0; i < rot / 2; ++i)
     f->inv_freq_.push_back(1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(rot)));
   const int64_t K = c.linear_conv_kernel_dim, conv_dim = c.conv_dim(), Nv = c.linear_num_value_heads;
-  const int64_t hd = c.head_dim;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
-    Layer layer;
-    layer.kind = c.layer_types[l];
-    ASSIGN_OR_RETURN(layer.in_norm, Vector(lw.input_layernorm, H, 1.0f, "input_layernorm"));
-    ASSIGN_OR_RETURN(layer.post_norm, Vector(lw.post_attention_layernorm, H, 1.0f, "post_attention_layernorm"));
-    ASSIGN_OR_RETURN(layer.gate, f->Matrix(lw.gate_proj, I, H, "gate_proj"));
-    ASSIGN_OR_RETURN(layer.up, f->Matrix(lw.up_proj, I, H, "up_proj"));
-    ASSIGN_OR_RETURN(layer.down, f->Matrix(lw.down_proj, H, I, "down_proj"));
-    if (layer.kind == LayerKind::kLinearAttention) {
+    if (c.layer_types[l] == LayerKind::kLinearAttention) {
+      Layer layer;
+      ASSIGN_OR_RETURN(layer, f->NormsAndMlp(lw));
+      layer.kind = LayerKind::kLinearAttention;
       const GdnWeights& g = lw.gdn;
       ASSIGN_OR_RETURN(layer.qkv, f->Matrix(g.in_proj_qkv, conv_dim, H, "in_proj_qkv"));
       ASSIGN_OR_RETURN(layer.z, f->Matrix(g.in_proj_z, c.value_dim(), H, "in_proj_z"));
@@ -169,16 +202,21 @@ Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const Mod
       for (float v : a_log) layer.a_exp.push_back(std::exp(v));
       ASSIGN_OR_RETURN(layer.dt_bias, Vector(g.dt_bias, Nv, 0.0f, "dt_bias"));
       ASSIGN_OR_RETURN(layer.gdn_norm, Vector(g.norm, c.linear_value_head_dim, 0.0f, "linear_attn.norm"));
+      f->layers_.push_back(std::move(layer));
     } else {
-      const AttentionWeights& at = lw.attn;
-      ASSIGN_OR_RETURN(layer.q, f->Matrix(at.q_proj, 2 * c.num_attention_heads * hd, H, "q_proj"));
-      ASSIGN_OR_RETURN(layer.k, f->Matrix(at.k_proj, c.num_key_value_heads * hd, H, "k_proj"));
-      ASSIGN_OR_RETURN(layer.v, f->Matrix(at.v_proj, c.num_key_value_heads * hd, H, "v_proj"));
-      ASSIGN_OR_RETURN(layer.o, f->Matrix(at.o_proj, H, c.num_attention_heads * hd, "o_proj"));
-      ASSIGN_OR_RETURN(layer.q_norm, Vector(at.q_norm, hd, 1.0f, "q_norm"));
-      ASSIGN_OR_RETURN(layer.k_norm, Vector(at.k_norm, hd, 1.0f, "k_norm"));
+      ASSIGN_OR_RETURN(Layer attention, f->AttentionLayer(lw));
+      f->layers_.push_back(std::move(attention));
     }
-    f->layers_.push_back(std::move(layer));
+  }
+  if (w.mtp) {
+    const MtpWeights& mw = *w.mtp;
+    auto mtp = std::make_unique<Mtp>();
+    ASSIGN_OR_RETURN(mtp->fc, f->Matrix(mw.fc, H, 2 * H, "mtp.fc"));
+    ASSIGN_OR_RETURN(mtp->norm_embedding, Vector(mw.pre_fc_norm_embedding, H, 1.0f, "mtp.pre_fc_norm_embedding"));
+    ASSIGN_OR_RETURN(mtp->norm_hidden, Vector(mw.pre_fc_norm_hidden, H, 1.0f, "mtp.pre_fc_norm_hidden"));
+    ASSIGN_OR_RETURN(mtp->norm, Vector(mw.norm, H, 1.0f, "mtp.norm"));
+    ASSIGN_OR_RETURN(mtp->layer, f->AttentionLayer(mw.layer));
+    f->mtp_ = std::move(mtp);
   }
   return f;
 }
@@ -192,11 +230,13 @@ Status Forward::CheckIds(std::span<const int32_t> ids) const {
   return Status::Ok();
 }
 
-Result<std::vector<float>> Forward::Prefill(SequenceState& state, std::span<const int32_t> ids, LogitsRows rows) {
+Result<std::vector<float>> Forward::Prefill(SequenceState& state, std::span<const int32_t> ids, LogitsRows rows,
+                                            MtpState* mtp) {
   RETURN_IF_ERROR(CheckIds(ids));
   const int64_t n = static_cast<int64_t>(ids.size());
   RETURN_IF_ERROR(state.Reserve(state.length() + n));
   const bool all = rows == LogitsRows::kAll;
+  if (mtp != nullptr && mtp->pending_rows > 1) *mtp = MtpState{};  // their next ids are not here: start the head anew
   std::vector<float> logits(static_cast<size_t>((all ? n : 1) * config_.vocab_size));
   const int64_t G = options_.grid_tokens;
   int64_t done = 0;
@@ -206,17 +246,27 @@ Result<std::vector<float>> Forward::Prefill(SequenceState& state, std::span<cons
     const int64_t m = end - pos;
     const bool last = done + m == n;
     float* out = all ? logits.data() + done * config_.vocab_size : (last ? logits.data() : nullptr);
-    RunChunk(state, ids.data() + done, m, Mode::kChunked, all, out);
+    float* hidden = mtp_ && mtp ? Sized(ws_->hidden, m * config_.hidden_size) : nullptr;
+    RunChunk(state, ids.data() + done, m, Mode::kChunked, all, out, hidden);
     done += m;
+    if (hidden == nullptr) continue;
+    MtpWait(*mtp, pos, hidden, m);
+    // Every waiting row whose next id this call holds becomes a K/V row of the head.
+    const int64_t first = mtp->begin + mtp->rows, start = state.length() - done;
+    const int64_t known = std::min(mtp->pending_rows, start + n - 1 - first);
+    if (known > 0) RETURN_IF_ERROR(MtpCommit(*mtp, ids.subspan(static_cast<size_t>(first + 1 - start), static_cast<size_t>(known))));
   }
   return logits;
 }
 
-Result<std::vector<float>> Forward::Decode(SequenceState& state, int32_t id) {
+Result<std::vector<float>> Forward::Decode(SequenceState& state, int32_t id, MtpState* mtp) {
   RETURN_IF_ERROR(CheckIds(std::span<const int32_t>(&id, 1)));
   RETURN_IF_ERROR(state.Reserve(state.length() + 1));
   std::vector<float> logits(static_cast<size_t>(config_.vocab_size));
-  RunChunk(state, &id, 1, Mode::kRecurrent, false, logits.data());
+  const int64_t pos = state.length();
+  float* hidden = mtp_ && mtp ? Sized(ws_->hidden, config_.hidden_size) : nullptr;
+  RunChunk(state, &id, 1, Mode::kRecurrent, false, logits.data(), hidden);
+  if (hidden != nullptr) MtpWait(*mtp, pos, hidden, 1);
   return logits;
 }
 
@@ -229,7 +279,7 @@ Result<std::vector<float>> Forward::Verify(SequenceState& state, std::span<const
   return logits;
 }
 
-Result<std::vector<float>> Forward::DraftWindow(SequenceState& state, std::span<const int32_t> ids) {
+Result<std::vector<float>> Forward::DraftWindow(SequenceState& state, std::span<const int32_t> ids, MtpState* mtp) {
   RETURN_IF_ERROR(CheckIds(ids));
   if (ids.empty()) return InvalidArgument("a draft window needs at least one id");
   const int64_t n = static_cast<int64_t>(ids.size());
@@ -242,8 +292,10 @@ Result<std::vector<float>> Forward::DraftWindow(SequenceState& state, std::span<
   log.conv.resize(log.qkv.size());
   log.beta.resize(log.qkv.size());
   log.g.resize(log.qkv.size());
+  log.mtp = mtp_ ? mtp : nullptr;
+  float* hidden = log.mtp ? Sized(log.hidden, n * config_.hidden_size) : nullptr;
   std::vector<float> logits(static_cast<size_t>(n * config_.vocab_size));
-  RunChunk(state, ids.data(), n, Mode::kDraft, true, logits.data());
+  RunChunk(state, ids.data(), n, Mode::kDraft, true, logits.data(), hidden);
   return logits;
 }
 
@@ -275,6 +327,7 @@ Status Forward::KeepDraft(SequenceState& state, int64_t rows) {
     AdvanceTail(state.conv_tail(gi), log.qkv[static_cast<size_t>(gi)].data(), rows, c.linear_conv_kernel_dim - 1, C);
   }
   state.SetLength(log.pos0 + rows);
+  if (log.mtp != nullptr && rows > 0) MtpWait(*log.mtp, log.pos0, log.hidden.data(), rows);
   return Status::Ok();
 }
 
@@ -288,8 +341,20 @@ void Forward::RmsNormRows(const float* x, const float* w1, int64_t n, int64_t wi
   });
 }
 
+void Forward::RopeTable(int64_t pos0, int64_t n) {
+  const int64_t half = config_.rotary_dim() / 2;
+  float* cs = Sized(ws_->cos, n * half);
+  float* sn = Sized(ws_->sin, n * half);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(pos0 + t) * inv_freq_[i];
+      cs[t * half + i] = static_cast<float>(std::cos(angle));
+      sn[t * half + i] = static_cast<float>(std::sin(angle));
+    }
+}
+
 void Forward::RunChunk(SequenceState& state, const int32_t* ids, int64_t n, Mode mode, bool all_rows,
-                       float* logits) {
+                       float* logits, float* hidden) {
   const int64_t H = config_.hidden_size;
   Workspace& ws = *ws_;
   float* x = Sized(ws.x, n * H);
@@ -298,24 +363,16 @@ void Forward::RunChunk(SequenceState& state, const int32_t* ids, int64_t n, Mode
   for (int64_t t = 0; t < n; ++t) {
     embed_->RowToFloat(ids[t], x + t * H);
   }
-  // RoPE table for this chunk's positions: angles and cos/sin in double, stored fp32.
-  const int64_t half = config_.rotary_dim() / 2;
-  float* cs = Sized(ws.cos, n * half);
-  float* sn = Sized(ws.sin, n * half);
   const int64_t pos0 = state.length();
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(pos0 + t) * inv_freq_[i];
-      cs[t * half + i] = static_cast<float>(std::cos(angle));
-      sn[t * half + i] = static_cast<float>(std::sin(angle));
-    }
+  RopeTable(pos0, n);  // angles and cos/sin in double, stored fp32
   int64_t gdn_index = 0, attn_index = 0;
   for (const Layer& layer : layers_) {
     RmsNormRows(x, layer.in_norm.data(), n, H, a);
     if (layer.kind == LayerKind::kLinearAttention) {
       GdnMixer(layer, state, gdn_index++, n, mode);
     } else {
-      AttentionMixer(layer, state, attn_index++, n, mode);
+      AttentionMixer(layer, state.k_rows(attn_index), state.v_rows(attn_index), pos0, n, mode);
+      ++attn_index;
     }
     for (int64_t i = 0; i < n * H; ++i) x[i] += mix[i];
     RmsNormRows(x, layer.post_norm.data(), n, H, a);
@@ -323,13 +380,14 @@ void Forward::RunChunk(SequenceState& state, const int32_t* ids, int64_t n, Mode
     for (int64_t i = 0; i < n * H; ++i) x[i] += mix[i];
   }
   state.SetLength(pos0 + n);
+  if (hidden != nullptr) RmsNormRows(x, final_norm_.data(), n, H, hidden);
   if (logits == nullptr) return;
   if (all_rows) {
-    RmsNormRows(x, final_norm_.data(), n, H, a);
-    MatMulBf16(*pool_, a, n, H, *lm_head_, logits, config_.vocab_size);
+    if (hidden == nullptr) RmsNormRows(x, final_norm_.data(), n, H, a);
+    MatMulBf16(*pool_, hidden ? hidden : a, n, H, *lm_head_, logits, config_.vocab_size);
   } else {
-    RmsNormRows(x + (n - 1) * H, final_norm_.data(), 1, H, a);
-    MatMulBf16(*pool_, a, 1, H, *lm_head_, logits, config_.vocab_size);
+    if (hidden == nullptr) RmsNormRows(x + (n - 1) * H, final_norm_.data(), 1, H, a);
+    MatMulBf16(*pool_, hidden ? hidden + (n - 1) * H : a, 1, H, *lm_head_, logits, config_.vocab_size);
   }
 }
 
@@ -436,7 +494,7 @@ void Forward::GdnMixer(const Layer& L, SequenceState& state, int64_t gi, int64_t
   MatMulBf16(*pool_, core, n, VD, *L.out, ws.mix.data(), H);
 }
 
-void Forward::AttentionMixer(const Layer& L, SequenceState& state, int64_t ai, int64_t n, Mode mode) {
+void Forward::AttentionMixer(const Layer& L, float* k_all, float* v_all, int64_t pos0, int64_t n, Mode mode) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, hd = c.head_dim;
   const int64_t QW = 2 * Nh * hd, KW = Nkv * hd, half = c.rotary_dim() / 2;
@@ -444,9 +502,8 @@ void Forward::AttentionMixer(const Layer& L, SequenceState& state, int64_t ai, i
   float* qg = Sized(ws.qg, n * QW);
   float* attn = Sized(ws.attn, n * Nh * hd);
   const float* a = ws.a.data();
-  const int64_t pos0 = state.length();
-  float* krows = state.k_rows(ai) + pos0 * KW;
-  float* vrows = state.v_rows(ai) + pos0 * KW;
+  float* krows = k_all + pos0 * KW;
+  float* vrows = v_all + pos0 * KW;
   MatMulBf16(*pool_, a, n, H, *L.q, qg, QW);
   MatMulBf16(*pool_, a, n, H, *L.k, krows, KW);
   MatMulBf16(*pool_, a, n, H, *L.v, vrows, KW);
@@ -470,13 +527,12 @@ void Forward::AttentionMixer(const Layer& L, SequenceState& state, int64_t ai, i
   });
   cpu::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
   if (mode == Mode::kRecurrent && n == 1) {
-    cpu::AttentionDecode(*pool_, shape, qg, 2 * hd, pos0 + 1, state.k_rows(ai), state.v_rows(ai), KW, attn);
+    cpu::AttentionDecode(*pool_, shape, qg, 2 * hd, pos0 + 1, k_all, v_all, KW, attn);
   } else if (mode == Mode::kDraft) {  // each row as its own decode step: the same kernel over the rows before it
     for (int64_t t = 0; t < n; ++t)
-      cpu::AttentionDecode(*pool_, shape, qg + t * QW, 2 * hd, pos0 + t + 1, state.k_rows(ai), state.v_rows(ai), KW, attn + t * Nh * hd);
+      cpu::AttentionDecode(*pool_, shape, qg + t * QW, 2 * hd, pos0 + t + 1, k_all, v_all, KW, attn + t * Nh * hd);
   } else {
-    cpu::AttentionPrefill(*pool_, shape, qg, QW, 2 * hd, n, pos0, state.k_rows(ai), state.v_rows(ai), KW, attn,
-                          Nh * hd);
+    cpu::AttentionPrefill(*pool_, shape, qg, QW, 2 * hd, n, pos0, k_all, v_all, KW, attn, Nh * hd);
   }
   pool_->Run(static_cast<size_t>(n), [&](size_t tt) {
     const int64_t t = static_cast<int64_t>(tt);
@@ -498,6 +554,93 @@ void Forward::Mlp(const Layer& L, int64_t n) {
   MatMulBf16(*pool_, ws.a.data(), n, H, *L.up, up, I);
   for (int64_t i = 0; i < n * I; ++i) gate[i] = cpu::Silu(gate[i]) * up[i];
   MatMulBf16(*pool_, gate, n, I, *L.down, ws.mix.data(), H);
+}
+
+void Forward::MtpWait(MtpState& mtp, int64_t pos0, const float* hidden, int64_t n) {
+  const int64_t H = config_.hidden_size;
+  if (mtp.begin < 0 || mtp.begin + mtp.rows + mtp.pending_rows != pos0) {
+    mtp.begin = pos0;
+    mtp.rows = 0;
+    mtp.pending_rows = 0;
+    mtp.pending.clear();
+  }
+  mtp.pending.insert(mtp.pending.end(), hidden, hidden + n * H);
+  mtp.pending_rows += n;
+}
+
+void Forward::MtpRows(MtpState& mtp, const float* hidden, const int32_t* ids, int64_t n, int64_t slot, float* out) {
+  const Mtp& head = *mtp_;
+  const int64_t H = config_.hidden_size, KW = config_.num_key_value_heads * config_.head_dim;
+  const size_t need = static_cast<size_t>((slot + n) * KW);
+  if (mtp.k.size() < need) {
+    const size_t grown = std::max(need, 2 * mtp.k.size());
+    mtp.k.resize(grown);
+    mtp.v.resize(grown);
+  }
+  Workspace& ws = *ws_;
+  float* cat = Sized(ws.cat, n * 2 * H);
+  float* x = Sized(ws.x, n * H);
+  float* a = Sized(ws.a, n * H);
+  float* mix = Sized(ws.mix, n * H);
+  for (int64_t t = 0; t < n; ++t) embed_->RowToFloat(ids[t], x + t * H);
+  RmsNormRows(x, head.norm_embedding.data(), n, H, a);
+  RmsNormRows(hidden, head.norm_hidden.data(), n, H, mix);
+  for (int64_t t = 0; t < n; ++t) {
+    std::copy_n(a + t * H, H, cat + t * 2 * H);
+    std::copy_n(mix + t * H, H, cat + t * 2 * H + H);
+  }
+  MatMulBf16(*pool_, cat, n, 2 * H, *head.fc, x, H);
+  RopeTable(mtp.begin + slot, n);
+  const Layer& L = head.layer;
+  RmsNormRows(x, L.in_norm.data(), n, H, a);
+  AttentionMixer(L, mtp.k.data(), mtp.v.data(), slot, n, n == 1 ? Mode::kRecurrent : Mode::kChunked);
+  for (int64_t i = 0; i < n * H; ++i) x[i] += mix[i];
+  RmsNormRows(x, L.post_norm.data(), n, H, a);
+  Mlp(L, n);
+  for (int64_t i = 0; i < n * H; ++i) x[i] += mix[i];
+  if (out != nullptr) RmsNormRows(x + (n - 1) * H, head.norm.data(), 1, H, out);
+}
+
+Status Forward::MtpCommit(MtpState& mtp, std::span<const int32_t> next_ids) {
+  if (!mtp_) return Unsupported("the checkpoint has no MTP head");
+  const int64_t n = static_cast<int64_t>(next_ids.size());
+  if (n > mtp.pending_rows) return InvalidArgument("MtpCommit: " + std::to_string(n) + " ids for " + std::to_string(mtp.pending_rows) + " waiting rows");
+  if (n == 0) return Status::Ok();
+  RETURN_IF_ERROR(CheckIds(next_ids));
+  const int64_t H = config_.hidden_size;
+  MtpRows(mtp, mtp.pending.data(), next_ids.data(), n, mtp.rows, nullptr);
+  mtp.pending.erase(mtp.pending.begin(), mtp.pending.begin() + n * H);
+  mtp.pending_rows -= n;
+  mtp.rows += n;
+  return Status::Ok();
+}
+
+Result<std::vector<int32_t>> Forward::MtpDraft(MtpState& mtp, std::span<const int32_t> next_ids, int max_draft,
+                                               int64_t vocab_limit, std::vector<float>* all_logits) {
+  if (!mtp_) return Unsupported("the checkpoint has no MTP head");
+  const int64_t n = static_cast<int64_t>(next_ids.size());
+  if (n == 0 || n != mtp.pending_rows)
+    return InvalidArgument("MtpDraft: " + std::to_string(n) + " ids for " + std::to_string(mtp.pending_rows) + " waiting rows");
+  RETURN_IF_ERROR(CheckIds(next_ids));
+  const int64_t H = config_.hidden_size, V = std::min(vocab_limit, config_.vocab_size);
+  std::vector<float> out(static_cast<size_t>(H)), logits(static_cast<size_t>(config_.vocab_size));
+  MtpRows(mtp, mtp.pending.data(), next_ids.data(), n, mtp.rows, out.data());
+  mtp.pending.clear();
+  mtp.pending_rows = 0;
+  mtp.rows += n;
+  std::vector<int32_t> drafts;
+  if (all_logits != nullptr) all_logits->clear();
+  for (int j = 0; j < max_draft; ++j) {
+    if (j > 0) {  // the head's own output and its last draft, one position on
+      const int32_t last = drafts.back();
+      std::vector<float> fed = out;
+      MtpRows(mtp, fed.data(), &last, 1, mtp.rows + j - 1, out.data());
+    }
+    MatMulBf16(*pool_, out.data(), 1, H, *lm_head_, logits.data(), config_.vocab_size);
+    if (all_logits != nullptr) all_logits->insert(all_logits->end(), logits.begin(), logits.end());
+    drafts.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + V) - logits.begin()));
+  }
+  return drafts;
 }
 
 }  // namespace anchorage

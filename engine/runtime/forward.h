@@ -31,6 +31,17 @@ struct ForwardOptions {
 
 enum class LogitsRows { kLast, kAll };
 
+// The multi-token-prediction head's own state for one sequence: K/V rows of its attention layer
+// from position begin, and the trunk's final-normed hidden rows still waiting for the id after them.
+// Only drafts come from it, so it may start anywhere (a restored prefix has no rows of it).
+struct MtpState {
+  int64_t begin = -1;          // position of its first row; -1: none yet
+  int64_t rows = 0;            // K/V rows made from the trunk's hidden rows (positions begin..)
+  int64_t pending_rows = 0;    // hidden rows at positions begin + rows.. not yet made K/V rows
+  std::vector<float> k, v;     // fp32 [capacity, Nkv*head_dim]
+  std::vector<float> pending;  // fp32 [pending_rows, H]
+};
+
 class Forward {
  public:
   // Checks shapes, repacks every matrix once into the kernels' layout (F16/F32 rounded to BF16) and
@@ -45,10 +56,13 @@ class Forward {
 
   // Appends ids at positions state.length().. in chunks that end on multiples of grid_tokens; returns
   // fp32 logits [1, vocab] (kLast) or [ids.size(), vocab] (kAll). On error the state is unchanged.
+  // With mtp (and an MTP head), the rows' hidden states feed it: every row but the last becomes a
+  // K/V row of the head, the last waits in mtp for the id after it.
   Result<std::vector<float>> Prefill(SequenceState& state, std::span<const int32_t> ids,
-                                     LogitsRows rows = LogitsRows::kLast);
-  // Appends one token with the one-token recurrence; returns fp32 logits [vocab].
-  Result<std::vector<float>> Decode(SequenceState& state, int32_t id);
+                                     LogitsRows rows = LogitsRows::kLast, MtpState* mtp = nullptr);
+  // Appends one token with the one-token recurrence; returns fp32 logits [vocab]. With mtp its
+  // hidden state waits there.
+  Result<std::vector<float>> Decode(SequenceState& state, int32_t id, MtpState* mtp = nullptr);
   // Appends ids in one forward (no grid split) and returns fp32 logits [ids.size(), vocab].
   Result<std::vector<float>> Verify(SequenceState& state, std::span<const int32_t> ids);
 
@@ -57,9 +71,21 @@ class Forward {
   // vocab]. K/V rows are written; the recurrent states and conv tails stay as they were, the
   // window's DeltaNet inputs logged. KeepDraft(state, rows) then advances them by the first rows
   // with Decode's fp32 steps in the same order and cuts the length back, so the state is bit-equal
-  // to rows Decode calls. Nothing else may touch the state in between.
-  Result<std::vector<float>> DraftWindow(SequenceState& state, std::span<const int32_t> ids);
+  // to rows Decode calls. Nothing else may touch the state in between. With mtp the kept rows'
+  // hidden states wait there.
+  Result<std::vector<float>> DraftWindow(SequenceState& state, std::span<const int32_t> ids, MtpState* mtp = nullptr);
   Status KeepDraft(SequenceState& state, int64_t rows);
+
+  // The multi-token-prediction head (the checkpoint's mtp.* block), when it has one.
+  bool has_mtp() const { return mtp_ != nullptr; }
+  // Makes mtp's first next_ids.size() waiting rows K/V rows: row i with the id that followed it.
+  Status MtpCommit(MtpState& mtp, std::span<const int32_t> next_ids);
+  // Commits every waiting row (next_ids: one id each, the last the id about to be forwarded) and
+  // drafts up to max_draft ids after it, each the head's argmax below vocab_limit fed back as the
+  // next row's input (those rows are overwritten by the next commit). logits (optional) gets each
+  // draft's head logits [drafts, vocab].
+  Result<std::vector<int32_t>> MtpDraft(MtpState& mtp, std::span<const int32_t> next_ids, int max_draft,
+                                        int64_t vocab_limit, std::vector<float>* logits = nullptr);
 
   const ModelConfig& config() const { return config_; }
   int64_t vocab_size() const { return config_.vocab_size; }
@@ -77,16 +103,28 @@ class Forward {
   struct Layer;
   struct Workspace;
   struct DraftLog;
+  struct Mtp;
   enum class Mode { kChunked, kRecurrent, kDraft };
 
   Forward(const ModelConfig& config, const ForwardOptions& options);
   Status CheckIds(std::span<const int32_t> ids) const;
+  Result<Layer> NormsAndMlp(const LayerWeights& weights);
+  Result<Layer> AttentionLayer(const LayerWeights& weights);
   // A [rows, cols] matrix repacked for the kernels (F16/F32 rounded to BF16); tied tensors share one.
   Result<const cpu::PackedBf16*> Matrix(const TensorView& t, int64_t rows, int64_t cols, const char* role);
-  // Runs ids[0..n) at positions state.length()..; writes logits of the last row or all rows.
-  void RunChunk(SequenceState& state, const int32_t* ids, int64_t n, Mode mode, bool all_rows, float* logits);
+  // Runs ids[0..n) at positions state.length()..; writes logits of the last row or all rows, and
+  // (when hidden is set) every row's final-normed hidden state [n, H].
+  void RunChunk(SequenceState& state, const int32_t* ids, int64_t n, Mode mode, bool all_rows, float* logits,
+                float* hidden = nullptr);
+  void RopeTable(int64_t pos0, int64_t n);
   void GdnMixer(const Layer& layer, SequenceState& state, int64_t gdn_index, int64_t n, Mode mode);
-  void AttentionMixer(const Layer& layer, SequenceState& state, int64_t attn_index, int64_t n, Mode mode);
+  // Writes K/V rows at row pos0 of k/v and attends query row t over rows 0..pos0 + t.
+  void AttentionMixer(const Layer& layer, float* k, float* v, int64_t pos0, int64_t n, Mode mode);
+  // Hidden rows [n, H] at positions mtp.begin + mtp.rows.. join the waiting ones (a gap starts mtp anew).
+  void MtpWait(MtpState& mtp, int64_t pos0, const float* hidden, int64_t n);
+  // The head over n rows (trunk-or-head hidden rows and the ids after them) at K/V row `slot`;
+  // writes the last row's output (after mtp.norm) to out when set.
+  void MtpRows(MtpState& mtp, const float* hidden, const int32_t* ids, int64_t n, int64_t slot, float* out);
   void Mlp(const Layer& layer, int64_t n);
   void RmsNormRows(const float* x, const float* w1, int64_t n, int64_t width, float* y);
 
@@ -100,6 +138,7 @@ class Forward {
   std::vector<double> inv_freq_;       // [rotary_dim / 2]
   std::unique_ptr<Workspace> ws_;
   std::unique_ptr<DraftLog> draft_;
+  std::unique_ptr<Mtp> mtp_;
   std::deque<cpu::PackedBf16> packed_;                           // every matrix, in the kernels' layout
   std::map<const void*, const cpu::PackedBf16*> packed_index_;  // mapped data -> its packed copy
   int64_t converted_matrices_ = 0;

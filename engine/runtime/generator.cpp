@@ -22,8 +22,13 @@ Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<con
                                              const std::atomic<bool>* cancel, const SpeculativeOptions& speculative) {
   GenerationResult result;
   result.prompt_tokens = static_cast<int64_t>(prompt_ids.size());
+  const bool drafting = speculative.max_draft > 0 && (speculative.lookup || speculative.mtp);
+  // The MTP head's rows start at this prompt: the prefix the state already holds has no hidden rows here.
+  MtpState mtp;
+  MtpState* head = drafting && speculative.mtp && forward_.has_mtp() ? &mtp : nullptr;
+  const int64_t sequence_start = state.length() - static_cast<int64_t>(speculative.history.size());  // position of sequence[0]
   std::vector<float> logits;
-  ASSIGN_OR_RETURN(logits, forward_.Prefill(state, prompt_ids, LogitsRows::kLast));
+  ASSIGN_OR_RETURN(logits, forward_.Prefill(state, prompt_ids, LogitsRows::kLast, head));
   const int64_t vocab_limit =
       tokenizer_ ? std::min<int64_t>(tokenizer_->vocab_size(), forward_.vocab_size()) : forward_.vocab_size();
   Sampler sampler(params, vocab_limit);
@@ -37,7 +42,6 @@ Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<con
   // Speculation: every id the state holds or will, for the drafter; the open window's rows.
   // Every pick is the sampler's on the same logits, history and draw as without drafts: a draft only
   // decides which rows are forwarded ahead, so sampled requests keep their tokens too.
-  const bool drafting = speculative.max_draft > 0;
   std::vector<int32_t> sequence;
   if (drafting) {
     sequence.assign(speculative.history.begin(), speculative.history.end());
@@ -46,7 +50,9 @@ Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<con
   std::vector<float> window;          // logits [rows, vocab] of the open window
   std::vector<int32_t> window_ids;    // its ids: the token that opened it, then the drafts
   int64_t window_used = 0;            // rows whose picks are made (their ids are kept)
+  bool window_from_head = false;      // the MTP head drafted the open window
   int draft_length = speculative.max_draft;
+  int head_backoff = 0, head_wait = 0;  // rounds the head sits out after a window it drafted all wrong
   const int64_t vocab = forward_.vocab_size();
   auto close_window = [&]() -> Status {
     if (window_ids.empty()) return Status::Ok();
@@ -55,6 +61,10 @@ Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<con
     // The draft length follows the acceptance: longer after a full window, shorter after a poor one.
     if (accepted == drafts) draft_length = std::min(speculative.max_draft, draft_length + 1);
     else if (2 * accepted < drafts) draft_length = std::max(1, draft_length / 2);
+    if (window_from_head) {  // a head that keeps missing costs a pass of its layer and lm_head a draft: it waits longer each time
+      head_backoff = accepted == 0 ? std::min(64, std::max(1, 2 * head_backoff)) : 0;
+      head_wait = head_backoff;
+    }
     window_ids.clear();
     return forward_.KeepDraft(state, window_used);
   };
@@ -71,11 +81,27 @@ Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<con
     if (drafting) {
       const int64_t room = params.max_tokens - static_cast<int64_t>(result.tokens.size()) - 1;  // drafts past the last pick are wasted
       const int length = static_cast<int>(std::min<int64_t>(draft_length, room));
-      std::vector<int32_t> draft = LookupDraft(sequence, length);
-      if (draft.empty() && speculative.store != nullptr) draft = speculative.store->Draft(sequence, length);
+      std::vector<int32_t> draft;
+      if (speculative.lookup && length > 0) {
+        draft = LookupDraft(sequence, length);
+        if (draft.empty() && speculative.store != nullptr) draft = speculative.store->Draft(sequence, length);
+      }
+      window_from_head = false;
+      if (head != nullptr && head->pending_rows > 0) {
+        // The head's waiting rows take the ids after them; the last one is id, about to be forwarded.
+        const auto next = std::span<const int32_t>(sequence).subspan(
+            static_cast<size_t>(head->begin + head->rows + 1 - sequence_start), static_cast<size_t>(head->pending_rows));
+        if (draft.empty() && length > 0 && head_wait == 0) {
+          ASSIGN_OR_RETURN(draft, forward_.MtpDraft(*head, next, length, vocab_limit));
+          window_from_head = true;
+        } else {
+          if (head_wait > 0 && draft.empty()) --head_wait;
+          RETURN_IF_ERROR(forward_.MtpCommit(*head, next));
+        }
+      }
       if (!draft.empty()) {
         draft.insert(draft.begin(), id);
-        ASSIGN_OR_RETURN(window, forward_.DraftWindow(state, draft));
+        ASSIGN_OR_RETURN(window, forward_.DraftWindow(state, draft, head));
         window_ids = std::move(draft);
         result.drafted_tokens += static_cast<int64_t>(window_ids.size()) - 1;
         logits.assign(window.begin(), window.begin() + vocab);
@@ -83,7 +109,7 @@ Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<con
         return Status::Ok();
       }
     }
-    ASSIGN_OR_RETURN(logits, forward_.Decode(state, id));
+    ASSIGN_OR_RETURN(logits, forward_.Decode(state, id, head));
     return Status::Ok();
   };
   Status failed;

@@ -35,10 +35,12 @@ struct GenerationResult {
   int64_t accepted_tokens = 0;  // of those, the ones the model picked too
 };
 
-// Speculative decoding: lookup drafts verified in one draft window a round; the tokens and the
-// state are the same bits as plain decoding, greedy or sampled (the same draws in the same order).
+// Speculative decoding: lookup or MTP drafts verified in one draft window a round; the tokens and
+// the state are the same bits as plain decoding, greedy or sampled (the same draws in the same order).
 struct SpeculativeOptions {
   int max_draft = 0;                  // most drafts a window; 0: off
+  bool lookup = true;                 // n-gram copies of the sequence (and the store)
+  bool mtp = false;                   // the checkpoint's MTP head, where lookup finds nothing
   std::span<const int32_t> history;   // the ids the state holds before the prompt (the drafter reads them too)
   const SuffixStore* store = nullptr; // earlier requests' ids, asked when the sequence itself has no match
 };

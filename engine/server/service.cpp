@@ -63,7 +63,10 @@ ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective) {
   o.spill.min_tokens = sp.at("min_tokens").get<int64_t>();
   o.spill.ttl_ms = sp.at("ttl_hours").get<int64_t>() * 3600 * 1000;
   const nlohmann::json& spec = effective.at("speculative");
-  o.max_draft = spec.at("mode").get<std::string>() == "off" ? 0 : static_cast<int>(spec.at("max_draft").get<int64_t>());
+  const std::string mode = spec.at("mode").get<std::string>();
+  o.max_draft = mode == "off" ? 0 : static_cast<int>(spec.at("max_draft").get<int64_t>());
+  o.lookup_drafts = mode == "lookup" || mode == "both";
+  o.mtp_drafts = mode == "mtp" || mode == "both";
   o.suffix_store = spec.at("suffix_store").get<std::string>() != "off";
   o.suffix_store_read_only = spec.at("suffix_store").get<std::string>() == "read";
   o.suffix_store_bytes = static_cast<int64_t>(spec.at("suffix_store_mb").get<double>() * double(1 << 20));
@@ -160,6 +163,9 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   SchedulerOptions scheduler_options;
   scheduler_options.max_queue = config.max_queue;
   scheduler_options.resident = ResidentOptionsFromSettings(effective);
+  if (scheduler_options.resident.mtp_drafts && !forward->has_mtp())
+    s->notes_.push_back("speculative: no MTP drafts (" + s->model_->weights.mtp_note + ")" +
+                        (scheduler_options.resident.lookup_drafts ? "; lookup drafts only" : "; no drafts"));
   if (config.disk_cache_dir != "off") {
     const std::string dir = config.disk_cache_dir.empty() ? (fs::path(config.data_dir) / "cache" / "disk").string() : config.disk_cache_dir;
     say(0.8, "opening the disk tier in " + dir);

@@ -275,7 +275,7 @@ std::vector<SettingField> SettingsSchemaFields(int64_t total_ram_bytes) {
       String("shadow", "question", "What does the user ask for in the last message?", "the agreement question asked of both models at long turns; empty: none"),
       String("shadow", "choices", "a code edit|an explanation|something else", "the agreement question's choices, separated by |"),
       Integer("shadow", "min_tokens", 0, 1 << 24, 8192, "shortest prompt the agreement question is asked at"),
-      Enum("speculative", "mode", {"off", "lookup"}, "lookup", "speculative decoding: off, or lookup drafts (n-gram copies of the conversation); the tokens stay the same"),
+      Enum("speculative", "mode", {"off", "lookup", "mtp", "both"}, "lookup", "speculative decoding: off, lookup drafts (n-gram copies of the conversation), the checkpoint's MTP head, or both (lookup first); the tokens stay the same"),
       Integer("speculative", "max_draft", 1, 64, 8, "most drafts a decode window verifies"),
       Enum("speculative", "suffix_store", {"off", "read", "readwrite"}, "readwrite", "the lookup drafter's store of earlier requests' token ids: off, read only, or read and append"),
       Number("speculative", "suffix_store_mb", 1, 4096, 16, "MiB the suffix store keeps; past it the oldest half goes"),

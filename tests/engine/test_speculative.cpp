@@ -3,10 +3,14 @@
 // greedy generation with lookup drafts writes the same tokens and leaves the same state as plain
 // greedy decoding, with drafts all accepted, none, or partly, and when a stop ends a window; sampled
 // generation with drafts picks the same tokens as without, seed for seed; the lookup drafter
-// proposes what followed the newest earlier match.
+// proposes what followed the newest earlier match. The MTP head's logits match a double-precision
+// reading of qwen35-model.md section 9 on the checkpoint's tensors, its K/V rows do not depend on
+// how the prompt was split into calls, and its drafts (alone or after lookup) leave tokens and
+// state as plain decoding.
 #include <QTemporaryDir>
 #include <QtTest>
 
+#include <cmath>
 #include <cstring>
 
 #include "engine/runtime/forward.h"
@@ -19,6 +23,100 @@ using namespace anchorage;
 namespace {
 
 bool SameBits(const float* a, const float* b, int64_t n) { return std::memcmp(a, b, static_cast<size_t>(n) * sizeof(float)) == 0; }
+
+using Vec = std::vector<double>;
+
+Vec RmsNorm(const Vec& x, const TensorView& w, double eps) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + eps);
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * (1.0 + w.At(static_cast<int64_t>(i)));
+  return y;
+}
+
+// y = W x for W [rows, x.size()] row-major.
+Vec Linear(const TensorView& w, const Vec& x, int64_t rows) {
+  const int64_t cols = static_cast<int64_t>(x.size());
+  Vec y(static_cast<size_t>(rows), 0.0);
+  for (int64_t j = 0; j < rows; ++j)
+    for (int64_t i = 0; i < cols; ++i) y[j] += static_cast<double>(w.At(j * cols + i)) * x[i];
+  return y;
+}
+
+void Rope(double* v, int64_t rot, double theta, int64_t pos) {
+  const int64_t half = rot / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const double angle = static_cast<double>(pos) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rot));
+    const double x0 = v[i], x1 = v[i + half];
+    v[i] = x0 * std::cos(angle) - x1 * std::sin(angle);
+    v[i + half] = x1 * std::cos(angle) + x0 * std::sin(angle);
+  }
+}
+
+// The MTP block in double from the tensors: row p reads (hidden[p], ids[p]) at position p.
+// Returns the last row's output after mtp.norm (*out) and its logits.
+Vec ReferenceMtp(const ModelConfig& c, const ModelWeights& w, const std::vector<Vec>& hidden, const std::vector<int32_t>& ids, Vec* out) {
+  const MtpWeights& m = *w.mtp;
+  const LayerWeights& L = m.layer;
+  const int64_t H = c.hidden_size, Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, hd = c.head_dim;
+  const double eps = c.rms_norm_eps;
+  std::vector<Vec> keys, values;
+  Vec u;
+  for (size_t p = 0; p < ids.size(); ++p) {
+    Vec e(static_cast<size_t>(H));
+    for (int64_t i = 0; i < H; ++i) e[i] = w.embed_tokens.At(ids[p] * H + i);
+    Vec cat = RmsNorm(e, m.pre_fc_norm_embedding, eps);
+    const Vec h = RmsNorm(hidden[p], m.pre_fc_norm_hidden, eps);
+    cat.insert(cat.end(), h.begin(), h.end());
+    u = Linear(m.fc, cat, H);
+    const Vec a = RmsNorm(u, L.input_layernorm, eps);
+    Vec q = Linear(L.attn.q_proj, a, 2 * Nh * hd), k = Linear(L.attn.k_proj, a, Nkv * hd), v = Linear(L.attn.v_proj, a, Nkv * hd);
+    auto norm_head = [&](double* x, const TensorView& nw) {
+      Vec row(x, x + hd);
+      row = RmsNorm(row, nw, eps);
+      std::copy(row.begin(), row.end(), x);
+      Rope(x, c.rotary_dim(), c.rope_theta, static_cast<int64_t>(p));
+    };
+    for (int64_t g = 0; g < Nh; ++g) norm_head(q.data() + g * 2 * hd, L.attn.q_norm);
+    for (int64_t g = 0; g < Nkv; ++g) norm_head(k.data() + g * hd, L.attn.k_norm);
+    keys.push_back(k);
+    values.push_back(v);
+    Vec attn(static_cast<size_t>(Nh * hd), 0.0);
+    for (int64_t g = 0; g < Nh; ++g) {
+      const int64_t kv = g / (Nh / Nkv);
+      Vec score;
+      double top = -1e300, sum = 0;
+      for (const Vec& key : keys) {
+        double d = 0;
+        for (int64_t i = 0; i < hd; ++i) d += q[g * 2 * hd + i] * key[kv * hd + i];
+        score.push_back(d / std::sqrt(static_cast<double>(hd)));
+        top = std::max(top, score.back());
+      }
+      for (double& sc : score) sum += (sc = std::exp(sc - top));
+      for (size_t j = 0; j < keys.size(); ++j)
+        for (int64_t i = 0; i < hd; ++i) attn[g * hd + i] += score[j] / sum * values[j][kv * hd + i];
+      for (int64_t i = 0; i < hd; ++i) attn[g * hd + i] /= 1.0 + std::exp(-q[g * 2 * hd + hd + i]);
+    }
+    const Vec o = Linear(L.attn.o_proj, attn, H);
+    for (int64_t i = 0; i < H; ++i) u[i] += o[i];
+    const Vec a2 = RmsNorm(u, L.post_attention_layernorm, eps);
+    Vec gate = Linear(L.gate_proj, a2, c.intermediate_size);
+    const Vec up = Linear(L.up_proj, a2, c.intermediate_size);
+    for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+    const Vec down = Linear(L.down_proj, gate, H);
+    for (int64_t i = 0; i < H; ++i) u[i] += down[i];
+  }
+  *out = RmsNorm(u, m.norm, eps);
+  return Linear(w.lm_head, *out, c.vocab_size);
+}
+
+double MaxRelativeError(const float* got, const Vec& want) {
+  double scale = 1e-6, err = 0;
+  for (double v : want) scale = std::max(scale, std::abs(v));
+  for (size_t i = 0; i < want.size(); ++i) err = std::max(err, std::abs(got[i] - want[i]));
+  return err / scale;
+}
 
 SamplingParams Greedy(int64_t n) {
   SamplingParams p;
@@ -42,7 +140,8 @@ class TestSpeculative : public QObject {
     return s;
   }
   // Generates with and without drafts from the same prefilled prompt; both must agree in every bit.
-  void CompareWithPlain(const std::vector<int32_t>& prompt, SamplingParams params, int max_draft, GenerationResult* drafted_out = nullptr) {
+  void CompareWithPlain(const std::vector<int32_t>& prompt, SamplingParams params, int max_draft, GenerationResult* drafted_out = nullptr,
+                        bool lookup = true, bool mtp = false) {
     Generator generator(*forward_, nullptr);
     auto plain_state = Prefilled(std::vector<int32_t>(prompt.begin(), prompt.end() - 1));
     auto draft_state = Prefilled(std::vector<int32_t>(prompt.begin(), prompt.end() - 1));
@@ -50,6 +149,8 @@ class TestSpeculative : public QObject {
     auto plain = generator.Generate(*plain_state, last, params, nullptr);
     SpeculativeOptions spec;
     spec.max_draft = max_draft;
+    spec.lookup = lookup;
+    spec.mtp = mtp;
     spec.history = std::span(prompt).first(prompt.size() - 1);
     auto drafted = generator.Generate(*draft_state, last, params, nullptr, nullptr, spec);
     QVERIFY(plain.ok() && drafted.ok());
@@ -169,6 +270,75 @@ class TestSpeculative : public QObject {
       }
     }
     QVERIFY2(drafted > 0 && accepted > 0, (std::to_string(drafted) + " drafted, " + std::to_string(accepted) + " accepted").c_str());
+  }
+
+  void mtpHeadMatchesReference() {
+    QVERIFY(forward_->has_mtp());
+    const std::vector<int32_t> x = testing::RandomIds(4, vocab_, 31);
+    // The trunk's final-normed hidden rows at positions 0, 1 and 2, each the last row of a prefill.
+    std::vector<Vec> hidden;
+    MtpState mtp;
+    for (size_t n = 1; n <= 3; ++n) {
+      SequenceState s(model_->config);
+      mtp = MtpState{};
+      QVERIFY(forward_->Prefill(s, std::span(x).first(n), LogitsRows::kLast, &mtp).ok());
+      QCOMPARE(mtp.pending_rows, int64_t{1});
+      QCOMPARE(mtp.rows, static_cast<int64_t>(n - 1));
+      hidden.emplace_back(mtp.pending.begin(), mtp.pending.end());
+    }
+    std::vector<float> logits;
+    auto drafts = forward_->MtpDraft(mtp, std::span(x).subspan(3, 1), 2, vocab_, &logits);
+    QVERIFY(drafts.ok());
+    QCOMPARE(drafts->size(), size_t{2});
+    Vec out;
+    const Vec first = ReferenceMtp(model_->config, model_->weights, hidden, {x[1], x[2], x[3]}, &out);
+    hidden.push_back(out);  // the second draft reads the head's own output and the first draft
+    const Vec second = ReferenceMtp(model_->config, model_->weights, hidden, {x[1], x[2], x[3], (*drafts)[0]}, &out);
+    const double e1 = MaxRelativeError(logits.data(), first), e2 = MaxRelativeError(logits.data() + vocab_, second);
+    QVERIFY2(e1 < 1e-4 && e2 < 1e-4, (std::to_string(e1) + " and " + std::to_string(e2)).c_str());
+    QCOMPARE((*drafts)[0], static_cast<int32_t>(std::max_element(first.begin(), first.end()) - first.begin()));
+  }
+
+  void mtpRowsDoNotDependOnTheCallSplit() {
+    const std::vector<int32_t> prompt = testing::RandomIds(200, vocab_, 41);
+    SequenceState whole_state(model_->config), split_state(model_->config);
+    MtpState whole, split;
+    QVERIFY(forward_->Prefill(whole_state, prompt, LogitsRows::kLast, &whole).ok());
+    QVERIFY(forward_->Prefill(split_state, std::span(prompt).first(128), LogitsRows::kLast, &split).ok());
+    QVERIFY(forward_->Prefill(split_state, std::span(prompt).subspan(128), LogitsRows::kLast, &split).ok());
+    QCOMPARE(whole.begin, int64_t{0});
+    QCOMPARE(whole.rows, int64_t{199});
+    QCOMPARE(split.rows, whole.rows);
+    QCOMPARE(split.pending_rows, int64_t{1});
+    const int64_t floats = whole.rows * model_->config.num_key_value_heads * model_->config.head_dim;
+    QVERIFY(SameBits(whole.k.data(), split.k.data(), floats));
+    QVERIFY(SameBits(whole.v.data(), split.v.data(), floats));
+    QVERIFY(SameBits(whole.pending.data(), split.pending.data(), model_->config.hidden_size));
+  }
+
+  void mtpDraftsKeepPlainDecoding() {
+    int64_t drafted = 0, accepted = 0;
+    for (uint32_t seed : {51u, 52u, 53u}) {
+      GenerationResult r;
+      CompareWithPlain(testing::RandomIds(150, vocab_, seed), Greedy(60), 4, &r, false, true);
+      QVERIFY(r.drafted_tokens > 0);
+      drafted += r.drafted_tokens;
+      accepted += r.accepted_tokens;
+      for (float temperature : {0.5f, 1.0f}) {
+        SamplingParams p = Greedy(40);
+        p.temperature = temperature;
+        p.seed = seed;
+        CompareWithPlain(testing::RandomIds(90, vocab_, seed + 7), p, 3, &r, false, true);
+        QVERIFY(r.drafted_tokens > 0);
+      }
+    }
+    qInfo("MTP drafts on the tiny model's random head: %lld drafted, %lld accepted", static_cast<long long>(drafted), static_cast<long long>(accepted));
+    // Both: lookup drafts where the prompt repeats, the head elsewhere.
+    std::vector<int32_t> block = testing::RandomIds(40, vocab_, 61), prompt;
+    for (int i = 0; i < 3; ++i) prompt.insert(prompt.end(), block.begin(), block.end());
+    GenerationResult both;
+    CompareWithPlain(prompt, Greedy(80), 6, &both, true, true);
+    QVERIFY(both.drafted_tokens > 0);
   }
 };
 

@@ -71,6 +71,9 @@ class TestTinyModel : public QObject {
     QVERIFY((*m)->tokenizer.vocab_size() <= c.vocab_size);
     QCOMPARE(c.eos_token_ids.size(), size_t(2));
     QCOMPARE((*m)->fingerprint.size(), size_t(64));
+    QVERIFY((*m)->weights.mtp.has_value());  // the multi-token-prediction block, at the root like the 27B's
+    QCOMPARE((*m)->weights.mtp->fc.shape, (std::vector<int64_t>{64, 128}));
+    QCOMPARE((*m)->weights.mtp->layer.attn.q_proj.name, std::string("mtp.layers.0.self_attn.q_proj.weight"));
 
     auto ids = (*m)->tokenizer.Encode("<|im_start|>user\nhello world<|im_end|>");
     QVERIFY(ids.ok());
@@ -93,7 +96,6 @@ class TestTinyModel : public QObject {
       renamed.push_back({n, t.dtype, t.shape, std::string(reinterpret_cast<const char*>(t.data), t.bytes)});
     }
     renamed.push_back({"model.visual.blocks.0.attn.qkv.weight", DType::kBF16, {2, 2}, std::string(8, '\0')});
-    renamed.push_back({"mtp.fc.weight", DType::kBF16, {2}, std::string(4, '\0')});
     const std::string d = Path("wrapped");
     CopyFolder(Path("plain"), d);
     fs::remove(d + "/model.safetensors");
@@ -141,6 +143,25 @@ class TestTinyModel : public QObject {
       if (name != "model.layers.2.linear_attn.dt_bias") kept.push_back({name, t.dtype, t.shape, std::string(reinterpret_cast<const char*>(t.data), t.bytes)});
     QVERIFY(WriteSafetensors(Path("missing") + "/model.safetensors", kept).ok());
     ExpectLoadError(Path("missing"), "checkpoint lacks tensor 'model.layers.2.linear_attn.dt_bias'");
+
+    // The MTP block is optional: a mis-shaped tensor of it leaves the head off, named, and the trunk loads.
+    CopyFolder(Path("good"), Path("badmtp"));
+    std::vector<TensorToWrite> bad;
+    for (const auto& [name, t] : set->tensors()) {
+      TensorToWrite copy{name, t.dtype, t.shape, std::string(reinterpret_cast<const char*>(t.data), t.bytes)};
+      if (name == "mtp.layers.0.mlp.up_proj.weight") copy.shape = {t.shape[1], t.shape[0]};
+      bad.push_back(std::move(copy));
+    }
+    QVERIFY(WriteSafetensors(Path("badmtp") + "/model.safetensors", bad).ok());
+    auto m = LoadModel(Path("badmtp"));
+    QVERIFY2(m.ok(), m.status().ToString().c_str());
+    QVERIFY(!(*m)->weights.mtp.has_value());
+    QVERIFY2((*m)->weights.mtp_note.find("mtp.layers.0.mlp.up_proj.weight") != std::string::npos, (*m)->weights.mtp_note.c_str());
+    QVERIFY(GenerateTinyModel(TinyModelSize::kShadow, 5, Path("shadow")).ok());
+    auto shadow = LoadModel(Path("shadow"));
+    QVERIFY(shadow.ok());
+    QVERIFY(!(*shadow)->weights.mtp.has_value());
+    QCOMPARE((*shadow)->weights.mtp_note, std::string("the checkpoint has no mtp.* tensors"));
   }
 
   void smallConfigHasTheRealHeadShapes() {
