@@ -20,6 +20,30 @@
 
 using namespace anchorage;
 
+SpeculativeOptions Drafts(int max_draft, bool lookup, bool mtp) {
+  SpeculativeOptions spec;
+  spec.max_draft = max_draft;
+  spec.lookup = lookup;
+  spec.mtp = mtp;
+  return spec;
+}
+
+// Prefills all of prompt but its last id, generates from it and returns tokens a second after the first.
+double TimedTurn(Forward& f, Generator& generator, const std::vector<int32_t>& prompt, const SamplingParams& params,
+                 SpeculativeOptions spec, SequenceState& s, GenerationResult* out) {
+  (void)f.Prefill(s, std::span(prompt).first(prompt.size() - 1));
+  spec.history = std::span(prompt).first(prompt.size() - 1);
+  double first = 0;
+  auto r = generator.Generate(s, std::span(prompt).last(1), params, [&](const GeneratedToken&) {
+    if (first == 0) first = bench::NowMs();
+    return true;
+  }, nullptr, spec);
+  const double end = bench::NowMs();
+  if (!r.ok()) return 0;
+  *out = *r;
+  return static_cast<double>(r->tokens.size() - 1) / ((end - first) / 1000.0);
+}
+
 int main(int argc, char** argv) {
   std::string model_dir, size = "small";
   int64_t file_tokens = 400;
@@ -81,25 +105,10 @@ int main(int argc, char** argv) {
   params.max_tokens = file_tokens;
   params.forced_ids = file;
   Generator generator(f, nullptr);
-  auto turn = [&](int drafts, SequenceState& s, GenerationResult* out) -> double {
-    (void)f.Prefill(s, std::span(prompt).first(prompt.size() - 1));
-    SpeculativeOptions spec;
-    spec.max_draft = drafts;
-    spec.history = std::span(prompt).first(prompt.size() - 1);
-    double first = 0;
-    auto r = generator.Generate(s, std::span(prompt).last(1), params, [&](const GeneratedToken&) {
-      if (first == 0) first = bench::NowMs();
-      return true;
-    }, nullptr, spec);
-    const double end = bench::NowMs();
-    if (!r.ok()) return 0;
-    *out = *r;
-    return static_cast<double>(r->tokens.size() - 1) / ((end - first) / 1000.0);
-  };
   SequenceState plain_state(c), draft_state(c);
   GenerationResult plain, drafted;
-  const double off = turn(0, plain_state, &plain);
-  const double on = turn(max_draft, draft_state, &drafted);
+  const double off = TimedTurn(f, generator, prompt, params, SpeculativeOptions{}, plain_state, &plain);
+  const double on = TimedTurn(f, generator, prompt, params, Drafts(max_draft, true, false), draft_state, &drafted);
   const bool same = plain.tokens == drafted.tokens && plain_state.BitEqual(draft_state);
   std::printf("copy-heavy turn (a %lld-token file repeated): drafts off %.2f tok/s, on %.2f tok/s (%.2fx); drafted %lld, accepted %lld (%.1f %%); same tokens and state bits: %s\n",
               static_cast<long long>(file_tokens), off, on, on / off, static_cast<long long>(drafted.drafted_tokens),
@@ -130,32 +139,15 @@ int main(int argc, char** argv) {
   free_params.temperature = 0;
   free_params.max_tokens = 128;
   const std::vector<int32_t> question = bench::PromptIds(c, 600, 5);
-  auto free_turn = [&](bool lookup, bool mtp, GenerationResult* out, SequenceState& s) -> double {
-    (void)f.Prefill(s, std::span(question).first(question.size() - 1));
-    SpeculativeOptions spec;
-    spec.max_draft = lookup || mtp ? max_draft : 0;
-    spec.lookup = lookup;
-    spec.mtp = mtp;
-    spec.history = std::span(question).first(question.size() - 1);
-    double first = 0;
-    auto r = generator.Generate(s, std::span(question).last(1), free_params, [&](const GeneratedToken&) {
-      if (first == 0) first = bench::NowMs();
-      return true;
-    }, nullptr, spec);
-    const double end = bench::NowMs();
-    if (!r.ok()) return 0;
-    *out = *r;
-    return static_cast<double>(r->tokens.size() - 1) / ((end - first) / 1000.0);
-  };
   SequenceState free_plain_state(c);
   GenerationResult free_plain;
-  const double free_off = free_turn(false, false, &free_plain, free_plain_state);
+  const double free_off = TimedTurn(f, generator, question, free_params, SpeculativeOptions{}, free_plain_state, &free_plain);
   std::printf("free greedy turn (%lld tokens): drafts off %.2f tok/s\n", static_cast<long long>(free_plain.tokens.size()), free_off);
   bool all_same = true;
   for (auto [name, lookup] : {std::pair{"mtp", false}, std::pair{"both", true}}) {
     SequenceState s(c);
     GenerationResult r;
-    const double rate = free_turn(lookup, true, &r, s);
+    const double rate = TimedTurn(f, generator, question, free_params, Drafts(max_draft, lookup, true), s, &r);
     const bool same_bits = r.tokens == free_plain.tokens && s.BitEqual(free_plain_state);
     all_same = all_same && same_bits;
     std::printf("  mode %s: %.2f tok/s (%.2fx); drafted %lld, accepted %lld; same tokens and state bits: %s\n", name, rate, rate / free_off,
