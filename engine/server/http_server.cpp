@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/compute/cpu/matmul.h"
+#include "engine/server/decide_api.h"
 #include "engine/server/openai_api.h"
 #include "engine/server/output_parser.h"
 
@@ -92,6 +93,7 @@ HttpServer::HttpServer(Model& model, Scheduler& scheduler, ServerOptions options
   RouteOperations();
   RouteCache();
   RouteShadow();
+  RouteDecide();
   RouteJournalAndSettings();
   RouteCompletions();
 }
@@ -276,6 +278,110 @@ void HttpServer::RouteCache() {
       }
     }
     SendJson(res, body);
+  });
+}
+
+void HttpServer::RouteDecide() {
+  Route("POST", "/v1/decide", RouteClass::kWork, RouteAccess::kClient, [this](const HttpRequest& req, HttpResponse& res) {
+    const auto start = std::chrono::steady_clock::now();
+    ojson body;
+    ApiError error;
+    if (!ParseJsonBody(req.body, &body, &error)) return SendError(res, error);
+    std::optional<DecideRequest> request = ParseDecideRequest(body, &error);
+    if (!request) return SendError(res, error);
+    auto bad = [&](const std::string& message, const std::string& code) { SendError(res, {400, message, "invalid_request_error", "questions", code}); };
+    // Each question's prompt is what an independent chat request with it renders; a candidate's ids follow it.
+    struct Branch {
+      size_t question = 0, candidate = 0;
+      std::vector<int32_t> scored;
+    };
+    const size_t questions = request->questions.size();
+    std::vector<DecideBranch> branches;
+    std::vector<Branch> meta;
+    std::vector<std::vector<int32_t>> letters(questions);
+    for (size_t q = 0; q < questions; ++q) {
+      const DecideQuestion& question = request->questions[q];
+      CompletionRequest chat;
+      chat.template_body = DecideChatBody(*request, question);
+      std::vector<int32_t> prompt;
+      bool in_reasoning = false;
+      if (!PromptIds(chat, &prompt, &in_reasoning, &error)) return SendError(res, error);
+      auto add = [&](std::vector<int32_t> scored, size_t candidate) {
+        DecideBranch b;
+        b.ids = prompt;
+        b.ids.insert(b.ids.end(), scored.begin(), scored.end());
+        b.group = static_cast<int64_t>(q);
+        b.logits_from = static_cast<int64_t>(prompt.size()) - 1;
+        branches.push_back(std::move(b));
+        meta.push_back({q, candidate, std::move(scored)});
+      };
+      for (size_t i = 0; i < question.choices.size(); ++i) {
+        const std::string letter(1, static_cast<char>('A' + i));
+        auto id = model_.tokenizer.Encode(letter, false);
+        if (!id.ok() || id->size() != 1) return bad("the tokenizer has no single token for the letter " + letter, "unsupported_choices");
+        letters[q].push_back((*id)[0]);
+      }
+      if (!question.choices.empty()) add({}, 0);
+      for (size_t c = 0; c < question.candidates.size(); ++c) {
+        auto ids = model_.tokenizer.Encode(question.candidates[c], false);
+        if (!ids.ok()) return bad("questions[" + std::to_string(q) + "].candidates[" + std::to_string(c) + "]: " + ids.status().message(), "tokenizer_error");
+        add(std::move(ids).value(), c);
+      }
+      if (static_cast<int64_t>(branches.back().ids.size()) > options_.context_tokens)
+        return bad("questions[" + std::to_string(q) + "] makes a prompt of " + std::to_string(branches.back().ids.size()) +
+                       " tokens; this server's context limit is " + std::to_string(options_.context_tokens) + " tokens", "context_length_exceeded");
+    }
+    const int64_t vocab = model_.config.vocab_size, vocab_limit = std::min<int64_t>(vocab, model_.tokenizer.vocab_size());
+    std::vector<std::vector<double>> probabilities(questions);
+    std::vector<std::vector<CandidateScore>> scores(questions);
+    for (size_t q = 0; q < questions; ++q) scores[q].resize(request->questions[q].candidates.size());
+    std::vector<double> question_ms(questions, 0);
+    auto last = std::chrono::steady_clock::now();
+    auto ran = scheduler_.Decide(branches, static_cast<int64_t>(questions), request->reuse, [&](size_t i, std::span<const float> logits) {
+      const Branch& b = meta[i];
+      if (!letters[b.question].empty()) probabilities[b.question] = ChoiceProbabilities(logits.first(static_cast<size_t>(vocab)), letters[b.question]);
+      else scores[b.question][b.candidate] = ScoreCandidate(logits, b.scored, vocab, vocab_limit);
+      const auto now = std::chrono::steady_clock::now();
+      question_ms[b.question] += std::chrono::duration<double, std::milli>(now - last).count();
+      last = now;
+      return true;
+    });
+    if (!ran.ok()) {
+      const Status& st = ran.status();
+      if (st.code() == StatusCode::kResourceExhausted) return SendError(res, {503, st.message(), "server_error", "", "memory_exhausted"});
+      return SendError(res, {500, st.ToString(), "server_error", "", "engine_error"});
+    }
+    ojson answers = ojson::array();
+    for (size_t q = 0; q < questions; ++q) {
+      const DecideQuestion& question = request->questions[q];
+      ojson a = {{"question", question.text}};
+      size_t best = 0;
+      if (!question.choices.empty()) {
+        for (size_t i = 0; i < probabilities[q].size(); ++i)
+          if (probabilities[q][i] > probabilities[q][best]) best = i;
+        a["probabilities"] = probabilities[q];
+        a["argmax"] = best;
+        a["choice"] = question.choices[best];
+        a["letter"] = std::string(1, static_cast<char>('A' + best));
+      } else {
+        ojson list = ojson::array();
+        for (size_t c = 0; c < scores[q].size(); ++c) {
+          list.push_back({{"sum_logprob", scores[q][c].sum}, {"mean_logprob", scores[q][c].mean}, {"tokens", scores[q][c].tokens}});
+          if (scores[q][c].sum > scores[q][best].sum) best = c;
+        }
+        a["scores"] = list;
+        a["argmax"] = best;
+        a["candidate"] = question.candidates[best];
+      }
+      a["ms"] = question_ms[q];
+      answers.push_back(std::move(a));
+    }
+    SendJson(res, {{"object", "decision"},
+                   {"model", options_.model_id},
+                   {"answers", answers},
+                   {"usage", {{"logical_tokens", ran->logical_tokens}, {"processed_tokens", ran->processed_tokens},
+                              {"shared_prefix_tokens", ran->shared}, {"branches", branches.size()}}},
+                   {"ms", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()}});
   });
 }
 

@@ -52,6 +52,7 @@ class HttpServer {
   void RouteOperations();
   void RouteCache();
   void RouteShadow();
+  void RouteDecide();
   void RouteJournalAndSettings();
   void RouteCompletions();
 

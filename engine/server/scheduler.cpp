@@ -205,6 +205,39 @@ Result<ShadowAnswer> Scheduler::AskShadow(const std::string& session, const std:
   return answer;
 }
 
+Result<DecideLayout> Scheduler::Decide(std::span<const DecideBranch> branches, int64_t groups, bool reuse,
+                                       const std::function<bool(size_t, std::span<const float>)>& on_branch) {
+  const DecideLayout layout = PlanDecide(branches, groups, reuse);
+  const auto start = std::chrono::steady_clock::now();
+  Result<DecideLayout> ran = BetweenRequests("", [&]() -> Result<DecideLayout> {
+    const ResidentOptions& o = resident_.options();
+    const int64_t need = DecidePeakBytes(model_.config, *forward_, layout);
+    const int64_t limit = o.memory_peak_bytes - o.memory_slack_bytes;
+    if (resident_.EngineBytes() + need > limit)
+      return ResourceExhausted("the decide request needs " + std::to_string(need) + " bytes beyond the engine's " +
+                               std::to_string(resident_.EngineBytes()) + "; the peak limit less slack is " + std::to_string(limit) + " bytes");
+    RETURN_IF_ERROR(RunDecide(*forward_, branches, layout, on_branch));
+    return layout;
+  });
+  if (options_.journal != nullptr) {
+    RequestRow row;
+    row.model = options_.model_id;
+    row.route = "/v1/decide";
+    row.status = ran.ok() ? 200 : ran.status().code() == StatusCode::kResourceExhausted ? 503 : 500;
+    row.error = ran.ok() ? "" : ran.status().message();
+    row.figures.prompt_tokens = layout.logical_tokens;
+    row.figures.served_prompt_tokens = layout.logical_tokens;
+    row.figures.reread_tokens = layout.processed_tokens;
+    row.figures.cached_tokens = layout.logical_tokens - layout.processed_tokens;
+    row.figures.prefill_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    row.figures.cache_source = "request";
+    row.cache_tier = reuse ? "request" : "none";
+    row.finish_reason = std::to_string(groups) + " questions, " + std::to_string(branches.size()) + " branches";
+    options_.journal->RecordRequest(std::move(row));
+  }
+  return ran;
+}
+
 Status Scheduler::WriteShadowForStop() {
   if (options_.shadow == nullptr) return Status::Ok();
   return BetweenRequests("", [&] { return options_.shadow->WriteAll(); });

@@ -18,6 +18,7 @@
 #include "engine/core/status.h"
 #include "engine/server/reply_script.h"
 #include "engine/model/model.h"
+#include "engine/decide/decide.h"
 #include "engine/runtime/forward.h"
 #include "engine/cache/resident_prefix.h"
 #include "engine/journal/journal.h"
@@ -143,6 +144,10 @@ class Scheduler {
   ShadowReader* shadow() { return options_.shadow; }
   // A planned stop: writes every resident shadow session to disk.
   Status WriteShadowForStop();
+  // A decide request's branches between requests (waits like one): the layout it ran, after
+  // on_branch saw every branch's logits. ResourceExhausted when its peak does not fit the memory limit.
+  Result<DecideLayout> Decide(std::span<const DecideBranch> branches, int64_t groups, bool reuse,
+                              const std::function<bool(size_t, std::span<const float>)>& on_branch);
   // Prefill tokens per second measured over this process's requests (0 before the first).
   double measured_prefill_rate() const;
 

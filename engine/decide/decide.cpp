@@ -1,0 +1,103 @@
+#include "engine/decide/decide.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "engine/core/common_prefix.h"
+
+namespace anchorage {
+
+namespace {
+
+int64_t DownToLine(int64_t tokens) { return tokens / kExactLineTokens * kExactLineTokens; }
+
+// Where a branch's logits-returning call starts: its group's prefix, or the last line at or below its first row.
+int64_t LogitsCallStart(const DecideBranch& b, int64_t group_prefix) {
+  return std::max(group_prefix, DownToLine(b.logits_from));
+}
+
+}  // namespace
+
+DecideLayout PlanDecide(std::span<const DecideBranch> branches, int64_t groups, bool reuse) {
+  DecideLayout layout;
+  layout.group_prefix.assign(static_cast<size_t>(groups), 0);
+  if (branches.empty()) return layout;
+  if (reuse && branches.size() > 1) {
+    int64_t shared = static_cast<int64_t>(branches[0].ids.size());
+    std::vector<int64_t> group_common(static_cast<size_t>(groups), -1);
+    std::vector<const DecideBranch*> first_of(static_cast<size_t>(groups), nullptr);
+    for (const DecideBranch& b : branches) {
+      shared = std::min({shared, CommonPrefixLength(branches[0].ids, b.ids), b.logits_from});
+      const size_t g = static_cast<size_t>(b.group);
+      if (first_of[g] == nullptr) first_of[g] = &b;
+      const int64_t common = std::min(CommonPrefixLength(first_of[g]->ids, b.ids), b.logits_from);
+      group_common[g] = group_common[g] < 0 ? common : std::min(group_common[g], common);
+    }
+    layout.shared = DownToLine(shared);
+    for (size_t g = 0; g < layout.group_prefix.size(); ++g)
+      layout.group_prefix[g] = std::max(layout.shared, DownToLine(std::max<int64_t>(0, group_common[g])));
+  }
+  std::vector<bool> group_seen(static_cast<size_t>(groups), false);
+  layout.processed_tokens = layout.shared;
+  for (const DecideBranch& b : branches) {
+    const int64_t n = static_cast<int64_t>(b.ids.size()), gp = layout.group_prefix[static_cast<size_t>(b.group)];
+    if (!group_seen[static_cast<size_t>(b.group)]) {
+      group_seen[static_cast<size_t>(b.group)] = true;
+      layout.processed_tokens += gp - layout.shared;
+    }
+    layout.processed_tokens += n - gp;
+    layout.logical_tokens += n;
+    layout.longest = std::max(layout.longest, n);
+    layout.widest_logits = std::max(layout.widest_logits, n - LogitsCallStart(b, gp));
+  }
+  return layout;
+}
+
+int64_t DecidePeakBytes(const ModelConfig& config, const Forward& forward, const DecideLayout& layout) {
+  SequenceState probe(config);
+  const int64_t rows = (layout.longest + SequenceState::kKvRowStep - 1) / SequenceState::kKvRowStep * SequenceState::kKvRowStep;
+  const int64_t anchor = SequenceState::AnchorBytes(config);
+  return rows * probe.kv_bytes_per_token() + 3 * anchor + layout.widest_logits * config.vocab_size * 4 +
+         forward.PrefillWorkspaceBytes(std::min(forward.grid_tokens(), std::max<int64_t>(layout.longest, 1)));
+}
+
+Status RunDecide(Forward& forward, std::span<const DecideBranch> branches, const DecideLayout& layout,
+                 const std::function<bool(size_t, std::span<const float>)>& on_branch) {
+  SequenceState state(forward.config());
+  RETURN_IF_ERROR(state.Reserve(layout.longest));
+  // The snapshots: the state at the shared prefix and at the group's; branches only write above them.
+  auto run = [&](std::span<const int32_t> ids) -> Status {
+    if (ids.empty()) return Status::Ok();
+    return forward.Prefill(state, ids, LogitsRows::kLast).status();
+  };
+  for (const DecideBranch& b : branches)
+    if (b.logits_from < 0 || b.logits_from >= static_cast<int64_t>(b.ids.size()))
+      return InvalidArgument("a decide branch returns logits from " + std::to_string(b.logits_from) + " of " + std::to_string(b.ids.size()) + " ids");
+  if (!branches.empty()) RETURN_IF_ERROR(run(std::span(branches[0].ids).first(static_cast<size_t>(layout.shared))));
+  const Anchor shared = state.SaveAnchor();
+  const int64_t groups = static_cast<int64_t>(layout.group_prefix.size());
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t gp = layout.group_prefix[static_cast<size_t>(g)];
+    std::optional<Anchor> group;
+    for (size_t i = 0; i < branches.size(); ++i) {
+      const DecideBranch& b = branches[i];
+      if (b.group != g) continue;
+      const std::span<const int32_t> ids(b.ids);
+      if (!group) {
+        RETURN_IF_ERROR(state.RestoreAnchor(shared));
+        RETURN_IF_ERROR(run(ids.subspan(static_cast<size_t>(layout.shared), static_cast<size_t>(gp - layout.shared))));
+        group = state.SaveAnchor();
+      } else {
+        RETURN_IF_ERROR(state.RestoreAnchor(*group));
+      }
+      const int64_t start = LogitsCallStart(b, gp);
+      RETURN_IF_ERROR(run(ids.subspan(static_cast<size_t>(gp), static_cast<size_t>(start - gp))));
+      ASSIGN_OR_RETURN(std::vector<float> logits, forward.Prefill(state, ids.subspan(static_cast<size_t>(start)), LogitsRows::kAll));
+      const size_t skip = static_cast<size_t>((b.logits_from - start) * forward.vocab_size());
+      if (!on_branch(i, std::span<const float>(logits).subspan(skip))) return Cancelled("the decide request was cancelled");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace anchorage

@@ -1,0 +1,45 @@
+// Many questions over one observation: the branches of a decide request share their token prefixes,
+// which run once. Every split sits on a multiple of 64 tokens, so each branch's logits are the bits
+// an independent prefill of its whole prompt writes.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "engine/runtime/forward.h"
+
+namespace anchorage {
+
+// One branch: its whole prompt, the question it belongs to, and the first position whose logits it needs.
+struct DecideBranch {
+  std::vector<int32_t> ids;
+  int64_t group = 0;        // branches of one group (a question) may share a longer prefix
+  int64_t logits_from = 0;  // rows [logits_from, ids.size()) are returned; at most ids.size() - 1
+};
+
+// Where the branches split: every branch runs from its group's prefix on.
+struct DecideLayout {
+  int64_t shared = 0;                // ids every branch shares, run once (a multiple of 64)
+  std::vector<int64_t> group_prefix; // per group: ids its branches share, from shared on, run once a group
+  int64_t logical_tokens = 0;        // what independent requests would forward
+  int64_t processed_tokens = 0;      // what this layout forwards
+  int64_t longest = 0;               // the longest branch
+  int64_t widest_logits = 0;         // most logits rows one branch returns
+};
+
+// The layout of branches (groups numbered 0..groups-1). reuse false: every branch alone from 0.
+DecideLayout PlanDecide(std::span<const DecideBranch> branches, int64_t groups, bool reuse);
+
+// Bytes a run of the layout allocates at its peak: one state at the longest branch, two anchors,
+// one branch's logits and the prefill workspace.
+int64_t DecidePeakBytes(const ModelConfig& config, const Forward& forward, const DecideLayout& layout);
+
+// Runs the layout: on_branch(index, logits [rows, vocab] of positions logits_from..) once per branch,
+// groups in order. Stops at the first error (the forward's) or when on_branch returns false.
+Status RunDecide(Forward& forward, std::span<const DecideBranch> branches, const DecideLayout& layout,
+                 const std::function<bool(size_t, std::span<const float>)>& on_branch);
+
+}  // namespace anchorage
