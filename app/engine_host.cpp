@@ -315,6 +315,8 @@ class EngineWorker : public QObject {
     c.tiers.append(tierOf("pin", stats.pin.entries, stats.pin.bytes, stats.pin.budget_bytes, stats.pin.hits, 0));
     c.tiers.append(tierOf("park", stats.park.entries, stats.park.bytes, stats.park.budget_bytes, stats.park.hits, 0));
     c.tiers.append(tierOf("store", stats.store.entries, stats.store.bytes, stats.store.budget_bytes, stats.store.hits, stats.store.evictions));
+    c.tiers.append(tierOf("response", stats.response.entries, stats.response.bytes, stats.response.enabled ? stats.response.max_bytes : 0,
+                          stats.response.hits, stats.response.evictions));
     c.engineBytes = stats.memory.engine_bytes;
     c.ceilingBytes = stats.memory.ceiling_bytes;
     c.peakBytes = stats.memory.peak_bytes;

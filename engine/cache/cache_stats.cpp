@@ -28,6 +28,9 @@ nlohmann::json ToJson(const CacheStats& s) {
   };
   doc["disk"] = s.disk_enabled ? ToJson(s.disk) : nlohmann::json{{"mode", "off"}, {"open", false}};
   if (s.write_guard) doc["disk_writes"] = WriteGuardJson(*s.write_guard);
+  const ResponseCacheStats& rc = s.response;
+  doc["response"] = {{"enabled", rc.enabled}, {"entries", rc.entries}, {"bytes", rc.bytes}, {"max_bytes", rc.max_bytes}, {"hits", rc.hits},
+                     {"misses", rc.misses}, {"puts", rc.puts}, {"evictions", rc.evictions}};
   doc["suffix_store"] = {{"open", s.suffix.open}, {"bytes", s.suffix.bytes}, {"max_bytes", s.suffix.max_bytes}, {"ids", s.suffix.ids}, {"read_only", s.suffix.read_only}};
   doc["spill"] = s.spill_enabled ? SpillJson(s.spill, s.spill_entries, s.spill_events, s.spill_refused) : nlohmann::json{{"open", false}};
   return doc;

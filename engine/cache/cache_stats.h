@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/cache/disk_cache.h"
+#include "engine/cache/response_cache.h"
 #include "engine/cache/session_spill.h"
 
 namespace anchorage {
@@ -54,6 +55,7 @@ struct CacheStats {
     int64_t bytes = 0, max_bytes = 0, ids = 0;
     bool read_only = false;
   } suffix;  // the lookup drafter's suffix store
+  ResponseCacheStats response;  // identical greedy requests answered from memory
   struct Memory {
     int64_t engine_bytes = 0, state_bytes = 0, ceiling_bytes = 0, peak_bytes = 0, slack_bytes = 0, refused = 0;
     std::map<std::string, int64_t> sheds;  // by tier

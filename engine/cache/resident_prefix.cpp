@@ -38,6 +38,7 @@ const char* CacheSourceName(CacheSource source) {
     case CacheSource::kStore: return "store";
     case CacheSource::kDisk: return "disk";
     case CacheSource::kSpill: return "spill";
+    case CacheSource::kResponse: return "response";
   }
   return "cold";
 }
@@ -237,6 +238,8 @@ bool ResidentPrefix::SameConversation(const CacheRequest& request, int64_t commo
 }
 
 void ResidentPrefix::ConfigureTiers() {
+  responses_.set_enabled(options_.response_cache);
+  responses_.set_max_bytes(options_.response_cache_bytes);
   end_tier_.set_options({options_.end_anchor, options_.end_alignment, options_.end_align_reasoning});
   if (spill_tier_) {
     spill_tier_->set_cost_check(options_.spill.cost_check);
@@ -797,9 +800,13 @@ Status ResidentPrefix::Admit(const CacheRequest& request, Plan& plan, int64_t ma
 Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, const SamplingParams& params,
                                                   const TokenCallback& on_token, const std::atomic<bool>* cancel,
                                                   const std::function<void(const ResumeInfo&)>& on_admitted) {
-  Plan plan = MakePlan(request);
   // The context holds the prompt as served (end alignment can make it longer than the client's) and the output.
   const int64_t context = request.context_tokens > 0 ? request.context_tokens : forward_.config().max_position_embeddings;
+  std::optional<std::string> response_key;
+  if (responses_.enabled()) response_key = ResponseCache::KeyOf(request.prompt, params, std::to_string(context));
+  if (response_key)
+    if (std::shared_ptr<const CachedResponse> hit = responses_.Find(*response_key)) return Replay(request, *hit, on_token, on_admitted);
+  Plan plan = MakePlan(request);
   const int64_t served = static_cast<int64_t>(plan.info.served_prompt.size());
   if (served >= context)
     return OutOfRange("the prompt holds " + std::to_string(served) + " tokens as served; this server's context limit is " + std::to_string(context) + " tokens");
@@ -826,8 +833,19 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
   speculative.mtp = options_.mtp_drafts;
   speculative.history = std::span<const int32_t>(info.served_prompt.data(), static_cast<size_t>(start));
   if (options_.suffix_store) speculative.store = suffix_store_;
+  CachedResponse written;
+  TokenCallback keep_token = on_token;
+  if (response_key)
+    keep_token = [&](const GeneratedToken& t) {
+      written.tokens.push_back(t);
+      return on_token ? on_token(t) : true;
+    };
   auto result = generator.Generate(state_, std::span<const int32_t>(info.served_prompt.data() + start, static_cast<size_t>(n - start)),
-                                   fitted, on_token, cancel, speculative);
+                                   fitted, keep_token, cancel, speculative);
+  if (result.ok() && response_key && result->finish != FinishReason::kCancelled) {
+    written.result = *result;
+    responses_.Insert(*response_key, std::move(written));
+  }
   if (result.ok() && suffix_store_ != nullptr && options_.suffix_store && !options_.suffix_store_read_only) {
     std::vector<int32_t> read_and_written = info.served_prompt;
     read_and_written.insert(read_and_written.end(), result->tokens.begin(), result->tokens.end());
@@ -849,6 +867,29 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
   Shed(0, options_.memory_ceiling_bytes - options_.memory_slack_bytes, "over the memory ceiling after a request");
   if (!result.ok()) return result.status();
   return CachedGeneration{std::move(info), std::move(result).value()};
+}
+
+Result<CachedGeneration> ResidentPrefix::Replay(const CacheRequest& request, const CachedResponse& response, const TokenCallback& on_token,
+                                                const std::function<void(const ResumeInfo&)>& on_admitted) {
+  CachedGeneration out;
+  out.resume.source = CacheSource::kResponse;
+  out.resume.cached_tokens = static_cast<int64_t>(request.prompt.size());
+  out.resume.served_prompt = request.prompt;
+  if (on_admitted) on_admitted(out.resume);
+  ++counters_.requests;
+  counters_.cached_tokens += out.resume.cached_tokens;
+  Emit("hit", "response", out.resume.cached_tokens, response.bytes(), "an identical greedy request");
+  out.generation = response.result;
+  for (size_t i = 0; i < response.tokens.size(); ++i) {
+    if (!on_token || on_token(response.tokens[i]) || i + 1 == response.tokens.size()) continue;
+    // The client went away: the answer stops where a live one would have.
+    out.generation.tokens.resize(i + 1);
+    out.generation.text.clear();
+    for (size_t j = 0; j <= i; ++j) out.generation.text += response.tokens[j].text;
+    out.generation.finish = FinishReason::kCancelled;
+    break;
+  }
+  return out;
 }
 
 Result<std::vector<float>> ResidentPrefix::Prefill(const CacheRequest& request, ResumeInfo* info_out) {
@@ -893,7 +934,7 @@ Result<ResumeInfo> ResidentPrefix::Prewarm(const CacheRequest& request) {
 Status ResidentPrefix::Clear(const std::string& tier) {
   const bool all = tier == "all" || tier == "ram" || tier == "resident";
   if (!all && tier != "anchors" && tier != "end" && tier != "stash" && tier != "pin" && tier != "park" && tier != "store" && tier != "disk" &&
-      tier != "spill")
+      tier != "spill" && tier != "response")
     return InvalidArgument("unknown cache tier '" + tier + "'; the tiers are " + kCacheTierNames);
   if (tier == "spill" && spill_ == nullptr) return InvalidArgument("this server runs without a session spill");
   if ((tier == "spill" || tier == "all") && spill_ != nullptr) RETURN_IF_ERROR(spill_->Clear());
@@ -911,6 +952,7 @@ Status ResidentPrefix::Clear(const std::string& tier) {
   if (all || tier == "stash") stash_.rows.reset();
   if (all || tier == "pin") pin_ = PinnedHead{};
   if (all || tier == "park") park_ = ParkedSession{};
+  if (all || tier == "response") responses_.Clear();
   Emit("clear", tier, static_cast<int64_t>(rows_.size()), 0, "by request");
   if (all) {
     rows_.clear();
@@ -926,6 +968,7 @@ CacheStats ResidentPrefix::Stats() const {
   const auto& k = counters_;
   CacheStats s;
   s.spill_refused = k.spill_refused;
+  s.response = responses_.Stats();
   s.resident = {static_cast<int64_t>(rows_.size()), RowBytes(static_cast<int64_t>(rows_.size())), taint_row_ == kNoTaintRow ? -1 : taint_row_,
                 session_, k.requests, k.cold, k.cached_tokens, k.reread_tokens};
   s.anchors = {static_cast<int64_t>(anchors_.size()), anchors_.bytes(), anchors_.budget_bytes(), k.resident_hits, anchors_.evictions(), anchors_.lengths()};

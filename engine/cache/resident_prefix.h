@@ -19,6 +19,7 @@
 
 #include "engine/cache/anchor_set.h"
 #include "engine/cache/cache_stats.h"
+#include "engine/cache/response_cache.h"
 #include "engine/cache/disk_cache.h"
 #include "engine/cache/ram_tiers.h"
 #include "engine/cache/spill_tier.h"
@@ -35,7 +36,7 @@
 namespace anchorage {
 
 // The names POST /v1/cache/clear and the console accept, for messages.
-inline constexpr const char* kCacheTierNames = "anchors, end, stash, pin, park, store, disk, spill, shadow, resident or ram (every RAM tier) or all";
+inline constexpr const char* kCacheTierNames = "anchors, end, stash, pin, park, store, response, disk, spill, shadow, resident or ram (every RAM tier) or all";
 
 // The session spill's knobs the resident prefix reads (the spill's budget and TTL are its own).
 struct SpillSettings {
@@ -72,10 +73,12 @@ struct ResidentOptions {
   bool suffix_store = true;                     // draft from (and, unless read-only, append to) the suffix store
   bool suffix_store_read_only = false;
   int64_t suffix_store_bytes = 16ll << 20;
+  bool response_cache = false;                  // identical greedy requests answered from memory
+  int64_t response_cache_bytes = 64ll << 20;
 };
 
-enum class CacheSource { kCold, kResident, kEnd, kPin, kPark, kStore, kDisk, kSpill };
-const char* CacheSourceName(CacheSource source);  // "cold", "resident", "end", "pin", "park", "store", "disk", "spill"
+enum class CacheSource { kCold, kResident, kEnd, kPin, kPark, kStore, kDisk, kSpill, kResponse };
+const char* CacheSourceName(CacheSource source);  // "cold", "resident", "end", "pin", "park", "store", "disk", "spill", "response"
 
 struct CacheRequest {
   std::vector<int32_t> prompt;  // the client's tokens
@@ -148,6 +151,9 @@ class ResidentPrefix {
   int64_t PrefillPeakBytes(int64_t prompt_tokens, int64_t resume_at, int64_t max_new) const;
   // Resumes and prefills the whole prompt; returns the last position's logits (no end anchor is kept).
   Result<std::vector<float>> Prefill(const CacheRequest& request, ResumeInfo* info = nullptr);
+  // A response cache hit: the stored tokens through on_token, as a generation would release them.
+  Result<CachedGeneration> Replay(const CacheRequest& request, const CachedResponse& response, const TokenCallback& on_token,
+                                  const std::function<void(const ResumeInfo&)>& on_admitted);
   // Where a request would resume, without changing anything.
   ResumeInfo Peek(const CacheRequest& request) const;
 
@@ -265,6 +271,7 @@ class ResidentPrefix {
   DiskCache* disk_ = nullptr;
   SessionSpill* spill_ = nullptr;
   SuffixStore* suffix_store_ = nullptr;
+  ResponseCache responses_;
   std::unique_ptr<SpillTier> spill_tier_;
   WriteGuard* guard_ = nullptr;
   std::vector<int64_t> disk_lines_;   // lines this prefill stages for the disk as it passes them

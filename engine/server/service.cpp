@@ -70,6 +70,9 @@ ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective) {
   o.suffix_store = spec.at("suffix_store").get<std::string>() != "off";
   o.suffix_store_read_only = spec.at("suffix_store").get<std::string>() == "read";
   o.suffix_store_bytes = static_cast<int64_t>(spec.at("suffix_store_mb").get<double>() * double(1 << 20));
+  const nlohmann::json& rc = effective.at("response_cache");
+  o.response_cache = rc.at("enabled").get<bool>();
+  o.response_cache_bytes = static_cast<int64_t>(rc.at("mb").get<double>() * double(1 << 20));
   return o;
 }
 
