@@ -569,7 +569,7 @@ void ShadowReader::Publish() {
       i.bytes = e.disk_bytes;
       i.read = i.known = e.disk_read_tokens;
       s.disk_bytes += e.disk_bytes;
-      ++s.disk_files;
+      if (i.on_disk) ++s.disk_files;  // a session dropped without a file is listed, not counted as one
     }
     s.sessions.push_back(std::move(i));
   }
