@@ -1,18 +1,49 @@
 #include "widgets/journal_screen.h"
 
+#include <QChart>
+#include <QChartView>
 #include <QComboBox>
+#include <QDateTime>
+#include <QDateTimeAxis>
 #include <QFontDatabase>
 #include <QHBoxLayout>
 #include <QHeaderView>
 #include <QLabel>
 #include <QLineEdit>
+#include <QPieSeries>
 #include <QPlainTextEdit>
+#include <QScatterSeries>
 #include <QSplitter>
 #include <QTableView>
 #include <QVBoxLayout>
+#include <QValueAxis>
 
+#include <algorithm>
+
+#include "models/journal_charts.h"
 #include "models/journal_filter_model.h"
 #include "models/journal_model.h"
+
+namespace {
+
+// One colour a cache source, the same on every chart.
+QColor SourceColor(const QString& source) {
+  static const QMap<QString, QColor> known = {{"cold", QColor(0x9e, 0x9e, 0x9e)},     {"resident", QColor(0x1f, 0x77, 0xb4)},
+                                              {"end", QColor(0x2c, 0xa0, 0x2c)},      {"pin", QColor(0x94, 0x67, 0xbd)},
+                                              {"park", QColor(0x8c, 0x56, 0x4b)},     {"store", QColor(0xff, 0x7f, 0x0e)},
+                                              {"disk", QColor(0xd6, 0x27, 0x28)},     {"spill", QColor(0xe3, 0x77, 0xc2)},
+                                              {"response", QColor(0x17, 0xbe, 0xcf)}, {"request", QColor(0xbc, 0xbd, 0x22)}};
+  return known.value(source, QColor(0x44, 0x44, 0x44));
+}
+
+QChart* NewChart(const QString& title) {
+  auto* chart = new QChart;
+  chart->setTitle(title);
+  chart->legend()->setAlignment(Qt::AlignBottom);
+  return chart;
+}
+
+}  // namespace
 
 JournalScreen::JournalScreen(JournalModel* journal, QWidget* parent) : QWidget(parent), m_journal(journal) {
   m_filter = new JournalFilterModel(this);
@@ -70,15 +101,92 @@ JournalScreen::JournalScreen(JournalModel* journal, QWidget* parent) : QWidget(p
   split->setStretchFactor(0, 3);
   split->setStretchFactor(1, 1);
 
+  m_ttft = NewChart(tr("Time to first token (ms)"));
+  m_reread = NewChart(tr("Re-read tokens"));
+  m_sources = NewChart(tr("Requests per cache source"));
+  auto* charts = new QWidget(this);
+  auto* chartRow = new QHBoxLayout(charts);
+  chartRow->setContentsMargins(0, 0, 0, 0);
+  for (auto [chart, name] : {std::pair{m_ttft, "ttftChart"}, std::pair{m_reread, "rereadChart"}, std::pair{m_sources, "sourceChart"}}) {
+    auto* view = new QChartView(chart, charts);
+    view->setObjectName(name);
+    view->setRenderHint(QPainter::Antialiasing);
+    view->setMinimumHeight(200);
+    chartRow->addWidget(view, chart == m_sources ? 2 : 3);
+  }
+  auto* rowsAndCharts = new QSplitter(Qt::Vertical, this);
+  rowsAndCharts->addWidget(split);
+  rowsAndCharts->addWidget(charts);
+  rowsAndCharts->setStretchFactor(0, 3);
+  rowsAndCharts->setStretchFactor(1, 2);
+
   auto* layout = new QVBoxLayout(this);
   layout->addLayout(filters);
-  layout->addWidget(split, 1);
+  layout->addWidget(rowsAndCharts, 1);
 
   connect(m_table->selectionModel(), &QItemSelectionModel::currentRowChanged, this, &JournalScreen::showDetail);
   connect(m_filter, &QAbstractItemModel::rowsInserted, this, &JournalScreen::updateCount);
   connect(m_filter, &QAbstractItemModel::rowsRemoved, this, &JournalScreen::updateCount);
   connect(m_filter, &QAbstractItemModel::modelReset, this, &JournalScreen::updateCount);
+  connect(m_journal, &QAbstractItemModel::rowsInserted, this, &JournalScreen::updateCharts);
+  connect(m_journal, &QAbstractItemModel::rowsRemoved, this, &JournalScreen::updateCharts);
+  connect(m_journal, &QAbstractItemModel::modelReset, this, &JournalScreen::updateCharts);
   updateCount();
+  updateCharts();
+}
+
+void JournalScreen::updateCharts() {
+  QList<JournalRowSnapshot> rows;
+  for (int i = 0; i < m_journal->rowCount(); ++i) rows.append(m_journal->row(i));
+  const QList<RequestPoint> points = RequestPoints(rows);
+  for (QChart* chart : {m_ttft, m_reread, m_sources}) {
+    chart->removeAllSeries();
+    for (QAbstractAxis* axis : chart->axes()) {
+      chart->removeAxis(axis);
+      delete axis;
+    }
+  }
+  // Over time: one scatter series a source, so the legend names the colours.
+  for (auto [chart, ttft] : {std::pair{m_ttft, true}, std::pair{m_reread, false}}) {
+    auto* x = new QDateTimeAxis;
+    x->setFormat("hh:mm:ss");
+    auto* y = new QValueAxis;
+    y->setLabelFormat(ttft ? "%.0f" : "%d");
+    chart->addAxis(x, Qt::AlignBottom);
+    chart->addAxis(y, Qt::AlignLeft);
+    QMap<QString, QScatterSeries*> bySource;
+    double top = 1;
+    for (const RequestPoint& p : points) {
+      QScatterSeries*& s = bySource[p.source];
+      if (s == nullptr) {
+        s = new QScatterSeries;
+        s->setName(p.source);
+        s->setColor(SourceColor(p.source));
+        s->setMarkerSize(7);
+      }
+      const double value = ttft ? p.ttftMs : static_cast<double>(p.rereadTokens);
+      s->append(static_cast<double>(p.timeMs), value);
+      top = std::max(top, value);
+    }
+    for (QScatterSeries* s : bySource) {
+      chart->addSeries(s);
+      s->attachAxis(x);
+      s->attachAxis(y);
+    }
+    const qint64 last = points.isEmpty() ? QDateTime::currentMSecsSinceEpoch() : points.back().timeMs;
+    const qint64 first = points.isEmpty() ? last - 60000 : points.front().timeMs;
+    const qint64 pad = std::max<qint64>(2000, (last - first) / 20);  // no point on the frame
+    x->setRange(QDateTime::fromMSecsSinceEpoch(first - pad), QDateTime::fromMSecsSinceEpoch(last + pad));
+    y->setRange(0, top * 1.15);
+    if (ttft && top < 10) y->setLabelFormat("%.1f");
+  }
+  auto* pie = new QPieSeries;
+  const QMap<QString, int> shares = SourceShares(points);
+  for (auto it = shares.begin(); it != shares.end(); ++it) {
+    QPieSlice* slice = pie->append(QString("%1 %2").arg(it.key()).arg(it.value()), it.value());
+    slice->setColor(SourceColor(it.key()));
+  }
+  m_sources->addSeries(pie);
 }
 
 void JournalScreen::updateCount() {

@@ -1,10 +1,13 @@
-// JournalScreen: the journal's newest rows, live, filterable and sortable, with a detail pane.
+// JournalScreen: the journal's newest rows, live, filterable and sortable, with a detail pane, and
+// charts of the requests among them: TTFT and re-read tokens over time by cache source, and the
+// share of requests per source.
 #pragma once
 
 #include <QWidget>
 
 class JournalFilterModel;
 class JournalModel;
+class QChart;
 class QComboBox;
 class QLabel;
 class QLineEdit;
@@ -20,10 +23,14 @@ class JournalScreen : public QWidget {
 
   QTableView* table() const { return m_table; }
   JournalFilterModel* filter() const { return m_filter; }
+  QChart* ttftChart() const { return m_ttft; }
+  QChart* rereadChart() const { return m_reread; }
+  QChart* sourceChart() const { return m_sources; }
 
  private:
   void updateCount();
   void showDetail();
+  void updateCharts();
 
   JournalModel* m_journal;
   JournalFilterModel* m_filter;
@@ -34,4 +41,7 @@ class JournalScreen : public QWidget {
   QLabel* m_count;
   QTableView* m_table;
   QPlainTextEdit* m_detail;
+  QChart* m_ttft;
+  QChart* m_reread;
+  QChart* m_sources;
 };

@@ -16,6 +16,9 @@
 #include <QTableWidget>
 #include <QTemporaryDir>
 #include <QTextBrowser>
+#include <QChart>
+#include <QPieSeries>
+#include <QScatterSeries>
 #include <QtTest>
 
 #include "app/engine_host.h"
@@ -123,6 +126,14 @@ class TestConsoleGui : public QObject {
       }
     }
     QVERIFY(sawRequest);
+    // The charts plot it: a TTFT point and a re-read point of its source, and its slice.
+    QChart* ttft = window.journalScreen()->ttftChart();
+    QTRY_VERIFY_WITH_TIMEOUT(!ttft->series().isEmpty(), 10000);
+    auto* points = qobject_cast<QScatterSeries*>(ttft->series().first());
+    QVERIFY(points != nullptr && points->count() >= 1 && points->at(0).y() > 0);
+    QVERIFY(!window.journalScreen()->rereadChart()->series().isEmpty());
+    auto* pie = qobject_cast<QPieSeries*>(window.journalScreen()->sourceChart()->series().first());
+    QVERIFY(pie != nullptr && pie->sum() >= 1);
     CacheTierModel* tiers = window.cacheModel();
     QTRY_VERIFY_WITH_TIMEOUT(tierValue(tiers, "resident", CacheTierModel::BytesColumn) > 0, 10000);
     QVERIFY(tierValue(tiers, "resident", CacheTierModel::EntriesColumn) > 0);

@@ -4,6 +4,7 @@
 #include <QSignalSpy>
 #include <QtTest>
 
+#include "models/journal_charts.h"
 #include "models/journal_filter_model.h"
 #include "models/journal_model.h"
 
@@ -43,6 +44,33 @@ class TestJournalModel : public QObject {
   Q_OBJECT
 
  private slots:
+  void chartPointsComeFromRequestRows() {
+    auto timed = [](qint64 id, qint64 time, const QString& source, double ttft, qint64 reread) {
+      JournalRowSnapshot r = request(id, 200, "s1");
+      r.timeMs = time;
+      r.json = QJsonDocument(QJsonObject{{"id", id}, {"type", "request"}, {"cache_source", source}, {"ttft_ms", ttft}, {"reread_tokens", reread}})
+                   .toJson(QJsonDocument::Compact);
+      return r;
+    };
+    // Newest first, as the journal gives them, with a cache event and a row without a source between.
+    JournalRowSnapshot bare = request(5, 503, "s2");
+    bare.timeMs = 4000;
+    const QList<RequestPoint> points = RequestPoints({timed(4, 3000, "end", 12.5, 40), cacheEvent(3, "hit", "end"), bare,
+                                                      timed(2, 2000, "cold", 900.0, 1500), timed(1, 1000, "end", 10.0, 30)});
+    QCOMPARE(points.size(), 4);
+    QCOMPARE(points[0].timeMs, qint64{1000});
+    QCOMPARE(points[1].source, QString("cold"));
+    QCOMPARE(points[1].ttftMs, 900.0);
+    QCOMPARE(points[1].rereadTokens, qint64{1500});
+    QCOMPARE(points[2].rereadTokens, qint64{40});
+    QCOMPARE(points[3].source, QString("unknown"));
+    const QMap<QString, int> shares = SourceShares(points);
+    QCOMPARE(shares.value("end"), 2);
+    QCOMPARE(shares.value("cold"), 1);
+    QCOMPARE(shares.value("unknown"), 1);
+    QCOMPARE(shares.size(), 3);
+  }
+
   void rowsColumnsRoles() {
     JournalModel model;
     QAbstractItemModelTester tester(&model, QAbstractItemModelTester::FailureReportingMode::QtTest);
