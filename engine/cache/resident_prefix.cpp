@@ -869,6 +869,14 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
   return CachedGeneration{std::move(info), std::move(result).value()};
 }
 
+std::optional<std::vector<int32_t>> ResidentPrefix::EndRecord(const std::string& session) const {
+  if (!options_.enabled || session.empty()) return std::nullopt;
+  if (session == session_ && end_ && end_->anchor.length == static_cast<int64_t>(rows_.size())) return rows_;
+  // Parked: its rows come back with the end anchor when the continuation's prompt asks for them.
+  if (session == park_.session && park_.end && park_.end->anchor.length == static_cast<int64_t>(park_.tokens.size())) return park_.tokens;
+  return std::nullopt;
+}
+
 Result<CachedGeneration> ResidentPrefix::Replay(const CacheRequest& request, const CachedResponse& response, const TokenCallback& on_token,
                                                 const std::function<void(const ResumeInfo&)>& on_admitted) {
   CachedGeneration out;

@@ -154,6 +154,8 @@ class ResidentPrefix {
   // A response cache hit: the stored tokens through on_token, as a generation would release them.
   Result<CachedGeneration> Replay(const CacheRequest& request, const CachedResponse& response, const TokenCallback& on_token,
                                   const std::function<void(const ResumeInfo&)>& on_admitted);
+  // The tokens up to the end anchor of session's conversation when it is the resident or the parked one.
+  std::optional<std::vector<int32_t>> EndRecord(const std::string& session) const;
   // Where a request would resume, without changing anything.
   ResumeInfo Peek(const CacheRequest& request) const;
 

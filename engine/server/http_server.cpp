@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/compute/cpu/matmul.h"
+#include "engine/server/compaction.h"
 #include "engine/server/decide_api.h"
 #include "engine/server/openai_api.h"
 #include "engine/server/output_parser.h"
@@ -524,14 +525,26 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
   if (prompt_tokens >= options_.context_tokens)
     return reject({400, "the prompt holds " + std::to_string(prompt_tokens) + " tokens; this server's context limit is " + std::to_string(options_.context_tokens) + " tokens",
                            "invalid_request_error", kind == RequestKind::kChat ? "messages" : "prompt", "context_length_exceeded"});
+  // An agent's compaction of a conversation the engine holds: its continuation, resumed at the end anchor.
+  std::vector<int32_t> continuation;
+  const bool compaction_on = settings_ == nullptr || settings_->Effective()["compaction"].value("mode", "continuation") == "continuation";
+  if (kind == RequestKind::kChat && compaction_on && !r.session.empty() && r.template_body.contains("messages"))
+    if (auto compaction = RecognizeCompaction(r.template_body["messages"]))
+      if (auto record = scheduler_.ConversationRecord(r.session);
+          record && RecordIsThisConversation(model_.tokenizer.Decode(*record), *compaction))
+        if (auto ids = ContinuationIds(*record, *compaction, model_.chat_template, model_.tokenizer); ids.ok()) {
+          continuation = std::move(*ids);
+          prepared->starts_in_reasoning = false;  // its turn has thinking off
+        }
   const int64_t room = options_.context_tokens - prompt_tokens;
   r.sampling.max_tokens = r.max_tokens_given ? std::min(r.sampling.max_tokens, room) : room;
   for (int64_t id : model_.config.eos_token_ids) r.sampling.stop_token_ids.push_back(static_cast<int32_t>(id));
   for (const char* stop : {"<|im_end|>", "<|endoftext|>"})
     if (auto id = model_.tokenizer.TokenId(stop)) r.sampling.stop_token_ids.push_back(*id);
 
-  auto job = std::make_shared<Job>(prepared->prompt_ids, r.sampling, r.session, req.path);
+  auto job = std::make_shared<Job>(continuation.empty() ? prepared->prompt_ids : continuation, r.sampling, r.session, req.path);
   job->set_context_tokens(options_.context_tokens);
+  if (!continuation.empty()) job->set_continuation_of(prompt_tokens);
   // The journal records the finish reason the client sees: tool_calls when the reply parses as calls.
   job->set_finish_reason_namer([prepared, kind](const GenerationResult& result) {
     const CompletionRequest& rq = prepared->request;

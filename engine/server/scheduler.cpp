@@ -205,6 +205,10 @@ Result<ShadowAnswer> Scheduler::AskShadow(const std::string& session, const std:
   return answer;
 }
 
+std::optional<std::vector<int32_t>> Scheduler::ConversationRecord(const std::string& session) {
+  return BetweenRequests(session, [&] { return resident_.EndRecord(session); });
+}
+
 Result<DecideLayout> Scheduler::Decide(std::span<const DecideBranch> branches, int64_t groups, bool reuse,
                                        const std::function<bool(size_t, std::span<const float>)>& on_branch) {
   const DecideLayout layout = PlanDecide(branches, groups, reuse);
@@ -382,6 +386,11 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
   stats.reread_tokens = result->resume.reread_tokens;
   stats.served_prompt_tokens = static_cast<int64_t>(result->resume.served_prompt.size());
   stats.cache_source = CacheSourceName(result->resume.source);
+  if (job.client_prompt_tokens() > 0) {  // usage speaks of the client's prompt
+    stats.prompt_tokens = job.client_prompt_tokens();
+    stats.cached_tokens = std::max<int64_t>(0, stats.prompt_tokens - stats.reread_tokens);
+    stats.cache_source = "continuation";
+  }
   if (have_first) {
     stats.ttft_ms = std::chrono::duration<double, std::milli>(first_token - start).count() + queue_ms;
     stats.prefill_ms = std::chrono::duration<double, std::milli>(first_token - start).count();

@@ -40,6 +40,9 @@ class Job {
   const std::string& session() const { return session_; }
   const std::string& route() const { return route_; }
   const SamplingParams& sampling() const { return sampling_; }
+  // A compaction served as a continuation: what usage reports as the prompt (the client's tokens).
+  void set_continuation_of(int64_t client_prompt_tokens) { client_prompt_tokens_ = client_prompt_tokens; }
+  int64_t client_prompt_tokens() const { return client_prompt_tokens_; }
   // The context limit (prompt as served plus output); 0: the model's.
   void set_context_tokens(int64_t tokens) { context_tokens_ = tokens; }
   int64_t context_tokens() const { return context_tokens_; }
@@ -76,6 +79,7 @@ class Job {
   std::string session_;
   std::string route_;
   int64_t context_tokens_ = 0;
+  int64_t client_prompt_tokens_ = 0;  // set: a continuation
   std::function<std::string(const GenerationResult&)> finish_reason_namer_;
   std::atomic<bool> cancel_{false};
   std::mutex mu_;
@@ -144,6 +148,9 @@ class Scheduler {
   ShadowReader* shadow() { return options_.shadow; }
   // A planned stop: writes every resident shadow session to disk.
   Status WriteShadowForStop();
+  // The tokens up to the end anchor of session's conversation when the engine holds it resident
+  // (waits for the engine like a request); nullopt otherwise.
+  std::optional<std::vector<int32_t>> ConversationRecord(const std::string& session);
   // A decide request's branches between requests (waits like one): the layout it ran, after
   // on_branch saw every branch's logits. ResourceExhausted when its peak does not fit the memory limit.
   Result<DecideLayout> Decide(std::span<const DecideBranch> branches, int64_t groups, bool reuse,

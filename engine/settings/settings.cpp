@@ -279,6 +279,7 @@ std::vector<SettingField> SettingsSchemaFields(int64_t total_ram_bytes) {
       Integer("speculative", "max_draft", 1, 64, 8, "most drafts a decode window verifies"),
       Enum("speculative", "suffix_store", {"off", "read", "readwrite"}, "readwrite", "the lookup drafter's store of earlier requests' token ids: off, read only, or read and append"),
       Number("speculative", "suffix_store_mb", 1, 4096, 16, "MiB the suffix store keeps; past it the oldest half goes"),
+      Enum("compaction", "mode", {"continuation", "client"}, "continuation", "an agent's compaction request of a conversation the engine holds: served as its continuation, or as the client sent it"),
       Boolean("response_cache", "enabled", false, "answer an identical greedy request (same prompt ids and parameters) from memory; never sampled ones"),
       Number("response_cache", "mb", 1, 65536, 64, "MiB of answers the response cache keeps; past it the least recently used go"),
       Integer("journal", "retention_days", 1, 3650, 30, "days journal rows are kept"),

@@ -68,7 +68,8 @@ class TestSettings : public QObject {
     QVERIFY(!doc.contains("overrides"));
     std::vector<std::string> areas;
     for (const auto& [k, v] : doc.items()) areas.push_back(k);
-    QCOMPARE(areas.size(), size_t{10});  // version and nine areas
+    QCOMPARE(areas.size(), size_t{11});  // version and ten areas
+    QCOMPARE(doc["compaction"]["mode"].get<std::string>(), std::string("continuation"));
     QCOMPARE(doc["response_cache"]["enabled"].get<bool>(), false);  // off unless asked for
 
     nlohmann::json schema = s.Schema();

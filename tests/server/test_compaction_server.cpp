@@ -1,0 +1,93 @@
+// Compaction served as a continuation through anchorage-server on the tiny model: opencode's
+// compaction request of a conversation the engine holds resumes at its end anchor and reads only the
+// new turn, with usage speaking of the client's prompt; the guard serves it as sent for another
+// conversation's history, for a record that already holds the instructions, and with
+// compaction.mode client.
+#include <QtTest>
+
+#include "tests/server/server_fixture.h"
+
+using anchorage::testing::ServerProcess;
+using json = nlohmann::json;
+
+namespace {
+
+const char* kFirst = "Please refactor the parser module and keep the tests green.";
+const char* kSecond = "Now rename the lexer to scanner everywhere.";
+
+json Compaction(const std::string& session, const std::string& first, const std::string& last) {
+  const std::string history = "Here is the conversation so far:\n<conversation>\n[User]: " + first + "\n[Assistant]: Done.\n[User]: " + last +
+                              "\n[Assistant]: Renamed.\n</conversation>\nProvide a detailed summary of the conversation above.";
+  return {{"messages", {{{"role", "system"}, {"content", "You summarize coding sessions for the next agent."}}, {{"role", "user"}, {"content", history}}}},
+          {"max_tokens", 16}, {"temperature", 0}, {"session_id", session}};
+}
+
+}  // namespace
+
+class TestCompactionServer : public QObject {
+  Q_OBJECT
+  QTemporaryDir data_;
+  ServerProcess server_;
+
+  json Post(const json& body) {
+    auto r = server_.Post("/v1/chat/completions", body.dump());
+    if (r && r->status != 200) qWarning("%d %s", r->status, r->body.c_str());
+    return r && r->status == 200 ? json::parse(r->body) : json();
+  }
+  // Two turns of a conversation in session.
+  void Converse(const std::string& session) {
+    json messages = json::array({{{"role", "user"}, {"content", kFirst}}});
+    const json one = Post({{"messages", messages}, {"max_tokens", 12}, {"temperature", 0}, {"session_id", session}});
+    QVERIFY(!one.is_null());
+    messages.push_back(one["choices"][0]["message"]);
+    messages.push_back({{"role", "user"}, {"content", kSecond}});
+    QVERIFY(!Post({{"messages", messages}, {"max_tokens", 12}, {"temperature", 0}, {"session_id", session}}).is_null());
+  }
+  static std::string Source(const json& reply) { return reply["usage"]["anchorage"]["cache_source"].get<std::string>(); }
+
+ private slots:
+  void initTestCase() { QVERIFY(server_.Start(data_.path(), {"--grid", "64"})); }
+
+  void servedAsTheContinuation() {
+    Converse("c1");
+    const json as_sent = Post(Compaction("nobody", kFirst, kSecond));  // no conversation held: as sent (c1 is parked)
+    QVERIFY(Source(as_sent) != "continuation");
+    const json cont = Post(Compaction("c1", kFirst, kSecond));  // c1's rows come back from the park
+    QCOMPARE(Source(cont), std::string("continuation"));
+    const json& usage = cont["usage"];
+    QCOMPARE(usage["prompt_tokens"], as_sent["usage"]["prompt_tokens"]);  // the client's prompt
+    const int64_t reread = usage["anchorage"]["reread_tokens"].get<int64_t>();
+    QVERIFY2(reread > 0 && reread < as_sent["usage"]["anchorage"]["reread_tokens"].get<int64_t>() / 2, usage.dump().c_str());
+    QCOMPARE(usage["anchorage"]["cached_tokens"].get<int64_t>(), usage["prompt_tokens"].get<int64_t>() - reread);
+    QVERIFY(!cont["choices"][0]["message"]["content"].is_null());
+    // The record now holds these instructions: a second compaction is served as sent.
+    QVERIFY(Source(Post(Compaction("c1", kFirst, kSecond))) != "continuation");
+  }
+
+  void theGuardServesOthersAsSent() {
+    Converse("c2");
+    QVERIFY(Source(Post(Compaction("c2", "A first line this conversation never had.", kSecond))) != "continuation");
+    Converse("c3");
+    QVERIFY(Source(Post(Compaction("c3", kFirst, "A last line it never had either."))) != "continuation");
+    // Not a compaction's shape: served as sent.
+    json plain = Compaction("c3", kFirst, kSecond);
+    plain["messages"][1]["content"] = "Summarize what we did.";
+    QVERIFY(Source(Post(plain)) != "continuation");
+  }
+
+  void clientModeServesAsSent() {
+    json settings = json::parse(server_.Get("/v1/settings")->body);
+    settings["compaction"]["mode"] = "client";
+    QVERIFY(server_.Put("/v1/settings", settings.dump())->status == 200);
+    Converse("c4");
+    QVERIFY(Source(Post(Compaction("c4", kFirst, kSecond))) != "continuation");
+    settings = json::parse(server_.Get("/v1/settings")->body);
+    settings["compaction"]["mode"] = "continuation";
+    QVERIFY(server_.Put("/v1/settings", settings.dump())->status == 200);
+    Converse("c5");
+    QCOMPARE(Source(Post(Compaction("c5", kFirst, kSecond))), std::string("continuation"));
+  }
+};
+
+QTEST_MAIN(TestCompactionServer)
+#include "test_compaction_server.moc"
