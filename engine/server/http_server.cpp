@@ -527,9 +527,9 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
                            "invalid_request_error", kind == RequestKind::kChat ? "messages" : "prompt", "context_length_exceeded"});
   // An agent's compaction of a conversation the engine holds: its continuation, resumed at the end anchor.
   std::vector<int32_t> continuation;
-  const bool compaction_on = settings_ == nullptr || settings_->Effective()["compaction"].value("mode", "continuation") == "continuation";
-  if (kind == RequestKind::kChat && compaction_on && !r.session.empty() && r.template_body.contains("messages"))
-    if (auto compaction = RecognizeCompaction(r.template_body["messages"]))
+  auto compaction_on = [this] { return settings_ == nullptr || settings_->Effective()["compaction"].value("mode", "continuation") == "continuation"; };
+  if (kind == RequestKind::kChat && !r.session.empty() && r.template_body.contains("messages"))
+    if (auto compaction = RecognizeCompaction(r.template_body["messages"]); compaction && compaction_on())
       if (auto record = scheduler_.ConversationRecord(r.session);
           record && RecordIsThisConversation(model_.tokenizer.Decode(*record), *compaction))
         if (auto ids = ContinuationIds(*record, *compaction, model_.chat_template, model_.tokenizer); ids.ok()) {
