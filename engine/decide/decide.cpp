@@ -62,7 +62,7 @@ int64_t DecidePeakBytes(const ModelConfig& config, const Forward& forward, const
 }
 
 Status RunDecide(Forward& forward, std::span<const DecideBranch> branches, const DecideLayout& layout,
-                 const std::function<bool(size_t, std::span<const float>)>& on_branch) {
+                 const std::function<bool(size_t, std::span<const float>)>& on_branch, const std::function<void()>& between_branches) {
   SequenceState state(forward.config());
   RETURN_IF_ERROR(state.Reserve(layout.longest));
   // The snapshots: the state at the shared prefix and at the group's; branches only write above them.
@@ -95,6 +95,7 @@ Status RunDecide(Forward& forward, std::span<const DecideBranch> branches, const
       ASSIGN_OR_RETURN(std::vector<float> logits, forward.Prefill(state, ids.subspan(static_cast<size_t>(start)), LogitsRows::kAll));
       const size_t skip = static_cast<size_t>((b.logits_from - start) * forward.vocab_size());
       if (!on_branch(i, std::span<const float>(logits).subspan(skip))) return Cancelled("the decide request was cancelled");
+      if (between_branches) between_branches();
     }
   }
   return Status::Ok();

@@ -39,7 +39,10 @@ int64_t DecidePeakBytes(const ModelConfig& config, const Forward& forward, const
 
 // Runs the layout: on_branch(index, logits [rows, vocab] of positions logits_from..) once per branch,
 // groups in order. Stops at the first error (the forward's) or when on_branch returns false.
+// between_branches (optional) runs after each branch: the forward may serve others there, since the
+// run's states are its own.
 Status RunDecide(Forward& forward, std::span<const DecideBranch> branches, const DecideLayout& layout,
-                 const std::function<bool(size_t, std::span<const float>)>& on_branch);
+                 const std::function<bool(size_t, std::span<const float>)>& on_branch,
+                 const std::function<void()>& between_branches = nullptr);
 
 }  // namespace anchorage

@@ -120,8 +120,11 @@ size_t Scheduler::queue_depth() const {
 }
 
 bool Scheduler::busy() const {
-  std::lock_guard lock(mu_);
-  return running_job_;
+  {
+    std::lock_guard lock(mu_);
+    if (running_job_) return true;
+  }
+  return lock_.held_for_request();
 }
 
 bool Scheduler::draining() const {
@@ -220,7 +223,8 @@ Result<DecideLayout> Scheduler::Decide(std::span<const DecideBranch> branches, i
     if (resident_.EngineBytes() + need > limit)
       return ResourceExhausted("the decide request needs " + std::to_string(need) + " bytes beyond the engine's " +
                                std::to_string(resident_.EngineBytes()) + "; the peak limit less slack is " + std::to_string(limit) + " bytes");
-    RETURN_IF_ERROR(RunDecide(*forward_, branches, layout, on_branch));
+    // A long decide lets requests that arrive go first between its branches: its states are its own.
+    RETURN_IF_ERROR(RunDecide(*forward_, branches, layout, on_branch, [this] { lock_.YieldToWaiting(); }));
     return layout;
   });
   if (options_.journal != nullptr) {

@@ -2,8 +2,13 @@
 // with every branch run alone; each branch's prompt is the one an independent chat request renders;
 // question order, a repeat, and A, B, A with another observation between give the same answers; 255
 // candidates share the observation's forward; bad input gets parsed 400s, a request past the memory
-// limit a 503, and the server keeps serving; the journal has a row per request.
+// limit a 503, and the server keeps serving; the journal has a row per request; a chat request that
+// comes during a long decide is answered before the decide ends.
 #include <QtTest>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "tests/server/server_fixture.h"
 
@@ -116,6 +121,39 @@ class TestDecideServer : public QObject {
     // A single-candidate question runs the plain forward: nothing to share.
     const json single = Decide({{"prompt", "short"}, {"questions", json::array({{{"question", "Yes?"}, {"candidates", {"yes"}}}})}});
     QCOMPARE(single["usage"]["processed_tokens"], single["usage"]["logical_tokens"]);
+  }
+
+  void aChatGoesFirstDuringALongDecide() {
+    json candidates = json::array();
+    for (int i = 0; i < 1000; ++i) candidates.push_back("candidate number " + std::to_string(i) + " of the long list, with some words after it");
+    const json body = {{"messages", Observation(60, 8)}, {"questions", json::array({{{"question", "Which one?"}, {"candidates", candidates}}})}};
+    std::atomic<bool> decided{false};
+    std::chrono::steady_clock::time_point decide_end;
+    int decide_status = 0;
+    std::thread decide([&] {
+      auto r = server_.Post("/v1/decide", body.dump());
+      decide_status = r ? r->status : -1;
+      decide_end = std::chrono::steady_clock::now();
+      decided = true;
+    });
+    // Once the decide holds the engine (it parses and renders first), a chat comes.
+    auto engine_busy = [&] {
+      auto health = server_.Get("/health");
+      return health && json::parse(health->body)["state"] == "busy";
+    };
+    while (!decided.load() && !engine_busy()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const bool decide_was_running = !decided.load();
+    const auto chat_sent = std::chrono::steady_clock::now();
+    auto chat = server_.Post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", "hello"}}}}, {"max_tokens", 4}}.dump());
+    const auto chat_end = std::chrono::steady_clock::now();
+    decide.join();
+    QVERIFY(chat && chat->status == 200);
+    QCOMPARE(decide_status, 200);
+    if (!decide_was_running) QSKIP("the decide ended before the chat was sent: this machine is too fast for the check");
+    // Between two branches: the chat's wait is a small part of what the decide still had to do.
+    const auto chat_wait = chat_end - chat_sent, decide_rest = decide_end - chat_sent;
+    QVERIFY2(2 * chat_wait < decide_rest, ("the chat took " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(chat_wait).count()) +
+                                           " ms of the decide's last " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(decide_rest).count()) + " ms").c_str());
   }
 
   void badInputIsRefusedAndTheServerServes() {
