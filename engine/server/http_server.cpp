@@ -307,14 +307,22 @@ void HttpServer::RouteDecide() {
       std::vector<int32_t> prompt;
       bool in_reasoning = false;
       if (!PromptIds(chat, &prompt, &in_reasoning, &error)) return SendError(res, error);
+      // False when the branch does not fit the context (the error is sent).
       auto add = [&](std::vector<int32_t> scored, size_t candidate) {
         DecideBranch b;
         b.ids = prompt;
         b.ids.insert(b.ids.end(), scored.begin(), scored.end());
+        if (static_cast<int64_t>(b.ids.size()) > options_.context_tokens) {
+          bad("questions[" + std::to_string(q) + "] makes a prompt of " + std::to_string(b.ids.size()) + " tokens; this server's context limit is " +
+                  std::to_string(options_.context_tokens) + " tokens",
+              "context_length_exceeded");
+          return false;
+        }
         b.group = static_cast<int64_t>(q);
         b.logits_from = static_cast<int64_t>(prompt.size()) - 1;
         branches.push_back(std::move(b));
         meta.push_back({q, candidate, std::move(scored)});
+        return true;
       };
       for (size_t i = 0; i < question.choices.size(); ++i) {
         const std::string letter(1, static_cast<char>('A' + i));
@@ -322,15 +330,12 @@ void HttpServer::RouteDecide() {
         if (!id.ok() || id->size() != 1) return bad("the tokenizer has no single token for the letter " + letter, "unsupported_choices");
         letters[q].push_back((*id)[0]);
       }
-      if (!question.choices.empty()) add({}, 0);
+      if (!question.choices.empty() && !add({}, 0)) return;
       for (size_t c = 0; c < question.candidates.size(); ++c) {
         auto ids = model_.tokenizer.Encode(question.candidates[c], false);
         if (!ids.ok()) return bad("questions[" + std::to_string(q) + "].candidates[" + std::to_string(c) + "]: " + ids.status().message(), "tokenizer_error");
-        add(std::move(ids).value(), c);
+        if (!add(std::move(ids).value(), c)) return;
       }
-      if (static_cast<int64_t>(branches.back().ids.size()) > options_.context_tokens)
-        return bad("questions[" + std::to_string(q) + "] makes a prompt of " + std::to_string(branches.back().ids.size()) +
-                       " tokens; this server's context limit is " + std::to_string(options_.context_tokens) + " tokens", "context_length_exceeded");
     }
     const int64_t vocab = model_.config.vocab_size, vocab_limit = std::min<int64_t>(vocab, model_.tokenizer.vocab_size());
     std::vector<std::vector<double>> probabilities(questions);

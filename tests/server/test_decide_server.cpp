@@ -175,6 +175,10 @@ class TestDecideServer : public QObject {
     refused({{"questions", Questions()}}, "'messages' (an array) or 'prompt'");
     refused({{"prompt", 7}, {"questions", Questions()}}, "'prompt' must be a string");
     refused({{"messages", Observation(2000, 6)}, {"questions", Questions()}}, "context limit");
+    // Any candidate over the context, not only the question's last one.
+    std::string long_text;
+    for (int i = 0; i < 2000; ++i) long_text += " word" + std::to_string(i);
+    refused({{"messages", obs}, {"questions", json::array({{{"question", "Which?"}, {"candidates", {long_text, "short"}}}})}}, "context limit");
     auto malformed = server_.Post("/v1/decide", "{\"questions\": [");
     QVERIFY(malformed && malformed->status == 400);
 
