@@ -1,4 +1,4 @@
-// Splitting a list written as text: "a, b,c" or lines of a file.
+// Splitting a list written as text ("a, b,c" or lines of a file), and whitespace at a text's ends.
 #pragma once
 
 #include <string>
@@ -6,6 +6,18 @@
 #include <vector>
 
 namespace anchorage {
+
+inline constexpr const char* kAsciiWhitespace = " \t\r\n";
+
+// text without the spaces, tabs, carriage returns and newlines at its ends.
+inline std::string_view TrimWhitespace(std::string_view text) {
+  const size_t begin = text.find_first_not_of(kAsciiWhitespace);
+  if (begin == std::string_view::npos) return {};
+  return text.substr(begin, text.find_last_not_of(kAsciiWhitespace) - begin + 1);
+}
+
+// True when text holds nothing but spaces, tabs, carriage returns and newlines.
+inline bool IsBlank(std::string_view text) { return text.find_first_not_of(kAsciiWhitespace) == std::string_view::npos; }
 
 // The items of text between separators, spaces, tabs and carriage returns trimmed; empty items dropped.
 inline std::vector<std::string> SplitList(std::string_view text, char separator) {

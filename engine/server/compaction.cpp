@@ -3,6 +3,8 @@
 #include <array>
 #include <cstring>
 
+#include "engine/core/text_split.h"
+
 namespace anchorage {
 
 namespace {
@@ -23,13 +25,6 @@ std::optional<std::string> ContentText(const nlohmann::ordered_json& message) {
     text += part["text"].get<std::string>();
   }
   return text;
-}
-
-std::string Trim(std::string_view s) {
-  const size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string_view::npos) return "";
-  const size_t e = s.find_last_not_of(" \t\r\n");
-  return std::string(s.substr(b, e - b + 1));
 }
 
 // The guard compares at most this many bytes of a user line (the record may wrap what follows).
@@ -63,7 +58,7 @@ std::optional<CompactionRequest> RecognizeCompaction(const nlohmann::ordered_jso
       const size_t end = std::min(history.find('\n', at), history.size());
       const std::string_view line = history.substr(at, end - at);
       if (line.rfind(shape.user_tag, 0) == 0) {
-        std::string said = Trim(line.substr(std::strlen(shape.user_tag)));
+        std::string said(TrimWhitespace(line.substr(std::strlen(shape.user_tag))));
         if (said.size() > kGuardLineBytes) said.resize(kGuardLineBytes);
         if (!said.empty()) {
           if (r.first_user_line.empty()) r.first_user_line = said;
@@ -74,8 +69,8 @@ std::optional<CompactionRequest> RecognizeCompaction(const nlohmann::ordered_jso
     }
     if (r.first_user_line.empty()) return std::nullopt;
     r.client = shape.client;
-    const std::string before = Trim(std::string_view(*text).substr(0, lead));
-    const std::string after = Trim(std::string_view(*text).substr(close + std::strlen(shape.close)));
+    const std::string before(TrimWhitespace(std::string_view(*text).substr(0, lead)));
+    const std::string after(TrimWhitespace(std::string_view(*text).substr(close + std::strlen(shape.close))));
     r.instructions = before.empty() ? after : after.empty() ? before : before + "\n\n" + after;
     return r;
   }

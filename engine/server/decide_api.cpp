@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/core/text_split.h"
+
 namespace anchorage {
 
 namespace {
 
 using ojson = nlohmann::ordered_json;
-
-bool Blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
 
 // A non-empty array of non-empty strings, at most `most`; false with *error naming the field.
 bool StringList(const ojson& v, const std::string& field, size_t most, std::vector<std::string>* out, ApiError* error) {
@@ -56,7 +56,7 @@ std::optional<DecideRequest> ParseDecideRequest(const ojson& body, ApiError* err
     const ojson& q = body["questions"][i];
     const std::string at = "questions[" + std::to_string(i) + "]";
     if (!q.is_object()) return bad("'" + at + "' must be an object with 'question' and 'choices' or 'candidates'", "questions");
-    if (!q.contains("question") || !q["question"].is_string() || Blank(q["question"].get<std::string>()))
+    if (!q.contains("question") || !q["question"].is_string() || IsBlank(q["question"].get<std::string>()))
       return bad("'" + at + ".question' must be a non-empty string", "questions");
     DecideQuestion question;
     question.text = q["question"].get<std::string>();

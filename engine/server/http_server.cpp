@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/compute/cpu/matmul.h"
+#include "engine/core/text_split.h"
 #include "engine/server/compaction.h"
 #include "engine/server/decide_api.h"
 #include "engine/server/openai_api.h"
@@ -217,7 +218,7 @@ void HttpServer::RouteCache() {
   // The tier comes from ?tier= or the body's "tier"; a clear that does not say which tier clears nothing.
   Route("POST", "/v1/cache/clear", RouteClass::kWork, RouteAccess::kAdmin, [this](const HttpRequest& req, HttpResponse& res) {
     std::string tier = req.ParamValue("tier");
-    if (req.body.find_first_not_of(" \t\r\n") != std::string::npos) {
+    if (!IsBlank(req.body)) {
       ojson body;
       ApiError error;
       if (!ParseJsonBody(req.body, &body, &error)) return SendError(res, error);

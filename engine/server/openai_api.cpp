@@ -1,5 +1,6 @@
 #include "engine/server/openai_api.h"
 
+#include "engine/core/text_split.h"
 #include "engine/text/unicode_text.h"
 
 #include <algorithm>
@@ -306,7 +307,7 @@ size_t JsonNestingDepth(std::string_view text, size_t limit) {
 }
 
 bool ParseJsonBody(std::string_view body_text, ojson* body, ApiError* error) {
-  if (body_text.find_first_not_of(" \t\r\n") == std::string_view::npos) {
+  if (IsBlank(body_text)) {
     *error = {400, "the request body is empty; send a JSON object (Content-Type: application/json)", "invalid_request_error", "", "empty_body"};
     return false;
   }

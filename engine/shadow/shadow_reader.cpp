@@ -8,6 +8,7 @@
 #include "engine/cache/disk_format.h"
 #include "engine/core/file_util.h"
 #include "engine/core/hex.h"
+#include "engine/core/text_split.h"
 #include "engine/shadow/shadow_file.h"
 
 namespace anchorage {
@@ -85,7 +86,7 @@ ShadowOptions ShadowReader::options() const {
 std::string ShadowReader::PathOf(const std::string& session) const { return (std::filesystem::path(disk_dir_) / ShadowFileName(session)).string(); }
 
 Result<ShadowQuestion> ShadowReader::PrepareQuestion(const std::string& question, const std::vector<std::string>& choices) const {
-  if (question.find_first_not_of(" \t\r\n") == std::string::npos) return InvalidArgument("'question' is empty");
+  if (IsBlank(question)) return InvalidArgument("'question' is empty");
   if (choices.empty()) return InvalidArgument("'choices' must list at least one choice");
   if (choices.size() > 26) return InvalidArgument("'choices' lists " + std::to_string(choices.size()) + " choices; at most 26 (one letter each)");
   ShadowQuestion q;
