@@ -55,9 +55,8 @@ DecideLayout PlanDecide(std::span<const DecideBranch> branches, int64_t groups, 
 
 int64_t DecidePeakBytes(const ModelConfig& config, const Forward& forward, const DecideLayout& layout) {
   const int64_t rows = (layout.longest + SequenceState::kKvRowStep - 1) / SequenceState::kKvRowStep * SequenceState::kKvRowStep;
-  const int64_t kv_bytes_per_row = config.num_full_attention_layers() * 2 * config.num_key_value_heads * config.head_dim * 4;  // fp32 K and V
   const int64_t anchor = SequenceState::AnchorBytes(config);
-  return rows * kv_bytes_per_row + 3 * anchor + layout.widest_logits * config.vocab_size * 4 +
+  return rows * SequenceState::KvBytesPerToken(config) + 3 * anchor + layout.widest_logits * config.vocab_size * 4 +
          forward.PrefillWorkspaceBytes(std::min(forward.grid_tokens(), std::max<int64_t>(layout.longest, 1)));
 }
 

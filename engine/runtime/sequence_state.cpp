@@ -72,6 +72,10 @@ int64_t SequenceState::anchor_bytes() const {
   return num_gdn_layers() * (recurrent_floats_ + tail_floats_) * static_cast<int64_t>(sizeof(float));
 }
 
+int64_t SequenceState::KvBytesPerToken(const ModelConfig& config) {
+  return config.num_full_attention_layers() * 2 * config.num_key_value_heads * config.head_dim * static_cast<int64_t>(sizeof(float));
+}
+
 int64_t SequenceState::kv_bytes_per_token() const {
   return num_attention_layers() * 2 * kv_width_ * static_cast<int64_t>(sizeof(float));
 }

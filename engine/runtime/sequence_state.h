@@ -64,6 +64,7 @@ class SequenceState {
   int64_t anchor_bytes() const;
   // The same for a model, without a state.
   static int64_t AnchorBytes(const ModelConfig& config);
+  static int64_t KvBytesPerToken(const ModelConfig& config);
   int64_t kv_bytes_per_token() const;
   // Bytes currently allocated.
   int64_t allocated_bytes() const;
