@@ -317,6 +317,7 @@ class EngineWorker : public QObject {
     c.tiers.append(tierOf("store", stats.store.entries, stats.store.bytes, stats.store.budget_bytes, stats.store.hits, stats.store.evictions));
     c.tiers.append(tierOf("response", stats.response.entries, stats.response.bytes, stats.response.enabled ? stats.response.max_bytes : 0,
                           stats.response.hits, stats.response.evictions));
+    c.tiers.append(tierOf("prepared", stats.prepared.entries, stats.prepared.bytes, 0, stats.prepared.served, 0));
     c.engineBytes = stats.memory.engine_bytes;
     c.ceilingBytes = stats.memory.ceiling_bytes;
     c.peakBytes = stats.memory.peak_bytes;

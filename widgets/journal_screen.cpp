@@ -32,7 +32,8 @@ QColor SourceColor(const QString& source) {
                                               {"end", QColor(0x2c, 0xa0, 0x2c)},      {"pin", QColor(0x94, 0x67, 0xbd)},
                                               {"park", QColor(0x8c, 0x56, 0x4b)},     {"store", QColor(0xff, 0x7f, 0x0e)},
                                               {"disk", QColor(0xd6, 0x27, 0x28)},     {"spill", QColor(0xe3, 0x77, 0xc2)},
-                                              {"response", QColor(0x17, 0xbe, 0xcf)}, {"request", QColor(0xbc, 0xbd, 0x22)}};
+                                              {"response", QColor(0x17, 0xbe, 0xcf)}, {"request", QColor(0xbc, 0xbd, 0x22)},
+                                              {"continuation", QColor(0x39, 0x3b, 0x79)}, {"prepared", QColor(0x63, 0x79, 0x39)}};
   return known.value(source, QColor(0x44, 0x44, 0x44));
 }
 

@@ -31,6 +31,10 @@ nlohmann::json ToJson(const CacheStats& s) {
   const ResponseCacheStats& rc = s.response;
   doc["response"] = {{"enabled", rc.enabled}, {"entries", rc.entries}, {"bytes", rc.bytes}, {"max_bytes", rc.max_bytes}, {"hits", rc.hits},
                      {"misses", rc.misses}, {"puts", rc.puts}, {"evictions", rc.evictions}};
+  const PreparedStats& pr = s.prepared;
+  doc["prepared"] = {{"enabled", pr.enabled}, {"entries", pr.entries}, {"session", pr.session}, {"prompt_tokens", pr.prompt_tokens},
+                     {"tokens", pr.tokens}, {"bytes", pr.bytes}, {"written", pr.written}, {"served", pr.served}, {"stopped", pr.stopped},
+                     {"refused", pr.refused}};
   doc["suffix_store"] = {{"open", s.suffix.open}, {"bytes", s.suffix.bytes}, {"max_bytes", s.suffix.max_bytes}, {"ids", s.suffix.ids}, {"read_only", s.suffix.read_only}};
   doc["spill"] = s.spill_enabled ? SpillJson(s.spill, s.spill_entries, s.spill_events, s.spill_refused) : nlohmann::json{{"open", false}};
   return doc;

@@ -56,6 +56,7 @@ struct CacheStats {
     bool read_only = false;
   } suffix;  // the lookup drafter's suffix store
   ResponseCacheStats response;  // identical greedy requests answered from memory
+  PreparedStats prepared;       // the compaction written ahead
   struct Memory {
     int64_t engine_bytes = 0, state_bytes = 0, ceiling_bytes = 0, peak_bytes = 0, slack_bytes = 0, refused = 0;
     std::map<std::string, int64_t> sheds;  // by tier

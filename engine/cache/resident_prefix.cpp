@@ -39,6 +39,7 @@ const char* CacheSourceName(CacheSource source) {
     case CacheSource::kDisk: return "disk";
     case CacheSource::kSpill: return "spill";
     case CacheSource::kResponse: return "response";
+    case CacheSource::kPrepared: return "prepared";
   }
   return "cold";
 }
@@ -804,8 +805,17 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
   const int64_t context = request.context_tokens > 0 ? request.context_tokens : forward_.config().max_position_embeddings;
   std::optional<std::string> response_key;
   if (responses_.enabled()) response_key = ResponseCache::KeyOf(request.prompt, params, std::to_string(context));
+  if (prepared_ && options_.compaction_prepare) {
+    SamplingParams fitted = params;
+    fitted.max_tokens = std::min<int64_t>(params.max_tokens, context - static_cast<int64_t>(request.prompt.size()));
+    if (PreparedAnswerServes(*prepared_, request.prompt, fitted)) {
+      ++prepared_counts_.served;
+      return Replay(request, prepared_->response, CacheSource::kPrepared, on_token, on_admitted);
+    }
+  }
   if (response_key)
-    if (std::shared_ptr<const CachedResponse> hit = responses_.Find(*response_key)) return Replay(request, *hit, on_token, on_admitted);
+    if (std::shared_ptr<const CachedResponse> hit = responses_.Find(*response_key))
+      return Replay(request, *hit, CacheSource::kResponse, on_token, on_admitted);
   Plan plan = MakePlan(request);
   const int64_t served = static_cast<int64_t>(plan.info.served_prompt.size());
   if (served >= context)
@@ -874,19 +884,22 @@ std::optional<std::vector<int32_t>> ResidentPrefix::EndRecord(const std::string&
   if (session == session_ && end_ && end_->anchor.length == static_cast<int64_t>(rows_.size())) return rows_;
   // Parked: its rows come back with the end anchor when the continuation's prompt asks for them.
   if (session == park_.session && park_.end && park_.end->anchor.length == static_cast<int64_t>(park_.tokens.size())) return park_.tokens;
+  // Spilled: the spill tier restores it, end anchor included, for the continuation's prompt.
+  if (spill_ != nullptr && options_.spill.enabled) return spill_->EndRecord(session);
   return std::nullopt;
 }
 
-Result<CachedGeneration> ResidentPrefix::Replay(const CacheRequest& request, const CachedResponse& response, const TokenCallback& on_token,
-                                                const std::function<void(const ResumeInfo&)>& on_admitted) {
+Result<CachedGeneration> ResidentPrefix::Replay(const CacheRequest& request, const CachedResponse& response, CacheSource source,
+                                                const TokenCallback& on_token, const std::function<void(const ResumeInfo&)>& on_admitted) {
   CachedGeneration out;
-  out.resume.source = CacheSource::kResponse;
+  out.resume.source = source;
   out.resume.cached_tokens = static_cast<int64_t>(request.prompt.size());
   out.resume.served_prompt = request.prompt;
   if (on_admitted) on_admitted(out.resume);
   ++counters_.requests;
   counters_.cached_tokens += out.resume.cached_tokens;
-  Emit("hit", "response", out.resume.cached_tokens, response.bytes(), "an identical greedy request");
+  if (source == CacheSource::kPrepared) Emit("hit", "prepared", out.resume.cached_tokens, response.bytes(), "a compaction written ahead");
+  else Emit("hit", "response", out.resume.cached_tokens, response.bytes(), "an identical greedy request");
   out.generation = response.result;
   for (size_t i = 0; i < response.tokens.size(); ++i) {
     if (!on_token || on_token(response.tokens[i]) || i + 1 == response.tokens.size()) continue;
@@ -898,6 +911,79 @@ Result<CachedGeneration> ResidentPrefix::Replay(const CacheRequest& request, con
     break;
   }
   return out;
+}
+
+Status ResidentPrefix::WriteAhead(const std::string& session, std::span<const int32_t> ids, const SamplingParams& params,
+                                  int64_t context_tokens, const std::function<bool()>& should_stop) {
+  if (session.empty() || session != session_ || !end_ || end_->anchor.length != static_cast<int64_t>(rows_.size()) ||
+      state_.length() < end_->anchor.length)
+    return NotFound("the rows in place are not session " + session + "'s conversation at its end anchor");
+  const int64_t e = end_->anchor.length, n = static_cast<int64_t>(ids.size()), length = state_.length();
+  if (n <= e || !std::equal(rows_.begin(), rows_.end(), ids.begin())) return InvalidArgument("the ids do not continue the conversation in place");
+  const int64_t context = context_tokens > 0 ? context_tokens : forward_.config().max_position_embeddings;
+  if (n >= context) return OutOfRange("the continuation holds " + std::to_string(n) + " tokens; the context limit is " + std::to_string(context));
+  SamplingParams fitted = params;
+  fitted.max_tokens = std::min(params.max_tokens, context - n);
+  const int64_t need = PrefillPeakBytes(n, e, fitted.max_tokens) + RowBytes(length - e);
+  if (EngineBytes() + need > options_.memory_peak_bytes - options_.memory_slack_bytes) {
+    ++prepared_counts_.refused;
+    Emit("drop", "prepared", n, need, "writing ahead would not fit the memory peak");
+    return ResourceExhausted("writing ahead needs " + std::to_string(need) + " bytes beyond the engine's " + std::to_string(EngineBytes()));
+  }
+  if (disk_ != nullptr) disk_->Fence();  // the writer reads no more rows of the previous request
+  ASSIGN_OR_RETURN(KvRows above, state_.CopyRows(e, length));
+  const Anchor in_place = state_.SaveAnchor();
+  RETURN_IF_ERROR(state_.RestoreAnchor(end_->anchor));
+  const auto started = std::chrono::steady_clock::now();
+  CachedResponse written;
+  bool stopped = false;
+  Status prefilled = Status::Ok();
+  // Cut where a live request's prefill cuts (grid and exact lines), so the bits are the same.
+  const int64_t G = forward_.grid_tokens(), upto = std::max(e, (n - 1) / kExactLineTokens * kExactLineTokens);
+  while (prefilled.ok() && state_.length() < upto && !(stopped = should_stop())) {
+    const int64_t at = state_.length(), next = std::min(upto, (at / G + 1) * G);
+    prefilled = forward_.Prefill(state_, ids.subspan(static_cast<size_t>(at), static_cast<size_t>(next - at))).status();
+  }
+  Result<GenerationResult> result = Cancelled("stopped in the prefill");
+  if (!prefilled.ok()) {
+    result = prefilled;
+  } else if (!stopped) {
+    Generator generator(forward_, tokenizer_);
+    const int64_t start = state_.length();
+    SpeculativeOptions speculative;
+    speculative.max_draft = options_.max_draft;
+    speculative.lookup = options_.lookup_drafts;
+    speculative.mtp = options_.mtp_drafts;
+    speculative.history = ids.first(static_cast<size_t>(start));
+    if (options_.suffix_store) speculative.store = suffix_store_;
+    result = generator.Generate(state_, ids.subspan(static_cast<size_t>(start)), fitted, [&](const GeneratedToken& t) {
+      written.tokens.push_back(t);
+      return !(stopped = should_stop());
+    }, nullptr, speculative);
+  }
+  // Back to the bits before the fork, whatever the forward did.
+  Status rows_back = state_.WriteRows(above);
+  Status state_back = state_.RestoreAnchor(in_place);
+  if (!rows_back.ok() || !state_back.ok()) {
+    rows_.clear();
+    regions_.clear();
+    anchors_.Clear();
+    end_.reset();
+    return Internal("writing ahead could not put the engine's state back");
+  }
+  if (stopped || (result.ok() && result->finish == FinishReason::kCancelled)) {
+    ++prepared_counts_.stopped;
+    Emit("drop", "prepared", static_cast<int64_t>(written.tokens.size()), 0, "stopped: a request came");
+    return Cancelled("a request came before the answer was written");
+  }
+  if (!result.ok()) return result.status();
+  written.result = std::move(result).value();
+  ++prepared_counts_.written;
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  Emit("write", "prepared", static_cast<int64_t>(written.tokens.size()), written.bytes(),
+       "a compaction of session " + session + " written ahead in " + std::to_string(static_cast<int64_t>(ms)) + " ms");
+  prepared_ = PreparedAnswer{session, std::vector<int32_t>(ids.begin(), ids.end()), fitted, std::move(written)};
+  return Status::Ok();
 }
 
 Result<std::vector<float>> ResidentPrefix::Prefill(const CacheRequest& request, ResumeInfo* info_out) {
@@ -942,7 +1028,7 @@ Result<ResumeInfo> ResidentPrefix::Prewarm(const CacheRequest& request) {
 Status ResidentPrefix::Clear(const std::string& tier) {
   const bool all = tier == "all" || tier == "ram" || tier == "resident";
   if (!all && tier != "anchors" && tier != "end" && tier != "stash" && tier != "pin" && tier != "park" && tier != "store" && tier != "disk" &&
-      tier != "spill" && tier != "response")
+      tier != "spill" && tier != "response" && tier != "prepared")
     return InvalidArgument("unknown cache tier '" + tier + "'; the tiers are " + kCacheTierNames);
   if (tier == "spill" && spill_ == nullptr) return InvalidArgument("this server runs without a session spill");
   if ((tier == "spill" || tier == "all") && spill_ != nullptr) RETURN_IF_ERROR(spill_->Clear());
@@ -961,6 +1047,7 @@ Status ResidentPrefix::Clear(const std::string& tier) {
   if (all || tier == "pin") pin_ = PinnedHead{};
   if (all || tier == "park") park_ = ParkedSession{};
   if (all || tier == "response") responses_.Clear();
+  if (all || tier == "prepared") prepared_.reset();
   Emit("clear", tier, static_cast<int64_t>(rows_.size()), 0, "by request");
   if (all) {
     rows_.clear();
@@ -977,6 +1064,15 @@ CacheStats ResidentPrefix::Stats() const {
   CacheStats s;
   s.spill_refused = k.spill_refused;
   s.response = responses_.Stats();
+  s.prepared = prepared_counts_;
+  s.prepared.enabled = options_.compaction_prepare;
+  if (prepared_) {
+    s.prepared.entries = 1;
+    s.prepared.session = prepared_->session;
+    s.prepared.prompt_tokens = static_cast<int64_t>(prepared_->prompt.size());
+    s.prepared.tokens = static_cast<int64_t>(prepared_->response.tokens.size());
+    s.prepared.bytes = prepared_->response.bytes();
+  }
   s.resident = {static_cast<int64_t>(rows_.size()), RowBytes(static_cast<int64_t>(rows_.size())), taint_row_ == kNoTaintRow ? -1 : taint_row_,
                 session_, k.requests, k.cold, k.cached_tokens, k.reread_tokens};
   s.anchors = {static_cast<int64_t>(anchors_.size()), anchors_.bytes(), anchors_.budget_bytes(), k.resident_hits, anchors_.evictions(), anchors_.lengths()};

@@ -36,7 +36,7 @@
 namespace anchorage {
 
 // The names POST /v1/cache/clear and the console accept, for messages.
-inline constexpr const char* kCacheTierNames = "anchors, end, stash, pin, park, store, response, disk, spill, shadow, resident or ram (every RAM tier) or all";
+inline constexpr const char* kCacheTierNames = "anchors, end, stash, pin, park, store, response, prepared, disk, spill, shadow, resident or ram (every RAM tier) or all";
 
 // The session spill's knobs the resident prefix reads (the spill's budget and TTL are its own).
 struct SpillSettings {
@@ -75,10 +75,14 @@ struct ResidentOptions {
   int64_t suffix_store_bytes = 16ll << 20;
   bool response_cache = false;                  // identical greedy requests answered from memory
   int64_t response_cache_bytes = 64ll << 20;
+  bool compaction_prepare = true;               // write a compaction's continuation ahead in idle time
+  double compaction_idle_s = 30;                // after this long without a request
+  int64_t compaction_min_tokens = 32768;        // for a resident conversation at least this long
 };
 
-enum class CacheSource { kCold, kResident, kEnd, kPin, kPark, kStore, kDisk, kSpill, kResponse };
-const char* CacheSourceName(CacheSource source);  // "cold", "resident", "end", "pin", "park", "store", "disk", "spill", "response"
+enum class CacheSource { kCold, kResident, kEnd, kPin, kPark, kStore, kDisk, kSpill, kResponse, kPrepared };
+// "cold", "resident", "end", "pin", "park", "store", "disk", "spill", "response", "prepared"
+const char* CacheSourceName(CacheSource source);
 
 struct CacheRequest {
   std::vector<int32_t> prompt;  // the client's tokens
@@ -151,10 +155,22 @@ class ResidentPrefix {
   int64_t PrefillPeakBytes(int64_t prompt_tokens, int64_t resume_at, int64_t max_new) const;
   // Resumes and prefills the whole prompt; returns the last position's logits (no end anchor is kept).
   Result<std::vector<float>> Prefill(const CacheRequest& request, ResumeInfo* info = nullptr);
-  // A response cache hit: the stored tokens through on_token, as a generation would release them.
-  Result<CachedGeneration> Replay(const CacheRequest& request, const CachedResponse& response, const TokenCallback& on_token,
-                                  const std::function<void(const ResumeInfo&)>& on_admitted);
-  // The tokens up to the end anchor of session's conversation when it is the resident or the parked one.
+  // A stored answer (a response cache hit, a prepared answer): its tokens through on_token, as a
+  // generation would release them.
+  Result<CachedGeneration> Replay(const CacheRequest& request, const CachedResponse& response, CacheSource source,
+                                  const TokenCallback& on_token, const std::function<void(const ResumeInfo&)>& on_admitted);
+  // Writes ahead on a fork of session's resident conversation: from its end anchor, the rest of ids
+  // (which continue its rows) prefilled and params generated in scratch within context_tokens (0: the
+  // model's), then the state put back to the same bits. should_stop is asked between prefill pieces
+  // and tokens (Cancelled when it said stop). The answer is kept as the prepared one, which Generate
+  // serves to a request it fits.
+  Status WriteAhead(const std::string& session, std::span<const int32_t> ids, const SamplingParams& params, int64_t context_tokens,
+                    const std::function<bool()>& should_stop);
+  // The prepared answer's ids, or nullptr when none is kept.
+  const std::vector<int32_t>* prepared_prompt() const { return prepared_ ? &prepared_->prompt : nullptr; }
+  // The session of the rows in place ("" when unknown).
+  const std::string& session() const { return session_; }
+  // The tokens up to the end anchor of session's conversation when it is the resident, the parked or a spilled one.
   std::optional<std::vector<int32_t>> EndRecord(const std::string& session) const;
   // Where a request would resume, without changing anything.
   ResumeInfo Peek(const CacheRequest& request) const;
@@ -274,6 +290,8 @@ class ResidentPrefix {
   SessionSpill* spill_ = nullptr;
   SuffixStore* suffix_store_ = nullptr;
   ResponseCache responses_;
+  std::optional<PreparedAnswer> prepared_;
+  PreparedStats prepared_counts_;  // its counters (the entry's own fields are filled by Stats)
   std::unique_ptr<SpillTier> spill_tier_;
   WriteGuard* guard_ = nullptr;
   std::vector<int64_t> disk_lines_;   // lines this prefill stages for the disk as it passes them

@@ -1,5 +1,6 @@
 #include "engine/cache/response_cache.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "engine/core/sha256.h"
@@ -64,6 +65,16 @@ std::optional<std::string> ResponseCache::KeyOf(std::span<const int32_t> prompt,
   w.Put(s.logprobs);
   w.Put(s.forced_ids);
   return w.Finish();
+}
+
+bool PreparedAnswerServes(const PreparedAnswer& answer, std::span<const int32_t> prompt, const SamplingParams& sampling) {
+  if (!std::equal(prompt.begin(), prompt.end(), answer.prompt.begin(), answer.prompt.end())) return false;
+  SamplingParams same_limit = sampling;
+  same_limit.max_tokens = answer.sampling.max_tokens;
+  if (!(same_limit == answer.sampling)) return false;
+  const GenerationResult& r = answer.response.result;
+  if (r.finish == FinishReason::kStop) return static_cast<int64_t>(r.tokens.size()) <= sampling.max_tokens;
+  return r.finish == FinishReason::kLength && sampling.max_tokens == answer.sampling.max_tokens;
 }
 
 std::shared_ptr<const CachedResponse> ResponseCache::Find(const std::string& key) {

@@ -28,6 +28,25 @@ struct ResponseCacheStats {
   int64_t entries = 0, bytes = 0, max_bytes = 0, hits = 0, misses = 0, puts = 0, evictions = 0;
 };
 
+// A compaction's continuation written ahead while the engine was idle, with what it was written with.
+struct PreparedAnswer {
+  std::string session;
+  std::vector<int32_t> prompt;  // the continuation's ids
+  SamplingParams sampling;      // max_tokens as fitted to the context
+  CachedResponse response;
+};
+
+// Whether a live run of prompt with sampling (max_tokens fitted) writes exactly answer's tokens: the same
+// ids and every other field the same, and the answer stopped within max_tokens or ran to the same limit.
+bool PreparedAnswerServes(const PreparedAnswer& answer, std::span<const int32_t> prompt, const SamplingParams& sampling);
+
+struct PreparedStats {
+  bool enabled = false;
+  int64_t entries = 0, prompt_tokens = 0, tokens = 0, bytes = 0;
+  std::string session;
+  int64_t written = 0, served = 0, stopped = 0, refused = 0;
+};
+
 class ResponseCache {
  public:
   // The key of a request; nullopt when it samples (temperature above 0).

@@ -559,6 +559,15 @@ std::optional<SpillEndCandidate> SessionSpill::EndCandidate(std::span<const int3
                            best->end_regions, RestoreBytes(*best, in_place, best->end->length, true)};
 }
 
+std::optional<std::vector<int32_t>> SessionSpill::EndRecord(const std::string& session) const {
+  std::lock_guard lock(mu_);
+  const Manifest* newest = nullptr;
+  for (const auto& [id, m] : index_)
+    if (m.session == session && m.end && (newest == nullptr || m.used_ms > newest->used_ms)) newest = &m;
+  if (newest == nullptr) return std::nullopt;
+  return std::vector<int32_t>(newest->tokens.begin(), newest->tokens.begin() + newest->end->length);
+}
+
 double SessionSpill::RestoreBytesPerSecond() const {
   std::lock_guard lock(mu_);
   return stats_.restore_seconds > 0 && stats_.bytes_read > 0 ? static_cast<double>(stats_.bytes_read) / stats_.restore_seconds

@@ -122,6 +122,8 @@ class SessionSpill {
   int64_t LongestCommon(std::span<const int32_t> prompt) const;
   // The entry sharing the most tokens (at least min_common) with prompt whose end lies past them.
   std::optional<SpillEndCandidate> EndCandidate(std::span<const int32_t> prompt, std::span<const int32_t> in_place, int64_t min_common) const;
+  // The tokens up to the end anchor of session's most recently used entry that has one; nullopt when none.
+  std::optional<std::vector<int32_t>> EndRecord(const std::string& session) const;
   // Bytes a second the restores of this process read (decoding included); a default before the first.
   double RestoreBytesPerSecond() const;
   // The entry a planned stop left resident, for the next start to read back first (crash-safe file).

@@ -24,6 +24,8 @@ struct SamplingParams {
   int64_t max_tokens = 256;
   int logprobs = 0;                 // alternatives reported per token (0 = logprob of the pick only)
   std::vector<int32_t> forced_ids;  // testing aid: the first picks are these ids, whatever the logits say
+
+  bool operator==(const SamplingParams&) const = default;
 };
 
 struct SampledToken {

@@ -534,19 +534,21 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
   // An agent's compaction of a conversation the engine holds: its continuation, resumed at the end anchor.
   std::vector<int32_t> continuation;
   auto compaction_on = [this] { return settings_ == nullptr || settings_->Effective()["compaction"].value("mode", "continuation") == "continuation"; };
-  if (kind == RequestKind::kChat && !r.session.empty() && r.template_body.contains("messages"))
-    if (auto compaction = RecognizeCompaction(r.template_body["messages"]); compaction && compaction_on())
-      if (auto record = scheduler_.ConversationRecord(r.session);
-          record && RecordIsThisConversation(model_.tokenizer.Decode(*record), *compaction))
-        if (auto ids = ContinuationIds(*record, *compaction, model_.chat_template, model_.tokenizer); ids.ok()) {
-          continuation = std::move(*ids);
-          prepared->starts_in_reasoning = false;  // its turn has thinking off
-        }
+  std::optional<CompactionRequest> compaction;
+  if (kind == RequestKind::kChat && !r.session.empty() && r.template_body.contains("messages") &&
+      (compaction = RecognizeCompaction(r.template_body["messages"])) && compaction_on())
+    if (auto record = scheduler_.ConversationRecord(r.session);
+        record && RecordIsThisConversation(model_.tokenizer.Decode(*record), *compaction))
+      if (auto ids = ContinuationIds(*record, *compaction, model_.chat_template, model_.tokenizer); ids.ok()) {
+        continuation = std::move(*ids);
+        prepared->starts_in_reasoning = false;  // its turn has thinking off
+      }
   const int64_t room = options_.context_tokens - prompt_tokens;
   r.sampling.max_tokens = r.max_tokens_given ? std::min(r.sampling.max_tokens, room) : room;
   for (int64_t id : model_.config.eos_token_ids) r.sampling.stop_token_ids.push_back(static_cast<int32_t>(id));
   for (const char* stop : {"<|im_end|>", "<|endoftext|>"})
     if (auto id = model_.tokenizer.TokenId(stop)) r.sampling.stop_token_ids.push_back(*id);
+  if (compaction && compaction_on()) scheduler_.NoteCompaction(*compaction, r.sampling, options_.context_tokens);  // what the preparer writes with
 
   auto job = std::make_shared<Job>(continuation.empty() ? prepared->prompt_ids : continuation, r.sampling, r.session, req.path);
   job->set_context_tokens(options_.context_tokens);

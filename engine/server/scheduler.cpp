@@ -140,6 +140,7 @@ RequestFigures Scheduler::last_stats() const {
 void Scheduler::SetResidentOptions(const ResidentOptions& options) {
   std::lock_guard lock(mu_);
   pending_options_ = options;
+  prepare_looked_ = false;
 }
 
 void Scheduler::ApplyPendingOptions() {
@@ -186,6 +187,8 @@ auto Scheduler::BetweenRequests(const std::string& session, Fn&& fn) {
   lock_.UnlockRequest();
   std::lock_guard lock(mu_);
   cache_stats_ = std::move(stats);
+  last_request_ = std::chrono::steady_clock::now();
+  prepare_looked_ = false;
   return result;
 }
 
@@ -266,6 +269,56 @@ void Scheduler::ShadowIdle() {
   lock_.UnlockIdle();
 }
 
+void Scheduler::NoteCompaction(const CompactionRequest& request, const SamplingParams& sampling, int64_t context_tokens) {
+  std::lock_guard lock(mu_);
+  noted_compaction_ = NotedCompaction{request, sampling, context_tokens};
+  prepare_looked_ = false;
+}
+
+void Scheduler::PrepareIdle() {
+  std::optional<NotedCompaction> noted;
+  double idle_ms = 0;
+  {
+    std::lock_guard lock(mu_);
+    if (!noted_compaction_ || prepare_looked_ || stop_ || draining_) return;
+    noted = noted_compaction_;
+    idle_ms = MsSince(last_request_);
+  }
+  if (!lock_.TryLockForIdle()) return;
+  ApplyPendingOptions();
+  const ResidentOptions& o = resident_.options();
+  if (!o.compaction_prepare || idle_ms < o.compaction_idle_s * 1000) {
+    lock_.UnlockIdle();
+    return;
+  }
+  const std::string session = resident_.session();
+  const std::optional<std::vector<int32_t>> record = resident_.EndRecord(session);
+  std::vector<int32_t> ids;
+  // A conversation that already ends in these instructions is a compaction itself: nothing to write.
+  if (record && static_cast<int64_t>(record->size()) >= o.compaction_min_tokens &&
+      model_.tokenizer.Decode(*record).find(noted->request.instructions) == std::string::npos)
+    if (auto continuation = ContinuationIds(*record, noted->request, model_.chat_template, model_.tokenizer); continuation.ok())
+      ids = std::move(continuation).value();
+  const std::vector<int32_t>* prepared = resident_.prepared_prompt();
+  if (!ids.empty() && ids != prepare_failed_ && (prepared == nullptr || *prepared != ids)) {
+    current_session_ = session;
+    auto should_stop = [this] {
+      std::lock_guard lock(mu_);
+      return stop_ || draining_ || !queue_.empty() || lock_.ShouldYield();
+    };
+    Status written = resident_.WriteAhead(session, ids, noted->sampling, noted->context_tokens, should_stop);
+    if (!written.ok() && written.code() != StatusCode::kCancelled) prepare_failed_ = ids;
+    anchorage::CacheStats stats = resident_.Stats();
+    std::lock_guard lock(mu_);
+    cache_stats_ = std::move(stats);
+    if (written.code() != StatusCode::kCancelled) prepare_looked_ = true;
+  } else {
+    std::lock_guard lock(mu_);
+    prepare_looked_ = true;
+  }
+  lock_.UnlockIdle();
+}
+
 Status Scheduler::SpillForStop() {
   return BetweenRequests("", [&] { return resident_.SpillForStop(); });
 }
@@ -308,11 +361,11 @@ void Scheduler::EngineLoop() {
     {
       std::unique_lock lock(mu_);
       auto ready = [&] { return stop_ || !queue_.empty(); };
-      if (options_.shadow == nullptr) {
-        cv_.wait(lock, ready);
-      } else if (!cv_.wait_for(lock, std::chrono::milliseconds(200), ready)) {
+      if (!cv_.wait_for(lock, std::chrono::milliseconds(200), ready)) {
         lock.unlock();
-        ShadowIdle();  // the shadow looks for work every 0.2 s while no request runs or waits
+        // Idle work looks for something to do every 0.2 s while no request runs or waits.
+        if (options_.shadow != nullptr) ShadowIdle();
+        PrepareIdle();
         continue;
       }
       if (stop_ && queue_.empty()) return;
@@ -335,6 +388,8 @@ void Scheduler::EngineLoop() {
     {
       std::lock_guard lock(mu_);
       running_job_ = false;
+      last_request_ = std::chrono::steady_clock::now();
+      prepare_looked_ = false;
     }
     idle_cv_.notify_all();
   }
@@ -393,7 +448,7 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
   if (job.client_prompt_tokens() > 0) {  // usage speaks of the client's prompt
     stats.prompt_tokens = job.client_prompt_tokens();
     stats.cached_tokens = std::max<int64_t>(0, stats.prompt_tokens - stats.reread_tokens);
-    stats.cache_source = "continuation";
+    if (result->resume.source != CacheSource::kPrepared) stats.cache_source = "continuation";
   }
   if (have_first) {
     stats.ttft_ms = std::chrono::duration<double, std::milli>(first_token - start).count() + queue_ms;

@@ -24,6 +24,7 @@
 #include "engine/journal/journal.h"
 #include "engine/runtime/generator.h"
 #include "engine/runtime/sequence_state.h"
+#include "engine/server/compaction.h"
 #include "engine/server/engine_lock.h"
 #include "engine/shadow/shadow_reader.h"
 
@@ -155,6 +156,9 @@ class Scheduler {
   // on_branch saw every branch's logits. ResourceExhausted when its peak does not fit the memory limit.
   Result<DecideLayout> Decide(std::span<const DecideBranch> branches, int64_t groups, bool reuse,
                               const std::function<bool(size_t, std::span<const float>)>& on_branch);
+  // A compaction request as the client sent it, with its sampling: the preparer writes the
+  // continuation of the resident conversation ahead with the last one noted.
+  void NoteCompaction(const CompactionRequest& request, const SamplingParams& sampling, int64_t context_tokens);
   // Prefill tokens per second measured over this process's requests (0 before the first).
   double measured_prefill_rate() const;
 
@@ -163,6 +167,8 @@ class Scheduler {
   void RunJob(Job& job, double queue_ms);
   // The shadow reader's idle window, when the engine lock is free for idle work.
   void ShadowIdle();
+  // Writes the resident conversation's compaction ahead when the engine has been idle long enough.
+  void PrepareIdle();
   // Installs options set by SetResidentOptions; the caller holds the engine lock.
   void ApplyPendingOptions();
   // Runs fn on the calling thread holding the engine lock like a request, then refreshes the stats.
@@ -188,6 +194,15 @@ class Scheduler {
   std::optional<ResidentOptions> pending_options_;
   std::string current_session_;  // engine thread: the session cache events belong to
   double prefill_tokens_ = 0, prefill_seconds_ = 0;  // guarded by mu_
+  struct NotedCompaction {
+    CompactionRequest request;
+    SamplingParams sampling;
+    int64_t context_tokens = 0;
+  };
+  std::optional<NotedCompaction> noted_compaction_;  // guarded by mu_
+  std::chrono::steady_clock::time_point last_request_ = std::chrono::steady_clock::now();  // guarded by mu_
+  bool prepare_looked_ = false;  // guarded by mu_: the preparer looked since the last request, note or settings change
+  std::vector<int32_t> prepare_failed_;  // engine side: the continuation whose write-ahead failed (not tried again)
   std::thread thread_;
 };
 

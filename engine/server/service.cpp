@@ -73,6 +73,10 @@ ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective) {
   const nlohmann::json& rc = effective.at("response_cache");
   o.response_cache = rc.at("enabled").get<bool>();
   o.response_cache_bytes = static_cast<int64_t>(rc.at("mb").get<double>() * double(1 << 20));
+  const nlohmann::json& cp = effective.at("compaction");
+  o.compaction_prepare = cp.at("mode").get<std::string>() == "continuation" && cp.at("prepare").get<std::string>() == "on";
+  o.compaction_idle_s = cp.at("idle_s").get<double>();
+  o.compaction_min_tokens = cp.at("min_tokens").get<int64_t>();
   return o;
 }
 

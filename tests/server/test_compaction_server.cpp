@@ -2,7 +2,7 @@
 // compaction request of a conversation the engine holds resumes at its end anchor and reads only the
 // new turn, with usage speaking of the client's prompt; the guard serves it as sent for another
 // conversation's history, for a record that already holds the instructions, and with
-// compaction.mode client.
+// compaction.mode client; the continuation written ahead in idle time answers the request (compaction.prepare).
 #include <QtTest>
 
 #include "tests/server/server_fixture.h"
@@ -35,8 +35,8 @@ class TestCompactionServer : public QObject {
     return r && r->status == 200 ? json::parse(r->body) : json();
   }
   // Two turns of a conversation in session.
-  void Converse(const std::string& session) {
-    json messages = json::array({{{"role", "user"}, {"content", kFirst}}});
+  void Converse(const std::string& session, const std::string& first = kFirst) {
+    json messages = json::array({{{"role", "user"}, {"content", first}}});
     const json one = Post({{"messages", messages}, {"max_tokens", 12}, {"temperature", 0}, {"session_id", session}});
     QVERIFY(!one.is_null());
     messages.push_back(one["choices"][0]["message"]);
@@ -86,6 +86,75 @@ class TestCompactionServer : public QObject {
     QVERIFY(server_.Put("/v1/settings", settings.dump())->status == 200);
     Converse("c5");
     QCOMPARE(Source(Post(Compaction("c5", kFirst, kSecond))), std::string("continuation"));
+  }
+
+  // A conversation the engine holds only in the session spill: served as its continuation too (the
+  // record comes from the spill entry; the prefill resumes where the tiers hold it).
+  void spilledConversationServedAsItsContinuation() {
+    Converse("s0");
+    const json resident = Post(Compaction("s0", kFirst, kSecond));
+    QCOMPARE(Source(resident), std::string("continuation"));
+    json settings = json::parse(server_.Get("/v1/settings")->body);
+    settings["resident"]["park_gb"] = 0;  // a switch of sessions spills the one it replaces
+    settings["resident"]["guest_max_tokens"] = 0;  // (no turn is a guest beside it)
+    settings["spill"]["min_tokens"] = 0;
+    settings["disk_cache"]["min_free_gb"] = 0;
+    settings["state_store"]["enabled"] = false;  // (nor kept in the state store)
+    QVERIFY(server_.Put("/v1/settings", settings.dump())->status == 200);
+    auto spill_saves = [&] { return json::parse(server_.Get("/v1/cache/stats")->body)["spill"]["saves"].get<int64_t>(); };
+    const int64_t saves_before = spill_saves();
+    Converse("s1");
+    Converse("s2", "Something else entirely: list the open pull requests.");  // s1 goes to the spill (its list names no sessions)
+    QVERIFY(spill_saves() > saves_before);
+    const json got = Post(Compaction("s1", kFirst, kSecond));
+    QCOMPARE(Source(got), std::string("continuation"));
+    QCOMPARE(got["usage"]["prompt_tokens"], resident["usage"]["prompt_tokens"]);
+    QVERIFY(got["usage"]["anchorage"]["cached_tokens"].get<int64_t>() > 0);
+    QVERIFY(!got["choices"][0]["message"]["content"].is_null());
+    settings = json::parse(server_.Get("/v1/settings")->body);
+    settings["resident"]["park_gb"] = 4;
+    settings["resident"]["guest_max_tokens"] = 8192;
+    settings["state_store"]["enabled"] = true;
+    QVERIFY(server_.Put("/v1/settings", settings.dump())->status == 200);
+  }
+
+  // compaction.prepare: after idle_s without a request, the resident conversation's continuation
+  // is written ahead with the last compaction request's instructions; that request is then answered
+  // from it with the live continuation's answer.
+  void writtenAheadWhileIdle() {
+    Converse("w1");
+    const json live = Post(Compaction("w1", kFirst, kSecond));  // teaches the instructions
+    QCOMPARE(Source(live), std::string("continuation"));
+    json settings = json::parse(server_.Get("/v1/settings")->body);
+    settings["compaction"]["idle_s"] = 0.2;
+    settings["compaction"]["min_tokens"] = 1;
+    QVERIFY(server_.Put("/v1/settings", settings.dump())->status == 200);
+    Converse("w2");  // the same turns: the same record as w1's
+    auto prepared_for = [&](const std::string& session, int tries) {
+      for (int i = 0; i < tries; ++i) {
+        const json stats = json::parse(server_.Get("/v1/cache/stats")->body);
+        if (stats["prepared"]["entries"] == 1 && stats["prepared"]["session"] == session) return true;
+        QTest::qWait(100);
+      }
+      return false;
+    };
+    QVERIFY2(prepared_for("w2", 150), server_.Get("/v1/cache/stats")->body.c_str());
+    const json answered = Post(Compaction("w2", kFirst, kSecond));
+    QCOMPARE(Source(answered), std::string("prepared"));
+    QCOMPARE(answered["choices"][0]["message"], live["choices"][0]["message"]);
+    QCOMPARE(answered["choices"][0]["finish_reason"], live["choices"][0]["finish_reason"]);
+    QCOMPARE(answered["usage"]["prompt_tokens"], live["usage"]["prompt_tokens"]);
+    QCOMPARE(answered["usage"]["completion_tokens"], live["usage"]["completion_tokens"]);
+    QCOMPARE(answered["usage"]["anchorage"]["reread_tokens"].get<int64_t>(), int64_t(0));
+    QVERIFY(server_.Post("/v1/cache/clear?tier=prepared", "")->status == 200);
+    QCOMPARE(json::parse(server_.Get("/v1/cache/stats")->body)["prepared"]["entries"].get<int64_t>(), int64_t(0));
+    // compaction.prepare off: nothing is written ahead.
+    settings = json::parse(server_.Get("/v1/settings")->body);
+    settings["compaction"]["prepare"] = "off";
+    QVERIFY(server_.Put("/v1/settings", settings.dump())->status == 200);
+    Converse("w3");
+    QVERIFY(!prepared_for("w3", 15));  // 1.5 s: over seven idle periods
+    QCOMPARE(Source(Post(Compaction("w3", kFirst, kSecond))), std::string("continuation"));
   }
 };
 
