@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -27,6 +28,8 @@ struct HttpRequest {
   std::string body;
   bool keep_alive = true;
   std::string remote_address;
+  // Whether the client has hung up (set by the transport for the handler; polls the socket).
+  std::function<bool()> client_gone;
 
   // The first header of that name (case-insensitive), or empty.
   std::string HeaderValue(std::string_view name) const;

@@ -351,10 +351,11 @@ void HttpServer::RouteDecide() {
       const auto now = std::chrono::steady_clock::now();
       question_ms[b.question] += std::chrono::duration<double, std::milli>(now - last).count();
       last = now;
-      return true;
+      return !(req.client_gone && req.client_gone());  // a client that hung up stops the rest
     });
     if (!ran.ok()) {
       const Status& st = ran.status();
+      if (st.code() == StatusCode::kCancelled) return SendError(res, {499, "the client hung up", "server_error", "", "cancelled"});
       if (st.code() == StatusCode::kResourceExhausted) return SendError(res, {503, st.message(), "server_error", "", "memory_exhausted"});
       return SendError(res, {500, st.ToString(), "server_error", "", "engine_error"});
     }
@@ -618,8 +619,10 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
   if (!r.stream) {
     std::vector<SampledToken> sampled;
     bool done = false;
-    while (!done)
+    while (!done) {
       for (const GeneratedToken& t : job->WaitTokens(&done)) sampled.push_back(t.sampled);
+      if (!done && req.client_gone && req.client_gone()) job->Cancel();  // nobody reads the answer: stop before the next token
+    }
     if (!job->status().ok()) return SendError(res, {500, job->status().ToString(), "server_error", "", "engine_error"});
     const GenerationResult& result = job->result();
     ojson choice = {{"index", 0}};

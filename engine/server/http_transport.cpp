@@ -72,6 +72,15 @@ std::string ErrorHead(int status, const HttpResponse& res) {
   return head;
 }
 
+// Whether the peer of a connected socket has closed it (without waiting).
+bool PeerClosed(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return true;
+  char byte;
+  return (p.revents & POLLIN) && recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
 }  // namespace
 
 void HttpResponse::SetHeader(std::string name, std::string value) {
@@ -155,6 +164,7 @@ class HttpTransport::Pool {
   bool done_ = false;
 };
 
+
 class HttpTransport::Stream : public HttpStream {
  public:
   Stream(int fd, bool chunked) : fd_(fd), chunked_(chunked) {}
@@ -169,13 +179,7 @@ class HttpTransport::Stream : public HttpStream {
     piece += "\r\n";
     return !(failed_ = !SendAll(fd_, piece));
   }
-  bool ClientGone() override {
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, 0) <= 0) return false;
-    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return true;
-    char byte;
-    return (p.revents & POLLIN) && recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
-  }
+  bool ClientGone() override { return PeerClosed(fd_); }
   bool Finish() {
     if (failed_) return false;
     return chunked_ ? SendAll(fd_, "0\r\n\r\n") : true;
@@ -505,6 +509,7 @@ void HttpTransport::Answer(std::unique_ptr<Connection> c, HttpRequest request) {
     }
     if (gate_ && request.method == "OPTIONS" && res.status == 204) gate_(request, res);
   } else if (!gate_ || gate_(request, res)) {
+    request.client_gone = [fd = c->fd] { return PeerClosed(fd); };
     try {
       route->handler(request, res);
     } catch (const std::exception& e) {

@@ -234,7 +234,8 @@ Result<DecideLayout> Scheduler::Decide(std::span<const DecideBranch> branches, i
     RequestRow row;
     row.model = options_.model_id;
     row.route = "/v1/decide";
-    row.status = ran.ok() ? 200 : ran.status().code() == StatusCode::kResourceExhausted ? 503 : 500;
+    const StatusCode code = ran.ok() ? StatusCode::kOk : ran.status().code();
+    row.status = ran.ok() ? 200 : code == StatusCode::kResourceExhausted ? 503 : code == StatusCode::kCancelled ? 499 : 500;
     row.error = ran.ok() ? "" : ran.status().message();
     row.figures.prompt_tokens = layout.logical_tokens;
     row.figures.served_prompt_tokens = layout.logical_tokens;

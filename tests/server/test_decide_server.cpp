@@ -10,6 +10,7 @@
 #include <chrono>
 #include <thread>
 
+#include "tests/server/raw_http.h"
 #include "tests/server/server_fixture.h"
 
 using anchorage::testing::ServerProcess;
@@ -154,6 +155,29 @@ class TestDecideServer : public QObject {
     const auto chat_wait = chat_end - chat_sent, decide_rest = decide_end - chat_sent;
     QVERIFY2(2 * chat_wait < decide_rest, ("the chat took " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(chat_wait).count()) +
                                            " ms of the decide's last " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(decide_rest).count()) + " ms").c_str());
+  }
+
+  void aClientThatHangsUpStopsTheDecide() {
+    json candidates = json::array();
+    for (int i = 0; i < 1000; ++i) candidates.push_back("candidate number " + std::to_string(i) + " of the long list, with some words after it");
+    const std::string body = json{{"messages", Observation(60, 8)}, {"questions", json::array({{{"question", "Which one?"}, {"candidates", candidates}}})}}.dump();
+    {
+      anchorage::testing::RawConnection c(server_.port());
+      QVERIFY(c.ok());
+      QVERIFY(c.Send("POST /v1/decide HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+                     std::to_string(body.size()) + "\r\n\r\n" + body));
+    }  // hung up before the answer
+    auto cancelled = [&] {
+      auto journal = server_.Get("/v1/journal?kind=request&limit=50");
+      const json page = journal && journal->status == 200 ? json::parse(journal->body) : json::object();
+      if (page.contains("rows"))
+        for (const json& row : page["rows"])
+          if (row["route"] == "/v1/decide" && row["status"] == 499) return true;
+      return false;
+    };
+    QTRY_VERIFY_WITH_TIMEOUT(cancelled(), 20000);
+    QCOMPARE(server_.Get("/health")->status, 200);
+    QVERIFY(!Decide({{"prompt", "short"}, {"questions", json::array({{{"question", "Yes?"}, {"choices", {"yes", "no"}}}})}}).is_null());
   }
 
   void badInputIsRefusedAndTheServerServes() {
