@@ -171,6 +171,7 @@ void HttpServer::RouteOperations() {
                    {"kernel_path", cpu::PathName(cpu::ActivePath())},
                    {"connections", transport_.open_connections()},
                    {"journal", JournalHealthJson()},
+                   {"backends", options_.backends != nullptr ? options_.backends->HealthJson() : ojson::array()},
                    {"last_request", {{"prompt_tokens", last.prompt_tokens}, {"completion_tokens", last.completion_tokens}}}});
   });
   Route("GET", "/metrics", RouteClass::kControl, RouteAccess::kClient, [this](const HttpRequest&, HttpResponse& res) {
@@ -179,6 +180,7 @@ void HttpServer::RouteOperations() {
     if (stats.disk_enabled) text += RenderDiskMetrics(stats.disk);
     if (stats.spill_enabled) text += RenderSpillMetrics(stats.spill);
     if (ShadowReader* shadow = scheduler_.shadow()) text += RenderShadowMetrics(shadow->Snapshot());
+    if (options_.backends != nullptr && !options_.backends->empty()) text += options_.backends->MetricsText();
     res.SetContent(text, "text/plain; version=0.0.4");
   });
   Route("GET", "/v1/models", RouteClass::kControl, RouteAccess::kClient, [this](const HttpRequest&, HttpResponse& res) {
@@ -187,6 +189,8 @@ void HttpServer::RouteOperations() {
     names.insert(names.end(), options_.model_aliases.begin(), options_.model_aliases.end());
     for (const std::string& name : names)
       data.push_back({{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "anchorage"}, {"max_model_len", options_.context_tokens}});
+    if (options_.backends != nullptr)
+      for (const ojson& entry : options_.backends->ModelEntries()) data.push_back(entry);
     SendJson(res, {{"object", "list"}, {"data", data}});
   });
 }
@@ -203,6 +207,10 @@ ParseOptions HttpServer::ParseOptionsOf() const {
 }
 
 bool HttpServer::CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiError* error) const {
+  if (auto backend = BackendOf(req.body)) {
+    *error = {404, "model '" + backend->name + "' is served by a backend; its caches are the upstream's", "invalid_request_error", "model", "backend_model"};
+    return false;
+  }
   auto request = ParseCompletionRequest(RequestKind::kChat, req.body, ParseOptionsOf(), error);
   if (!request) return false;
   bool reasoning = false;
@@ -503,7 +511,44 @@ void HttpServer::RouteCompletions() {
                    [this](const HttpRequest& req, HttpResponse& res) { Completion(RequestKind::kCompletion, req, res); });
 }
 
+std::optional<BackendSpec> HttpServer::BackendOf(const std::string& body) const {
+  if (options_.backends == nullptr || options_.backends->empty()) return std::nullopt;
+  ojson j;
+  ApiError ignored;  // a body that does not parse is refused by the embedded model's parser
+  if (!ParseJsonBody(body, &j, &ignored) || !j.contains("model") || !j["model"].is_string()) return std::nullopt;
+  return options_.backends->Route(j["model"].get<std::string>());
+}
+
+void HttpServer::Forwarded(const BackendSpec& backend, const HttpRequest& req, HttpResponse& res) {
+  ojson j;
+  ApiError ignored;
+  ParseJsonBody(req.body, &j, &ignored);  // BackendOf parsed it
+  const bool stream = j.is_object() && j.contains("stream") && j["stream"].is_boolean() && j["stream"].get<bool>();
+  std::string session = req.HeaderValue("x-session-id");
+  for (const char* key : {"conversation_id", "session_id", "session"})
+    if (session.empty() && j.is_object() && j.contains(key) && j[key].is_string()) session = j[key].get<std::string>();
+  const std::string model = j.is_object() && j.contains("model") && j["model"].is_string() ? j["model"].get<std::string>() : backend.name;
+  options_.backends->Forward(backend, req.path, req.body, stream, req.client_gone, res, SendError,
+                             [this, session, model, route = req.path](const ForwardOutcome& o) {
+                               if (journal_ == nullptr) return;
+                               RequestRow row;
+                               row.session = session;
+                               row.model = model;
+                               row.route = route;
+                               row.status = o.status;
+                               row.error = o.error;
+                               row.figures.prompt_tokens = o.prompt_tokens;
+                               row.figures.completion_tokens = o.completion_tokens;
+                               row.figures.ttft_ms = o.ttft_ms;
+                               row.figures.cache_source = o.backend;
+                               row.cache_tier = "backend";
+                               row.finish_reason = o.finish_reason;
+                               journal_->RecordRequest(std::move(row));
+                             });
+}
+
 void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpResponse& res) {
+  if (auto backend = BackendOf(req.body)) return Forwarded(*backend, req, res);
   // Answers an error and journals the rejected request.
   auto reject = [&](const ApiError& e) {
     SendError(res, e);

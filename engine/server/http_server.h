@@ -11,6 +11,7 @@
 #include "engine/core/status.h"
 #include "engine/model/model.h"
 #include "engine/server/access_policy.h"
+#include "engine/server/backends.h"
 #include "engine/server/http_transport.h"
 #include "engine/server/metrics.h"
 #include "engine/server/openai_api.h"
@@ -28,6 +29,7 @@ struct ServerOptions {
   AccessOptions access;          // Host and Origin checks, API keys, the admin token
   int64_t context_tokens = 0;    // prompt plus output limit; 0 means the model's maximum
   HttpTransportOptions transport;  // limits, timeouts, pools and connection caps
+  Backends* backends = nullptr;    // upstreams whose models are forwarded (not owned); nullptr: none
 };
 
 class HttpServer {
@@ -57,6 +59,10 @@ class HttpServer {
   void RouteCompletions();
 
   void Completion(RequestKind kind, const HttpRequest& req, HttpResponse& res);
+  // The backend serving the model a JSON body names, when one does.
+  std::optional<BackendSpec> BackendOf(const std::string& body) const;
+  // Forwards a completion to a backend and journals it.
+  void Forwarded(const BackendSpec& backend, const HttpRequest& req, HttpResponse& res);
   // Parses a chat body for peek and prewarm: its prompt ids and session (body "session", else x-session-id).
   ParseOptions ParseOptionsOf() const;
   // {"ok", "errors", "failed_rows", "dropped_rows", "last_error"} of the journal's background writes; null without one.

@@ -1,6 +1,7 @@
 #include "engine/server/service.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "engine/core/file_util.h"
@@ -291,6 +292,16 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   t.max_connections_per_client = static_cast<size_t>(config.max_connections_per_client);
   t.worker_threads = static_cast<int>(config.http_threads);
   t.limits.max_body_bytes = static_cast<size_t>(config.max_body_bytes);
+  if (!config.backends.empty()) {
+    BackendOptions backend_options;
+    backend_options.timeout_ms = config.backend_timeout_ms;
+    for (const BackendSpec& b : config.backends) {
+      const bool has_key = b.key_env.empty() || std::getenv(b.key_env.c_str()) != nullptr;
+      s->notes_.push_back("backend " + b.name + " at " + b.url + (has_key ? "" : "; warning: its key variable " + b.key_env + " is not set"));
+    }
+    s->backends_ = std::make_unique<Backends>(config.backends, backend_options);
+    options.backends = s->backends_.get();
+  }
   s->http_ = std::make_unique<HttpServer>(*s->model_, *s->scheduler_, options, s->journal_.get(), s->settings_.get());
   say(0.9, "binding " + config.host + ":" + std::to_string(config.port));
   RETURN_IF_ERROR(s->http_->Bind());

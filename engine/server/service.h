@@ -59,6 +59,7 @@ class Service {
   std::unique_ptr<ShadowReader> shadow_;  // the same
   std::unique_ptr<SuffixStore> suffix_store_;  // the same
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<Backends> backends_;  // before the endpoint that forwards to them
   std::unique_ptr<HttpServer> http_;
   std::thread serving_;
   std::string model_id_;

@@ -71,6 +71,13 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
     }
   }
   else if (key == "test-replies") c.test_replies_file = value;
+  else if (key == "backend") {
+    ASSIGN_OR_RETURN(BackendSpec spec, ParseBackendSpec(value));
+    for (const BackendSpec& b : c.backends)
+      if (b.name == spec.name) return InvalidArgument(source + ": two backends are named '" + spec.name + "'");
+    c.backends.push_back(std::move(spec));
+  }
+  else if (key == "backend-timeout-s") { RETURN_IF_ERROR(integer(1, 86400, &v)); c.backend_timeout_ms = v * 1000; }
   // The cache knobs are checked here and applied as overrides of the settings document (run_time_knobs).
   else if (key == "caches" || key == "end-anchor" || key == "strict-model-names") {
     if (value != "on" && value != "off") return InvalidArgument(source + ": " + key + " must be on or off, got '" + value + "'");
@@ -110,12 +117,15 @@ const char* ServerUsage() {
          "                        [--http-threads N] [--max-connections N] [--max-connections-per-client N]\n"
          "                        [--http-header-timeout-ms MS] [--http-body-timeout-ms MS]\n"
          "                        [--http-keep-alive-timeout-ms MS] [--max-body-bytes N] [--test-replies FILE]\n"
+         "                        [--backend NAME=URL[,key=ENVVAR]]... [--backend-timeout-s S]\n"
          "Serves the OpenAI-compatible API on http://127.0.0.1:8000/v1 by default. Without --model it\n"
          "generates the tiny model in DATA_DIR/models/tiny-seed0 and serves that. The disk tier lives in\n"
          "DATA_DIR/cache/disk unless --disk-cache names another folder (off: none). The shadow reader runs\n"
          "on --shadow-model (a small model of the same vocabulary), or beside the generated tiny model on\n"
          "the generated shadow model; its session files live in DATA_DIR/cache/shadow. FILE is a JSON object\n"
-         "with the same keys as the flags (\"port\": 8001, \"grid\": 1024, ...); flags override it.\n";
+         "with the same keys as the flags (\"port\": 8001, \"grid\": 1024, ...); flags override it.\n"
+         "--backend forwards requests for model NAME to an OpenAI-compatible server at URL (vLLM, SGLang,\n"
+         "llama-server, another anchorage-server), with the API key in environment variable ENVVAR.\n";
 }
 
 bool IsLoopbackHost(const std::string& host) {
@@ -150,6 +160,10 @@ Result<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
     nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) return InvalidArgument(config_file + ": must hold a JSON object");
     for (auto it = j.begin(); it != j.end(); ++it) {
+      if (it.value().is_array()) {  // a repeatable flag: "backend": ["a=http://...", "b=http://..."]
+        for (const auto& item : it.value()) RETURN_IF_ERROR(Apply(c, it.key(), item.is_string() ? item.get<std::string>() : item.dump(), config_file));
+        continue;
+      }
       std::string value = it.value().is_string() ? it.value().get<std::string>() : it.value().dump();
       RETURN_IF_ERROR(Apply(c, it.key(), value, config_file));
       from_file[it.key()] = value;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/core/status.h"
+#include "engine/server/backends.h"
 
 namespace anchorage {
 
@@ -28,6 +29,8 @@ struct ServerConfig {
   int64_t context_tokens = 0;     // 0: the model's max_position_embeddings
   int threads = 0;                // 0: every core
   std::string test_replies_file;  // testing aid: scripted replies (engine/server/reply_script.h)
+  std::vector<BackendSpec> backends;  // --backend NAME=URL[,key=ENVVAR] (repeatable)
+  int64_t backend_timeout_ms = 600000;  // --backend-timeout-s: the longest wait for an upstream's next bytes
   // The HTTP transport: timeouts (ms), connection caps, worker threads and the body limit.
   int64_t http_header_timeout_ms = 10000;
   int64_t http_body_timeout_ms = 10000;

@@ -43,6 +43,7 @@ class ServerProcess {
       out += process_->readAllStandardOutput();
       const QRegularExpressionMatch served = QRegularExpression("http://[^ /]+:(\\d+)/v1").match(QString::fromUtf8(out));
       if (served.hasMatch()) {
+        startup_output_ = out.toStdString();
         port_ = served.captured(1).toInt();
         return port_ > 0;
       }
@@ -71,6 +72,8 @@ class ServerProcess {
     return out;
   }
   QProcess& process() { return *process_; }
+  // What the server printed to stdout until it served.
+  const std::string& startup_output() const { return startup_output_; }
   std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port_); }
 
   httplib::Result Get(const std::string& path) {
@@ -133,6 +136,7 @@ class ServerProcess {
  private:
   std::unique_ptr<QProcess> process_;
   int port_ = 0;
+  std::string startup_output_;
 };
 
 }  // namespace anchorage::testing

@@ -31,6 +31,38 @@ class TestServerUnits : public QObject {
   Q_OBJECT
 
  private slots:
+  void backendSpecsParseOrSayWhatIsWrong() {
+    auto spec = ParseBackendSpec("big=http://10.0.0.5:8000/v1,key=VLLM_KEY");
+    QVERIFY(spec.ok());
+    QCOMPARE(spec->name, std::string("big"));
+    QCOMPARE(spec->url, std::string("http://10.0.0.5:8000/v1"));
+    QCOMPARE(spec->key_env, std::string("VLLM_KEY"));
+    QVERIFY(ParseBackendSpec("Qwen/Qwen3.5-27B=http://h:1").ok());
+    for (const char* bad : {"big", "=http://h:1", "big=h:1", "big=https://h:1", "big=http://", "big=http://h:1,token=X", "big=http://h:1,key=",
+                            "a b=http://h:1"}) {
+      auto r = ParseBackendSpec(bad);
+      QVERIFY2(!r.ok() && r.status().code() == StatusCode::kInvalidArgument, bad);
+    }
+    char arg0[] = "anchorage-server", flag[] = "--backend", one[] = "a=http://h:1", two[] = "a=http://h:2";
+    char* argv[] = {arg0, flag, one, flag, two};
+    auto twice = ParseServerCommandLine(5, argv);
+    QVERIFY(!twice.ok() && twice.status().message().find("two backends") != std::string::npos);
+    QTemporaryDir dir;
+    const QString file = dir.filePath("config.json");
+    QFile f(file);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write(ojson{{"backend", {"a=http://h:1", "b=http://h:2,key=B_KEY"}}, {"backend-timeout-s", 5}}.dump().c_str());
+    f.close();
+    QByteArray path = file.toUtf8();
+    char config[] = "--config";
+    char* argv2[] = {arg0, config, path.data()};
+    auto from_file = ParseServerCommandLine(3, argv2);
+    QVERIFY2(from_file.ok(), from_file.ok() ? "" : from_file.status().message().c_str());
+    QCOMPARE(from_file->backends.size(), size_t(2));
+    QCOMPARE(from_file->backends[1].key_env, std::string("B_KEY"));
+    QCOMPARE(from_file->backend_timeout_ms, int64_t(5000));
+  }
+
   void parserSplitsReasoningContentAndCalls() {
     OutputParser p(true, Tools());
     p.Push(kToolOutput);
