@@ -105,6 +105,7 @@ class EngineWorker : public QObject {
     pollJournal(now);
     pollCache(now);
     pollShadow(now);
+    pollBackends(now);
     pollSettings();
     pollStatus(now);
   }
@@ -137,13 +138,14 @@ class EngineWorker : public QObject {
     emit m_host->settingsOutcome(out);
   }
 
-  void sendChat(const QString& conversation, const QJsonArray& messages, int maxTokens) {
+  void sendChat(const QString& conversation, const QJsonArray& messages, int maxTokens, const QString& model) {
     if (m_chats.contains(conversation)) stopChat(conversation);
     QJsonObject body{{"messages", messages},
                      {"stream", true},
                      {"stream_options", QJsonObject{{"include_usage", true}}},
                      {"conversation_id", conversation}};
     if (maxTokens > 0) body["max_tokens"] = maxTokens;
+    if (!model.isEmpty()) body["model"] = model;
     QNetworkRequest request(QUrl(QString::fromStdString(m_service->url()) + "/chat/completions"));
     request.setHeader(QNetworkRequest::ContentTypeHeader, "application/json");
     request.setRawHeader("Accept", "text/event-stream");
@@ -336,6 +338,18 @@ class EngineWorker : public QObject {
     emit m_host->shadowChanged(ShadowSnapshot{now, json});
   }
 
+  void pollBackends(qint64 now) {
+    anchorage::Backends* backends = m_service->backends();
+    const QByteArray json = backends != nullptr ? QByteArray::fromStdString(backends->HealthJson().dump()) : QByteArray("[]");
+    if (json == m_lastBackendsJson && now - m_lastBackendsMs < 1000) return;
+    m_lastBackendsJson = json;
+    m_lastBackendsMs = now;
+    BackendsSnapshot b{now, json, {QString::fromStdString(m_service->model_id())}};
+    if (backends != nullptr)
+      for (const auto& entry : backends->ModelEntries()) b.models << QString::fromStdString(entry["id"].get<std::string>());
+    emit m_host->backendsChanged(b);
+  }
+
   void pollJournal(qint64 now) {
     anchorage::Journal* journal = m_service->journal();
     if (!journal || now - m_lastJournalMs < 500) return;
@@ -374,6 +388,8 @@ class EngineWorker : public QObject {
   QHash<QString, Chat> m_chats;
   QByteArray m_lastCacheJson;
   QByteArray m_lastShadowJson;
+  QByteArray m_lastBackendsJson;
+  qint64 m_lastBackendsMs = 0;
   qint64 m_lastShadowMs = 0;
   qint64 m_lastCacheMs = 0;
   QByteArray m_lastSettingsJson;
@@ -387,6 +403,7 @@ class EngineWorker : public QObject {
 EngineHost::EngineHost(const anchorage::ServerConfig& config, QObject* parent) : QThread(parent), m_config(config) {
   qRegisterMetaType<CacheSnapshot>();
   qRegisterMetaType<ShadowSnapshot>();
+  qRegisterMetaType<BackendsSnapshot>();
   qRegisterMetaType<JournalSnapshot>();
   qRegisterMetaType<EngineStatusSnapshot>();
   qRegisterMetaType<SettingsSnapshot>();
@@ -425,7 +442,7 @@ void EngineHost::replaceSettings(const QJsonObject& document) {
   post([document](EngineWorker* w) { w->replaceSettings(document); });
 }
 
-void EngineHost::sendChat(const QString& conversation, const QJsonArray& messages, int maxTokens) {
+void EngineHost::sendChat(const QString& conversation, const QJsonArray& messages, int maxTokens, const QString& model) {
   {
     QMutexLocker lock(&m_mutex);
     if (!m_worker) {
@@ -437,7 +454,7 @@ void EngineHost::sendChat(const QString& conversation, const QJsonArray& message
       return;
     }
   }
-  post([=](EngineWorker* w) { w->sendChat(conversation, messages, maxTokens); });
+  post([=](EngineWorker* w) { w->sendChat(conversation, messages, maxTokens, model); });
 }
 
 void EngineHost::stopChat(const QString& conversation) {

@@ -33,7 +33,7 @@ class EngineHost : public QThread {
   // Replaces the settings document (it names the version it edits); answers settingsOutcome.
   void replaceSettings(const QJsonObject& document);
   // Streams a chat completion through the service's own endpoint; answers chatDelta and chatFinished.
-  void sendChat(const QString& conversation, const QJsonArray& messages, int maxTokens);
+  void sendChat(const QString& conversation, const QJsonArray& messages, int maxTokens, const QString& model = QString());
   // Aborts the conversation's streaming request, if any (chatFinished follows with stopped=true).
   void stopChat(const QString& conversation);
   // Like SIGTERM: no new requests, waits for those in flight, stops the endpoint, ends the thread.
@@ -46,6 +46,7 @@ class EngineHost : public QThread {
   void statusChanged(const EngineStatusSnapshot& status);
   void cacheChanged(const CacheSnapshot& cache);
   void shadowChanged(const ShadowSnapshot& shadow);
+  void backendsChanged(const BackendsSnapshot& backends);
   void journalChanged(const JournalSnapshot& journal);
   void settingsChanged(const SettingsSnapshot& settings);
   void settingsOutcome(const SettingsOutcome& outcome);

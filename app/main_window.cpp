@@ -21,6 +21,7 @@
 #include "models/journal_model.h"
 #include "models/memory_history.h"
 #include "models/settings_model.h"
+#include "widgets/backends_screen.h"
 #include "widgets/chat_screen.h"
 #include "widgets/disk_screen.h"
 #include "widgets/journal_screen.h"
@@ -28,7 +29,8 @@
 #include "widgets/shadow_screen.h"
 
 namespace {
-const char* kTabNames[] = {"memory", "disk-cache", "shadow", "journal", "chat"};
+const char* kTabNames[] = {"memory", "disk-cache", "shadow", "journal", "chat", "backends"};
+constexpr int kTabCount = 6;
 }
 
 MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent), m_host(host) {
@@ -46,6 +48,7 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   m_shadow = new ShadowScreen(m_settingsModel, this);
   m_journalScreen = new JournalScreen(m_journalModel, this);
   m_chat = new ChatScreen(this);
+  m_backends = new BackendsScreen(this);
   m_tabs = new QTabWidget(this);
   m_tabs->setObjectName("tabs");
   m_tabs->addTab(m_memory, tr("&Memory"));
@@ -53,6 +56,7 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   m_tabs->addTab(m_shadow, tr("S&hadow"));
   m_tabs->addTab(m_journalScreen, tr("&Journal"));
   m_tabs->addTab(m_chat, tr("&Chat"));
+  m_tabs->addTab(m_backends, tr("&Backends"));
 
   // The loading banner: shown until the engine is ready (or says why it is not).
   m_banner = new QWidget(this);
@@ -75,7 +79,7 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   buildStatusBar();
   buildMenus();
 
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < kTabCount; ++i) {
     auto* s = new QShortcut(QKeySequence(Qt::CTRL | Qt::Key(Qt::Key_1 + i)), this);
     connect(s, &QShortcut::activated, this, [this, i] { m_tabs->setCurrentIndex(i); });
   }
@@ -105,6 +109,8 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   connect(host, &EngineHost::tierCleared, m_disk, &DiskScreen::onTierCleared);
   connect(host, &EngineHost::chatDelta, m_chat, &ChatScreen::onDelta);
   connect(host, &EngineHost::chatFinished, m_chat, &ChatScreen::onFinished);
+  connect(host, &EngineHost::backendsChanged, m_backends, &BackendsScreen::setSnapshot);
+  connect(host, &EngineHost::backendsChanged, m_chat, [this](const BackendsSnapshot& b) { m_chat->setModels(b.models); });
   // Screens -> commands (EngineHost queues them to the host thread).
   connect(m_memory, &MemoryScreen::clearTierRequested, host, &EngineHost::clearTier);
   connect(m_memory, &MemoryScreen::settingsReplaceRequested, host, &EngineHost::replaceSettings);
@@ -162,8 +168,8 @@ void MainWindow::buildMenus() {
   QAction* quit = file->addAction(tr("&Quit (drain and stop)"), this, &QWidget::close);
   quit->setShortcut(QKeySequence::Quit);
   QMenu* view = menuBar()->addMenu(tr("&View"));
-  const char* names[] = {"Memory", "Disk cache", "Shadow", "Journal", "Chat"};
-  for (int i = 0; i < 5; ++i) {
+  const char* names[] = {"Memory", "Disk cache", "Shadow", "Journal", "Chat", "Backends"};
+  for (int i = 0; i < kTabCount; ++i) {
     QAction* a = view->addAction(tr(names[i]), this, [this, i] { m_tabs->setCurrentIndex(i); });
     a->setShortcut(QKeySequence(Qt::CTRL | Qt::Key(Qt::Key_1 + i)));
     a->setShortcutContext(Qt::WidgetShortcut);  // the window's QShortcuts fire; the menu shows the keys

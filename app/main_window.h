@@ -9,6 +9,7 @@
 class CacheTierModel;
 class DiskScreen;
 class ShadowScreen;
+class BackendsScreen;
 class ChatScreen;
 class EngineHost;
 class JournalModel;
@@ -39,6 +40,7 @@ class MainWindow : public QMainWindow {
   ShadowScreen* shadowScreen() const { return m_shadow; }
   JournalScreen* journalScreen() const { return m_journalScreen; }
   ChatScreen* chatScreen() const { return m_chat; }
+  BackendsScreen* backendsScreen() const { return m_backends; }
   CacheTierModel* cacheModel() const { return m_cacheModel; }
   JournalModel* journalModel() const { return m_journalModel; }
   SettingsModel* settingsModel() const { return m_settingsModel; }
@@ -70,6 +72,7 @@ class MainWindow : public QMainWindow {
   ShadowScreen* m_shadow;
   JournalScreen* m_journalScreen;
   ChatScreen* m_chat;
+  BackendsScreen* m_backends;
   QWidget* m_banner;
   QLabel* m_bannerText;
   QProgressBar* m_loadBar;

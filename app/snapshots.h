@@ -6,6 +6,7 @@
 #include <QList>
 #include <QMetaType>
 #include <QString>
+#include <QStringList>
 
 #include "engine/core/request_figures.h"
 
@@ -35,6 +36,14 @@ struct CacheSnapshot {
 struct ShadowSnapshot {
   qint64 timeMs = 0;
   QByteArray json;
+};
+
+// The backends at one moment: /health's "backends" array, and every model id the endpoint serves
+// (the embedded model first, then the backends').
+struct BackendsSnapshot {
+  qint64 timeMs = 0;
+  QByteArray json;
+  QStringList models;
 };
 
 // One journal row (a request, a cache event or a shadow agreement).
@@ -107,6 +116,7 @@ struct ChatTurnStats {
 
 Q_DECLARE_METATYPE(CacheSnapshot)
 Q_DECLARE_METATYPE(ShadowSnapshot)
+Q_DECLARE_METATYPE(BackendsSnapshot)
 Q_DECLARE_METATYPE(JournalSnapshot)
 Q_DECLARE_METATYPE(EngineStatusSnapshot)
 Q_DECLARE_METATYPE(SettingsSnapshot)

@@ -1,6 +1,7 @@
 #include "widgets/chat_screen.h"
 
 #include <QDateTime>
+#include <QComboBox>
 #include <QHBoxLayout>
 #include <QLabel>
 #include <QListWidget>
@@ -46,7 +47,12 @@ ChatScreen::ChatScreen(QWidget* parent) : QWidget(parent) {
   m_stop = new QPushButton(tr("Stop"), this);
   m_stop->setObjectName("stopButton");
   m_stop->setToolTip(tr("Esc"));
+  m_model = new QComboBox(this);
+  m_model->setObjectName("chatModel");
+  m_model->setToolTip(tr("The model this turn goes to: the embedded one, or a backend's (--backend)"));
+  m_model->setSizeAdjustPolicy(QComboBox::AdjustToContents);
   auto* buttons = new QHBoxLayout;
+  buttons->addWidget(m_model);
   buttons->addWidget(m_maxTokens);
   buttons->addStretch();
   buttons->addWidget(m_stop);
@@ -109,7 +115,7 @@ void ChatScreen::send() {
   m_input->clear();
   if (QListWidgetItem* item = m_list->currentItem()) item->setText(model->title());
   updateButtons();
-  emit sendRequested(model->conversation(), messages, m_maxTokens->value());
+  emit sendRequested(model->conversation(), messages, m_maxTokens->value(), m_model->currentText());
 }
 
 void ChatScreen::stop() {
@@ -190,4 +196,14 @@ void ChatScreen::render() {
   html += "</body></html>";
   m_transcript->setHtml(html);
   bar->setValue(atBottom ? bar->maximum() : keep);
+}
+
+void ChatScreen::setModels(const QStringList& models) {
+  const QString chosen = m_model->currentText();
+  QStringList have;
+  for (int i = 0; i < m_model->count(); ++i) have << m_model->itemText(i);
+  if (have == models) return;
+  m_model->clear();
+  m_model->addItems(models);
+  if (const int at = m_model->findText(chosen); at >= 0) m_model->setCurrentIndex(at);
 }

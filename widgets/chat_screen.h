@@ -9,6 +9,7 @@
 #include "app/snapshots.h"
 
 class ChatModel;
+class QComboBox;
 class QListWidget;
 class QPlainTextEdit;
 class QPushButton;
@@ -29,12 +30,14 @@ class ChatScreen : public QWidget {
   QPlainTextEdit* input() const { return m_input; }
   QPushButton* sendButton() const { return m_send; }
   QTextBrowser* transcript() const { return m_transcript; }
+  QComboBox* modelPicker() const { return m_model; }
   int conversationCount() const { return m_models.size(); }
   // Shows or hides the reasoning of message row of the current conversation.
   void setReasoningExpanded(int row, bool expanded);
 
  signals:
-  void sendRequested(const QString& conversation, const QJsonArray& messages, int maxTokens);
+  // model: the id the request names (the embedded model's or a backend's).
+  void sendRequested(const QString& conversation, const QJsonArray& messages, int maxTokens, const QString& model);
   void stopRequested(const QString& conversation);
 
  public slots:
@@ -46,6 +49,8 @@ class ChatScreen : public QWidget {
   void onDelta(const ChatDelta& delta);
   void onFinished(const ChatTurnStats& stats);
   void setEngineReady(bool ready);
+  // The models a conversation can talk to: the embedded one first, then every backend's.
+  void setModels(const QStringList& models);
 
  private:
   void selectConversation(const QString& id);
@@ -61,6 +66,7 @@ class ChatScreen : public QWidget {
   QTextBrowser* m_transcript;
   QPlainTextEdit* m_input;
   QSpinBox* m_maxTokens;
+  QComboBox* m_model;
   QPushButton* m_send;
   QPushButton* m_stop;
   QTimer* m_renderTimer;

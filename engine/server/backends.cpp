@@ -32,6 +32,18 @@ void SetTimeouts(httplib::Client& client, const BackendOptions& o) {
   client.set_keep_alive(false);
 }
 
+// What a failed exchange with an upstream came to, in words.
+std::string ErrorText(httplib::Error error) {
+  switch (error) {
+    case httplib::Error::Connection: return "could not connect";
+    case httplib::Error::ConnectionTimeout: return "the connection timed out";
+    case httplib::Error::Read: return "reading its answer failed or timed out";
+    case httplib::Error::Write: return "sending the request failed";
+    case httplib::Error::Canceled: return "cancelled";
+    default: return httplib::to_string(error);
+  }
+}
+
 // An upstream's JSON, or discarded when it does not parse or nests deeper than a request may.
 nlohmann::json ParseUpstream(const std::string& text) {
   if (JsonNestingDepth(text, kMaxJsonDepth) > kMaxJsonDepth) return nlohmann::json::value_t::discarded;
@@ -165,7 +177,7 @@ void Backends::Refresh(Entry& e) {
   httplib::Headers headers;
   if (!e.key.empty()) headers.emplace("Authorization", "Bearer " + e.key);
   auto r = client.Get((e.base_path + "/v1/models").c_str(), headers);
-  if (!r) return NoteContact(e, false, "GET /v1/models: " + httplib::to_string(r.error()));
+  if (!r) return NoteContact(e, false, "GET /v1/models: " + ErrorText(r.error()));
   if (r->status != 200) return NoteContact(e, false, "GET /v1/models answered " + std::to_string(r->status) + ": " + UpstreamMessage(r->body));
   const auto j = ParseUpstream(r->body);
   std::vector<std::string> models;
@@ -358,7 +370,7 @@ void Backends::Forward(const BackendSpec& spec, const std::string& path, const s
     const bool timed_out = (error == httplib::Error::Read || error == httplib::Error::ConnectionTimeout) &&
                            MsBetween(started, Clock::now()) + 100 >= static_cast<double>(limit_ms);
     const std::string what = timed_out ? who + " did not answer within " + std::to_string(limit_ms) + " ms"
-                                       : who + " is unreachable: " + httplib::to_string(error);
+                                       : who + " is unreachable: " + ErrorText(error);
     NoteContact(*entry, false, what);
     return fail({timed_out ? 504 : 502, what, "server_error", "", timed_out ? "backend_timeout" : "backend_unreachable"}, started);
   }
@@ -382,7 +394,7 @@ void Backends::Forward(const BackendSpec& spec, const std::string& path, const s
     }
     if (error != httplib::Error::Success) {
       const bool timed_out = error == httplib::Error::Read;
-      return fail({timed_out ? 504 : 502, who + " broke off its answer: " + httplib::to_string(error), "server_error", "", timed_out ? "backend_timeout" : "backend_error"}, started);
+      return fail({timed_out ? 504 : 502, who + " broke off its answer: " + ErrorText(error), "server_error", "", timed_out ? "backend_timeout" : "backend_error"}, started);
     }
     NoteAnswer(ParseUpstream(all), outcome.get());
     outcome->status = 200;
@@ -427,7 +439,7 @@ void Backends::Forward(const BackendSpec& spec, const std::string& path, const s
         const httplib::Error error = call->error;
         lock.unlock();
         if (error != httplib::Error::Success && error != httplib::Error::Canceled) {
-          outcome->error = who + " broke off its stream: " + httplib::to_string(error);
+          outcome->error = who + " broke off its stream: " + ErrorText(error);
           const ApiError e{502, outcome->error, "server_error", "", "backend_error"};
           sink.Write("data: " + e.ToJson().dump() + "\n\n");
         }

@@ -19,6 +19,7 @@
 #include <QChart>
 #include <QPieSeries>
 #include <QScatterSeries>
+#include <QComboBox>
 #include <QtTest>
 
 #include "app/engine_host.h"
@@ -28,6 +29,7 @@
 #include "models/journal_model.h"
 #include "models/memory_history.h"
 #include "models/settings_model.h"
+#include "widgets/backends_screen.h"
 #include "widgets/chat_screen.h"
 #include "widgets/disk_screen.h"
 #include "widgets/journal_screen.h"
@@ -38,7 +40,8 @@ namespace {
 
 anchorage::ServerConfig tinyConfig(const QString& dataDir) {
   const std::string dir = dataDir.toStdString();
-  std::vector<std::string> words = {"anchorage", "--data-dir", dir, "--port", "0", "--grid", "64", "--threads", "1"};
+  std::vector<std::string> words = {"anchorage", "--data-dir", dir, "--port", "0", "--grid", "64", "--threads", "1",
+                                    "--backend", "elsewhere=http://127.0.0.1:9"};
   std::vector<char*> argv;
   for (auto& w : words) argv.push_back(w.data());
   auto parsed = anchorage::ParseServerCommandLine(static_cast<int>(argv.size()), argv.data());
@@ -249,6 +252,27 @@ class TestConsoleGui : public QObject {
     QCOMPARE(disk_cleared[2][0].toString(), QString("shadow"));
     QVERIFY(disk_cleared[2][1].toBool());
     QTRY_COMPARE_WITH_TIMEOUT(shadow->sessionTable()->rowCount(), 0, 10000);
+
+    // The Backends tab: the one backend, down (nobody listens on port 9); the chat's picker lists it
+    // after the embedded model, and a turn sent to it ends with the mapped error.
+    BackendsScreen* backends = window.backendsScreen();
+    QTRY_COMPARE_WITH_TIMEOUT(backends->table()->rowCount(), 1, 10000);
+    QTRY_COMPARE_WITH_TIMEOUT(backends->table()->item(0, 2)->text(), QString("down"), 20000);
+    QVERIFY(backends->summaryText().contains("0 of 1 backends up"));
+    QComboBox* picker = chat->modelPicker();
+    QTRY_COMPARE_WITH_TIMEOUT(picker->count(), 2, 10000);
+    QCOMPARE(picker->itemText(1), QString("elsewhere"));
+    picker->setCurrentIndex(1);
+    window.tabs()->setCurrentWidget(chat);
+    chat->input()->setPlainText("Are you there?");
+    QTest::mouseClick(chat->sendButton(), Qt::LeftButton);
+    ChatModel* forwarded = chat->currentModel();
+    QTRY_VERIFY_WITH_TIMEOUT(!forwarded->streaming(), 30000);
+    const QString forwardError = forwarded->index(forwarded->rowCount() - 1).data(ChatModel::ErrorRole).toString();
+    QVERIFY2(forwardError.contains("unreachable"), qPrintable(forwardError));
+    picker->setCurrentIndex(0);
+    QTest::keyClick(&window, Qt::Key_6, Qt::ControlModifier);
+    QCOMPARE(window.tabs()->currentWidget(), static_cast<QWidget*>(backends));
 
     // Shortcuts switch tabs.
     QTest::keyClick(&window, Qt::Key_4, Qt::ControlModifier);
