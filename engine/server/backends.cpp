@@ -19,12 +19,6 @@ int64_t UnixMs() {
 
 double MsBetween(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 
-bool NameIsPlain(const std::string& name) {
-  return !name.empty() && name.size() <= 128 && std::all_of(name.begin(), name.end(), [](unsigned char c) {
-    return std::isalnum(c) || c == '.' || c == '_' || c == '-' || c == ':' || c == '/';
-  });
-}
-
 void SetTimeouts(httplib::Client& client, const BackendOptions& o) {
   client.set_connection_timeout(o.connect_timeout_ms / 1000, (o.connect_timeout_ms % 1000) * 1000);
   client.set_read_timeout(o.timeout_ms / 1000, (o.timeout_ms % 1000) * 1000);
@@ -112,42 +106,50 @@ struct Call {
 
 }  // namespace
 
-Result<BackendSpec> ParseBackendSpec(const std::string& text) {
-  const size_t eq = text.find('=');
-  if (eq == std::string::npos) return InvalidArgument("--backend '" + text + "': expected NAME=URL[,key=ENVVAR]");
-  BackendSpec spec;
-  spec.name = text.substr(0, eq);
-  std::string rest = text.substr(eq + 1);
-  if (!NameIsPlain(spec.name)) return InvalidArgument("--backend '" + text + "': the name must be letters, digits and . _ - : / (at most 128)");
-  if (const size_t comma = rest.find(','); comma != std::string::npos) {
-    const std::string option = rest.substr(comma + 1);
-    rest = rest.substr(0, comma);
-    if (option.rfind("key=", 0) != 0 || option.size() == 4)
-      return InvalidArgument("--backend '" + spec.name + "': the only option is key=ENVVAR (the variable that holds its API key)");
-    spec.key_env = option.substr(4);
-  }
-  if (rest.rfind("https://", 0) == 0)
-    return InvalidArgument("--backend '" + spec.name + "': https upstreams need TLS, which this build does not link; use http:// (a local TLS proxy can sit in between)");
-  if (rest.rfind("http://", 0) != 0 || rest.size() <= 7) return InvalidArgument("--backend '" + spec.name + "': the URL must start with http://");
-  spec.url = rest;
-  return spec;
+std::shared_ptr<Backends::Entry> Backends::MakeEntry(BackendSpec spec) {
+  auto e = std::make_shared<Entry>();
+  std::string url = spec.url;
+  while (!url.empty() && url.back() == '/') url.pop_back();
+  if (url.size() >= 3 && url.compare(url.size() - 3, 3, "/v1") == 0) url.resize(url.size() - 3);
+  const size_t path = url.find('/', 7);
+  e->origin = path == std::string::npos ? url : url.substr(0, path);
+  e->base_path = path == std::string::npos ? "" : url.substr(path);
+  if (!spec.key_env.empty())
+    if (const char* key = std::getenv(spec.key_env.c_str())) e->key = key;
+  e->spec = std::move(spec);
+  return e;
 }
 
 Backends::Backends(std::vector<BackendSpec> specs, BackendOptions options) : options_(options) {
-  for (BackendSpec& spec : specs) {
-    auto e = std::make_unique<Entry>();
-    std::string url = spec.url;
-    while (!url.empty() && url.back() == '/') url.pop_back();
-    if (url.size() >= 3 && url.compare(url.size() - 3, 3, "/v1") == 0) url.resize(url.size() - 3);
-    const size_t path = url.find('/', 7);
-    e->origin = path == std::string::npos ? url : url.substr(0, path);
-    e->base_path = path == std::string::npos ? "" : url.substr(path);
-    if (!spec.key_env.empty())
-      if (const char* key = std::getenv(spec.key_env.c_str())) e->key = key;
-    e->spec = std::move(spec);
-    entries_.push_back(std::move(e));
+  SetSpecs(std::move(specs));
+  refresher_ = std::thread([this] { RefreshLoop(); });
+}
+
+void Backends::SetSpecs(std::vector<BackendSpec> specs) {
+  {
+    std::lock_guard lock(entries_mu_);
+    std::vector<std::shared_ptr<Entry>> next;
+    for (BackendSpec& spec : specs) {
+      auto kept = std::find_if(entries_.begin(), entries_.end(), [&](const auto& e) { return e->spec == spec; });
+      next.push_back(kept != entries_.end() ? *kept : MakeEntry(std::move(spec)));
+    }
+    entries_ = std::move(next);
   }
-  if (!entries_.empty()) refresher_ = std::thread([this] { RefreshLoop(); });
+  {
+    std::lock_guard lock(refresh_mu_);
+    refresh_now_ = true;  // new ones are asked for their models now
+  }
+  refresh_cv_.notify_all();
+}
+
+bool Backends::empty() const {
+  std::lock_guard lock(entries_mu_);
+  return entries_.empty();
+}
+
+std::vector<std::shared_ptr<Backends::Entry>> Backends::Entries() const {
+  std::lock_guard lock(entries_mu_);
+  return entries_;
 }
 
 Backends::~Backends() {
@@ -162,10 +164,12 @@ Backends::~Backends() {
 void Backends::RefreshLoop() {
   std::unique_lock lock(refresh_mu_);
   while (!stop_) {
+    refresh_now_ = false;
     lock.unlock();
-    for (auto& e : entries_) Refresh(*e);
+    for (const auto& e : Entries()) Refresh(*e);
     lock.lock();
-    refresh_cv_.wait_for(lock, std::chrono::milliseconds(options_.refresh_ms), [&] { return stop_; });
+    refresh_cv_.wait_for(lock, std::chrono::milliseconds(options_.refresh_ms), [&] { return stop_ || refresh_now_; });
+    refresh_now_ = false;
   }
 }
 
@@ -203,16 +207,17 @@ void Backends::NoteContact(Entry& e, bool ok, const std::string& error) {
   e.last_error = error;
 }
 
-Backends::Entry* Backends::Find(const std::string& name) const {
-  for (const auto& e : entries_)
-    if (e->spec.name == name) return e.get();
+std::shared_ptr<Backends::Entry> Backends::Find(const std::string& name) const {
+  for (const auto& e : Entries())
+    if (e->spec.name == name) return e;
   return nullptr;
 }
 
 std::optional<BackendSpec> Backends::Route(const std::string& model) const {
-  for (const auto& e : entries_)
+  const auto entries = Entries();
+  for (const auto& e : entries)
     if (e->spec.name == model) return e->spec;
-  for (const auto& e : entries_) {
+  for (const auto& e : entries) {
     std::lock_guard lock(e->mu);
     if (std::find(e->models.begin(), e->models.end(), model) != e->models.end()) return e->spec;
   }
@@ -221,7 +226,7 @@ std::optional<BackendSpec> Backends::Route(const std::string& model) const {
 
 nlohmann::ordered_json Backends::ModelEntries() const {
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
-  for (const auto& e : entries_) {
+  for (const auto& e : Entries()) {
     std::lock_guard lock(e->mu);
     std::vector<std::string> ids = e->models;
     if (std::find(ids.begin(), ids.end(), e->spec.name) == ids.end()) ids.insert(ids.begin(), e->spec.name);
@@ -232,7 +237,7 @@ nlohmann::ordered_json Backends::ModelEntries() const {
 
 nlohmann::ordered_json Backends::HealthJson() const {
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
-  for (const auto& e : entries_) {
+  for (const auto& e : Entries()) {
     std::lock_guard lock(e->mu);
     out.push_back({{"name", e->spec.name},
                    {"url", e->spec.url},
@@ -252,7 +257,7 @@ std::string Backends::MetricsText() const {
   std::string requests = "# HELP anchorage_backend_requests_total Requests forwarded to the backend.\n# TYPE anchorage_backend_requests_total counter\n";
   std::string errors = "# HELP anchorage_backend_errors_total Forwarded requests answered with an error.\n# TYPE anchorage_backend_errors_total counter\n";
   std::string ttft = "# HELP anchorage_backend_ttft_ms_mean Mean time to the upstream's first bytes.\n# TYPE anchorage_backend_ttft_ms_mean gauge\n";
-  for (const auto& e : entries_) {
+  for (const auto& e : Entries()) {
     std::lock_guard lock(e->mu);
     const std::string label = "{backend=\"" + e->spec.name + "\"} ";
     up += "anchorage_backend_up" + label + (e->state == "up" ? "1" : "0") + "\n";
@@ -267,9 +272,16 @@ void Backends::Forward(const BackendSpec& spec, const std::string& path, const s
                        const std::function<bool()>& client_gone, HttpResponse& res,
                        const std::function<void(HttpResponse&, const ApiError&)>& send_error,
                        std::function<void(const ForwardOutcome&)> on_done) {
-  Entry* entry = Find(spec.name);
+  const std::shared_ptr<Entry> entry = Find(spec.name);
   auto outcome = std::make_shared<ForwardOutcome>();
   outcome->backend = spec.name;
+  if (entry == nullptr) {  // removed from the settings since the request was routed
+    outcome->status = 404;
+    outcome->error = "backend " + spec.name + " is no longer configured";
+    send_error(res, {404, outcome->error, "invalid_request_error", "model", "model_not_found"});
+    if (on_done) on_done(*outcome);
+    return;
+  }
   auto finish = [entry, outcome, on_done](Clock::time_point started) {
     outcome->total_ms = MsBetween(started, Clock::now());
     {

@@ -22,17 +22,9 @@
 #include "engine/core/status.h"
 #include "engine/server/http_transport.h"
 #include "engine/server/openai_api.h"
+#include "engine/settings/backend_spec.h"
 
 namespace anchorage {
-
-struct BackendSpec {
-  std::string name;       // the model id it serves here
-  std::string url;        // "http://host:port" with an optional base path ("/v1" at its end is dropped)
-  std::string key_env;    // the environment variable holding its API key; empty: none
-};
-
-// "NAME=URL[,key=ENVVAR]"; InvalidArgument naming what is wrong.
-Result<BackendSpec> ParseBackendSpec(const std::string& text);
 
 struct BackendOptions {
   int64_t connect_timeout_ms = 5000;
@@ -54,11 +46,14 @@ struct ForwardOutcome {
 class Backends {
  public:
   Backends(std::vector<BackendSpec> specs, BackendOptions options);
+  // The backends from now on (the settings changed): a spec kept as it was keeps its health and
+  // counters; requests in flight to a removed one finish.
+  void SetSpecs(std::vector<BackendSpec> specs);
   ~Backends();
   Backends(const Backends&) = delete;
   Backends& operator=(const Backends&) = delete;
 
-  bool empty() const { return entries_.empty(); }
+  bool empty() const;
   // The backend that serves model: its name, or a model its /v1/models listed.
   std::optional<BackendSpec> Route(const std::string& model) const;
   // Every backend's models as /v1/models entries (the name when none was listed yet).
@@ -95,13 +90,17 @@ class Backends {
   void RefreshLoop();
   void Refresh(Entry& e);
   static void NoteContact(Entry& e, bool ok, const std::string& error);
-  Entry* Find(const std::string& name) const;
+  static std::shared_ptr<Entry> MakeEntry(BackendSpec spec);
+  std::shared_ptr<Entry> Find(const std::string& name) const;
+  std::vector<std::shared_ptr<Entry>> Entries() const;
 
-  std::vector<std::unique_ptr<Entry>> entries_;
+  mutable std::mutex entries_mu_;
+  std::vector<std::shared_ptr<Entry>> entries_;  // guarded by entries_mu_
   BackendOptions options_;
   std::mutex refresh_mu_;
   std::condition_variable refresh_cv_;
-  bool stop_ = false;
+  bool stop_ = false;         // guarded by refresh_mu_
+  bool refresh_now_ = false;  // the same: the specs changed
   std::thread refresher_;
 };
 

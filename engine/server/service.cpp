@@ -1,5 +1,6 @@
 #include "engine/server/service.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -79,6 +80,16 @@ ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective) {
   o.compaction_idle_s = cp.at("idle_s").get<double>();
   o.compaction_min_tokens = cp.at("min_tokens").get<int64_t>();
   return o;
+}
+
+std::vector<BackendSpec> BackendSpecsOf(const ServerConfig& config, const nlohmann::json& effective) {
+  std::vector<BackendSpec> specs = config.backends;
+  // The settings' list was checked when it was stored; a name --backend already uses is the flag's.
+  auto listed = ParseBackendList(effective.at("backends").at("upstreams").get<std::string>());
+  if (listed.ok())
+    for (BackendSpec& b : *listed)
+      if (std::none_of(specs.begin(), specs.end(), [&](const BackendSpec& s) { return s.name == b.name; })) specs.push_back(std::move(b));
+  return specs;
 }
 
 ShadowOptions ShadowOptionsFromSettings(const nlohmann::json& effective) {
@@ -292,15 +303,18 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   t.max_connections_per_client = static_cast<size_t>(config.max_connections_per_client);
   t.worker_threads = static_cast<int>(config.http_threads);
   t.limits.max_body_bytes = static_cast<size_t>(config.max_body_bytes);
-  if (!config.backends.empty()) {
+  {
     BackendOptions backend_options;
     backend_options.timeout_ms = config.backend_timeout_ms;
-    for (const BackendSpec& b : config.backends) {
+    const std::vector<BackendSpec> specs = BackendSpecsOf(config, s->settings_->Effective());
+    for (const BackendSpec& b : specs) {
       const bool has_key = b.key_env.empty() || std::getenv(b.key_env.c_str()) != nullptr;
       s->notes_.push_back("backend " + b.name + " at " + b.url + (has_key ? "" : "; warning: its key variable " + b.key_env + " is not set"));
     }
-    s->backends_ = std::make_unique<Backends>(config.backends, backend_options);
+    s->backends_ = std::make_unique<Backends>(specs, backend_options);
     options.backends = s->backends_.get();
+    Backends* backends = s->backends_.get();
+    s->settings_->AddListener([backends, config](const nlohmann::json& effective, int64_t) { backends->SetSpecs(BackendSpecsOf(config, effective)); });
   }
   s->http_ = std::make_unique<HttpServer>(*s->model_, *s->scheduler_, options, s->journal_.get(), s->settings_.get());
   say(0.9, "binding " + config.host + ":" + std::to_string(config.port));

@@ -19,6 +19,8 @@ namespace anchorage {
 
 // The resident prefix's options from the effective settings document.
 ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective);
+// The backends: --backend's, then the settings' backends.upstreams (a name the flags use is theirs).
+std::vector<BackendSpec> BackendSpecsOf(const ServerConfig& config, const nlohmann::json& effective);
 // The shadow reader's, from its "shadow" area.
 ShadowOptions ShadowOptionsFromSettings(const nlohmann::json& effective);
 

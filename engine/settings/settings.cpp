@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "engine/core/file_util.h"
+#include "engine/settings/backend_spec.h"
 
 namespace anchorage {
 
@@ -17,7 +18,6 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr int64_t kFallbackRamBytes = int64_t{16} << 30;
-constexpr size_t kMaxStringBytes = 256;
 
 double RoundTenth(double v) { return std::round(v * 10.0) / 10.0; }
 
@@ -37,6 +37,19 @@ SettingField Enum(std::string area, std::string name, std::vector<std::string> v
 }
 SettingField String(std::string area, std::string name, std::string def, std::string desc) {
   return {std::move(area), std::move(name), SettingType::kString, 0, 0, {}, def, std::move(desc)};
+}
+
+// backends.upstreams: the --backend specs, separated by spaces, checked as the flag checks them.
+SettingField BackendList() {
+  SettingField f = String("backends", "upstreams", "",
+                          "upstreams served beside the embedded model: NAME=URL[,key=ENVVAR] separated by spaces, added to --backend's");
+  f.max_bytes = 4096;
+  f.check = [](const std::string& text) -> std::optional<std::string> {
+    auto specs = ParseBackendList(text);
+    if (!specs.ok()) return specs.status().message();
+    return std::nullopt;
+  };
+  return f;
 }
 
 const char* TypeName(SettingType type) {
@@ -96,9 +109,8 @@ std::optional<std::string> CheckValue(const SettingField& field, const nlohmann:
     }
     case SettingType::kString:
       if (!v.is_string()) return std::string("expected a string, got ") + JsonTypeName(v);
-      if (v.get<std::string>().size() > kMaxStringBytes) {
-        return "longer than " + std::to_string(kMaxStringBytes) + " bytes";
-      }
+      if (v.get<std::string>().size() > field.max_bytes) return "longer than " + std::to_string(field.max_bytes) + " bytes";
+      if (field.check) return field.check(v.get<std::string>());
       return std::nullopt;
   }
   return std::nullopt;
@@ -285,6 +297,7 @@ std::vector<SettingField> SettingsSchemaFields(int64_t total_ram_bytes) {
       Integer("compaction", "min_tokens", 0, 1 << 24, 32768, "shortest resident conversation whose compaction is written ahead"),
       Boolean("response_cache", "enabled", false, "answer an identical greedy request (same prompt ids and parameters) from memory; never sampled ones"),
       Number("response_cache", "mb", 1, 65536, 64, "MiB of answers the response cache keeps; past it the least recently used go"),
+      BackendList(),
       Integer("journal", "retention_days", 1, 3650, 30, "days journal rows are kept"),
       Integer("journal", "retention_rows", 1000, 1000000000, 1000000, "rows kept per journal table"),
   };
@@ -430,6 +443,8 @@ nlohmann::json SettingsStore::Schema() const {
       entry["max"] = f.max;
     } else if (f.type == SettingType::kEnum) {
       entry["values"] = f.values;
+    } else if (f.type == SettingType::kString) {
+      entry["max_bytes"] = f.max_bytes;
     }
     areas[f.area][f.name] = entry;
   }

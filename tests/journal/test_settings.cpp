@@ -68,7 +68,8 @@ class TestSettings : public QObject {
     QVERIFY(!doc.contains("overrides"));
     std::vector<std::string> areas;
     for (const auto& [k, v] : doc.items()) areas.push_back(k);
-    QCOMPARE(areas.size(), size_t{11});  // version and ten areas
+    QCOMPARE(areas.size(), size_t{12});  // version and eleven areas
+    QCOMPARE(doc["backends"]["upstreams"].get<std::string>(), std::string());  // none unless asked for
     QCOMPARE(doc["compaction"]["mode"].get<std::string>(), std::string("continuation"));
     QCOMPARE(doc["response_cache"]["enabled"].get<bool>(), false);  // off unless asked for
 
@@ -155,6 +156,9 @@ class TestSettings : public QObject {
     QTest::newRow("unknown field") << "memory.bogus_gb" << "1" << "unknown field";
     QTest::newRow("missing field") << "resident.park_gb" << "<remove>" << "missing";
     QTest::newRow("relation") << "memory.prefill_peak_gb" << "10" << "10 is below memory.ceiling_gb 32";
+    QTest::newRow("backend without URL") << "backends.upstreams" << "\"big=http://h:1 small\"" << "backend 'small': expected NAME=URL[,key=ENVVAR]";
+    QTest::newRow("backend named twice") << "backends.upstreams" << "\"a=http://h:1 a=http://h:2\"" << "two backends are named 'a'";
+    QTest::newRow("long string") << "shadow.question" << ("\"" + QString(300, 'q') + "\"") << "longer than 256 bytes";
   }
   void eachInvalidFieldIsNamed() {
     QFETCH(QString, field);

@@ -185,6 +185,36 @@ class TestBackendsServer : public QObject {
     FrontServesItsOwn();
   }
 
+  void theSettingsListChangesBackendsAtRunTime() {
+    json settings = FrontJson("/v1/settings");
+    settings["backends"]["upstreams"] = "extra=" + up_.base_url() + ",key=" + kKeyVariable;
+    auto put = front_.Put("/v1/settings", settings.dump());
+    QVERIFY2(put && put->status == 200, put ? put->body.c_str() : "no answer");
+    auto state_of = [&](const std::string& name) {
+      const json health = FrontJson("/health");
+      for (const json& b : health["backends"])
+        if (b["name"] == name) return b["state"].get<std::string>();
+      return std::string("absent");
+    };
+    QTRY_COMPARE_WITH_TIMEOUT(state_of("extra"), std::string("up"), 10000);
+    QCOMPARE(state_of("big"), std::string("up"));  // the flags' stay
+    auto forwarded = front_.Post("/v1/chat/completions", Chat("extra", "hi", 4).dump());
+    QVERIFY(forwarded && forwarded->status == 200);
+    QCOMPARE(json::parse(forwarded->body)["model"], json("big-upstream"));
+    // A bad list is refused naming the field, and changes nothing.
+    settings = FrontJson("/v1/settings");
+    settings["backends"]["upstreams"] = "extra=ftp://nowhere";
+    auto bad = front_.Put("/v1/settings", settings.dump());
+    QVERIFY(bad && bad->status == 400 && bad->body.find("backends.upstreams") != std::string::npos);
+    QCOMPARE(state_of("extra"), std::string("up"));
+    settings["backends"]["upstreams"] = "";
+    QVERIFY(front_.Put("/v1/settings", settings.dump())->status == 200);
+    QTRY_COMPARE_WITH_TIMEOUT(state_of("extra"), std::string("absent"), 10000);
+    auto local = front_.Post("/v1/chat/completions", Chat("extra", "hi", 4).dump());
+    QVERIFY(local && local->status == 200);
+    QCOMPARE(json::parse(local->body)["model"], json("local"));  // the embedded model answers any other name
+  }
+
   void theJournalHasARowPerForwardAndTheKeyIsNowhere() {
     auto journal = front_.Get("/v1/journal?kind=request&limit=200");
     QVERIFY(journal && journal->status == 200);
