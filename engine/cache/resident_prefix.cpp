@@ -266,6 +266,16 @@ void ResidentPrefix::set_options(const ResidentOptions& options) {
   Shed(0, options_.memory_ceiling_bytes - options_.memory_slack_bytes, "the memory ceiling was lowered");
 }
 
+SpeculativeOptions ResidentPrefix::Speculative(std::span<const int32_t> history) const {
+  SpeculativeOptions s;
+  s.max_draft = options_.max_draft;
+  s.lookup = options_.lookup_drafts;
+  s.mtp = options_.mtp_drafts;
+  s.history = history;
+  if (options_.suffix_store) s.store = suffix_store_;
+  return s;
+}
+
 int64_t ResidentPrefix::RowBytes(int64_t rows) const { return rows * state_.kv_bytes_per_token(); }
 
 bool ResidentPrefix::IsGuest(const CacheRequest& request, int64_t resume_at) const {
@@ -837,12 +847,7 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
   SubmitDiskWrites(info, request.session);
   Generator generator(forward_, tokenizer_);
   const int64_t start = state_.length();
-  SpeculativeOptions speculative;
-  speculative.max_draft = options_.max_draft;
-  speculative.lookup = options_.lookup_drafts;
-  speculative.mtp = options_.mtp_drafts;
-  speculative.history = std::span<const int32_t>(info.served_prompt.data(), static_cast<size_t>(start));
-  if (options_.suffix_store) speculative.store = suffix_store_;
+  const SpeculativeOptions speculative = Speculative(std::span<const int32_t>(info.served_prompt.data(), static_cast<size_t>(start)));
   CachedResponse written;
   TokenCallback keep_token = on_token;
   if (response_key)
@@ -950,16 +955,10 @@ Status ResidentPrefix::WriteAhead(const std::string& session, std::span<const in
   } else if (!stopped) {
     Generator generator(forward_, tokenizer_);
     const int64_t start = state_.length();
-    SpeculativeOptions speculative;
-    speculative.max_draft = options_.max_draft;
-    speculative.lookup = options_.lookup_drafts;
-    speculative.mtp = options_.mtp_drafts;
-    speculative.history = ids.first(static_cast<size_t>(start));
-    if (options_.suffix_store) speculative.store = suffix_store_;
     result = generator.Generate(state_, ids.subspan(static_cast<size_t>(start)), fitted, [&](const GeneratedToken& t) {
       written.tokens.push_back(t);
       return !(stopped = should_stop());
-    }, nullptr, speculative);
+    }, nullptr, Speculative(ids.first(static_cast<size_t>(start))));
   }
   // Back to the bits before the fork, whatever the forward did.
   Status rows_back = state_.WriteRows(above);

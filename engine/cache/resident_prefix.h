@@ -252,6 +252,8 @@ class ResidentPrefix {
   // Hands the options each tier reads to it.
   void ConfigureTiers();
   int64_t RowBytes(int64_t rows) const;
+  // The drafting of a generation whose state holds history before its prompt.
+  SpeculativeOptions Speculative(std::span<const int32_t> history) const;
   bool IsGuest(const CacheRequest& request, int64_t resume_at) const;
   // Where the prompt's last user message starts (its <|im_start|>user), or -1.
   int64_t LastUserStart(std::span<const int32_t> prompt) const;
