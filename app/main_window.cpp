@@ -22,6 +22,7 @@
 #include "models/memory_history.h"
 #include "models/settings_model.h"
 #include "widgets/backends_screen.h"
+#include "widgets/settings_screen.h"
 #include "widgets/chat_screen.h"
 #include "widgets/disk_screen.h"
 #include "widgets/journal_screen.h"
@@ -29,8 +30,8 @@
 #include "widgets/shadow_screen.h"
 
 namespace {
-const char* kTabNames[] = {"memory", "disk-cache", "shadow", "journal", "chat", "backends"};
-constexpr int kTabCount = 6;
+const char* kTabNames[] = {"memory", "disk-cache", "shadow", "journal", "chat", "backends", "settings"};
+constexpr int kTabCount = 7;
 }
 
 MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent), m_host(host) {
@@ -49,6 +50,7 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   m_journalScreen = new JournalScreen(m_journalModel, this);
   m_chat = new ChatScreen(this);
   m_backends = new BackendsScreen(this);
+  m_settingsScreen = new SettingsScreen(m_settingsModel, this);
   m_tabs = new QTabWidget(this);
   m_tabs->setObjectName("tabs");
   m_tabs->addTab(m_memory, tr("&Memory"));
@@ -57,6 +59,7 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   m_tabs->addTab(m_journalScreen, tr("&Journal"));
   m_tabs->addTab(m_chat, tr("&Chat"));
   m_tabs->addTab(m_backends, tr("&Backends"));
+  m_tabs->addTab(m_settingsScreen, tr("Se&ttings"));
 
   // The loading banner: shown until the engine is ready (or says why it is not).
   m_banner = new QWidget(this);
@@ -122,6 +125,8 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   connect(m_shadow, &ShadowScreen::clearTierRequested, host, &EngineHost::clearTier);
   connect(m_shadow, &ShadowScreen::settingsReplaceRequested, host, &EngineHost::replaceSettings);
   connect(m_chat, &ChatScreen::sendRequested, host, &EngineHost::sendChat);
+  connect(m_settingsScreen, &SettingsScreen::settingsReplaceRequested, host, &EngineHost::replaceSettings);
+  connect(host, &EngineHost::settingsOutcome, m_settingsScreen, &SettingsScreen::onSettingsOutcome);
   connect(m_chat, &ChatScreen::stopRequested, host, &EngineHost::stopChat);
   connect(host, &QThread::finished, this, [this] {
     m_chat->setEngineReady(false);
@@ -168,7 +173,7 @@ void MainWindow::buildMenus() {
   QAction* quit = file->addAction(tr("&Quit (drain and stop)"), this, &QWidget::close);
   quit->setShortcut(QKeySequence::Quit);
   QMenu* view = menuBar()->addMenu(tr("&View"));
-  const char* names[] = {"Memory", "Disk cache", "Shadow", "Journal", "Chat", "Backends"};
+  const char* names[] = {"Memory", "Disk cache", "Shadow", "Journal", "Chat", "Backends", "Settings"};
   for (int i = 0; i < kTabCount; ++i) {
     QAction* a = view->addAction(tr(names[i]), this, [this, i] { m_tabs->setCurrentIndex(i); });
     a->setShortcut(QKeySequence(Qt::CTRL | Qt::Key(Qt::Key_1 + i)));

@@ -10,6 +10,7 @@ class CacheTierModel;
 class DiskScreen;
 class ShadowScreen;
 class BackendsScreen;
+class SettingsScreen;
 class ChatScreen;
 class EngineHost;
 class JournalModel;
@@ -41,6 +42,7 @@ class MainWindow : public QMainWindow {
   JournalScreen* journalScreen() const { return m_journalScreen; }
   ChatScreen* chatScreen() const { return m_chat; }
   BackendsScreen* backendsScreen() const { return m_backends; }
+  SettingsScreen* settingsScreen() const { return m_settingsScreen; }
   CacheTierModel* cacheModel() const { return m_cacheModel; }
   JournalModel* journalModel() const { return m_journalModel; }
   SettingsModel* settingsModel() const { return m_settingsModel; }
@@ -73,6 +75,7 @@ class MainWindow : public QMainWindow {
   JournalScreen* m_journalScreen;
   ChatScreen* m_chat;
   BackendsScreen* m_backends;
+  SettingsScreen* m_settingsScreen;
   QWidget* m_banner;
   QLabel* m_bannerText;
   QProgressBar* m_loadBar;

@@ -23,12 +23,18 @@ SettingsPanel::SettingsPanel(SettingsModel* settings, const QString& applyName, 
   m_apply = new QPushButton(tr("Apply"), this);
   m_apply->setObjectName(applyName);
   m_revert = new QPushButton(tr("Revert"), this);
+  m_reapply = new QPushButton(tr("Reapply on the new version"), this);
+  m_reapply->setObjectName(applyName + "_reapply");
+  m_reapply->setToolTip(tr("The settings changed elsewhere since this edit began: apply the same edit on top of the stored version"));
+  m_reapply->hide();
   m_message = new QLabel(this);
   m_message->setObjectName(messageName);
   m_message->setWordWrap(true);
   connect(m_apply, &QPushButton::clicked, this, &SettingsPanel::apply);
+  connect(m_reapply, &QPushButton::clicked, this, &SettingsPanel::apply);
   connect(m_revert, &QPushButton::clicked, this, [this] {
     m_dirty = false;
+    m_reapply->hide();
     load();
     setMessage({}, false);
   });
@@ -82,6 +88,7 @@ QLineEdit* SettingsPanel::addText(const QString& key, const QString& label, cons
 void SettingsPanel::finish() {
   auto* buttons = new QHBoxLayout;
   buttons->addStretch();
+  buttons->addWidget(m_reapply);
   buttons->addWidget(m_revert);
   buttons->addWidget(m_apply);
   auto* layout = new QVBoxLayout(this);
@@ -135,12 +142,16 @@ void SettingsPanel::apply() {
 
 void SettingsPanel::onSettingsOutcome(const SettingsOutcome& outcome) {
   if (!m_dirty) return;  // another screen's change
+  m_reapply->setVisible(!outcome.ok && outcome.httpStatus == 409);
   if (outcome.ok) {
     m_dirty = false;
     load();
     setMessage(tr("Applied: settings version %1; %2.").arg(outcome.version).arg(m_appliedText), false);
   } else {
-    setMessage(tr("Refused (HTTP %1): %2").arg(outcome.httpStatus).arg(outcome.message), true);
+    setMessage(outcome.httpStatus == 409 ? tr("Refused (HTTP 409): the settings changed elsewhere (now version %1). Your edit is kept: reapply it on the new version, or revert.")
+                                               .arg(m_settings->version())
+                                         : tr("Refused (HTTP %1): %2").arg(outcome.httpStatus).arg(outcome.message),
+               true);
   }
 }
 

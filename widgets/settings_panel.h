@@ -45,6 +45,8 @@ class SettingsPanel : public QGroupBox {
 
   QDoubleSpinBox* number(const QString& key) const { return m_numbers.value(key); }
   QComboBox* choice(const QString& key) const { return m_choices.value(key); }
+  // Shown after a 409: applies the same edit on top of the version that won.
+  QPushButton* reapplyButton() const { return m_reapply; }
   void setMessage(const QString& text, bool error);
 
  signals:
@@ -67,6 +69,7 @@ class SettingsPanel : public QGroupBox {
   QMap<QString, QLineEdit*> m_texts;
   QPushButton* m_apply;
   QPushButton* m_revert;
+  QPushButton* m_reapply;
   QLabel* m_message;
   bool m_dirty = false;
 };
