@@ -12,6 +12,7 @@
 #include <memory>
 #include <utility>
 
+#include "engine/compute/cpu/matmul.h"
 #include "engine/server/service.h"
 
 namespace {
@@ -260,6 +261,8 @@ class EngineWorker : public QObject {
     EngineStatusSnapshot s;
     s.ready = true;
     s.modelId = QString::fromStdString(m_service->model_id());
+    s.kernelPath = QString::fromUtf8(anchorage::cpu::PathName(anchorage::cpu::ActivePath()));
+    s.threads = m_service->scheduler().forward().threads();
     s.url = QString::fromStdString(m_service->url());
     anchorage::Scheduler& sched = m_service->scheduler();
     s.queueDepth = static_cast<int>(sched.queue_depth());

@@ -5,9 +5,12 @@
 #include <QClipboard>
 #include <QCloseEvent>
 #include <QDir>
+#include <QFileDialog>
 #include <QHBoxLayout>
 #include <QLabel>
 #include <QMenuBar>
+#include <QMessageBox>
+#include <QProcess>
 #include <QProgressBar>
 #include <QSettings>
 #include <QShortcut>
@@ -17,16 +20,17 @@
 #include <QVBoxLayout>
 
 #include "app/engine_host.h"
+#include "engine/model/model.h"
 #include "models/cache_tier_model.h"
 #include "models/journal_model.h"
 #include "models/memory_history.h"
 #include "models/settings_model.h"
 #include "widgets/backends_screen.h"
-#include "widgets/settings_screen.h"
 #include "widgets/chat_screen.h"
 #include "widgets/disk_screen.h"
 #include "widgets/journal_screen.h"
 #include "widgets/memory_screen.h"
+#include "widgets/settings_screen.h"
 #include "widgets/shadow_screen.h"
 
 namespace {
@@ -165,8 +169,58 @@ void MainWindow::buildStatusBar() {
   statusBar()->addPermanentWidget(m_phaseLabel);
 }
 
+QStringList ArgumentsWithModel(const QStringList& arguments, const QString& dir) {
+  QStringList out;
+  for (int i = 0; i < arguments.size(); ++i) {
+    if (i > 0 && arguments[i] == "--model") {
+      ++i;  // and its value
+      continue;
+    }
+    if (i > 0 && arguments[i].startsWith("--model=")) continue;
+    out << arguments[i];
+  }
+  out << "--model" << dir;
+  return out;
+}
+
+bool MainWindow::openModelFolder(const QString& dir) {
+  QApplication::setOverrideCursor(Qt::WaitCursor);
+  const anchorage::Status checked = anchorage::CheckModelFolder(dir.toStdString());
+  QApplication::restoreOverrideCursor();
+  if (!checked.ok()) {
+    QMessageBox::warning(this, tr("Not a model folder"), tr("%1 cannot be served:\n%2").arg(dir, QString::fromStdString(checked.message())));
+    return false;
+  }
+  QSettings s;
+  QStringList recent = s.value("models/recent").toStringList();
+  recent.removeAll(dir);
+  recent.prepend(dir);
+  s.setValue("models/recent", recent.mid(0, 8));
+  rebuildRecentModels();
+  m_restartArguments = ArgumentsWithModel(QCoreApplication::arguments(), dir);
+  statusBar()->showMessage(tr("Opening %1: draining the engine, then starting on it…").arg(dir));
+  close();
+  return true;
+}
+
+void MainWindow::rebuildRecentModels() {
+  if (m_recentMenu == nullptr) return;
+  m_recentMenu->clear();
+  const QStringList recent = QSettings().value("models/recent").toStringList();
+  for (const QString& dir : recent) m_recentMenu->addAction(dir, this, [this, dir] { openModelFolder(dir); });
+  m_recentMenu->setEnabled(!recent.isEmpty());
+}
+
 void MainWindow::buildMenus() {
   QMenu* file = menuBar()->addMenu(tr("&File"));
+  QAction* open = file->addAction(tr("&Open model folder…"), this, [this] {
+    const QString dir = QFileDialog::getExistingDirectory(this, tr("Open a model folder (config.json, *.safetensors, tokenizer.json)"));
+    if (!dir.isEmpty()) openModelFolder(dir);
+  });
+  open->setShortcut(QKeySequence::Open);
+  m_recentMenu = file->addMenu(tr("Recent &models"));
+  rebuildRecentModels();
+  file->addSeparator();
   QAction* copy = file->addAction(tr("&Copy endpoint URL"), this, &MainWindow::copyEndpointUrl);
   copy->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_C));
   file->addSeparator();
@@ -216,7 +270,7 @@ void MainWindow::onStartFailed(const QString& error) {
 }
 
 void MainWindow::onStatus(const EngineStatusSnapshot& s) {
-  m_modelLabel->setText(tr("model: %1").arg(s.modelId));
+  m_modelLabel->setText(tr("model: %1 · %2 · %3 threads").arg(s.modelId, s.kernelPath).arg(s.threads));
   setWindowTitle(tr("Anchorage — %1").arg(s.modelId));
   m_queueLabel->setText(tr("queue %1").arg(s.queueDepth));
   m_journalLabel->setVisible(s.journalErrors > 0);
@@ -249,6 +303,12 @@ void MainWindow::closeEvent(QCloseEvent* event) {
     QSettings s;
     s.setValue("window/geometry", saveGeometry());
     s.setValue("window/tab", m_tabs->currentIndex());
+  }
+  if (!m_host->isRunning() && !m_restartArguments.isEmpty()) {
+    const QStringList args = m_restartArguments;
+    m_restartArguments.clear();
+    if (!QProcess::startDetached(QCoreApplication::applicationFilePath(), args.mid(1)))
+      QMessageBox::warning(this, tr("Could not start again"), tr("Start the console with: %1").arg(args.join(' ')));
   }
   if (m_host->isRunning()) {
     event->ignore();

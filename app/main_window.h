@@ -24,6 +24,9 @@ class QTabWidget;
 class QToolButton;
 
 // GUI thread only. Closing the window drains the engine (like SIGTERM) before it is accepted.
+// The console's arguments with --model DIR in place of any --model they had.
+QStringList ArgumentsWithModel(const QStringList& arguments, const QString& dir);
+
 class MainWindow : public QMainWindow {
   Q_OBJECT
 
@@ -48,6 +51,9 @@ class MainWindow : public QMainWindow {
   SettingsModel* settingsModel() const { return m_settingsModel; }
   MemoryHistory* memoryHistory() const { return m_history; }
   QString endpointUrl() const { return m_url; }
+  // Checks dir as a model folder; on success remembers it among the recent ones, drains the engine
+  // and starts the console again on it (the same flags, --model DIR). False, saying why, otherwise.
+  bool openModelFolder(const QString& dir);
 
  public slots:
   void copyEndpointUrl();
@@ -58,6 +64,7 @@ class MainWindow : public QMainWindow {
  private:
   void buildStatusBar();
   void buildMenus();
+  void rebuildRecentModels();
   void onProgress(double fraction, const QString& what);
   void onReady(const QString& url);
   void onStartFailed(const QString& error);
@@ -88,4 +95,6 @@ class MainWindow : public QMainWindow {
   QString m_url;
   bool m_persist = false;
   bool m_draining = false;
+  QStringList m_restartArguments;  // set: after the drain, the console starts again with these
+  QMenu* m_recentMenu = nullptr;
 };

@@ -71,6 +71,8 @@ struct JournalSnapshot {
 struct EngineStatusSnapshot {
   bool ready = false;
   QString modelId;
+  QString kernelPath;  // the CPU kernels' path ("avx2-fma")
+  int threads = 0;     // the engine's worker threads
   QString url;      // the endpoint, http://HOST:PORT/v1
   int queueDepth = 0;
   bool busy = false;

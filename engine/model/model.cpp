@@ -26,4 +26,11 @@ Result<std::unique_ptr<Model>> LoadModel(const std::string& dir, ModelParts part
   return model;
 }
 
+Status CheckModelFolder(const std::string& dir) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> weights_only, LoadModel(dir, ModelParts::kWeightsOnly));
+  const std::string tokenizer = dir + "/tokenizer.json";
+  if (!std::filesystem::exists(tokenizer)) return NotFound(tokenizer + ": missing (the model's tokenizer)");
+  return Status::Ok();
+}
+
 }  // namespace anchorage

@@ -29,5 +29,8 @@ enum class ModelParts { kAll, kWeightsOnly };
 // Loads dir (config.json, *.safetensors, tokenizer.json, the chat template); errors name the file.
 // kWeightsOnly reads config.json and the weights alone (no tokenizer, template or fingerprint).
 Result<std::unique_ptr<Model>> LoadModel(const std::string& dir, ModelParts parts = ModelParts::kAll);
+// Whether dir is a model folder this engine can serve (config, every weight's shape, a tokenizer),
+// without hashing its weights; the error names the file and what is wrong.
+Status CheckModelFolder(const std::string& dir);
 
 }  // namespace anchorage

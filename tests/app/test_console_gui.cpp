@@ -23,6 +23,8 @@
 #include <QtTest>
 
 #include "app/engine_host.h"
+#include "engine/model/tiny_model.h"
+#include "engine/model/model.h"
 #include "app/main_window.h"
 #include "models/cache_tier_model.h"
 #include "models/chat_model.h"
@@ -59,6 +61,24 @@ class TestConsoleGui : public QObject {
   Q_OBJECT
 
  private slots:
+  // File > Open model folder: the folder is checked first (each missing part named), and the console
+  // starts again with the same flags and --model DIR.
+  void openModelChecksTheFolderAndKeepsTheFlags() {
+    QCOMPARE(ArgumentsWithModel({"anchorage", "--port", "0", "--model", "/old", "--grid", "64", "--model=/older"}, "/new"),
+             QStringList({"anchorage", "--port", "0", "--grid", "64", "--model", "/new"}));
+    QTemporaryDir dir;
+    const std::string model = dir.filePath("tiny").toStdString();
+    QVERIFY(anchorage::GenerateTinyModel(anchorage::TinyModelSize::kTiny, 3, model).ok());
+    QVERIFY(anchorage::CheckModelFolder(model).ok());
+    QVERIFY(!anchorage::CheckModelFolder(dir.filePath("nowhere").toStdString()).ok());
+    QVERIFY(QFile::remove(QString::fromStdString(model + "/tokenizer.json")));
+    anchorage::Status no_tokenizer = anchorage::CheckModelFolder(model);
+    QVERIFY2(!no_tokenizer.ok() && no_tokenizer.message().find("tokenizer.json") != std::string::npos, no_tokenizer.message().c_str());
+    QVERIFY(QFile::remove(QString::fromStdString(model + "/config.json")));
+    anchorage::Status no_config = anchorage::CheckModelFolder(model);
+    QVERIFY2(!no_config.ok() && no_config.message().find("config.json") != std::string::npos, no_config.message().c_str());
+  }
+
   void chatJournalMemorySettingsClearAndDrain() {
     QTemporaryDir dir;
     QVERIFY(dir.isValid());
