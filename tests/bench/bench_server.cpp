@@ -1,16 +1,20 @@
 // Endpoint benchmark on a generated model (default `small`): TTFT and decode tokens/s of one
 // streaming client and of 4 concurrent ones, and the server's overhead per token against the
-// engine's own generate loop on the same prompt.
+// engine's own generate loop on the same prompt; then the same stream through a second server that
+// forwards it (--backend) to this one, against the direct stream.
 // usage: anchorage-bench-server [--size small|tiny] [--tokens N] [--threads N]
 #include <httplib.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
+#include "engine/core/file_util.h"
 #include "engine/server/service.h"
+#include "engine/settings/settings.h"
 
 using namespace anchorage;
 using json = nlohmann::json;
@@ -69,6 +73,11 @@ int main(int argc, char** argv) {
   ServerConfig config;
   config.model_dir = bench::ModelFolder(size);
   config.data_dir = "/tmp/anchorage-bench/server-data";
+  // A fresh folder with drafting off: no earlier run's suffix store, no request drafted from another's answer.
+  std::filesystem::remove_all(config.data_dir);
+  nlohmann::json settings = DefaultSettingsDocument(MachineTotalRamBytes());
+  settings["speculative"]["mode"] = "off";
+  if (!MakeDirectories(config.data_dir, 0700).ok() || !WriteFileAtomic(config.data_dir + "/settings.json", settings.dump()).ok()) return 1;
   config.port = 0;
   config.threads = threads;
   config.run_time_knobs["caches"] = "off";  // every request prefills its prompt: the figures compare like with like
@@ -86,7 +95,7 @@ int main(int argc, char** argv) {
 
   ClientRun one = Stream(port, body(0));
   const double one_decode = one.tokens > 1 ? (one.tokens - 1) / ((one.total_ms - one.ttft_ms) / 1000.0) : 0;
-  std::printf("model %s, %d threads, %d tokens per request, caches off\n", size.c_str(), s.scheduler().forward().threads(), tokens);
+  std::printf("model %s, %d threads, %d tokens per request, caches and drafting off\n", size.c_str(), s.scheduler().forward().threads(), tokens);
   std::printf("1 client:  TTFT %.0f ms, decode %.1f tokens/s\n", one.ttft_ms, one_decode);
 
   std::vector<ClientRun> runs(4);
@@ -124,6 +133,35 @@ int main(int argc, char** argv) {
   std::printf("engine loop: TTFT %.0f ms, decode %.1f tokens/s\n", first - g0, engine_decode);
   if (one_decode > 0 && engine_decode > 0)
     std::printf("server overhead per token: %.3f ms (1 client against the engine loop)\n", 1000.0 / one_decode - 1000.0 / engine_decode);
+
+  // A front on the tiny model forwarding model "upstream" to this server.
+  ServerConfig front_config;
+  front_config.model_dir = bench::ModelFolder("tiny");
+  front_config.data_dir = "/tmp/anchorage-bench/front-data";
+  front_config.port = 0;
+  front_config.threads = 1;
+  front_config.backends = {BackendSpec{"upstream", "http://127.0.0.1:" + std::to_string(port), ""}};
+  auto front = Service::Start(front_config);
+  if (!front.ok()) { std::fprintf(stderr, "%s\n", front.status().ToString().c_str()); return 1; }
+  (*front)->ServeInBackground();
+  const int front_port = (*front)->http().port();
+  std::vector<ClientRun> direct, forwarded;
+  for (int i = 0; i < 3; ++i) {  // other prompts each: a repeated one would be drafted from the suffix store
+    direct.push_back(Stream(port, body(10 + i)));
+    json b = body(20 + i);
+    b["model"] = "upstream";
+    forwarded.push_back(Stream(front_port, b));
+  }
+  auto median = [](const std::vector<ClientRun>& runs, auto field) {
+    std::vector<double> v;
+    for (const ClientRun& r : runs) v.push_back(field(r));
+    return bench::Percentile(v, 0.5);
+  };
+  auto ttft = [](const ClientRun& r) { return r.ttft_ms; };
+  auto rate = [](const ClientRun& r) { return r.tokens > 1 ? (r.tokens - 1) / ((r.total_ms - r.ttft_ms) / 1000.0) : 0.0; };
+  std::printf("through a front (--backend), 3 requests each: TTFT median %.1f ms direct, %.1f ms forwarded (%+.1f ms); decode %.1f vs %.1f tokens/s\n",
+              median(direct, ttft), median(forwarded, ttft), median(forwarded, ttft) - median(direct, ttft), median(direct, rate), median(forwarded, rate));
+  (*front)->Drain();
   s.Drain();
   return 0;
 }
