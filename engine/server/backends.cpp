@@ -268,7 +268,7 @@ std::string Backends::MetricsText() const {
   return up + requests + errors + ttft;
 }
 
-void Backends::Forward(const BackendSpec& spec, const std::string& path, const std::string& body, bool stream,
+void Backends::Forward(const BackendSpec& spec, const std::string& path, const std::string& body, bool stream, const std::string& session,
                        const std::function<bool()>& client_gone, HttpResponse& res,
                        const std::function<void(HttpResponse&, const ApiError&)>& send_error,
                        std::function<void(const ForwardOutcome&)> on_done) {
@@ -325,6 +325,7 @@ void Backends::Forward(const BackendSpec& spec, const std::string& path, const s
   req.headers.emplace("Content-Type", "application/json");
   req.headers.emplace("Accept", stream ? "text/event-stream" : "application/json");
   if (!entry->key.empty()) req.headers.emplace("Authorization", "Bearer " + entry->key);
+  if (!session.empty()) req.headers.emplace("x-session-id", session);
   Call* c = call.get();
   req.response_handler = [c](const httplib::Response& r) {
     std::lock_guard lock(c->mu);

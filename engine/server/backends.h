@@ -67,8 +67,9 @@ class Backends {
   // res: the upstream's body, or its stream as it arrives (then res.stream is set and runs later on
   // this thread). Upstream failures become send_error's OpenAI-shaped errors: 502 with the upstream's
   // message, 504 on a timeout. client_gone is polled while waiting; a hang-up cancels the upstream
-  // request. on_done runs once when the request is over.
-  void Forward(const BackendSpec& spec, const std::string& path, const std::string& body, bool stream,
+  // request. session (x-session-id, when the client sent one) goes along. on_done runs once when the
+  // request is over.
+  void Forward(const BackendSpec& spec, const std::string& path, const std::string& body, bool stream, const std::string& session,
                const std::function<bool()>& client_gone, HttpResponse& res,
                const std::function<void(HttpResponse&, const ApiError&)>& send_error,
                std::function<void(const ForwardOutcome&)> on_done);

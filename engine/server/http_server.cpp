@@ -528,7 +528,7 @@ void HttpServer::Forwarded(const BackendSpec& backend, const HttpRequest& req, H
   for (const char* key : {"conversation_id", "session_id", "session"})
     if (session.empty() && j.is_object() && j.contains(key) && j[key].is_string()) session = j[key].get<std::string>();
   const std::string model = j.is_object() && j.contains("model") && j["model"].is_string() ? j["model"].get<std::string>() : backend.name;
-  options_.backends->Forward(backend, req.path, req.body, stream, req.client_gone, res, SendError,
+  options_.backends->Forward(backend, req.path, req.body, stream, req.HeaderValue("x-session-id"), req.client_gone, res, SendError,
                              [this, session, model, route = req.path](const ForwardOutcome& o) {
                                if (journal_ == nullptr) return;
                                RequestRow row;

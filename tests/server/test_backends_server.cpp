@@ -110,8 +110,15 @@ class TestBackendsServer : public QObject {
     const json body = Chat("big", "Say something about grids.", 16);
     auto own = UpPost(body);
     QVERIFY(own && own->status == 200);
-    auto through = front_.Post("/v1/chat/completions", body.dump());
+    auto through = front_.Post("/v1/chat/completions", body.dump(), {{"x-session-id", "forwarded-7"}});
     QVERIFY2(through && through->status == 200, through ? through->body.c_str() : "no answer");
+    auto newest_session = [&] {  // the session id goes along
+      httplib::Client c("127.0.0.1", up_.port());
+      auto r = c.Get("/v1/journal?kind=request&limit=1", {{"Authorization", std::string("Bearer ") + kKey}});
+      const json page = r && r->status == 200 ? json::parse(r->body, nullptr, false) : json();
+      return page.contains("rows") && !page["rows"].empty() ? page["rows"][0].value("session", std::string()) : std::string();
+    };
+    QTRY_COMPARE_WITH_TIMEOUT(newest_session(), std::string("forwarded-7"), 5000);
     const json a = json::parse(own->body), b = json::parse(through->body);
     QCOMPARE(b["model"], json("big-upstream"));  // the upstream's answer (named as the upstream lists it), not the front's own
     QCOMPARE(b["choices"][0]["message"], a["choices"][0]["message"]);
