@@ -125,11 +125,12 @@ class TestCompactionServer : public QObject {
     Converse("w1");
     const json live = Post(Compaction("w1", kFirst, kSecond));  // teaches the instructions
     QCOMPARE(Source(live), std::string("continuation"));
+    Converse("w2");  // the same turns: the same record as w1's
+    // Only now short enough to write ahead: never between w2's two turns.
     json settings = json::parse(server_.Get("/v1/settings")->body);
     settings["compaction"]["idle_s"] = 0.2;
     settings["compaction"]["min_tokens"] = 1;
     QVERIFY(server_.Put("/v1/settings", settings.dump())->status == 200);
-    Converse("w2");  // the same turns: the same record as w1's
     auto prepared_for = [&](const std::string& session, int tries) {
       for (int i = 0; i < tries; ++i) {
         const json stats = json::parse(server_.Get("/v1/cache/stats")->body);
