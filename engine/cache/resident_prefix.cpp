@@ -698,18 +698,32 @@ Result<std::vector<float>> ResidentPrefix::ForkLogits(std::span<const int32_t> c
   if (!from || static_cast<int64_t>(context.size()) - from->length > max_reread)
     return NotFound("the engine holds no state of this conversation near its point (" + std::to_string(common) + " of " +
                     std::to_string(context.size()) + " ids in place)");
-  if (disk_ != nullptr) disk_->Fence();  // the writer reads no more rows of the previous request
-  ASSIGN_OR_RETURN(KvRows above, state_.CopyRows(from->length, length));
-  const Anchor at_end = state_.SaveAnchor();
-  RETURN_IF_ERROR(state_.RestoreAnchor(*from));
   std::vector<int32_t> ids(context.begin() + from->length, context.end());
   ids.insert(ids.end(), extra.begin(), extra.end());
-  auto logits = forward_.Prefill(state_, ids);
-  // Back to the bits before the fork, whatever the prefill did.
+  std::optional<Result<std::vector<float>>> logits;
+  RETURN_IF_ERROR(OnFork(*from, [&] { logits = forward_.Prefill(state_, ids); }));
+  return std::move(*logits);
+}
+
+Status ResidentPrefix::OnFork(const Anchor& from, const std::function<void()>& fn) {
+  if (disk_ != nullptr) disk_->Fence();  // the writer reads no more rows of the previous request
+  ASSIGN_OR_RETURN(KvRows above, state_.CopyRows(from.length, state_.length()));
+  const Anchor in_place = state_.SaveAnchor();
+  RETURN_IF_ERROR(state_.RestoreAnchor(from));
+  fn();
+  // Back to the bits before the fork, whatever fn did.
   Status rows_back = state_.WriteRows(above);
-  Status end_back = state_.RestoreAnchor(at_end);
-  if (!rows_back.ok() || !end_back.ok()) return Internal("the fork could not put the engine's state back");
-  return logits;
+  Status state_back = state_.RestoreAnchor(in_place);
+  if (rows_back.ok() && state_back.ok()) return Status::Ok();
+  ForgetRows();
+  return Internal("the fork could not put the engine's state back");
+}
+
+void ResidentPrefix::ForgetRows() {
+  rows_.clear();
+  regions_.clear();
+  anchors_.Clear();
+  end_.reset();
 }
 
 ResidentRows ResidentPrefix::View() { return ResidentRows{state_, rows_, anchors_, end_, regions_, taint_row_, session_}; }
@@ -874,10 +888,7 @@ Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, c
     PutPrefixSnapshot(n);
     KeepEnd(info, forwarded, result->tokens);
   } else {
-    rows_.clear();  // the state no longer matches any token list we could name
-    regions_.clear();
-    anchors_.Clear();
-    end_.reset();
+    ForgetRows();
   }
   Shed(0, options_.memory_ceiling_bytes - options_.memory_slack_bytes, "over the memory ceiling after a request");
   if (!result.ok()) return result.status();
@@ -935,41 +946,29 @@ Status ResidentPrefix::WriteAhead(const std::string& session, std::span<const in
     Emit("drop", "prepared", n, need, "writing ahead would not fit the memory peak");
     return ResourceExhausted("writing ahead needs " + std::to_string(need) + " bytes beyond the engine's " + std::to_string(EngineBytes()));
   }
-  if (disk_ != nullptr) disk_->Fence();  // the writer reads no more rows of the previous request
-  ASSIGN_OR_RETURN(KvRows above, state_.CopyRows(e, length));
-  const Anchor in_place = state_.SaveAnchor();
-  RETURN_IF_ERROR(state_.RestoreAnchor(end_->anchor));
   const auto started = std::chrono::steady_clock::now();
   CachedResponse written;
   bool stopped = false;
-  Status prefilled = Status::Ok();
-  // Cut where a live request's prefill cuts (grid and exact lines), so the bits are the same.
-  const int64_t G = forward_.grid_tokens(), upto = std::max(e, (n - 1) / kExactLineTokens * kExactLineTokens);
-  while (prefilled.ok() && state_.length() < upto && !(stopped = should_stop())) {
-    const int64_t at = state_.length(), next = std::min(upto, (at / G + 1) * G);
-    prefilled = forward_.Prefill(state_, ids.subspan(static_cast<size_t>(at), static_cast<size_t>(next - at))).status();
-  }
   Result<GenerationResult> result = Cancelled("stopped in the prefill");
-  if (!prefilled.ok()) {
-    result = prefilled;
-  } else if (!stopped) {
-    Generator generator(forward_, tokenizer_);
-    const int64_t start = state_.length();
-    result = generator.Generate(state_, ids.subspan(static_cast<size_t>(start)), fitted, [&](const GeneratedToken& t) {
-      written.tokens.push_back(t);
-      return !(stopped = should_stop());
-    }, nullptr, Speculative(ids.first(static_cast<size_t>(start))));
-  }
-  // Back to the bits before the fork, whatever the forward did.
-  Status rows_back = state_.WriteRows(above);
-  Status state_back = state_.RestoreAnchor(in_place);
-  if (!rows_back.ok() || !state_back.ok()) {
-    rows_.clear();
-    regions_.clear();
-    anchors_.Clear();
-    end_.reset();
-    return Internal("writing ahead could not put the engine's state back");
-  }
+  RETURN_IF_ERROR(OnFork(end_->anchor, [&] {
+    // Cut where a live request's prefill cuts (grid and exact lines), so the bits are the same.
+    Status prefilled = Status::Ok();
+    const int64_t G = forward_.grid_tokens(), upto = std::max(e, (n - 1) / kExactLineTokens * kExactLineTokens);
+    while (prefilled.ok() && state_.length() < upto && !(stopped = should_stop())) {
+      const int64_t at = state_.length(), next = std::min(upto, (at / G + 1) * G);
+      prefilled = forward_.Prefill(state_, ids.subspan(static_cast<size_t>(at), static_cast<size_t>(next - at))).status();
+    }
+    if (!prefilled.ok()) {
+      result = prefilled;
+    } else if (!stopped) {
+      Generator generator(forward_, tokenizer_);
+      const int64_t start = state_.length();
+      result = generator.Generate(state_, ids.subspan(static_cast<size_t>(start)), fitted, [&](const GeneratedToken& t) {
+        written.tokens.push_back(t);
+        return !(stopped = should_stop());
+      }, nullptr, Speculative(ids.first(static_cast<size_t>(start))));
+    }
+  }));
   if (stopped || (result.ok() && result->finish == FinishReason::kCancelled)) {
     ++prepared_counts_.stopped;
     Emit("drop", "prepared", static_cast<int64_t>(written.tokens.size()), 0, "stopped: a request came");

@@ -252,6 +252,12 @@ class ResidentPrefix {
   // Hands the options each tier reads to it.
   void ConfigureTiers();
   int64_t RowBytes(int64_t rows) const;
+  // Runs fn on the state restored to from, then writes back the rows it may overwrite (from.length up
+  // to the length in place) and the state in place: the same bits afterwards. When that cannot be
+  // done the rows are forgotten (Internal).
+  Status OnFork(const Anchor& from, const std::function<void()>& fn);
+  // The state matches no token list we could name: no rows, regions, anchors or end anchor.
+  void ForgetRows();
   // The drafting of a generation whose state holds history before its prompt.
   SpeculativeOptions Speculative(std::span<const int32_t> history) const;
   bool IsGuest(const CacheRequest& request, int64_t resume_at) const;
