@@ -342,14 +342,13 @@ class EngineWorker : public QObject {
   }
 
   void pollBackends(qint64 now) {
-    anchorage::Backends* backends = m_service->backends();
-    const QByteArray json = backends != nullptr ? QByteArray::fromStdString(backends->HealthJson().dump()) : QByteArray("[]");
+    anchorage::Backends& backends = m_service->backends();
+    const QByteArray json = QByteArray::fromStdString(backends.HealthJson().dump());
     if (json == m_lastBackendsJson && now - m_lastBackendsMs < 1000) return;
     m_lastBackendsJson = json;
     m_lastBackendsMs = now;
     BackendsSnapshot b{now, json, {QString::fromStdString(m_service->model_id())}};
-    if (backends != nullptr)
-      for (const auto& entry : backends->ModelEntries()) b.models << QString::fromStdString(entry["id"].get<std::string>());
+    for (const auto& entry : backends.ModelEntries()) b.models << QString::fromStdString(entry["id"].get<std::string>());
     emit m_host->backendsChanged(b);
   }
 

@@ -19,6 +19,8 @@
 #include <QToolButton>
 #include <QVBoxLayout>
 
+#include <iterator>
+
 #include "app/engine_host.h"
 #include "engine/model/model.h"
 #include "models/cache_tier_model.h"
@@ -35,7 +37,7 @@
 
 namespace {
 const char* kTabNames[] = {"memory", "disk-cache", "shadow", "journal", "chat", "backends", "settings"};
-constexpr int kTabCount = 7;
+constexpr int kTabCount = static_cast<int>(std::size(kTabNames));
 }
 
 MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent), m_host(host) {

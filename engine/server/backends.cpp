@@ -247,7 +247,7 @@ nlohmann::ordered_json Backends::HealthJson() const {
                    {"models", e->models},
                    {"requests", e->requests},
                    {"errors", e->errors},
-                   {"mean_ttft_ms", e->ttft_count > 0 ? e->ttft_ms_sum / static_cast<double>(e->ttft_count) : 0.0}});
+                   {"mean_ttft_ms", e->mean_ttft_ms()}});
   }
   return out;
 }
@@ -263,7 +263,7 @@ std::string Backends::MetricsText() const {
     up += "anchorage_backend_up" + label + (e->state == "up" ? "1" : "0") + "\n";
     requests += "anchorage_backend_requests_total" + label + std::to_string(e->requests) + "\n";
     errors += "anchorage_backend_errors_total" + label + std::to_string(e->errors) + "\n";
-    ttft += "anchorage_backend_ttft_ms_mean" + label + std::to_string(e->ttft_count > 0 ? e->ttft_ms_sum / static_cast<double>(e->ttft_count) : 0.0) + "\n";
+    ttft += "anchorage_backend_ttft_ms_mean" + label + std::to_string(e->mean_ttft_ms()) + "\n";
   }
   return up + requests + errors + ttft;
 }

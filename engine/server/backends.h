@@ -87,6 +87,7 @@ class Backends {
     int64_t requests = 0, errors = 0;
     double ttft_ms_sum = 0;
     int64_t ttft_count = 0;
+    double mean_ttft_ms() const { return ttft_count > 0 ? ttft_ms_sum / static_cast<double>(ttft_count) : 0.0; }
   };
   void RefreshLoop();
   void Refresh(Entry& e);

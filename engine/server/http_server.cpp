@@ -207,7 +207,8 @@ ParseOptions HttpServer::ParseOptionsOf() const {
 }
 
 bool HttpServer::CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiError* error) const {
-  if (auto backend = BackendOf(req.body)) {
+  ojson body;
+  if (auto backend = BackendOf(req.body, &body)) {
     *error = {404, "model '" + backend->name + "' is served by a backend; its caches are the upstream's", "invalid_request_error", "model", "backend_model"};
     return false;
   }
@@ -511,23 +512,18 @@ void HttpServer::RouteCompletions() {
                    [this](const HttpRequest& req, HttpResponse& res) { Completion(RequestKind::kCompletion, req, res); });
 }
 
-std::optional<BackendSpec> HttpServer::BackendOf(const std::string& body) const {
+std::optional<BackendSpec> HttpServer::BackendOf(const std::string& body, ojson* parsed) const {
   if (options_.backends == nullptr || options_.backends->empty()) return std::nullopt;
-  ojson j;
   ApiError ignored;  // a body that does not parse is refused by the embedded model's parser
-  if (!ParseJsonBody(body, &j, &ignored) || !j.contains("model") || !j["model"].is_string()) return std::nullopt;
-  return options_.backends->Route(j["model"].get<std::string>());
+  if (!ParseJsonBody(body, parsed, &ignored) || !parsed->contains("model") || !(*parsed)["model"].is_string()) return std::nullopt;
+  return options_.backends->Route((*parsed)["model"].get<std::string>());
 }
 
-void HttpServer::Forwarded(const BackendSpec& backend, const HttpRequest& req, HttpResponse& res) {
-  ojson j;
-  ApiError ignored;
-  ParseJsonBody(req.body, &j, &ignored);  // BackendOf parsed it
-  const bool stream = j.is_object() && j.contains("stream") && j["stream"].is_boolean() && j["stream"].get<bool>();
-  std::string session = req.HeaderValue("x-session-id");
-  for (const char* key : {"conversation_id", "session_id", "session"})
-    if (session.empty() && j.is_object() && j.contains(key) && j[key].is_string()) session = j[key].get<std::string>();
-  const std::string model = j.is_object() && j.contains("model") && j["model"].is_string() ? j["model"].get<std::string>() : backend.name;
+void HttpServer::Forwarded(const BackendSpec& backend, const ojson& body, const HttpRequest& req, HttpResponse& res) {
+  const bool stream = body.contains("stream") && body["stream"].is_boolean() && body["stream"].get<bool>();
+  std::string session = SessionOfBody(body);  // as the embedded model's requests: the body's, else the header's
+  if (session.empty()) session = req.HeaderValue("x-session-id");
+  const std::string model = body["model"].get<std::string>();
   options_.backends->Forward(backend, req.path, req.body, stream, req.HeaderValue("x-session-id"), req.client_gone, res, SendError,
                              [this, session, model, route = req.path](const ForwardOutcome& o) {
                                if (journal_ == nullptr) return;
@@ -548,7 +544,7 @@ void HttpServer::Forwarded(const BackendSpec& backend, const HttpRequest& req, H
 }
 
 void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpResponse& res) {
-  if (auto backend = BackendOf(req.body)) return Forwarded(*backend, req, res);
+  if (ojson body; auto backend = BackendOf(req.body, &body)) return Forwarded(*backend, body, req, res);
   // Answers an error and journals the rejected request.
   auto reject = [&](const ApiError& e) {
     SendError(res, e);
@@ -579,10 +575,12 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
                            "invalid_request_error", kind == RequestKind::kChat ? "messages" : "prompt", "context_length_exceeded"});
   // An agent's compaction of a conversation the engine holds: its continuation, resumed at the end anchor.
   std::vector<int32_t> continuation;
-  auto compaction_on = [this] { return settings_ == nullptr || settings_->Effective()["compaction"].value("mode", "continuation") == "continuation"; };
   std::optional<CompactionRequest> compaction;
-  if (kind == RequestKind::kChat && !r.session.empty() && r.template_body.contains("messages") &&
-      (compaction = RecognizeCompaction(r.template_body["messages"])) && compaction_on())
+  if (kind == RequestKind::kChat && !r.session.empty() && r.template_body.contains("messages"))
+    compaction = RecognizeCompaction(r.template_body["messages"]);
+  if (compaction && settings_ != nullptr && settings_->Effective()["compaction"].value("mode", "continuation") != "continuation")
+    compaction.reset();  // compaction.mode client: served as sent
+  if (compaction)
     if (auto record = scheduler_.ConversationRecord(r.session);
         record && RecordIsThisConversation(model_.tokenizer.Decode(*record), *compaction))
       if (auto ids = ContinuationIds(*record, *compaction, model_.chat_template, model_.tokenizer); ids.ok()) {
@@ -594,7 +592,7 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
   for (int64_t id : model_.config.eos_token_ids) r.sampling.stop_token_ids.push_back(static_cast<int32_t>(id));
   for (const char* stop : {"<|im_end|>", "<|endoftext|>"})
     if (auto id = model_.tokenizer.TokenId(stop)) r.sampling.stop_token_ids.push_back(*id);
-  if (compaction && compaction_on()) scheduler_.NoteCompaction(*compaction, r.sampling, options_.context_tokens);  // what the preparer writes with
+  if (compaction) scheduler_.NoteCompaction(*compaction, r.sampling, options_.context_tokens);  // what the preparer writes with
 
   auto job = std::make_shared<Job>(continuation.empty() ? prepared->prompt_ids : continuation, r.sampling, r.session, req.path);
   job->set_context_tokens(options_.context_tokens);

@@ -59,10 +59,10 @@ class HttpServer {
   void RouteCompletions();
 
   void Completion(RequestKind kind, const HttpRequest& req, HttpResponse& res);
-  // The backend serving the model a JSON body names, when one does.
-  std::optional<BackendSpec> BackendOf(const std::string& body) const;
-  // Forwards a completion to a backend and journals it.
-  void Forwarded(const BackendSpec& backend, const HttpRequest& req, HttpResponse& res);
+  // The backend serving the model a JSON body names, when one does; *parsed holds the body then.
+  std::optional<BackendSpec> BackendOf(const std::string& body, nlohmann::ordered_json* parsed) const;
+  // Forwards a completion (body as parsed) to a backend and journals it.
+  void Forwarded(const BackendSpec& backend, const nlohmann::ordered_json& body, const HttpRequest& req, HttpResponse& res);
   // Parses a chat body for peek and prewarm: its prompt ids and session (body "session", else x-session-id).
   ParseOptions ParseOptionsOf() const;
   // {"ok", "errors", "failed_rows", "dropped_rows", "last_error"} of the journal's background writes; null without one.

@@ -164,7 +164,6 @@ class HttpTransport::Pool {
   bool done_ = false;
 };
 
-
 class HttpTransport::Stream : public HttpStream {
  public:
   Stream(int fd, bool chunked) : fd_(fd), chunked_(chunked) {}

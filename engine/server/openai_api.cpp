@@ -286,6 +286,13 @@ nlohmann::json ApiError::ToJson() const {
   return {{"error", e}};
 }
 
+std::string SessionOfBody(const nlohmann::ordered_json& body) {
+  // OpenAI's "user" names an end user, not a conversation: it is not a session.
+  for (const char* key : {"conversation_id", "session_id", "session"})
+    if (body.contains(key) && body[key].is_string() && !body[key].get<std::string>().empty()) return body[key].get<std::string>();
+  return "";
+}
+
 size_t JsonNestingDepth(std::string_view text, size_t limit) {
   size_t depth = 0, deepest = 0;
   bool in_string = false;
@@ -357,13 +364,7 @@ std::optional<CompletionRequest> ParseCompletionRequest(RequestKind kind, std::s
     ParseSampling(body, r);
     ParseLogitBias(body, options.vocab_size, r.sampling);
     CheckResponseFormat(body);
-    // OpenAI's "user" names an end user, not a conversation: it is not a session.
-    for (const char* key : {"conversation_id", "session_id", "session"}) {
-      if (body.contains(key) && body[key].is_string() && !body[key].get<std::string>().empty()) {
-        r.session = body[key].get<std::string>();
-        break;
-      }
-    }
+    r.session = SessionOfBody(body);
     if (kind == RequestKind::kChat) {
       if (!body.contains("messages")) Reject("messages", "'messages' is required");
       r.template_body["messages"] = CheckMessages(body["messages"]);

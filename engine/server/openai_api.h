@@ -52,6 +52,9 @@ size_t JsonNestingDepth(std::string_view text, size_t limit);
 // A request body as a JSON object: valid UTF-8, nested at most kMaxJsonDepth deep, an object.
 bool ParseJsonBody(std::string_view body, nlohmann::ordered_json* out, ApiError* error);
 
+// The body's conversation_id, session_id or session (the first non-empty string), else "".
+std::string SessionOfBody(const nlohmann::ordered_json& body);
+
 struct ParseOptions {
   std::string model_id;                // the one model served
   int64_t vocab_size = 0;              // token ids in a completion prompt must be below this

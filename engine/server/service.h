@@ -41,7 +41,7 @@ class Service {
   Scheduler& scheduler() { return *scheduler_; }
   HttpServer& http() { return *http_; }
   Journal* journal() { return journal_.get(); }
-  Backends* backends() { return backends_.get(); }  // nullptr without --backend
+  Backends& backends() { return *backends_; }  // empty without --backend or backends.upstreams
   SettingsStore& settings() { return *settings_; }
   const std::string& model_id() const { return model_id_; }
   std::string url() const;
