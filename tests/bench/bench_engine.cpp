@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/compute/cpu/bf16_split.h"
 #include "engine/compute/cpu/cpu_features.h"
 #include "engine/compute/cpu/matmul.h"
 #include "engine/model/safetensors.h"
@@ -48,10 +49,11 @@ std::vector<int32_t> Ids(int64_t n, int64_t vocab) {
 }
 
 // fp32 FMA throughput of one core: twelve independent chains of fused multiply-adds on full vectors.
-#define ANCHORAGE_FMA_CHAINS(V, FMA, SET1, TOFLOAT, LANES, ITERS)                                         \
+#define ANCHORAGE_FMA_CHAINS(V, FMA, SET1, TOFLOAT, LANES, ITERS, M, A)                                   \
   V x0 = SET1(0.01f), x1 = SET1(0.02f), x2 = SET1(0.03f), x3 = SET1(0.04f), x4 = SET1(0.05f), x5 = SET1(0.06f); \
   V x6 = SET1(0.07f), x7 = SET1(0.08f), x8 = SET1(0.09f), x9 = SET1(0.10f), x10 = SET1(0.11f), x11 = SET1(0.12f); \
-  const V m = SET1(0.99999f), a = SET1(1e-7f);                                                             \
+  const auto m = M;                                                                                        \
+  const auto a = A;                                                                                        \
   const double t0 = Now();                                                                                 \
   for (int64_t k = 0; k < ITERS; ++k) {                                                                    \
     x0 = FMA(x0, m, a); x1 = FMA(x1, m, a); x2 = FMA(x2, m, a); x3 = FMA(x3, m, a);                         \
@@ -65,7 +67,8 @@ std::vector<int32_t> Ids(int64_t n, int64_t vocab) {
   return 2.0 * LANES * 12 * static_cast<double>(ITERS) / secs / 1e9;
 
 __attribute__((target("avx2,fma"))) double FmaGflopsAvx2() {
-  ANCHORAGE_FMA_CHAINS(__m256, _mm256_fmadd_ps, _mm256_set1_ps, _mm256_cvtss_f32, 8, 100'000'000)
+  ANCHORAGE_FMA_CHAINS(__m256, _mm256_fmadd_ps, _mm256_set1_ps, _mm256_cvtss_f32, 8, 100'000'000, _mm256_set1_ps(0.99999f),
+                       _mm256_set1_ps(1e-7f))
 }
 
 #pragma GCC diagnostic push
@@ -74,7 +77,17 @@ __attribute__((target("avx2,fma"))) double FmaGflopsAvx2() {
 __attribute__((target("avx512f"))) float First512(__m512 v) { return _mm_cvtss_f32(_mm512_castps512_ps128(v)); }
 
 __attribute__((target("avx512f"))) double FmaGflopsAvx512() {
-  ANCHORAGE_FMA_CHAINS(__m512, _mm512_fmadd_ps, _mm512_set1_ps, First512, 16, 50'000'000)
+  ANCHORAGE_FMA_CHAINS(__m512, _mm512_fmadd_ps, _mm512_set1_ps, First512, 16, 50'000'000, _mm512_set1_ps(0.99999f),
+                       _mm512_set1_ps(1e-7f))
+}
+
+// bf16 dot-product throughput of one core, counting each VDPBF16PS as 2 * 32 flops.
+__attribute__((target("avx512f,avx512bf16"))) __m512bh Bf16Pairs(uint32_t word) {
+  return reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(word)));
+}
+__attribute__((target("avx512f,avx512bf16"))) __m512 DotBf16(__m512 acc, __m512bh a, __m512bh b) { return _mm512_dpbf16_ps(acc, a, b); }
+__attribute__((target("avx512f,avx512bf16"))) double Bf16DotGflopsAvx512() {
+  ANCHORAGE_FMA_CHAINS(__m512, DotBf16, _mm512_set1_ps, First512, 32, 50'000'000, Bf16Pairs(0x3f803f7fu), Bf16Pairs(0x33d633d6u))
 }
 
 #pragma GCC diagnostic pop
@@ -163,6 +176,10 @@ int main(int argc, char** argv) {
   const cpu::CpuFeatures& cpu_features = cpu::DetectCpu();
   const bool avx512 = cpu_features.avx512f;
   const double fma_peak = avx512 ? FmaGflopsAvx512() : cpu_features.avx2 && cpu_features.fma ? FmaGflopsAvx2() : 0.0;
+  const double bf16_peak = cpu_features.avx512_bf16 ? Bf16DotGflopsAvx512() : 0.0;
+  // The peak the active path's arithmetic can reach: a bf16 path spends kBf16Parts products on each fp32 one.
+  const bool bf16_path = std::string(cpu::ArithmeticName()).rfind("bf16", 0) == 0;
+  const double path_peak = bf16_path ? bf16_peak / cpu::kBf16Parts : fma_peak;
   std::vector<float> stream_buffer(size_t(384) << 20, 1.0f);  // 1.5 GiB
   std::map<int, double> stream;
   for (int t : thread_counts) stream[t] = StreamGBs(stream_buffer, t);
@@ -179,13 +196,15 @@ int main(int argc, char** argv) {
               cpu_features.vendor.c_str(), cpu_features.family, cpu_features.model, cpu::DescribeKernelFamilies(cpu_features).c_str(),
               cpu::PathName(cpu::ActivePath()));
   std::printf("limits: fp32 FMA %.1f GFLOP/s a core (%s)", fma_peak, avx512 ? "avx512" : "avx2");
+  if (bf16_peak > 0) std::printf("; bf16 dot %.1f GFLOP/s a core (%.1f fp32-equivalent with %d parts)", bf16_peak, bf16_peak / cpu::kBf16Parts, cpu::kBf16Parts);
   for (const auto& [t, gbs] : stream) std::printf("; stream read %.1f GB/s with %d thread%s", gbs, t, t == 1 ? "" : "s");
   std::printf("\nper token: %.1f MFLOP in prefill GEMMs, %.1f MiB of bf16 weights read in decode\n", prefill_flops_per_token / 1e6,
               decode_bytes_per_token / (1 << 20));
   report["machine"] = {{"brand", cpu_features.brand}, {"vendor", cpu_features.vendor}, {"family", cpu_features.family}, {"model", cpu_features.model},
                        {"kernel_families", cpu::DescribeKernelFamilies(cpu_features)}, {"gemm_path", cpu::PathName(cpu::ActivePath())},
                        {"arithmetic", cpu::ArithmeticName()}};
-  report["limits"] = {{"fma_gflops_per_core", fma_peak}, {"fma_width", avx512 ? "avx512" : "avx2"}};
+  report["limits"] = {{"fma_gflops_per_core", fma_peak}, {"fma_width", avx512 ? "avx512" : "avx2"}, {"bf16_dot_gflops_per_core", bf16_peak},
+                      {"path_peak_gflops_per_core", path_peak}};
   for (const auto& [t, gbs] : stream) report["limits"]["stream_gbs"][std::to_string(t)] = gbs;
   report["per_token"] = {{"prefill_gemm_flops", prefill_flops_per_token}, {"decode_weight_bytes", decode_bytes_per_token}};
   const auto ids = Ids(std::max<int64_t>(max_tokens, 64) + 64, c.vocab_size);
@@ -213,12 +232,12 @@ int main(int argc, char** argv) {
         chunk_ms.push_back((Now() - c0) * 1e3);
       }
       const double secs = Now() - t0;
-      const double prefill_fraction = fma_peak > 0 ? n / secs * prefill_flops_per_token / (fma_peak * 1e9 * fw.threads()) : 0;
-      std::printf("prefill %5lld tokens: %8.1f tok/s (%.2f s, %.0f%% of the FMA peak); ms per chunk:", static_cast<long long>(n), n / secs,
+      const double prefill_fraction = path_peak > 0 ? n / secs * prefill_flops_per_token / (path_peak * 1e9 * fw.threads()) : 0;
+      std::printf("prefill %5lld tokens: %8.1f tok/s (%.2f s, %.0f%% of the path's peak); ms per chunk:", static_cast<long long>(n), n / secs,
                   secs, 100 * prefill_fraction);
       for (double ms : chunk_ms) std::printf(" %.0f", ms);
       std::printf("\n");
-      report["prefill"][std::to_string(fw.threads())][std::to_string(n)] = {{"tokens_per_s", n / secs}, {"fraction_of_fma_peak", prefill_fraction}};
+      report["prefill"][std::to_string(fw.threads())][std::to_string(n)] = {{"tokens_per_s", n / secs}, {"fraction_of_path_peak", prefill_fraction}};
       if (!decode) continue;
       // Decode after this context.
       const int steps = n >= 8192 ? 16 : 32;

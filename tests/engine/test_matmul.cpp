@@ -1,12 +1,15 @@
-// MatMulBf16 on every kernel path: each output equals the sequential fp32 fused multiply-add of its k
-// products (the arithmetic all paths share), bit for bit, whatever the row count, thread count and
-// shape; the result is within the fp32 bound of a double product; paths the CPU lacks are skipped.
+// MatMulBf16 on every kernel path: each output equals its arithmetic written out (the fp32 paths: the
+// sequential fused multiply-add of its k products; the bf16 paths: activations split into bf16 parts,
+// k in pairs as VDPBF16PS adds them), bit for bit, whatever the row count, thread count and shape; the
+// result is within that arithmetic's bound of a double product; paths the CPU lacks are skipped.
 #include <QtTest>
 
 #include <cmath>
 #include <cstring>
 #include <random>
 
+#include "engine/compute/cpu/bf16_split.h"
+#include "engine/compute/cpu/gemm_block.h"
 #include "engine/compute/cpu/matmul.h"
 #include "engine/core/bf16.h"
 
@@ -45,6 +48,31 @@ std::vector<float> Sequential(const Problem& p) {
   return y;
 }
 
+bool IsBf16(cpu::KernelPath path) { return std::string(cpu::ArithmeticNameOf(path)).rfind("bf16", 0) == 0; }
+
+// The bf16 arithmetic, written out: x = p0 + p1 + ... (each part the bf16 rounding of what the ones
+// before it left), then per pair of k the odd product and the even one of each part, in that order,
+// each added in fp32.
+std::vector<float> SequentialBf16(const Problem& p) {
+  const auto part = [](float v, int which) {
+    float rest = v;
+    for (int i = 0; i < which; ++i) rest = rest - Bf16ToFloat(FloatToBf16(rest));
+    return Bf16ToFloat(FloatToBf16(rest));
+  };
+  std::vector<float> y(static_cast<size_t>(p.m * p.n));
+  for (int64_t r = 0; r < p.m; ++r)
+    for (int64_t j = 0; j < p.n; ++j) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < p.k; i += 2)
+        for (int which = 0; which < cpu::kBf16Parts; ++which) {
+          if (i + 1 < p.k) acc = acc + part(p.x[r * p.k + i + 1], which) * Bf16ToFloat(p.w[j * p.k + i + 1]);
+          acc = acc + part(p.x[r * p.k + i], which) * Bf16ToFloat(p.w[j * p.k + i]);
+        }
+      y[r * p.n + j] = acc;
+    }
+  return y;
+}
+
 // Max |y - exact| / (sum_i |x_i w_i|): the error relative to the condition of each dot product.
 double WorstRelative(const Problem& p, const std::vector<float>& y) {
   double worst = 0.0;
@@ -77,8 +105,9 @@ std::vector<float> Run(cpu::KernelPath path, ThreadPool& pool, const Problem& p,
 
 bool SameBits(const float* a, const float* b, size_t count) { return std::memcmp(a, b, count * 4) == 0; }
 
-const cpu::KernelPath kPaths[] = {cpu::KernelPath::kPortable, cpu::KernelPath::kAvx2Fma, cpu::KernelPath::kAvx512F,
-                                  cpu::KernelPath::kEmulated16};
+const cpu::KernelPath kPaths[] = {cpu::KernelPath::kPortable,   cpu::KernelPath::kAvx2Fma,
+                                  cpu::KernelPath::kAvx512F,    cpu::KernelPath::kAvx512Bf16,
+                                  cpu::KernelPath::kEmulated16, cpu::KernelPath::kEmulatedBf16};
 
 void AddPathRows(const std::function<void(cpu::KernelPath, const char*)>& add) {
   for (cpu::KernelPath path : kPaths) add(path, cpu::PathName(path));
@@ -114,7 +143,7 @@ class TestMatmul : public QObject {
     for (int64_t c = 70; c < 96; ++c) QCOMPARE(p.packed.panel(2)[5 * cpu::kPanelColumns + cpu::PackedBf16::SlotOf(c % 32)], 0);
   }
 
-  void equalsSequentialFma_data() {
+  void equalsWrittenOutArithmetic_data() {
     QTest::addColumn<int>("path");
     QTest::addColumn<int>("m");
     QTest::addColumn<int>("n");
@@ -126,7 +155,7 @@ class TestMatmul : public QObject {
         QTest::addRow("%s %dx%dx%d", name, s[0], s[1], s[2]) << int(path) << s[0] << s[1] << s[2];
     });
   }
-  void equalsSequentialFma() {
+  void equalsWrittenOutArithmetic() {
     QFETCH(int, path);
     QFETCH(int, m);
     QFETCH(int, n);
@@ -136,10 +165,46 @@ class TestMatmul : public QObject {
     ThreadPool pool(2);
     const Problem p = Make(m, n, k, 1u + static_cast<uint32_t>(m * n + k));
     const auto y = Run(kp, pool, p, 0, m);
-    const auto want = Sequential(p);
+    const auto want = IsBf16(kp) ? SequentialBf16(p) : Sequential(p);
     QVERIFY(SameBits(y.data(), want.data(), y.size()));
-    // fp32 accumulation over k terms: error <= k * 2^-24 relative to sum |x w|.
-    QVERIFY(WorstRelative(p, y) <= k * std::ldexp(1.0, -24));
+    // fp32: k roundings of at most 2^-24 relative to sum |x w|; bf16: parts * k of them, and the
+    // split leaves at most 2^(-8 parts) |x| of each activation out.
+    const double bound = IsBf16(kp) ? cpu::kBf16Parts * k * std::ldexp(1.0, -24) + std::ldexp(1.0, -8 * cpu::kBf16Parts)
+                                    : k * std::ldexp(1.0, -24);
+    QVERIFY(WorstRelative(p, y) <= bound);
+  }
+
+  // Subnormal products and sums are flushed to zero as VDPBF16PS flushes them, so the emulation is exact there too.
+  void bf16FlushesLikeTheInstruction() {
+    SKIP_UNLESS_AVAILABLE(cpu::KernelPath::kAvx512Bf16);
+    ThreadPool pool(2);
+    Problem p = Make(5, 70, 301, 9u);
+    for (size_t i = 0; i < p.x.size(); ++i) p.x[i] *= (i % 3 == 0) ? 1e-38f : (i % 3 == 1 ? 1e-19f : 1.0f);
+    for (size_t i = 0; i < p.w.size(); ++i)
+      if (i % 5 == 0) p.w[i] = FloatToBf16(Bf16ToFloat(p.w[i]) * 1e-20f);
+    p.packed = cpu::PackedBf16::FromRowMajor(p.w.data(), p.n, p.k);
+    const auto real = Run(cpu::KernelPath::kAvx512Bf16, pool, p, 0, p.m);
+    const auto emulated = Run(cpu::KernelPath::kEmulatedBf16, pool, p, 0, p.m);
+    QVERIFY(SameBits(real.data(), emulated.data(), real.size()));
+  }
+
+  // The vector split writes the portable split's words, specials included.
+  void bf16SplitMatchesPortable() {
+    SKIP_UNLESS_AVAILABLE(cpu::KernelPath::kAvx512Bf16);
+    std::mt19937 rng(4u);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (int64_t k : {1, 2, 31, 32, 33, 64, 65, 300}) {
+      const int64_t rows = 3, ldx = k + 5;
+      std::vector<float> x(static_cast<size_t>(rows * ldx));
+      for (auto& v : x) v = d(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 60) - 30);
+      const float specials[] = {0.0f, -0.0f, 1e-40f, -1e-39f, 3.0e38f, -3.4e38f, INFINITY, -INFINITY, NAN, 1.00390625f};
+      for (size_t i = 0; i < std::size(specials) && i < x.size(); ++i) x[i * 3 % x.size()] = specials[i];
+      const size_t words = static_cast<size_t>(rows * cpu::kBf16Parts * cpu::PairCount(k));
+      std::vector<uint32_t> vec(words, 0xdeadbeef), portable(words, 0xfeedface);
+      cpu::SplitRowsAvx512Bf16(x.data(), ldx, rows, k, vec.data());
+      cpu::SplitRowsPortable(x.data(), ldx, rows, k, portable.data());
+      QVERIFY2(vec == portable, qPrintable(QString("k = %1").arg(k)));
+    }
   }
 
   void rowsIndependentOfBatchAndThreads_data() {
@@ -165,13 +230,17 @@ class TestMatmul : public QObject {
     }
   }
 
-  void everyPathAgrees() {
+  // Paths of one arithmetic agree bit for bit (the portable C++ of each is the reference).
+  void everyPathAgreesWithinItsArithmetic() {
     ThreadPool pool(2);
     const Problem p = Make(9, 100, 777, 11u);
     const auto portable = Run(cpu::KernelPath::kPortable, pool, p, 0, p.m);
+    const auto emulated_bf16 = Run(cpu::KernelPath::kEmulatedBf16, pool, p, 0, p.m);
+    QVERIFY(!SameBits(portable.data(), emulated_bf16.data(), portable.size()));
     for (cpu::KernelPath path : cpu::AvailablePaths()) {
       const auto y = Run(path, pool, p, 0, p.m);
-      QVERIFY2(SameBits(y.data(), portable.data(), y.size()), cpu::PathName(path));
+      const auto& want = IsBf16(path) ? emulated_bf16 : portable;
+      QVERIFY2(SameBits(y.data(), want.data(), y.size()), cpu::PathName(path));
     }
   }
 
@@ -183,7 +252,9 @@ class TestMatmul : public QObject {
     QVERIFY(cpu::SetActivePath(cpu::KernelPath::kPortable).ok());
     QCOMPARE(cpu::ActivePath(), cpu::KernelPath::kPortable);
     QVERIFY(cpu::SetActivePath(cpu::AvailablePaths().front()).ok());
-    if (!cpu::PathAvailable(cpu::KernelPath::kAvx512F)) QVERIFY(!cpu::SetActivePath(cpu::KernelPath::kAvx512F).ok());
+    for (cpu::KernelPath path : {cpu::KernelPath::kAvx512F, cpu::KernelPath::kAvx512Bf16})
+      if (!cpu::PathAvailable(path)) QVERIFY(!cpu::SetActivePath(path).ok());
+    QVERIFY(std::string(cpu::ArithmeticNameOf(cpu::KernelPath::kAvx512Bf16)) != cpu::ArithmeticNameOf(cpu::KernelPath::kAvx512F));
   }
 };
 

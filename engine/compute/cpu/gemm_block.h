@@ -20,13 +20,19 @@ struct GemmBlock {
   float* y = nullptr;  // output column of the group's first, row 0; row stride ldy
   int64_t ldy = 0;
   bool accumulate = false;  // continue from the partial sums in y (k0 > 0)
+  // bf16 paths: the rows split into bf16 parts (bf16_split.h); row r's part p at x_pairs + (r * parts + p) * pair_stride.
+  const uint32_t* x_pairs = nullptr;
+  int64_t pair_stride = 0;
 };
 
-// The kernels of each path (one file each); the emulated one runs the 16-lane kernel's arithmetic
-// and lane order in portable C++, so tests check that kernel's logic on any CPU.
+// The kernels of each path (one file each); the emulated ones run the 16-lane kernel's arithmetic
+// and lane order, and the bf16 kernel's arithmetic, in portable C++, so tests check them on any CPU.
 void GemmBlockPortable(const GemmBlock& b);
 void GemmBlockEmulated16(const GemmBlock& b);
 void GemmBlockAvx2(const GemmBlock& b);
 void GemmBlockAvx512(const GemmBlock& b);
+void GemmBlockAvx512Bf16(const GemmBlock& b);
+void GemmBlockEmulatedBf16(const GemmBlock& b);
+void SplitRowsAvx512Bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, uint32_t* out);
 
 }  // namespace anchorage::cpu

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/compute/cpu/bf16_split.h"
 #include "engine/compute/cpu/fp32_tile.h"
 #include "engine/compute/cpu/gemm_tile.h"
 #include "engine/core/bf16.h"
@@ -68,10 +69,27 @@ struct LaneArrays {
 using Portable = LaneArrays<8, 4, 2, 2>;
 using Emulated16 = LaneArrays<16, 12, 2, 4>;
 
+// The bf16 path's arithmetic one output at a time: pairs of k in order, each part in order, DotPair each.
+void RunEmulatedBf16(const GemmBlock& b) {
+  for (int64_t c = 0; c < b.cols; ++c) {
+    const uint16_t* column = b.panels + (c / kPanelColumns) * b.k * kPanelColumns + PackedBf16::SlotOf(c % kPanelColumns);
+    for (int64_t r = 0; r < b.rows; ++r) {
+      float acc = b.accumulate ? b.y[r * b.ldy + c] : 0.0f;
+      for (int64_t i = b.k0; i < b.k1; i += 2) {
+        const uint32_t w_pair = column[i * kPanelColumns] | (i + 1 < b.k ? uint32_t{column[(i + 1) * kPanelColumns]} << 16 : 0u);
+        for (int p = 0; p < kBf16Parts; ++p)
+          acc = DotPair(acc, b.x_pairs[(r * kBf16Parts + p) * b.pair_stride + i / 2], w_pair);
+      }
+      b.y[r * b.ldy + c] = acc;
+    }
+  }
+}
+
 }  // namespace
 
 void GemmBlockPortable(const GemmBlock& b) { RunGemmBlock<Portable>(b); }
 void GemmBlockEmulated16(const GemmBlock& b) { RunGemmBlock<Emulated16>(b); }
+void GemmBlockEmulatedBf16(const GemmBlock& b) { RunEmulatedBf16(b); }
 
 const Fp32Kernels kFp32Portable{RunRowsTimes<Portable>};
 const Fp32Kernels kFp32Emulated16{RunRowsTimes<Emulated16>};

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "engine/compute/cpu/bf16_split.h"
 #include "engine/compute/cpu/cpu_features.h"
 #include "engine/compute/cpu/fp32_block.h"
 #include "engine/compute/cpu/gemm_block.h"
@@ -18,11 +19,27 @@ BlockFn BlockOf(KernelPath path) {
   switch (path) {
     case KernelPath::kAvx2Fma: return GemmBlockAvx2;
     case KernelPath::kAvx512F: return GemmBlockAvx512;
+    case KernelPath::kAvx512Bf16: return GemmBlockAvx512Bf16;
     case KernelPath::kEmulated16: return GemmBlockEmulated16;
+    case KernelPath::kEmulatedBf16: return GemmBlockEmulatedBf16;
     case KernelPath::kPortable: break;
   }
   return GemmBlockPortable;
 }
+
+using SplitFn = void (*)(const float* x, int64_t ldx, int64_t rows, int64_t k, uint32_t* out);
+
+// The activation split of a bf16 path; null for the fp32 paths.
+SplitFn SplitOf(KernelPath path) {
+  switch (path) {
+    case KernelPath::kAvx512Bf16: return SplitRowsAvx512Bf16;
+    case KernelPath::kEmulatedBf16: return SplitRowsPortable;
+    default: return nullptr;
+  }
+}
+
+constexpr KernelPath kAllPaths[] = {KernelPath::kPortable,   KernelPath::kAvx2Fma,      KernelPath::kAvx512F,
+                                    KernelPath::kAvx512Bf16, KernelPath::kEmulated16, KernelPath::kEmulatedBf16};
 
 KernelPath InitialPath() {
   const KernelPath best = AvailablePaths().front();
@@ -47,31 +64,38 @@ const char* PathName(KernelPath path) {
     case KernelPath::kPortable: return "portable";
     case KernelPath::kAvx2Fma: return "avx2-fma";
     case KernelPath::kAvx512F: return "avx512f";
+    case KernelPath::kAvx512Bf16: return "avx512-bf16";
     case KernelPath::kEmulated16: return "emulated16";
+    case KernelPath::kEmulatedBf16: return "emulated-bf16";
   }
   return "?";
 }
 
 Result<KernelPath> PathFromName(const std::string& name) {
-  for (KernelPath p : {KernelPath::kPortable, KernelPath::kAvx2Fma, KernelPath::kAvx512F, KernelPath::kEmulated16})
+  std::string names;
+  for (KernelPath p : kAllPaths) {
     if (name == PathName(p)) return p;
-  return InvalidArgument("unknown kernel path '" + name + "' (portable, avx2-fma, avx512f, emulated16)");
+    names += (names.empty() ? "" : ", ") + std::string(PathName(p));
+  }
+  return InvalidArgument("unknown kernel path '" + name + "' (" + names + ")");
 }
 
 bool PathAvailable(KernelPath path) {
   const CpuFeatures& f = DetectCpu();
   switch (path) {
     case KernelPath::kPortable:
-    case KernelPath::kEmulated16: return true;
+    case KernelPath::kEmulated16:
+    case KernelPath::kEmulatedBf16: return true;
     case KernelPath::kAvx2Fma: return f.avx2 && f.fma;
     case KernelPath::kAvx512F: return f.avx512f;
+    case KernelPath::kAvx512Bf16: return f.avx512f && f.avx512bw && f.avx512_bf16;
   }
   return false;
 }
 
 std::vector<KernelPath> AvailablePaths() {
   std::vector<KernelPath> out;
-  for (KernelPath p : {KernelPath::kAvx512F, KernelPath::kAvx2Fma, KernelPath::kPortable})
+  for (KernelPath p : {KernelPath::kAvx512F, KernelPath::kAvx512Bf16, KernelPath::kAvx2Fma, KernelPath::kPortable})
     if (PathAvailable(p)) out.push_back(p);
   return out;
 }
@@ -87,14 +111,20 @@ Status SetActivePath(KernelPath path) {
 const Fp32Kernels& Fp32KernelsOf(KernelPath path) {
   switch (path) {
     case KernelPath::kAvx2Fma: return kFp32Avx2;
-    case KernelPath::kAvx512F: return kFp32Avx512;
+    case KernelPath::kAvx512F:
+    case KernelPath::kAvx512Bf16: return kFp32Avx512;
     case KernelPath::kEmulated16: return kFp32Emulated16;
+    case KernelPath::kEmulatedBf16:
     case KernelPath::kPortable: break;
   }
   return kFp32Portable;
 }
 
-const char* ArithmeticName() { return "fp32-fma-k-order-v2"; }
+const char* ArithmeticNameOf(KernelPath path) {
+  return SplitOf(path) != nullptr ? "bf16x2-dpbf16-k-pairs-v1" : "fp32-fma-k-order-v2";
+}
+
+const char* ArithmeticName() { return ArithmeticNameOf(ActivePath()); }
 
 void MatMulBf16(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedBf16& w, float* y, int64_t ldy) {
   MatMulBf16On(ActivePath(), pool, x, m, ldx, w, y, ldy);
@@ -109,6 +139,19 @@ void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, 
     return;
   }
   const BlockFn block = BlockOf(path);
+  const SplitFn split = SplitOf(path);
+  thread_local std::vector<uint32_t> split_buffer;  // the calling thread's; the tasks see it through split_rows
+  const int64_t pair_stride = PairCount(k);
+  uint32_t* split_rows = nullptr;
+  if (split != nullptr) {
+    split_buffer.resize(static_cast<size_t>(m * kBf16Parts * pair_stride));
+    split_rows = split_buffer.data();
+    const int64_t rows_a_task = 16;
+    pool.Run(static_cast<size_t>((m + rows_a_task - 1) / rows_a_task), [&](size_t t) {
+      const int64_t r0 = static_cast<int64_t>(t) * rows_a_task;
+      split(x + r0 * ldx, ldx, std::min(rows_a_task, m - r0), k, split_rows + r0 * kBf16Parts * pair_stride);
+    });
+  }
   const int64_t task_columns = kGemmTaskPanels * kPanelColumns;
   const int64_t tasks = (n + task_columns - 1) / task_columns;
   const int64_t k_block = m <= 2 ? k : kGemmKBlock;
@@ -121,8 +164,10 @@ void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, 
     b.k = k;
     b.cols = std::min(task_columns, n - first);
     b.ldy = ldy;
+    b.pair_stride = pair_stride;
     for (int64_t r0 = 0; r0 < m; r0 += kGemmRowBlock) {
       b.x = x + r0 * ldx;
+      if (split != nullptr) b.x_pairs = split_rows + r0 * kBf16Parts * pair_stride;
       b.y = y + r0 * ldy + first;
       b.rows = std::min(kGemmRowBlock, m - r0);
       for (int64_t k0 = 0; k0 < k; k0 += k_block) {

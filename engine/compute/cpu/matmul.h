@@ -1,7 +1,7 @@
 // y = x · Wᵀ with packed bf16 weights and fp32 activations, on the kernel path picked at run time.
-// Every path the library has so far computes each output the same way (its k products in index
-// order, one fused multiply-add each), so the bits depend on neither the path, the row count, the
-// thread count nor where a prefill was split.
+// The fp32 paths compute each output the same way (its k products in index order, one fused
+// multiply-add each); the bf16 paths another (bf16_split.h). Within an arithmetic, the bits depend on
+// neither the path, the row count, the thread count nor where a prefill was split.
 #pragma once
 
 #include <cstdint>
@@ -18,12 +18,15 @@ enum class KernelPath {
   kPortable,     // C++ only, std::fma per lane
   kAvx2Fma,      // 8 lanes
   kAvx512F,      // 16 lanes
+  kAvx512Bf16,   // VDPBF16PS on activations split into bf16 parts
   kEmulated16,   // the AVX-512F kernel's lane order in portable C++, for tests on any CPU
+  kEmulatedBf16, // the AVX-512 BF16 kernel's arithmetic in portable C++, for tests on any CPU
 };
 
 const char* PathName(KernelPath path);
 Result<KernelPath> PathFromName(const std::string& name);
-// The paths this CPU runs, best first (kEmulated16 is never listed: it exists for tests).
+// The paths this CPU runs, best first (the emulated ones are never listed: they exist for tests). The
+// bf16 path comes after avx512f: its three-part split costs more products than its rate gains.
 std::vector<KernelPath> AvailablePaths();
 bool PathAvailable(KernelPath path);
 
@@ -33,6 +36,7 @@ KernelPath ActivePath();
 Status SetActivePath(KernelPath path);
 // How the active path rounds: paths with the same name give the same bits (part of the fingerprint).
 const char* ArithmeticName();
+const char* ArithmeticNameOf(KernelPath path);
 
 // Output columns a task covers, k steps a block, rows a block.
 inline constexpr int64_t kGemmTaskPanels = 4;

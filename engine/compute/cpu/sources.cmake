@@ -6,6 +6,7 @@ list(APPEND ANCHORAGE_COMPUTE_SOURCES
   cpu/gated_delta.cpp
   cpu/gemm_avx2.cpp
   cpu/gemm_avx512.cpp
+  cpu/gemm_avx512_bf16.cpp
   cpu/gemm_portable.cpp
   cpu/matmul.cpp
   cpu/packed_bf16.cpp

@@ -1,0 +1,72 @@
+// The bf16 dot-product arithmetic: each fp32 activation split into bf16 parts, two k at a time in one
+// 32-bit word, multiplied against bf16 weights the way VDPBF16PS does (see DotPair).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace anchorage::cpu {
+
+// Parts an activation is split into: the first rounds x to bf16, each next one rounds what is left.
+inline constexpr int kBf16Parts = 3;
+
+// Round to nearest even, on the bits; a subnormal result becomes +0 (the instruction reads those as 0).
+inline uint32_t RoundToBf16Bits(uint32_t bits) {
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  return (rounded & 0x7f800000u) == 0 ? 0u : rounded;
+}
+
+inline float BitsToFloat(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint32_t FloatToBits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return bits;
+}
+
+// parts[p] = the p-th bf16 part of x (high 16 bits of each word set, low bits 0).
+inline void SplitToBf16Parts(float x, uint32_t (&parts)[kBf16Parts]) {
+  float rest = x;
+  for (int p = 0; p < kBf16Parts; ++p) {
+    parts[p] = RoundToBf16Bits(FloatToBits(rest));
+    rest = rest - BitsToFloat(parts[p]);
+  }
+}
+
+// Split rows of x [rows, k] (row stride ldx) into words: row r's part p is the PairCount(k) words at
+// out + (r * kBf16Parts + p) * PairCount(k); word t holds x[2t] in its low half and x[2t + 1] (or 0) in its high.
+inline int64_t PairCount(int64_t k) { return (k + 1) / 2; }
+
+// Pairs [first, PairCount(k)) of one row (row_out: that row's part 0).
+inline void SplitPairsPortable(const float* row, int64_t k, int64_t first, uint32_t* row_out) {
+  const int64_t pairs = PairCount(k);
+  for (int64_t t = first; t < pairs; ++t) {
+    uint32_t even[kBf16Parts], odd[kBf16Parts] = {};
+    SplitToBf16Parts(row[2 * t], even);
+    if (2 * t + 1 < k) SplitToBf16Parts(row[2 * t + 1], odd);
+    for (int p = 0; p < kBf16Parts; ++p) row_out[p * pairs + t] = (even[p] >> 16) | odd[p];
+  }
+}
+
+inline void SplitRowsPortable(const float* x, int64_t ldx, int64_t rows, int64_t k, uint32_t* out) {
+  for (int64_t r = 0; r < rows; ++r) SplitPairsPortable(x + r * ldx, k, 0, out + r * kBf16Parts * PairCount(k));
+}
+
+// x == 0 for subnormals, as the instruction reads its inputs and writes its results.
+inline float FlushSubnormal(float v) { return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.0f, v) : v; }
+
+// VDPBF16PS on one lane: the odd halves' product added first, then the even halves', each sum rounded
+// to fp32 (the products of two bf16 are exact).
+inline float DotPair(float acc, uint32_t x_pair, uint32_t w_pair) {
+  const auto half = [](uint32_t word, int h) { return FlushSubnormal(BitsToFloat(h ? word & 0xffff0000u : word << 16)); };
+  acc = FlushSubnormal(acc);
+  acc = FlushSubnormal(acc + half(x_pair, 1) * half(w_pair, 1));
+  return FlushSubnormal(acc + half(x_pair, 0) * half(w_pair, 0));
+}
+
+}  // namespace anchorage::cpu
