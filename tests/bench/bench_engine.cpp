@@ -178,8 +178,7 @@ int main(int argc, char** argv) {
   const double fma_peak = avx512 ? FmaGflopsAvx512() : cpu_features.avx2 && cpu_features.fma ? FmaGflopsAvx2() : 0.0;
   const double bf16_peak = cpu_features.avx512_bf16 ? Bf16DotGflopsAvx512() : 0.0;
   // The peak the active path's arithmetic can reach: a bf16 path spends kBf16Parts products on each fp32 one.
-  const bool bf16_path = std::string(cpu::ArithmeticName()).rfind("bf16", 0) == 0;
-  const double path_peak = bf16_path ? bf16_peak / cpu::kBf16Parts : fma_peak;
+  const double path_peak = cpu::SplitsIntoBf16(cpu::ActivePath()) ? bf16_peak / cpu::kBf16Parts : fma_peak;
   std::vector<float> stream_buffer(size_t(384) << 20, 1.0f);  // 1.5 GiB
   std::map<int, double> stream;
   for (int t : thread_counts) stream[t] = StreamGBs(stream_buffer, t);

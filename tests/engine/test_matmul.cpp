@@ -48,8 +48,6 @@ std::vector<float> Sequential(const Problem& p) {
   return y;
 }
 
-bool IsBf16(cpu::KernelPath path) { return std::string(cpu::ArithmeticNameOf(path)).rfind("bf16", 0) == 0; }
-
 // The bf16 arithmetic, written out: x = p0 + p1 + ... (each part the bf16 rounding of what the ones
 // before it left), then per pair of k the odd product and the even one of each part, in that order,
 // each added in fp32.
@@ -165,11 +163,11 @@ class TestMatmul : public QObject {
     ThreadPool pool(2);
     const Problem p = Make(m, n, k, 1u + static_cast<uint32_t>(m * n + k));
     const auto y = Run(kp, pool, p, 0, m);
-    const auto want = IsBf16(kp) ? SequentialBf16(p) : Sequential(p);
+    const auto want = cpu::SplitsIntoBf16(kp) ? SequentialBf16(p) : Sequential(p);
     QVERIFY(SameBits(y.data(), want.data(), y.size()));
     // fp32: k roundings of at most 2^-24 relative to sum |x w|; bf16: parts * k of them, and the
     // split leaves at most 2^(-8 parts) |x| of each activation out.
-    const double bound = IsBf16(kp) ? cpu::kBf16Parts * k * std::ldexp(1.0, -24) + std::ldexp(1.0, -8 * cpu::kBf16Parts)
+    const double bound = cpu::SplitsIntoBf16(kp) ? cpu::kBf16Parts * k * std::ldexp(1.0, -24) + std::ldexp(1.0, -8 * cpu::kBf16Parts)
                                     : k * std::ldexp(1.0, -24);
     QVERIFY(WorstRelative(p, y) <= bound);
   }
@@ -239,7 +237,7 @@ class TestMatmul : public QObject {
     QVERIFY(!SameBits(portable.data(), emulated_bf16.data(), portable.size()));
     for (cpu::KernelPath path : cpu::AvailablePaths()) {
       const auto y = Run(path, pool, p, 0, p.m);
-      const auto& want = IsBf16(path) ? emulated_bf16 : portable;
+      const auto& want = cpu::SplitsIntoBf16(path) ? emulated_bf16 : portable;
       QVERIFY2(SameBits(y.data(), want.data(), y.size()), cpu::PathName(path));
     }
   }

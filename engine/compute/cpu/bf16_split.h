@@ -2,9 +2,9 @@
 // 32-bit word, multiplied against bf16 weights the way VDPBF16PS does (see DotPair).
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 namespace anchorage::cpu {
 
@@ -17,24 +17,12 @@ inline uint32_t RoundToBf16Bits(uint32_t bits) {
   return (rounded & 0x7f800000u) == 0 ? 0u : rounded;
 }
 
-inline float BitsToFloat(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline uint32_t FloatToBits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return bits;
-}
-
 // parts[p] = the p-th bf16 part of x (high 16 bits of each word set, low bits 0).
 inline void SplitToBf16Parts(float x, uint32_t (&parts)[kBf16Parts]) {
   float rest = x;
   for (int p = 0; p < kBf16Parts; ++p) {
-    parts[p] = RoundToBf16Bits(FloatToBits(rest));
-    rest = rest - BitsToFloat(parts[p]);
+    parts[p] = RoundToBf16Bits(std::bit_cast<uint32_t>(rest));
+    rest = rest - std::bit_cast<float>(parts[p]);
   }
 }
 
@@ -63,7 +51,7 @@ inline float FlushSubnormal(float v) { return std::fpclassify(v) == FP_SUBNORMAL
 // VDPBF16PS on one lane: the odd halves' product added first, then the even halves', each sum rounded
 // to fp32 (the products of two bf16 are exact).
 inline float DotPair(float acc, uint32_t x_pair, uint32_t w_pair) {
-  const auto half = [](uint32_t word, int h) { return FlushSubnormal(BitsToFloat(h ? word & 0xffff0000u : word << 16)); };
+  const auto half = [](uint32_t word, int h) { return FlushSubnormal(std::bit_cast<float>(h ? word & 0xffff0000u : word << 16)); };
   acc = FlushSubnormal(acc);
   acc = FlushSubnormal(acc + half(x_pair, 1) * half(w_pair, 1));
   return FlushSubnormal(acc + half(x_pair, 0) * half(w_pair, 0));

@@ -120,8 +120,11 @@ const Fp32Kernels& Fp32KernelsOf(KernelPath path) {
   return kFp32Portable;
 }
 
+bool SplitsIntoBf16(KernelPath path) { return SplitOf(path) != nullptr; }
+
 const char* ArithmeticNameOf(KernelPath path) {
-  return SplitOf(path) != nullptr ? "bf16x2-dpbf16-k-pairs-v1" : "fp32-fma-k-order-v2";
+  static_assert(kBf16Parts == 3, "the bf16 arithmetic's name says how many parts it splits into");
+  return SplitsIntoBf16(path) ? "bf16-split3-dpbf16-k-pairs-v1" : "fp32-fma-k-order-v2";
 }
 
 const char* ArithmeticName() { return ArithmeticNameOf(ActivePath()); }

@@ -37,6 +37,8 @@ Status SetActivePath(KernelPath path);
 // How the active path rounds: paths with the same name give the same bits (part of the fingerprint).
 const char* ArithmeticName();
 const char* ArithmeticNameOf(KernelPath path);
+// Whether the path splits activations into bf16 parts (bf16_split.h) rather than multiplying in fp32.
+bool SplitsIntoBf16(KernelPath path);
 
 // Output columns a task covers, k steps a block, rows a block.
 inline constexpr int64_t kGemmTaskPanels = 4;
