@@ -11,7 +11,18 @@
 #include "app/snapshots.h"
 #include "engine/server/service_config.h"
 
-class EngineWorker;
+class ConsoleWorker;
+
+// A running anchorage-server the console operates instead of hosting an engine (--connect).
+struct RemoteTarget {
+  QString url;         // http://HOST:PORT, without /v1
+  QString adminToken;  // sent as the bearer token when set (the operator routes need it)
+  QString apiKey;      // sent when there is no admin token (the inference routes may need one)
+};
+
+// The server's base URL from what an operator typed (http[s]://HOST[:PORT][/v1][/]); empty, saying
+// why in *error, when it is not one.
+QString ServerBaseUrl(const QString& typed, QString* error);
 
 // Thread: constructed, started and driven from the GUI thread; Service::Start, every engine call,
 // the poll timer and the console's chat client run on the host thread. Slots may be called from
@@ -21,9 +32,14 @@ class EngineHost : public QThread {
 
  public:
   explicit EngineHost(const anchorage::ServerConfig& config, QObject* parent = nullptr);
+  // Remote mode: the same snapshots and commands over the server's documented routes; drain() only
+  // stops the console's polling and chats, the server keeps running.
+  explicit EngineHost(const RemoteTarget& remote, QObject* parent = nullptr);
   ~EngineHost() override;  // drains and waits when still running
 
   const anchorage::ServerConfig& config() const { return m_config; }
+  bool isRemote() const { return !m_remote.url.isEmpty(); }
+  const RemoteTarget& remote() const { return m_remote; }
   // Poll period of the snapshots in milliseconds (default 250).
   void setPollIntervalMs(int ms) { m_pollMs = ms; }
 
@@ -37,12 +53,19 @@ class EngineHost : public QThread {
   // Aborts the conversation's streaming request, if any (chatFinished follows with stopped=true).
   void stopChat(const QString& conversation);
   // Like SIGTERM: no new requests, waits for those in flight, stops the endpoint, ends the thread.
+  // While the model still loads, the load stops at its next step or layer.
   void drain();
+  // Stops a load in progress at its next step or layer; answers loadCancelled and ends the thread.
+  void cancelLoad();
 
  signals:
   void progress(double fraction, const QString& what);
   void ready(const QString& url);
   void startFailed(const QString& error);
+  void loadCancelled();
+  // Remote mode: whether /health answers, and what the routes the screens read said when they failed
+  // (one a line; empty when all is well).
+  void connectionChanged(bool reachable, const QString& message);
   void statusChanged(const EngineStatusSnapshot& status);
   void cacheChanged(const CacheSnapshot& cache);
   void shadowChanged(const ShadowSnapshot& shadow);
@@ -62,9 +85,13 @@ class EngineHost : public QThread {
   template <typename F>
   void post(F&& f);
 
+  void registerTypes();
+
   anchorage::ServerConfig m_config;
+  RemoteTarget m_remote;
   int m_pollMs = 250;
   QMutex m_mutex;                  // guards m_worker
-  EngineWorker* m_worker = nullptr;  // lives on the host thread while the service runs
+  ConsoleWorker* m_worker = nullptr;  // lives on the host thread while the service runs
   std::atomic<bool> m_drainRequested{false};
+  std::atomic<bool> m_cancelLoad{false};  // Service::Start's cancel flag
 };

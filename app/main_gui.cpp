@@ -23,7 +23,39 @@ namespace {
 
 const char* kGuiUsage =
     "\nConsole flags:\n"
-    "  --screenshots DIR   run a short scripted chat, render every screen to DIR/*.png, exit\n";
+    "  --screenshots DIR   run a short scripted chat, render every screen to DIR/*.png, exit\n"
+    "  --connect URL       operate a running anchorage-server (http://HOST:PORT) instead of hosting an\n"
+    "                      engine; with it only --admin-token T (the server's) and --api-key K apply\n";
+
+// The remote-mode flags (--connect URL, --admin-token T, --api-key K) out of args; false, saying why
+// in *error, when --connect comes with a flag that only a hosted engine takes.
+bool ParseRemoteFlags(const std::vector<char*>& args, RemoteTarget* target, QString* error) {
+  QString connect;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string arg = args[i];
+    auto value = [&](const char* flag, QString* out) {
+      const std::string prefix = std::string(flag) + "=";
+      if (arg == flag && i + 1 < args.size()) {
+        *out = QString::fromLocal8Bit(args[++i]);
+        return true;
+      }
+      if (arg.rfind(prefix, 0) != 0) return false;
+      *out = QString::fromLocal8Bit(arg.c_str() + prefix.size());
+      return true;
+    };
+    if (value("--connect", &connect) || value("--admin-token", &target->adminToken) || value("--api-key", &target->apiKey)) continue;
+    *error = QString("with --connect only --admin-token and --api-key apply; '%1' is a flag of the engine the console hosts").arg(QString::fromLocal8Bit(args[i]));
+    return false;
+  }
+  target->url = ServerBaseUrl(connect, error);
+  return !target->url.isEmpty();
+}
+
+bool HasConnectFlag(const std::vector<char*>& args) {
+  for (size_t i = 1; i < args.size(); ++i)
+    if (std::string(args[i]) == "--connect" || std::string(args[i]).rfind("--connect=", 0) == 0) return true;
+  return false;
+}
 
 // The --screenshots script: two chat turns, a pause for the journal, every screen grabbed.
 void runScreenshotScript(MainWindow* window, EngineHost* host, const QString& dir) {
@@ -77,6 +109,25 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--screenshots" && i + 1 < argc) screenshots = QString::fromLocal8Bit(argv[++i]);
     else if (std::string(argv[i]).rfind("--screenshots=", 0) == 0) screenshots = QString::fromLocal8Bit(argv[i] + 14);
     else args.push_back(argv[i]);
+  }
+  if (HasConnectFlag(args)) {
+    RemoteTarget target;
+    QString error;
+    if (!screenshots.isEmpty()) error = "--screenshots runs on a hosted engine, not with --connect";
+    else ParseRemoteFlags(args, &target, &error);
+    if (!error.isEmpty()) {
+      std::fprintf(stderr, "anchorage: %s\n", qPrintable(error));
+      return 2;
+    }
+    EngineHost host(target);
+    MainWindow window(&host);
+    window.setPersistState(true);
+    window.show();
+    host.start();
+    const int rc = app.exec();
+    host.drain();
+    host.wait();
+    return rc;
   }
   auto parsed = anchorage::ParseServerCommandLine(static_cast<int>(args.size()), args.data());
   if (!parsed.ok()) {

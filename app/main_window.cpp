@@ -12,11 +12,13 @@
 #include <QMessageBox>
 #include <QProcess>
 #include <QProgressBar>
+#include <QPushButton>
 #include <QSettings>
 #include <QShortcut>
 #include <QStatusBar>
 #include <QTabWidget>
 #include <QToolButton>
+#include <QUrl>
 #include <QVBoxLayout>
 
 #include <iterator>
@@ -75,9 +77,19 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   m_loadBar = new QProgressBar(m_banner);
   m_loadBar->setObjectName("loadProgress");
   m_loadBar->setRange(0, 100);
+  m_cancelLoadButton = new QPushButton(tr("Cancel"), m_banner);
+  m_cancelLoadButton->setObjectName("cancelLoadButton");
+  m_cancelLoadButton->setToolTip(tr("Stop loading the model (at its next step or layer)"));
+  m_cancelLoadButton->setVisible(!host->isRemote());
+  connect(m_cancelLoadButton, &QPushButton::clicked, this, [this] {
+    m_cancelLoadButton->setEnabled(false);
+    m_cancelLoadButton->setText(tr("Cancelling…"));
+    m_host->cancelLoad();
+  });
   auto* bannerLayout = new QHBoxLayout(m_banner);
   bannerLayout->addWidget(m_bannerText, 1);
   bannerLayout->addWidget(m_loadBar, 1);
+  bannerLayout->addWidget(m_cancelLoadButton);
   auto* central = new QWidget(this);
   auto* layout = new QVBoxLayout(central);
   layout->setContentsMargins(4, 4, 4, 4);
@@ -87,6 +99,11 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
 
   buildStatusBar();
   buildMenus();
+  if (host->isRemote()) {
+    m_bannerText->setText(tr("Connecting to %1…").arg(host->remote().url));
+    m_loadBar->setRange(0, 0);
+    m_modelLabel->setText(tr("model: connecting"));
+  }
 
   for (int i = 0; i < kTabCount; ++i) {
     auto* s = new QShortcut(QKeySequence(Qt::CTRL | Qt::Key(Qt::Key_1 + i)), this);
@@ -106,6 +123,8 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   connect(host, &EngineHost::progress, this, &MainWindow::onProgress);
   connect(host, &EngineHost::ready, this, &MainWindow::onReady);
   connect(host, &EngineHost::startFailed, this, &MainWindow::onStartFailed);
+  connect(host, &EngineHost::connectionChanged, this, &MainWindow::onConnection);
+  connect(host, &EngineHost::loadCancelled, this, &MainWindow::onLoadCancelled);
   connect(host, &EngineHost::statusChanged, this, &MainWindow::onStatus);
   connect(host, &EngineHost::cacheChanged, m_cacheModel, &CacheTierModel::setSnapshot);
   connect(host, &EngineHost::cacheChanged, m_history, &MemoryHistory::addSnapshot);
@@ -222,11 +241,15 @@ void MainWindow::buildMenus() {
   open->setShortcut(QKeySequence::Open);
   m_recentMenu = file->addMenu(tr("Recent &models"));
   rebuildRecentModels();
+  if (m_host->isRemote()) {  // the server on the other end chose its model
+    open->setEnabled(false);
+    m_recentMenu->setEnabled(false);
+  }
   file->addSeparator();
   QAction* copy = file->addAction(tr("&Copy endpoint URL"), this, &MainWindow::copyEndpointUrl);
   copy->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_C));
   file->addSeparator();
-  QAction* quit = file->addAction(tr("&Quit (drain and stop)"), this, &QWidget::close);
+  QAction* quit = file->addAction(m_host->isRemote() ? tr("&Quit (the server keeps running)") : tr("&Quit (drain and stop)"), this, &QWidget::close);
   quit->setShortcut(QKeySequence::Quit);
   QMenu* view = menuBar()->addMenu(tr("&View"));
   const char* names[] = {"Memory", "Disk cache", "Shadow", "Journal", "Chat", "Backends", "Settings"};
@@ -259,21 +282,38 @@ void MainWindow::onProgress(double fraction, const QString& what) {
 void MainWindow::onReady(const QString& url) {
   m_url = url;
   m_banner->hide();
+  m_cancelLoadButton->hide();
   m_urlButton->setText(url);
   m_urlButton->setEnabled(true);
   m_chat->setEngineReady(true);
 }
 
+void MainWindow::onLoadCancelled() {
+  m_loadBar->hide();
+  m_cancelLoadButton->hide();
+  m_bannerText->setText(tr("Loading was cancelled; no model is served. Open a model folder (File > Open model folder) to load one."));
+  m_modelLabel->setText(tr("model: not loaded"));
+}
+
 void MainWindow::onStartFailed(const QString& error) {
   m_loadBar->hide();
+  m_cancelLoadButton->hide();
   m_bannerText->setText(tr("The engine did not start: %1").arg(error));
   m_bannerText->setStyleSheet("color: #b00020;");
   m_modelLabel->setText(tr("model: not loaded"));
 }
 
+void MainWindow::onConnection(bool reachable, const QString& message) {
+  m_banner->setVisible(!message.isEmpty() || m_url.isEmpty());
+  m_loadBar->setVisible(m_url.isEmpty() && reachable);
+  if (!message.isEmpty()) m_bannerText->setText(message);
+  m_bannerText->setStyleSheet(reachable ? QString() : QString("color: #b00020;"));
+}
+
 void MainWindow::onStatus(const EngineStatusSnapshot& s) {
-  m_modelLabel->setText(tr("model: %1 · %2 · %3 threads").arg(s.modelId, s.kernelPath).arg(s.threads));
-  setWindowTitle(tr("Anchorage — %1").arg(s.modelId));
+  const QString where = m_host->isRemote() ? tr(" · on %1").arg(QUrl(m_host->remote().url).authority()) : QString();
+  m_modelLabel->setText(tr("model: %1 · %2 · %3 threads%4").arg(s.modelId, s.kernelPath).arg(s.threads).arg(where));
+  setWindowTitle(tr("Anchorage — %1%2").arg(s.modelId, where));
   m_queueLabel->setText(tr("queue %1").arg(s.queueDepth));
   m_journalLabel->setVisible(s.journalErrors > 0);
   if (s.journalErrors > 0) {
@@ -316,7 +356,7 @@ void MainWindow::closeEvent(QCloseEvent* event) {
     event->ignore();
     if (!m_draining) {
       m_draining = true;
-      statusBar()->showMessage(tr("Draining: no new requests, waiting for the ones in flight…"));
+      statusBar()->showMessage(m_host->isRemote() ? tr("Disconnecting: stopping the chats…") : tr("Draining: no new requests, waiting for the ones in flight…"));
       m_phaseBar->show();
       m_host->drain();
     }

@@ -20,6 +20,7 @@ class MemoryScreen;
 class SettingsModel;
 class QLabel;
 class QProgressBar;
+class QPushButton;
 class QTabWidget;
 class QToolButton;
 
@@ -68,6 +69,8 @@ class MainWindow : public QMainWindow {
   void onProgress(double fraction, const QString& what);
   void onReady(const QString& url);
   void onStartFailed(const QString& error);
+  void onConnection(bool reachable, const QString& message);
+  void onLoadCancelled();
   void onStatus(const EngineStatusSnapshot& status);
 
   EngineHost* m_host;
@@ -86,6 +89,7 @@ class MainWindow : public QMainWindow {
   QWidget* m_banner;
   QLabel* m_bannerText;
   QProgressBar* m_loadBar;
+  QPushButton* m_cancelLoadButton;
   QLabel* m_modelLabel;
   QToolButton* m_urlButton;
   QLabel* m_queueLabel;

@@ -96,7 +96,9 @@ Result<std::vector<float>> Vector(const TensorView& t, int64_t n, float add, con
 
 Forward::Forward(const ModelConfig& config, const ForwardOptions& options)
     : config_(config), options_(options), pool_(std::make_unique<ThreadPool>(options.threads)),
-      ws_(std::make_unique<Workspace>()), draft_(std::make_unique<DraftLog>()) {}
+      ws_(std::make_unique<Workspace>()), draft_(std::make_unique<DraftLog>()) {
+  options_.on_layer = nullptr;  // Create's caller's, for the packing only
+}
 
 Forward::~Forward() = default;
 
@@ -207,6 +209,8 @@ Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const Mod
       ASSIGN_OR_RETURN(Layer attention, f->AttentionLayer(lw));
       f->layers_.push_back(std::move(attention));
     }
+    if (options.on_layer && !options.on_layer(l + 1, c.num_hidden_layers))
+      return Cancelled("Forward: stopped after packing " + std::to_string(l + 1) + " of " + std::to_string(c.num_hidden_layers) + " layers");
   }
   if (w.mtp) {
     const MtpWeights& mw = *w.mtp;

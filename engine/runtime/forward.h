@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -27,6 +28,8 @@ inline constexpr int64_t kExactLineTokens = 64;
 struct ForwardOptions {
   int64_t grid_tokens = 1024;  // prefill chunk G; a positive multiple of 64
   int threads = 0;             // worker threads including the caller; 0 means the machine's cores
+  // Called after each layer's weights are packed; false stops Create with kCancelled.
+  std::function<bool(int64_t packed, int64_t layers)> on_layer;
 };
 
 enum class LogitsRows { kLast, kAll };

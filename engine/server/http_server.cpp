@@ -51,6 +51,15 @@ struct Prepared {
   bool starts_in_reasoning = false;
 };
 
+// usage.anchorage of a finished request; /health's last_request carries the same fields.
+ojson FiguresJson(const RequestFigures& s) {
+  return {{"cache_tier", s.cache_source == "disk" || s.cache_source == "spill" ? s.cache_source : s.cached_tokens > 0 ? "ram" : "none"},
+          {"cache_source", s.cache_source}, {"cached_tokens", s.cached_tokens}, {"reread_tokens", s.reread_tokens},
+          {"served_prompt_tokens", s.served_prompt_tokens}, {"prefill_ms", s.prefill_ms}, {"ttft_ms", s.ttft_ms},
+          {"decode_tokens_per_s", s.decode_tokens_per_s}, {"queue_ms", s.queue_ms}, {"drafted_tokens", s.drafted_tokens},
+          {"accepted_tokens", s.accepted_tokens}};
+}
+
 ojson ToolCallsJson(const std::vector<ParsedToolCall>& calls, bool with_index) {
   ojson out = ojson::array();
   for (size_t i = 0; i < calls.size(); ++i) {
@@ -157,7 +166,10 @@ bool HttpServer::Admit(const HttpRequest& req, HttpResponse& res) const {
 
 void HttpServer::RouteOperations() {
   Route("GET", "/health", RouteClass::kControl, RouteAccess::kPublic, [this](const HttpRequest&, HttpResponse& res) {
-    RequestFigures last = scheduler_.last_stats();
+    const RequestFigures last = scheduler_.last_stats();
+    ojson last_request = FiguresJson(last);
+    last_request["prompt_tokens"] = last.prompt_tokens;
+    last_request["completion_tokens"] = last.completion_tokens;
     const anchorage::CacheStats cache = scheduler_.CacheStats();
     nlohmann::json cache_health = nlohmann::json::object();
     if (cache.write_guard) cache_health["disk_writes"] = WriteGuardJson(*cache.write_guard);
@@ -172,7 +184,8 @@ void HttpServer::RouteOperations() {
                    {"connections", transport_.open_connections()},
                    {"journal", JournalHealthJson()},
                    {"backends", options_.backends != nullptr ? options_.backends->HealthJson() : ojson::array()},
-                   {"last_request", {{"prompt_tokens", last.prompt_tokens}, {"completion_tokens", last.completion_tokens}}}});
+                   {"threads", scheduler_.forward().threads()},
+                   {"last_request", last_request}});
   });
   Route("GET", "/metrics", RouteClass::kControl, RouteAccess::kClient, [this](const HttpRequest&, HttpResponse& res) {
     std::string text = metrics_.Render(scheduler_.queue_depth(), scheduler_.busy());
@@ -633,11 +646,7 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
                {"completion_tokens", s.completion_tokens},
                {"total_tokens", s.prompt_tokens + s.completion_tokens},
                {"prompt_tokens_details", {{"cached_tokens", std::max<int64_t>(0, s.prompt_tokens - s.reread_tokens)}}},
-               {"anchorage", {{"cache_tier", s.cache_source == "disk" || s.cache_source == "spill" ? s.cache_source : s.cached_tokens > 0 ? "ram" : "none"}, {"cache_source", s.cache_source}, {"cached_tokens", s.cached_tokens},
-                              {"reread_tokens", s.reread_tokens}, {"served_prompt_tokens", s.served_prompt_tokens},
-                              {"prefill_ms", s.prefill_ms}, {"ttft_ms", s.ttft_ms},
-                              {"decode_tokens_per_s", s.decode_tokens_per_s}, {"queue_ms", s.queue_ms},
-                              {"drafted_tokens", s.drafted_tokens}, {"accepted_tokens", s.accepted_tokens}}}};
+               {"anchorage", FiguresJson(s)}};
     metrics_.CountTokens(s.prompt_tokens, s.cached_tokens, s.completion_tokens);
     metrics_.CountDrafts(s.drafted_tokens, s.accepted_tokens);
     if (s.ttft_ms > 0) metrics_.ObserveTtftMs(s.ttft_ms);

@@ -130,10 +130,13 @@ static std::vector<std::string> TightenDataFolder(const std::string& dir) {
   return changed;
 }
 
-Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, const std::function<void(double, const std::string&)>& progress) {
+Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, const std::function<void(double, const std::string&)>& progress,
+                                                const std::atomic<bool>* cancel) {
   namespace fs = std::filesystem;
-  auto say = [&](double f, const std::string& what) {
+  auto say = [&](double f, const std::string& what) -> Status {
+    if (cancel != nullptr && cancel->load()) return Cancelled("the load was cancelled before " + what);
     if (progress) progress(f, what);
+    return Status::Ok();
   };
   std::unique_ptr<Service> s(new Service());
   s->config_ = config;
@@ -145,17 +148,17 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   if (model_dir.empty()) {
     model_dir = (fs::path(config.data_dir) / "models" / "tiny-seed0").string();
     if (!fs::exists(fs::path(model_dir) / "model.safetensors")) {
-      say(0.05, "generating the tiny model in " + model_dir);
+      RETURN_IF_ERROR(say(0.05, "generating the tiny model in " + model_dir));
       RETURN_IF_ERROR(GenerateTinyModel(TinyModelSize::kTiny, 0, model_dir));
     }
   }
-  say(0.2, "loading " + model_dir);
+  RETURN_IF_ERROR(say(0.2, "loading " + model_dir));
   ASSIGN_OR_RETURN(s->model_, LoadModel(model_dir));
   std::vector<std::string> names = SplitList(config.served_model_name, ',');
   s->model_id_ = names.empty() ? fs::path(model_dir).filename().string() : names[0];
   if (!names.empty()) names.erase(names.begin());
 
-  say(0.6, "opening the settings and the journal");
+  RETURN_IF_ERROR(say(0.6, "opening the settings and the journal"));
   ASSIGN_OR_RETURN(SettingsStore settings, SettingsStore::Open((fs::path(config.data_dir) / "settings.json").string()));
   s->settings_ = std::make_unique<SettingsStore>(std::move(settings));
   if (Status w = s->settings_->startup_warning(); !w.ok()) s->notes_.push_back("settings: " + w.message());
@@ -172,10 +175,14 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   journal_options.retention_rows = effective["journal"].value("retention_rows", int64_t(1000000));
   ASSIGN_OR_RETURN(s->journal_, Journal::Open(journal_options));
 
-  say(0.7, "preparing the engine");
+  RETURN_IF_ERROR(say(0.7, "preparing the engine"));
   ForwardOptions forward_options;
   forward_options.grid_tokens = config.grid_tokens;
   forward_options.threads = config.threads;
+  forward_options.on_layer = [&](int64_t packed, int64_t layers) {
+    return say(0.7 + 0.1 * static_cast<double>(packed) / static_cast<double>(layers),
+               "packing layer " + std::to_string(packed) + " of " + std::to_string(layers)).ok();
+  };
   ASSIGN_OR_RETURN(std::unique_ptr<Forward> forward, Forward::Create(s->model_->config, s->model_->weights, forward_options));
   s->model_->tensors->DropResidentPages();  // the Forward holds its own packed copy of every matrix
   s->model_->state_fingerprint = Forward::StateFingerprint(s->model_->fingerprint);
@@ -187,7 +194,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
                         (scheduler_options.resident.lookup_drafts ? "; lookup drafts only" : "; no drafts"));
   if (config.disk_cache_dir != "off") {
     const std::string dir = config.disk_cache_dir.empty() ? (fs::path(config.data_dir) / "cache" / "disk").string() : config.disk_cache_dir;
-    say(0.8, "opening the disk tier in " + dir);
+    RETURN_IF_ERROR(say(0.8, "opening the disk tier in " + dir));
     // Rows computed on another grid or by another arithmetic are not this engine's: the fingerprint names both.
     const std::string fingerprint = s->model_->state_fingerprint + "/grid-" + std::to_string(config.grid_tokens);
     auto disk = DiskCache::Open(DiskEnv::Posix(), s->model_->config, fingerprint, dir, config.grid_tokens, scheduler_options.resident.disk);
@@ -220,12 +227,12 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   if (shadow_dir.empty() && config.model_dir.empty()) {
     shadow_dir = (fs::path(config.data_dir) / "models" / "shadow-seed0").string();
     if (!fs::exists(fs::path(shadow_dir) / "model.safetensors")) {
-      say(0.85, "generating the shadow model in " + shadow_dir);
+      RETURN_IF_ERROR(say(0.85, "generating the shadow model in " + shadow_dir));
       RETURN_IF_ERROR(GenerateTinyModel(TinyModelSize::kShadow, 0, shadow_dir));
     }
   }
   if (!shadow_dir.empty() && shadow_dir != "off") {
-    say(0.87, "loading the shadow model " + shadow_dir);
+    RETURN_IF_ERROR(say(0.87, "loading the shadow model " + shadow_dir));
     ShadowOptions shadow_options = ShadowOptionsFromSettings(effective);
     shadow_options.context_tokens = config.context_tokens;
     Result<std::unique_ptr<ShadowReader>> shadow = [&]() -> Result<std::unique_ptr<ShadowReader>> {
@@ -317,9 +324,9 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     s->settings_->AddListener([backends, config](const nlohmann::json& effective, int64_t) { backends->SetSpecs(BackendSpecsOf(config, effective)); });
   }
   s->http_ = std::make_unique<HttpServer>(*s->model_, *s->scheduler_, options, s->journal_.get(), s->settings_.get());
-  say(0.9, "binding " + config.host + ":" + std::to_string(config.port));
+  RETURN_IF_ERROR(say(0.9, "binding " + config.host + ":" + std::to_string(config.port)));
   RETURN_IF_ERROR(s->http_->Bind());
-  say(1.0, "ready");
+  RETURN_IF_ERROR(say(1.0, "ready"));
   return s;
 }
 

@@ -2,6 +2,7 @@
 // from a ServerConfig. anchorage-server and the console's EngineHost both run one.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -27,9 +28,11 @@ ShadowOptions ShadowOptionsFromSettings(const nlohmann::json& effective);
 class Service {
  public:
   // Loads (or generates) the model, opens the journal and settings, starts the engine thread and
-  // binds the socket. progress(fraction 0..1, what) reports the steps; errors name what failed.
+  // binds the socket. progress(fraction 0..1, what) reports the steps; errors name what failed. A
+  // cancel flag set while it runs stops it at the next step or layer with kCancelled.
   static Result<std::unique_ptr<Service>> Start(const ServerConfig& config,
-                                                const std::function<void(double, const std::string&)>& progress = nullptr);
+                                                const std::function<void(double, const std::string&)>& progress = nullptr,
+                                                const std::atomic<bool>* cancel = nullptr);
   ~Service();
 
   // Serves HTTP on a thread of its own until Drain().
