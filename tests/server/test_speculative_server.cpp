@@ -46,9 +46,14 @@ class TestSpeculativeServer : public QObject {
     QVERIFY2(accepted > completion / 2 && accepted <= drafted, usage.dump().c_str());
     const std::string metrics = s.Get("/metrics")->body;
     QVERIFY(metrics.find("anchorage_accepted_tokens_total " + std::to_string(accepted) + "\n") != std::string::npos);
-    auto journal = s.Get("/v1/journal?kind=request");
-    QVERIFY(journal && journal->status == 200);
-    QCOMPARE(json::parse(journal->body)["rows"][0]["drafted_tokens"].get<int64_t>(), drafted);
+    json rows;  // the journal writes in the background
+    auto journaled = [&] {
+      auto journal = s.Get("/v1/journal?kind=request");
+      rows = journal && journal->status == 200 ? json::parse(journal->body)["rows"] : json::array();
+      return !rows.empty();
+    };
+    QTRY_VERIFY_WITH_TIMEOUT(journaled(), 5000);
+    QCOMPARE(rows[0]["drafted_tokens"].get<int64_t>(), drafted);
     // The request's ids go to the suffix store after the reply (token counts only in the stats).
     json suffix;
     auto appended = [&] {
