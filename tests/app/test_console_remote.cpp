@@ -7,6 +7,7 @@
 #include <QSpinBox>
 #include <QTabWidget>
 #include <QTableView>
+#include <QTableWidget>
 #include <QTemporaryDir>
 #include <QPlainTextEdit>
 #include <QtTest>
@@ -20,7 +21,9 @@
 #include "models/settings_model.h"
 #include "tests/server/server_fixture.h"
 #include "widgets/chat_screen.h"
+#include "widgets/disk_screen.h"
 #include "widgets/journal_screen.h"
+#include "widgets/shadow_screen.h"
 
 namespace {
 
@@ -108,6 +111,11 @@ class TestConsoleRemote : public QObject {
     CacheTierModel* tiers = window.cacheModel();
     QTRY_COMPARE_WITH_TIMEOUT(tierValue(tiers, "end", CacheTierModel::EntriesColumn), 1, 10000);
     QTRY_VERIFY_WITH_TIMEOUT(window.findChild<QLabel*>("phaseLabel")->text().startsWith("idle · last: cold"), 10000);
+    // The Disk cache and Shadow screens read the server's tiers: its disk folder, the chat's shadow session.
+    QTRY_VERIFY_WITH_TIMEOUT(window.diskScreen()->summaryText().contains("readwrite"), 10000);
+    QVERIFY2(window.diskScreen()->summaryText().contains(dir.path() + "/cache/disk"), qPrintable(window.diskScreen()->summaryText()));
+    QTRY_VERIFY_WITH_TIMEOUT(window.shadowScreen()->summaryText().contains("Reading"), 10000);
+    QTRY_VERIFY_WITH_TIMEOUT(window.shadowScreen()->sessionTable()->rowCount() >= 1, 10000);
 
     // A limit edit from the Memory screen lands in the server's document.
     SettingsModel* settings = window.settingsModel();
