@@ -47,6 +47,7 @@ struct Forward::Workspace {
   std::vector<float> z, core;             // fp32 [n, Nv*dv]
   std::vector<float> bb, aa, beta, g;     // fp32 [n, Nv]
   std::vector<float> qg;                  // fp32 [n, 2*Nh*hd]
+  std::vector<float> krows, vrows;        // fp32 [n, Nkv*hd], before they go to their segments' rows
   std::vector<float> attn;                // fp32 [n, Nh*hd]
   std::vector<float> gate, up;            // fp32 [n, I]
   std::vector<float> cos, sin;            // fp32 [n, rotary/2]
@@ -111,7 +112,7 @@ std::string Forward::StateFingerprint(const std::string& model_fingerprint) {
 int64_t Forward::PrefillWorkspaceBytes(int64_t chunk_tokens) const {
   const ModelConfig& c = config_;
   const int64_t per_token_floats = 6 * c.hidden_size + 2 * c.conv_dim() + 3 * c.value_dim() + 4 * c.intermediate_size +
-                                   4 * c.num_attention_heads * c.head_dim + 4 * c.num_key_value_heads * c.head_dim;
+                                   4 * c.num_attention_heads * c.head_dim + 6 * c.num_key_value_heads * c.head_dim;
   return chunk_tokens * per_token_floats * 4 + c.vocab_size * 4;
 }
 
@@ -345,10 +346,10 @@ void Forward::RmsNormRows(const float* x, const float* w1, int64_t n, int64_t wi
   });
 }
 
-void Forward::RopeTable(int64_t pos0, int64_t n) {
+void Forward::RopeTable(int64_t pos0, int64_t n, int64_t row0) {
   const int64_t half = config_.rotary_dim() / 2;
-  float* cs = Sized(ws_->cos, n * half);
-  float* sn = Sized(ws_->sin, n * half);
+  float* cs = Sized(ws_->cos, (row0 + n) * half) + row0 * half;
+  float* sn = Sized(ws_->sin, (row0 + n) * half) + row0 * half;
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(pos0 + t) * inv_freq_[i];
@@ -357,8 +358,35 @@ void Forward::RopeTable(int64_t pos0, int64_t n) {
     }
 }
 
+Forward::Segment Forward::SegmentOf(SequenceState& state, int64_t n) {
+  Segment seg;
+  seg.n = n;
+  seg.pos0 = state.length();
+  const int64_t KW = state.kv_width();
+  for (int64_t g = 0; g < state.num_gdn_layers(); ++g) {
+    seg.recurrent.push_back(state.recurrent(g));
+    seg.tails.push_back(state.conv_tail(g));
+  }
+  for (int64_t a = 0; a < state.num_attention_layers(); ++a) {
+    seg.kv.push_back(cpu::KvSource{state.k_rows(a), state.v_rows(a), KW});
+    seg.k_out.push_back(state.k_rows(a) + seg.pos0 * KW);
+    seg.v_out.push_back(state.v_rows(a) + seg.pos0 * KW);
+  }
+  return seg;
+}
+
 void Forward::RunChunk(SequenceState& state, const int32_t* ids, int64_t n, Mode mode, bool all_rows,
                        float* logits, float* hidden) {
+  const Segment seg = SegmentOf(state, n);
+  std::vector<int64_t> rows;
+  if (logits != nullptr)
+    for (int64_t t = all_rows ? 0 : n - 1; t < n; ++t) rows.push_back(t);
+  RunRows(std::span(&seg, 1), ids, n, mode, rows, logits, hidden);
+  state.SetLength(seg.pos0 + n);
+}
+
+void Forward::RunRows(std::span<const Segment> segments, const int32_t* ids, int64_t n, Mode mode, std::span<const int64_t> logit_rows,
+                      float* logits, float* hidden) {
   const int64_t H = config_.hidden_size;
   Workspace& ws = *ws_;
   float* x = Sized(ws.x, n * H);
@@ -367,35 +395,40 @@ void Forward::RunChunk(SequenceState& state, const int32_t* ids, int64_t n, Mode
   for (int64_t t = 0; t < n; ++t) {
     embed_->RowToFloat(ids[t], x + t * H);
   }
-  const int64_t pos0 = state.length();
-  RopeTable(pos0, n);  // angles and cos/sin in double, stored fp32
+  const int64_t half = config_.rotary_dim() / 2;
+  Sized(ws_->cos, n * half);
+  Sized(ws_->sin, n * half);
+  for (const Segment& seg : segments) RopeTable(seg.pos0, seg.n, seg.row0);  // angles and cos/sin in double, stored fp32
   int64_t gdn_index = 0, attn_index = 0;
   for (const Layer& layer : layers_) {
     RmsNormRows(x, layer.in_norm.data(), n, H, a);
     if (layer.kind == LayerKind::kLinearAttention) {
-      GdnMixer(layer, state, gdn_index++, n, mode);
+      GdnMixer(layer, segments, gdn_index++, n, mode);
     } else {
-      AttentionMixer(layer, state.k_rows(attn_index), state.v_rows(attn_index), pos0, n, mode);
-      ++attn_index;
+      AttentionMixer(layer, segments, attn_index++, n, mode);
     }
     for (int64_t i = 0; i < n * H; ++i) x[i] += mix[i];
     RmsNormRows(x, layer.post_norm.data(), n, H, a);
     Mlp(layer, n);
     for (int64_t i = 0; i < n * H; ++i) x[i] += mix[i];
   }
-  state.SetLength(pos0 + n);
   if (hidden != nullptr) RmsNormRows(x, final_norm_.data(), n, H, hidden);
-  if (logits == nullptr) return;
-  if (all_rows) {
-    if (hidden == nullptr) RmsNormRows(x, final_norm_.data(), n, H, a);
-    MatMulBf16(*pool_, hidden ? hidden : a, n, H, *lm_head_, logits, config_.vocab_size);
-  } else {
-    if (hidden == nullptr) RmsNormRows(x + (n - 1) * H, final_norm_.data(), 1, H, a);
-    MatMulBf16(*pool_, hidden ? hidden + (n - 1) * H : a, 1, H, *lm_head_, logits, config_.vocab_size);
+  if (logits == nullptr || logit_rows.empty()) return;
+  // The rows that want logits (ascending), final-normed side by side: a row's bits are its own at any count.
+  const float* normed = hidden;
+  if (normed == nullptr) {
+    RmsNormRows(x, final_norm_.data(), n, H, a);
+    normed = a;
   }
+  const int64_t m = static_cast<int64_t>(logit_rows.size());
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t t = logit_rows[static_cast<size_t>(i)];
+    if (normed + t * H != a + i * H) std::copy_n(normed + t * H, H, a + i * H);
+  }
+  MatMulBf16(*pool_, a, m, H, *lm_head_, logits, config_.vocab_size);
 }
 
-void Forward::GdnMixer(const Layer& L, SequenceState& state, int64_t gi, int64_t n, Mode mode) {
+void Forward::GdnMixer(const Layer& L, std::span<const Segment> segments, int64_t gi, int64_t n, Mode mode) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, C = c.conv_dim(), K = c.linear_conv_kernel_dim;
   const int64_t Nv = c.linear_num_value_heads, Nk = c.linear_num_key_heads;
@@ -415,17 +448,22 @@ void Forward::GdnMixer(const Layer& L, SequenceState& state, int64_t gi, int64_t
   MatMulBf16(*pool_, a, n, H, *L.z, z, VD);
   MatMulBf16(*pool_, a, n, H, *L.b, bb, Nv);
   MatMulBf16(*pool_, a, n, H, *L.a, aa, Nv);
-  // Causal depthwise conv over [tail; qkv], taps in order, then SiLU; then the q/k L2 norms per head.
-  float* tail = state.conv_tail(gi);  // [K-1, C]
+  // Causal depthwise conv over [tail; qkv] of each segment, taps in order, then SiLU; then the q/k L2 norms per head.
+  std::vector<const Segment*> segment_of(static_cast<size_t>(n));
+  for (const Segment& seg : segments) std::fill_n(segment_of.begin() + seg.row0, seg.n, &seg);
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
   pool_->Run(static_cast<size_t>(n), [&](size_t tt) {
     const int64_t t = static_cast<int64_t>(tt);
+    const Segment& seg = *segment_of[tt];
+    const float* tail = seg.tails[static_cast<size_t>(gi)];  // [K-1, C]
+    const float* rows = qkv + seg.row0 * C;
+    const int64_t local = t - seg.row0;
     float* out = conv + t * C;
     for (int64_t ch = 0; ch < C; ++ch) out[ch] = 0.0f;
     for (int64_t j = 0; j < K; ++j) {
-      const int64_t s = t - (K - 1) + j;
-      const float* in = s >= 0 ? qkv + s * C : tail + (K - 1 + s) * C;
+      const int64_t s = local - (K - 1) + j;
+      const float* in = s >= 0 ? rows + s * C : tail + (K - 1 + s) * C;
       const float* w = L.conv.data() + j * C;
       for (int64_t ch = 0; ch < C; ++ch) out[ch] += w[ch] * in[ch];
     }
@@ -450,21 +488,22 @@ void Forward::GdnMixer(const Layer& L, SequenceState& state, int64_t gi, int64_t
     log.beta[i].assign(beta, beta + n * Nv);
     log.g[i].assign(g, g + n * Nv);
   } else {
-    AdvanceTail(tail, qkv, n, K - 1, C);
+    for (const Segment& seg : segments) AdvanceTail(seg.tails[static_cast<size_t>(gi)], qkv + seg.row0 * C, seg.n, K - 1, C);
   }
-  // The delta rule per value head; chunks of 64 aligned to absolute positions.
-  const int64_t pos0 = state.length();
-  float* S = state.recurrent(gi);
-  pool_->Run(static_cast<size_t>(Nv), [&](size_t hh) {
-    const int64_t h = static_cast<int64_t>(hh);
+  // The delta rule per segment and value head; chunks of 64 aligned to absolute positions.
+  pool_->Run(segments.size() * static_cast<size_t>(Nv), [&](size_t task) {
+    const Segment& seg = segments[task / static_cast<size_t>(Nv)];
+    const int64_t h = static_cast<int64_t>(task % static_cast<size_t>(Nv));
     const int64_t kh = h / r;
-    float* Sh = S + h * dk * dv;
-    int64_t t = 0;
-    while (t < n) {
-      const int64_t p = pos0 + t;
+    const int64_t pos0 = seg.pos0;
+    float* Sh = seg.recurrent[static_cast<size_t>(gi)] + h * dk * dv;
+    int64_t t = seg.row0;
+    const int64_t end = seg.row0 + seg.n;
+    while (t < end) {
+      const int64_t p = pos0 + t - seg.row0;
       const int64_t m = mode != Mode::kChunked
-                            ? n - t
-                            : std::min(n - t, (p / cpu::kDeltaChunkTokens + 1) * cpu::kDeltaChunkTokens - p);
+                            ? end - t
+                            : std::min(end - t, (p / cpu::kDeltaChunkTokens + 1) * cpu::kDeltaChunkTokens - p);
       cpu::DeltaInputs in;
       in.q = conv + t * C + kh * dk;
       in.k = conv + t * C + KD + kh * dk;
@@ -499,15 +538,26 @@ void Forward::GdnMixer(const Layer& L, SequenceState& state, int64_t gi, int64_t
 }
 
 void Forward::AttentionMixer(const Layer& L, float* k_all, float* v_all, int64_t pos0, int64_t n, Mode mode) {
+  const int64_t KW = config_.num_key_value_heads * config_.head_dim;
+  Segment seg;
+  seg.n = n;
+  seg.pos0 = pos0;
+  seg.kv = {cpu::KvSource{k_all, v_all, KW}};
+  seg.k_out = {k_all + pos0 * KW};
+  seg.v_out = {v_all + pos0 * KW};
+  AttentionMixer(L, std::span(&seg, 1), 0, n, mode);
+}
+
+void Forward::AttentionMixer(const Layer& L, std::span<const Segment> segments, int64_t ai, int64_t n, Mode mode) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, hd = c.head_dim;
   const int64_t QW = 2 * Nh * hd, KW = Nkv * hd, half = c.rotary_dim() / 2;
   Workspace& ws = *ws_;
   float* qg = Sized(ws.qg, n * QW);
   float* attn = Sized(ws.attn, n * Nh * hd);
+  float* krows = Sized(ws.krows, n * KW);
+  float* vrows = Sized(ws.vrows, n * KW);
   const float* a = ws.a.data();
-  float* krows = k_all + pos0 * KW;
-  float* vrows = v_all + pos0 * KW;
   MatMulBf16(*pool_, a, n, H, *L.q, qg, QW);
   MatMulBf16(*pool_, a, n, H, *L.k, krows, KW);
   MatMulBf16(*pool_, a, n, H, *L.v, vrows, KW);
@@ -530,13 +580,20 @@ void Forward::AttentionMixer(const Layer& L, float* k_all, float* v_all, int64_t
     for (int64_t h = 0; h < Nkv; ++h) norm_rope(krows + t * KW + h * hd, L.k_norm.data(), t);
   });
   cpu::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
-  if (mode == Mode::kRecurrent && n == 1) {
-    cpu::AttentionDecode(*pool_, shape, qg, 2 * hd, pos0 + 1, k_all, v_all, KW, attn);
-  } else if (mode == Mode::kDraft) {  // each row as its own decode step: the same kernel over the rows before it
-    for (int64_t t = 0; t < n; ++t)
-      cpu::AttentionDecode(*pool_, shape, qg + t * QW, 2 * hd, pos0 + t + 1, k_all, v_all, KW, attn + t * Nh * hd);
-  } else {
-    cpu::AttentionPrefill(*pool_, shape, qg, QW, 2 * hd, n, pos0, k_all, v_all, KW, attn, Nh * hd);
+  for (const Segment& seg : segments) {
+    const size_t i = static_cast<size_t>(ai);
+    std::copy_n(krows + seg.row0 * KW, seg.n * KW, seg.k_out[i]);
+    std::copy_n(vrows + seg.row0 * KW, seg.n * KW, seg.v_out[i]);
+    const float* q = qg + seg.row0 * QW;
+    float* out = attn + seg.row0 * Nh * hd;
+    if (mode == Mode::kRecurrent && seg.n == 1) {
+      cpu::AttentionDecode(*pool_, shape, q, 2 * hd, seg.pos0 + 1, seg.kv[i], out);
+    } else if (mode == Mode::kDraft) {  // each row as its own decode step: the same kernel over the rows before it
+      for (int64_t t = 0; t < seg.n; ++t)
+        cpu::AttentionDecode(*pool_, shape, q + t * QW, 2 * hd, seg.pos0 + t + 1, seg.kv[i], out + t * Nh * hd);
+    } else {
+      cpu::AttentionPrefill(*pool_, shape, q, QW, 2 * hd, seg.n, seg.pos0, seg.kv[i], out, Nh * hd);
+    }
   }
   pool_->Run(static_cast<size_t>(n), [&](size_t tt) {
     const int64_t t = static_cast<int64_t>(tt);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/compute/cpu/attention.h"
 #include "engine/compute/cpu/packed_bf16.h"
 #include "engine/core/status.h"
 #include "engine/core/thread_pool.h"
@@ -115,13 +116,29 @@ class Forward {
   Result<Layer> AttentionLayer(const LayerWeights& weights);
   // A [rows, cols] matrix repacked for the kernels (F16/F32 rounded to BF16); tied tensors share one.
   Result<const cpu::PackedBf16*> Matrix(const TensorView& t, int64_t rows, int64_t cols, const char* role);
+  // Rows of one sequence in a forward over stacked rows: rows [row0, row0 + n) at positions pos0..
+  struct Segment {
+    int64_t row0 = 0, n = 0, pos0 = 0;
+    std::vector<float*> recurrent, tails;  // per GDN layer: the state and conv tail it advances
+    std::vector<cpu::KvSource> kv;         // per attention layer: K/V rows 0..pos0 + n
+    std::vector<float*> k_out, v_out;      // per attention layer: where its rows pos0.. go
+  };
+  // The segment of a whole state: its rows at positions state.length().., K/V rows in the state.
+  static Segment SegmentOf(SequenceState& state, int64_t n);
+
   // Runs ids[0..n) at positions state.length()..; writes logits of the last row or all rows, and
   // (when hidden is set) every row's final-normed hidden state [n, H].
   void RunChunk(SequenceState& state, const int32_t* ids, int64_t n, Mode mode, bool all_rows, float* logits,
                 float* hidden = nullptr);
-  void RopeTable(int64_t pos0, int64_t n);
-  void GdnMixer(const Layer& layer, SequenceState& state, int64_t gdn_index, int64_t n, Mode mode);
-  // Writes K/V rows at row pos0 of k/v and attends query row t over rows 0..pos0 + t.
+  // Runs the stacked ids of every segment in one forward; writes the logits of the stacked rows
+  // logit_rows (in that order) and, when hidden is set, every row's final-normed hidden state.
+  void RunRows(std::span<const Segment> segments, const int32_t* ids, int64_t n, Mode mode, std::span<const int64_t> logit_rows,
+               float* logits, float* hidden);
+  void RopeTable(int64_t pos0, int64_t n, int64_t row0 = 0);
+  void GdnMixer(const Layer& layer, std::span<const Segment> segments, int64_t gdn_index, int64_t n, Mode mode);
+  // Per segment: writes its K/V rows to k_out/v_out and attends its query row t over kv rows 0..pos0 + t.
+  void AttentionMixer(const Layer& layer, std::span<const Segment> segments, int64_t attn_index, int64_t n, Mode mode);
+  // One sequence's K/V rows: written at row pos0 of k and v, attended over rows 0..pos0 + t.
   void AttentionMixer(const Layer& layer, float* k, float* v, int64_t pos0, int64_t n, Mode mode);
   // Hidden rows [n, H] at positions mtp.begin + mtp.rows.. join the waiting ones (a gap starts mtp anew).
   void MtpWait(MtpState& mtp, int64_t pos0, const float* hidden, int64_t n);

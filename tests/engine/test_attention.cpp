@@ -60,8 +60,8 @@ Problem Make(int64_t heads, int64_t kv_heads, int64_t hd, int64_t length, uint32
 // Rows [t0, t0 + m) as one prefill call (positions t0..), on the active path.
 std::vector<float> Prefill(ThreadPool& pool, const Problem& p, int64_t t0, int64_t m) {
   std::vector<float> out(size_t(m * p.q_stride), -9.0f);
-  cpu::AttentionPrefill(pool, p.shape, p.q.data() + t0 * p.q_stride, p.q_stride, p.shape.head_dim, m, t0, p.k.data(),
-                        p.v.data(), p.kv_stride, out.data(), p.q_stride);
+  cpu::AttentionPrefill(pool, p.shape, p.q.data() + t0 * p.q_stride, p.q_stride, p.shape.head_dim, m, t0,
+                        cpu::KvSource{p.k.data(), p.v.data(), p.kv_stride}, out.data(), p.q_stride);
   return out;
 }
 
@@ -120,9 +120,27 @@ class TestAttention : public QObject {
     }
     for (int64_t t : {0, 1, 63, 64, 100, 149}) {
       std::vector<float> out(size_t(p.q_stride));
-      cpu::AttentionDecode(two, p.shape, p.q.data() + t * p.q_stride, p.shape.head_dim, t + 1, p.k.data(), p.v.data(), p.kv_stride,
+      cpu::AttentionDecode(two, p.shape, p.q.data() + t * p.q_stride, p.shape.head_dim, t + 1, cpu::KvSource{p.k.data(), p.v.data(), p.kv_stride},
                            out.data());
       QVERIFY2(SameBits(all.data() + t * p.q_stride, out.data(), out.size()), qPrintable(QString("decode of row %1").arg(t)));
+    }
+  }
+
+  // A branch of a batch: the rows from a 64-line on live in a buffer of their own; the bits stay.
+  void rowsInTwoBuffersGiveTheSameBits_data() { AddPaths(); }
+  void rowsInTwoBuffersGiveTheSameBits() {
+    FETCH_PATH_OR_SKIP(kp);
+    QVERIFY(cpu::SetActivePath(kp).ok());
+    ThreadPool two(2);
+    const Problem p = Make(8, 2, 64, 300, 11u);
+    const auto whole = Prefill(two, p, 0, p.length);
+    for (int64_t split : {64, 128, 256}) {
+      const std::vector<float> k_tail(p.k.begin() + split * p.kv_stride, p.k.end()), v_tail(p.v.begin() + split * p.kv_stride, p.v.end());
+      const cpu::KvSource kv{p.k.data(), p.v.data(), p.kv_stride, split, k_tail.data(), v_tail.data()};
+      const int64_t m = p.length - split;
+      std::vector<float> out(size_t(m * p.q_stride), -9.0f);
+      cpu::AttentionPrefill(two, p.shape, p.q.data() + split * p.q_stride, p.q_stride, p.shape.head_dim, m, split, kv, out.data(), p.q_stride);
+      QVERIFY2(SameBits(whole.data() + split * p.q_stride, out.data(), out.size()), qPrintable(QString("split at %1").arg(split)));
     }
   }
 

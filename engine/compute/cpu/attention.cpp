@@ -27,8 +27,8 @@ void SoftmaxPrefix(float* p, int64_t valid) {
 // Query rows stacked per block: stacked row i = r * group + g is query row r of head g of the group.
 // Every stacked row's bits depend only on its own query, its position and the keys it sees.
 void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const float* q, int64_t q_stride,
-                 int64_t q_head_stride, int64_t t0, int64_t m, int64_t pos0, int64_t kvh, const float* k, const float* v,
-                 int64_t kv_stride, float* out, int64_t out_stride) {
+                 int64_t q_head_stride, int64_t t0, int64_t m, int64_t pos0, int64_t kvh, const KvSource& kv,
+                 float* out, int64_t out_stride) {
   const int64_t group = shape.num_heads / shape.num_kv_heads;
   const int64_t hd = shape.head_dim;
   const int64_t first = pos0 + t0;    // position of the block's first row
@@ -65,7 +65,7 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
           float square[8][8];
           const int64_t keys = std::min<int64_t>(8, width - jb), dims = std::min<int64_t>(8, hd - e0);
           for (int64_t j = 0; j < keys; ++j) {
-            const float* key = k + (j0 + jb + j) * kv_stride + kvh * hd + e0;
+            const float* key = kv.key(j0 + jb + j) + kvh * hd + e0;
             for (int64_t e = 0; e < dims; ++e) square[e][j] = key[e];
           }
           for (int64_t e = 0; e < dims; ++e)
@@ -91,7 +91,7 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
     const auto [band_row, full_row] = rows_of(l0, l1);
     // Values copied row by row into panels: a sequential read, then the tile reads consecutive lines.
     for (int64_t l = l0; l < l1; ++l) {
-      const float* value = v + l * kv_stride + kvh * hd;
+      const float* value = kv.value(l) + kvh * hd;
       for (int64_t c0 = 0; c0 < hd; c0 += kF32PanelColumns)
         std::copy_n(value + c0, std::min(kF32PanelColumns, hd - c0),
                     vp + (c0 / kF32PanelColumns) * kAttentionKeyBlock * kF32PanelColumns + (l - l0) * kF32PanelColumns);
@@ -111,21 +111,20 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
 }  // namespace
 
 void AttentionPrefill(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t q_stride,
-                      int64_t q_head_stride, int64_t rows, int64_t pos0, const float* k, const float* v,
-                      int64_t kv_stride, float* out, int64_t out_stride) {
+                      int64_t q_head_stride, int64_t rows, int64_t pos0, const KvSource& kv, float* out, int64_t out_stride) {
   const Fp32Kernels& kernels = Fp32KernelsOf(ActivePath());
   const int64_t blocks = (rows + kAttentionQueryBlock - 1) / kAttentionQueryBlock;
   pool.Run(static_cast<size_t>(shape.num_kv_heads * blocks), [&](size_t task) {
     const int64_t kvh = static_cast<int64_t>(task) / blocks;
     const int64_t t0 = static_cast<int64_t>(task) % blocks * kAttentionQueryBlock;
-    AttendBlock(kernels, shape, q, q_stride, q_head_stride, t0, std::min(rows, t0 + kAttentionQueryBlock) - t0, pos0, kvh, k, v,
-                kv_stride, out, out_stride);
+    AttendBlock(kernels, shape, q, q_stride, q_head_stride, t0, std::min(rows, t0 + kAttentionQueryBlock) - t0, pos0, kvh, kv, out,
+                out_stride);
   });
 }
 
 void AttentionDecode(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t q_head_stride,
-                     int64_t length, const float* k, const float* v, int64_t kv_stride, float* out) {
-  AttentionPrefill(pool, shape, q, 0, q_head_stride, 1, length - 1, k, v, kv_stride, out, 0);
+                     int64_t length, const KvSource& kv, float* out) {
+  AttentionPrefill(pool, shape, q, 0, q_head_stride, 1, length - 1, kv, out, 0);
 }
 
 }  // namespace anchorage::cpu
