@@ -20,7 +20,15 @@ struct DecideBranch {
   int64_t logits_from = 0;  // rows [logits_from, ids.size()) are returned; at most ids.size() - 1
 };
 
-// Where the branches split: every branch runs from its group's prefix on.
+// Branches run in one forward over their stacked rows (Forward::PrefillBranches).
+struct DecideBatch {
+  int64_t group = -1;          // -1: they go on from the shared prefix; else from that group's prefix
+  std::vector<size_t> members; // branch indexes, ascending
+  int64_t rows = 0;            // stacked rows
+  int64_t logits_rows = 0;
+};
+
+// Where the branches split: every branch runs from its group's prefix on, alone or in a batch.
 struct DecideLayout {
   int64_t shared = 0;                // ids every branch shares, run once (a multiple of 64)
   std::vector<int64_t> group_prefix; // per group: ids its branches share, from shared on, run once a group
@@ -28,13 +36,29 @@ struct DecideLayout {
   int64_t processed_tokens = 0;      // what this layout forwards
   int64_t longest = 0;               // the longest branch
   int64_t widest_logits = 0;         // most logits rows one branch returns
+  std::vector<DecideBatch> batches;  // the branches that run batched; the others run alone
+  int64_t widest_batch = 0;          // most branches in a batch, and most rows and logits rows
+  int64_t batch_rows = 0;
+  int64_t batch_logits_rows = 0;
+};
+
+// How big a batch may be. The default runs every branch alone.
+struct DecideBatching {
+  int64_t branches = 1;     // at most this many branches a batch
+  int64_t rows = 0;         // stacked rows
+  int64_t logits_rows = 0;  // logits rows (held together until the batch's branches have seen them)
+
+  // Up to max_batch branches, a grid chunk of rows and 256 MiB of logits.
+  static DecideBatching For(const Forward& forward, int64_t max_batch);
 };
 
 // The layout of branches (groups numbered 0..groups-1). reuse false: every branch alone from 0.
-DecideLayout PlanDecide(std::span<const DecideBranch> branches, int64_t groups, bool reuse);
+// With reuse and batching: branches of a question with several go on from its prefix in batches,
+// the lone branches of the others from the shared prefix; what fits no batch runs alone.
+DecideLayout PlanDecide(std::span<const DecideBranch> branches, int64_t groups, bool reuse, const DecideBatching& batching = {});
 
 // Bytes a run of the layout allocates at its peak: one state at the longest branch, two anchors,
-// one branch's logits and the prefill workspace.
+// one branch's logits and the prefill workspace, or the widest batch's.
 int64_t DecidePeakBytes(const ModelConfig& config, const Forward& forward, const DecideLayout& layout);
 
 // Runs the layout: on_branch(index, logits [rows, vocab] of positions logits_from..) once per branch,

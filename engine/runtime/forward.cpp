@@ -264,6 +264,66 @@ Result<std::vector<float>> Forward::Prefill(SequenceState& state, std::span<cons
   return logits;
 }
 
+Result<std::vector<float>> Forward::PrefillBranches(const SequenceState& prefix, std::span<const PrefillBranch> branches) {
+  const int64_t pos0 = prefix.length();
+  int64_t rows = 0, logits_rows = 0;
+  for (const PrefillBranch& b : branches) {
+    RETURN_IF_ERROR(CheckIds(b.ids));
+    const int64_t n = static_cast<int64_t>(b.ids.size());
+    if (b.logits_from < 0 || b.logits_from >= n)
+      return InvalidArgument("PrefillBranches: logits from " + std::to_string(b.logits_from) + " of " + std::to_string(n) + " ids");
+    rows += n;
+    logits_rows += n - b.logits_from;
+  }
+  const int64_t KW = prefix.kv_width();
+  // Each branch's own recurrent part (from the prefix's) and K/V rows; the prefix's rows are read in place.
+  struct Own {
+    std::vector<std::vector<float>> recurrent, tails, k, v;
+  };
+  std::vector<Own> own(branches.size());
+  std::vector<Segment> segments(branches.size());
+  std::vector<int32_t> ids;
+  std::vector<int64_t> wanted;
+  ids.reserve(static_cast<size_t>(rows));
+  wanted.reserve(static_cast<size_t>(logits_rows));
+  int64_t row0 = 0;
+  for (size_t i = 0; i < branches.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(branches[i].ids.size());
+    Own& o = own[i];
+    Segment& seg = segments[i];
+    seg.row0 = row0;
+    seg.n = n;
+    seg.pos0 = pos0;
+    for (int64_t g = 0; g < prefix.num_gdn_layers(); ++g) {
+      o.recurrent.emplace_back(prefix.recurrent(g), prefix.recurrent(g) + prefix.recurrent_floats());
+      o.tails.emplace_back(prefix.conv_tail(g), prefix.conv_tail(g) + prefix.tail_floats());
+    }
+    for (int64_t a = 0; a < prefix.num_attention_layers(); ++a) {
+      o.k.emplace_back(static_cast<size_t>(n * KW));
+      o.v.emplace_back(static_cast<size_t>(n * KW));
+    }
+    for (auto& r : o.recurrent) seg.recurrent.push_back(r.data());
+    for (auto& t : o.tails) seg.tails.push_back(t.data());
+    for (int64_t a = 0; a < prefix.num_attention_layers(); ++a) {
+      float* k = o.k[static_cast<size_t>(a)].data();
+      float* v = o.v[static_cast<size_t>(a)].data();
+      seg.kv.push_back(cpu::KvSource{prefix.k_rows(a), prefix.v_rows(a), KW, pos0, k, v});
+      seg.k_out.push_back(k);
+      seg.v_out.push_back(v);
+    }
+    ids.insert(ids.end(), branches[i].ids.begin(), branches[i].ids.end());
+    for (int64_t t = branches[i].logits_from; t < n; ++t) wanted.push_back(row0 + t);
+    row0 += n;
+  }
+  std::vector<float> logits(static_cast<size_t>(logits_rows * config_.vocab_size));
+  RunRows(segments, ids.data(), rows, Mode::kChunked, wanted, logits.data(), nullptr);
+  return logits;
+}
+
+int64_t Forward::BranchesBytes(int64_t branches, int64_t rows, int64_t logits_rows) const {
+  return branches * SequenceState::AnchorBytes(config_) + rows * SequenceState::KvBytesPerToken(config_) + logits_rows * config_.vocab_size * 4;
+}
+
 Result<std::vector<float>> Forward::Decode(SequenceState& state, int32_t id, MtpState* mtp) {
   RETURN_IF_ERROR(CheckIds(std::span<const int32_t>(&id, 1)));
   RETURN_IF_ERROR(state.Reserve(state.length() + 1));

@@ -35,6 +35,12 @@ struct ForwardOptions {
 
 enum class LogitsRows { kLast, kAll };
 
+// One branch of PrefillBranches: the ids after the prefix, and the first of them whose logits it needs.
+struct PrefillBranch {
+  std::span<const int32_t> ids;
+  int64_t logits_from = 0;  // in [0, ids.size())
+};
+
 // The multi-token-prediction head's own state for one sequence: K/V rows of its attention layer
 // from position begin, and the trunk's final-normed hidden rows still waiting for the id after them.
 // Only drafts come from it, so it may start anywhere (a restored prefix has no rows of it).
@@ -64,6 +70,15 @@ class Forward {
   // K/V row of the head, the last waits in mtp for the id after it.
   Result<std::vector<float>> Prefill(SequenceState& state, std::span<const int32_t> ids,
                                      LogitsRows rows = LogitsRows::kLast, MtpState* mtp = nullptr);
+  // Branches that all go on from prefix (at its length) in one forward over their stacked rows, each
+  // with its own recurrent states, conv tails and K/V rows; prefix is not changed (a fork that never
+  // writes its snapshot).
+  // Returns the logits of each branch's rows logits_from.., branch after branch: the bits a Prefill
+  // (kAll) of that branch's ids on a copy of prefix returns for those rows.
+  Result<std::vector<float>> PrefillBranches(const SequenceState& prefix, std::span<const PrefillBranch> branches);
+  // Bytes PrefillBranches allocates beside the workspace: per branch the recurrent part and its K/V
+  // rows, and the logits rows.
+  int64_t BranchesBytes(int64_t branches, int64_t rows, int64_t logits_rows) const;
   // Appends one token with the one-token recurrence; returns fp32 logits [vocab]. With mtp its
   // hidden state waits there.
   Result<std::vector<float>> Decode(SequenceState& state, int32_t id, MtpState* mtp = nullptr);

@@ -70,6 +70,7 @@ std::optional<DecideRequest> ParseDecideRequest(const ojson& body, ApiError* err
   if (branches > kDecideMaxBranches) return bad("the questions make " + std::to_string(branches) + " branches; at most " + std::to_string(kDecideMaxBranches), "questions");
   if (body.contains("max_batch") && (!body["max_batch"].is_number_integer() || body["max_batch"].get<int64_t>() < 1 || body["max_batch"].get<int64_t>() > 1024))
     return bad("'max_batch' must be an integer in [1, 1024]", "max_batch");
+  if (body.contains("max_batch")) r.max_batch = body["max_batch"].get<int64_t>();
   if (body.contains("reuse")) {
     if (!body["reuse"].is_boolean()) return bad("'reuse' must be true or false", "reuse");
     r.reuse = body["reuse"].get<bool>();

@@ -30,6 +30,7 @@ struct DecideRequest {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // the observation
   std::vector<DecideQuestion> questions;
   bool reuse = true;  // false: every branch runs alone from its first token (for comparison)
+  int64_t max_batch = 16;  // branches a batched forward runs together; 1: one at a time
 };
 
 // Validates a body; nullopt with *error (400, naming the field) when it is not a decide request.

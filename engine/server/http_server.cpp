@@ -366,7 +366,7 @@ void HttpServer::RouteDecide() {
     for (size_t q = 0; q < questions; ++q) scores[q].resize(request->questions[q].candidates.size());
     std::vector<double> question_ms(questions, 0);
     auto last = std::chrono::steady_clock::now();
-    auto ran = scheduler_.Decide(branches, static_cast<int64_t>(questions), request->reuse, [&](size_t i, std::span<const float> logits) {
+    auto ran = scheduler_.Decide(branches, static_cast<int64_t>(questions), request->reuse, request->max_batch, [&](size_t i, std::span<const float> logits) {
       const Branch& b = meta[i];
       if (!letters[b.question].empty()) probabilities[b.question] = ChoiceProbabilities(logits.first(static_cast<size_t>(vocab)), letters[b.question]);
       else scores[b.question][b.candidate] = ScoreCandidate(logits, b.scored, vocab, vocab_limit);

@@ -215,9 +215,9 @@ std::optional<std::vector<int32_t>> Scheduler::ConversationRecord(const std::str
   return BetweenRequests(session, [&] { return resident_.EndRecord(session); });
 }
 
-Result<DecideLayout> Scheduler::Decide(std::span<const DecideBranch> branches, int64_t groups, bool reuse,
+Result<DecideLayout> Scheduler::Decide(std::span<const DecideBranch> branches, int64_t groups, bool reuse, int64_t max_batch,
                                        const std::function<bool(size_t, std::span<const float>)>& on_branch) {
-  const DecideLayout layout = PlanDecide(branches, groups, reuse);
+  const DecideLayout layout = PlanDecide(branches, groups, reuse, DecideBatching::For(*forward_, max_batch));
   const auto start = std::chrono::steady_clock::now();
   Result<DecideLayout> ran = BetweenRequests("", [&]() -> Result<DecideLayout> {
     const ResidentOptions& o = resident_.options();

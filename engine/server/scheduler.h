@@ -154,7 +154,8 @@ class Scheduler {
   std::optional<std::vector<int32_t>> ConversationRecord(const std::string& session);
   // A decide request's branches between requests (waits like one): the layout it ran, after
   // on_branch saw every branch's logits. ResourceExhausted when its peak does not fit the memory limit.
-  Result<DecideLayout> Decide(std::span<const DecideBranch> branches, int64_t groups, bool reuse,
+  // Batches hold up to max_batch branches and a grid chunk of rows.
+  Result<DecideLayout> Decide(std::span<const DecideBranch> branches, int64_t groups, bool reuse, int64_t max_batch,
                               const std::function<bool(size_t, std::span<const float>)>& on_branch);
   // A compaction request as the client sent it, with its sampling: the preparer writes the
   // continuation of the resident conversation ahead with the last one noted.

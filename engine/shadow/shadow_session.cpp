@@ -55,10 +55,8 @@ Result<std::vector<float>> ShadowSession::ForkLogits(Forward& forward, int64_t u
   std::vector<int32_t> fork_ids(ids_.begin() + committed(), ids_.begin() + upto);
   fork_ids.insert(fork_ids.end(), extra.begin(), extra.end());
   if (fork_ids.empty()) return InvalidArgument("a fork needs at least one id to forward");
-  const Anchor committed_state = state_.SaveAnchor();
-  auto logits = forward.Prefill(state_, fork_ids);
-  RETURN_IF_ERROR(state_.RestoreAnchor(committed_state));
-  return logits;
+  const PrefillBranch fork{fork_ids, static_cast<int64_t>(fork_ids.size()) - 1};
+  return forward.PrefillBranches(state_, std::span(&fork, 1));
 }
 
 Status ShadowSession::Adopt(std::vector<int32_t> ids, std::vector<Anchor> checkpoints, std::vector<int64_t> pending_checkpoints) {

@@ -38,8 +38,8 @@ class ShadowSession {
   // Reads the next whole chunk; false (nothing read) when less than a grid of ids is pending.
   Result<bool> ReadChunk(Forward& forward);
 
-  // The last row's logits of ids [committed, upto) and then extra, on a fork: the committed state is
-  // the same bits afterwards. upto is clamped to [committed, known].
+  // The last row's logits of ids [committed, upto) and then extra, on a fork that never writes the
+  // committed state (Forward::PrefillBranches). upto is clamped to [committed, known].
   Result<std::vector<float>> ForkLogits(Forward& forward, int64_t upto, std::span<const int32_t> extra);
 
   // A disk load reads the rows into mutable_state(), then adopts the ids and checkpoints that go with them.

@@ -28,9 +28,9 @@ class TestDecide : public QObject {
     return std::vector<float>(logits->begin() + b.logits_from * vocab_, logits->end());
   }
 
-  // Runs the branches with reuse and checks every one against its independent prefill.
-  DecideLayout CheckAgainstIndependent(const std::vector<DecideBranch>& branches, int64_t groups) {
-    const DecideLayout layout = PlanDecide(branches, groups, true);
+  // Runs the branches with reuse (batched up to max_batch) and checks every one against its independent prefill.
+  DecideLayout CheckAgainstIndependent(const std::vector<DecideBranch>& branches, int64_t groups, int64_t max_batch = 1) {
+    const DecideLayout layout = PlanDecide(branches, groups, true, DecideBatching::For(*forward_, max_batch));
     std::vector<bool> seen(branches.size(), false);
     Status s = RunDecide(*forward_, branches, layout, [&](size_t i, std::span<const float> logits) {
       const std::vector<float> want = Independent(branches[i]);
@@ -89,6 +89,25 @@ class TestDecide : public QObject {
     QVERIFY(layout.shared <= prefix);
     QVERIFY(layout.processed_tokens <= layout.logical_tokens);
     if (prefix >= 64) QVERIFY(layout.shared > prefix - 64);
+    // Batched: the same bits and the same tokens processed; branches that fit a grid chunk go together.
+    const DecideLayout batched = CheckAgainstIndependent(branches, 2, 3);
+    QCOMPARE(batched.processed_tokens, layout.processed_tokens);
+    if (branch < 200) QVERIFY2(!batched.batches.empty(), "short branches run batched");
+    // Lone branches (one a question, as choices are) go on together from the shared prefix.
+    std::vector<DecideBranch> lone;
+    for (int64_t q = 0; q < 3; ++q) {
+      DecideBranch b = branches[static_cast<size_t>(q)];
+      b.group = q;
+      b.ids.back() = static_cast<int32_t>(q);  // three different questions
+      lone.push_back(std::move(b));
+    }
+    const DecideLayout apart = CheckAgainstIndependent(lone, 3, 1);
+    const DecideLayout together = CheckAgainstIndependent(lone, 3, 16);
+    QCOMPARE(together.processed_tokens, apart.processed_tokens);
+    if (70 + branch + prefix % 64 <= forward_->grid_tokens()) {
+      QCOMPARE(together.batches.size(), size_t{1});
+      QCOMPARE(together.batches[0].group, int64_t{-1});
+    }
   }
 
   void orderRepeatsAndNoCommonPrefix() {
@@ -109,6 +128,9 @@ class TestDecide : public QObject {
     std::reverse(branches.begin(), branches.end());
     CheckAgainstIndependent(branches, 1);
     CheckAgainstIndependent(branches, 1);
+    const DecideLayout pairs = CheckAgainstIndependent(branches, 1, 2);
+    QCOMPARE(pairs.batches.size(), size_t{2});  // 2 + 2, the fifth alone
+    QCOMPARE(pairs.processed_tokens, once.processed_tokens);
     // No common prefix at all: each branch runs from the start.
     for (size_t i = 0; i < branches.size(); ++i) branches[i].ids[0] = static_cast<int32_t>(i);
     const DecideLayout none = CheckAgainstIndependent(branches, 1);

@@ -53,12 +53,17 @@ class TestDecideServer : public QObject {
     json alone_body = body;
     alone_body["reuse"] = false;
     const json alone = Decide(alone_body);
-    QVERIFY(!reused.is_null() && !alone.is_null());
+    json unbatched_body = body;
+    unbatched_body["max_batch"] = 1;
+    const json unbatched = Decide(unbatched_body);
+    QVERIFY(!reused.is_null() && !alone.is_null() && !unbatched.is_null());
     for (size_t q = 0; q < 3; ++q) {
-      json a = reused["answers"][q], b = alone["answers"][q];
+      json a = reused["answers"][q], b = alone["answers"][q], c = unbatched["answers"][q];
       a.erase("ms");
       b.erase("ms");
+      c.erase("ms");
       QCOMPARE(a.dump(), b.dump());
+      QCOMPARE(c.dump(), b.dump());
     }
     const json& usage = reused["usage"];
     QCOMPARE(usage["logical_tokens"], alone["usage"]["logical_tokens"]);
