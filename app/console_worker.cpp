@@ -198,7 +198,8 @@ void ConsoleWorker::readChat(const QString& conversation, QNetworkReply* reply) 
       if (choice["finish_reason"].isString()) chat.stats.finishReason = choice["finish_reason"].toString();
     }
     if (o["usage"].isObject()) {
-      const nlohmann::json usage = nlohmann::json::parse(payload.toStdString(), nullptr, false)["usage"];
+      const nlohmann::json doc = nlohmann::json::parse(payload.toStdString(), nullptr, false);
+      const nlohmann::json& usage = JsonField(doc, "usage");
       chat.stats.figures = FiguresOf(usage, JsonField(usage, "anchorage"));
     }
   }

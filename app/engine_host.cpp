@@ -209,7 +209,7 @@ void EngineHost::run() {
   auto started = anchorage::Service::Start(m_config, [this](double fraction, const std::string& what) {
     emit progress(fraction, QString::fromStdString(what));
   }, &m_cancelLoad);
-  if (!started.ok() && started.status().code() == anchorage::StatusCode::kCancelled) {
+  if (!started.ok() && m_cancelLoad && started.status().code() == anchorage::StatusCode::kCancelled) {
     if (m_drainRequested) emit drained();
     else emit loadCancelled();
     return;

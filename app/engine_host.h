@@ -55,7 +55,8 @@ class EngineHost : public QThread {
   // Like SIGTERM: no new requests, waits for those in flight, stops the endpoint, ends the thread.
   // While the model still loads, the load stops at its next step or layer.
   void drain();
-  // Stops a load in progress at its next step or layer; answers loadCancelled and ends the thread.
+  // Stops a load in progress at its next step or layer: loadCancelled follows and the thread ends.
+  // Once the engine is bound (or in remote mode) it does nothing.
   void cancelLoad();
 
  signals:

@@ -44,6 +44,10 @@ bool ParseRemoteFlags(const std::vector<char*>& args, RemoteTarget* target, QStr
       return true;
     };
     if (value("--connect", &connect) || value("--admin-token", &target->adminToken) || value("--api-key", &target->apiKey)) continue;
+    if (arg == "--connect" || arg == "--admin-token" || arg == "--api-key") {
+      *error = QString("%1 needs a value").arg(QString::fromLocal8Bit(args[i]));
+      return false;
+    }
     *error = QString("with --connect only --admin-token and --api-key apply; '%1' is a flag of the engine the console hosts").arg(QString::fromLocal8Bit(args[i]));
     return false;
   }

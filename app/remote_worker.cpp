@@ -11,6 +11,7 @@ QString whyFailed(int status, const nlohmann::json& body, const QString& error) 
   const QString message = JsonText(JsonField(body, "error"), "message");
   if (status != 0 && !message.isEmpty()) return QString("HTTP %1: %2").arg(status).arg(message);
   if (!error.isEmpty()) return error;
+  if (status == 200) return QString("HTTP 200 with an answer that is not JSON");
   return QString("HTTP %1").arg(status);
 }
 
@@ -18,6 +19,13 @@ QString whyFailed(int status, const nlohmann::json& body, const QString& error) 
 
 RemoteWorker::RemoteWorker(EngineHost* host, const RemoteTarget& target, int pollMs) : ConsoleWorker(host, pollMs), m_target(target) {
   startPolling();
+}
+
+RemoteWorker::~RemoteWorker() {
+  for (QNetworkReply* reply : m_nam.findChildren<QNetworkReply*>()) {
+    QObject::disconnect(reply, &QNetworkReply::finished, this, nullptr);
+    reply->abort();
+  }
 }
 
 QByteArray RemoteWorker::bearer() const { return (m_target.adminToken.isEmpty() ? m_target.apiKey : m_target.adminToken).toUtf8(); }
@@ -47,9 +55,12 @@ void RemoteWorker::read(const QString& path, Answer answer) {
 }
 
 void RemoteWorker::poll() {
-  const qint64 now = nowMs();
   read("/health", [this](int status, const nlohmann::json& body, const QString& error) { onHealth(status, body, error); });
-  if (!m_ready) return;  // the rest once the server has answered
+  if (m_ready) pollRoutes();  // the rest once the server has answered
+}
+
+void RemoteWorker::pollRoutes() {
+  const qint64 now = nowMs();
   auto reader = [this](const QString& path, std::function<void(const nlohmann::json&)> use) {
     read(path, [this, path, use = std::move(use)](int status, const nlohmann::json& body, const QString& error) {
       if (status != 200 || body.is_discarded()) return noteRouteError(path, status, body, error);
@@ -102,7 +113,7 @@ void RemoteWorker::onHealth(int status, const nlohmann::json& body, const QStrin
   if (!m_ready) {
     m_ready = true;
     emit m_host->ready(endpointUrl());
-    poll();  // the other routes, now
+    pollRoutes();
   }
   m_reachable = true;
   setNote("/health", JsonText(body, "status") == "draining" ? QString("The server is draining: it takes no new requests.") : QString());

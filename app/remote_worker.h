@@ -12,6 +12,7 @@
 class RemoteWorker : public ConsoleWorker {
  public:
   RemoteWorker(EngineHost* host, const RemoteTarget& target, int pollMs);
+  ~RemoteWorker() override;  // aborts its requests: their answers use this class's members
 
   void clearTier(const QString& tier) override;
   void replaceSettings(const QJsonObject& document) override;
@@ -28,6 +29,7 @@ class RemoteWorker : public ConsoleWorker {
   void send(const QByteArray& method, const QString& path, const QByteArray& body, Answer answer);
   // A GET of a route the screens poll; not sent again while one for the path is in flight.
   void read(const QString& path, Answer answer);
+  void pollRoutes();  // every route but /health
   void onHealth(int status, const nlohmann::json& body, const QString& error);
   // A route the screens read answered with an error: on the banner until it answers again.
   void noteRouteError(const QString& path, int status, const nlohmann::json& body, const QString& error);

@@ -700,11 +700,7 @@ Result<std::vector<float>> ResidentPrefix::ForkLogits(std::span<const int32_t> c
                     std::to_string(context.size()) + " ids in place)");
   std::vector<int32_t> ids(context.begin() + from->length, context.end());
   ids.insert(ids.end(), extra.begin(), extra.end());
-  if (from->length == length) {  // the state in place is the fork's start: a branch that never writes it
-    if (ids.empty()) return InvalidArgument("a fork needs at least one id to forward");
-    const PrefillBranch fork{ids, static_cast<int64_t>(ids.size()) - 1};
-    return forward_.PrefillBranches(state_, std::span(&fork, 1));
-  }
+  if (from->length == length) return forward_.ForkLastLogits(state_, ids);  // the state in place is the fork's start
   std::optional<Result<std::vector<float>>> logits;
   RETURN_IF_ERROR(OnFork(*from, [&] { logits = forward_.Prefill(state_, ids); }));
   return std::move(*logits);

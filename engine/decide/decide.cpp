@@ -21,8 +21,7 @@ int64_t LogitsCallStart(const DecideBranch& b, int64_t group_prefix) {
 void PlanBatches(std::span<const DecideBranch> branches, int64_t groups, const DecideBatching& limits, DecideLayout* layout) {
   std::vector<int64_t> members(static_cast<size_t>(groups), 0);
   for (const DecideBranch& b : branches) ++members[static_cast<size_t>(b.group)];
-  std::vector<DecideBatch> open(static_cast<size_t>(groups) + 1);  // per group, the last slot the shared prefix's
-  for (DecideBatch& batch : open) batch.group = -2;
+  std::vector<DecideBatch> open_batches(static_cast<size_t>(groups) + 1);  // one a group, then the shared prefix's
   auto close = [&](DecideBatch& batch) {
     if (batch.members.size() > 1) {
       layout->widest_batch = std::max<int64_t>(layout->widest_batch, static_cast<int64_t>(batch.members.size()));
@@ -31,7 +30,6 @@ void PlanBatches(std::span<const DecideBranch> branches, int64_t groups, const D
       layout->batches.push_back(std::move(batch));
     }
     batch = DecideBatch{};
-    batch.group = -2;
   };
   for (size_t i = 0; i < branches.size(); ++i) {
     const DecideBranch& b = branches[i];
@@ -39,7 +37,7 @@ void PlanBatches(std::span<const DecideBranch> branches, int64_t groups, const D
     const int64_t from = alone ? layout->shared : layout->group_prefix[static_cast<size_t>(b.group)];
     const int64_t n = static_cast<int64_t>(b.ids.size()), rows = n - from, logits_rows = n - b.logits_from;
     if (rows > limits.rows || logits_rows > limits.logits_rows) continue;
-    DecideBatch& batch = open[alone ? static_cast<size_t>(groups) : static_cast<size_t>(b.group)];
+    DecideBatch& batch = open_batches[alone ? static_cast<size_t>(groups) : static_cast<size_t>(b.group)];
     if (static_cast<int64_t>(batch.members.size()) == limits.branches || batch.rows + rows > limits.rows ||
         batch.logits_rows + logits_rows > limits.logits_rows)
       close(batch);
@@ -48,7 +46,7 @@ void PlanBatches(std::span<const DecideBranch> branches, int64_t groups, const D
     batch.rows += rows;
     batch.logits_rows += logits_rows;
   }
-  for (DecideBatch& batch : open) close(batch);
+  for (DecideBatch& batch : open_batches) close(batch);
 }
 
 }  // namespace

@@ -57,7 +57,7 @@ struct DecideBatching {
 // the lone branches of the others from the shared prefix; what fits no batch runs alone.
 DecideLayout PlanDecide(std::span<const DecideBranch> branches, int64_t groups, bool reuse, const DecideBatching& batching = {});
 
-// Bytes a run of the layout allocates at its peak: one state at the longest branch, two anchors,
+// Bytes a run of the layout allocates at its peak: one state at the longest branch, three anchors,
 // one branch's logits and the prefill workspace, or the widest batch's.
 int64_t DecidePeakBytes(const ModelConfig& config, const Forward& forward, const DecideLayout& layout);
 

@@ -98,7 +98,7 @@ Result<std::vector<float>> Vector(const TensorView& t, int64_t n, float add, con
 Forward::Forward(const ModelConfig& config, const ForwardOptions& options)
     : config_(config), options_(options), pool_(std::make_unique<ThreadPool>(options.threads)),
       ws_(std::make_unique<Workspace>()), draft_(std::make_unique<DraftLog>()) {
-  options_.on_layer = nullptr;  // Create's caller's, for the packing only
+  options_.on_layer = nullptr;  // Create's only: the Forward keeps no copy (it may capture the caller's locals)
 }
 
 Forward::~Forward() = default;
@@ -275,21 +275,22 @@ Result<std::vector<float>> Forward::PrefillBranches(const SequenceState& prefix,
     rows += n;
     logits_rows += n - b.logits_from;
   }
+  if (branches.empty()) return std::vector<float>();
   const int64_t KW = prefix.kv_width();
   // Each branch's own recurrent part (from the prefix's) and K/V rows; the prefix's rows are read in place.
-  struct Own {
+  struct BranchScratch {
     std::vector<std::vector<float>> recurrent, tails, k, v;
   };
-  std::vector<Own> own(branches.size());
+  std::vector<BranchScratch> own(branches.size());
   std::vector<Segment> segments(branches.size());
   std::vector<int32_t> ids;
-  std::vector<int64_t> wanted;
+  std::vector<int64_t> logit_rows;
   ids.reserve(static_cast<size_t>(rows));
-  wanted.reserve(static_cast<size_t>(logits_rows));
+  logit_rows.reserve(static_cast<size_t>(logits_rows));
   int64_t row0 = 0;
   for (size_t i = 0; i < branches.size(); ++i) {
     const int64_t n = static_cast<int64_t>(branches[i].ids.size());
-    Own& o = own[i];
+    BranchScratch& o = own[i];
     Segment& seg = segments[i];
     seg.row0 = row0;
     seg.n = n;
@@ -312,12 +313,18 @@ Result<std::vector<float>> Forward::PrefillBranches(const SequenceState& prefix,
       seg.v_out.push_back(v);
     }
     ids.insert(ids.end(), branches[i].ids.begin(), branches[i].ids.end());
-    for (int64_t t = branches[i].logits_from; t < n; ++t) wanted.push_back(row0 + t);
+    for (int64_t t = branches[i].logits_from; t < n; ++t) logit_rows.push_back(row0 + t);
     row0 += n;
   }
   std::vector<float> logits(static_cast<size_t>(logits_rows * config_.vocab_size));
-  RunRows(segments, ids.data(), rows, Mode::kChunked, wanted, logits.data(), nullptr);
+  RunRows(segments, ids.data(), rows, Mode::kChunked, logit_rows, logits.data(), nullptr);
   return logits;
+}
+
+Result<std::vector<float>> Forward::ForkLastLogits(const SequenceState& state, std::span<const int32_t> ids) {
+  if (ids.empty()) return InvalidArgument("a fork needs at least one id to forward");
+  const PrefillBranch fork{ids, static_cast<int64_t>(ids.size()) - 1};
+  return PrefillBranches(state, std::span(&fork, 1));
 }
 
 int64_t Forward::BranchesBytes(int64_t branches, int64_t rows, int64_t logits_rows) const {

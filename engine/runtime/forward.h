@@ -74,8 +74,11 @@ class Forward {
   // with its own recurrent states, conv tails and K/V rows; prefix is not changed (a fork that never
   // writes its snapshot).
   // Returns the logits of each branch's rows logits_from.., branch after branch: the bits a Prefill
-  // (kAll) of that branch's ids on a copy of prefix returns for those rows.
+  // (kAll) of that branch's ids on a copy of prefix returns for those rows. The rows are not split
+  // at the grid: the workspace grows to all of them, so callers keep them near a grid chunk.
   Result<std::vector<float>> PrefillBranches(const SequenceState& prefix, std::span<const PrefillBranch> branches);
+  // The last row's logits of ids on a fork of state that never writes it (a one-branch PrefillBranches).
+  Result<std::vector<float>> ForkLastLogits(const SequenceState& state, std::span<const int32_t> ids);
   // Bytes PrefillBranches allocates beside the workspace: per branch the recurrent part and its K/V
   // rows, and the logits rows.
   int64_t BranchesBytes(int64_t branches, int64_t rows, int64_t logits_rows) const;

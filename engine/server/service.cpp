@@ -326,7 +326,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   s->http_ = std::make_unique<HttpServer>(*s->model_, *s->scheduler_, options, s->journal_.get(), s->settings_.get());
   RETURN_IF_ERROR(say(0.9, "binding " + config.host + ":" + std::to_string(config.port)));
   RETURN_IF_ERROR(s->http_->Bind());
-  RETURN_IF_ERROR(say(1.0, "ready"));
+  if (progress) progress(1.0, "ready");  // bound: too late to cancel
   return s;
 }
 

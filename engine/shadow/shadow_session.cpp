@@ -54,9 +54,7 @@ Result<std::vector<float>> ShadowSession::ForkLogits(Forward& forward, int64_t u
   upto = std::clamp(upto, committed(), known());
   std::vector<int32_t> fork_ids(ids_.begin() + committed(), ids_.begin() + upto);
   fork_ids.insert(fork_ids.end(), extra.begin(), extra.end());
-  if (fork_ids.empty()) return InvalidArgument("a fork needs at least one id to forward");
-  const PrefillBranch fork{fork_ids, static_cast<int64_t>(fork_ids.size()) - 1};
-  return forward.PrefillBranches(state_, std::span(&fork, 1));
+  return forward.ForkLastLogits(state_, fork_ids);
 }
 
 Status ShadowSession::Adopt(std::vector<int32_t> ids, std::vector<Anchor> checkpoints, std::vector<int64_t> pending_checkpoints) {

@@ -9,6 +9,7 @@
 #include <QTemporaryDir>
 #include <QtTest>
 
+#include <algorithm>
 #include <fstream>
 
 #include "tests/server/server_fixture.h"
@@ -21,8 +22,8 @@ class TestAgentClient : public QObject {
 
  private slots:
   void qwenCodeListsReadsAndAnswers() {
-    const QString cli = QString(ANCHORAGE_SOURCE_DIR) + "/tests/tools/node_modules/@qwen-code/qwen-code/cli.js";
-    QVERIFY2(QFile::exists(cli), "tests/tools/node_modules is missing Qwen Code: run the test setup (packaging/test.sh runs npm ci there)");
+    const QString cli = QString(ANCHORAGE_SOURCE_DIR) + "/tests/tools/agent/node_modules/@qwen-code/qwen-code/cli.js";
+    QVERIFY2(QFile::exists(cli), "tests/tools/agent/node_modules is missing Qwen Code: run the test setup (packaging/test.sh installs it)");
     QProcess version;
     version.start("node", {"--version"});
     QVERIFY2(version.waitForFinished(10000), "node is not installed: run packaging/setup.sh");
