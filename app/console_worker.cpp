@@ -85,6 +85,15 @@ const nlohmann::json& JsonField(const nlohmann::json& j, const char* key) {
   return it != j.end() ? *it : kNull;
 }
 
+QString SettingsRefusalText(const nlohmann::json& body) {
+  const nlohmann::json& e = JsonField(body, "error");
+  if (JsonText(e, "message").isEmpty()) return {};
+  QStringList lines{JsonText(e, "message")};
+  if (const nlohmann::json& fields = JsonField(e, "fields"); fields.is_array())
+    for (const nlohmann::json& f : fields) lines << JsonText(f, "field") + ": " + JsonText(f, "message");
+  return lines.join('\n');
+}
+
 bool ConsoleWorker::Published::update(const QByteArray& next, qint64 now, bool due) {
   if (next == json && !(due && now - ms >= 1000)) return false;
   json = next;
@@ -144,7 +153,6 @@ void ConsoleWorker::sendChat(const QString& conversation, const QJsonArray& mess
   Chat& chat = m_chats[conversation];
   chat = Chat{};
   chat.stats.conversation = conversation;
-  chat.startMs = nowMs();
   chat.journalIdAtStart = m_lastJournalId;
   QNetworkReply* reply = m_nam.post(request, QJsonDocument(body).toJson(QJsonDocument::Compact));
   chat.reply = reply;

@@ -22,6 +22,10 @@ int64_t JsonInt(const nlohmann::json& j, const char* key);
 QString JsonText(const nlohmann::json& j, const char* key);
 const nlohmann::json& JsonField(const nlohmann::json& j, const char* key);
 
+// A refused settings document's message and its fields, one a line, from the error body
+// ({"error": {"message", "fields": [{"field", "message"}]}}); empty when it has no message.
+QString SettingsRefusalText(const nlohmann::json& body);
+
 // The figures of one request from usage.anchorage (or /health's last_request) plus the usage counts.
 anchorage::RequestFigures FiguresOf(const nlohmann::json& usage, const nlohmann::json& anchorage);
 
@@ -65,7 +69,6 @@ class ConsoleWorker : public QObject {
     QPointer<QNetworkReply> reply;
     QByteArray buffer;
     ChatTurnStats stats;
-    qint64 startMs = 0;
     qint64 firstMs = -1;
     qint64 deltas = 0;
     qint64 journalIdAtStart = 0;

@@ -20,7 +20,10 @@ nlohmann::json fromQt(const QJsonObject& o) {
 // The engine in this process: every engine call of the console happens here, on the host thread.
 class LocalWorker : public ConsoleWorker {
  public:
-  LocalWorker(EngineHost* host, anchorage::Service* service, int pollMs) : ConsoleWorker(host, pollMs), m_service(service) { startPolling(); }
+  LocalWorker(EngineHost* host, anchorage::Service* service, int pollMs)
+      : ConsoleWorker(host, pollMs), m_service(service), m_schema(service->settings().Schema()) {
+    startPolling();
+  }
 
   void clearTier(const QString& tier) override {
     anchorage::Status s = m_service->scheduler().ClearCache(tier.toStdString());
@@ -40,9 +43,7 @@ class LocalWorker : public ConsoleWorker {
       out.version = r.version;
       if (!r.ok()) {
         out.httpStatus = r.error->http_status();
-        QStringList lines{QString::fromStdString(r.error->message)};
-        for (const auto& f : r.error->fields) lines << QString::fromStdString(f.field + ": " + f.message);
-        out.message = lines.join('\n');
+        out.message = SettingsRefusalText(r.error->ToJson());
       }
     }
     pollSettings();
@@ -90,9 +91,10 @@ class LocalWorker : public ConsoleWorker {
   QByteArray bearer() const override { return QByteArray::fromStdString(m_service->client_token()); }
 
  private:
-  void pollSettings() { publishSettings(m_service->settings().Document(), m_service->settings().Schema()); }
+  void pollSettings() { publishSettings(m_service->settings().Document(), m_schema); }
 
   anchorage::Service* m_service;
+  const nlohmann::json m_schema;  // the fields the store has: fixed for its life
   qint64 m_lastJournalMs = 0;
 };
 

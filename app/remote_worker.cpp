@@ -170,11 +170,8 @@ void RemoteWorker::replaceSettings(const QJsonObject& document) {
       emit m_host->settingsOutcome(out);
       return;
     }
-    const nlohmann::json& e = JsonField(body, "error");
-    QStringList lines{JsonText(e, "message").isEmpty() ? whyFailed(status, body, error) : JsonText(e, "message")};
-    if (const nlohmann::json& fields = JsonField(e, "fields"); fields.is_array())
-      for (const nlohmann::json& f : fields) lines << JsonText(f, "field") + ": " + JsonText(f, "message");
-    out.message = lines.join('\n');
+    out.message = SettingsRefusalText(body);
+    if (out.message.isEmpty()) out.message = whyFailed(status, body, error);
     // The screens offer a reload on 409: the current document first, then the outcome.
     send("GET", "/v1/settings", {}, [this, out](int s, const nlohmann::json& current, const QString&) {
       if (s == 200 && current.is_object()) publishSettings(current, m_schema);

@@ -23,12 +23,7 @@ void PlanBatches(std::span<const DecideBranch> branches, int64_t groups, const D
   for (const DecideBranch& b : branches) ++members[static_cast<size_t>(b.group)];
   std::vector<DecideBatch> open_batches(static_cast<size_t>(groups) + 1);  // one a group, then the shared prefix's
   auto close = [&](DecideBatch& batch) {
-    if (batch.members.size() > 1) {
-      layout->widest_batch = std::max<int64_t>(layout->widest_batch, static_cast<int64_t>(batch.members.size()));
-      layout->batch_rows = std::max(layout->batch_rows, batch.rows);
-      layout->batch_logits_rows = std::max(layout->batch_logits_rows, batch.logits_rows);
-      layout->batches.push_back(std::move(batch));
-    }
+    if (batch.members.size() > 1) layout->batches.push_back(std::move(batch));
     batch = DecideBatch{};
   };
   for (size_t i = 0; i < branches.size(); ++i) {
@@ -97,9 +92,14 @@ int64_t DecidePeakBytes(const ModelConfig& config, const Forward& forward, const
   const int64_t anchor = SequenceState::AnchorBytes(config);
   const int64_t alone = layout.widest_logits * config.vocab_size * 4 +
                         forward.PrefillWorkspaceBytes(std::min(forward.grid_tokens(), std::max<int64_t>(layout.longest, 1)));
+  int64_t widest = 0, rows_most = 0, logits_most = 0;  // each the most of any batch
+  for (const DecideBatch& b : layout.batches) {
+    widest = std::max(widest, static_cast<int64_t>(b.members.size()));
+    rows_most = std::max(rows_most, b.rows);
+    logits_most = std::max(logits_most, b.logits_rows);
+  }
   const int64_t batched = layout.batches.empty() ? 0
-                                                 : forward.BranchesBytes(layout.widest_batch, layout.batch_rows, layout.batch_logits_rows) +
-                                                       forward.PrefillWorkspaceBytes(layout.batch_rows);
+                                                 : forward.BranchesBytes(widest, rows_most, logits_most) + forward.PrefillWorkspaceBytes(rows_most);
   return rows * SequenceState::KvBytesPerToken(config) + 3 * anchor + std::max(alone, batched);
 }
 

@@ -37,9 +37,6 @@ struct DecideLayout {
   int64_t longest = 0;               // the longest branch
   int64_t widest_logits = 0;         // most logits rows one branch returns
   std::vector<DecideBatch> batches;  // the branches that run batched; the others run alone
-  int64_t widest_batch = 0;          // most branches in a batch, and most rows and logits rows
-  int64_t batch_rows = 0;
-  int64_t batch_logits_rows = 0;
 };
 
 // How big a batch may be. The default runs every branch alone.

@@ -481,16 +481,16 @@ void Forward::RunRows(std::span<const Segment> segments, const int32_t* ids, int
   }
   if (hidden != nullptr) RmsNormRows(x, final_norm_.data(), n, H, hidden);
   if (logits == nullptr || logit_rows.empty()) return;
-  // The rows that want logits (ascending), final-normed side by side: a row's bits are its own at any count.
-  const float* normed = hidden;
-  if (normed == nullptr) {
-    RmsNormRows(x, final_norm_.data(), n, H, a);
-    normed = a;
-  }
+  // The rows that want logits, final-normed side by side, a run of consecutive rows at a time: a
+  // row's bits are its own at any count.
   const int64_t m = static_cast<int64_t>(logit_rows.size());
-  for (int64_t i = 0; i < m; ++i) {
+  for (int64_t i = 0; i < m;) {
     const int64_t t = logit_rows[static_cast<size_t>(i)];
-    if (normed + t * H != a + i * H) std::copy_n(normed + t * H, H, a + i * H);
+    int64_t run = 1;
+    while (i + run < m && logit_rows[static_cast<size_t>(i + run)] == t + run) ++run;
+    if (hidden != nullptr) std::copy_n(hidden + t * H, run * H, a + i * H);
+    else RmsNormRows(x + t * H, final_norm_.data(), run, H, a + i * H);
+    i += run;
   }
   MatMulBf16(*pool_, a, m, H, *lm_head_, logits, config_.vocab_size);
 }

@@ -6,6 +6,7 @@
 // to --max-batch candidates in one forward; every branch's logits are compared with reuse on's.
 // anchorage-bench-decide [--model-dir DIR] [--size small] [--observation 3072] [--candidates 255]
 //                        [--off-sample 4] [--max-batch 16] [--threads 2]; the layout given, then 1,024 x 32
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -87,9 +88,11 @@ int Run(Forward& f, const ModelConfig& c, int64_t observation, int64_t candidate
   std::printf("  reuse off %.1f s (%lld of %lld branches timed, scaled), reuse on %.1f s: %.1fx; peak %.1f MiB; sampled answers the same bits: %s\n",
               off_ms / 1000.0, static_cast<long long>(sample), static_cast<long long>(candidates), on_ms / 1000.0, off_ms / on_ms,
               static_cast<double>(DecidePeakBytes(c, f, on)) / (1 << 20), same ? "yes" : "NO");
+  int64_t batch_rows = 0;
+  for (const DecideBatch& b : batched.batches) batch_rows = std::max(batch_rows, b.rows);
   std::printf("  reuse + batching (up to %lld a forward, %zu batches of up to %lld rows) %.1f s: %.1fx over reuse off, %.2fx over reuse on; peak %.1f MiB; "
               "every answer the same bits as reuse on: %s\n",
-              static_cast<long long>(max_batch), batched.batches.size(), static_cast<long long>(batched.batch_rows), batched_ms / 1000.0,
+              static_cast<long long>(max_batch), batched.batches.size(), static_cast<long long>(batch_rows), batched_ms / 1000.0,
               off_ms / batched_ms, on_ms / batched_ms, static_cast<double>(DecidePeakBytes(c, f, batched)) / (1 << 20), batched_same ? "yes" : "NO");
   return same && batched_same ? 0 : 1;
 }
