@@ -3,6 +3,7 @@
 // call or in pieces, with any thread count; and it is within fp32 rounding of a double reference.
 #include <QtTest>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -136,7 +137,11 @@ class TestAttention : public QObject {
     const auto whole = Prefill(two, p, 0, p.length);
     for (int64_t split : {64, 128, 256}) {
       const std::vector<float> k_tail(p.k.begin() + split * p.kv_stride, p.k.end()), v_tail(p.v.begin() + split * p.kv_stride, p.v.end());
-      const cpu::KvSource kv{p.k.data(), p.v.data(), p.kv_stride, split, k_tail.data(), v_tail.data()};
+      // The prefix buffers hold garbage from the split on: only the tail may be read there.
+      std::vector<float> k_head = p.k, v_head = p.v;
+      std::fill(k_head.begin() + split * p.kv_stride, k_head.end(), 1e30f);
+      std::fill(v_head.begin() + split * p.kv_stride, v_head.end(), -1e30f);
+      const cpu::KvSource kv{k_head.data(), v_head.data(), p.kv_stride, split, k_tail.data(), v_tail.data()};
       const int64_t m = p.length - split;
       std::vector<float> out(size_t(m * p.q_stride), -9.0f);
       cpu::AttentionPrefill(two, p.shape, p.q.data() + split * p.q_stride, p.q_stride, p.shape.head_dim, m, split, kv, out.data(), p.q_stride);
