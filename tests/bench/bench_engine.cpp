@@ -1,6 +1,5 @@
 // Engine benchmark on the generated `small` model: prefill and decode throughput at 1 and 2 threads,
 // state sizes, peak RSS and accuracy against the double-precision reference. Prints figures only.
-#include <immintrin.h>
 #include <sys/resource.h>
 
 #include <nlohmann/json.hpp>
@@ -24,6 +23,7 @@
 #include "engine/model/weights.h"
 #include "engine/runtime/forward.h"
 #include "bench_util.h"
+#include "machine_limits.h"
 #include "reference_forward.h"
 
 using namespace anchorage;
@@ -46,73 +46,6 @@ std::vector<int32_t> Ids(int64_t n, int64_t vocab) {
   std::vector<int32_t> ids(static_cast<size_t>(n));
   for (auto& id : ids) id = d(rng);
   return ids;
-}
-
-// fp32 FMA throughput of one core: twelve independent chains of fused multiply-adds on full vectors.
-#define ANCHORAGE_FMA_CHAINS(V, FMA, SET1, TOFLOAT, LANES, ITERS, M, A)                                   \
-  V x0 = SET1(0.01f), x1 = SET1(0.02f), x2 = SET1(0.03f), x3 = SET1(0.04f), x4 = SET1(0.05f), x5 = SET1(0.06f); \
-  V x6 = SET1(0.07f), x7 = SET1(0.08f), x8 = SET1(0.09f), x9 = SET1(0.10f), x10 = SET1(0.11f), x11 = SET1(0.12f); \
-  const auto m = M;                                                                                        \
-  const auto a = A;                                                                                        \
-  const double t0 = Now();                                                                                 \
-  for (int64_t k = 0; k < ITERS; ++k) {                                                                    \
-    x0 = FMA(x0, m, a); x1 = FMA(x1, m, a); x2 = FMA(x2, m, a); x3 = FMA(x3, m, a);                         \
-    x4 = FMA(x4, m, a); x5 = FMA(x5, m, a); x6 = FMA(x6, m, a); x7 = FMA(x7, m, a);                         \
-    x8 = FMA(x8, m, a); x9 = FMA(x9, m, a); x10 = FMA(x10, m, a); x11 = FMA(x11, m, a);                     \
-  }                                                                                                        \
-  const double secs = Now() - t0;                                                                          \
-  volatile float sink = TOFLOAT(x0) + TOFLOAT(x1) + TOFLOAT(x2) + TOFLOAT(x3) + TOFLOAT(x4) + TOFLOAT(x5) +   \
-                        TOFLOAT(x6) + TOFLOAT(x7) + TOFLOAT(x8) + TOFLOAT(x9) + TOFLOAT(x10) + TOFLOAT(x11);   \
-  (void)sink;                                                                                              \
-  return 2.0 * LANES * 12 * static_cast<double>(ITERS) / secs / 1e9;
-
-__attribute__((target("avx2,fma"))) double FmaGflopsAvx2() {
-  ANCHORAGE_FMA_CHAINS(__m256, _mm256_fmadd_ps, _mm256_set1_ps, _mm256_cvtss_f32, 8, 100'000'000, _mm256_set1_ps(0.99999f),
-                       _mm256_set1_ps(1e-7f))
-}
-
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"  // GCC 12's own AVX-512 cast header
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-__attribute__((target("avx512f"))) float First512(__m512 v) { return _mm_cvtss_f32(_mm512_castps512_ps128(v)); }
-
-__attribute__((target("avx512f"))) double FmaGflopsAvx512() {
-  ANCHORAGE_FMA_CHAINS(__m512, _mm512_fmadd_ps, _mm512_set1_ps, First512, 16, 50'000'000, _mm512_set1_ps(0.99999f),
-                       _mm512_set1_ps(1e-7f))
-}
-
-// bf16 dot-product throughput of one core, counting each VDPBF16PS as 2 * 32 flops.
-__attribute__((target("avx512f,avx512bf16"))) __m512bh Bf16Pairs(uint32_t word) {
-  return reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(word)));
-}
-__attribute__((target("avx512f,avx512bf16"))) __m512 DotBf16(__m512 acc, __m512bh a, __m512bh b) { return _mm512_dpbf16_ps(acc, a, b); }
-__attribute__((target("avx512f,avx512bf16"))) double Bf16DotGflopsAvx512() {
-  ANCHORAGE_FMA_CHAINS(__m512, DotBf16, _mm512_set1_ps, First512, 32, 50'000'000, Bf16Pairs(0x3f803f7fu), Bf16Pairs(0x33d633d6u))
-}
-
-#pragma GCC diagnostic pop
-#undef ANCHORAGE_FMA_CHAINS
-
-// Streaming read rate in GB/s with `threads` readers over a buffer much larger than the caches; best of 3.
-double StreamGBs(const std::vector<float>& buffer, int threads) {
-  double best = 0;
-  for (int round = 0; round < 3; ++round) {
-    std::vector<double> sums(static_cast<size_t>(threads));
-    std::vector<std::thread> pool;
-    const size_t per = buffer.size() / static_cast<size_t>(threads);
-    const double t0 = Now();
-    for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] {
-        const float* p = buffer.data() + per * static_cast<size_t>(t);
-        float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (size_t i = 0; i + 4 <= per; i += 4) { s0 += p[i]; s1 += p[i + 1]; s2 += p[i + 2]; s3 += p[i + 3]; }
-        sums[static_cast<size_t>(t)] = s0 + s1 + s2 + s3;
-      });
-    for (auto& th : pool) th.join();
-    const double secs = Now() - t0;
-    best = std::max(best, static_cast<double>(per * static_cast<size_t>(threads) * sizeof(float)) / secs / 1e9);
-  }
-  return best;
 }
 
 }  // namespace
@@ -175,13 +108,13 @@ int main(int argc, char** argv) {
   nlohmann::json report;
   const cpu::CpuFeatures& cpu_features = cpu::DetectCpu();
   const bool avx512 = cpu_features.avx512f;
-  const double fma_peak = avx512 ? FmaGflopsAvx512() : cpu_features.avx2 && cpu_features.fma ? FmaGflopsAvx2() : 0.0;
-  const double bf16_peak = cpu_features.avx512_bf16 ? Bf16DotGflopsAvx512() : 0.0;
+  const double fma_peak = avx512 ? bench::FmaGflopsAvx512() : cpu_features.avx2 && cpu_features.fma ? bench::FmaGflopsAvx2() : 0.0;
+  const double bf16_peak = cpu_features.avx512_bf16 ? bench::Bf16DotGflopsAvx512() : 0.0;
   // The peak the active path's arithmetic can reach: a bf16 path spends kBf16Parts products on each fp32 one.
   const double path_peak = cpu::SplitsIntoBf16(cpu::ActivePath()) ? bf16_peak / cpu::kBf16Parts : fma_peak;
   std::vector<float> stream_buffer(size_t(384) << 20, 1.0f);  // 1.5 GiB
   std::map<int, double> stream;
-  for (int t : thread_counts) stream[t] = StreamGBs(stream_buffer, t);
+  for (int t : thread_counts) stream[t] = bench::StreamGBs(stream_buffer, t);
   std::vector<float>().swap(stream_buffer);
   // GEMM work and weight bytes of one token: every matrix once (the embedding is a row read).
   double matrix_elements = 0;

@@ -19,7 +19,6 @@ namespace {
 struct Avx2Lanes {
   static constexpr int kLanes = 8;
   static constexpr int kRowTile = 6;
-  static constexpr int kFewRows = 2;
   static constexpr int kFewRowsSegments = 2;
   using F = __m256;
   static F Zero() { return _mm256_setzero_ps(); }

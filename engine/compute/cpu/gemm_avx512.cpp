@@ -20,7 +20,6 @@ namespace {
 struct Avx512Lanes {
   static constexpr int kLanes = 16;
   static constexpr int kRowTile = 12;
-  static constexpr int kFewRows = 2;
   static constexpr int kFewRowsSegments = 4;
   using F = __m512;
   static F Zero() { return _mm512_setzero_ps(); }

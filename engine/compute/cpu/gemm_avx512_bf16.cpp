@@ -110,7 +110,6 @@ void TileRows(int rows, PairRows x, const uint16_t* const* w, float* const* y, c
 }
 
 constexpr int kRowTile = 12;
-constexpr int kFewRows = 2;
 constexpr int kFewRowsPanels = 4;
 
 void Run(const GemmBlock& b) {

@@ -7,10 +7,16 @@
 
 namespace anchorage::cpu {
 
+// Rows of the packed activations the fp32 kernels read for many rows: group g holds rows
+// [12g, 12g + 12) as [k][12], so a tile's broadcasts come from one line and its rows share no L1 sets.
+inline constexpr int64_t kRowGroup = 12;
+
 // One call of a path's kernel: rows of x against a group of consecutive super-panels, k in [k0, k1).
 struct GemmBlock {
   const float* x = nullptr;  // row 0, column 0 of the rows; row stride ldx
   int64_t ldx = 0;
+  // fp32 paths, more than kFewRows rows: the rows packed (kRowGroup); row 0 starts a group.
+  const float* x_groups = nullptr;
   int64_t rows = 0;
   const uint16_t* panels = nullptr;  // the group's first super-panel; the next one starts k * 32 slots on
   int64_t panel_count = 0;
@@ -34,5 +40,11 @@ void GemmBlockAvx512(const GemmBlock& b);
 void GemmBlockAvx512Bf16(const GemmBlock& b);
 void GemmBlockEmulatedBf16(const GemmBlock& b);
 void SplitRowsAvx512Bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, uint32_t* out);
+
+// x [rows, k] (row stride ldx) into kRowGroup groups: row r, column t at out[((r / 12) * k + t) * 12 + r % 12].
+void PackRowGroups(const float* x, int64_t ldx, int64_t rows, int64_t k, float* out);
+
+// Rows more than this take the packed tiles; the kernels' few-rows tiles read x in place.
+inline constexpr int kFewRows = 2;
 
 }  // namespace anchorage::cpu

@@ -12,11 +12,10 @@ namespace anchorage::cpu {
 namespace {
 
 // A vector pair of L lanes over 2L slots: word i (slots 2i, 2i + 1) gives lane i of lo and of hi.
-template <int L, int RowTile, int FewRows, int FewRowsSegments>
+template <int L, int RowTile, int FewRowsSegments>
 struct LaneArrays {
   static constexpr int kLanes = L;
   static constexpr int kRowTile = RowTile;
-  static constexpr int kFewRows = FewRows;
   static constexpr int kFewRowsSegments = FewRowsSegments;
   struct F {
     float v[L];
@@ -66,8 +65,8 @@ struct LaneArrays {
   }
 };
 
-using Portable = LaneArrays<8, 4, 2, 2>;
-using Emulated16 = LaneArrays<16, 12, 2, 4>;
+using Portable = LaneArrays<8, 4, 2>;
+using Emulated16 = LaneArrays<16, 12, 4>;
 
 // The bf16 path's arithmetic one output at a time: pairs of k in order, each part in order, DotPair each.
 void RunEmulatedBf16(const GemmBlock& b) {

@@ -14,7 +14,13 @@ namespace {
 // Segments are the slot runs one vector pair covers: 2 * V::kLanes slots of a k row.
 inline constexpr int kMaxSegments = 16;
 
-template <class V, int R, int S>
+// Row r, step t of a tile's activations: in a packed row group (kRowGroup), or rows at stride ldx.
+template <bool kPacked>
+inline float XAt(const float* x, int64_t ldx, int r, int64_t t) {
+  return kPacked ? x[t * kRowGroup + r] : x[r * ldx + t];
+}
+
+template <class V, int R, int S, bool kPacked>
 inline void Tile(const float* x, int64_t ldx, const uint16_t* const* w, float* const* y, const int* cols, int64_t ldy,
                  int64_t steps, bool accumulate) {
   using F = typename V::F;
@@ -33,7 +39,7 @@ inline void Tile(const float* x, int64_t ldx, const uint16_t* const* w, float* c
       F wl, wh;
       V::LoadW(w[s] + t * kPanelColumns, wl, wh);
       for (int r = 0; r < R; ++r) {
-        const F b = V::Broadcast(x[r * ldx + t]);
+        const F b = V::Broadcast(XAt<kPacked>(x, ldx, r, t));
         lo[r][s] = V::Fma(b, wl, lo[r][s]);
         hi[r][s] = V::Fma(b, wh, hi[r][s]);
       }
@@ -43,18 +49,19 @@ inline void Tile(const float* x, int64_t ldx, const uint16_t* const* w, float* c
     for (int s = 0; s < S; ++s) V::StoreOut(y[s] + r * ldy, cols[s], lo[r][s], hi[r][s]);
 }
 
-// Tile<V, rows, S> for a run-time row count in [R, MaxR].
-template <class V, int S, int MaxR, int R = 1>
+// Tile<V, rows, S, kPacked> for a run-time row count in [R, MaxR].
+template <class V, int S, int MaxR, bool kPacked, int R = 1>
 inline void TileRows(int rows, const float* x, int64_t ldx, const uint16_t* const* w, float* const* y, const int* cols,
                      int64_t ldy, int64_t steps, bool accumulate) {
   if constexpr (R <= MaxR) {
-    if (rows == R) return Tile<V, R, S>(x, ldx, w, y, cols, ldy, steps, accumulate);
-    return TileRows<V, S, MaxR, R + 1>(rows, x, ldx, w, y, cols, ldy, steps, accumulate);
+    if (rows == R) return Tile<V, R, S, kPacked>(x, ldx, w, y, cols, ldy, steps, accumulate);
+    return TileRows<V, S, MaxR, kPacked, R + 1>(rows, x, ldx, w, y, cols, ldy, steps, accumulate);
   }
 }
 
-// V::kRowTile rows a tile for many rows; up to V::kFewRows rows take V::kFewRowsSegments segments at
-// once, so decode keeps enough independent sums in flight.
+// V::kRowTile rows a tile (a divisor of kRowGroup) from the packed rows for many rows; up to kFewRows
+// rows read x in place and take V::kFewRowsSegments segments at once, so decode keeps enough
+// independent sums in flight.
 template <class V>
 inline void RunGemmBlock(const GemmBlock& b) {
   constexpr int kSegmentSlots = 2 * V::kLanes;
@@ -74,19 +81,22 @@ inline void RunGemmBlock(const GemmBlock& b) {
     }
   const int64_t steps = b.k1 - b.k0;
   const float* x = b.x + b.k0;
-  if (b.rows <= V::kFewRows) {
+  if (b.rows <= kFewRows) {
     const int rows = static_cast<int>(b.rows);
     int s = 0;
     for (; s + V::kFewRowsSegments <= segments; s += V::kFewRowsSegments)
-      TileRows<V, V::kFewRowsSegments, V::kFewRows>(rows, x, b.ldx, w + s, y + s, cols + s, b.ldy, steps, b.accumulate);
-    for (; s < segments; ++s) TileRows<V, 1, V::kFewRows>(rows, x, b.ldx, w + s, y + s, cols + s, b.ldy, steps, b.accumulate);
+      TileRows<V, V::kFewRowsSegments, kFewRows, false>(rows, x, b.ldx, w + s, y + s, cols + s, b.ldy, steps, b.accumulate);
+    for (; s < segments; ++s)
+      TileRows<V, 1, kFewRows, false>(rows, x, b.ldx, w + s, y + s, cols + s, b.ldy, steps, b.accumulate);
     return;
   }
+  static_assert(kRowGroup % V::kRowTile == 0);
   for (int64_t r0 = 0; r0 < b.rows; r0 += V::kRowTile) {
     const int rows = static_cast<int>(b.rows - r0 < V::kRowTile ? b.rows - r0 : V::kRowTile);
+    const float* xr = b.x_groups + ((r0 / kRowGroup) * b.k + b.k0) * kRowGroup + r0 % kRowGroup;
     for (int s = 0; s < segments; ++s) {
       float* ys = y[s] + r0 * b.ldy;
-      TileRows<V, 1, V::kRowTile>(rows, x + r0 * b.ldx, b.ldx, w + s, &ys, cols + s, b.ldy, steps, b.accumulate);
+      TileRows<V, 1, V::kRowTile, true>(rows, xr, 0, w + s, &ys, cols + s, b.ldy, steps, b.accumulate);
     }
   }
 }

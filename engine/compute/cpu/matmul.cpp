@@ -59,6 +59,17 @@ std::atomic<KernelPath>& Active() {
 
 }  // namespace
 
+void PackRowGroups(const float* x, int64_t ldx, int64_t rows, int64_t k, float* out) {
+  for (int64_t g0 = 0; g0 < rows; g0 += kRowGroup) {
+    const int64_t in_group = std::min(kRowGroup, rows - g0);
+    float* group = out + g0 * k;
+    for (int64_t r = 0; r < in_group; ++r) {
+      const float* row = x + (g0 + r) * ldx;
+      for (int64_t t = 0; t < k; ++t) group[t * kRowGroup + r] = row[t];
+    }
+  }
+}
+
 const char* PathName(KernelPath path) {
   switch (path) {
     case KernelPath::kPortable: return "portable";
@@ -155,9 +166,22 @@ void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, 
       split(x + r0 * ldx, ldx, std::min(rows_a_task, m - r0), k, split_rows + r0 * kBf16Parts * pair_stride);
     });
   }
+  thread_local std::vector<float> group_buffer;
+  const float* x_groups = nullptr;
+  if (split == nullptr && m > kFewRows) {
+    const int64_t groups = (m + kRowGroup - 1) / kRowGroup;
+    group_buffer.resize(static_cast<size_t>(groups * kRowGroup * k));
+    float* out = group_buffer.data();
+    const int64_t groups_a_task = 4;
+    pool.Run(static_cast<size_t>((groups + groups_a_task - 1) / groups_a_task), [&](size_t t) {
+      const int64_t r0 = static_cast<int64_t>(t) * groups_a_task * kRowGroup;
+      PackRowGroups(x + r0 * ldx, ldx, std::min(groups_a_task * kRowGroup, m - r0), k, out + r0 * k);
+    });
+    x_groups = out;
+  }
   const int64_t task_columns = kGemmTaskPanels * kPanelColumns;
   const int64_t tasks = (n + task_columns - 1) / task_columns;
-  const int64_t k_block = m <= 2 ? k : kGemmKBlock;
+  const int64_t k_block = m <= kFewRows ? k : kGemmKBlock;
   pool.Run(static_cast<size_t>(tasks), [&](size_t t) {
     const int64_t first = static_cast<int64_t>(t) * task_columns;
     GemmBlock b;
@@ -171,6 +195,7 @@ void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, 
     for (int64_t r0 = 0; r0 < m; r0 += kGemmRowBlock) {
       b.x = x + r0 * ldx;
       if (split != nullptr) b.x_pairs = split_rows + r0 * kBf16Parts * pair_stride;
+      if (x_groups != nullptr) b.x_groups = x_groups + r0 * k;
       b.y = y + r0 * ldy + first;
       b.rows = std::min(kGemmRowBlock, m - r0);
       for (int64_t k0 = 0; k0 < k; k0 += k_block) {

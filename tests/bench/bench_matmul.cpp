@@ -1,0 +1,103 @@
+// GEMM kernel benchmark: MatMulBf16 on every kernel path this CPU runs, at the `small` model's matrix
+// shapes, as GFLOP/s and as a fraction of the path's measured peak. Prints figures only.
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/compute/cpu/bf16_split.h"
+#include "engine/compute/cpu/cpu_features.h"
+#include "engine/compute/cpu/matmul.h"
+#include "engine/core/thread_pool.h"
+#include "machine_limits.h"
+
+using namespace anchorage;
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int64_t n, k;
+};
+
+// The small model's projections (output columns n, reduction k).
+constexpr Shape kShapes[] = {
+    {"gdn in_proj qkv", 6144, 1024}, {"gdn in_proj z", 2048, 1024}, {"gdn out_proj", 1024, 2048},
+    {"mlp gate", 3584, 1024},        {"mlp down", 1024, 3584},      {"attn q+gate", 4096, 1024},
+};
+
+cpu::PackedBf16 RandomWeights(int64_t n, int64_t k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> mantissa(0, 127);
+  return cpu::PackedBf16::Pack(n, k, [&](int64_t, int64_t) {
+    return static_cast<uint16_t>(0x3c00 + mantissa(rng) + (rng() & 1 ? 0x8000 : 0));
+  });
+}
+
+}  // namespace
+
+// Usage: anchorage-bench-matmul [--rows M] [--threads 1,2] [--seconds S]
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  int64_t rows = 1024;
+  double min_seconds = 1.0;
+  std::vector<int> thread_counts = {1, 2};
+  for (int i = 1; i + 1 < argc; ++i) {
+    const std::string a = argv[i], v = argv[i + 1];
+    if (a == "--rows") rows = std::atoll(v.c_str());
+    else if (a == "--seconds") min_seconds = std::atof(v.c_str());
+    else if (a == "--threads") {
+      thread_counts.clear();
+      for (size_t p = 0;;) {
+        thread_counts.push_back(std::atoi(v.c_str() + p));
+        p = v.find(',', p);
+        if (p == std::string::npos) break;
+        ++p;
+      }
+    }
+  }
+  const cpu::CpuFeatures& f = cpu::DetectCpu();
+  const double fma_peak = f.avx512f ? bench::FmaGflopsAvx512() : f.avx2 && f.fma ? bench::FmaGflopsAvx2() : 0.0;
+  const double bf16_peak = f.avx512_bf16 ? bench::Bf16DotGflopsAvx512() : 0.0;
+  std::printf("machine: %s (%s family %d model %d); kernel families: %s\n", f.brand.c_str(), f.vendor.c_str(), f.family,
+              f.model, cpu::DescribeKernelFamilies(f).c_str());
+  std::printf("limits: fp32 FMA %.1f GFLOP/s a core (%s)", fma_peak, f.avx512f ? "avx512" : "avx2");
+  if (bf16_peak > 0) std::printf("; bf16 dot %.1f GFLOP/s a core", bf16_peak);
+  std::printf("\nrows %lld\n", static_cast<long long>(rows));
+
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (cpu::KernelPath path : cpu::AvailablePaths()) {
+    const double peak = cpu::SplitsIntoBf16(path) ? bf16_peak / cpu::kBf16Parts : fma_peak;
+    for (int threads : thread_counts) {
+      ThreadPool pool(threads);
+      double all_flops = 0, all_secs = 0;
+      for (const Shape& s : kShapes) {
+        const cpu::PackedBf16 w = RandomWeights(s.n, s.k, static_cast<uint32_t>(s.n * 31 + s.k));
+        std::vector<float> x(static_cast<size_t>(rows * s.k)), y(static_cast<size_t>(rows * s.n));
+        for (float& v : x) v = u(rng);
+        cpu::MatMulBf16On(path, pool, x.data(), rows, s.k, w, y.data(), s.n);  // warm the caches and the split buffer
+        int calls = 0;
+        const double t0 = bench::LimitsNow();
+        double secs = 0;
+        do {
+          cpu::MatMulBf16On(path, pool, x.data(), rows, s.k, w, y.data(), s.n);
+          ++calls;
+          secs = bench::LimitsNow() - t0;
+        } while (secs < min_seconds);
+        const double flops = 2.0 * static_cast<double>(rows * s.n * s.k) * calls;
+        all_flops += flops;
+        all_secs += secs;
+        const double gflops = flops / secs / 1e9;
+        std::printf("%-12s threads %d  %-16s n %5lld k %5lld: %7.1f GFLOP/s, %3.0f%% of the path's peak\n", cpu::PathName(path),
+                    threads, s.name, static_cast<long long>(s.n), static_cast<long long>(s.k), gflops,
+                    peak > 0 ? 100 * gflops / (peak * threads) : 0.0);
+      }
+      const double gflops = all_flops / all_secs / 1e9;
+      std::printf("%-12s threads %d  all shapes: %.1f GFLOP/s, %.0f%% of the path's peak\n", cpu::PathName(path), threads,
+                  gflops, peak > 0 ? 100 * gflops / (peak * threads) : 0.0);
+    }
+  }
+  return 0;
+}
