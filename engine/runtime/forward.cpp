@@ -413,6 +413,18 @@ void Forward::RmsNormRows(const float* x, const float* w1, int64_t n, int64_t wi
   });
 }
 
+void Forward::Elementwise(int64_t count, const std::function<void(size_t begin, size_t end)>& fn) {
+  constexpr int64_t kInline = 1 << 16;  // fewer elements than this are not worth waking the pool
+  if (count < kInline) return fn(0, static_cast<size_t>(count));
+  pool_->ParallelFor(static_cast<size_t>(count), fn);
+}
+
+void Forward::AddRows(const float* from, int64_t count, float* to) {
+  Elementwise(count, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) to[i] += from[i];
+  });
+}
+
 void Forward::RopeTable(int64_t pos0, int64_t n, int64_t row0) {
   const int64_t half = config_.rotary_dim() / 2;
   float* cs = Sized(ws_->cos, (row0 + n) * half) + row0 * half;
@@ -474,10 +486,10 @@ void Forward::RunRows(std::span<const Segment> segments, const int32_t* ids, int
     } else {
       AttentionMixer(layer, segments, attn_index++, n, mode);
     }
-    for (int64_t i = 0; i < n * H; ++i) x[i] += mix[i];
+    AddRows(mix, n * H, x);
     RmsNormRows(x, layer.post_norm.data(), n, H, a);
     Mlp(layer, n);
-    for (int64_t i = 0; i < n * H; ++i) x[i] += mix[i];
+    AddRows(mix, n * H, x);
   }
   if (hidden != nullptr) RmsNormRows(x, final_norm_.data(), n, H, hidden);
   if (logits == nullptr || logit_rows.empty()) return;
@@ -680,7 +692,9 @@ void Forward::Mlp(const Layer& L, int64_t n) {
   float* up = Sized(ws.up, n * I);
   MatMulBf16(*pool_, ws.a.data(), n, H, *L.gate, gate, I);
   MatMulBf16(*pool_, ws.a.data(), n, H, *L.up, up, I);
-  for (int64_t i = 0; i < n * I; ++i) gate[i] = cpu::Silu(gate[i]) * up[i];
+  Elementwise(n * I, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) gate[i] = cpu::Silu(gate[i]) * up[i];
+  });
   MatMulBf16(*pool_, gate, n, I, *L.down, ws.mix.data(), H);
 }
 
@@ -722,10 +736,10 @@ void Forward::MtpRows(MtpState& mtp, const float* hidden, const int32_t* ids, in
   const Layer& L = head.layer;
   RmsNormRows(x, L.in_norm.data(), n, H, a);
   AttentionMixer(L, mtp.k.data(), mtp.v.data(), slot, n, n == 1 ? Mode::kRecurrent : Mode::kChunked);
-  for (int64_t i = 0; i < n * H; ++i) x[i] += mix[i];
+  AddRows(mix, n * H, x);
   RmsNormRows(x, L.post_norm.data(), n, H, a);
   Mlp(L, n);
-  for (int64_t i = 0; i < n * H; ++i) x[i] += mix[i];
+  AddRows(mix, n * H, x);
   if (out != nullptr) RmsNormRows(x + (n - 1) * H, head.norm.data(), 1, H, out);
 }
 

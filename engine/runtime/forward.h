@@ -165,6 +165,10 @@ class Forward {
   void MtpRows(MtpState& mtp, const float* hidden, const int32_t* ids, int64_t n, int64_t slot, float* out);
   void Mlp(const Layer& layer, int64_t n);
   void RmsNormRows(const float* x, const float* w1, int64_t n, int64_t width, float* y);
+  // fn over [0, count) in contiguous ranges, on the pool when count is large.
+  void Elementwise(int64_t count, const std::function<void(size_t begin, size_t end)>& fn);
+  // to[i] += from[i] for i < count.
+  void AddRows(const float* from, int64_t count, float* to);
 
   ModelConfig config_;
   ForwardOptions options_;
