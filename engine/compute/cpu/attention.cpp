@@ -34,10 +34,11 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
   const int64_t first = pos0 + t0;    // position of the block's first row
   const int64_t len = first + m;      // keys the last row sees
   const int64_t stacked = group * m;
+  const int64_t ld = SpreadStride(len);  // row stride of the scores
   thread_local std::vector<float> qs_buf, scores_buf, os_buf;
   float* qs = Sized(qs_buf, stacked * hd);
   float* os = Sized(os_buf, stacked * hd);
-  float* scores = Sized(scores_buf, stacked * len);
+  float* scores = Sized(scores_buf, stacked * ld);
   for (int64_t r = 0; r < m; ++r)
     for (int64_t g = 0; g < group; ++g)
       std::copy_n(q + (t0 + r) * q_stride + (kvh * group + g) * q_head_stride, hd, qs + (r * group + g) * hd);
@@ -74,13 +75,13 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
     }
     const auto score = [&](int64_t i, int64_t rows, int64_t keys) {
       RowsTimes(kernels, qs + i * hd, hd, rows, kt, kF32PanelColumns, hd * kF32PanelColumns, hd, keys,
-                   scores + i * len + l0, len, false);
+                   scores + i * ld + l0, ld, false);
     };
     if (full_row < m) score(full_row * group, stacked - full_row * group, l1 - l0);
     for (int64_t r = band_row; r < full_row; ++r) score(r * group, group, first + r + 1 - l0);
   }
   for (int64_t i = 0; i < stacked; ++i) {
-    float* row = scores + i * len;
+    float* row = scores + i * ld;
     const int64_t valid = first + i / group + 1;
     for (int64_t l = 0; l < valid; ++l) row[l] *= shape.scale;
     SoftmaxPrefix(row, valid);
@@ -97,7 +98,7 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
                     vp + (c0 / kF32PanelColumns) * kAttentionKeyBlock * kF32PanelColumns + (l - l0) * kF32PanelColumns);
     }
     const auto values = [&](int64_t i, int64_t rows, int64_t keys) {
-      RowsTimes(kernels, scores + i * len + l0, len, rows, vp, kF32PanelColumns,
+      RowsTimes(kernels, scores + i * ld + l0, ld, rows, vp, kF32PanelColumns,
                    kAttentionKeyBlock * kF32PanelColumns, keys, hd, os + i * hd, hd, l0 > 0);
     };
     if (full_row < m) values(full_row * group, stacked - full_row * group, l1 - l0);

@@ -21,6 +21,13 @@ struct RowsTimesArgs {
   bool accumulate = false;
 };
 
+// A row stride of at least n floats whose rows start an odd number of cache lines apart, so rows
+// a tile reads together fall in different L1 sets.
+inline int64_t SpreadStride(int64_t n) {
+  const int64_t lines = (n + 15) / 16;
+  return (lines % 2 == 0 ? lines + 1 : lines) * 16;
+}
+
 struct Fp32Kernels {
   void (*rows_times)(const RowsTimesArgs&);
 };
