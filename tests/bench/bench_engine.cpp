@@ -110,8 +110,8 @@ int main(int argc, char** argv) {
   const bool avx512 = cpu_features.avx512f;
   const double fma_peak = avx512 ? bench::FmaGflopsAvx512() : cpu_features.avx2 && cpu_features.fma ? bench::FmaGflopsAvx2() : 0.0;
   const double bf16_peak = cpu_features.avx512_bf16 ? bench::Bf16DotGflopsAvx512() : 0.0;
-  // The peak the active path's arithmetic can reach: a bf16 path spends kBf16Parts products on each fp32 one.
-  const double path_peak = cpu::SplitsIntoBf16(cpu::ActivePath()) ? bf16_peak / cpu::kBf16Parts : fma_peak;
+  const double amx_peak = cpu_features.amx_bf16 && cpu_features.amx_permitted ? bench::AmxBf16Gflops() : 0.0;
+  const double path_peak = bench::PathPeak(cpu::ActivePath(), fma_peak, bf16_peak, amx_peak);
   std::vector<float> stream_buffer(size_t(384) << 20, 1.0f);  // 1.5 GiB
   std::map<int, double> stream;
   for (int t : thread_counts) stream[t] = bench::StreamGBs(stream_buffer, t);
@@ -129,6 +129,7 @@ int main(int argc, char** argv) {
               cpu::PathName(cpu::ActivePath()));
   std::printf("limits: fp32 FMA %.1f GFLOP/s a core (%s)", fma_peak, avx512 ? "avx512" : "avx2");
   if (bf16_peak > 0) std::printf("; bf16 dot %.1f GFLOP/s a core (%.1f fp32-equivalent with %d parts)", bf16_peak, bf16_peak / cpu::kBf16Parts, cpu::kBf16Parts);
+  if (amx_peak > 0) std::printf("; AMX bf16 %.1f GFLOP/s a core (%.1f fp32-equivalent)", amx_peak, amx_peak / cpu::kBf16Parts);
   for (const auto& [t, gbs] : stream) std::printf("; stream read %.1f GB/s with %d thread%s", gbs, t, t == 1 ? "" : "s");
   std::printf("\nper token: %.1f MFLOP in prefill GEMMs, %.1f MiB of bf16 weights read in decode\n", prefill_flops_per_token / 1e6,
               decode_bytes_per_token / (1 << 20));
@@ -136,6 +137,7 @@ int main(int argc, char** argv) {
                        {"kernel_families", cpu::DescribeKernelFamilies(cpu_features)}, {"gemm_path", cpu::PathName(cpu::ActivePath())},
                        {"arithmetic", cpu::ArithmeticName()}};
   report["limits"] = {{"fma_gflops_per_core", fma_peak}, {"fma_width", avx512 ? "avx512" : "avx2"}, {"bf16_dot_gflops_per_core", bf16_peak},
+                      {"amx_bf16_gflops_per_core", amx_peak},
                       {"path_peak_gflops_per_core", path_peak}};
   for (const auto& [t, gbs] : stream) report["limits"]["stream_gbs"][std::to_string(t)] = gbs;
   report["per_token"] = {{"prefill_gemm_flops", prefill_flops_per_token}, {"decode_weight_bytes", decode_bytes_per_token}};

@@ -37,15 +37,25 @@ cpu::PackedBf16 RandomWeights(int64_t n, int64_t k, uint32_t seed) {
 
 }  // namespace
 
-// Usage: anchorage-bench-matmul [--rows M] [--threads 1,2] [--seconds S]
+// Usage: anchorage-bench-matmul [--rows M] [--threads 1,2] [--seconds S] [--path NAME]
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int64_t rows = 1024;
   double min_seconds = 1.0;
   std::vector<int> thread_counts = {1, 2};
+  bool only_path = false;
   for (int i = 1; i + 1 < argc; ++i) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--rows") rows = std::atoll(v.c_str());
+    else if (a == "--path") {
+      auto path = cpu::PathFromName(v);
+      Status set = path.ok() ? cpu::SetActivePath(*path) : path.status();
+      if (!set.ok()) {
+        std::fprintf(stderr, "%s\n", set.message().c_str());
+        return 2;
+      }
+      only_path = true;
+    }
     else if (a == "--seconds") min_seconds = std::atof(v.c_str());
     else if (a == "--threads") {
       thread_counts.clear();
@@ -60,16 +70,19 @@ int main(int argc, char** argv) {
   const cpu::CpuFeatures& f = cpu::DetectCpu();
   const double fma_peak = f.avx512f ? bench::FmaGflopsAvx512() : f.avx2 && f.fma ? bench::FmaGflopsAvx2() : 0.0;
   const double bf16_peak = f.avx512_bf16 ? bench::Bf16DotGflopsAvx512() : 0.0;
+  const double amx_peak = f.amx_bf16 && f.amx_permitted ? bench::AmxBf16Gflops() : 0.0;
   std::printf("machine: %s (%s family %d model %d); kernel families: %s\n", f.brand.c_str(), f.vendor.c_str(), f.family,
               f.model, cpu::DescribeKernelFamilies(f).c_str());
   std::printf("limits: fp32 FMA %.1f GFLOP/s a core (%s)", fma_peak, f.avx512f ? "avx512" : "avx2");
   if (bf16_peak > 0) std::printf("; bf16 dot %.1f GFLOP/s a core", bf16_peak);
+  if (amx_peak > 0) std::printf("; AMX bf16 %.1f GFLOP/s a core", amx_peak);
   std::printf("\nrows %lld\n", static_cast<long long>(rows));
 
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (cpu::KernelPath path : cpu::AvailablePaths()) {
-    const double peak = cpu::SplitsIntoBf16(path) ? bf16_peak / cpu::kBf16Parts : fma_peak;
+    if (only_path && path != cpu::ActivePath()) continue;
+    const double peak = bench::PathPeak(path, fma_peak, bf16_peak, amx_peak);
     for (int threads : thread_counts) {
       ThreadPool pool(threads);
       double all_flops = 0, all_secs = 0;

@@ -1,4 +1,4 @@
-// The machine's measured limits (FMA and bf16 dot peaks of one core, streaming read rate), printed
+// The machine's measured limits (FMA, bf16 dot and AMX peaks of one core, streaming read rate), printed
 // beside every kernel figure so that figures from two machines compare as fractions of them.
 #pragma once
 
@@ -9,6 +9,9 @@
 #include <cstdint>
 #include <thread>
 #include <vector>
+
+#include "engine/compute/cpu/bf16_split.h"
+#include "engine/compute/cpu/matmul.h"
 
 namespace anchorage::bench {
 
@@ -60,6 +63,54 @@ __attribute__((target("avx512f,avx512bf16"))) inline double Bf16DotGflopsAvx512(
 
 #pragma GCC diagnostic pop
 #undef ANCHORAGE_FMA_CHAINS
+
+// TDPBF16PS throughput of one core: four independent 16 x 16 accumulator tiles, each instruction
+// 16 x 16 x 32 products (2 flops each). Needs the AMX permission (cpu::DetectCpu asks for it).
+__attribute__((target("amx-tile,amx-bf16"))) inline double AmxBf16Gflops() {
+  struct alignas(64) {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t bytes_a_row[16] = {};
+    uint8_t rows[16] = {};
+  } config;
+  for (int t = 0; t < 6; ++t) {
+    config.rows[t] = 16;
+    config.bytes_a_row[t] = 64;
+  }
+  _tile_loadconfig(&config);
+  alignas(64) static uint16_t ones[16 * 32];
+  for (auto& v : ones) v = 0x3f80;
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  constexpr int64_t kIters = 2'000'000;
+  const double t0 = LimitsNow();
+  for (int64_t i = 0; i < kIters; ++i) {
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 5);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  alignas(64) float sink[16 * 16];
+  _tile_stored(0, sink, 64);
+  const double secs = LimitsNow() - t0;
+  _tile_release();
+  volatile float keep = sink[0];
+  (void)keep;
+  return 4.0 * 16 * 16 * 32 * 2 * static_cast<double>(kIters) / secs / 1e9;
+}
+
+// The fp32-equivalent peak a kernel path's arithmetic can reach: the bf16 paths spend kBf16Parts products on each fp32 one.
+inline double PathPeak(cpu::KernelPath path, double fma_peak, double bf16_dot_peak, double amx_peak) {
+  switch (cpu::ArithmeticOf(path)) {
+    case cpu::Arithmetic::kBf16Dot: return bf16_dot_peak / cpu::kBf16Parts;
+    case cpu::Arithmetic::kBf16Amx: return amx_peak / cpu::kBf16Parts;
+    case cpu::Arithmetic::kFp32Fma: break;
+  }
+  return fma_peak;
+}
 
 // Streaming read rate in GB/s with `threads` readers over a buffer much larger than the caches; best of 3.
 inline double StreamGBs(const std::vector<float>& buffer, int threads) {

@@ -175,7 +175,7 @@ class TestGrid : public QObject {
     QTest::addColumn<int>("path");
     QTest::addColumn<int>("threads");
     for (cpu::KernelPath path : {cpu::KernelPath::kPortable, cpu::KernelPath::kAvx2Fma, cpu::KernelPath::kAvx512F,
-                                 cpu::KernelPath::kAvx512Bf16})
+                                 cpu::KernelPath::kAvx512Bf16, cpu::KernelPath::kAmxBf16})
       for (int threads : {1, 2}) QTest::addRow("%s, %d thread(s)", cpu::PathName(path), threads) << int(path) << threads;
   }
   void resumeAtEvery64LineEqualsCold() {

@@ -1,9 +1,10 @@
 // MatMulBf16 on every kernel path: each output equals its arithmetic written out (the fp32 paths: the
 // sequential fused multiply-add of its k products; the bf16 paths: activations split into bf16 parts,
-// k in pairs as VDPBF16PS adds them), bit for bit, whatever the row count, thread count and shape; the
+// k in pairs as VDPBF16PS adds them, or 32 k at a time as TDPBF16PS does), bit for bit, whatever the row count, thread count and shape; the
 // result is within that arithmetic's bound of a double product; paths the CPU lacks are skipped.
 #include <QtTest>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -51,12 +52,14 @@ std::vector<float> Sequential(const Problem& p) {
 // The bf16 arithmetic, written out: x = p0 + p1 + ... (each part the bf16 rounding of what the ones
 // before it left), then per pair of k the odd product and the even one of each part, in that order,
 // each added in fp32.
+float PartOf(float v, int which) {
+  float rest = v;
+  for (int i = 0; i < which; ++i) rest = rest - Bf16ToFloat(FloatToBf16(rest));
+  return Bf16ToFloat(FloatToBf16(rest));
+}
+
 std::vector<float> SequentialBf16(const Problem& p) {
-  const auto part = [](float v, int which) {
-    float rest = v;
-    for (int i = 0; i < which; ++i) rest = rest - Bf16ToFloat(FloatToBf16(rest));
-    return Bf16ToFloat(FloatToBf16(rest));
-  };
+  const auto part = PartOf;
   std::vector<float> y(static_cast<size_t>(p.m * p.n));
   for (int64_t r = 0; r < p.m; ++r)
     for (int64_t j = 0; j < p.n; ++j) {
@@ -69,6 +72,40 @@ std::vector<float> SequentialBf16(const Problem& p) {
       y[r * p.n + j] = acc;
     }
   return y;
+}
+
+// The AMX arithmetic, written out: per 32 k from k = 0 and per part, the even k's products summed from
+// 0 and the odd k's apart, then (even + odd) added to the output; every sum in fp32.
+std::vector<float> SequentialAmx(const Problem& p) {
+  std::vector<float> y(static_cast<size_t>(p.m * p.n));
+  for (int64_t r = 0; r < p.m; ++r)
+    for (int64_t j = 0; j < p.n; ++j) {
+      float acc = 0.0f;
+      for (int64_t i0 = 0; i0 < p.k; i0 += 32)
+        for (int which = 0; which < cpu::kBf16Parts; ++which) {
+          float even = 0.0f, odd = 0.0f;
+          for (int64_t i = i0; i < std::min(p.k, i0 + 32); ++i) {
+            const float product = PartOf(p.x[r * p.k + i], which) * Bf16ToFloat(p.w[j * p.k + i]);
+            if (i % 2 == 0) {
+              even = even + product;
+            } else {
+              odd = odd + product;
+            }
+          }
+          acc = acc + (even + odd);
+        }
+      y[r * p.n + j] = acc;
+    }
+  return y;
+}
+
+std::vector<float> WrittenOut(cpu::KernelPath path, const Problem& p) {
+  switch (cpu::ArithmeticOf(path)) {
+    case cpu::Arithmetic::kBf16Dot: return SequentialBf16(p);
+    case cpu::Arithmetic::kBf16Amx: return SequentialAmx(p);
+    case cpu::Arithmetic::kFp32Fma: break;
+  }
+  return Sequential(p);
 }
 
 // Max |y - exact| / (sum_i |x_i w_i|): the error relative to the condition of each dot product.
@@ -103,9 +140,10 @@ std::vector<float> Run(cpu::KernelPath path, ThreadPool& pool, const Problem& p,
 
 bool SameBits(const float* a, const float* b, size_t count) { return std::memcmp(a, b, count * 4) == 0; }
 
-const cpu::KernelPath kPaths[] = {cpu::KernelPath::kPortable,   cpu::KernelPath::kAvx2Fma,
-                                  cpu::KernelPath::kAvx512F,    cpu::KernelPath::kAvx512Bf16,
-                                  cpu::KernelPath::kEmulated16, cpu::KernelPath::kEmulatedBf16};
+const cpu::KernelPath kPaths[] = {cpu::KernelPath::kPortable,     cpu::KernelPath::kAvx2Fma,
+                                  cpu::KernelPath::kAvx512F,      cpu::KernelPath::kAvx512Bf16,
+                                  cpu::KernelPath::kAmxBf16,      cpu::KernelPath::kEmulated16,
+                                  cpu::KernelPath::kEmulatedBf16, cpu::KernelPath::kEmulatedAmx};
 
 void AddPathRows(const std::function<void(cpu::KernelPath, const char*)>& add) {
   for (cpu::KernelPath path : kPaths) add(path, cpu::PathName(path));
@@ -163,7 +201,7 @@ class TestMatmul : public QObject {
     ThreadPool pool(2);
     const Problem p = Make(m, n, k, 1u + static_cast<uint32_t>(m * n + k));
     const auto y = Run(kp, pool, p, 0, m);
-    const auto want = cpu::SplitsIntoBf16(kp) ? SequentialBf16(p) : Sequential(p);
+    const auto want = WrittenOut(kp, p);
     QVERIFY(SameBits(y.data(), want.data(), y.size()));
     // fp32: k roundings of at most 2^-24 relative to sum |x w|; bf16: parts * k of them, and the
     // split leaves at most 2^(-8 parts) |x| of each activation out.
@@ -172,21 +210,30 @@ class TestMatmul : public QObject {
     QVERIFY(WorstRelative(p, y) <= bound);
   }
 
-  // Subnormal products and sums are flushed to zero as VDPBF16PS flushes them, so the emulation is exact there too.
+  // Subnormal inputs, products and sums are flushed to zero as VDPBF16PS and TDPBF16PS flush them, so
+  // the emulations are exact there too.
+  void bf16FlushesLikeTheInstruction_data() {
+    QTest::addColumn<int>("path");
+    QTest::addColumn<int>("emulation");
+    QTest::newRow("avx512-bf16") << int(cpu::KernelPath::kAvx512Bf16) << int(cpu::KernelPath::kEmulatedBf16);
+    QTest::newRow("amx-bf16") << int(cpu::KernelPath::kAmxBf16) << int(cpu::KernelPath::kEmulatedAmx);
+  }
   void bf16FlushesLikeTheInstruction() {
-    SKIP_UNLESS_AVAILABLE(cpu::KernelPath::kAvx512Bf16);
+    QFETCH(int, path);
+    QFETCH(int, emulation);
+    SKIP_UNLESS_AVAILABLE(static_cast<cpu::KernelPath>(path));
     ThreadPool pool(2);
     Problem p = Make(5, 70, 301, 9u);
     for (size_t i = 0; i < p.x.size(); ++i) p.x[i] *= (i % 3 == 0) ? 1e-38f : (i % 3 == 1 ? 1e-19f : 1.0f);
     for (size_t i = 0; i < p.w.size(); ++i)
       if (i % 5 == 0) p.w[i] = FloatToBf16(Bf16ToFloat(p.w[i]) * 1e-20f);
     p.packed = cpu::PackedBf16::FromRowMajor(p.w.data(), p.n, p.k);
-    const auto real = Run(cpu::KernelPath::kAvx512Bf16, pool, p, 0, p.m);
-    const auto emulated = Run(cpu::KernelPath::kEmulatedBf16, pool, p, 0, p.m);
+    const auto real = Run(static_cast<cpu::KernelPath>(path), pool, p, 0, p.m);
+    const auto emulated = Run(static_cast<cpu::KernelPath>(emulation), pool, p, 0, p.m);
     QVERIFY(SameBits(real.data(), emulated.data(), real.size()));
   }
 
-  // The vector split writes the portable split's words, specials included.
+  // The vector split writes the portable split's words, specials included, and zeros up to the stride.
   void bf16SplitMatchesPortable() {
     SKIP_UNLESS_AVAILABLE(cpu::KernelPath::kAvx512Bf16);
     std::mt19937 rng(4u);
@@ -197,11 +244,43 @@ class TestMatmul : public QObject {
       for (auto& v : x) v = d(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 60) - 30);
       const float specials[] = {0.0f, -0.0f, 1e-40f, -1e-39f, 3.0e38f, -3.4e38f, INFINITY, -INFINITY, NAN, 1.00390625f};
       for (size_t i = 0; i < std::size(specials) && i < x.size(); ++i) x[i * 3 % x.size()] = specials[i];
-      const size_t words = static_cast<size_t>(rows * cpu::kBf16Parts * cpu::PairCount(k));
-      std::vector<uint32_t> vec(words, 0xdeadbeef), portable(words, 0xfeedface);
-      cpu::SplitRowsAvx512Bf16(x.data(), ldx, rows, k, vec.data());
-      cpu::SplitRowsPortable(x.data(), ldx, rows, k, portable.data());
-      QVERIFY2(vec == portable, qPrintable(QString("k = %1").arg(k)));
+      for (int64_t pad : {0, 5}) {
+        const int64_t stride = cpu::PairCount(k) + pad;
+        const size_t words = static_cast<size_t>(rows * cpu::kBf16Parts * stride);
+        std::vector<uint32_t> vec(words, 0xdeadbeef), portable(words, 0xfeedface);
+        cpu::SplitRowsAvx512Bf16(x.data(), ldx, rows, k, stride, vec.data());
+        cpu::SplitRowsPortable(x.data(), ldx, rows, k, stride, portable.data());
+        QVERIFY2(vec == portable, qPrintable(QString("k = %1, stride %2").arg(k).arg(stride)));
+        for (int64_t part_row = 0; part_row < rows * cpu::kBf16Parts; ++part_row)
+          for (int64_t t = cpu::PairCount(k); t < stride; ++t) QCOMPARE(portable[size_t(part_row * stride + t)], 0u);
+      }
+    }
+  }
+
+  // The AMX split writes the portable split's words (zeros past the row's end) in the A tiles' layout.
+  void amxSplitMatchesPortable() {
+    SKIP_UNLESS_AVAILABLE(cpu::KernelPath::kAmxBf16);
+    std::mt19937 rng(6u);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (int64_t k : {1, 2, 31, 32, 33, 64, 65, 300}) {
+      const int64_t rows = 20, ldx = k + 3, stride = (cpu::PairCount(k) + 15) / 16 * 16;
+      std::vector<float> x(static_cast<size_t>(rows * ldx));
+      for (auto& v : x) v = d(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 60) - 30);
+      x[0] = NAN;
+      x[x.size() / 2] = 1e-40f;
+      const size_t words = static_cast<size_t>(rows * cpu::kBf16Parts * stride);
+      std::vector<uint32_t> tiles(size_t(32 * cpu::kBf16Parts * stride), 0xdeadbeef), portable(words, 0xfeedface);
+      for (int64_t r0 = 0; r0 < rows; r0 += 16)
+        cpu::SplitRowsAmxBf16(x.data() + r0 * ldx, ldx, std::min<int64_t>(16, rows - r0), k, stride,
+                              tiles.data() + r0 * cpu::kBf16Parts * stride);
+      cpu::SplitRowsPortable(x.data(), ldx, rows, k, stride, portable.data());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int p = 0; p < cpu::kBf16Parts; ++p)
+          for (int64_t t = 0; t < stride; ++t) {
+            const int64_t at = (r / 16) * 16 * cpu::kBf16Parts * stride + ((t / 16) * cpu::kBf16Parts + p) * 256 + (r % 16) * 16 + t % 16;
+            QVERIFY2(tiles[size_t(at)] == portable[size_t((r * cpu::kBf16Parts + p) * stride + t)],
+                     qPrintable(QString("k %1 row %2 part %3 pair %4").arg(k).arg(r).arg(p).arg(t)));
+          }
     }
   }
 
@@ -234,10 +313,15 @@ class TestMatmul : public QObject {
     const Problem p = Make(9, 100, 777, 11u);
     const auto portable = Run(cpu::KernelPath::kPortable, pool, p, 0, p.m);
     const auto emulated_bf16 = Run(cpu::KernelPath::kEmulatedBf16, pool, p, 0, p.m);
+    const auto emulated_amx = Run(cpu::KernelPath::kEmulatedAmx, pool, p, 0, p.m);
     QVERIFY(!SameBits(portable.data(), emulated_bf16.data(), portable.size()));
+    QVERIFY(!SameBits(emulated_amx.data(), emulated_bf16.data(), portable.size()));
     for (cpu::KernelPath path : cpu::AvailablePaths()) {
       const auto y = Run(path, pool, p, 0, p.m);
-      const auto& want = cpu::SplitsIntoBf16(path) ? emulated_bf16 : portable;
+      const auto arithmetic = cpu::ArithmeticOf(path);
+      const auto& want = arithmetic == cpu::Arithmetic::kBf16Dot   ? emulated_bf16
+                         : arithmetic == cpu::Arithmetic::kBf16Amx ? emulated_amx
+                                                                   : portable;
       QVERIFY2(SameBits(y.data(), want.data(), y.size()), cpu::PathName(path));
     }
   }
@@ -250,9 +334,13 @@ class TestMatmul : public QObject {
     QVERIFY(cpu::SetActivePath(cpu::KernelPath::kPortable).ok());
     QCOMPARE(cpu::ActivePath(), cpu::KernelPath::kPortable);
     QVERIFY(cpu::SetActivePath(cpu::AvailablePaths().front()).ok());
-    for (cpu::KernelPath path : {cpu::KernelPath::kAvx512F, cpu::KernelPath::kAvx512Bf16})
+    for (cpu::KernelPath path : {cpu::KernelPath::kAvx512F, cpu::KernelPath::kAvx512Bf16, cpu::KernelPath::kAmxBf16})
       if (!cpu::PathAvailable(path)) QVERIFY(!cpu::SetActivePath(path).ok());
-    QVERIFY(std::string(cpu::ArithmeticNameOf(cpu::KernelPath::kAvx512Bf16)) != cpu::ArithmeticNameOf(cpu::KernelPath::kAvx512F));
+    const std::string fp32 = cpu::ArithmeticNameOf(cpu::KernelPath::kAvx512F);
+    const std::string dot = cpu::ArithmeticNameOf(cpu::KernelPath::kAvx512Bf16);
+    const std::string amx = cpu::ArithmeticNameOf(cpu::KernelPath::kAmxBf16);
+    QVERIFY(dot != fp32 && amx != fp32 && amx != dot);
+    QCOMPARE(amx, std::string(cpu::ArithmeticNameOf(cpu::KernelPath::kEmulatedAmx)));
   }
 };
 

@@ -2,6 +2,7 @@
 // 32-bit word, multiplied against bf16 weights the way VDPBF16PS does (see DotPair).
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -26,35 +27,55 @@ inline void SplitToBf16Parts(float x, uint32_t (&parts)[kBf16Parts]) {
   }
 }
 
-// Split rows of x [rows, k] (row stride ldx) into words: row r's part p is the PairCount(k) words at
-// out + (r * kBf16Parts + p) * PairCount(k); word t holds x[2t] in its low half and x[2t + 1] (or 0) in its high.
+// Split rows of x [rows, k] (row stride ldx) into words: row r's part p is the words at
+// out + (r * kBf16Parts + p) * pair_stride; word t < PairCount(k) holds x[2t] in its low half and
+// x[2t + 1] (or 0) in its high, and the words from PairCount(k) to pair_stride are 0.
 inline int64_t PairCount(int64_t k) { return (k + 1) / 2; }
 
-// Pairs [first, PairCount(k)) of one row (row_out: that row's part 0).
-inline void SplitPairsPortable(const float* row, int64_t k, int64_t first, uint32_t* row_out) {
+// Pairs [first, pair_stride) of one row (row_out: that row's part 0).
+inline void SplitPairsPortable(const float* row, int64_t k, int64_t first, int64_t pair_stride, uint32_t* row_out) {
   const int64_t pairs = PairCount(k);
   for (int64_t t = first; t < pairs; ++t) {
     uint32_t even[kBf16Parts], odd[kBf16Parts] = {};
     SplitToBf16Parts(row[2 * t], even);
     if (2 * t + 1 < k) SplitToBf16Parts(row[2 * t + 1], odd);
-    for (int p = 0; p < kBf16Parts; ++p) row_out[p * pairs + t] = (even[p] >> 16) | odd[p];
+    for (int p = 0; p < kBf16Parts; ++p) row_out[p * pair_stride + t] = (even[p] >> 16) | odd[p];
   }
+  for (int p = 0; p < kBf16Parts; ++p)
+    for (int64_t t = std::max(first, pairs); t < pair_stride; ++t) row_out[p * pair_stride + t] = 0;
 }
 
-inline void SplitRowsPortable(const float* x, int64_t ldx, int64_t rows, int64_t k, uint32_t* out) {
-  for (int64_t r = 0; r < rows; ++r) SplitPairsPortable(x + r * ldx, k, 0, out + r * kBf16Parts * PairCount(k));
+inline void SplitRowsPortable(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out) {
+  for (int64_t r = 0; r < rows; ++r) SplitPairsPortable(x + r * ldx, k, 0, pair_stride, out + r * kBf16Parts * pair_stride);
 }
 
 // x == 0 for subnormals, as the instruction reads its inputs and writes its results.
 inline float FlushSubnormal(float v) { return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.0f, v) : v; }
 
+// The low (h = 0) or high (h = 1) bf16 of a word as fp32, a subnormal read as 0.
+inline float HalfOf(uint32_t word, int h) { return FlushSubnormal(std::bit_cast<float>(h ? word & 0xffff0000u : word << 16)); }
+
 // VDPBF16PS on one lane: the odd halves' product added first, then the even halves', each sum rounded
 // to fp32 (the products of two bf16 are exact).
 inline float DotPair(float acc, uint32_t x_pair, uint32_t w_pair) {
-  const auto half = [](uint32_t word, int h) { return FlushSubnormal(std::bit_cast<float>(h ? word & 0xffff0000u : word << 16)); };
   acc = FlushSubnormal(acc);
-  acc = FlushSubnormal(acc + half(x_pair, 1) * half(w_pair, 1));
-  return FlushSubnormal(acc + half(x_pair, 0) * half(w_pair, 0));
+  acc = FlushSubnormal(acc + HalfOf(x_pair, 1) * HalfOf(w_pair, 1));
+  return FlushSubnormal(acc + HalfOf(x_pair, 0) * HalfOf(w_pair, 0));
 }
+
+// The AMX arithmetic (TDPBF16PS): per 32 k from k = 0 and per part, the even halves' products and the
+// odd halves' are summed apart from 0, then their sum is added to the output; every sum rounded to fp32.
+inline constexpr int64_t kAmxChunk = 32;
+
+struct AmxSums {
+  float even = 0.0f, odd = 0.0f;
+};
+
+inline void AmxStep(AmxSums& sums, uint32_t x_pair, uint32_t w_pair) {
+  sums.even = FlushSubnormal(sums.even + HalfOf(x_pair, 0) * HalfOf(w_pair, 0));
+  sums.odd = FlushSubnormal(sums.odd + HalfOf(x_pair, 1) * HalfOf(w_pair, 1));
+}
+
+inline float AmxAdd(float acc, const AmxSums& sums) { return FlushSubnormal(FlushSubnormal(acc) + FlushSubnormal(sums.even + sums.odd)); }
 
 }  // namespace anchorage::cpu

@@ -26,7 +26,8 @@ struct GemmBlock {
   float* y = nullptr;  // output column of the group's first, row 0; row stride ldy
   int64_t ldy = 0;
   bool accumulate = false;  // continue from the partial sums in y (k0 > 0)
-  // bf16 paths: the rows split into bf16 parts (bf16_split.h); row r's part p at x_pairs + (r * parts + p) * pair_stride.
+  // bf16 paths: the rows split into bf16 parts (bf16_split.h); row r's part p at x_pairs + (r * parts + p) * pair_stride
+  // (the AMX path: row tile r / 16 from x_pairs + r * parts * pair_stride, SplitRowsAmxBf16's layout).
   const uint32_t* x_pairs = nullptr;
   int64_t pair_stride = 0;
 };
@@ -39,7 +40,13 @@ void GemmBlockAvx2(const GemmBlock& b);
 void GemmBlockAvx512(const GemmBlock& b);
 void GemmBlockAvx512Bf16(const GemmBlock& b);
 void GemmBlockEmulatedBf16(const GemmBlock& b);
-void SplitRowsAvx512Bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, uint32_t* out);
+void GemmBlockAmxBf16(const GemmBlock& b);
+void GemmBlockEmulatedAmx(const GemmBlock& b);
+void SplitRowsAvx512Bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out);
+// The same words laid out as the AMX kernel's A tiles: rows in tiles of 16, row tile R's chunk c (16 pairs,
+// pair_stride / 16 of them) part p at out + R * 16 * kBf16Parts * pair_stride + (c * kBf16Parts + p) * 256, row i of
+// it at + 16 i. Rows come in whole tiles from the first (rows <= 16 unless out is a tile's start).
+void SplitRowsAmxBf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out);
 
 // x [rows, k] (row stride ldx) into kRowGroup groups: row r, column t at out[((r / 12) * k + t) * 12 + r % 12].
 void PackRowGroups(const float* x, int64_t ldx, int64_t rows, int64_t k, float* out);

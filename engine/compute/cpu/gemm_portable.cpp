@@ -1,5 +1,6 @@
 // The portable GEMM path, and the 16-lane kernel's arithmetic emulated for tests: arrays of lanes,
 // one std::fma each.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -84,11 +85,35 @@ void RunEmulatedBf16(const GemmBlock& b) {
   }
 }
 
+// The AMX path's arithmetic one output at a time: chunks of 32 k from k = 0, each part's even and
+// odd sums apart (AmxStep), then added (AmxAdd).
+void RunEmulatedAmx(const GemmBlock& b) {
+  for (int64_t c = 0; c < b.cols; ++c) {
+    const uint16_t* column = b.panels + (c / kPanelColumns) * b.k * kPanelColumns + PackedBf16::SlotOf(c % kPanelColumns);
+    for (int64_t r = 0; r < b.rows; ++r) {
+      float acc = b.accumulate ? b.y[r * b.ldy + c] : 0.0f;
+      for (int64_t i0 = b.k0; i0 < b.k1; i0 += kAmxChunk) {
+        const int64_t i1 = std::min(b.k1, i0 + kAmxChunk);
+        for (int p = 0; p < kBf16Parts; ++p) {
+          AmxSums sums;
+          for (int64_t i = i0; i < i1; i += 2) {
+            const uint32_t w_pair = column[i * kPanelColumns] | (i + 1 < b.k ? uint32_t{column[(i + 1) * kPanelColumns]} << 16 : 0u);
+            AmxStep(sums, b.x_pairs[(r * kBf16Parts + p) * b.pair_stride + i / 2], w_pair);
+          }
+          acc = AmxAdd(acc, sums);
+        }
+      }
+      b.y[r * b.ldy + c] = acc;
+    }
+  }
+}
+
 }  // namespace
 
 void GemmBlockPortable(const GemmBlock& b) { RunGemmBlock<Portable>(b); }
 void GemmBlockEmulated16(const GemmBlock& b) { RunGemmBlock<Emulated16>(b); }
 void GemmBlockEmulatedBf16(const GemmBlock& b) { RunEmulatedBf16(b); }
+void GemmBlockEmulatedAmx(const GemmBlock& b) { RunEmulatedAmx(b); }
 
 const Fp32Kernels kFp32Portable{RunRowsTimes<Portable>};
 const Fp32Kernels kFp32Emulated16{RunRowsTimes<Emulated16>};

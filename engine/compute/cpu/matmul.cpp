@@ -20,26 +20,39 @@ BlockFn BlockOf(KernelPath path) {
     case KernelPath::kAvx2Fma: return GemmBlockAvx2;
     case KernelPath::kAvx512F: return GemmBlockAvx512;
     case KernelPath::kAvx512Bf16: return GemmBlockAvx512Bf16;
+    case KernelPath::kAmxBf16: return GemmBlockAmxBf16;
     case KernelPath::kEmulated16: return GemmBlockEmulated16;
     case KernelPath::kEmulatedBf16: return GemmBlockEmulatedBf16;
+    case KernelPath::kEmulatedAmx: return GemmBlockEmulatedAmx;
     case KernelPath::kPortable: break;
   }
   return GemmBlockPortable;
 }
 
-using SplitFn = void (*)(const float* x, int64_t ldx, int64_t rows, int64_t k, uint32_t* out);
+using SplitFn = void (*)(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out);
 
 // The activation split of a bf16 path; null for the fp32 paths.
 SplitFn SplitOf(KernelPath path) {
   switch (path) {
     case KernelPath::kAvx512Bf16: return SplitRowsAvx512Bf16;
-    case KernelPath::kEmulatedBf16: return SplitRowsPortable;
+    case KernelPath::kAmxBf16: return SplitRowsAmxBf16;
+    case KernelPath::kEmulatedBf16:
+    case KernelPath::kEmulatedAmx: return SplitRowsPortable;
     default: return nullptr;
   }
 }
 
-constexpr KernelPath kAllPaths[] = {KernelPath::kPortable,   KernelPath::kAvx2Fma,      KernelPath::kAvx512F,
-                                    KernelPath::kAvx512Bf16, KernelPath::kEmulated16, KernelPath::kEmulatedBf16};
+constexpr KernelPath kAllPaths[] = {KernelPath::kPortable,   KernelPath::kAvx2Fma,    KernelPath::kAvx512F,
+                                    KernelPath::kAvx512Bf16, KernelPath::kAmxBf16,    KernelPath::kEmulated16,
+                                    KernelPath::kEmulatedBf16, KernelPath::kEmulatedAmx};
+
+// Words a part of a split row takes: the AMX paths read 16 pairs at a time, zero past the row's end.
+int64_t PairStrideOf(KernelPath path, int64_t k) {
+  const int64_t pairs = PairCount(k);
+  if (ArithmeticOf(path) != Arithmetic::kBf16Amx) return pairs;
+  const int64_t tile_pairs = kAmxChunk / 2;
+  return (pairs + tile_pairs - 1) / tile_pairs * tile_pairs;
+}
 
 KernelPath InitialPath() {
   const KernelPath best = AvailablePaths().front();
@@ -76,8 +89,10 @@ const char* PathName(KernelPath path) {
     case KernelPath::kAvx2Fma: return "avx2-fma";
     case KernelPath::kAvx512F: return "avx512f";
     case KernelPath::kAvx512Bf16: return "avx512-bf16";
+    case KernelPath::kAmxBf16: return "amx-bf16";
     case KernelPath::kEmulated16: return "emulated16";
     case KernelPath::kEmulatedBf16: return "emulated-bf16";
+    case KernelPath::kEmulatedAmx: return "emulated-amx";
   }
   return "?";
 }
@@ -96,17 +111,20 @@ bool PathAvailable(KernelPath path) {
   switch (path) {
     case KernelPath::kPortable:
     case KernelPath::kEmulated16:
-    case KernelPath::kEmulatedBf16: return true;
+    case KernelPath::kEmulatedBf16:
+    case KernelPath::kEmulatedAmx: return true;
     case KernelPath::kAvx2Fma: return f.avx2 && f.fma;
     case KernelPath::kAvx512F: return f.avx512f;
     case KernelPath::kAvx512Bf16: return f.avx512f && f.avx512bw && f.avx512_bf16;
+    case KernelPath::kAmxBf16: return f.avx512f && f.avx512bw && f.avx512_bf16 && f.amx_tile && f.amx_bf16 && f.amx_permitted;
   }
   return false;
 }
 
 std::vector<KernelPath> AvailablePaths() {
   std::vector<KernelPath> out;
-  for (KernelPath p : {KernelPath::kAvx512F, KernelPath::kAvx512Bf16, KernelPath::kAvx2Fma, KernelPath::kPortable})
+  for (KernelPath p : {KernelPath::kAvx512F, KernelPath::kAmxBf16, KernelPath::kAvx512Bf16, KernelPath::kAvx2Fma,
+                       KernelPath::kPortable})
     if (PathAvailable(p)) out.push_back(p);
   return out;
 }
@@ -123,19 +141,41 @@ const Fp32Kernels& Fp32KernelsOf(KernelPath path) {
   switch (path) {
     case KernelPath::kAvx2Fma: return kFp32Avx2;
     case KernelPath::kAvx512F:
-    case KernelPath::kAvx512Bf16: return kFp32Avx512;
+    case KernelPath::kAvx512Bf16:
+    case KernelPath::kAmxBf16: return kFp32Avx512;
     case KernelPath::kEmulated16: return kFp32Emulated16;
     case KernelPath::kEmulatedBf16:
+    case KernelPath::kEmulatedAmx:
     case KernelPath::kPortable: break;
   }
   return kFp32Portable;
 }
 
-bool SplitsIntoBf16(KernelPath path) { return SplitOf(path) != nullptr; }
+Arithmetic ArithmeticOf(KernelPath path) {
+  switch (path) {
+    case KernelPath::kAvx512Bf16:
+    case KernelPath::kEmulatedBf16: return Arithmetic::kBf16Dot;
+    case KernelPath::kAmxBf16:
+    case KernelPath::kEmulatedAmx: return Arithmetic::kBf16Amx;
+    case KernelPath::kPortable:
+    case KernelPath::kAvx2Fma:
+    case KernelPath::kAvx512F:
+    case KernelPath::kEmulated16: break;
+  }
+  return Arithmetic::kFp32Fma;
+}
+
+bool SplitsIntoBf16(KernelPath path) { return ArithmeticOf(path) != Arithmetic::kFp32Fma; }
 
 const char* ArithmeticNameOf(KernelPath path) {
-  static_assert(kBf16Parts == 3, "the bf16 arithmetic's name says how many parts it splits into");
-  return SplitsIntoBf16(path) ? "bf16-split3-dpbf16-k-pairs-v1" : "fp32-fma-k-order-v2";
+  static_assert(kBf16Parts == 3, "the bf16 arithmetics' names say how many parts they split into");
+  static_assert(kAmxChunk == 32, "the AMX arithmetic's name says how many k it sums apart");
+  switch (ArithmeticOf(path)) {
+    case Arithmetic::kBf16Dot: return "bf16-split3-dpbf16-k-pairs-v1";
+    case Arithmetic::kBf16Amx: return "bf16-split3-amx-k32-v1";
+    case Arithmetic::kFp32Fma: break;
+  }
+  return "fp32-fma-k-order-v2";
 }
 
 const char* ArithmeticName() { return ArithmeticNameOf(ActivePath()); }
@@ -155,15 +195,18 @@ void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, 
   const BlockFn block = BlockOf(path);
   const SplitFn split = SplitOf(path);
   thread_local std::vector<uint32_t> split_buffer;  // the calling thread's; the tasks see it through split_rows
-  const int64_t pair_stride = PairCount(k);
+  const int64_t pair_stride = PairStrideOf(path, k);
   uint32_t* split_rows = nullptr;
   if (split != nullptr) {
-    split_buffer.resize(static_cast<size_t>(m * kBf16Parts * pair_stride));
+    // The AMX layout gives a partial last row tile a whole tile's words.
+    const int64_t split_rows_held = path == KernelPath::kAmxBf16 ? (m + 15) / 16 * 16 : m;
+    split_buffer.resize(static_cast<size_t>(split_rows_held * kBf16Parts * pair_stride));
     split_rows = split_buffer.data();
-    const int64_t rows_a_task = 16;
+    const int64_t rows_a_task = 16;  // one AMX row tile
+    static_assert(kGemmRowBlock % rows_a_task == 0, "a row block starts a row tile");
     pool.Run(static_cast<size_t>((m + rows_a_task - 1) / rows_a_task), [&](size_t t) {
       const int64_t r0 = static_cast<int64_t>(t) * rows_a_task;
-      split(x + r0 * ldx, ldx, std::min(rows_a_task, m - r0), k, split_rows + r0 * kBf16Parts * pair_stride);
+      split(x + r0 * ldx, ldx, std::min(rows_a_task, m - r0), k, pair_stride, split_rows + r0 * kBf16Parts * pair_stride);
     });
   }
   thread_local std::vector<float> group_buffer;
@@ -181,7 +224,9 @@ void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, 
   }
   const int64_t task_columns = kGemmTaskPanels * kPanelColumns;
   const int64_t tasks = (n + task_columns - 1) / task_columns;
-  const int64_t k_block = m <= kFewRows ? k : kGemmKBlock;
+  // The AMX kernel keeps its sums in tiles over the whole k (its blocks would be multiples of kAmxChunk).
+  const bool whole_k = m <= kFewRows || ArithmeticOf(path) == Arithmetic::kBf16Amx;
+  const int64_t k_block = whole_k ? k : kGemmKBlock;
   pool.Run(static_cast<size_t>(tasks), [&](size_t t) {
     const int64_t first = static_cast<int64_t>(t) * task_columns;
     GemmBlock b;

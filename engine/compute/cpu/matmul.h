@@ -19,14 +19,24 @@ enum class KernelPath {
   kAvx2Fma,      // 8 lanes
   kAvx512F,      // 16 lanes
   kAvx512Bf16,   // VDPBF16PS on activations split into bf16 parts
+  kAmxBf16,      // TDPBF16PS tiles on activations split into bf16 parts
   kEmulated16,   // the AVX-512F kernel's lane order in portable C++, for tests on any CPU
   kEmulatedBf16, // the AVX-512 BF16 kernel's arithmetic in portable C++, for tests on any CPU
+  kEmulatedAmx,  // the AMX kernel's arithmetic in portable C++, for tests on any CPU
+};
+
+// How a path rounds; paths of one arithmetic give the same bits.
+enum class Arithmetic {
+  kFp32Fma,   // each output's k products in index order, one fused multiply-add each
+  kBf16Dot,   // bf16 parts, k in pairs as VDPBF16PS adds them (DotPair)
+  kBf16Amx,   // bf16 parts, 32 k at a time as TDPBF16PS adds them (AmxStep, AmxAdd)
 };
 
 const char* PathName(KernelPath path);
 Result<KernelPath> PathFromName(const std::string& name);
 // The paths this CPU runs, best first (the emulated ones are never listed: they exist for tests). The
-// bf16 path comes after avx512f: its three-part split costs more products than its rate gains.
+// bf16 paths come after avx512f: the VDPBF16PS path's three-part split costs more products than its rate
+// gains, and the AMX path, about twice as fast in prefill, decodes at about half the rate (docs/engine.md).
 std::vector<KernelPath> AvailablePaths();
 bool PathAvailable(KernelPath path);
 
@@ -37,6 +47,7 @@ Status SetActivePath(KernelPath path);
 // How the active path rounds: paths with the same name give the same bits (part of the fingerprint).
 const char* ArithmeticName();
 const char* ArithmeticNameOf(KernelPath path);
+Arithmetic ArithmeticOf(KernelPath path);
 // Whether the path splits activations into bf16 parts (bf16_split.h) rather than multiplying in fp32.
 bool SplitsIntoBf16(KernelPath path);
 

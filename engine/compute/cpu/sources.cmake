@@ -4,6 +4,7 @@ list(APPEND ANCHORAGE_COMPUTE_SOURCES
   cpu/attention.cpp
   cpu/cpu_features.cpp
   cpu/gated_delta.cpp
+  cpu/gemm_amx_bf16.cpp
   cpu/gemm_avx2.cpp
   cpu/gemm_avx512.cpp
   cpu/gemm_avx512_bf16.cpp

@@ -1,0 +1,207 @@
+// The AMX-BF16 GEMM path: the activations' bf16 parts (bf16_split.h) are split straight into A tiles; a
+// super-panel's 32 columns, interleaved into k-pair rows once a block (bf16_lanes.h), are two B tiles;
+// two row tiles by the two column tiles sum in four C tiles over the whole k, one TDPBF16PS a part and
+// 32 k, so each output gets kBf16Amx's arithmetic whatever the row count.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cassert>
+#include <vector>
+
+#include "engine/compute/cpu/bf16_split.h"
+#include "engine/compute/cpu/gemm_block.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,amx-tile,amx-bf16")
+
+#include "engine/compute/cpu/bf16_lanes.h"
+
+namespace anchorage::cpu {
+namespace {
+
+constexpr int kTileRows = 16;
+constexpr int64_t kChunkPairs = kAmxChunk / 2;  // k pairs one TDPBF16PS reads
+constexpr int64_t kTileWords = kTileRows * 16;  // 32-bit words of one tile (16 rows of 64 bytes)
+
+// Tile registers (the intrinsics take them as literals): C of row tile 0's lo and hi columns 0 and 1,
+// of row tile 1's 2 and 3; A of row tiles 0 and 1 4 and 5; B of the lo and hi columns 6 and 7.
+enum : int { kC00 = 0, kC01 = 1, kC10 = 2, kC11 = 3, kA0 = 4, kA1 = 5, kBLo = 6, kBHi = 7 };
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_a_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Row tile 0 has rows0 rows, row tile 1 rows1 (0: unused).
+void Configure(int rows0, int rows1) {
+  TileConfig c;
+  const auto set = [&](int tile, int rows) {
+    c.rows[tile] = static_cast<uint8_t>(rows);
+    c.bytes_a_row[tile] = rows > 0 ? 64 : 0;
+  };
+  for (int t : {kC00, kC01, kA0}) set(t, rows0);
+  for (int t : {kC10, kC11, kA1}) set(t, rows1);
+  for (int t : {kBLo, kBHi}) set(t, kTileRows);
+  _tile_loadconfig(&c);
+}
+
+// B tiles of chunk `chunk` of a super-panel whose k rows start at w (k_len of them): the lo tile then
+// the hi tile, row i holding the k pair chunk * 16 + i; pairs past k_len are 0.
+void InterleaveChunk(const uint16_t* w, int64_t k_len, int64_t chunk, uint32_t* out) {
+  for (int64_t i = 0; i < kChunkPairs; ++i) {
+    const int64_t even_k = 2 * (chunk * kChunkPairs + i);
+    const __m512i even = even_k < k_len ? _mm512_loadu_si512(w + even_k * kPanelColumns) : _mm512_setzero_si512();
+    const __m512i odd = even_k + 1 < k_len ? _mm512_loadu_si512(w + (even_k + 1) * kPanelColumns) : _mm512_setzero_si512();
+    __m512i lo, hi;
+    InterleavePairs(even, odd, lo, hi);
+    _mm512_storeu_si512(out + i * 16, lo);
+    _mm512_storeu_si512(out + kTileWords + i * 16, hi);
+  }
+}
+
+// Up to two row tiles of the block, against one super-panel.
+struct RowPair {
+  const uint32_t* a;     // row tile 0's A tiles (SplitRowsAmxBf16's layout)
+  int64_t second_tile;   // words from row tile 0's A tiles to row tile 1's
+  int rows0, rows1;
+};
+
+// The C tiles' rows to and from y in column order, through a scratch of 4 tiles.
+template <bool kTwo>
+void LoadC(float* const y, int64_t ldy, int cols, const RowPair& rp, float* scratch) {
+  for (int tile = 0; tile < (kTwo ? 2 : 1); ++tile) {
+    const int rows = tile == 0 ? rp.rows0 : rp.rows1;
+    for (int r = 0; r < rows; ++r) {
+      __m512 lo, hi;
+      LoadOut(y + (tile * kTileRows + r) * ldy, cols, lo, hi);
+      _mm512_store_ps(scratch + (2 * tile) * kTileWords + r * 16, lo);
+      _mm512_store_ps(scratch + (2 * tile + 1) * kTileWords + r * 16, hi);
+    }
+  }
+  _tile_loadd(0, scratch, 64);
+  _tile_loadd(1, scratch + kTileWords, 64);
+  if constexpr (kTwo) {
+    _tile_loadd(2, scratch + 2 * kTileWords, 64);
+    _tile_loadd(3, scratch + 3 * kTileWords, 64);
+  }
+}
+
+template <bool kTwo>
+void StoreC(float* const y, int64_t ldy, int cols, const RowPair& rp, float* scratch) {
+  _tile_stored(0, scratch, 64);
+  _tile_stored(1, scratch + kTileWords, 64);
+  if constexpr (kTwo) {
+    _tile_stored(2, scratch + 2 * kTileWords, 64);
+    _tile_stored(3, scratch + 3 * kTileWords, 64);
+  }
+  for (int tile = 0; tile < (kTwo ? 2 : 1); ++tile) {
+    const int rows = tile == 0 ? rp.rows0 : rp.rows1;
+    for (int r = 0; r < rows; ++r)
+      StoreOut(y + (tile * kTileRows + r) * ldy, cols, _mm512_load_ps(scratch + (2 * tile) * kTileWords + r * 16),
+               _mm512_load_ps(scratch + (2 * tile + 1) * kTileWords + r * 16));
+  }
+}
+
+// Chunks [0, chunks) of the whole k for one row pair; b_tiles holds the interleaved chunks below
+// `ready`, and the rest are interleaved from w as they are reached.
+template <bool kTwo>
+void RowPairTimesPanel(const RowPair& rp, const uint16_t* w, int64_t k, int64_t chunks, uint32_t* b_tiles, int64_t& ready,
+                       float* y, int64_t ldy, int cols, bool accumulate, float* scratch) {
+  if (accumulate) {
+    LoadC<kTwo>(y, ldy, cols, rp, scratch);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    if constexpr (kTwo) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+  }
+  for (int64_t c = 0; c < chunks; ++c) {
+    uint32_t* b = b_tiles + c * 2 * kTileWords;
+    if (c >= ready) {
+      InterleaveChunk(w, k, c, b);
+      ready = c + 1;
+    }
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b + kTileWords, 64);
+    for (int p = 0; p < kBf16Parts; ++p) {
+      const uint32_t* a = rp.a + (c * kBf16Parts + p) * kTileWords;
+      _tile_loadd(4, a, 64);
+      if constexpr (kTwo) _tile_loadd(5, a + rp.second_tile, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      if constexpr (kTwo) {
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+  }
+  StoreC<kTwo>(y, ldy, cols, rp, scratch);
+}
+
+void Run(const GemmBlock& b) {
+  assert(b.k0 == 0 && b.k1 == b.k);  // the A tiles hold the whole k
+  const int64_t chunks = (b.k + kAmxChunk - 1) / kAmxChunk;
+  thread_local std::vector<uint32_t> b_tiles;
+  b_tiles.resize(static_cast<size_t>(chunks * 2 * kTileWords));
+  alignas(64) float scratch[4 * kTileWords];
+  const int64_t row_words = kBf16Parts * b.pair_stride;
+  int configured0 = -1, configured1 = -1;
+  for (int64_t p = 0; p < b.panel_count; ++p) {
+    const uint16_t* w = b.panels + p * b.k * kPanelColumns;
+    float* y = b.y + p * kPanelColumns;
+    const int cols = static_cast<int>(b.cols - p * kPanelColumns < kPanelColumns ? b.cols - p * kPanelColumns : kPanelColumns);
+    int64_t ready = 0;
+    for (int64_t r0 = 0; r0 < b.rows; r0 += 2 * kTileRows) {
+      RowPair rp;
+      rp.a = b.x_pairs + r0 * row_words;
+      rp.second_tile = kTileRows * row_words;
+      rp.rows0 = static_cast<int>(std::min<int64_t>(kTileRows, b.rows - r0));
+      rp.rows1 = static_cast<int>(std::clamp<int64_t>(b.rows - r0 - kTileRows, 0, kTileRows));
+      if (rp.rows0 != configured0 || rp.rows1 != configured1) {
+        Configure(rp.rows0, rp.rows1);
+        configured0 = rp.rows0;
+        configured1 = rp.rows1;
+      }
+      float* yr = y + r0 * b.ldy;
+      if (rp.rows1 > 0) {
+        RowPairTimesPanel<true>(rp, w, b.k, chunks, b_tiles.data(), ready, yr, b.ldy, cols, b.accumulate, scratch);
+      } else {
+        RowPairTimesPanel<false>(rp, w, b.k, chunks, b_tiles.data(), ready, yr, b.ldy, cols, b.accumulate, scratch);
+      }
+    }
+  }
+  _tile_release();
+}
+
+void Split(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out) {
+  const int64_t chunks = pair_stride / kChunkPairs;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * ldx;
+    uint32_t* tile_row = out + (r / kTileRows) * kTileRows * kBf16Parts * pair_stride + (r % kTileRows) * 16;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t k0 = c * kAmxChunk;
+      const __m512 first16 = _mm512_maskz_loadu_ps(Mask(static_cast<int>(std::clamp<int64_t>(k - k0, 0, 16))), row + std::min(k0, k));
+      const __m512 next16 =
+          _mm512_maskz_loadu_ps(Mask(static_cast<int>(std::clamp<int64_t>(k - k0 - 16, 0, 16))), row + std::min(k0 + 16, k));
+      SplitSixteenPairs(first16, next16, tile_row + c * kBf16Parts * kTileWords, kTileWords);
+    }
+  }
+}
+
+}  // namespace
+
+#pragma GCC pop_options
+
+void GemmBlockAmxBf16(const GemmBlock& b) { Run(b); }
+void SplitRowsAmxBf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out) {
+  Split(x, ldx, rows, k, pair_stride, out);
+}
+
+}  // namespace anchorage::cpu
