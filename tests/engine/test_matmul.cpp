@@ -49,25 +49,24 @@ std::vector<float> Sequential(const Problem& p) {
   return y;
 }
 
-// The bf16 arithmetic, written out: x = p0 + p1 + ... (each part the bf16 rounding of what the ones
-// before it left), then per pair of k the odd product and the even one of each part, in that order,
-// each added in fp32.
+// Part `which` of v's bf16 split: x = p0 + p1 + ..., each part the bf16 rounding of what the ones before it left.
 float PartOf(float v, int which) {
   float rest = v;
   for (int i = 0; i < which; ++i) rest = rest - Bf16ToFloat(FloatToBf16(rest));
   return Bf16ToFloat(FloatToBf16(rest));
 }
 
+// The bf16 arithmetic, written out: per pair of k the odd product and the even one of each part, in
+// that order, each added in fp32.
 std::vector<float> SequentialBf16(const Problem& p) {
-  const auto part = PartOf;
   std::vector<float> y(static_cast<size_t>(p.m * p.n));
   for (int64_t r = 0; r < p.m; ++r)
     for (int64_t j = 0; j < p.n; ++j) {
       float acc = 0.0f;
       for (int64_t i = 0; i < p.k; i += 2)
         for (int which = 0; which < cpu::kBf16Parts; ++which) {
-          if (i + 1 < p.k) acc = acc + part(p.x[r * p.k + i + 1], which) * Bf16ToFloat(p.w[j * p.k + i + 1]);
-          acc = acc + part(p.x[r * p.k + i], which) * Bf16ToFloat(p.w[j * p.k + i]);
+          if (i + 1 < p.k) acc = acc + PartOf(p.x[r * p.k + i + 1], which) * Bf16ToFloat(p.w[j * p.k + i + 1]);
+          acc = acc + PartOf(p.x[r * p.k + i], which) * Bf16ToFloat(p.w[j * p.k + i]);
         }
       y[r * p.n + j] = acc;
     }
