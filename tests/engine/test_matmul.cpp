@@ -222,14 +222,31 @@ class TestMatmul : public QObject {
     QFETCH(int, emulation);
     SKIP_UNLESS_AVAILABLE(static_cast<cpu::KernelPath>(path));
     ThreadPool pool(2);
-    Problem p = Make(5, 70, 301, 9u);
-    for (size_t i = 0; i < p.x.size(); ++i) p.x[i] *= (i % 3 == 0) ? 1e-38f : (i % 3 == 1 ? 1e-19f : 1.0f);
-    for (size_t i = 0; i < p.w.size(); ++i)
-      if (i % 5 == 0) p.w[i] = FloatToBf16(Bf16ToFloat(p.w[i]) * 1e-20f);
+    // Rows 0-1: mixed magnitudes; rows 2-3: every product subnormal (flushed results); rows 4-5:
+    // large activations against subnormal weights in columns 0-9 (inputs read as 0).
+    Problem p = Make(6, 70, 301, 9u);
+    for (int64_t r = 0; r < p.m; ++r)
+      for (int64_t i = 0; i < p.k; ++i) {
+        float& v = p.x[r * p.k + i];
+        v *= r < 2 ? (i % 3 == 0 ? 1e-38f : (i % 3 == 1 ? 1e-19f : 1.0f)) : r < 4 ? 1e-30f : 1e10f;
+      }
+    for (int64_t j = 0; j < p.n; ++j)
+      for (int64_t i = 0; i < p.k; ++i) {
+        uint16_t& w = p.w[j * p.k + i];
+        if ((j * p.k + i) % 5 == 0) w = FloatToBf16(Bf16ToFloat(w) * 1e-20f);
+        if (j < 10) w = static_cast<uint16_t>((w & 0x8000u) | (1 + (i % 100)));  // subnormal bf16
+      }
+    for (int64_t j = 10; j < p.n; ++j)
+      for (int64_t i = 0; i < p.k; ++i) p.w[j * p.k + i] = FloatToBf16(Bf16ToFloat(p.w[j * p.k + i]) * (j % 2 ? 1e-9f : 1.0f));
     p.packed = cpu::PackedBf16::FromRowMajor(p.w.data(), p.n, p.k);
     const auto real = Run(static_cast<cpu::KernelPath>(path), pool, p, 0, p.m);
     const auto emulated = Run(static_cast<cpu::KernelPath>(emulation), pool, p, 0, p.m);
     QVERIFY(SameBits(real.data(), emulated.data(), real.size()));
+    for (int64_t r0 : {0, 2, 4})
+      for (int64_t rows : {1, 2}) {  // the few-rows (decode) kernels too
+        const auto few = Run(static_cast<cpu::KernelPath>(path), pool, p, r0, rows);
+        QVERIFY2(SameBits(few.data(), emulated.data() + r0 * p.n, few.size()), qPrintable(QString("rows %1 from %2").arg(rows).arg(r0)));
+      }
   }
 
   // The vector split writes the portable split's words, specials included, and zeros up to the stride.

@@ -56,11 +56,11 @@ inline float FlushSubnormal(float v) { return std::fpclassify(v) == FP_SUBNORMAL
 inline float HalfOf(uint32_t word, int h) { return FlushSubnormal(std::bit_cast<float>(h ? word & 0xffff0000u : word << 16)); }
 
 // VDPBF16PS on one lane: the odd halves' product added first, then the even halves', each sum rounded
-// to fp32 (the products of two bf16 are exact).
+// to fp32 once (fused: a product too small for fp32 still gives the sum its sign).
 inline float DotPair(float acc, uint32_t x_pair, uint32_t w_pair) {
   acc = FlushSubnormal(acc);
-  acc = FlushSubnormal(acc + HalfOf(x_pair, 1) * HalfOf(w_pair, 1));
-  return FlushSubnormal(acc + HalfOf(x_pair, 0) * HalfOf(w_pair, 0));
+  acc = FlushSubnormal(std::fma(HalfOf(x_pair, 1), HalfOf(w_pair, 1), acc));
+  return FlushSubnormal(std::fma(HalfOf(x_pair, 0), HalfOf(w_pair, 0), acc));
 }
 
 // The AMX arithmetic (TDPBF16PS): per 32 k from k = 0 and per part, the even halves' products and the
@@ -72,8 +72,8 @@ struct AmxSums {
 };
 
 inline void AmxStep(AmxSums& sums, uint32_t x_pair, uint32_t w_pair) {
-  sums.even = FlushSubnormal(sums.even + HalfOf(x_pair, 0) * HalfOf(w_pair, 0));
-  sums.odd = FlushSubnormal(sums.odd + HalfOf(x_pair, 1) * HalfOf(w_pair, 1));
+  sums.even = FlushSubnormal(std::fma(HalfOf(x_pair, 0), HalfOf(w_pair, 0), sums.even));
+  sums.odd = FlushSubnormal(std::fma(HalfOf(x_pair, 1), HalfOf(w_pair, 1), sums.odd));
 }
 
 inline float AmxAdd(float acc, const AmxSums& sums) { return FlushSubnormal(FlushSubnormal(acc) + FlushSubnormal(sums.even + sums.odd)); }

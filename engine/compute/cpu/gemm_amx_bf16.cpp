@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
 #include <vector>
 
@@ -145,8 +146,107 @@ void RowPairTimesPanel(const RowPair& rp, const uint16_t* w, int64_t k, int64_t 
   StoreC<kTwo>(y, ldy, cols, rp, scratch);
 }
 
+// Up to kFewRows rows (decode) in AVX-512F with the same arithmetic: a tile's time is the same for one
+// row as for 16, so decode sums each chunk's even and odd products in fused multiply-adds instead,
+// with MXCSR's flush-to-zero and denormals-are-zero as TDPBF16PS has them. A k row widened by a shift
+// (lo: columns 0..7 and 16..23) and a mask (hi: 8..15 and 24..31), as on the avx512f path.
+__m512i FirstHalves() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23); }
+__m512i SecondHalves() { return _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31); }
+
+void Widen(const uint16_t* k_row, __m512& lo, __m512& hi) {
+  const __m512i w = _mm512_loadu_si512(k_row);
+  lo = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  hi = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
+// R rows by S super-panels over chunks [0, chunks); x[r]: row r's first A tile row (SplitRowsAmxBf16's layout).
+template <int R, int S>
+void FewRows(const uint32_t* const* x, const uint16_t* const* w, float* const* y, const int* cols, int64_t ldy, int64_t k,
+             bool accumulate) {
+  __m512 acc[R][S][2];
+  for (int r = 0; r < R; ++r)
+    for (int s = 0; s < S; ++s) {
+      if (accumulate) {
+        const __m512 a = _mm512_maskz_loadu_ps(Mask(cols[s]), y[s] + r * ldy);
+        const __m512 b = _mm512_maskz_loadu_ps(Mask(cols[s] - 16), y[s] + r * ldy + 16);
+        acc[r][s][0] = _mm512_permutex2var_ps(a, FirstHalves(), b);
+        acc[r][s][1] = _mm512_permutex2var_ps(a, SecondHalves(), b);
+      } else {
+        acc[r][s][0] = acc[r][s][1] = _mm512_setzero_ps();
+      }
+    }
+  const int64_t pairs = PairCount(k);
+  for (int64_t c = 0; c * kChunkPairs < pairs; ++c) {
+    __m512 even[R][S][kBf16Parts][2], odd[R][S][kBf16Parts][2];
+    for (int r = 0; r < R; ++r)
+      for (int s = 0; s < S; ++s)
+        for (int p = 0; p < kBf16Parts; ++p)
+          for (int h = 0; h < 2; ++h) even[r][s][p][h] = odd[r][s][p][h] = _mm512_setzero_ps();
+    const int64_t last = std::min(pairs, (c + 1) * kChunkPairs);
+    for (int64_t t = c * kChunkPairs; t < last; ++t) {
+      __m512 we[S][2], wo[S][2];
+      for (int s = 0; s < S; ++s) {
+        Widen(w[s] + 2 * t * kPanelColumns, we[s][0], we[s][1]);
+        if (2 * t + 1 < k) {
+          Widen(w[s] + (2 * t + 1) * kPanelColumns, wo[s][0], wo[s][1]);
+        } else {
+          wo[s][0] = wo[s][1] = _mm512_setzero_ps();
+        }
+      }
+      for (int r = 0; r < R; ++r)
+        for (int p = 0; p < kBf16Parts; ++p) {
+          const uint32_t word = x[r][(c * kBf16Parts + p) * kTileWords + t % kChunkPairs];
+          const __m512 xe = _mm512_set1_ps(std::bit_cast<float>(word << 16));
+          const __m512 xo = _mm512_set1_ps(std::bit_cast<float>(word & 0xffff0000u));
+          for (int s = 0; s < S; ++s)
+            for (int h = 0; h < 2; ++h) {
+              even[r][s][p][h] = _mm512_fmadd_ps(xe, we[s][h], even[r][s][p][h]);
+              odd[r][s][p][h] = _mm512_fmadd_ps(xo, wo[s][h], odd[r][s][p][h]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int s = 0; s < S; ++s)
+        for (int p = 0; p < kBf16Parts; ++p)
+          for (int h = 0; h < 2; ++h)
+            acc[r][s][h] = _mm512_add_ps(acc[r][s][h], _mm512_add_ps(even[r][s][p][h], odd[r][s][p][h]));
+  }
+  for (int r = 0; r < R; ++r)
+    for (int s = 0; s < S; ++s) {
+      _mm512_mask_storeu_ps(y[s] + r * ldy, Mask(cols[s]), _mm512_permutex2var_ps(acc[r][s][0], FirstHalves(), acc[r][s][1]));
+      _mm512_mask_storeu_ps(y[s] + r * ldy + 16, Mask(cols[s] - 16),
+                            _mm512_permutex2var_ps(acc[r][s][0], SecondHalves(), acc[r][s][1]));
+    }
+}
+
+void RunFewRows(const GemmBlock& b) {
+  constexpr unsigned kFlushToZero = 0x8000, kDenormalsAreZero = 0x40;
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | kFlushToZero | kDenormalsAreZero);
+  const uint32_t* x[2] = {b.x_pairs, b.x_pairs + 16};
+  for (int64_t p = 0; p < b.panel_count;) {
+    const int64_t first = p * kPanelColumns;
+    const uint16_t* w[2] = {b.panels + p * b.k * kPanelColumns, b.panels + (p + 1) * b.k * kPanelColumns};
+    float* y[2] = {b.y + first, b.y + first + kPanelColumns};
+    const int cols[2] = {static_cast<int>(std::min<int64_t>(kPanelColumns, b.cols - first)),
+                         static_cast<int>(std::min<int64_t>(kPanelColumns, b.cols - first - kPanelColumns))};
+    if (b.rows == 2) {
+      FewRows<2, 1>(x, w, y, cols, b.ldy, b.k, b.accumulate);
+      p += 1;
+    } else if (p + 1 < b.panel_count) {
+      FewRows<1, 2>(x, w, y, cols, b.ldy, b.k, b.accumulate);
+      p += 2;
+    } else {
+      FewRows<1, 1>(x, w, y, cols, b.ldy, b.k, b.accumulate);
+      p += 1;
+    }
+  }
+  _mm_setcsr(saved);
+}
+
 void Run(const GemmBlock& b) {
   assert(b.k0 == 0 && b.k1 == b.k);  // the A tiles hold the whole k
+  if (b.rows <= kFewRows) return RunFewRows(b);
   const int64_t chunks = (b.k + kAmxChunk - 1) / kAmxChunk;
   thread_local std::vector<uint32_t> b_tiles;
   b_tiles.resize(static_cast<size_t>(chunks * 2 * kTileWords));

@@ -36,7 +36,7 @@ const char* PathName(KernelPath path);
 Result<KernelPath> PathFromName(const std::string& name);
 // The paths this CPU runs, best first (the emulated ones are never listed: they exist for tests). The
 // bf16 paths come after avx512f: the VDPBF16PS path's three-part split costs more products than its rate
-// gains, and the AMX path, about twice as fast in prefill, decodes at about half the rate (docs/engine.md).
+// gains, and the AMX path, faster in prefill, decodes slower (docs/engine.md).
 std::vector<KernelPath> AvailablePaths();
 bool PathAvailable(KernelPath path);
 
