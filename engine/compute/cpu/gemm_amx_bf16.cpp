@@ -109,7 +109,7 @@ void StoreC(float* const y, int64_t ldy, int cols, const RowPair& rp, float* scr
 }
 
 // Chunks [0, chunks) of the whole k for one row pair; b_tiles holds the interleaved chunks below
-// `ready`, and the rest are interleaved from w as they are reached.
+// `ready`, and the rest are interleaved from w one chunk ahead of their use.
 template <bool kTwo>
 void RowPairTimesPanel(const RowPair& rp, const uint16_t* w, int64_t k, int64_t chunks, uint32_t* b_tiles, int64_t& ready,
                        float* y, int64_t ldy, int cols, bool accumulate, float* scratch) {
@@ -123,12 +123,9 @@ void RowPairTimesPanel(const RowPair& rp, const uint16_t* w, int64_t k, int64_t 
       _tile_zero(3);
     }
   }
+  if (ready == 0 && chunks > 0) InterleaveChunk(w, k, ready++, b_tiles);
   for (int64_t c = 0; c < chunks; ++c) {
-    uint32_t* b = b_tiles + c * 2 * kTileWords;
-    if (c >= ready) {
-      InterleaveChunk(w, k, c, b);
-      ready = c + 1;
-    }
+    const uint32_t* b = b_tiles + c * 2 * kTileWords;
     _tile_loadd(6, b, 64);
     _tile_loadd(7, b + kTileWords, 64);
     for (int p = 0; p < kBf16Parts; ++p) {
@@ -142,6 +139,8 @@ void RowPairTimesPanel(const RowPair& rp, const uint16_t* w, int64_t k, int64_t 
         _tile_dpbf16ps(3, 5, 7);
       }
     }
+    // The next chunk is interleaved while this one's tiles compute, so its stores have landed when it is loaded.
+    if (c + 1 < chunks && c + 1 >= ready) InterleaveChunk(w, k, ready++, b_tiles + (c + 1) * 2 * kTileWords);
   }
   StoreC<kTwo>(y, ldy, cols, rp, scratch);
 }
