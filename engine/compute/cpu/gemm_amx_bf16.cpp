@@ -1,7 +1,8 @@
 // The AMX-BF16 GEMM path: the activations' bf16 parts (bf16_split.h) are split straight into A tiles; a
 // super-panel's 32 columns, interleaved into k-pair rows once a block (bf16_lanes.h), are two B tiles;
 // two row tiles by the two column tiles sum in four C tiles over the whole k, one TDPBF16PS a part and
-// 32 k, so each output gets kBf16Amx's arithmetic whatever the row count.
+// 32 k. Up to two rows (decode) run the same arithmetic in AVX-512F (FewRows), so each output gets
+// kBf16Amx's bits whatever the row count.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
