@@ -7,6 +7,7 @@
 
 #include <array>
 
+#include "engine/compute/cpu/avx512_lanes.h"
 #include "engine/compute/cpu/bf16_split.h"
 #include "engine/compute/cpu/packed_bf16.h"
 
@@ -37,10 +38,7 @@ constexpr Permutes kPermutes = MakePermutes();
 
 inline __m512i Indices(const std::array<int, 16>& a) { return _mm512_loadu_si512(a.data()); }
 
-inline __mmask16 Mask(int count) {
-  return count >= 16 ? static_cast<__mmask16>(0xffff) : count <= 0 ? static_cast<__mmask16>(0)
-                                                                    : static_cast<__mmask16>((1u << count) - 1);
-}
+inline __mmask16 Mask(int count) { return Avx512Lanes::Mask(count); }
 
 // The first `cols` columns of y into lane order (the rest 0).
 inline void LoadOut(const float* y, int cols, __m512& lo, __m512& hi) {

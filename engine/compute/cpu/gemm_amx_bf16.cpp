@@ -148,17 +148,8 @@ void RowPairTimesPanel(const RowPair& rp, const uint16_t* w, int64_t k, int64_t 
 
 // Up to kFewRows rows (decode) in AVX-512F with the same arithmetic: a tile's time is the same for one
 // row as for 16, so decode sums each chunk's even and odd products in fused multiply-adds instead,
-// with MXCSR's flush-to-zero and denormals-are-zero as TDPBF16PS has them. A k row widened by a shift
-// (lo: columns 0..7 and 16..23) and a mask (hi: 8..15 and 24..31), as on the avx512f path.
-__m512i FirstHalves() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23); }
-__m512i SecondHalves() { return _mm512_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31); }
-
-void Widen(const uint16_t* k_row, __m512& lo, __m512& hi) {
-  const __m512i w = _mm512_loadu_si512(k_row);
-  lo = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-  hi = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
-}
-
+// with MXCSR's flush-to-zero and denormals-are-zero as TDPBF16PS has them. The k rows are widened
+// into Avx512Lanes' lo and hi, as on the avx512f path.
 // R rows by S super-panels over chunks [0, chunks); x[r]: row r's first A tile row (SplitRowsAmxBf16's layout).
 template <int R, int S>
 void FewRows(const uint32_t* const* x, const uint16_t* const* w, float* const* y, const int* cols, int64_t ldy, int64_t k,
@@ -167,10 +158,7 @@ void FewRows(const uint32_t* const* x, const uint16_t* const* w, float* const* y
   for (int r = 0; r < R; ++r)
     for (int s = 0; s < S; ++s) {
       if (accumulate) {
-        const __m512 a = _mm512_maskz_loadu_ps(Mask(cols[s]), y[s] + r * ldy);
-        const __m512 b = _mm512_maskz_loadu_ps(Mask(cols[s] - 16), y[s] + r * ldy + 16);
-        acc[r][s][0] = _mm512_permutex2var_ps(a, FirstHalves(), b);
-        acc[r][s][1] = _mm512_permutex2var_ps(a, SecondHalves(), b);
+        Avx512Lanes::LoadOut(y[s] + r * ldy, cols[s], acc[r][s][0], acc[r][s][1]);
       } else {
         acc[r][s][0] = acc[r][s][1] = _mm512_setzero_ps();
       }
@@ -186,9 +174,9 @@ void FewRows(const uint32_t* const* x, const uint16_t* const* w, float* const* y
     for (int64_t t = c * kChunkPairs; t < last; ++t) {
       __m512 we[S][2], wo[S][2];
       for (int s = 0; s < S; ++s) {
-        Widen(w[s] + 2 * t * kPanelColumns, we[s][0], we[s][1]);
+        Avx512Lanes::LoadW(w[s] + 2 * t * kPanelColumns, we[s][0], we[s][1]);
         if (2 * t + 1 < k) {
-          Widen(w[s] + (2 * t + 1) * kPanelColumns, wo[s][0], wo[s][1]);
+          Avx512Lanes::LoadW(w[s] + (2 * t + 1) * kPanelColumns, wo[s][0], wo[s][1]);
         } else {
           wo[s][0] = wo[s][1] = _mm512_setzero_ps();
         }
@@ -212,11 +200,7 @@ void FewRows(const uint32_t* const* x, const uint16_t* const* w, float* const* y
             acc[r][s][h] = _mm512_add_ps(acc[r][s][h], _mm512_add_ps(even[r][s][p][h], odd[r][s][p][h]));
   }
   for (int r = 0; r < R; ++r)
-    for (int s = 0; s < S; ++s) {
-      _mm512_mask_storeu_ps(y[s] + r * ldy, Mask(cols[s]), _mm512_permutex2var_ps(acc[r][s][0], FirstHalves(), acc[r][s][1]));
-      _mm512_mask_storeu_ps(y[s] + r * ldy + 16, Mask(cols[s] - 16),
-                            _mm512_permutex2var_ps(acc[r][s][0], SecondHalves(), acc[r][s][1]));
-    }
+    for (int s = 0; s < S; ++s) Avx512Lanes::StoreOut(y[s] + r * ldy, cols[s], acc[r][s][0], acc[r][s][1]);
 }
 
 void RunFewRows(const GemmBlock& b) {

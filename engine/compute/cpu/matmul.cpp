@@ -198,8 +198,8 @@ void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, 
   const int64_t pair_stride = PairStrideOf(path, k);
   uint32_t* split_rows = nullptr;
   if (split != nullptr) {
-    // The AMX layout gives a partial last row tile a whole tile's words.
-    const int64_t split_rows_held = path == KernelPath::kAmxBf16 ? (m + 15) / 16 * 16 : m;
+    // The AMX tiles' layout gives a partial last row tile a whole tile's words.
+    const int64_t split_rows_held = split == SplitRowsAmxBf16 ? (m + 15) / 16 * 16 : m;
     split_buffer.resize(static_cast<size_t>(split_rows_held * kBf16Parts * pair_stride));
     split_rows = split_buffer.data();
     const int64_t rows_a_task = 16;  // one AMX row tile
