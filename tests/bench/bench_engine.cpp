@@ -108,10 +108,9 @@ int main(int argc, char** argv) {
   nlohmann::json report;
   const cpu::CpuFeatures& cpu_features = cpu::DetectCpu();
   const bool avx512 = cpu_features.avx512f;
-  const double fma_peak = avx512 ? bench::FmaGflopsAvx512() : cpu_features.avx2 && cpu_features.fma ? bench::FmaGflopsAvx2() : 0.0;
-  const double bf16_peak = cpu_features.avx512_bf16 ? bench::Bf16DotGflopsAvx512() : 0.0;
-  const double amx_peak = cpu_features.amx_bf16 && cpu_features.amx_permitted ? bench::AmxBf16Gflops() : 0.0;
-  const double path_peak = bench::PathPeak(cpu::ActivePath(), fma_peak, bf16_peak, amx_peak);
+  const bench::Peaks peaks = bench::MeasurePeaks(cpu_features);
+  const double fma_peak = peaks.fma, bf16_peak = peaks.bf16_dot, amx_peak = peaks.amx;
+  const double path_peak = peaks.Of(cpu::ActivePath());
   std::vector<float> stream_buffer(size_t(384) << 20, 1.0f);  // 1.5 GiB
   std::map<int, double> stream;
   for (int t : thread_counts) stream[t] = bench::StreamGBs(stream_buffer, t);

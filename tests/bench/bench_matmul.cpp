@@ -68,21 +68,19 @@ int main(int argc, char** argv) {
     }
   }
   const cpu::CpuFeatures& f = cpu::DetectCpu();
-  const double fma_peak = f.avx512f ? bench::FmaGflopsAvx512() : f.avx2 && f.fma ? bench::FmaGflopsAvx2() : 0.0;
-  const double bf16_peak = f.avx512_bf16 ? bench::Bf16DotGflopsAvx512() : 0.0;
-  const double amx_peak = f.amx_bf16 && f.amx_permitted ? bench::AmxBf16Gflops() : 0.0;
+  const bench::Peaks peaks = bench::MeasurePeaks(f);
   std::printf("machine: %s (%s family %d model %d); kernel families: %s\n", f.brand.c_str(), f.vendor.c_str(), f.family,
               f.model, cpu::DescribeKernelFamilies(f).c_str());
-  std::printf("limits: fp32 FMA %.1f GFLOP/s a core (%s)", fma_peak, f.avx512f ? "avx512" : "avx2");
-  if (bf16_peak > 0) std::printf("; bf16 dot %.1f GFLOP/s a core", bf16_peak);
-  if (amx_peak > 0) std::printf("; AMX bf16 %.1f GFLOP/s a core", amx_peak);
+  std::printf("limits: fp32 FMA %.1f GFLOP/s a core (%s)", peaks.fma, f.avx512f ? "avx512" : "avx2");
+  if (peaks.bf16_dot > 0) std::printf("; bf16 dot %.1f GFLOP/s a core", peaks.bf16_dot);
+  if (peaks.amx > 0) std::printf("; AMX bf16 %.1f GFLOP/s a core", peaks.amx);
   std::printf("\nrows %lld\n", static_cast<long long>(rows));
 
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (cpu::KernelPath path : cpu::AvailablePaths()) {
     if (only_path && path != cpu::ActivePath()) continue;
-    const double peak = bench::PathPeak(path, fma_peak, bf16_peak, amx_peak);
+    const double peak = peaks.Of(path);
     for (int threads : thread_counts) {
       ThreadPool pool(threads);
       double all_flops = 0, all_secs = 0;

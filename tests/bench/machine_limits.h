@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/compute/cpu/bf16_split.h"
+#include "engine/compute/cpu/cpu_features.h"
 #include "engine/compute/cpu/matmul.h"
 
 namespace anchorage::bench {
@@ -102,14 +103,26 @@ __attribute__((target("amx-tile,amx-bf16"))) inline double AmxBf16Gflops() {
   return 4.0 * 16 * 16 * 32 * 2 * static_cast<double>(kIters) / secs / 1e9;
 }
 
-// The fp32-equivalent peak a kernel path's arithmetic can reach: the bf16 paths spend kBf16Parts products on each fp32 one.
-inline double PathPeak(cpu::KernelPath path, double fma_peak, double bf16_dot_peak, double amx_peak) {
-  switch (cpu::ArithmeticOf(path)) {
-    case cpu::Arithmetic::kBf16Dot: return bf16_dot_peak / cpu::kBf16Parts;
-    case cpu::Arithmetic::kBf16Amx: return amx_peak / cpu::kBf16Parts;
-    case cpu::Arithmetic::kFp32Fma: break;
+// One core's measured peaks, 0 where the CPU lacks the instructions.
+struct Peaks {
+  double fma = 0, bf16_dot = 0, amx = 0;
+  // The fp32-equivalent peak a path's arithmetic can reach: the bf16 paths spend kBf16Parts products on each fp32 one.
+  double Of(cpu::KernelPath path) const {
+    switch (cpu::ArithmeticOf(path)) {
+      case cpu::Arithmetic::kBf16Dot: return bf16_dot / cpu::kBf16Parts;
+      case cpu::Arithmetic::kBf16Amx: return amx / cpu::kBf16Parts;
+      case cpu::Arithmetic::kFp32Fma: break;
+    }
+    return fma;
   }
-  return fma_peak;
+};
+
+inline Peaks MeasurePeaks(const cpu::CpuFeatures& f) {
+  Peaks p;
+  p.fma = f.avx512f ? FmaGflopsAvx512() : f.avx2 && f.fma ? FmaGflopsAvx2() : 0.0;
+  p.bf16_dot = f.avx512_bf16 ? Bf16DotGflopsAvx512() : 0.0;
+  p.amx = f.amx_bf16 && f.amx_permitted ? AmxBf16Gflops() : 0.0;
+  return p;
 }
 
 // Streaming read rate in GB/s with `threads` readers over a buffer much larger than the caches; best of 3.
