@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "engine/compute/cpu/packed_q8.h"
+
 namespace anchorage::cpu {
 namespace {
 
@@ -17,11 +19,39 @@ struct Avx512Lanes {
   static F Zero() { return _mm512_setzero_ps(); }
   static F Broadcast(float s) { return _mm512_set1_ps(s); }
   static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
   // lo is columns 0..7 and 16..23 of the super-panel, hi columns 8..15 and 24..31.
   static void LoadW(const uint16_t* p, F& lo, F& hi) {
     const __m512i w = _mm512_loadu_si512(p);
     lo = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
     hi = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  // 32 codes in column order, lo and hi as LoadW's: int8 values, or e4m3 values / 2^8 (as halves).
+  template <Q8Code C>
+  static void LoadCodes(const uint8_t* p, F& lo, F& hi) {
+    const __m256i codes = _mm256_permute4x64_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), 0xd8);
+    const __m128i lo_codes = _mm256_castsi256_si128(codes), hi_codes = _mm256_extracti128_si256(codes, 1);
+    if constexpr (C == Q8Code::kInt8) {
+      lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo_codes));
+      hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi_codes));
+    } else {
+      lo = _mm512_cvtph_ps(Fp8ToHalves(lo_codes));
+      hi = _mm512_cvtph_ps(Fp8ToHalves(hi_codes));
+    }
+  }
+  // e4m3's sign, exponent and mantissa moved into a half's fields: the half is the value / 2^8.
+  static __m256i Fp8ToHalves(__m128i codes) {
+    const __m256i c = _mm256_cvtepu8_epi16(codes);
+    const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8);
+    return _mm256_or_si256(sign, _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)), 7));
+  }
+  template <Q8Code C>
+  static void LoadScales(const float* p, F& lo, F& hi) {
+    LoadOut(p, 32, lo, hi);
+    if constexpr (C == Q8Code::kFp8E4m3) {
+      lo = _mm512_mul_ps(lo, _mm512_set1_ps(256.0f));
+      hi = _mm512_mul_ps(hi, _mm512_set1_ps(256.0f));
+    }
   }
   // Lanes 0..7 from the first operand's lanes 0..7 (or 8..15), lanes 8..15 from the second's.
   static __m512i FirstHalves() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23); }

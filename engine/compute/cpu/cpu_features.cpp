@@ -36,6 +36,7 @@ CpuFeatures Detect() {
   f.model = static_cast<int>(base_family == 0x6 || base_family == 0xf ? base_model + (((a >> 16) & 0xf) << 4) : base_model);
   const bool osxsave = (c >> 27) & 1;
   const bool fma = (c >> 12) & 1;
+  const bool f16c = (c >> 29) & 1;
   const uint64_t xcr0 = osxsave ? ReadXcr0() : 0;
   const bool os_avx = (xcr0 & 0x6) == 0x6;             // SSE and AVX state
   const bool os_avx512 = os_avx && (xcr0 & 0xe0) == 0xe0;  // opmask, ZMM high halves, high ZMM
@@ -44,6 +45,7 @@ CpuFeatures Detect() {
     __get_cpuid_count(7, 0, &a, &b, &c, &d);
     f.avx2 = os_avx && ((b >> 5) & 1);
     f.fma = os_avx && fma;
+    f.f16c = os_avx && f16c;
     f.avx512f = os_avx512 && ((b >> 16) & 1);
     f.avx512bw = os_avx512 && ((b >> 30) & 1);
     f.avx512vl = os_avx512 && ((b >> 31) & 1);
@@ -87,7 +89,7 @@ std::string DescribeKernelFamilies(const CpuFeatures& f) {
   add(f.amx_bf16 && f.amx_permitted, "amx-bf16");
   add(f.avx512_bf16, "avx512-bf16");
   add(f.avx512f, "avx512f");
-  add(f.avx2 && f.fma, "avx2-fma");
+  add(f.avx2 && f.fma && f.f16c, "avx2-fma");
   add(true, "portable");
   return out;
 }

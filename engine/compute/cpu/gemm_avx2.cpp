@@ -8,7 +8,7 @@
 #include "engine/compute/cpu/gemm_block.h"
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 
 #include "engine/compute/cpu/fp32_tile.h"
 #include "engine/compute/cpu/gemm_tile.h"
@@ -24,11 +24,36 @@ struct Avx2Lanes {
   static F Zero() { return _mm256_setzero_ps(); }
   static F Broadcast(float s) { return _mm256_set1_ps(s); }
   static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
   // lo is columns 0..7 of the segment, hi columns 8..15.
   static void LoadW(const uint16_t* p, F& lo, F& hi) {
     const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     lo = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
     hi = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  // 16 codes in column order: int8 values, or e4m3 values / 2^8 (as halves).
+  template <Q8Code C>
+  static void LoadCodes(const uint8_t* p, F& lo, F& hi) {
+    const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if constexpr (C == Q8Code::kInt8) {
+      lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes));
+      hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(codes, 8)));
+    } else {
+      const __m256i c = _mm256_cvtepu8_epi16(codes);
+      const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8);
+      const __m256i halves = _mm256_or_si256(sign, _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)), 7));
+      lo = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+      hi = _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1));
+    }
+  }
+  template <Q8Code C>
+  static void LoadScales(const float* p, F& lo, F& hi) {
+    lo = _mm256_loadu_ps(p);
+    hi = _mm256_loadu_ps(p + 8);
+    if constexpr (C == Q8Code::kFp8E4m3) {
+      lo = _mm256_mul_ps(lo, _mm256_set1_ps(256.0f));
+      hi = _mm256_mul_ps(hi, _mm256_set1_ps(256.0f));
+    }
   }
   static void LoadOut(const float* y, int cols, F& lo, F& hi) {
     if (cols == 16) {
@@ -72,6 +97,8 @@ struct Avx2Lanes {
 };
 
 void Run(const GemmBlock& b) { RunGemmBlock<Avx2Lanes>(b); }
+void RunFp8(const GemmBlock& b) { RunGemmBlock<Avx2Lanes, Q8Weights<Q8Code::kFp8E4m3>>(b); }
+void RunInt8(const GemmBlock& b) { RunGemmBlock<Avx2Lanes, Q8Weights<Q8Code::kInt8>>(b); }
 void RowsTimes(const RowsTimesArgs& p) { RunRowsTimes<Avx2Lanes>(p); }
 
 }  // namespace
@@ -80,5 +107,6 @@ void RowsTimes(const RowsTimesArgs& p) { RunRowsTimes<Avx2Lanes>(p); }
 
 void GemmBlockAvx2(const GemmBlock& b) { Run(b); }
 const Fp32Kernels kFp32Avx2{RowsTimes};
+const Q8Kernels kQ8Avx2{RunFp8, RunInt8};
 
 }  // namespace anchorage::cpu

@@ -19,6 +19,8 @@ namespace anchorage::cpu {
 namespace {
 
 void Run(const GemmBlock& b) { RunGemmBlock<Avx512Lanes>(b); }
+void RunFp8(const GemmBlock& b) { RunGemmBlock<Avx512Lanes, Q8Weights<Q8Code::kFp8E4m3>>(b); }
+void RunInt8(const GemmBlock& b) { RunGemmBlock<Avx512Lanes, Q8Weights<Q8Code::kInt8>>(b); }
 void RowsTimes(const RowsTimesArgs& p) { RunRowsTimes<Avx512Lanes>(p); }
 
 }  // namespace
@@ -27,5 +29,6 @@ void RowsTimes(const RowsTimesArgs& p) { RunRowsTimes<Avx512Lanes>(p); }
 
 void GemmBlockAvx512(const GemmBlock& b) { Run(b); }
 const Fp32Kernels kFp32Avx512{RowsTimes};
+const Q8Kernels kQ8Avx512{RunFp8, RunInt8};
 
 }  // namespace anchorage::cpu

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "engine/compute/cpu/packed_bf16.h"
+#include "engine/compute/cpu/packed_q8.h"
 
 namespace anchorage::cpu {
 
@@ -30,6 +31,10 @@ struct GemmBlock {
   // (the AMX path: row tile r / 16 from x_pairs + r * parts * pair_stride, SplitRowsAmxBf16's layout).
   const uint32_t* x_pairs = nullptr;
   int64_t pair_stride = 0;
+  // 8-bit weights (PackedQ8's layout): the group's first super-panel's codes and scales; panels is unset.
+  const uint8_t* q8_panels = nullptr;
+  const float* q8_scales = nullptr;
+  int64_t q8_block_k = 0;
 };
 
 // The kernels of each path (one file each); the emulated ones run the 16-lane kernel's arithmetic
@@ -42,6 +47,13 @@ void GemmBlockAvx512Bf16(const GemmBlock& b);
 void GemmBlockEmulatedBf16(const GemmBlock& b);
 void GemmBlockAmxBf16(const GemmBlock& b);
 void GemmBlockEmulatedAmx(const GemmBlock& b);
+// 8-bit weights, in the fp32 arithmetic (each weight code x scale rounded once, then the fp32 paths' order).
+using Q8BlockFn = void (*)(const GemmBlock& b);
+struct Q8Kernels {
+  Q8BlockFn fp8;
+  Q8BlockFn int8;
+};
+extern const Q8Kernels kQ8Portable, kQ8Emulated16, kQ8Avx2, kQ8Avx512;
 void SplitRowsAvx512Bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out);
 // The same words laid out as the AMX kernel's A tiles: rows in tiles of 16, row tile R's chunk c (16 pairs,
 // pair_stride / 16 of them) part p at out + R * 16 * kBf16Parts * pair_stride + (c * kBf16Parts + p) * 256, row i of

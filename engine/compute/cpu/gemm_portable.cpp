@@ -34,6 +34,25 @@ struct LaneArrays {
     for (int l = 0; l < L; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
     return c;
   }
+  static F Mul(const F& a, F b) {
+    for (int l = 0; l < L; ++l) b.v[l] *= a.v[l];
+    return b;
+  }
+  // The codes' exact values; the scales as stored.
+  template <Q8Code C>
+  static float Decode(uint8_t code) {
+    if constexpr (C == Q8Code::kInt8) return static_cast<float>(static_cast<int8_t>(code));
+    return Fp8E4m3ToFloat(code);
+  }
+  template <Q8Code C>
+  static void LoadCodes(const uint8_t* p, F& lo, F& hi) {
+    for (int i = 0; i < L; ++i) {
+      lo.v[i] = Decode<C>(p[LoColumn(i)]);
+      hi.v[i] = Decode<C>(p[HiColumn(i)]);
+    }
+  }
+  template <Q8Code C>
+  static void LoadScales(const float* p, F& lo, F& hi) { LoadOut(p, 2 * L, lo, hi); }
   static void LoadW(const uint16_t* p, F& lo, F& hi) {
     for (int i = 0; i < L; ++i) {
       lo.v[i] = Bf16ToFloat(p[2 * i]);
@@ -116,6 +135,9 @@ void GemmBlockEmulatedBf16(const GemmBlock& b) { RunEmulatedBf16(b); }
 void GemmBlockEmulatedAmx(const GemmBlock& b) { RunEmulatedAmx(b); }
 
 const Fp32Kernels kFp32Portable{RunRowsTimes<Portable>};
+const Q8Kernels kQ8Portable{RunGemmBlock<Portable, Q8Weights<Q8Code::kFp8E4m3>>, RunGemmBlock<Portable, Q8Weights<Q8Code::kInt8>>};
+const Q8Kernels kQ8Emulated16{RunGemmBlock<Emulated16, Q8Weights<Q8Code::kFp8E4m3>>,
+                              RunGemmBlock<Emulated16, Q8Weights<Q8Code::kInt8>>};
 const Fp32Kernels kFp32Emulated16{RunRowsTimes<Emulated16>};
 
 }  // namespace anchorage::cpu

@@ -3,6 +3,7 @@
 // multiply-add each, so every path, row count, block split and thread count gives the same bits.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "engine/compute/cpu/gemm_block.h"
@@ -20,8 +21,46 @@ inline float XAt(const float* x, int64_t ldx, int r, int64_t t) {
   return kPacked ? x[t * kRowGroup + r] : x[r * ldx + t];
 }
 
-template <class V, int R, int S, bool kPacked>
-inline void Tile(const float* x, int64_t ldx, const uint16_t* const* w, float* const* y, const int* cols, int64_t ldy,
+// A segment's bf16 weights from k0 on: 2 * V::kLanes slots of each k row.
+struct Bf16Weights {
+  static constexpr bool kScaled = false;
+  const uint16_t* w = nullptr;
+  static Bf16Weights Of(const GemmBlock& b, int64_t panel, int64_t first_slot) {
+    return {b.panels + (panel * b.k + b.k0) * kPanelColumns + first_slot};
+  }
+  template <class V>
+  void Load(int64_t t, typename V::F& lo, typename V::F& hi) const { V::LoadW(w + t * kPanelColumns, lo, hi); }
+  template <class V>
+  void LoadScales(int64_t, typename V::F&, typename V::F&) const {}
+  int64_t BlockEnd(int64_t) const { return INT64_MAX; }
+};
+
+// A segment's 8-bit codes from k0 on and its scale rows (by absolute k); V::LoadCodes gives each code's
+// value times V's factor for C, V::LoadScales the scales divided by it, so their product is the weight.
+template <Q8Code C>
+struct Q8Weights {
+  static constexpr bool kScaled = true;
+  const uint8_t* w = nullptr;
+  const float* scales = nullptr;
+  int64_t block_k = 1;
+  static Q8Weights Of(const GemmBlock& b, int64_t panel, int64_t first_column) {
+    const int64_t k_blocks = (b.k + b.q8_block_k - 1) / b.q8_block_k;
+    return {b.q8_panels + (panel * b.k + b.k0) * kPanelColumns + first_column,
+            b.q8_scales + panel * k_blocks * kPanelColumns + first_column, b.q8_block_k};
+  }
+  template <class V>
+  void Load(int64_t t, typename V::F& lo, typename V::F& hi) const {
+    V::template LoadCodes<C>(w + t * kPanelColumns, lo, hi);
+  }
+  template <class V>
+  void LoadScales(int64_t k, typename V::F& lo, typename V::F& hi) const {
+    V::template LoadScales<C>(scales + (k / block_k) * kPanelColumns, lo, hi);
+  }
+  int64_t BlockEnd(int64_t k) const { return (k / block_k + 1) * block_k; }
+};
+
+template <class V, class W, int R, int S, bool kPacked>
+inline void Tile(const float* x, int64_t ldx, const W* w, float* const* y, const int* cols, int64_t ldy, int64_t k0,
                  int64_t steps, bool accumulate) {
   using F = typename V::F;
   F lo[R][S], hi[R][S];
@@ -34,14 +73,24 @@ inline void Tile(const float* x, int64_t ldx, const uint16_t* const* w, float* c
         hi[r][s] = V::Zero();
       }
     }
-  for (int64_t t = 0; t < steps; ++t) {
-    for (int s = 0; s < S; ++s) {
-      F wl, wh;
-      V::LoadW(w[s] + t * kPanelColumns, wl, wh);
-      for (int r = 0; r < R; ++r) {
-        const F b = V::Broadcast(XAt<kPacked>(x, ldx, r, t));
-        lo[r][s] = V::Fma(b, wl, lo[r][s]);
-        hi[r][s] = V::Fma(b, wh, hi[r][s]);
+  for (int64_t t = 0; t < steps;) {
+    const int64_t block_end = std::min(steps, w[0].BlockEnd(k0 + t) - k0);
+    F scale_lo[S], scale_hi[S];
+    if constexpr (W::kScaled)
+      for (int s = 0; s < S; ++s) w[s].template LoadScales<V>(k0 + t, scale_lo[s], scale_hi[s]);
+    for (; t < block_end; ++t) {
+      for (int s = 0; s < S; ++s) {
+        F wl, wh;
+        w[s].template Load<V>(t, wl, wh);
+        if constexpr (W::kScaled) {
+          wl = V::Mul(wl, scale_lo[s]);
+          wh = V::Mul(wh, scale_hi[s]);
+        }
+        for (int r = 0; r < R; ++r) {
+          const F b = V::Broadcast(XAt<kPacked>(x, ldx, r, t));
+          lo[r][s] = V::Fma(b, wl, lo[r][s]);
+          hi[r][s] = V::Fma(b, wh, hi[r][s]);
+        }
       }
     }
   }
@@ -49,24 +98,24 @@ inline void Tile(const float* x, int64_t ldx, const uint16_t* const* w, float* c
     for (int s = 0; s < S; ++s) V::StoreOut(y[s] + r * ldy, cols[s], lo[r][s], hi[r][s]);
 }
 
-// Tile<V, rows, S, kPacked> for a run-time row count in [R, MaxR].
-template <class V, int S, int MaxR, bool kPacked, int R = 1>
-inline void TileRows(int rows, const float* x, int64_t ldx, const uint16_t* const* w, float* const* y, const int* cols,
-                     int64_t ldy, int64_t steps, bool accumulate) {
+// Tile<V, W, rows, S, kPacked> for a run-time row count in [R, MaxR].
+template <class V, class W, int S, int MaxR, bool kPacked, int R = 1>
+inline void TileRows(int rows, const float* x, int64_t ldx, const W* w, float* const* y, const int* cols, int64_t ldy,
+                     int64_t k0, int64_t steps, bool accumulate) {
   if constexpr (R <= MaxR) {
-    if (rows == R) return Tile<V, R, S, kPacked>(x, ldx, w, y, cols, ldy, steps, accumulate);
-    return TileRows<V, S, MaxR, kPacked, R + 1>(rows, x, ldx, w, y, cols, ldy, steps, accumulate);
+    if (rows == R) return Tile<V, W, R, S, kPacked>(x, ldx, w, y, cols, ldy, k0, steps, accumulate);
+    return TileRows<V, W, S, MaxR, kPacked, R + 1>(rows, x, ldx, w, y, cols, ldy, k0, steps, accumulate);
   }
 }
 
 // V::kRowTile rows a tile (a divisor of kRowGroup) from the packed rows for many rows; up to kFewRows
 // rows read x in place and take V::kFewRowsSegments segments at once, so decode keeps enough
 // independent sums in flight.
-template <class V>
+template <class V, class W = Bf16Weights>
 inline void RunGemmBlock(const GemmBlock& b) {
   constexpr int kSegmentSlots = 2 * V::kLanes;
   constexpr int kPerPanel = static_cast<int>(kPanelColumns) / kSegmentSlots;
-  const uint16_t* w[kMaxSegments];
+  W w[kMaxSegments];
   float* y[kMaxSegments];
   int cols[kMaxSegments];
   int segments = 0;
@@ -74,7 +123,7 @@ inline void RunGemmBlock(const GemmBlock& b) {
     for (int h = 0; h < kPerPanel && segments < kMaxSegments; ++h) {
       const int64_t first = p * kPanelColumns + h * kSegmentSlots;
       if (first >= b.cols) break;
-      w[segments] = b.panels + p * b.k * kPanelColumns + h * kSegmentSlots + b.k0 * kPanelColumns;
+      w[segments] = W::Of(b, p, h * kSegmentSlots);
       y[segments] = b.y + first;
       cols[segments] = static_cast<int>(b.cols - first < kSegmentSlots ? b.cols - first : kSegmentSlots);
       ++segments;
@@ -85,9 +134,10 @@ inline void RunGemmBlock(const GemmBlock& b) {
     const int rows = static_cast<int>(b.rows);
     int s = 0;
     for (; s + V::kFewRowsSegments <= segments; s += V::kFewRowsSegments)
-      TileRows<V, V::kFewRowsSegments, kFewRows, false>(rows, x, b.ldx, w + s, y + s, cols + s, b.ldy, steps, b.accumulate);
+      TileRows<V, W, V::kFewRowsSegments, kFewRows, false>(rows, x, b.ldx, w + s, y + s, cols + s, b.ldy, b.k0, steps,
+                                                           b.accumulate);
     for (; s < segments; ++s)
-      TileRows<V, 1, kFewRows, false>(rows, x, b.ldx, w + s, y + s, cols + s, b.ldy, steps, b.accumulate);
+      TileRows<V, W, 1, kFewRows, false>(rows, x, b.ldx, w + s, y + s, cols + s, b.ldy, b.k0, steps, b.accumulate);
     return;
   }
   static_assert(kRowGroup % V::kRowTile == 0);
@@ -96,7 +146,7 @@ inline void RunGemmBlock(const GemmBlock& b) {
     const float* xr = b.x_groups + ((r0 / kRowGroup) * b.k + b.k0) * kRowGroup + r0 % kRowGroup;
     for (int s = 0; s < segments; ++s) {
       float* ys = y[s] + r0 * b.ldy;
-      TileRows<V, 1, V::kRowTile, true>(rows, xr, 0, w + s, &ys, cols + s, b.ldy, steps, b.accumulate);
+      TileRows<V, W, 1, V::kRowTile, true>(rows, xr, 0, w + s, &ys, cols + s, b.ldy, b.k0, steps, b.accumulate);
     }
   }
 }

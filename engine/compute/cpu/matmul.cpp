@@ -70,6 +70,35 @@ std::atomic<KernelPath>& Active() {
   return active;
 }
 
+// The rows packed into kRowGroup groups in the calling thread's buffer for more than kFewRows rows, else null.
+const float* RowGroupsFor(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, int64_t k) {
+  if (m <= kFewRows) return nullptr;
+  thread_local std::vector<float> group_buffer;
+  const int64_t groups = (m + kRowGroup - 1) / kRowGroup;
+  group_buffer.resize(static_cast<size_t>(groups * kRowGroup * k));
+  float* out = group_buffer.data();
+  const int64_t groups_a_task = 4;
+  pool.Run(static_cast<size_t>((groups + groups_a_task - 1) / groups_a_task), [&](size_t t) {
+    const int64_t r0 = static_cast<int64_t>(t) * groups_a_task * kRowGroup;
+    PackRowGroups(x + r0 * ldx, ldx, std::min(groups_a_task * kRowGroup, m - r0), k, out + r0 * k);
+  });
+  return out;
+}
+
+const Q8Kernels& Q8KernelsOf(KernelPath path) {
+  switch (path) {
+    case KernelPath::kAvx2Fma: return kQ8Avx2;
+    case KernelPath::kAvx512F:
+    case KernelPath::kAvx512Bf16:
+    case KernelPath::kAmxBf16: return kQ8Avx512;
+    case KernelPath::kEmulated16:
+    case KernelPath::kEmulatedBf16:
+    case KernelPath::kEmulatedAmx: return kQ8Emulated16;
+    case KernelPath::kPortable: break;
+  }
+  return kQ8Portable;
+}
+
 }  // namespace
 
 void PackRowGroups(const float* x, int64_t ldx, int64_t rows, int64_t k, float* out) {
@@ -113,7 +142,7 @@ bool PathAvailable(KernelPath path) {
     case KernelPath::kEmulated16:
     case KernelPath::kEmulatedBf16:
     case KernelPath::kEmulatedAmx: return true;
-    case KernelPath::kAvx2Fma: return f.avx2 && f.fma;
+    case KernelPath::kAvx2Fma: return f.avx2 && f.fma && f.f16c;
     case KernelPath::kAvx512F: return f.avx512f;
     case KernelPath::kAvx512Bf16: return f.avx512f && f.avx512bw && f.avx512_bf16;
     case KernelPath::kAmxBf16: return f.avx512f && f.avx512bw && f.avx512_bf16 && f.amx_tile && f.amx_bf16 && f.amx_permitted;
@@ -209,19 +238,7 @@ void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, 
       split(x + r0 * ldx, ldx, std::min(rows_a_task, m - r0), k, pair_stride, split_rows + r0 * kBf16Parts * pair_stride);
     });
   }
-  thread_local std::vector<float> group_buffer;
-  const float* x_groups = nullptr;
-  if (split == nullptr && m > kFewRows) {
-    const int64_t groups = (m + kRowGroup - 1) / kRowGroup;
-    group_buffer.resize(static_cast<size_t>(groups * kRowGroup * k));
-    float* out = group_buffer.data();
-    const int64_t groups_a_task = 4;
-    pool.Run(static_cast<size_t>((groups + groups_a_task - 1) / groups_a_task), [&](size_t t) {
-      const int64_t r0 = static_cast<int64_t>(t) * groups_a_task * kRowGroup;
-      PackRowGroups(x + r0 * ldx, ldx, std::min(groups_a_task * kRowGroup, m - r0), k, out + r0 * k);
-    });
-    x_groups = out;
-  }
+  const float* x_groups = split == nullptr ? RowGroupsFor(pool, x, m, ldx, k) : nullptr;
   const int64_t task_columns = kGemmTaskPanels * kPanelColumns;
   const int64_t tasks = (n + task_columns - 1) / task_columns;
   // The AMX kernel keeps its sums in tiles over the whole k (its blocks would be multiples of kAmxChunk).
@@ -251,6 +268,69 @@ void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, 
       }
     }
   });
+}
+
+}  // namespace anchorage::cpu
+
+namespace anchorage::cpu {
+
+void MatMulQ8On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedQ8& w, float* y,
+                int64_t ldy) {
+  const int64_t n = w.rows(), k = w.cols();
+  if (m <= 0 || n <= 0) return;
+  if (k == 0) {
+    for (int64_t r = 0; r < m; ++r) std::fill_n(y + r * ldy, n, 0.0f);
+    return;
+  }
+  const Q8Kernels& kernels = Q8KernelsOf(path);
+  const BlockFn block = w.code() == Q8Code::kInt8 ? kernels.int8 : kernels.fp8;
+  const float* x_groups = RowGroupsFor(pool, x, m, ldx, k);
+  const int64_t task_columns = kGemmTaskPanels * kPanelColumns;
+  const int64_t tasks = (n + task_columns - 1) / task_columns;
+  const int64_t k_block = m <= kFewRows ? k : kGemmKBlock;
+  pool.Run(static_cast<size_t>(tasks), [&](size_t t) {
+    const int64_t first = static_cast<int64_t>(t) * task_columns;
+    GemmBlock b;
+    b.ldx = ldx;
+    b.q8_panels = w.panel(first / kPanelColumns);
+    b.q8_scales = w.panel_scales(first / kPanelColumns);
+    b.q8_block_k = w.block_k();
+    b.panel_count = std::min(kGemmTaskPanels, w.panels() - first / kPanelColumns);
+    b.k = k;
+    b.cols = std::min(task_columns, n - first);
+    b.ldy = ldy;
+    for (int64_t r0 = 0; r0 < m; r0 += kGemmRowBlock) {
+      b.x = x + r0 * ldx;
+      if (x_groups != nullptr) b.x_groups = x_groups + r0 * k;
+      b.y = y + r0 * ldy + first;
+      b.rows = std::min(kGemmRowBlock, m - r0);
+      for (int64_t k0 = 0; k0 < k; k0 += k_block) {
+        b.k0 = k0;
+        b.k1 = std::min(k, k0 + k_block);
+        b.accumulate = k0 > 0;
+        block(b);
+      }
+    }
+  });
+}
+
+void MatMulOn(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedMatrix& w, float* y,
+              int64_t ldy) {
+  if (const PackedQ8* q = w.q8()) return MatMulQ8On(path, pool, x, m, ldx, *q, y, ldy);
+  MatMulBf16On(path, pool, x, m, ldx, *w.bf16(), y, ldy);
+}
+
+void MatMul(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedMatrix& w, float* y, int64_t ldy) {
+  MatMulOn(ActivePath(), pool, x, m, ldx, w, y, ldy);
+}
+
+const char* ArithmeticNameOf(KernelPath path, WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kFp8E4m3: return "fp8-e4m3-times-scale-fp32-fma-k-order-v1";
+    case WeightFormat::kInt8: return "int8-b32-times-scale-fp32-fma-k-order-v1";
+    case WeightFormat::kBf16: break;
+  }
+  return ArithmeticNameOf(path);
 }
 
 }  // namespace anchorage::cpu

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/compute/cpu/packed_bf16.h"
+#include "engine/compute/cpu/packed_q8.h"
 #include "engine/core/status.h"
 #include "engine/core/thread_pool.h"
 
@@ -60,6 +61,17 @@ inline constexpr int64_t kGemmRowBlock = 96;
 void MatMulBf16(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedBf16& w, float* y, int64_t ldy);
 void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedBf16& w,
                   float* y, int64_t ldy);
+
+// 8-bit weights: every path multiplies each weight (code x scale, rounded once) in the fp32 paths' order, so
+// all paths give the same bits; the bf16 paths run their AVX-512F kernel.
+void MatMulQ8On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedQ8& w, float* y,
+                int64_t ldy);
+// A matrix in any format, on the active path.
+void MatMul(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedMatrix& w, float* y, int64_t ldy);
+void MatMulOn(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedMatrix& w, float* y,
+              int64_t ldy);
+// How a path rounds products with weights of this format.
+const char* ArithmeticNameOf(KernelPath path, WeightFormat format);
 
 struct Fp32Kernels;
 // The fp32 kernels attention uses on a path (see fp32_tile.h for their orders).

@@ -11,4 +11,5 @@ list(APPEND ANCHORAGE_COMPUTE_SOURCES
   cpu/gemm_portable.cpp
   cpu/matmul.cpp
   cpu/packed_bf16.cpp
+  cpu/packed_q8.cpp
 )

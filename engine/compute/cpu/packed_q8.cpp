@@ -1,0 +1,161 @@
+#include "engine/compute/cpu/packed_q8.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+namespace anchorage::cpu {
+
+namespace {
+
+std::array<float, 256> Fp8Table() {
+  std::array<float, 256> table{};
+  for (int b = 0; b < 256; ++b) {
+    const int exponent = (b >> 3) & 0xf, mantissa = b & 7;
+    double value = exponent == 0 ? std::ldexp(mantissa, -9) : std::ldexp(8 + mantissa, exponent - 10);
+    if ((b & 0x7f) == 0x7f) value = std::numeric_limits<double>::quiet_NaN();
+    table[static_cast<size_t>(b)] = static_cast<float>((b & 0x80) ? -value : value);
+  }
+  return table;
+}
+
+// Scales past this would make the kernels' exact rescalings (by 2^8) overflow.
+constexpr float kLargestScale = 0x1p100f;
+
+}  // namespace
+
+float Fp8E4m3ToFloat(uint8_t byte) {
+  static const std::array<float, 256> table = Fp8Table();
+  return table[byte];
+}
+
+uint8_t FloatToFp8E4m3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const double a = std::fabs(static_cast<double>(f));
+  if (std::isnan(f)) return sign | 0x7f;
+  if (a >= 448.0) return sign | 0x7e;
+  if (a < 0x1p-6) return static_cast<uint8_t>(sign | static_cast<int>(std::nearbyint(a * 512.0)));  // 8 rounds up to 2^-6
+  int e = 0;
+  const double m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  int q = static_cast<int>(std::nearbyint((m * 2.0 - 1.0) * 8.0));
+  int exponent = e - 1;
+  if (q == 8) {
+    q = 0;
+    ++exponent;
+  }
+  const int bits = std::min((exponent + 7) << 3 | q, 0x7e);
+  return static_cast<uint8_t>(sign | bits);
+}
+
+void PackedQ8::Free::operator()(void* p) const { std::free(p); }
+
+PackedQ8 PackedQ8::Allocate(Q8Code code, int64_t n, int64_t k, int64_t block_k) {
+  PackedQ8 m;
+  m.code_ = code;
+  m.n_ = n;
+  m.k_ = k;
+  m.block_k_ = block_k;
+  auto zeroed = [](size_t bytes) {
+    bytes = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+    void* p = std::aligned_alloc(64, bytes);
+    std::memset(p, 0, bytes);
+    return p;
+  };
+  m.codes_.reset(static_cast<uint8_t*>(zeroed(static_cast<size_t>(m.panels() * kPanelColumns * k))));
+  m.scales_.reset(static_cast<float*>(zeroed(static_cast<size_t>(m.panels() * kPanelColumns * m.k_blocks()) * 4)));
+  return m;
+}
+
+uint8_t& PackedQ8::CodeAt(int64_t j, int64_t i) {
+  return codes_[static_cast<size_t>((j / kPanelColumns) * kPanelColumns * k_ + i * kPanelColumns + j % kPanelColumns)];
+}
+
+float& PackedQ8::ScaleAt(int64_t j, int64_t block) {
+  return scales_[static_cast<size_t>(((j / kPanelColumns) * k_blocks() + block) * kPanelColumns + j % kPanelColumns)];
+}
+
+Result<PackedQ8> PackedQ8::FromFp8Blocks(int64_t n, int64_t k, const uint8_t* codes, const float* scales, int64_t block_n,
+                                         int64_t block_k) {
+  if (block_n <= 0 || block_k <= 0) return InvalidArgument("FP8 block size must be positive");
+  const int64_t scale_rows = (n + block_n - 1) / block_n, scale_cols = (k + block_k - 1) / block_k;
+  for (int64_t b = 0; b < scale_rows * scale_cols; ++b) {
+    const float s = scales[b];
+    if (!(s > 0.0f) || !(s <= kLargestScale))
+      return InvalidArgument("scale [" + std::to_string(b / scale_cols) + ", " + std::to_string(b % scale_cols) + "] is " +
+                             std::to_string(s) + "; FP8 block scales must be finite, positive and at most 2^100");
+  }
+  PackedQ8 m = Allocate(Q8Code::kFp8E4m3, n, k, block_k);
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < k; ++i) {
+      const uint8_t c = codes[j * k + i];
+      if ((c & 0x7f) == 0x7f)
+        return InvalidArgument("element [" + std::to_string(j) + ", " + std::to_string(i) + "] is an FP8 NaN");
+      m.CodeAt(j, i) = c;
+    }
+    for (int64_t b = 0; b < scale_cols; ++b) m.ScaleAt(j, b) = scales[(j / block_n) * scale_cols + b];
+  }
+  return m;
+}
+
+PackedQ8 PackedQ8::QuantizeInt8(int64_t n, int64_t k, const std::function<float(int64_t, int64_t)>& element) {
+  PackedQ8 m = Allocate(Q8Code::kInt8, n, k, kInt8Block);
+  std::vector<float> row(static_cast<size_t>(k));
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < k; ++i) row[i] = element(j, i);
+    for (int64_t b = 0; b < m.k_blocks(); ++b) {
+      const int64_t i0 = b * kInt8Block, i1 = std::min(k, i0 + kInt8Block);
+      float largest = 0.0f;
+      for (int64_t i = i0; i < i1; ++i) largest = std::max(largest, std::fabs(row[i]));
+      const float scale = largest / 127.0f;
+      m.ScaleAt(j, b) = scale;
+      if (scale == 0.0f) continue;
+      for (int64_t i = i0; i < i1; ++i) {
+        const float q = std::clamp(std::nearbyint(row[i] / scale), -127.0f, 127.0f);
+        m.CodeAt(j, i) = static_cast<uint8_t>(static_cast<int8_t>(q));
+      }
+    }
+  }
+  return m;
+}
+
+float PackedQ8::At(int64_t j, int64_t i) const {
+  const uint8_t c = codes_[static_cast<size_t>((j / kPanelColumns) * kPanelColumns * k_ + i * kPanelColumns + j % kPanelColumns)];
+  const float value = code_ == Q8Code::kInt8 ? static_cast<float>(static_cast<int8_t>(c)) : Fp8E4m3ToFloat(c);
+  return value * scales_[static_cast<size_t>(((j / kPanelColumns) * k_blocks() + i / block_k_) * kPanelColumns + j % kPanelColumns)];
+}
+
+void PackedQ8::RowToFloat(int64_t j, float* out) const {
+  for (int64_t i = 0; i < k_; ++i) out[i] = At(j, i);
+}
+
+const char* WeightFormatName(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kFp8E4m3: return "fp8-e4m3";
+    case WeightFormat::kInt8: return "int8";
+    case WeightFormat::kBf16: break;
+  }
+  return "bf16";
+}
+
+Result<WeightFormat> WeightFormatFromName(const std::string& name) {
+  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kFp8E4m3, WeightFormat::kInt8})
+    if (name == WeightFormatName(f)) return f;
+  return InvalidArgument("unknown weight format '" + name + "' (bf16, fp8-e4m3, int8)");
+}
+
+WeightFormat PackedMatrix::format() const {
+  if (const PackedQ8* q = q8()) return q->code() == Q8Code::kInt8 ? WeightFormat::kInt8 : WeightFormat::kFp8E4m3;
+  return WeightFormat::kBf16;
+}
+
+int64_t PackedMatrix::rows() const { return std::visit([](const auto& m) { return m.rows(); }, m_); }
+int64_t PackedMatrix::cols() const { return std::visit([](const auto& m) { return m.cols(); }, m_); }
+int64_t PackedMatrix::bytes() const { return std::visit([](const auto& m) { return m.bytes(); }, m_); }
+void PackedMatrix::RowToFloat(int64_t j, float* out) const {
+  std::visit([&](const auto& m) { m.RowToFloat(j, out); }, m_);
+}
+
+}  // namespace anchorage::cpu

@@ -1,0 +1,87 @@
+// 8-bit weight matrices with fp32 block scales, and the one type that holds a matrix in any format.
+// W[j][i] is code(j, i) x scale(j, i) rounded once to fp32; the kernels multiply that fp32 weight.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <variant>
+
+#include "engine/compute/cpu/packed_bf16.h"
+#include "engine/core/status.h"
+
+namespace anchorage::cpu {
+
+enum class Q8Code {
+  kFp8E4m3,  // OCP e4m3 ("fn": no infinities; 0x7f and 0xff are NaN)
+  kInt8,     // two's complement, -127..127
+};
+
+// The exact value of an e4m3 byte (NaN for 0x7f and 0xff).
+float Fp8E4m3ToFloat(uint8_t byte);
+// The e4m3 byte nearest f (ties to even), saturating at +-448.
+uint8_t FloatToFp8E4m3(float f);
+
+// Super-panel p holds columns [32p, 32p + 32) as k rows of 32 code bytes in column order, and one
+// row of 32 fp32 scales in column order for each block of block_k inputs. Columns past n are zero.
+class PackedQ8 {
+ public:
+  PackedQ8() = default;
+  // Hugging Face's block-scaled FP8: codes [n, k] row-major, scales [ceil(n / block_n), ceil(k / block_k)]
+  // row-major (weight = code x scale). Refuses NaN codes and scales that are not finite and positive.
+  static Result<PackedQ8> FromFp8Blocks(int64_t n, int64_t k, const uint8_t* codes, const float* scales, int64_t block_n,
+                                        int64_t block_k);
+  // int8 per output row and block of kInt8Block inputs: scale = max |w| / 127, code = w / scale rounded.
+  static PackedQ8 QuantizeInt8(int64_t n, int64_t k, const std::function<float(int64_t j, int64_t i)>& element);
+  static constexpr int64_t kInt8Block = 32;
+
+  Q8Code code() const { return code_; }
+  int64_t rows() const { return n_; }
+  int64_t cols() const { return k_; }
+  int64_t block_k() const { return block_k_; }
+  int64_t panels() const { return (n_ + kPanelColumns - 1) / kPanelColumns; }
+  int64_t k_blocks() const { return (k_ + block_k_ - 1) / block_k_; }
+  int64_t bytes() const { return panels() * kPanelColumns * (k_ + 4 * k_blocks()); }
+  const uint8_t* panel(int64_t p) const { return codes_.get() + p * kPanelColumns * k_; }
+  const float* panel_scales(int64_t p) const { return scales_.get() + p * kPanelColumns * k_blocks(); }
+  // The fp32 weight W[j][i], and row j of W (the embedding lookup).
+  float At(int64_t j, int64_t i) const;
+  void RowToFloat(int64_t j, float* out) const;
+
+ private:
+  static PackedQ8 Allocate(Q8Code code, int64_t n, int64_t k, int64_t block_k);
+  uint8_t& CodeAt(int64_t j, int64_t i);
+  float& ScaleAt(int64_t j, int64_t block);
+  struct Free {
+    void operator()(void* p) const;
+  };
+  Q8Code code_ = Q8Code::kInt8;
+  int64_t n_ = 0, k_ = 0, block_k_ = 1;
+  std::unique_ptr<uint8_t[], Free> codes_;
+  std::unique_ptr<float[], Free> scales_;
+};
+
+// How a model's matrices are held: as the checkpoint stores them, or made 8-bit at load.
+enum class WeightFormat { kBf16, kFp8E4m3, kInt8 };
+const char* WeightFormatName(WeightFormat format);  // "bf16", "fp8-e4m3", "int8"
+Result<WeightFormat> WeightFormatFromName(const std::string& name);
+
+// One weight matrix in whichever format it is held.
+class PackedMatrix {
+ public:
+  explicit PackedMatrix(PackedBf16 m) : m_(std::move(m)) {}
+  explicit PackedMatrix(PackedQ8 m) : m_(std::move(m)) {}
+  WeightFormat format() const;
+  const PackedBf16* bf16() const { return std::get_if<PackedBf16>(&m_); }
+  const PackedQ8* q8() const { return std::get_if<PackedQ8>(&m_); }
+  int64_t rows() const;
+  int64_t cols() const;
+  int64_t bytes() const;
+  void RowToFloat(int64_t j, float* out) const;
+
+ private:
+  std::variant<PackedBf16, PackedQ8> m_;
+};
+
+}  // namespace anchorage::cpu

@@ -1,0 +1,256 @@
+// 8-bit weights (block-scaled FP8 e4m3, int8 per row and 32 inputs) on every kernel path: each output
+// equals the fp32 arithmetic written out over the weights code x scale (rounded once), bit for bit,
+// whatever the rows, threads and shape; the codecs are exact; malformed blocks are refused.
+#include <QtTest>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "engine/compute/cpu/matmul.h"
+#include "engine/compute/cpu/packed_q8.h"
+#include "engine/core/bf16.h"
+
+using namespace anchorage;
+
+namespace {
+
+struct Problem {
+  int64_t m = 0, n = 0, k = 0;
+  std::vector<float> x;
+  cpu::PackedQ8 packed;
+};
+
+// Random non-NaN e4m3 codes with positive scales; power_of_two_scales makes every weight a bf16 value.
+Problem MakeFp8(int64_t m, int64_t n, int64_t k, int64_t block_n, int64_t block_k, uint32_t seed,
+                bool power_of_two_scales = false) {
+  Problem p;
+  p.m = m, p.n = n, p.k = k;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  p.x.resize(static_cast<size_t>(m * k));
+  for (auto& v : p.x) v = d(rng);
+  std::vector<uint8_t> codes(static_cast<size_t>(n * k));
+  for (auto& c : codes) {
+    do c = static_cast<uint8_t>(rng() & 0xff);
+    while ((c & 0x7f) == 0x7f);
+  }
+  const int64_t scale_count = ((n + block_n - 1) / block_n) * ((k + block_k - 1) / block_k);
+  std::vector<float> scales(static_cast<size_t>(scale_count));
+  std::uniform_real_distribution<float> u(1e-3f, 1e-1f);
+  for (auto& s : scales) s = power_of_two_scales ? std::ldexp(1.0f, -static_cast<int>(rng() % 12)) : u(rng);
+  auto packed = cpu::PackedQ8::FromFp8Blocks(n, k, codes.data(), scales.data(), block_n, block_k);
+  if (!packed.ok()) qFatal("%s", packed.status().message().c_str());
+  p.packed = std::move(*packed);
+  return p;
+}
+
+Problem MakeInt8(int64_t m, int64_t n, int64_t k, uint32_t seed) {
+  Problem p;
+  p.m = m, p.n = n, p.k = k;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  p.x.resize(static_cast<size_t>(m * k));
+  for (auto& v : p.x) v = d(rng);
+  std::vector<float> w(static_cast<size_t>(n * k));
+  for (auto& v : w) v = d(rng) * 0.05f;
+  p.packed = cpu::PackedQ8::QuantizeInt8(n, k, [&](int64_t j, int64_t i) { return w[j * k + i]; });
+  return p;
+}
+
+// The arithmetic written out: each weight code x scale rounded to fp32, k products in order, one fma each.
+std::vector<float> Sequential(const Problem& p) {
+  std::vector<float> y(static_cast<size_t>(p.m * p.n));
+  for (int64_t r = 0; r < p.m; ++r)
+    for (int64_t j = 0; j < p.n; ++j) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < p.k; ++i) acc = std::fma(p.x[r * p.k + i], p.packed.At(j, i), acc);
+      y[r * p.n + j] = acc;
+    }
+  return y;
+}
+
+// Rows [r0, r0 + m); the output has a wider stride than n, whose extra columns must stay untouched.
+std::vector<float> Run(cpu::KernelPath path, ThreadPool& pool, const Problem& p, int64_t r0, int64_t m) {
+  const int64_t ldy = p.n + 3;
+  std::vector<float> y(static_cast<size_t>(m * ldy), -7.0f);
+  cpu::MatMulQ8On(path, pool, p.x.data() + r0 * p.k, m, p.k, p.packed, y.data(), ldy);
+  std::vector<float> out(static_cast<size_t>(m * p.n));
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t j = p.n; j < ldy; ++j)
+      if (y[r * ldy + j] != -7.0f) qFatal("column %lld of row %lld was written past n", (long long)j, (long long)r);
+    std::memcpy(out.data() + r * p.n, y.data() + r * ldy, static_cast<size_t>(p.n) * 4);
+  }
+  return out;
+}
+
+bool SameBits(const float* a, const float* b, size_t count) { return std::memcmp(a, b, count * 4) == 0; }
+
+const cpu::KernelPath kPaths[] = {cpu::KernelPath::kPortable,   cpu::KernelPath::kAvx2Fma,
+                                  cpu::KernelPath::kAvx512F,    cpu::KernelPath::kAvx512Bf16,
+                                  cpu::KernelPath::kAmxBf16,    cpu::KernelPath::kEmulated16};
+
+}  // namespace
+
+class TestMatmulQ8 : public QObject {
+  Q_OBJECT
+ private slots:
+  void fp8CodecIsExact() {
+    QCOMPARE(cpu::Fp8E4m3ToFloat(0x38), 1.0f);
+    QCOMPARE(cpu::Fp8E4m3ToFloat(0x7e), 448.0f);
+    QCOMPARE(cpu::Fp8E4m3ToFloat(0xfe), -448.0f);
+    QCOMPARE(cpu::Fp8E4m3ToFloat(0x01), std::ldexp(1.0f, -9));
+    QCOMPARE(cpu::Fp8E4m3ToFloat(0x08), std::ldexp(1.0f, -6));
+    QCOMPARE(cpu::Fp8E4m3ToFloat(0x3c), 1.5f);
+    QVERIFY(std::isnan(cpu::Fp8E4m3ToFloat(0x7f)) && std::isnan(cpu::Fp8E4m3ToFloat(0xff)));
+    for (int b = 0; b < 256; ++b) {
+      if ((b & 0x7f) == 0x7f) continue;
+      QCOMPARE(int(cpu::FloatToFp8E4m3(cpu::Fp8E4m3ToFloat(static_cast<uint8_t>(b)))), b);
+    }
+    QCOMPARE(int(cpu::FloatToFp8E4m3(1.0625f)), 0x38);  // halfway between 1 and 1.125: to the even code
+    QCOMPARE(int(cpu::FloatToFp8E4m3(1.1875f)), 0x3a);  // halfway between 1.125 and 1.25: to the even code
+    QCOMPARE(int(cpu::FloatToFp8E4m3(1000.0f)), 0x7e);  // saturates
+    QCOMPARE(int(cpu::FloatToFp8E4m3(-1e-9f)), 0x80);
+  }
+
+  void packedHoldsEveryWeight() {
+    const int64_t n = 70, k = 300, bn = 128, bk = 96;
+    std::vector<uint8_t> codes(static_cast<size_t>(n * k));
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>((i * 37) % 0x7f);
+    std::vector<float> scales{0.5f, 0.25f, 3.0f, 0.1f};
+    auto p = cpu::PackedQ8::FromFp8Blocks(n, k, codes.data(), scales.data(), bn, bk);
+    QVERIFY(p.ok());
+    QCOMPARE(p->panels(), 3);
+    QCOMPARE(p->k_blocks(), 4);
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t j = 0; j < n; ++j) {
+      p->RowToFloat(j, row.data());
+      for (int64_t i = 0; i < k; ++i) {
+        const float want = cpu::Fp8E4m3ToFloat(codes[j * k + i]) * scales[i / bk];
+        QCOMPARE(p->At(j, i), want);
+        QCOMPARE(row[i], want);
+      }
+    }
+  }
+
+  void malformedBlocksRefused() {
+    const int64_t n = 4, k = 4;
+    std::vector<uint8_t> codes(16, 0x38);
+    for (float bad : {0.0f, -1.0f, INFINITY, NAN, 1e38f}) {
+      const float scale = bad;
+      auto p = cpu::PackedQ8::FromFp8Blocks(n, k, codes.data(), &scale, 128, 128);
+      QVERIFY(!p.ok());
+      QVERIFY2(p.status().message().find("scale [0, 0]") != std::string::npos, p.status().message().c_str());
+    }
+    codes[6] = 0xff;
+    const float one = 1.0f;
+    auto p = cpu::PackedQ8::FromFp8Blocks(n, k, codes.data(), &one, 128, 128);
+    QVERIFY(!p.ok());
+    QVERIFY2(p.status().message().find("[1, 2]") != std::string::npos, p.status().message().c_str());
+  }
+
+  void int8KeepsHalfAStep() {
+    const int64_t n = 37, k = 100;
+    std::mt19937 rng(3);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<float> w(static_cast<size_t>(n * k));
+    for (auto& v : w) v = d(rng);
+    for (int64_t i = 0; i < k; ++i) w[5 * k + i] = 0.0f;  // an all-zero row keeps zeros
+    const auto p = cpu::PackedQ8::QuantizeInt8(n, k, [&](int64_t j, int64_t i) { return w[j * k + i]; });
+    QCOMPARE(p.block_k(), 32);
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t b = 0; b * 32 < k; ++b) {
+        float largest = 0.0f;
+        for (int64_t i = b * 32; i < std::min(k, b * 32 + 32); ++i) largest = std::max(largest, std::fabs(w[j * k + i]));
+        const float step = largest / 127.0f;
+        for (int64_t i = b * 32; i < std::min(k, b * 32 + 32); ++i)
+          QVERIFY(std::fabs(p.At(j, i) - w[j * k + i]) <= 0.5f * step * (1.0f + 1e-5f));
+      }
+    for (int64_t i = 0; i < k; ++i) QCOMPARE(p.At(5, i), 0.0f);
+  }
+
+  void equalsWrittenOutArithmetic_data() {
+    QTest::addColumn<int>("path");
+    QTest::addColumn<bool>("int8");
+    QTest::addColumn<int>("m");
+    QTest::addColumn<int>("n");
+    QTest::addColumn<int>("k");
+    const int shapes[][3] = {{1, 1, 1}, {1, 70, 300}, {2, 33, 7}, {3, 31, 257}, {17, 129, 600}, {100, 40, 260}};
+    for (cpu::KernelPath path : kPaths)
+      for (bool int8 : {false, true})
+        for (const auto& s : shapes)
+          QTest::addRow("%s %s %dx%dx%d", cpu::PathName(path), int8 ? "int8" : "fp8", s[0], s[1], s[2])
+              << int(path) << int8 << s[0] << s[1] << s[2];
+  }
+  void equalsWrittenOutArithmetic() {
+    QFETCH(int, path);
+    QFETCH(bool, int8);
+    QFETCH(int, m);
+    QFETCH(int, n);
+    QFETCH(int, k);
+    const auto kp = static_cast<cpu::KernelPath>(path);
+    if (!cpu::PathAvailable(kp)) QSKIP(qPrintable(QString("this CPU cannot run the %1 kernels").arg(cpu::PathName(kp))));
+    ThreadPool pool(2);
+    const uint32_t seed = 1u + static_cast<uint32_t>(m * n + k);
+    // Blocks of 96 inputs straddle the kernels' k blocks of 256.
+    const Problem p = int8 ? MakeInt8(m, n, k, seed) : MakeFp8(m, n, k, 128, 96, seed);
+    const auto y = Run(kp, pool, p, 0, m);
+    QVERIFY(SameBits(y.data(), Sequential(p).data(), y.size()));
+  }
+
+  void rowsIndependentOfBatchAndThreads() {
+    ThreadPool one(1), two(2), three(3);
+    for (bool int8 : {false, true}) {
+      const Problem p = int8 ? MakeInt8(110, 200, 300, 5u) : MakeFp8(110, 200, 300, 128, 128, 5u);
+      for (cpu::KernelPath kp : cpu::AvailablePaths()) {
+        const auto all = Run(kp, two, p, 0, p.m);
+        QVERIFY(SameBits(all.data(), Run(kp, one, p, 0, p.m).data(), all.size()));
+        QVERIFY(SameBits(all.data(), Run(kp, three, p, 0, p.m).data(), all.size()));
+        QVERIFY(SameBits(all.data(), Run(cpu::KernelPath::kPortable, two, p, 0, p.m).data(), all.size()));
+        for (int64_t r : {0, 1, 2, 16, 95, 96, 109}) {
+          const auto single = Run(kp, one, p, r, 1);
+          QVERIFY2(SameBits(all.data() + r * p.n, single.data(), static_cast<size_t>(p.n)),
+                   qPrintable(QString("%1 row %2").arg(cpu::PathName(kp)).arg(r)));
+        }
+        for (auto [r0, m] : {std::pair<int64_t, int64_t>{0, 2}, {3, 3}, {10, 17}, {50, 60}}) {
+          const auto part = Run(kp, two, p, r0, m);
+          QVERIFY(SameBits(all.data() + r0 * p.n, part.data(), part.size()));
+        }
+      }
+    }
+  }
+
+  // With power-of-two scales every weight is a bf16 value, so the fp32 paths give the bf16 product's bits.
+  void fp8EqualsItsBf16CopyOnFp32Paths() {
+    ThreadPool pool(2);
+    const Problem p = MakeFp8(20, 100, 400, 128, 128, 9u, true);
+    std::vector<uint16_t> copy(static_cast<size_t>(p.n * p.k));
+    for (int64_t j = 0; j < p.n; ++j)
+      for (int64_t i = 0; i < p.k; ++i) {
+        const float w = p.packed.At(j, i);
+        copy[j * p.k + i] = FloatToBf16(w);
+        QCOMPARE(Bf16ToFloat(copy[j * p.k + i]), w);
+      }
+    const auto bf16 = cpu::PackedBf16::FromRowMajor(copy.data(), p.n, p.k);
+    for (cpu::KernelPath kp : cpu::AvailablePaths()) {
+      if (cpu::SplitsIntoBf16(kp)) continue;
+      std::vector<float> want(static_cast<size_t>(p.m * p.n));
+      cpu::MatMulBf16On(kp, pool, p.x.data(), p.m, p.k, bf16, want.data(), p.n);
+      const auto y = Run(kp, pool, p, 0, p.m);
+      QVERIFY2(SameBits(y.data(), want.data(), y.size()), cpu::PathName(kp));
+    }
+  }
+
+  void formatNamesRoundTrip() {
+    for (auto f : {cpu::WeightFormat::kBf16, cpu::WeightFormat::kFp8E4m3, cpu::WeightFormat::kInt8})
+      QCOMPARE(*cpu::WeightFormatFromName(cpu::WeightFormatName(f)), f);
+    QVERIFY(!cpu::WeightFormatFromName("int4").ok());
+    const std::string bf16 = cpu::ArithmeticNameOf(cpu::KernelPath::kAvx512F, cpu::WeightFormat::kBf16);
+    const std::string fp8 = cpu::ArithmeticNameOf(cpu::KernelPath::kAvx512F, cpu::WeightFormat::kFp8E4m3);
+    const std::string int8 = cpu::ArithmeticNameOf(cpu::KernelPath::kAmxBf16, cpu::WeightFormat::kInt8);
+    QVERIFY(bf16 != fp8 && fp8 != int8 && bf16 != int8);
+  }
+};
+
+QTEST_APPLESS_MAIN(TestMatmulQ8)
+#include "test_matmul_q8.moc"
