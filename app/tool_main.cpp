@@ -10,7 +10,7 @@ namespace {
 
 const char* kUsage =
     "usage: anchorage-tool COMMAND [ARGS]\n"
-    "  make-model --size tiny|small|shadow --seed N [--tokenizer-of SIZE] DIR\n"
+    "  make-model --size tiny|small|shadow --seed N [--tokenizer-of SIZE] [--dtype bf16|fp8] DIR\n"
     "                                              generate a random Qwen3.5-structured model folder\n"
     "  tokenize --model DIR [--no-special]         text on stdin, JSON ids out (DIR may hold only tokenizer.json)\n"
     "  detokenize --model DIR [--skip-special]     JSON ids on stdin, text out\n"

@@ -61,7 +61,7 @@ Result<Tokenizer> LoadTokenizerFrom(const std::string& dir) {
 }  // namespace
 
 int MakeModel(const Args& args) {
-  ParsedArgs p = ParseArgs(args, {"--size", "--seed", "--tokenizer-of"}, {});
+  ParsedArgs p = ParseArgs(args, {"--size", "--seed", "--tokenizer-of", "--dtype"}, {});
   if (!p.error.empty()) return Usage(p.error);
   if (p.positional.size() != 1) return Usage("make-model needs one output folder");
   auto size = ParseTinyModelSize(p.Get("--size").value_or("tiny"));
@@ -78,7 +78,9 @@ int MakeModel(const Args& args) {
     if (!parsed.ok()) return Usage("--tokenizer-of: " + parsed.status().message());
     tokenizer_of = *parsed;
   }
-  Status s = GenerateTinyModel(*size, seed, p.positional[0], tokenizer_of);
+  auto dtype = ParseGeneratedDtype(p.Get("--dtype").value_or("bf16"));
+  if (!dtype.ok()) return Usage("--dtype: " + dtype.status().message());
+  Status s = GenerateTinyModel(*size, seed, p.positional[0], tokenizer_of, *dtype);
   if (!s.ok()) return Fail(s.ToString());
   std::printf("wrote %s\n", p.positional[0].c_str());
   return 0;

@@ -98,7 +98,7 @@ int64_t ModelConfig::kv_bytes_per_token() const {
 nlohmann::json ModelConfig::ToJson() const {
   json layers = json::array();
   for (LayerKind k : layer_types) layers.push_back(k == LayerKind::kFullAttention ? "full_attention" : "linear_attention");
-  return json{{"model_type", model_type},
+  json out{{"model_type", model_type},
               {"hidden_size", hidden_size},
               {"num_hidden_layers", num_hidden_layers},
               {"intermediate_size", intermediate_size},
@@ -119,6 +119,10 @@ nlohmann::json ModelConfig::ToJson() const {
               {"hidden_act", "silu"},
               {"layer_types", layers},
               {"eos_token_id", eos_token_ids.size() == 1 ? json(eos_token_ids[0]) : json(eos_token_ids)}};
+  if (fp8_block_n > 0)
+    out["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+                                  {"weight_block_size", {fp8_block_n, fp8_block_k}}};
+  return out;
 }
 
 Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string& source) {
@@ -202,6 +206,23 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
         c.eos_token_ids.push_back(e.get<int64_t>());
       }
     } else if (!eos->is_null()) r.Fail("field 'eos_token_id' must be an integer or a list of integers");
+  }
+
+  const json* quantization = r.Find("quantization_config");
+  if (quantization != nullptr && !quantization->is_null()) {
+    const json& q = *quantization;
+    const json method = q.is_object() ? q.value("quant_method", json()) : json();
+    const json block = q.is_object() ? q.value("weight_block_size", json()) : json();
+    if (!q.is_object()) r.Fail("field 'quantization_config' must be an object");
+    else if (method != "fp8") r.Fail("quantization_config's quant_method " + method.dump() + " is not supported (only \"fp8\")");
+    else if (q.contains("fmt") && q["fmt"] != "e4m3") r.Fail("quantization_config's fmt " + q["fmt"].dump() + " is not supported (only \"e4m3\")");
+    else if (!block.is_array() || block.size() != 2 || !block[0].is_number_integer() || !block[1].is_number_integer() ||
+             block[0].get<int64_t>() <= 0 || block[1].get<int64_t>() <= 0)
+      r.Fail("quantization_config's weight_block_size must be two positive integers (per-tensor FP8 is not supported)");
+    else {
+      c.fp8_block_n = block[0].get<int64_t>();
+      c.fp8_block_k = block[1].get<int64_t>();
+    }
   }
 
   if (r.error().empty()) {

@@ -35,6 +35,8 @@ struct ModelConfig {
   bool attn_output_gate = true;
   std::vector<LayerKind> layer_types;   // one per layer
   std::vector<int64_t> eos_token_ids;
+  // quantization_config's weight_block_size in an FP8 checkpoint (quant_method fp8, fmt e4m3); 0: not FP8.
+  int64_t fp8_block_n = 0, fp8_block_k = 0;
 
   // Derived sizes.
   int64_t rotary_dim() const;            // rotated dims per attention head

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/bf16.h"
+#include "engine/core/fp8.h"
 
 namespace anchorage {
 
@@ -20,7 +21,8 @@ Result<DType> ParseDType(const std::string& s, const std::string& where) {
   if (s == "BF16") return DType::kBF16;
   if (s == "F16") return DType::kF16;
   if (s == "F32") return DType::kF32;
-  return Unsupported(where + ": dtype " + s + " is not supported (BF16, F16, F32)");
+  if (s == "F8_E4M3") return DType::kF8E4M3;
+  return Unsupported(where + ": dtype " + s + " is not supported (BF16, F16, F32, F8_E4M3)");
 }
 
 }  // namespace
@@ -30,11 +32,20 @@ const char* DTypeName(DType dtype) {
     case DType::kBF16: return "BF16";
     case DType::kF16: return "F16";
     case DType::kF32: return "F32";
+    case DType::kF8E4M3: return "F8_E4M3";
   }
   return "?";
 }
 
-size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return 4;
+    case DType::kF8E4M3: return 1;
+    case DType::kBF16:
+    case DType::kF16: break;
+  }
+  return 2;
+}
 
 int64_t TensorView::numel() const {
   int64_t n = 1;
@@ -47,6 +58,7 @@ float TensorView::At(int64_t i) const {
     case DType::kBF16: { uint16_t h; std::memcpy(&h, data + 2 * i, 2); return Bf16ToFloat(h); }
     case DType::kF16: { uint16_t h; std::memcpy(&h, data + 2 * i, 2); return Fp16ToFloat(h); }
     case DType::kF32: { float f; std::memcpy(&f, data + 4 * i, 4); return f; }
+    case DType::kF8E4M3: return Fp8E4m3ToFloat(static_cast<uint8_t>(data[i]));
   }
   return 0.0f;
 }

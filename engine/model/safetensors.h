@@ -13,7 +13,7 @@
 
 namespace anchorage {
 
-enum class DType { kBF16, kF16, kF32 };
+enum class DType { kBF16, kF16, kF32, kF8E4M3 };
 
 const char* DTypeName(DType dtype);
 size_t DTypeSize(DType dtype);
@@ -26,10 +26,14 @@ struct TensorView {
   const std::byte* data = nullptr;
   size_t bytes = 0;
   std::string file;  // shard file name
+  // An F8_E4M3 matrix's block scales (its name + "_scale_inv", weight = code x scale) and the rows and
+  // columns a scale covers, set by MapWeights.
+  const TensorView* scale_inv = nullptr;
+  int64_t scale_block_rows = 0, scale_block_cols = 0;
 
   int64_t numel() const;
   bool empty() const { return data == nullptr; }
-  // Element i converted to fp32.
+  // Element i converted to fp32 (an F8_E4M3 element without its scale).
   float At(int64_t i) const;
 };
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/bf16.h"
+#include "engine/core/fp8.h"
 #include "engine/core/file_util.h"
 #include "engine/text/bpe_trainer.h"
 #include "engine/model/safetensors.h"
@@ -69,6 +70,47 @@ class Writer {
     std::string data(values.size() * 4, '\0');
     std::memcpy(data.data(), values.data(), data.size());
     tensors_.push_back({name, DType::kF32, std::move(shape), std::move(data)});
+  }
+
+  // Every BF16 projection matrix (the embeddings and lm_head stay BF16) becomes F8_E4M3 with an F32
+  // *_scale_inv a block: the power of two that brings the block's largest |w| to at most 448.
+  void QuantizeProjectionsToFp8() {
+    std::vector<TensorToWrite> out;
+    for (TensorToWrite& t : tensors_) {
+      const bool projection = t.dtype == DType::kBF16 && t.shape.size() == 2 && t.name.find("embed_tokens") == std::string::npos &&
+                              t.name != "lm_head.weight";
+      if (!projection) {
+        out.push_back(std::move(t));
+        continue;
+      }
+      const int64_t n = t.shape[0], k = t.shape[1], b = kGeneratedFp8Block;
+      const int64_t rows = (n + b - 1) / b, cols = (k + b - 1) / b;
+      auto weight = [&t, k](int64_t j, int64_t i) {
+        uint16_t h;
+        std::memcpy(&h, &t.data[static_cast<size_t>(j * k + i) * 2], 2);
+        return Bf16ToFloat(h);
+      };
+      std::string codes(static_cast<size_t>(n * k), '\0');
+      std::vector<float> scales(static_cast<size_t>(rows * cols));
+      for (int64_t br = 0; br < rows; ++br)
+        for (int64_t bc = 0; bc < cols; ++bc) {
+          float largest = 0.0f;
+          for (int64_t j = br * b; j < std::min(n, br * b + b); ++j)
+            for (int64_t i = bc * b; i < std::min(k, bc * b + b); ++i) largest = std::max(largest, std::fabs(weight(j, i)));
+          int exponent = 0;
+          std::frexp(largest / 448.0f, &exponent);  // largest / 448 < 2^exponent
+          const float scale = largest == 0.0f ? 1.0f : std::ldexp(1.0f, exponent);
+          scales[br * cols + bc] = scale;
+          for (int64_t j = br * b; j < std::min(n, br * b + b); ++j)
+            for (int64_t i = bc * b; i < std::min(k, bc * b + b); ++i)
+              codes[static_cast<size_t>(j * k + i)] = static_cast<char>(FloatToFp8E4m3(weight(j, i) / scale));
+        }
+      std::string scale_bytes(scales.size() * 4, '\0');
+      std::memcpy(scale_bytes.data(), scales.data(), scale_bytes.size());
+      out.push_back({t.name + "_scale_inv", DType::kF32, {rows, cols}, std::move(scale_bytes)});
+      out.push_back({t.name, DType::kF8E4M3, t.shape, std::move(codes)});
+    }
+    tensors_ = std::move(out);
   }
 
   uint64_t seed() const { return seed_; }
@@ -155,7 +197,14 @@ ModelConfig TinyModelConfig(TinyModelSize size, int64_t vocab_size) {
   return c;
 }
 
-Status GenerateTinyModel(TinyModelSize size, uint64_t seed, const std::string& dir, std::optional<TinyModelSize> tokenizer_of) {
+Result<GeneratedDtype> ParseGeneratedDtype(const std::string& name) {
+  if (name == "bf16") return GeneratedDtype::kBf16;
+  if (name == "fp8") return GeneratedDtype::kFp8;
+  return InvalidArgument("unknown dtype '" + name + "' (expected bf16 or fp8)");
+}
+
+Status GenerateTinyModel(TinyModelSize size, uint64_t seed, const std::string& dir, std::optional<TinyModelSize> tokenizer_of,
+                         GeneratedDtype dtype) {
   namespace fs = std::filesystem;
   RETURN_IF_ERROR(MakeDirectories(dir));
 
@@ -225,6 +274,11 @@ Status GenerateTinyModel(TinyModelSize size, uint64_t seed, const std::string& d
     mlp("mtp.layers.0.");
   }
 
+  if (dtype == GeneratedDtype::kFp8) {
+    w.QuantizeProjectionsToFp8();
+    c.fp8_block_n = c.fp8_block_k = kGeneratedFp8Block;
+  }
+
   nlohmann::ordered_json config;
   config["architectures"] = {"Qwen3_5ForCausalLM"};
   const nlohmann::json fields = c.ToJson();
@@ -232,6 +286,7 @@ Status GenerateTinyModel(TinyModelSize size, uint64_t seed, const std::string& d
   config["mtp_num_hidden_layers"] = size == TinyModelSize::kShadow ? 0 : 1;
   config["dtype"] = "bfloat16";
   config["anchorage_generator"] = {{"size", TinyModelSizeName(size)}, {"seed", seed}};
+  if (dtype == GeneratedDtype::kFp8) config["anchorage_generator"]["dtype"] = "fp8";
 
   nlohmann::ordered_json tokenizer_config = {
       {"add_bos_token", false},

@@ -12,7 +12,8 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 
 class Mapper {
  public:
-  Mapper(const SafetensorsSet& set, std::string prefix) : set_(set), prefix_(std::move(prefix)) {}
+  Mapper(const ModelConfig& config, const SafetensorsSet& set, std::string prefix)
+      : config_(config), set_(set), prefix_(std::move(prefix)) {}
 
   // Finds prefix + name with the given shape; a 1-element trailing dim is tolerated for conv weights.
   Status Get(const std::string& name, std::vector<int64_t> shape, TensorView* out) {
@@ -22,10 +23,34 @@ class Mapper {
     if (t->shape != shape)
       return InvalidArgument("tensor '" + full + "' in " + t->file + " has shape " + ShapeText(t->shape) + ", expected " + ShapeText(shape));
     *out = *t;
+    if (t->dtype == DType::kF8E4M3) return FindScales(full, *t, out);
     return Status::Ok();
   }
 
  private:
+  // An FP8 matrix's block scales: name + "_scale_inv", [ceil(n / block_n), ceil(k / block_k)].
+  Status FindScales(const std::string& full, const TensorView& t, TensorView* out) {
+    const std::string where = "tensor '" + full + "' in " + t.file;
+    if (t.shape.size() != 2) return InvalidArgument(where + " is F8_E4M3; only matrices may be FP8");
+    if (config_.fp8_block_n <= 0)
+      return InvalidArgument(where + " is F8_E4M3 but config.json has no quantization_config (quant_method fp8, weight_block_size)");
+    const std::string scales_name = full + "_scale_inv";
+    const TensorView* scales = set_.Find(scales_name);
+    if (scales == nullptr) return NotFound("checkpoint lacks tensor '" + scales_name + "', the block scales of " + where);
+    const std::vector<int64_t> want{(t.shape[0] + config_.fp8_block_n - 1) / config_.fp8_block_n,
+                                    (t.shape[1] + config_.fp8_block_k - 1) / config_.fp8_block_k};
+    if (scales->shape != want)
+      return InvalidArgument("tensor '" + scales_name + "' in " + scales->file + " has shape " + ShapeText(scales->shape) +
+                             ", expected " + ShapeText(want) + " (blocks of " + std::to_string(config_.fp8_block_n) + " x " +
+                             std::to_string(config_.fp8_block_k) + ")");
+    if (scales->dtype == DType::kF8E4M3) return InvalidArgument("tensor '" + scales_name + "' must be F32, BF16 or F16");
+    out->scale_inv = scales;
+    out->scale_block_rows = config_.fp8_block_n;
+    out->scale_block_cols = config_.fp8_block_k;
+    return Status::Ok();
+  }
+
+  const ModelConfig& config_;
   const SafetensorsSet& set_;
   std::string prefix_;
 };
@@ -52,7 +77,7 @@ Status MapAttention(const ModelConfig& c, Mapper& m, const std::string& q, Atten
 }
 
 Result<MtpWeights> MapMtp(const ModelConfig& c, const SafetensorsSet& set) {
-  Mapper m(set, "mtp.");
+  Mapper m(c, set, "mtp.");
   MtpWeights w;
   const int64_t H = c.hidden_size;
   RETURN_IF_ERROR(m.Get("fc.weight", {H, 2 * H}, &w.fc));
@@ -73,7 +98,7 @@ Result<ModelWeights> MapWeights(const ModelConfig& c, const SafetensorsSet& set)
   else if (set.Find("model.embed_tokens.weight") != nullptr) prefix = "model.";
   else return NotFound("checkpoint lacks 'model.language_model.embed_tokens.weight' and 'model.embed_tokens.weight'");
 
-  Mapper m(set, prefix);
+  Mapper m(c, set, prefix);
   ModelWeights w;
   const int64_t H = c.hidden_size, V = c.vocab_size;
   RETURN_IF_ERROR(m.Get("embed_tokens.weight", {V, H}, &w.embed_tokens));
@@ -81,7 +106,7 @@ Result<ModelWeights> MapWeights(const ModelConfig& c, const SafetensorsSet& set)
   if (c.tie_word_embeddings) {
     w.lm_head = w.embed_tokens;
   } else {
-    Mapper root(set, "");
+    Mapper root(c, set, "");
     RETURN_IF_ERROR(root.Get("lm_head.weight", {V, H}, &w.lm_head));
   }
 

@@ -13,9 +13,9 @@
 
 namespace anchorage {
 
-using cpu::MatMulBf16;
+using cpu::MatMul;
 using cpu::Sized;
-using Packed = cpu::PackedBf16;
+using Packed = cpu::PackedMatrix;
 
 struct Forward::Layer {
   LayerKind kind = LayerKind::kLinearAttention;
@@ -103,11 +103,42 @@ Forward::Forward(const ModelConfig& config, const ForwardOptions& options)
 
 Forward::~Forward() = default;
 
-std::string Forward::StateFingerprint(const std::string& model_fingerprint) {
+std::string Forward::StateFingerprint(const std::string& model_fingerprint, const std::string& weights) {
   Sha256 h;
   h.Update("anchorage-state-fingerprint-v1\n" + model_fingerprint + "\n" + cpu::ArithmeticName() + "\n");
+  if (!weights.empty()) h.Update("weights " + weights + "\n");
   return h.FinishHex();
 }
+
+std::string Forward::WeightsArithmetic() const {
+  std::string out;
+  for (cpu::WeightFormat f : {cpu::WeightFormat::kFp8E4m3, cpu::WeightFormat::kInt8})
+    for (const Packed& m : packed_)
+      if (m.format() == f) {
+        out += (out.empty() ? "" : " ") + std::string(cpu::ArithmeticNameOf(cpu::ActivePath(), f));
+        break;
+      }
+  return out;
+}
+
+std::string Forward::WeightsDescription() const {
+  std::string out;
+  for (cpu::WeightFormat f : {cpu::WeightFormat::kFp8E4m3, cpu::WeightFormat::kInt8, cpu::WeightFormat::kBf16})
+    for (const Packed& m : packed_)
+      if (m.format() == f) {
+        out += (out.empty() ? "" : " + ") + std::string(cpu::WeightFormatName(f));
+        break;
+      }
+  return out;
+}
+
+int64_t Forward::weight_bytes() const {
+  int64_t n = 0;
+  for (const Packed& m : packed_) n += m.bytes();
+  return n;
+}
+
+int64_t Forward::decode_weight_bytes() const { return weight_bytes() - (embed_ != lm_head_ ? embed_->bytes() : 0); }
 
 int64_t Forward::PrefillWorkspaceBytes(int64_t chunk_tokens) const {
   const ModelConfig& c = config_;
@@ -116,17 +147,34 @@ int64_t Forward::PrefillWorkspaceBytes(int64_t chunk_tokens) const {
   return chunk_tokens * per_token_floats * 4 + c.vocab_size * 4;
 }
 
-Result<const cpu::PackedBf16*> Forward::Matrix(const TensorView& t, int64_t rows, int64_t cols, const char* role) {
+Result<const cpu::PackedMatrix*> Forward::Matrix(const TensorView& t, int64_t rows, int64_t cols, const char* role) {
   if (t.empty()) return NotFound(std::string("Forward: missing tensor for ") + role);
   if (t.numel() != rows * cols)
     return InvalidArgument("Forward: " + t.name + " has " + std::to_string(t.numel()) + " elements, expected " +
                            std::to_string(rows) + "x" + std::to_string(cols));
   if (auto done = packed_index_.find(t.data); done != packed_index_.end()) return done->second;
-  if (t.dtype == DType::kBF16) {
-    packed_.push_back(Packed::FromRowMajor(reinterpret_cast<const uint16_t*>(t.data), rows, cols));
+  if (t.dtype == DType::kF8E4M3) {
+    const int64_t block_n = t.scale_block_rows, block_k = t.scale_block_cols;
+    if (t.scale_inv == nullptr || block_n <= 0 || block_k <= 0)
+      return InvalidArgument("Forward: " + t.name + " is F8_E4M3 without block scales and a block size");
+    const TensorView& s = *t.scale_inv;
+    if (s.numel() != ((rows + block_n - 1) / block_n) * ((cols + block_k - 1) / block_k))
+      return InvalidArgument("Forward: " + s.name + " holds " + std::to_string(s.numel()) + " scales, not one a " +
+                             std::to_string(block_n) + " x " + std::to_string(block_k) + " block");
+    std::vector<float> scales(static_cast<size_t>(s.numel()));
+    for (int64_t i = 0; i < s.numel(); ++i) scales[i] = s.At(i);
+    auto q = cpu::PackedQ8::FromFp8Blocks(rows, cols, reinterpret_cast<const uint8_t*>(t.data), scales.data(), block_n,
+                                          block_k);
+    if (!q.ok()) return InvalidArgument("Forward: " + t.name + " in " + t.file + ": " + q.status().message());
+    packed_.emplace_back(std::move(*q));
+  } else if (options_.int8_weights) {
+    packed_.emplace_back(cpu::PackedQ8::QuantizeInt8(rows, cols, [&t, cols](int64_t j, int64_t i) { return t.At(j * cols + i); }));
+  } else if (t.dtype == DType::kBF16) {
+    packed_.emplace_back(cpu::PackedBf16::FromRowMajor(reinterpret_cast<const uint16_t*>(t.data), rows, cols));
   } else {
     // F16 and F32 matrices are rounded to BF16 once, here: the kernels multiply bf16 weights.
-    packed_.push_back(Packed::Pack(rows, cols, [&t, cols](int64_t j, int64_t i) { return FloatToBf16(t.At(j * cols + i)); }));
+    packed_.emplace_back(
+        cpu::PackedBf16::Pack(rows, cols, [&t, cols](int64_t j, int64_t i) { return FloatToBf16(t.At(j * cols + i)); }));
     converted_bytes_ += rows * cols * 2;
     ++converted_matrices_;
   }
@@ -504,7 +552,7 @@ void Forward::RunRows(std::span<const Segment> segments, const int32_t* ids, int
     else RmsNormRows(x + t * H, final_norm_.data(), run, H, a + i * H);
     i += run;
   }
-  MatMulBf16(*pool_, a, m, H, *lm_head_, logits, config_.vocab_size);
+  MatMul(*pool_, a, m, H, *lm_head_, logits, config_.vocab_size);
 }
 
 void Forward::GdnMixer(const Layer& L, std::span<const Segment> segments, int64_t gi, int64_t n, Mode mode) {
@@ -523,10 +571,10 @@ void Forward::GdnMixer(const Layer& L, std::span<const Segment> segments, int64_
   float* beta = Sized(ws.beta, n * Nv);
   float* g = Sized(ws.g, n * Nv);
   const float* a = ws.a.data();
-  MatMulBf16(*pool_, a, n, H, *L.qkv, qkv, C);
-  MatMulBf16(*pool_, a, n, H, *L.z, z, VD);
-  MatMulBf16(*pool_, a, n, H, *L.b, bb, Nv);
-  MatMulBf16(*pool_, a, n, H, *L.a, aa, Nv);
+  MatMul(*pool_, a, n, H, *L.qkv, qkv, C);
+  MatMul(*pool_, a, n, H, *L.z, z, VD);
+  MatMul(*pool_, a, n, H, *L.b, bb, Nv);
+  MatMul(*pool_, a, n, H, *L.a, aa, Nv);
   // Causal depthwise conv over [tail; qkv] of each segment, taps in order, then SiLU; then the q/k L2 norms per head.
   std::vector<const Segment*> segment_of(static_cast<size_t>(n));
   for (const Segment& seg : segments) std::fill_n(segment_of.begin() + seg.row0, seg.n, &seg);
@@ -613,7 +661,7 @@ void Forward::GdnMixer(const Layer& L, std::span<const Segment> segments, int64_
       for (int64_t e = 0; e < dv; ++e) o[e] = o[e] * inv * L.gdn_norm[e] * cpu::Silu(zr[e]);
     }
   });
-  MatMulBf16(*pool_, core, n, VD, *L.out, ws.mix.data(), H);
+  MatMul(*pool_, core, n, VD, *L.out, ws.mix.data(), H);
 }
 
 void Forward::AttentionMixer(const Layer& L, float* k_all, float* v_all, int64_t pos0, int64_t n, Mode mode) {
@@ -637,9 +685,9 @@ void Forward::AttentionMixer(const Layer& L, std::span<const Segment> segments, 
   float* krows = Sized(ws.krows, n * KW);
   float* vrows = Sized(ws.vrows, n * KW);
   const float* a = ws.a.data();
-  MatMulBf16(*pool_, a, n, H, *L.q, qg, QW);
-  MatMulBf16(*pool_, a, n, H, *L.k, krows, KW);
-  MatMulBf16(*pool_, a, n, H, *L.v, vrows, KW);
+  MatMul(*pool_, a, n, H, *L.q, qg, QW);
+  MatMul(*pool_, a, n, H, *L.k, krows, KW);
+  MatMul(*pool_, a, n, H, *L.v, vrows, KW);
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float* cs = ws.cos.data();
   const float* sn = ws.sin.data();
@@ -682,7 +730,7 @@ void Forward::AttentionMixer(const Layer& L, std::span<const Segment> segments, 
       for (int64_t e = 0; e < hd; ++e) o[e] *= cpu::Sigmoid(gate[e]);
     }
   });
-  MatMulBf16(*pool_, attn, n, Nh * hd, *L.o, ws.mix.data(), H);
+  MatMul(*pool_, attn, n, Nh * hd, *L.o, ws.mix.data(), H);
 }
 
 void Forward::Mlp(const Layer& L, int64_t n) {
@@ -690,12 +738,12 @@ void Forward::Mlp(const Layer& L, int64_t n) {
   Workspace& ws = *ws_;
   float* gate = Sized(ws.gate, n * I);
   float* up = Sized(ws.up, n * I);
-  MatMulBf16(*pool_, ws.a.data(), n, H, *L.gate, gate, I);
-  MatMulBf16(*pool_, ws.a.data(), n, H, *L.up, up, I);
+  MatMul(*pool_, ws.a.data(), n, H, *L.gate, gate, I);
+  MatMul(*pool_, ws.a.data(), n, H, *L.up, up, I);
   Elementwise(n * I, [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) gate[i] = cpu::Silu(gate[i]) * up[i];
   });
-  MatMulBf16(*pool_, gate, n, I, *L.down, ws.mix.data(), H);
+  MatMul(*pool_, gate, n, I, *L.down, ws.mix.data(), H);
 }
 
 void Forward::MtpWait(MtpState& mtp, int64_t pos0, const float* hidden, int64_t n) {
@@ -731,7 +779,7 @@ void Forward::MtpRows(MtpState& mtp, const float* hidden, const int32_t* ids, in
     std::copy_n(a + t * H, H, cat + t * 2 * H);
     std::copy_n(mix + t * H, H, cat + t * 2 * H + H);
   }
-  MatMulBf16(*pool_, cat, n, 2 * H, *head.fc, x, H);
+  MatMul(*pool_, cat, n, 2 * H, *head.fc, x, H);
   RopeTable(mtp.begin + slot, n);
   const Layer& L = head.layer;
   RmsNormRows(x, L.in_norm.data(), n, H, a);
@@ -778,7 +826,7 @@ Result<std::vector<int32_t>> Forward::MtpDraft(MtpState& mtp, std::span<const in
       std::vector<float> fed = out;
       MtpRows(mtp, fed.data(), &last, 1, mtp.rows + j - 1, out.data());
     }
-    MatMulBf16(*pool_, out.data(), 1, H, *lm_head_, logits.data(), config_.vocab_size);
+    MatMul(*pool_, out.data(), 1, H, *lm_head_, logits.data(), config_.vocab_size);
     if (all_logits != nullptr) all_logits->insert(all_logits->end(), logits.begin(), logits.end());
     drafts.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + V) - logits.begin()));
   }

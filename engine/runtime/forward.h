@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/compute/cpu/attention.h"
-#include "engine/compute/cpu/packed_bf16.h"
+#include "engine/compute/cpu/packed_q8.h"
 #include "engine/core/status.h"
 #include "engine/core/thread_pool.h"
 #include "engine/model/model_config.h"
@@ -29,6 +29,8 @@ inline constexpr int64_t kExactLineTokens = 64;
 struct ForwardOptions {
   int64_t grid_tokens = 1024;  // prefill chunk G; a positive multiple of 64
   int threads = 0;             // worker threads including the caller; 0 means the machine's cores
+  // BF16, F16 and F32 matrices made int8 at load (per output row and 32 inputs); FP8 ones stay FP8.
+  bool int8_weights = false;
   // Called after each layer's weights are packed; false stops Create with kCancelled.
   std::function<bool(int64_t packed, int64_t layers)> on_layer;
 };
@@ -62,7 +64,15 @@ class Forward {
 
   // What a cache must match to reuse states: the model's fingerprint and the kernels' arithmetic
   // (paths that round differently give different bits). Hex sha256.
-  static std::string StateFingerprint(const std::string& model_fingerprint);
+  // weights: WeightsArithmetic() of the Forward that computes the states.
+  static std::string StateFingerprint(const std::string& model_fingerprint, const std::string& weights = "");
+  // How 8-bit matrices are multiplied ("" when every matrix is bf16): part of the state fingerprint.
+  std::string WeightsArithmetic() const;
+  // What the matrices are held as, e.g. "bf16" or "fp8-e4m3 + bf16", and their bytes in memory.
+  std::string WeightsDescription() const;
+  int64_t weight_bytes() const;
+  // Bytes a decoded token reads: every matrix but an untied embedding (read a row at a time).
+  int64_t decode_weight_bytes() const;
 
   // Appends ids at positions state.length().. in chunks that end on multiples of grid_tokens; returns
   // fp32 logits [1, vocab] (kLast) or [ids.size(), vocab] (kAll). On error the state is unchanged.
@@ -132,8 +142,9 @@ class Forward {
   Status CheckIds(std::span<const int32_t> ids) const;
   Result<Layer> NormsAndMlp(const LayerWeights& weights);
   Result<Layer> AttentionLayer(const LayerWeights& weights);
-  // A [rows, cols] matrix repacked for the kernels (F16/F32 rounded to BF16); tied tensors share one.
-  Result<const cpu::PackedBf16*> Matrix(const TensorView& t, int64_t rows, int64_t cols, const char* role);
+  // A [rows, cols] matrix repacked for the kernels (F16/F32 rounded to BF16, FP8 with its block scales, int8
+  // when asked); tied tensors share one.
+  Result<const cpu::PackedMatrix*> Matrix(const TensorView& t, int64_t rows, int64_t cols, const char* role);
   // Rows of one sequence in a forward over stacked rows: rows [row0, row0 + n) at positions pos0..
   struct Segment {
     int64_t row0 = 0, n = 0, pos0 = 0;
@@ -174,15 +185,15 @@ class Forward {
   ForwardOptions options_;
   std::unique_ptr<ThreadPool> pool_;
   std::vector<Layer> layers_;
-  const cpu::PackedBf16* embed_ = nullptr;    // [V, H]
-  const cpu::PackedBf16* lm_head_ = nullptr;  // [V, H]
+  const cpu::PackedMatrix* embed_ = nullptr;    // [V, H]
+  const cpu::PackedMatrix* lm_head_ = nullptr;  // [V, H]
   std::vector<float> final_norm_;      // fp32 [H], 1 + w
   std::vector<double> inv_freq_;       // [rotary_dim / 2]
   std::unique_ptr<Workspace> ws_;
   std::unique_ptr<DraftLog> draft_;
   std::unique_ptr<Mtp> mtp_;
-  std::deque<cpu::PackedBf16> packed_;                           // every matrix, in the kernels' layout
-  std::map<const void*, const cpu::PackedBf16*> packed_index_;  // mapped data -> its packed copy
+  std::deque<cpu::PackedMatrix> packed_;                           // every matrix, in the kernels' layout
+  std::map<const void*, const cpu::PackedMatrix*> packed_index_;  // mapped data -> its packed copy
   int64_t converted_matrices_ = 0;
   int64_t converted_bytes_ = 0;
 };

@@ -181,6 +181,7 @@ void HttpServer::RouteOperations() {
                    {"fingerprint", model_.fingerprint},
                    {"state_fingerprint", model_.state_fingerprint},
                    {"kernel_path", cpu::PathName(cpu::ActivePath())},
+                   {"weights", model_.weights_format},
                    {"connections", transport_.open_connections()},
                    {"journal", JournalHealthJson()},
                    {"backends", options_.backends != nullptr ? options_.backends->HealthJson() : ojson::array()},

@@ -4,11 +4,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "engine/core/file_util.h"
 #include "engine/core/text_split.h"
 #include "engine/model/tiny_model.h"
 #include "engine/runtime/forward.h"
+#include "engine/runtime/weights_report.h"
 
 namespace anchorage {
 
@@ -179,13 +181,24 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   ForwardOptions forward_options;
   forward_options.grid_tokens = config.grid_tokens;
   forward_options.threads = config.threads;
+  forward_options.int8_weights = config.int8_weights;
   forward_options.on_layer = [&](int64_t packed, int64_t layers) {
     return say(0.7 + 0.1 * static_cast<double>(packed) / static_cast<double>(layers),
                "packing layer " + std::to_string(packed) + " of " + std::to_string(layers)).ok();
   };
+  std::optional<WeightsBaseline> stored_weights;
+  if (config.int8_weights) {
+    RETURN_IF_ERROR(say(0.7, "running the stored weights on a fixed prompt, to measure what int8 costs"));
+    ASSIGN_OR_RETURN(stored_weights, MeasureStoredWeights(s->model_->config, s->model_->weights, forward_options));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Forward> forward, Forward::Create(s->model_->config, s->model_->weights, forward_options));
   s->model_->tensors->DropResidentPages();  // the Forward holds its own packed copy of every matrix
-  s->model_->state_fingerprint = Forward::StateFingerprint(s->model_->fingerprint);
+  s->model_->state_fingerprint = Forward::StateFingerprint(s->model_->fingerprint, forward->WeightsArithmetic());
+  s->model_->weights_format = forward->WeightsDescription();
+  if (stored_weights) {
+    ASSIGN_OR_RETURN(WeightsReport report, CompareWithStoredWeights(*stored_weights, *forward));
+    s->notes_.push_back(report.Describe());
+  }
   SchedulerOptions scheduler_options;
   scheduler_options.max_queue = config.max_queue;
   scheduler_options.resident = ResidentOptionsFromSettings(effective);

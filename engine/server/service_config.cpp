@@ -99,6 +99,11 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
   else if (key == "http-threads") { RETURN_IF_ERROR(integer(1, 4096, &c.http_threads)); }
   else if (key == "max-body-bytes") { RETURN_IF_ERROR(integer(1024, int64_t(1) << 32, &c.max_body_bytes)); }
   else if (key == "threads") { RETURN_IF_ERROR(integer(0, 1024, &v)); c.threads = static_cast<int>(v); }
+  else if (key == "weights") {
+    if (value != "as-stored" && value != "int8")
+      return InvalidArgument(source + ": weights must be as-stored or int8, got '" + value + "'");
+    c.int8_weights = value == "int8";
+  }
   else return InvalidArgument(source + ": unknown setting '" + key + "'");
   return Status::Ok();
 }
@@ -110,7 +115,8 @@ const char* ServerUsage() {
          "                        [--served-model-name NAME[,ALIAS...]] [--grid TOKENS] [--admin-token TOKEN]\n"
          "                        [--api-key KEY]... [--api-keys-file FILE] [--allowed-hosts H,H]\n"
          "                        [--cors-origins ORIGIN,ORIGIN] [--strict-model-names on|off]\n"
-         "                        [--max-queue N] [--ctx TOKENS] [--threads N] [--caches on|off]\n"
+         "                        [--max-queue N] [--ctx TOKENS] [--threads N] [--weights as-stored|int8]\n"
+         "                        [--caches on|off]\n"
          "                        [--resident-gb GB] [--resident-guest-max TOKENS] [--resident-stash-gb GB]\n"
          "                        [--resident-pin-gb GB] [--resident-park-gb GB] [--end-anchor on|off]\n"
          "                        [--disk-cache DIR|off] [--shadow-model DIR|off]\n"
@@ -125,7 +131,9 @@ const char* ServerUsage() {
          "the generated shadow model; its session files live in DATA_DIR/cache/shadow. FILE is a JSON object\n"
          "with the same keys as the flags (\"port\": 8001, \"grid\": 1024, ...); flags override it.\n"
          "--backend forwards requests for model NAME to an OpenAI-compatible server at URL (vLLM, SGLang,\n"
-         "llama-server, another anchorage-server), with the API key in environment variable ENVVAR.\n";
+         "llama-server, another anchorage-server), with the API key in environment variable ENVVAR.\n"
+         "--weights int8 makes the BF16 matrices int8 at load (a scale a row and 32 inputs: about half the bytes\n"
+         "and faster decode, not exact); it prints the logits' measured distance from the stored weights'.\n";
 }
 
 bool IsLoopbackHost(const std::string& host) {

@@ -28,6 +28,7 @@ struct ServerConfig {
   size_t max_queue = 16;
   int64_t context_tokens = 0;     // 0: the model's max_position_embeddings
   int threads = 0;                // 0: every core
+  bool int8_weights = false;      // --weights int8: matrices made int8 at load; default: as the checkpoint stores them
   std::string test_replies_file;  // testing aid: scripted replies (engine/server/reply_script.h)
   std::vector<BackendSpec> backends;  // --backend NAME=URL[,key=ENVVAR] (repeatable)
   int64_t backend_timeout_ms = 600000;  // --backend-timeout-s: the longest wait for an upstream's next bytes

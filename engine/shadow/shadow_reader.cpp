@@ -56,7 +56,7 @@ Result<std::unique_ptr<ShadowReader>> ShadowReader::Create(std::unique_ptr<Model
   on_grid.grid_tokens = kShadowGridTokens;
   ASSIGN_OR_RETURN(r->forward_, Forward::Create(shadow_model->config, shadow_model->weights, on_grid));
   shadow_model->tensors->DropResidentPages();
-  r->fingerprint_ = Forward::StateFingerprint(shadow_model->fingerprint) + "/grid-" + std::to_string(kShadowGridTokens);
+  r->fingerprint_ = Forward::StateFingerprint(shadow_model->fingerprint, r->forward_->WeightsArithmetic()) + "/grid-" + std::to_string(kShadowGridTokens);
   r->model_ = std::move(shadow_model);
   r->disk_dir_ = disk_dir;
   r->journal_ = journal;

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "engine/model/tiny_model.h"
 #include "engine/model/weights.h"
 #include "engine/runtime/forward.h"
+#include "engine/runtime/weights_report.h"
 #include "bench_util.h"
 #include "machine_limits.h"
 #include "reference_forward.h"
@@ -51,12 +53,13 @@ std::vector<int32_t> Ids(int64_t n, int64_t vocab) {
 }  // namespace
 
 // Usage: anchorage-bench-engine [--json] [--no-accuracy] [--no-decode] [--max-tokens N] [--threads 1,2] [--model-dir DIR]
+//                               [--weights as-stored|int8]
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int64_t max_tokens = 8192;
   std::vector<int> thread_counts = {1, 2};
   std::string dir;
-  bool accuracy = true, decode = true, as_json = false;
+  bool accuracy = true, decode = true, as_json = false, int8_weights = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--json") as_json = true;
     if (std::string(argv[i]) == "--no-accuracy") accuracy = false;
@@ -66,6 +69,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--max-tokens") max_tokens = std::atoll(v.c_str());
     else if (a == "--model-dir") dir = v;
+    else if (a == "--weights") int8_weights = v == "int8";
     else if (a == "--threads") {
       thread_counts.clear();
       for (size_t p = 0; p < v.size();) {
@@ -122,7 +126,7 @@ int main(int argc, char** argv) {
   if (c.tie_word_embeddings) matrix_elements += static_cast<double>(c.vocab_size * c.hidden_size);
   const double lm_head_elements = static_cast<double>(c.vocab_size * c.hidden_size);
   const double prefill_flops_per_token = 2.0 * (matrix_elements - lm_head_elements);
-  const double decode_bytes_per_token = 2.0 * matrix_elements;
+  double decode_bytes_per_token = 2.0 * matrix_elements;
   std::printf("machine: %s (%s family %d model %d); kernel families: %s; GEMM path %s\n", cpu_features.brand.c_str(),
               cpu_features.vendor.c_str(), cpu_features.family, cpu_features.model, cpu::DescribeKernelFamilies(cpu_features).c_str(),
               cpu::PathName(cpu::ActivePath()));
@@ -142,11 +146,30 @@ int main(int argc, char** argv) {
   report["per_token"] = {{"prefill_gemm_flops", prefill_flops_per_token}, {"decode_weight_bytes", decode_bytes_per_token}};
   const auto ids = Ids(std::max<int64_t>(max_tokens, 64) + 64, c.vocab_size);
 
+  std::optional<WeightsBaseline> stored_weights;
+  if (int8_weights) {
+    auto baseline = MeasureStoredWeights(c, *weights, ForwardOptions{1024, thread_counts.back()});
+    if (!baseline.ok()) return bench::Fail(baseline.status());
+    stored_weights = std::move(*baseline);
+  }
   for (int threads : thread_counts) {
-    auto f = Forward::Create(c, *weights, ForwardOptions{1024, threads});
+    ForwardOptions options{1024, threads};
+    options.int8_weights = int8_weights;
+    auto f = Forward::Create(c, *weights, options);
     if (!f.ok()) return bench::Fail(f.status());
     Forward& fw = **f;
-    std::printf("--- threads %d, grid %lld\n", fw.threads(), static_cast<long long>(fw.grid_tokens()));
+    decode_bytes_per_token = static_cast<double>(fw.decode_weight_bytes());
+    std::printf("--- threads %d, grid %lld, weights %s (%.1f MiB read a decoded token)\n", fw.threads(),
+                static_cast<long long>(fw.grid_tokens()), fw.WeightsDescription().c_str(), decode_bytes_per_token / (1 << 20));
+    report["weights"] = {{"format", fw.WeightsDescription()}, {"decode_bytes", decode_bytes_per_token}};
+    if (stored_weights) {
+      auto r = CompareWithStoredWeights(*stored_weights, fw);
+      if (!r.ok()) return bench::Fail(r.status());
+      std::printf("%s\n", r->Describe().c_str());
+      report["weights"]["max_logit_error"] = r->max_logit_error;
+      report["weights"]["logit_rms"] = r->logit_rms;
+      stored_weights.reset();
+    }
     {  // warm-up: touch the weights once
       SequenceState s(c);
       (void)fw.Prefill(s, std::span(ids.data(), 16));
@@ -207,7 +230,9 @@ int main(int argc, char** argv) {
     std::vector<int32_t> short_ids(ids.begin(), ids.begin() + n);
     const double t0 = Now();
     const auto ref = reference::Logits(c, *weights, short_ids);
-    auto f = Forward::Create(c, *weights, ForwardOptions{1024, 2});
+    ForwardOptions options{1024, 2};
+    options.int8_weights = int8_weights;
+    auto f = Forward::Create(c, *weights, options);
     if (!f.ok()) return bench::Fail(f.status());
     SequenceState s(c);
     auto all = (*f)->Prefill(s, short_ids, LogitsRows::kAll);

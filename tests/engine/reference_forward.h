@@ -14,10 +14,15 @@ namespace anchorage::reference {
 
 using Vec = std::vector<double>;
 
-// t as a dense double matrix [rows, cols].
+// t as a dense double matrix [rows, cols] (an FP8 one times its block scales, exactly).
 inline Vec Dense(const TensorView& t) {
   Vec out(static_cast<size_t>(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) out[i] = t.At(i);
+  if (t.scale_inv != nullptr) {
+    const int64_t cols = t.shape[1], scale_cols = t.scale_inv->shape[1];
+    for (int64_t i = 0; i < t.numel(); ++i)
+      out[i] *= t.scale_inv->At((i / cols / t.scale_block_rows) * scale_cols + (i % cols) / t.scale_block_cols);
+  }
   return out;
 }
 

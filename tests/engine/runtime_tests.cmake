@@ -9,6 +9,8 @@ anchorage_add_test(test_matmul_q8 SOURCES test_matmul_q8.cpp LIBS anchorage_runt
 anchorage_add_test(test_attention SOURCES test_attention.cpp LIBS anchorage_runtime)
 anchorage_add_test(test_cpu_features SOURCES test_cpu_features.cpp LIBS anchorage_runtime)
 anchorage_add_kernel_path_runs(test_forward)
+anchorage_add_test(test_quantized_model SOURCES test_quantized_model.cpp LIBS anchorage_runtime)
+anchorage_add_kernel_path_runs(test_quantized_model)
 anchorage_add_test(test_speculative SOURCES test_speculative.cpp LIBS anchorage_runtime)
 anchorage_add_kernel_path_runs(test_speculative)
 anchorage_add_test(test_suffix_store SOURCES test_suffix_store.cpp LIBS anchorage_runtime)

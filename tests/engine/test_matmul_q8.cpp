@@ -96,21 +96,21 @@ class TestMatmulQ8 : public QObject {
   Q_OBJECT
  private slots:
   void fp8CodecIsExact() {
-    QCOMPARE(cpu::Fp8E4m3ToFloat(0x38), 1.0f);
-    QCOMPARE(cpu::Fp8E4m3ToFloat(0x7e), 448.0f);
-    QCOMPARE(cpu::Fp8E4m3ToFloat(0xfe), -448.0f);
-    QCOMPARE(cpu::Fp8E4m3ToFloat(0x01), std::ldexp(1.0f, -9));
-    QCOMPARE(cpu::Fp8E4m3ToFloat(0x08), std::ldexp(1.0f, -6));
-    QCOMPARE(cpu::Fp8E4m3ToFloat(0x3c), 1.5f);
-    QVERIFY(std::isnan(cpu::Fp8E4m3ToFloat(0x7f)) && std::isnan(cpu::Fp8E4m3ToFloat(0xff)));
+    QCOMPARE(Fp8E4m3ToFloat(0x38), 1.0f);
+    QCOMPARE(Fp8E4m3ToFloat(0x7e), 448.0f);
+    QCOMPARE(Fp8E4m3ToFloat(0xfe), -448.0f);
+    QCOMPARE(Fp8E4m3ToFloat(0x01), std::ldexp(1.0f, -9));
+    QCOMPARE(Fp8E4m3ToFloat(0x08), std::ldexp(1.0f, -6));
+    QCOMPARE(Fp8E4m3ToFloat(0x3c), 1.5f);
+    QVERIFY(std::isnan(Fp8E4m3ToFloat(0x7f)) && std::isnan(Fp8E4m3ToFloat(0xff)));
     for (int b = 0; b < 256; ++b) {
       if ((b & 0x7f) == 0x7f) continue;
-      QCOMPARE(int(cpu::FloatToFp8E4m3(cpu::Fp8E4m3ToFloat(static_cast<uint8_t>(b)))), b);
+      QCOMPARE(int(FloatToFp8E4m3(Fp8E4m3ToFloat(static_cast<uint8_t>(b)))), b);
     }
-    QCOMPARE(int(cpu::FloatToFp8E4m3(1.0625f)), 0x38);  // halfway between 1 and 1.125: to the even code
-    QCOMPARE(int(cpu::FloatToFp8E4m3(1.1875f)), 0x3a);  // halfway between 1.125 and 1.25: to the even code
-    QCOMPARE(int(cpu::FloatToFp8E4m3(1000.0f)), 0x7e);  // saturates
-    QCOMPARE(int(cpu::FloatToFp8E4m3(-1e-9f)), 0x80);
+    QCOMPARE(int(FloatToFp8E4m3(1.0625f)), 0x38);  // halfway between 1 and 1.125: to the even code
+    QCOMPARE(int(FloatToFp8E4m3(1.1875f)), 0x3a);  // halfway between 1.125 and 1.25: to the even code
+    QCOMPARE(int(FloatToFp8E4m3(1000.0f)), 0x7e);  // saturates
+    QCOMPARE(int(FloatToFp8E4m3(-1e-9f)), 0x80);
   }
 
   void packedHoldsEveryWeight() {
@@ -126,7 +126,7 @@ class TestMatmulQ8 : public QObject {
     for (int64_t j = 0; j < n; ++j) {
       p->RowToFloat(j, row.data());
       for (int64_t i = 0; i < k; ++i) {
-        const float want = cpu::Fp8E4m3ToFloat(codes[j * k + i]) * scales[i / bk];
+        const float want = Fp8E4m3ToFloat(codes[j * k + i]) * scales[i / bk];
         QCOMPARE(p->At(j, i), want);
         QCOMPARE(row[i], want);
       }

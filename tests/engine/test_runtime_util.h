@@ -20,15 +20,21 @@ struct LoadedWeights {
   ModelWeights weights;
 };
 
-// Generates a model of `size` from `seed` into dir and maps its config and weights.
-inline Result<std::unique_ptr<LoadedWeights>> MakeModel(TinyModelSize size, uint64_t seed, const std::string& dir) {
-  RETURN_IF_ERROR(GenerateTinyModel(size, seed, dir));
+// Maps the config and weights of the model folder dir.
+inline Result<std::unique_ptr<LoadedWeights>> OpenModel(const std::string& dir) {
   auto out = std::make_unique<LoadedWeights>();
   ASSIGN_OR_RETURN(out->config, LoadModelConfig(dir + "/config.json"));
   ASSIGN_OR_RETURN(SafetensorsSet set, SafetensorsSet::OpenDirectory(dir));
   out->set = std::make_unique<SafetensorsSet>(std::move(set));
   ASSIGN_OR_RETURN(out->weights, MapWeights(out->config, *out->set));
   return out;
+}
+
+// Generates a model of `size` from `seed` into dir and maps its config and weights.
+inline Result<std::unique_ptr<LoadedWeights>> MakeModel(TinyModelSize size, uint64_t seed, const std::string& dir,
+                                                        GeneratedDtype dtype = GeneratedDtype::kBf16) {
+  RETURN_IF_ERROR(GenerateTinyModel(size, seed, dir, std::nullopt, dtype));
+  return OpenModel(dir);
 }
 
 // n ids drawn uniformly from [0, vocab), the same for the same seed.

@@ -1,54 +1,21 @@
 #include "engine/compute/cpu/packed_q8.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
+#include <vector>
+
+#include "engine/core/fp8.h"
 
 namespace anchorage::cpu {
 
 namespace {
 
-std::array<float, 256> Fp8Table() {
-  std::array<float, 256> table{};
-  for (int b = 0; b < 256; ++b) {
-    const int exponent = (b >> 3) & 0xf, mantissa = b & 7;
-    double value = exponent == 0 ? std::ldexp(mantissa, -9) : std::ldexp(8 + mantissa, exponent - 10);
-    if ((b & 0x7f) == 0x7f) value = std::numeric_limits<double>::quiet_NaN();
-    table[static_cast<size_t>(b)] = static_cast<float>((b & 0x80) ? -value : value);
-  }
-  return table;
-}
-
 // Scales past this would make the kernels' exact rescalings (by 2^8) overflow.
 constexpr float kLargestScale = 0x1p100f;
 
 }  // namespace
-
-float Fp8E4m3ToFloat(uint8_t byte) {
-  static const std::array<float, 256> table = Fp8Table();
-  return table[byte];
-}
-
-uint8_t FloatToFp8E4m3(float f) {
-  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
-  const double a = std::fabs(static_cast<double>(f));
-  if (std::isnan(f)) return sign | 0x7f;
-  if (a >= 448.0) return sign | 0x7e;
-  if (a < 0x1p-6) return static_cast<uint8_t>(sign | static_cast<int>(std::nearbyint(a * 512.0)));  // 8 rounds up to 2^-6
-  int e = 0;
-  const double m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-  int q = static_cast<int>(std::nearbyint((m * 2.0 - 1.0) * 8.0));
-  int exponent = e - 1;
-  if (q == 8) {
-    q = 0;
-    ++exponent;
-  }
-  const int bits = std::min((exponent + 7) << 3 | q, 0x7e);
-  return static_cast<uint8_t>(sign | bits);
-}
 
 void PackedQ8::Free::operator()(void* p) const { std::free(p); }
 
@@ -91,7 +58,7 @@ Result<PackedQ8> PackedQ8::FromFp8Blocks(int64_t n, int64_t k, const uint8_t* co
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < k; ++i) {
       const uint8_t c = codes[j * k + i];
-      if ((c & 0x7f) == 0x7f)
+      if (Fp8E4m3IsNan(c))
         return InvalidArgument("element [" + std::to_string(j) + ", " + std::to_string(i) + "] is an FP8 NaN");
       m.CodeAt(j, i) = c;
     }

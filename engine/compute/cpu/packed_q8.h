@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "engine/compute/cpu/packed_bf16.h"
+#include "engine/core/fp8.h"
 #include "engine/core/status.h"
 
 namespace anchorage::cpu {
@@ -17,11 +18,6 @@ enum class Q8Code {
   kFp8E4m3,  // OCP e4m3 ("fn": no infinities; 0x7f and 0xff are NaN)
   kInt8,     // two's complement, -127..127
 };
-
-// The exact value of an e4m3 byte (NaN for 0x7f and 0xff).
-float Fp8E4m3ToFloat(uint8_t byte);
-// The e4m3 byte nearest f (ties to even), saturating at +-448.
-uint8_t FloatToFp8E4m3(float f);
 
 // Super-panel p holds columns [32p, 32p + 32) as k rows of 32 code bytes in column order, and one
 // row of 32 fp32 scales in column order for each block of block_k inputs. Columns past n are zero.
