@@ -1,5 +1,6 @@
-// GEMM kernel benchmark: MatMulBf16 on every kernel path this CPU runs, at the `small` model's matrix
-// shapes, as GFLOP/s and as a fraction of the path's measured peak. Prints figures only.
+// GEMM kernel benchmark: MatMul on every kernel path this CPU runs, at the `small` model's matrix
+// shapes, with bf16, FP8 or int8 weights, as GFLOP/s, a fraction of the path's measured peak, and the
+// weights' bytes read a second. Prints figures only.
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -9,6 +10,7 @@
 #include "engine/compute/cpu/bf16_split.h"
 #include "engine/compute/cpu/cpu_features.h"
 #include "engine/compute/cpu/matmul.h"
+#include "engine/core/bf16.h"
 #include "engine/core/thread_pool.h"
 #include "machine_limits.h"
 
@@ -27,23 +29,34 @@ constexpr Shape kShapes[] = {
     {"mlp gate", 3584, 1024},        {"mlp down", 1024, 3584},      {"attn q+gate", 4096, 1024},
 };
 
-cpu::PackedBf16 RandomWeights(int64_t n, int64_t k, uint32_t seed) {
+cpu::PackedMatrix RandomWeights(cpu::WeightFormat format, int64_t n, int64_t k, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> mantissa(0, 127);
-  return cpu::PackedBf16::Pack(n, k, [&](int64_t, int64_t) {
-    return static_cast<uint16_t>(0x3c00 + mantissa(rng) + (rng() & 1 ? 0x8000 : 0));
-  });
+  auto bf16 = [&](int64_t, int64_t) { return static_cast<uint16_t>(0x3c00 + mantissa(rng) + (rng() & 1 ? 0x8000 : 0)); };
+  switch (format) {
+    case cpu::WeightFormat::kInt8:
+      return cpu::PackedMatrix(cpu::PackedQ8::QuantizeInt8(n, k, [&](int64_t j, int64_t i) { return Bf16ToFloat(bf16(j, i)); }));
+    case cpu::WeightFormat::kFp8E4m3: {
+      std::vector<uint8_t> codes(static_cast<size_t>(n * k));
+      for (uint8_t& c : codes) c = static_cast<uint8_t>(rng() % 0x7f) | (rng() & 1 ? 0x80 : 0);
+      std::vector<float> scales(static_cast<size_t>(((n + 127) / 128) * ((k + 127) / 128)), 0.01f);
+      return cpu::PackedMatrix(*cpu::PackedQ8::FromFp8Blocks(n, k, codes.data(), scales.data(), 128, 128));
+    }
+    case cpu::WeightFormat::kBf16: break;
+  }
+  return cpu::PackedMatrix(cpu::PackedBf16::Pack(n, k, bf16));
 }
 
 }  // namespace
 
-// Usage: anchorage-bench-matmul [--rows M] [--threads 1,2] [--seconds S] [--path NAME]
+// Usage: anchorage-bench-matmul [--rows M] [--threads 1,2] [--seconds S] [--path NAME] [--weights bf16|fp8-e4m3|int8]
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int64_t rows = 1024;
   double min_seconds = 1.0;
   std::vector<int> thread_counts = {1, 2};
   bool only_path = false;
+  cpu::WeightFormat format = cpu::WeightFormat::kBf16;
   for (int i = 1; i + 1 < argc; ++i) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--rows") rows = std::atoll(v.c_str());
@@ -57,6 +70,14 @@ int main(int argc, char** argv) {
       only_path = true;
     }
     else if (a == "--seconds") min_seconds = std::atof(v.c_str());
+    else if (a == "--weights") {
+      auto parsed = cpu::WeightFormatFromName(v);
+      if (!parsed.ok()) {
+        std::fprintf(stderr, "%s\n", parsed.status().message().c_str());
+        return 2;
+      }
+      format = *parsed;
+    }
     else if (a == "--threads") {
       thread_counts.clear();
       for (size_t p = 0;;) {
@@ -74,7 +95,7 @@ int main(int argc, char** argv) {
   std::printf("limits: fp32 FMA %.1f GFLOP/s a core (%s)", peaks.fma, f.avx512f ? "avx512" : "avx2");
   if (peaks.bf16_dot > 0) std::printf("; bf16 dot %.1f GFLOP/s a core", peaks.bf16_dot);
   if (peaks.amx > 0) std::printf("; AMX bf16 %.1f GFLOP/s a core", peaks.amx);
-  std::printf("\nrows %lld\n", static_cast<long long>(rows));
+  std::printf("\nrows %lld, weights %s\n", static_cast<long long>(rows), cpu::WeightFormatName(format));
 
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -83,31 +104,33 @@ int main(int argc, char** argv) {
     const double peak = peaks.Of(path);
     for (int threads : thread_counts) {
       ThreadPool pool(threads);
-      double all_flops = 0, all_secs = 0;
+      double all_flops = 0, all_secs = 0, all_bytes = 0;
       for (const Shape& s : kShapes) {
-        const cpu::PackedBf16 w = RandomWeights(s.n, s.k, static_cast<uint32_t>(s.n * 31 + s.k));
+        const cpu::PackedMatrix w = RandomWeights(format, s.n, s.k, static_cast<uint32_t>(s.n * 31 + s.k));
         std::vector<float> x(static_cast<size_t>(rows * s.k)), y(static_cast<size_t>(rows * s.n));
         for (float& v : x) v = u(rng);
-        cpu::MatMulBf16On(path, pool, x.data(), rows, s.k, w, y.data(), s.n);  // warm the caches and the split buffer
+        cpu::MatMulOn(path, pool, x.data(), rows, s.k, w, y.data(), s.n);  // warm the caches and the split buffer
         int calls = 0;
         const double t0 = bench::LimitsNow();
         double secs = 0;
         do {
-          cpu::MatMulBf16On(path, pool, x.data(), rows, s.k, w, y.data(), s.n);
+          cpu::MatMulOn(path, pool, x.data(), rows, s.k, w, y.data(), s.n);
           ++calls;
           secs = bench::LimitsNow() - t0;
         } while (secs < min_seconds);
         const double flops = 2.0 * static_cast<double>(rows * s.n * s.k) * calls;
+        const double bytes = static_cast<double>(w.bytes()) * calls;
         all_flops += flops;
+        all_bytes += bytes;
         all_secs += secs;
         const double gflops = flops / secs / 1e9;
-        std::printf("%-12s threads %d  %-16s n %5lld k %5lld: %7.1f GFLOP/s, %3.0f%% of the path's peak\n", cpu::PathName(path),
-                    threads, s.name, static_cast<long long>(s.n), static_cast<long long>(s.k), gflops,
-                    peak > 0 ? 100 * gflops / (peak * threads) : 0.0);
+        std::printf("%-12s threads %d  %-16s n %5lld k %5lld: %7.1f GFLOP/s, %3.0f%% of the path's peak, weights %.1f GB/s\n",
+                    cpu::PathName(path), threads, s.name, static_cast<long long>(s.n), static_cast<long long>(s.k), gflops,
+                    peak > 0 ? 100 * gflops / (peak * threads) : 0.0, bytes / secs / 1e9);
       }
       const double gflops = all_flops / all_secs / 1e9;
-      std::printf("%-12s threads %d  all shapes: %.1f GFLOP/s, %.0f%% of the path's peak\n", cpu::PathName(path), threads,
-                  gflops, peak > 0 ? 100 * gflops / (peak * threads) : 0.0);
+      std::printf("%-12s threads %d  all shapes: %.1f GFLOP/s, %.0f%% of the path's peak, weights %.1f GB/s\n", cpu::PathName(path),
+                  threads, gflops, peak > 0 ? 100 * gflops / (peak * threads) : 0.0, all_bytes / all_secs / 1e9);
     }
   }
   return 0;

@@ -26,11 +26,12 @@ struct Avx512Lanes {
     lo = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
     hi = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }
-  // 32 codes in column order, lo and hi as LoadW's: int8 values, or e4m3 values / 2^8 (as halves).
+  // A k row's 32 codes (PackedQ8's order: bytes 0..15 are lo's lanes, 16..31 hi's): int8 values, or e4m3
+  // values / 2^8 (as halves).
   template <Q8Code C>
   static void LoadCodes(const uint8_t* p, F& lo, F& hi) {
-    const __m256i codes = _mm256_permute4x64_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), 0xd8);
-    const __m128i lo_codes = _mm256_castsi256_si128(codes), hi_codes = _mm256_extracti128_si256(codes, 1);
+    const __m128i lo_codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i hi_codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16));
     if constexpr (C == Q8Code::kInt8) {
       lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo_codes));
       hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi_codes));
@@ -39,11 +40,10 @@ struct Avx512Lanes {
       hi = _mm512_cvtph_ps(Fp8ToHalves(hi_codes));
     }
   }
-  // e4m3's sign, exponent and mantissa moved into a half's fields: the half is the value / 2^8.
+  // e4m3's sign, exponent and mantissa moved into a half's fields (sign-extended, shifted, the byte's
+  // sign cleared from the exponent's top bit): the half is the value / 2^8.
   static __m256i Fp8ToHalves(__m128i codes) {
-    const __m256i c = _mm256_cvtepu8_epi16(codes);
-    const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8);
-    return _mm256_or_si256(sign, _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)), 7));
+    return _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(codes), 7), _mm256_set1_epi16(static_cast<short>(0xbf80)));
   }
   template <Q8Code C>
   static void LoadScales(const float* p, F& lo, F& hi) {

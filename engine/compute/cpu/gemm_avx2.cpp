@@ -31,20 +31,22 @@ struct Avx2Lanes {
     lo = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
     hi = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
   }
-  // 16 codes in column order: int8 values, or e4m3 values / 2^8 (as halves).
+  // A segment's codes in PackedQ8's order (lo's 8 bytes, hi's 16 on): int8 values, or e4m3 values / 2^8 (as halves).
   template <Q8Code C>
   static void LoadCodes(const uint8_t* p, F& lo, F& hi) {
-    const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i lo_codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    const __m128i hi_codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 16));
     if constexpr (C == Q8Code::kInt8) {
-      lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes));
-      hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(codes, 8)));
+      lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo_codes));
+      hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi_codes));
     } else {
-      const __m256i c = _mm256_cvtepu8_epi16(codes);
-      const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8);
-      const __m256i halves = _mm256_or_si256(sign, _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)), 7));
-      lo = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
-      hi = _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1));
+      lo = _mm256_cvtph_ps(Fp8ToHalves(lo_codes));
+      hi = _mm256_cvtph_ps(Fp8ToHalves(hi_codes));
     }
+  }
+  // e4m3's fields moved into a half's (sign-extended, shifted, the byte's sign cleared from the exponent's top bit).
+  static __m128i Fp8ToHalves(__m128i codes) {
+    return _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(codes), 7), _mm_set1_epi16(static_cast<short>(0xbf80)));
   }
   template <Q8Code C>
   static void LoadScales(const float* p, F& lo, F& hi) {

@@ -44,11 +44,12 @@ struct LaneArrays {
     if constexpr (C == Q8Code::kInt8) return static_cast<float>(static_cast<int8_t>(code));
     return Fp8E4m3ToFloat(code);
   }
+  // PackedQ8's order: a segment's lo lanes are its bytes 0.., its hi lanes bytes 16..
   template <Q8Code C>
   static void LoadCodes(const uint8_t* p, F& lo, F& hi) {
     for (int i = 0; i < L; ++i) {
-      lo.v[i] = Decode<C>(p[LoColumn(i)]);
-      hi.v[i] = Decode<C>(p[HiColumn(i)]);
+      lo.v[i] = Decode<C>(p[i]);
+      hi.v[i] = Decode<C>(p[16 + i]);
     }
   }
   template <Q8Code C>

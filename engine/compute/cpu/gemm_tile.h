@@ -35,8 +35,9 @@ struct Bf16Weights {
   int64_t BlockEnd(int64_t) const { return INT64_MAX; }
 };
 
-// A segment's 8-bit codes from k0 on and its scale rows (by absolute k); V::LoadCodes gives each code's
-// value times V's factor for C, V::LoadScales the scales divided by it, so their product is the weight.
+// A segment's 8-bit codes from k0 on (its lo lanes' bytes, the hi lanes' 16 on) and its scale rows (by
+// absolute k); V::LoadCodes gives each code's value times a factor of V's for C, V::LoadScales the scales
+// divided by it, so their product is the weight.
 template <Q8Code C>
 struct Q8Weights {
   static constexpr bool kScaled = true;
@@ -45,7 +46,7 @@ struct Q8Weights {
   int64_t block_k = 1;
   static Q8Weights Of(const GemmBlock& b, int64_t panel, int64_t first_column) {
     const int64_t k_blocks = (b.k + b.q8_block_k - 1) / b.q8_block_k;
-    return {b.q8_panels + (panel * b.k + b.k0) * kPanelColumns + first_column,
+    return {b.q8_panels + (panel * b.k + b.k0) * kPanelColumns + PackedQ8::SlotOf(first_column),
             b.q8_scales + panel * k_blocks * kPanelColumns + first_column, b.q8_block_k};
   }
   template <class V>

@@ -37,7 +37,7 @@ PackedQ8 PackedQ8::Allocate(Q8Code code, int64_t n, int64_t k, int64_t block_k) 
 }
 
 uint8_t& PackedQ8::CodeAt(int64_t j, int64_t i) {
-  return codes_[static_cast<size_t>((j / kPanelColumns) * kPanelColumns * k_ + i * kPanelColumns + j % kPanelColumns)];
+  return codes_[static_cast<size_t>((j / kPanelColumns) * kPanelColumns * k_ + i * kPanelColumns + SlotOf(j % kPanelColumns))];
 }
 
 float& PackedQ8::ScaleAt(int64_t j, int64_t block) {
@@ -89,7 +89,7 @@ PackedQ8 PackedQ8::QuantizeInt8(int64_t n, int64_t k, const std::function<float(
 }
 
 float PackedQ8::At(int64_t j, int64_t i) const {
-  const uint8_t c = codes_[static_cast<size_t>((j / kPanelColumns) * kPanelColumns * k_ + i * kPanelColumns + j % kPanelColumns)];
+  const uint8_t c = codes_[static_cast<size_t>((j / kPanelColumns) * kPanelColumns * k_ + i * kPanelColumns + SlotOf(j % kPanelColumns))];
   const float value = code_ == Q8Code::kInt8 ? static_cast<float>(static_cast<int8_t>(c)) : Fp8E4m3ToFloat(c);
   return value * scales_[static_cast<size_t>(((j / kPanelColumns) * k_blocks() + i / block_k_) * kPanelColumns + j % kPanelColumns)];
 }

@@ -19,8 +19,9 @@ enum class Q8Code {
   kInt8,     // two's complement, -127..127
 };
 
-// Super-panel p holds columns [32p, 32p + 32) as k rows of 32 code bytes in column order, and one
-// row of 32 fp32 scales in column order for each block of block_k inputs. Columns past n are zero.
+// Super-panel p holds columns [32p, 32p + 32) as k rows of 32 code bytes, columns 0..7, 16..23, 8..15,
+// 24..31 (SlotOf), so 16 bytes widen to one AVX-512 vector in the bf16 layout's lane order; and one row of
+// 32 fp32 scales in column order for each block of block_k inputs. Columns past n are zero.
 class PackedQ8 {
  public:
   PackedQ8() = default;
@@ -41,6 +42,9 @@ class PackedQ8 {
   int64_t bytes() const { return panels() * kPanelColumns * (k_ + 4 * k_blocks()); }
   const uint8_t* panel(int64_t p) const { return codes_.get() + p * kPanelColumns * k_; }
   const float* panel_scales(int64_t p) const { return scales_.get() + p * kPanelColumns * k_blocks(); }
+  static constexpr int64_t SlotOf(int64_t column_in_panel) {
+    return (column_in_panel % 16 < 8 ? 0 : 16) + (column_in_panel / 16) * 8 + column_in_panel % 8;
+  }
   // The fp32 weight W[j][i], and row j of W (the embedding lookup).
   float At(int64_t j, int64_t i) const;
   void RowToFloat(int64_t j, float* out) const;
