@@ -74,6 +74,7 @@ class LocalWorker : public ConsoleWorker {
     s.ready = true;
     s.modelId = QString::fromStdString(m_service->model_id());
     s.kernelPath = QString::fromUtf8(anchorage::cpu::PathName(anchorage::cpu::ActivePath()));
+    s.weights = QString::fromStdString(m_service->model().weights_format);
     s.threads = sched.forward().threads();
     s.url = endpointUrl();
     s.queueDepth = static_cast<int>(sched.queue_depth());

@@ -122,6 +122,7 @@ void RemoteWorker::onHealth(int status, const nlohmann::json& body, const QStrin
   s.ready = true;
   s.modelId = JsonText(body, "model");
   s.kernelPath = JsonText(body, "kernel_path");
+  s.weights = JsonText(body, "weights");
   s.threads = static_cast<int>(JsonInt(body, "threads"));
   s.url = endpointUrl();
   s.queueDepth = static_cast<int>(JsonInt(body, "queue"));

@@ -72,6 +72,7 @@ struct EngineStatusSnapshot {
   bool ready = false;
   QString modelId;
   QString kernelPath;  // the CPU kernels' path ("avx2-fma")
+  QString weights;     // how the matrices are held ("bf16", "fp8-e4m3 + bf16", "int8")
   int threads = 0;     // the engine's worker threads
   QString url;      // the endpoint, http://HOST:PORT/v1
   int queueDepth = 0;

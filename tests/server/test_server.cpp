@@ -264,6 +264,51 @@ class TestServer : public QObject {
     QVERIFY(chat && chat->status == 200);
   }
 
+  // --weights int8 and an FP8 checkpoint serve, say how the weights are held, and key their caches apart;
+  // a broken FP8 checkpoint stops the start with the tensor named.
+  void eightBitWeights() {
+    QTemporaryDir own;
+    ServerProcess int8;
+    QVERIFY(int8.Start(own.path(), {"--weights", "int8", "--disk-cache", "off"}));
+    const std::string log = int8.Log(false);
+    QVERIFY2(log.find("weights int8:") != std::string::npos && log.find("fixed 64-token prompt") != std::string::npos, log.c_str());
+    const json health = json::parse(int8.Get("/health")->body);
+    QCOMPARE(health["weights"].get<std::string>(), std::string("int8"));
+    QVERIFY(health["state_fingerprint"] != json::parse(server_.Get("/health")->body)["state_fingerprint"]);
+    auto chat = int8.Post("/v1/chat/completions", Chat("int8 weights", 3).dump());
+    QVERIFY(chat && chat->status == 200);
+
+    const QString tool = QString(ANCHORAGE_BINARY_DIR) + "/app/anchorage-tool";
+    const QString fp8_dir = own.filePath("fp8");
+    QCOMPARE(QProcess::execute(tool, {"make-model", "--size", "tiny", "--seed", "0", "--dtype", "fp8", fp8_dir}), 0);
+    ServerProcess fp8;
+    QVERIFY(fp8.Start(own.path(), {"--model", fp8_dir, "--disk-cache", "off"}));
+    QCOMPARE(json::parse(fp8.Get("/health")->body)["weights"].get<std::string>(), std::string("fp8-e4m3 + bf16"));
+    chat = fp8.Post("/v1/chat/completions", Chat("fp8 weights", 3).dump());
+    QVERIFY(chat && chat->status == 200);
+    fp8.Kill();
+
+    // A scale of zero: the start fails and says which tensor.
+    QFile checkpoint(fp8_dir + "/model.safetensors");
+    QVERIFY(checkpoint.open(QIODevice::ReadWrite));
+    const QByteArray bytes = checkpoint.readAll();
+    const uint64_t header_size = *reinterpret_cast<const uint64_t*>(bytes.constData());
+    const json header = json::parse(bytes.mid(8, static_cast<int>(header_size)).toStdString());
+    const std::string scales = "model.layers.0.mlp.down_proj.weight_scale_inv";
+    const int64_t offset = 8 + static_cast<int64_t>(header_size) + header[scales]["data_offsets"][0].get<int64_t>();
+    QVERIFY(checkpoint.seek(offset));
+    const float zero = 0.0f;
+    QCOMPARE(checkpoint.write(reinterpret_cast<const char*>(&zero), 4), qint64(4));
+    checkpoint.close();
+    QProcess broken;
+    broken.start(QString(ANCHORAGE_BINARY_DIR) + "/app/anchorage-server",
+                 {"--data-dir", own.path(), "--model", fp8_dir, "--port", "0", "--disk-cache", "off"});
+    QVERIFY(broken.waitForFinished(60000));
+    QVERIFY(broken.exitCode() != 0);
+    const QByteArray err = broken.readAllStandardError();
+    QVERIFY2(err.contains("model.layers.0.mlp.down_proj.weight") && err.contains("positive"), err.constData());
+  }
+
   void sigtermDrainsThenExits() {
     ServerProcess draining;
     QVERIFY(draining.Start(data_.path(), {}));
