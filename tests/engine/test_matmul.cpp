@@ -13,6 +13,7 @@
 #include "engine/compute/cpu/gemm_block.h"
 #include "engine/compute/cpu/matmul.h"
 #include "engine/core/bf16.h"
+#include "tests/engine/matmul_test_util.h"
 
 using namespace anchorage;
 
@@ -123,21 +124,14 @@ double WorstRelative(const Problem& p, const std::vector<float>& y) {
   return worst;
 }
 
-// Runs rows [r0, r0 + m) of p; the output has a wider row stride than n, whose extra columns must stay untouched.
+// Runs rows [r0, r0 + m) of p into rows wider than n.
 std::vector<float> Run(cpu::KernelPath path, ThreadPool& pool, const Problem& p, int64_t r0, int64_t m) {
-  const int64_t ldy = p.n + 3;
-  std::vector<float> y(static_cast<size_t>(m * ldy), -7.0f);
-  cpu::MatMulBf16On(path, pool, p.x.data() + r0 * p.k, m, p.k, p.packed, y.data(), ldy);
-  std::vector<float> out(static_cast<size_t>(m * p.n));
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t j = p.n; j < ldy; ++j)
-      if (y[r * ldy + j] != -7.0f) qFatal("column %lld of row %lld was written past n", (long long)j, (long long)r);
-    std::memcpy(out.data() + r * p.n, y.data() + r * ldy, static_cast<size_t>(p.n) * 4);
-  }
-  return out;
+  return testing::RunIntoWideRows(m, p.n, [&](float* y, int64_t ldy) {
+    cpu::MatMulBf16On(path, pool, p.x.data() + r0 * p.k, m, p.k, p.packed, y, ldy);
+  });
 }
 
-bool SameBits(const float* a, const float* b, size_t count) { return std::memcmp(a, b, count * 4) == 0; }
+using testing::SameBits;
 
 const cpu::KernelPath kPaths[] = {cpu::KernelPath::kPortable,     cpu::KernelPath::kAvx2Fma,
                                   cpu::KernelPath::kAvx512F,      cpu::KernelPath::kAvx512Bf16,

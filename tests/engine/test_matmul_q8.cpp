@@ -10,6 +10,7 @@
 #include "engine/compute/cpu/matmul.h"
 #include "engine/compute/cpu/packed_q8.h"
 #include "engine/core/bf16.h"
+#include "tests/engine/matmul_test_util.h"
 
 using namespace anchorage;
 
@@ -27,9 +28,7 @@ Problem MakeFp8(int64_t m, int64_t n, int64_t k, int64_t block_n, int64_t block_
   Problem p;
   p.m = m, p.n = n, p.k = k;
   std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  p.x.resize(static_cast<size_t>(m * k));
-  for (auto& v : p.x) v = d(rng);
+  p.x = testing::NormalValues(m * k, rng);
   std::vector<uint8_t> codes(static_cast<size_t>(n * k));
   for (auto& c : codes) {
     do c = static_cast<uint8_t>(rng() & 0xff);
@@ -49,11 +48,8 @@ Problem MakeInt8(int64_t m, int64_t n, int64_t k, uint32_t seed) {
   Problem p;
   p.m = m, p.n = n, p.k = k;
   std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  p.x.resize(static_cast<size_t>(m * k));
-  for (auto& v : p.x) v = d(rng);
-  std::vector<float> w(static_cast<size_t>(n * k));
-  for (auto& v : w) v = d(rng) * 0.05f;
+  p.x = testing::NormalValues(m * k, rng);
+  const std::vector<float> w = testing::NormalValues(n * k, rng);
   p.packed = cpu::PackedQ8::QuantizeInt8(n, k, [&](int64_t j, int64_t i) { return w[j * k + i]; });
   return p;
 }
@@ -70,21 +66,14 @@ std::vector<float> Sequential(const Problem& p) {
   return y;
 }
 
-// Rows [r0, r0 + m); the output has a wider stride than n, whose extra columns must stay untouched.
+// Rows [r0, r0 + m) into rows wider than n.
 std::vector<float> Run(cpu::KernelPath path, ThreadPool& pool, const Problem& p, int64_t r0, int64_t m) {
-  const int64_t ldy = p.n + 3;
-  std::vector<float> y(static_cast<size_t>(m * ldy), -7.0f);
-  cpu::MatMulQ8On(path, pool, p.x.data() + r0 * p.k, m, p.k, p.packed, y.data(), ldy);
-  std::vector<float> out(static_cast<size_t>(m * p.n));
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t j = p.n; j < ldy; ++j)
-      if (y[r * ldy + j] != -7.0f) qFatal("column %lld of row %lld was written past n", (long long)j, (long long)r);
-    std::memcpy(out.data() + r * p.n, y.data() + r * ldy, static_cast<size_t>(p.n) * 4);
-  }
-  return out;
+  return testing::RunIntoWideRows(m, p.n, [&](float* y, int64_t ldy) {
+    cpu::MatMulQ8On(path, pool, p.x.data() + r0 * p.k, m, p.k, p.packed, y, ldy);
+  });
 }
 
-bool SameBits(const float* a, const float* b, size_t count) { return std::memcmp(a, b, count * 4) == 0; }
+using testing::SameBits;
 
 const cpu::KernelPath kPaths[] = {cpu::KernelPath::kPortable,   cpu::KernelPath::kAvx2Fma,
                                   cpu::KernelPath::kAvx512F,    cpu::KernelPath::kAvx512Bf16,

@@ -85,6 +85,36 @@ const float* RowGroupsFor(ThreadPool& pool, const float* x, int64_t m, int64_t l
   return out;
 }
 
+// Runs block over tasks of kGemmTaskPanels super-panels, each over row blocks of kGemmRowBlock and k blocks of
+// k_block; point_at(b, panel) points b at the weights of the task's first super-panel.
+template <class PointAt>
+void RunPanelTasks(ThreadPool& pool, BlockFn block, const GemmBlock& proto, int64_t m, int64_t n, int64_t panels,
+                   int64_t k_block, const float* x, const float* x_groups, const uint32_t* split_rows, float* y,
+                   const PointAt& point_at) {
+  const int64_t task_columns = kGemmTaskPanels * kPanelColumns;
+  const int64_t tasks = (n + task_columns - 1) / task_columns;
+  pool.Run(static_cast<size_t>(tasks), [&](size_t t) {
+    const int64_t first = static_cast<int64_t>(t) * task_columns;
+    GemmBlock b = proto;
+    point_at(b, first / kPanelColumns);
+    b.panel_count = std::min(kGemmTaskPanels, panels - first / kPanelColumns);
+    b.cols = std::min(task_columns, n - first);
+    for (int64_t r0 = 0; r0 < m; r0 += kGemmRowBlock) {
+      b.x = x + r0 * b.ldx;
+      if (split_rows != nullptr) b.x_pairs = split_rows + r0 * kBf16Parts * b.pair_stride;
+      if (x_groups != nullptr) b.x_groups = x_groups + r0 * b.k;
+      b.y = y + r0 * b.ldy + first;
+      b.rows = std::min(kGemmRowBlock, m - r0);
+      for (int64_t k0 = 0; k0 < b.k; k0 += k_block) {
+        b.k0 = k0;
+        b.k1 = std::min(b.k, k0 + k_block);
+        b.accumulate = k0 > 0;
+        block(b);
+      }
+    }
+  });
+}
+
 const Q8Kernels& Q8KernelsOf(KernelPath path) {
   switch (path) {
     case KernelPath::kAvx2Fma: return kQ8Avx2;
@@ -239,35 +269,15 @@ void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, 
     });
   }
   const float* x_groups = split == nullptr ? RowGroupsFor(pool, x, m, ldx, k) : nullptr;
-  const int64_t task_columns = kGemmTaskPanels * kPanelColumns;
-  const int64_t tasks = (n + task_columns - 1) / task_columns;
   // The AMX kernel keeps its sums in tiles over the whole k (its blocks would be multiples of kAmxChunk).
   const bool whole_k = m <= kFewRows || ArithmeticOf(path) == Arithmetic::kBf16Amx;
-  const int64_t k_block = whole_k ? k : kGemmKBlock;
-  pool.Run(static_cast<size_t>(tasks), [&](size_t t) {
-    const int64_t first = static_cast<int64_t>(t) * task_columns;
-    GemmBlock b;
-    b.ldx = ldx;
-    b.panels = w.panel(first / kPanelColumns);
-    b.panel_count = std::min(kGemmTaskPanels, w.panels() - first / kPanelColumns);
-    b.k = k;
-    b.cols = std::min(task_columns, n - first);
-    b.ldy = ldy;
-    b.pair_stride = pair_stride;
-    for (int64_t r0 = 0; r0 < m; r0 += kGemmRowBlock) {
-      b.x = x + r0 * ldx;
-      if (split != nullptr) b.x_pairs = split_rows + r0 * kBf16Parts * pair_stride;
-      if (x_groups != nullptr) b.x_groups = x_groups + r0 * k;
-      b.y = y + r0 * ldy + first;
-      b.rows = std::min(kGemmRowBlock, m - r0);
-      for (int64_t k0 = 0; k0 < k; k0 += k_block) {
-        b.k0 = k0;
-        b.k1 = std::min(k, k0 + k_block);
-        b.accumulate = k0 > 0;
-        block(b);
-      }
-    }
-  });
+  GemmBlock proto;
+  proto.ldx = ldx;
+  proto.k = k;
+  proto.ldy = ldy;
+  proto.pair_stride = pair_stride;
+  RunPanelTasks(pool, block, proto, m, n, w.panels(), whole_k ? k : kGemmKBlock, x, x_groups, split_rows, y,
+                [&w](GemmBlock& b, int64_t panel) { b.panels = w.panel(panel); });
 }
 
 }  // namespace anchorage::cpu
@@ -284,34 +294,16 @@ void MatMulQ8On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, in
   }
   const Q8Kernels& kernels = Q8KernelsOf(path);
   const BlockFn block = w.code() == Q8Code::kInt8 ? kernels.int8 : kernels.fp8;
-  const float* x_groups = RowGroupsFor(pool, x, m, ldx, k);
-  const int64_t task_columns = kGemmTaskPanels * kPanelColumns;
-  const int64_t tasks = (n + task_columns - 1) / task_columns;
-  const int64_t k_block = m <= kFewRows ? k : kGemmKBlock;
-  pool.Run(static_cast<size_t>(tasks), [&](size_t t) {
-    const int64_t first = static_cast<int64_t>(t) * task_columns;
-    GemmBlock b;
-    b.ldx = ldx;
-    b.q8_panels = w.panel(first / kPanelColumns);
-    b.q8_scales = w.panel_scales(first / kPanelColumns);
-    b.q8_block_k = w.block_k();
-    b.panel_count = std::min(kGemmTaskPanels, w.panels() - first / kPanelColumns);
-    b.k = k;
-    b.cols = std::min(task_columns, n - first);
-    b.ldy = ldy;
-    for (int64_t r0 = 0; r0 < m; r0 += kGemmRowBlock) {
-      b.x = x + r0 * ldx;
-      if (x_groups != nullptr) b.x_groups = x_groups + r0 * k;
-      b.y = y + r0 * ldy + first;
-      b.rows = std::min(kGemmRowBlock, m - r0);
-      for (int64_t k0 = 0; k0 < k; k0 += k_block) {
-        b.k0 = k0;
-        b.k1 = std::min(k, k0 + k_block);
-        b.accumulate = k0 > 0;
-        block(b);
-      }
-    }
-  });
+  GemmBlock proto;
+  proto.ldx = ldx;
+  proto.k = k;
+  proto.ldy = ldy;
+  proto.q8_block_k = w.block_k();
+  RunPanelTasks(pool, block, proto, m, n, w.panels(), m <= kFewRows ? k : kGemmKBlock, x, RowGroupsFor(pool, x, m, ldx, k),
+                nullptr, y, [&w](GemmBlock& b, int64_t panel) {
+                  b.q8_panels = w.panel(panel);
+                  b.q8_scales = w.panel_scales(panel);
+                });
 }
 
 void MatMulOn(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedMatrix& w, float* y,
