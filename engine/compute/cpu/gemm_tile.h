@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "engine/compute/cpu/gemm_block.h"
 
@@ -60,6 +61,33 @@ struct Q8Weights {
   int64_t BlockEnd(int64_t k) const { return (k / block_k + 1) * block_k; }
 };
 
+// A segment's weights widened to fp32 in V's lane order: k row t's lo lanes at w + t * 2 * V::kLanes, hi after.
+struct WidenedWeights {
+  static constexpr bool kScaled = false;
+  const float* w = nullptr;
+  template <class V>
+  void Load(int64_t t, typename V::F& lo, typename V::F& hi) const { V::LoadFullF(w + t * 2 * V::kLanes, lo, hi); }
+  template <class V>
+  void LoadScales(int64_t, typename V::F&, typename V::F&) const {}
+  int64_t BlockEnd(int64_t) const { return INT64_MAX; }
+};
+
+// Writes k rows [k0, k0 + steps) of a scaled segment as WidenedWeights: each weight as the tile makes it.
+template <class V, class W>
+inline void Widen(const W& w, int64_t k0, int64_t steps, float* out) {
+  using F = typename V::F;
+  for (int64_t t = 0; t < steps;) {
+    const int64_t block_end = std::min(steps, w.BlockEnd(k0 + t) - k0);
+    F scale_lo, scale_hi;
+    w.template LoadScales<V>(k0 + t, scale_lo, scale_hi);
+    for (; t < block_end; ++t) {
+      F lo, hi;
+      w.template Load<V>(t, lo, hi);
+      V::StoreF(out + t * 2 * V::kLanes, 2 * V::kLanes, V::Mul(lo, scale_lo), V::Mul(hi, scale_hi));
+    }
+  }
+}
+
 template <class V, class W, int R, int S, bool kPacked>
 inline void Tile(const float* x, int64_t ldx, const W* w, float* const* y, const int* cols, int64_t ldy, int64_t k0,
                  int64_t steps, bool accumulate) {
@@ -109,6 +137,20 @@ inline void TileRows(int rows, const float* x, int64_t ldx, const W* w, float* c
   }
 }
 
+// More than kFewRows rows: tiles of V::kRowTile rows (a divisor of kRowGroup) from the packed rows.
+template <class V, class W>
+inline void RunManyRows(const GemmBlock& b, const W* w, float* const* y, const int* cols, int segments, int64_t steps) {
+  static_assert(kRowGroup % V::kRowTile == 0);
+  for (int64_t r0 = 0; r0 < b.rows; r0 += V::kRowTile) {
+    const int rows = static_cast<int>(b.rows - r0 < V::kRowTile ? b.rows - r0 : V::kRowTile);
+    const float* xr = b.x_groups + ((r0 / kRowGroup) * b.k + b.k0) * kRowGroup + r0 % kRowGroup;
+    for (int s = 0; s < segments; ++s) {
+      float* ys = y[s] + r0 * b.ldy;
+      TileRows<V, W, 1, V::kRowTile, true>(rows, xr, 0, w + s, &ys, cols + s, b.ldy, b.k0, steps, b.accumulate);
+    }
+  }
+}
+
 // V::kRowTile rows a tile (a divisor of kRowGroup) from the packed rows for many rows; up to kFewRows
 // rows read x in place and take V::kFewRowsSegments segments at once, so decode keeps enough
 // independent sums in flight.
@@ -141,14 +183,18 @@ inline void RunGemmBlock(const GemmBlock& b) {
       TileRows<V, W, 1, kFewRows, false>(rows, x, b.ldx, w + s, y + s, cols + s, b.ldy, b.k0, steps, b.accumulate);
     return;
   }
-  static_assert(kRowGroup % V::kRowTile == 0);
-  for (int64_t r0 = 0; r0 < b.rows; r0 += V::kRowTile) {
-    const int rows = static_cast<int>(b.rows - r0 < V::kRowTile ? b.rows - r0 : V::kRowTile);
-    const float* xr = b.x_groups + ((r0 / kRowGroup) * b.k + b.k0) * kRowGroup + r0 % kRowGroup;
+  // Many rows: each tile of rows reads every weight again, so 8-bit codes are widened once for all of them.
+  if constexpr (W::kScaled) {
+    thread_local std::vector<float> widened;
+    widened.resize(static_cast<size_t>(segments * steps * 2 * V::kLanes));
+    WidenedWeights ready[kMaxSegments];
     for (int s = 0; s < segments; ++s) {
-      float* ys = y[s] + r0 * b.ldy;
-      TileRows<V, W, 1, V::kRowTile, true>(rows, xr, 0, w + s, &ys, cols + s, b.ldy, b.k0, steps, b.accumulate);
+      ready[s].w = widened.data() + s * steps * 2 * V::kLanes;
+      Widen<V>(w[s], b.k0, steps, widened.data() + s * steps * 2 * V::kLanes);
     }
+    return RunManyRows<V>(b, ready, y, cols, segments, steps);
+  } else {
+    return RunManyRows<V>(b, w, y, cols, segments, steps);
   }
 }
 
