@@ -110,25 +110,23 @@ std::string Forward::StateFingerprint(const std::string& model_fingerprint, cons
   return h.FinishHex();
 }
 
+std::vector<cpu::WeightFormat> Forward::FormatsHeld() const {
+  std::vector<cpu::WeightFormat> held;
+  for (cpu::WeightFormat f : {cpu::WeightFormat::kFp8E4m3, cpu::WeightFormat::kInt8, cpu::WeightFormat::kBf16})
+    if (std::any_of(packed_.begin(), packed_.end(), [f](const Packed& m) { return m.format() == f; })) held.push_back(f);
+  return held;
+}
+
 std::string Forward::WeightsArithmetic() const {
   std::string out;
-  for (cpu::WeightFormat f : {cpu::WeightFormat::kFp8E4m3, cpu::WeightFormat::kInt8})
-    for (const Packed& m : packed_)
-      if (m.format() == f) {
-        out += (out.empty() ? "" : " ") + std::string(cpu::ArithmeticNameOf(cpu::ActivePath(), f));
-        break;
-      }
+  for (cpu::WeightFormat f : FormatsHeld())
+    if (f != cpu::WeightFormat::kBf16) out += (out.empty() ? "" : " ") + std::string(cpu::ArithmeticNameOf(cpu::ActivePath(), f));
   return out;
 }
 
 std::string Forward::WeightsDescription() const {
   std::string out;
-  for (cpu::WeightFormat f : {cpu::WeightFormat::kFp8E4m3, cpu::WeightFormat::kInt8, cpu::WeightFormat::kBf16})
-    for (const Packed& m : packed_)
-      if (m.format() == f) {
-        out += (out.empty() ? "" : " + ") + std::string(cpu::WeightFormatName(f));
-        break;
-      }
+  for (cpu::WeightFormat f : FormatsHeld()) out += (out.empty() ? "" : " + ") + std::string(cpu::WeightFormatName(f));
   return out;
 }
 

@@ -71,6 +71,8 @@ class Forward {
   // What the matrices are held as, e.g. "bf16" or "fp8-e4m3 + bf16", and their bytes in memory.
   std::string WeightsDescription() const;
   int64_t weight_bytes() const;
+  // The formats the matrices are held in: FP8, int8, BF16, those present in that order.
+  std::vector<cpu::WeightFormat> FormatsHeld() const;
   // Bytes a decoded token reads: every matrix but an untied embedding (read a row at a time).
   int64_t decode_weight_bytes() const;
 
