@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "engine/compute/cpu/matmul.h"
+
 namespace anchorage::testing {
 
 // matmul(y, ldy) writes m rows of n columns into rows 3 columns wider than n; those extra columns must
@@ -24,6 +26,12 @@ inline std::vector<float> RunIntoWideRows(int64_t m, int64_t n, const std::funct
   }
   return out;
 }
+
+// Every kernel path, the emulated ones too (a test skips those the CPU lacks).
+inline constexpr cpu::KernelPath kPaths[] = {cpu::KernelPath::kPortable,     cpu::KernelPath::kAvx2Fma,
+                                             cpu::KernelPath::kAvx512F,      cpu::KernelPath::kAvx512Bf16,
+                                             cpu::KernelPath::kAmxBf16,      cpu::KernelPath::kEmulated16,
+                                             cpu::KernelPath::kEmulatedBf16, cpu::KernelPath::kEmulatedAmx};
 
 inline bool SameBits(const float* a, const float* b, size_t count) { return std::memcmp(a, b, count * 4) == 0; }
 

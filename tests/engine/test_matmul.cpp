@@ -133,10 +133,7 @@ std::vector<float> Run(cpu::KernelPath path, ThreadPool& pool, const Problem& p,
 
 using testing::SameBits;
 
-const cpu::KernelPath kPaths[] = {cpu::KernelPath::kPortable,     cpu::KernelPath::kAvx2Fma,
-                                  cpu::KernelPath::kAvx512F,      cpu::KernelPath::kAvx512Bf16,
-                                  cpu::KernelPath::kAmxBf16,      cpu::KernelPath::kEmulated16,
-                                  cpu::KernelPath::kEmulatedBf16, cpu::KernelPath::kEmulatedAmx};
+using testing::kPaths;
 
 void AddPathRows(const std::function<void(cpu::KernelPath, const char*)>& add) {
   for (cpu::KernelPath path : kPaths) add(path, cpu::PathName(path));
