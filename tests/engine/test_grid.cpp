@@ -23,11 +23,15 @@ bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
 
 class TestGrid : public QObject {
   Q_OBJECT
-  QTemporaryDir dir_;
-  std::unique_ptr<testing::LoadedWeights> model_;
+  QTemporaryDir dir_, fp8_dir_;
+  std::unique_ptr<testing::LoadedWeights> model_, fp8_model_;
 
-  std::unique_ptr<Forward> Make(int64_t grid, int threads) {
-    auto f = Forward::Create(model_->config, model_->weights, ForwardOptions{grid, threads});
+  // weights: "bf16" (the generated model), "fp8" (its FP8 variant) or "int8" (the BF16 one made int8).
+  std::unique_ptr<Forward> Make(int64_t grid, int threads, const QString& weights = "bf16") {
+    ForwardOptions options{grid, threads};
+    options.int8_weights = weights == "int8";
+    const testing::LoadedWeights& m = weights == "fp8" ? *fp8_model_ : *model_;
+    auto f = Forward::Create(m.config, m.weights, options);
     return f.ok() ? std::move(f).value() : nullptr;
   }
 
@@ -37,6 +41,10 @@ class TestGrid : public QObject {
     auto m = testing::MakeModel(TinyModelSize::kTiny, 7, dir_.path().toStdString());
     QVERIFY2(m.ok(), m.ok() ? "" : m.status().ToString().c_str());
     model_ = std::move(m).value();
+    QVERIFY(fp8_dir_.isValid());
+    auto fp8 = testing::MakeModel(TinyModelSize::kTiny, 7, fp8_dir_.path().toStdString(), GeneratedDtype::kFp8);
+    QVERIFY2(fp8.ok(), fp8.ok() ? "" : fp8.status().ToString().c_str());
+    fp8_model_ = std::move(fp8).value();
   }
 
   void oneCallEqualsGridCalls_data() {
@@ -170,22 +178,26 @@ class TestGrid : public QObject {
 
   // The 64-line contract: a prefill resumed from the state at any multiple of 64 writes what a cold
   // prefill of the whole prompt writes (state, K/V rows, last logits), on every kernel path the CPU
-  // has, with 1 and 2 threads, and decode then continues identically.
+  // has, with 1 and 2 threads, for bf16, FP8 and int8 weights, and decode then continues identically.
   void resumeAtEvery64LineEqualsCold_data() {
     QTest::addColumn<int>("path");
     QTest::addColumn<int>("threads");
+    QTest::addColumn<QString>("weights");
     for (cpu::KernelPath path : {cpu::KernelPath::kPortable, cpu::KernelPath::kAvx2Fma, cpu::KernelPath::kAvx512F,
                                  cpu::KernelPath::kAvx512Bf16, cpu::KernelPath::kAmxBf16})
-      for (int threads : {1, 2}) QTest::addRow("%s, %d thread(s)", cpu::PathName(path), threads) << int(path) << threads;
+      for (int threads : {1, 2})
+        for (const char* weights : {"bf16", "fp8", "int8"})
+          QTest::addRow("%s, %d thread(s), %s", cpu::PathName(path), threads, weights) << int(path) << threads << QString(weights);
   }
   void resumeAtEvery64LineEqualsCold() {
     QFETCH(int, path);
     QFETCH(int, threads);
+    QFETCH(QString, weights);
     const auto kernel = static_cast<cpu::KernelPath>(path);
     if (!cpu::PathAvailable(kernel)) QSKIP(qPrintable(QString("this CPU cannot run the %1 kernels").arg(cpu::PathName(kernel))));
     const cpu::KernelPath before = cpu::ActivePath();
     QVERIFY(cpu::SetActivePath(kernel).ok());
-    auto f = Make(1024, threads);
+    auto f = Make(1024, threads, weights);
     QVERIFY(f);
     const auto ids = RandomIds(700, model_->config.vocab_size, 23u);
     SequenceState cold(model_->config);
