@@ -29,6 +29,7 @@ class TestCpuFeatures : public QObject {
           anchorage::cpu::DescribeKernelFamilies(f).c_str());
     QCOMPARE(f.avx2, flags.count("avx2") == 1);
     QCOMPARE(f.fma, flags.count("fma") == 1);
+    QCOMPARE(f.f16c, flags.count("f16c") == 1);
     QCOMPARE(f.avx512f, flags.count("avx512f") == 1);
     QCOMPARE(f.avx512bw, flags.count("avx512bw") == 1);
     QCOMPARE(f.avx512vl, flags.count("avx512vl") == 1);

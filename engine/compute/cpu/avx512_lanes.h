@@ -30,20 +30,19 @@ struct Avx512Lanes {
   // values / 2^8 (as halves).
   template <Q8Code C>
   static void LoadCodes(const uint8_t* p, F& lo, F& hi) {
-    const __m128i lo_codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    const __m128i hi_codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16));
     if constexpr (C == Q8Code::kInt8) {
-      lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo_codes));
-      hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi_codes));
+      lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+      hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))));
     } else {
-      lo = _mm512_cvtph_ps(Fp8ToHalves(lo_codes));
-      hi = _mm512_cvtph_ps(Fp8ToHalves(hi_codes));
+      const __m512i halves = Fp8ToHalves(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      lo = _mm512_cvtph_ps(_mm512_castsi512_si256(halves));
+      hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(halves, 1));
     }
   }
   // e4m3's sign, exponent and mantissa moved into a half's fields (sign-extended, shifted, the byte's
   // sign cleared from the exponent's top bit): the half is the value / 2^8.
-  static __m256i Fp8ToHalves(__m128i codes) {
-    return _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(codes), 7), _mm256_set1_epi16(static_cast<short>(0xbf80)));
+  static __m512i Fp8ToHalves(__m256i codes) {
+    return _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(codes), 7), _mm512_set1_epi16(static_cast<short>(0xbf80)));
   }
   template <Q8Code C>
   static void LoadScales(const float* p, F& lo, F& hi) {

@@ -88,7 +88,7 @@ std::string DescribeKernelFamilies(const CpuFeatures& f) {
   };
   add(f.amx_bf16 && f.amx_permitted, "amx-bf16");
   add(f.avx512_bf16, "avx512-bf16");
-  add(f.avx512f, "avx512f");
+  add(f.avx512f && f.avx512bw, "avx512f");
   add(f.avx2 && f.fma && f.f16c, "avx2-fma");
   add(true, "portable");
   return out;

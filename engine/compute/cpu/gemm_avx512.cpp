@@ -1,4 +1,4 @@
-// The AVX-512F GEMM path: 16 fp32 lanes; a 64-byte load of a super-panel's k row gives two vectors.
+// The AVX-512F GEMM path (with AVX-512BW for 8-bit codes): 16 fp32 lanes; a 64-byte load of a super-panel's k row gives two vectors.
 // GCC 12 reports its own AVX-512 intrinsic headers as reading uninitialised values; not our code.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -9,7 +9,7 @@
 #include "engine/compute/cpu/gemm_block.h"
 
 #pragma GCC push_options
-#pragma GCC target("avx512f")
+#pragma GCC target("avx512f,avx512bw")
 
 #include "engine/compute/cpu/avx512_lanes.h"
 #include "engine/compute/cpu/fp32_tile.h"

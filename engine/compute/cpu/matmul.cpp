@@ -173,7 +173,7 @@ bool PathAvailable(KernelPath path) {
     case KernelPath::kEmulatedBf16:
     case KernelPath::kEmulatedAmx: return true;
     case KernelPath::kAvx2Fma: return f.avx2 && f.fma && f.f16c;
-    case KernelPath::kAvx512F: return f.avx512f;
+    case KernelPath::kAvx512F: return f.avx512f && f.avx512bw;
     case KernelPath::kAvx512Bf16: return f.avx512f && f.avx512bw && f.avx512_bf16;
     case KernelPath::kAmxBf16: return f.avx512f && f.avx512bw && f.avx512_bf16 && f.amx_tile && f.amx_bf16 && f.amx_permitted;
   }
