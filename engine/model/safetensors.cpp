@@ -63,6 +63,18 @@ float TensorView::At(int64_t i) const {
   return 0.0f;
 }
 
+void TensorView::ToFloat(int64_t begin, int64_t count, float* out) const {
+  if (dtype == DType::kBF16) {
+    for (int64_t i = 0; i < count; ++i) {
+      uint16_t h;
+      std::memcpy(&h, data + 2 * (begin + i), 2);
+      out[i] = Bf16ToFloat(h);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < count; ++i) out[i] = At(begin + i);
+}
+
 void SafetensorsSet::DropResidentPages() const {
   for (const auto& map : maps_) map->DropResidentPages();
 }

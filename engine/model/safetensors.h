@@ -35,6 +35,8 @@ struct TensorView {
   bool empty() const { return data == nullptr; }
   // Element i converted to fp32 (an F8_E4M3 element without its scale).
   float At(int64_t i) const;
+  // Elements [begin, begin + count) converted to fp32.
+  void ToFloat(int64_t begin, int64_t count, float* out) const;
 };
 
 class SafetensorsSet {

@@ -166,7 +166,7 @@ Result<const cpu::PackedMatrix*> Forward::Matrix(const TensorView& t, int64_t ro
     if (!q.ok()) return InvalidArgument("Forward: " + t.name + " in " + t.file + ": " + q.status().message());
     packed_.emplace_back(std::move(*q));
   } else if (options_.int8_weights) {
-    packed_.emplace_back(cpu::PackedQ8::QuantizeInt8(rows, cols, [&t, cols](int64_t j, int64_t i) { return t.At(j * cols + i); }));
+    packed_.emplace_back(cpu::PackedQ8::QuantizeInt8(rows, cols, [&t, cols](int64_t j, float* out) { t.ToFloat(j * cols, cols, out); }));
   } else if (t.dtype == DType::kBF16) {
     packed_.emplace_back(cpu::PackedBf16::FromRowMajor(reinterpret_cast<const uint16_t*>(t.data), rows, cols));
   } else {

@@ -35,7 +35,9 @@ cpu::PackedMatrix RandomWeights(cpu::WeightFormat format, int64_t n, int64_t k, 
   auto bf16 = [&](int64_t, int64_t) { return static_cast<uint16_t>(0x3c00 + mantissa(rng) + (rng() & 1 ? 0x8000 : 0)); };
   switch (format) {
     case cpu::WeightFormat::kInt8:
-      return cpu::PackedMatrix(cpu::PackedQ8::QuantizeInt8(n, k, [&](int64_t j, int64_t i) { return Bf16ToFloat(bf16(j, i)); }));
+      return cpu::PackedMatrix(cpu::PackedQ8::QuantizeInt8(n, k, [&](int64_t j, float* out) {
+        for (int64_t i = 0; i < k; ++i) out[i] = Bf16ToFloat(bf16(j, i));
+      }));
     case cpu::WeightFormat::kFp8E4m3: {
       std::vector<uint8_t> codes(static_cast<size_t>(n * k));
       for (uint8_t& c : codes) c = static_cast<uint8_t>(rng() % 0x7f) | (rng() & 1 ? 0x80 : 0);

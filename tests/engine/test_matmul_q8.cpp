@@ -3,6 +3,7 @@
 // whatever the rows, threads and shape; the codecs are exact; malformed blocks are refused.
 #include <QtTest>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -50,7 +51,7 @@ Problem MakeInt8(int64_t m, int64_t n, int64_t k, uint32_t seed) {
   std::mt19937 rng(seed);
   p.x = testing::NormalValues(m * k, rng);
   const std::vector<float> w = testing::NormalValues(n * k, rng);
-  p.packed = cpu::PackedQ8::QuantizeInt8(n, k, [&](int64_t j, int64_t i) { return w[j * k + i]; });
+  p.packed = cpu::PackedQ8::QuantizeInt8(n, k, [&](int64_t j, float* out) { std::copy_n(w.data() + j * k, k, out); });
   return p;
 }
 
@@ -143,7 +144,7 @@ class TestMatmulQ8 : public QObject {
     std::vector<float> w(static_cast<size_t>(n * k));
     for (auto& v : w) v = d(rng);
     for (int64_t i = 0; i < k; ++i) w[5 * k + i] = 0.0f;  // an all-zero row keeps zeros
-    const auto p = cpu::PackedQ8::QuantizeInt8(n, k, [&](int64_t j, int64_t i) { return w[j * k + i]; });
+    const auto p = cpu::PackedQ8::QuantizeInt8(n, k, [&](int64_t j, float* out) { std::copy_n(w.data() + j * k, k, out); });
     QCOMPARE(p.block_k(), 32);
     for (int64_t j = 0; j < n; ++j)
       for (int64_t b = 0; b * 32 < k; ++b) {

@@ -67,11 +67,11 @@ Result<PackedQ8> PackedQ8::FromFp8Blocks(int64_t n, int64_t k, const uint8_t* co
   return m;
 }
 
-PackedQ8 PackedQ8::QuantizeInt8(int64_t n, int64_t k, const std::function<float(int64_t, int64_t)>& element) {
+PackedQ8 PackedQ8::QuantizeInt8(int64_t n, int64_t k, const std::function<void(int64_t, float*)>& row_of) {
   PackedQ8 m = Allocate(Q8Code::kInt8, n, k, kInt8Block);
   std::vector<float> row(static_cast<size_t>(k));
   for (int64_t j = 0; j < n; ++j) {
-    for (int64_t i = 0; i < k; ++i) row[i] = element(j, i);
+    row_of(j, row.data());
     for (int64_t b = 0; b < m.k_blocks(); ++b) {
       const int64_t i0 = b * kInt8Block, i1 = std::min(k, i0 + kInt8Block);
       float largest = 0.0f;

@@ -30,7 +30,8 @@ class PackedQ8 {
   static Result<PackedQ8> FromFp8Blocks(int64_t n, int64_t k, const uint8_t* codes, const float* scales, int64_t block_n,
                                         int64_t block_k);
   // int8 per output row and block of kInt8Block inputs: scale = max |w| / 127, code = w / scale rounded.
-  static PackedQ8 QuantizeInt8(int64_t n, int64_t k, const std::function<float(int64_t j, int64_t i)>& element);
+  // row_of(j, out) writes row j of W (k values) to out.
+  static PackedQ8 QuantizeInt8(int64_t n, int64_t k, const std::function<void(int64_t j, float* out)>& row_of);
   static constexpr int64_t kInt8Block = 32;
 
   Q8Code code() const { return code_; }
