@@ -162,17 +162,19 @@ Result<const cpu::PackedMatrix*> Forward::Matrix(const TensorView& t, int64_t ro
     std::vector<float> scales(static_cast<size_t>(s.numel()));
     for (int64_t i = 0; i < s.numel(); ++i) scales[i] = s.At(i);
     auto q = cpu::PackedQ8::FromFp8Blocks(rows, cols, reinterpret_cast<const uint8_t*>(t.data), scales.data(), block_n,
-                                          block_k);
+                                          block_k, pool_.get());
     if (!q.ok()) return InvalidArgument("Forward: " + t.name + " in " + t.file + ": " + q.status().message());
     packed_.emplace_back(std::move(*q));
   } else if (options_.int8_weights) {
-    packed_.emplace_back(cpu::PackedQ8::QuantizeInt8(rows, cols, [&t, cols](int64_t j, float* out) { t.ToFloat(j * cols, cols, out); }));
+    packed_.emplace_back(cpu::PackedQ8::QuantizeInt8(
+        rows, cols, [&t, cols](int64_t j, float* out) { t.ToFloat(j * cols, cols, out); }, pool_.get()));
   } else if (t.dtype == DType::kBF16) {
-    packed_.emplace_back(cpu::PackedBf16::FromRowMajor(reinterpret_cast<const uint16_t*>(t.data), rows, cols));
+    packed_.emplace_back(cpu::PackedBf16::FromRowMajor(reinterpret_cast<const uint16_t*>(t.data), rows, cols, pool_.get()));
   } else {
     // F16 and F32 matrices are rounded to BF16 once, here: the kernels multiply bf16 weights.
     packed_.emplace_back(
-        cpu::PackedBf16::Pack(rows, cols, [&t, cols](int64_t j, int64_t i) { return FloatToBf16(t.At(j * cols + i)); }));
+        cpu::PackedBf16::Pack(rows, cols, [&t, cols](int64_t j, int64_t i) { return FloatToBf16(t.At(j * cols + i)); },
+                              pool_.get()));
     converted_bytes_ += rows * cols * 2;
     ++converted_matrices_;
   }

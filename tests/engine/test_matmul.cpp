@@ -169,6 +169,15 @@ class TestMatmul : public QObject {
     for (int64_t c = 70; c < 96; ++c) QCOMPARE(p.packed.panel(2)[5 * cpu::kPanelColumns + cpu::PackedBf16::SlotOf(c % 32)], 0);
   }
 
+  // Packing on a pool's threads writes the same panels as packing on one.
+  void packingOnAPoolIsTheSame() {
+    const Problem p = Make(1, 1000, 77, 4u);
+    ThreadPool pool(3);
+    const auto pooled = cpu::PackedBf16::FromRowMajor(p.w.data(), p.n, p.k, &pool);
+    QCOMPARE(pooled.bytes(), p.packed.bytes());
+    QVERIFY(std::memcmp(pooled.panel(0), p.packed.panel(0), static_cast<size_t>(p.packed.bytes())) == 0);
+  }
+
   void equalsWrittenOutArithmetic_data() {
     QTest::addColumn<int>("path");
     QTest::addColumn<int>("m");

@@ -157,6 +157,26 @@ class TestMatmulQ8 : public QObject {
     for (int64_t i = 0; i < k; ++i) QCOMPARE(p.At(5, i), 0.0f);
   }
 
+  // Packing on a pool's threads writes the same codes and scales as packing on one.
+  void packingOnAPoolIsTheSame() {
+    ThreadPool pool(3);
+    std::mt19937 rng(5);
+    const int64_t n = 1000, k = 77;
+    const std::vector<float> w = testing::NormalValues(n * k, rng);
+    auto row_of = [&](int64_t j, float* out) { std::copy_n(w.data() + j * k, k, out); };
+    const auto one = cpu::PackedQ8::QuantizeInt8(n, k, row_of), pooled = cpu::PackedQ8::QuantizeInt8(n, k, row_of, &pool);
+    std::vector<uint8_t> codes(static_cast<size_t>(n * k));
+    for (auto& c : codes) c = static_cast<uint8_t>(rng() % 0x7f);
+    const std::vector<float> scales(static_cast<size_t>(8), 0.25f);
+    const auto fp8 = *cpu::PackedQ8::FromFp8Blocks(n, k, codes.data(), scales.data(), 128, 128);
+    const auto fp8_pooled = *cpu::PackedQ8::FromFp8Blocks(n, k, codes.data(), scales.data(), 128, 128, &pool);
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < k; ++i) {
+        QCOMPARE(pooled.At(j, i), one.At(j, i));
+        QCOMPARE(fp8_pooled.At(j, i), fp8.At(j, i));
+      }
+  }
+
   void equalsWrittenOutArithmetic_data() {
     QTest::addColumn<int>("path");
     QTest::addColumn<bool>("int8");

@@ -17,17 +17,20 @@ int64_t PackedBf16::SlotOf(int64_t c) {
 
 namespace {
 
-// Fills m's panels in panel order (sequential writes), reading element(j, i) for j < n.
+// Fills the panels, reading element(j, i) for j < n; a pool takes runs of super-panels on its threads.
 template <typename Element>
-void FillPanels(int64_t n, int64_t k, uint16_t* data, const Element& element) {
+void FillPanels(int64_t n, int64_t k, uint16_t* data, const Element& element, ThreadPool* pool) {
   int64_t slot[kPanelColumns];
   for (int64_t c = 0; c < kPanelColumns; ++c) slot[c] = PackedBf16::SlotOf(c);
-  for (int64_t j0 = 0; j0 < n; j0 += kPanelColumns) {
+  const int64_t panels = (n + kPanelColumns - 1) / kPanelColumns;
+  auto fill = [&](int64_t p) {
+    const int64_t j0 = p * kPanelColumns;
     uint16_t* panel = data + j0 * k;
     const int64_t width = n - j0 < kPanelColumns ? n - j0 : kPanelColumns;
     for (int64_t i = 0; i < k; ++i)
       for (int64_t c = 0; c < width; ++c) panel[i * kPanelColumns + slot[c]] = element(j0 + c, i);
-  }
+  };
+  ForEachPanel(panels, pool, fill);
 }
 
 }  // namespace
@@ -42,15 +45,15 @@ PackedBf16 PackedBf16::Allocate(int64_t n, int64_t k) {
   return m;
 }
 
-PackedBf16 PackedBf16::Pack(int64_t n, int64_t k, const std::function<uint16_t(int64_t, int64_t)>& element) {
+PackedBf16 PackedBf16::Pack(int64_t n, int64_t k, const std::function<uint16_t(int64_t, int64_t)>& element, ThreadPool* pool) {
   PackedBf16 m = Allocate(n, k);
-  FillPanels(n, k, m.data_.get(), element);
+  FillPanels(n, k, m.data_.get(), element, pool);
   return m;
 }
 
-PackedBf16 PackedBf16::FromRowMajor(const uint16_t* w, int64_t n, int64_t k) {
+PackedBf16 PackedBf16::FromRowMajor(const uint16_t* w, int64_t n, int64_t k, ThreadPool* pool) {
   PackedBf16 m = Allocate(n, k);
-  FillPanels(n, k, m.data_.get(), [w, k](int64_t j, int64_t i) { return w[j * k + i]; });
+  FillPanels(n, k, m.data_.get(), [w, k](int64_t j, int64_t i) { return w[j * k + i]; }, pool);
   return m;
 }
 

@@ -45,7 +45,7 @@ float& PackedQ8::ScaleAt(int64_t j, int64_t block) {
 }
 
 Result<PackedQ8> PackedQ8::FromFp8Blocks(int64_t n, int64_t k, const uint8_t* codes, const float* scales, int64_t block_n,
-                                         int64_t block_k) {
+                                         int64_t block_k, ThreadPool* pool) {
   if (block_n <= 0 || block_k <= 0) return InvalidArgument("FP8 block size must be positive");
   const int64_t scale_rows = (n + block_n - 1) / block_n, scale_cols = (k + block_k - 1) / block_k;
   for (int64_t b = 0; b < scale_rows * scale_cols; ++b) {
@@ -54,37 +54,39 @@ Result<PackedQ8> PackedQ8::FromFp8Blocks(int64_t n, int64_t k, const uint8_t* co
       return InvalidArgument("scale [" + std::to_string(b / scale_cols) + ", " + std::to_string(b % scale_cols) + "] is " +
                              std::to_string(s) + "; FP8 block scales must be finite, positive and at most 2^100");
   }
+  if (const uint8_t* nan = std::find_if(codes, codes + n * k, Fp8E4m3IsNan); nan != codes + n * k)
+    return InvalidArgument("element [" + std::to_string((nan - codes) / k) + ", " + std::to_string((nan - codes) % k) +
+                           "] is an FP8 NaN");
   PackedQ8 m = Allocate(Q8Code::kFp8E4m3, n, k, block_k);
-  for (int64_t j = 0; j < n; ++j) {
-    for (int64_t i = 0; i < k; ++i) {
-      const uint8_t c = codes[j * k + i];
-      if (Fp8E4m3IsNan(c))
-        return InvalidArgument("element [" + std::to_string(j) + ", " + std::to_string(i) + "] is an FP8 NaN");
-      m.CodeAt(j, i) = c;
+  ForEachPanel(m.panels(), pool, [&](int64_t p) {
+    for (int64_t j = p * kPanelColumns; j < std::min(n, (p + 1) * kPanelColumns); ++j) {
+      for (int64_t i = 0; i < k; ++i) m.CodeAt(j, i) = codes[j * k + i];
+      for (int64_t b = 0; b < scale_cols; ++b) m.ScaleAt(j, b) = scales[(j / block_n) * scale_cols + b];
     }
-    for (int64_t b = 0; b < scale_cols; ++b) m.ScaleAt(j, b) = scales[(j / block_n) * scale_cols + b];
-  }
+  });
   return m;
 }
 
-PackedQ8 PackedQ8::QuantizeInt8(int64_t n, int64_t k, const std::function<void(int64_t, float*)>& row_of) {
+PackedQ8 PackedQ8::QuantizeInt8(int64_t n, int64_t k, const std::function<void(int64_t, float*)>& row_of, ThreadPool* pool) {
   PackedQ8 m = Allocate(Q8Code::kInt8, n, k, kInt8Block);
-  std::vector<float> row(static_cast<size_t>(k));
-  for (int64_t j = 0; j < n; ++j) {
-    row_of(j, row.data());
-    for (int64_t b = 0; b < m.k_blocks(); ++b) {
-      const int64_t i0 = b * kInt8Block, i1 = std::min(k, i0 + kInt8Block);
-      float largest = 0.0f;
-      for (int64_t i = i0; i < i1; ++i) largest = std::max(largest, std::fabs(row[i]));
-      const float scale = largest / 127.0f;
-      m.ScaleAt(j, b) = scale;
-      if (scale == 0.0f) continue;
-      for (int64_t i = i0; i < i1; ++i) {
-        const float q = std::clamp(std::nearbyint(row[i] / scale), -127.0f, 127.0f);
-        m.CodeAt(j, i) = static_cast<uint8_t>(static_cast<int8_t>(q));
+  ForEachPanel(m.panels(), pool, [&](int64_t p) {
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t j = p * kPanelColumns; j < std::min(n, (p + 1) * kPanelColumns); ++j) {
+      row_of(j, row.data());
+      for (int64_t b = 0; b < m.k_blocks(); ++b) {
+        const int64_t i0 = b * kInt8Block, i1 = std::min(k, i0 + kInt8Block);
+        float largest = 0.0f;
+        for (int64_t i = i0; i < i1; ++i) largest = std::max(largest, std::fabs(row[i]));
+        const float scale = largest / 127.0f;
+        m.ScaleAt(j, b) = scale;
+        if (scale == 0.0f) continue;
+        for (int64_t i = i0; i < i1; ++i) {
+          const float q = std::clamp(std::nearbyint(row[i] / scale), -127.0f, 127.0f);
+          m.CodeAt(j, i) = static_cast<uint8_t>(static_cast<int8_t>(q));
+        }
       }
     }
-  }
+  });
   return m;
 }
 

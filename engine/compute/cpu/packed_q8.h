@@ -28,10 +28,11 @@ class PackedQ8 {
   // Hugging Face's block-scaled FP8: codes [n, k] row-major, scales [ceil(n / block_n), ceil(k / block_k)]
   // row-major (weight = code x scale). Refuses NaN codes and scales that are not finite and positive.
   static Result<PackedQ8> FromFp8Blocks(int64_t n, int64_t k, const uint8_t* codes, const float* scales, int64_t block_n,
-                                        int64_t block_k);
+                                        int64_t block_k, ThreadPool* pool = nullptr);
   // int8 per output row and block of kInt8Block inputs: scale = max |w| / 127, code = w / scale rounded.
-  // row_of(j, out) writes row j of W (k values) to out.
-  static PackedQ8 QuantizeInt8(int64_t n, int64_t k, const std::function<void(int64_t j, float* out)>& row_of);
+  // row_of(j, out) writes row j of W (k values) to out (from the pool's threads at once, when given one).
+  static PackedQ8 QuantizeInt8(int64_t n, int64_t k, const std::function<void(int64_t j, float* out)>& row_of,
+                               ThreadPool* pool = nullptr);
   static constexpr int64_t kInt8Block = 32;
 
   Q8Code code() const { return code_; }
