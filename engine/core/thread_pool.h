@@ -1,6 +1,7 @@
 // A fixed pool of worker threads for data-parallel kernels; the caller thread takes part.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
@@ -41,6 +42,10 @@ class ThreadPool {
   size_t finished_tasks_ = 0;
   size_t generation_ = 0;
   bool stop_ = false;
+  // Mirrors of generation_ and finished_tasks_ (written under mu_) that a waiting thread polls for a
+  // moment before it sleeps: a forward's calls come microseconds apart, and a wake-up costs more.
+  std::atomic<size_t> generation_seen_{0};
+  std::atomic<size_t> finished_seen_{0};
 };
 
 }  // namespace anchorage
