@@ -26,6 +26,8 @@ struct Avx512Lanes {
     lo = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
     hi = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }
+  // LoadCodes gives e4m3 values times this (Q8Weights scales by its inverse).
+  static constexpr float kFp8CodeFactor = 1.0f / 256.0f;
   // A k row's 32 codes (PackedQ8's order: bytes 0..15 are lo's lanes, 16..31 hi's): int8 values, or e4m3
   // values / 2^8 (as halves).
   template <Q8Code C>
@@ -43,14 +45,6 @@ struct Avx512Lanes {
   // sign cleared from the exponent's top bit): the half is the value / 2^8.
   static __m512i Fp8ToHalves(__m256i codes) {
     return _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(codes), 7), _mm512_set1_epi16(static_cast<short>(0xbf80)));
-  }
-  template <Q8Code C>
-  static void LoadScales(const float* p, F& lo, F& hi) {
-    LoadOut(p, 32, lo, hi);
-    if constexpr (C == Q8Code::kFp8E4m3) {
-      lo = _mm512_mul_ps(lo, _mm512_set1_ps(256.0f));
-      hi = _mm512_mul_ps(hi, _mm512_set1_ps(256.0f));
-    }
   }
   // Lanes 0..7 from the first operand's lanes 0..7 (or 8..15), lanes 8..15 from the second's.
   static __m512i FirstHalves() { return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23); }

@@ -31,6 +31,8 @@ struct Avx2Lanes {
     lo = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
     hi = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
   }
+  // LoadCodes gives e4m3 values times this (Q8Weights scales by its inverse).
+  static constexpr float kFp8CodeFactor = 1.0f / 256.0f;
   // A segment's codes in PackedQ8's order (lo's 8 bytes, hi's 16 on): int8 values, or e4m3 values / 2^8 (as halves).
   template <Q8Code C>
   static void LoadCodes(const uint8_t* p, F& lo, F& hi) {
@@ -47,15 +49,6 @@ struct Avx2Lanes {
   // e4m3's fields moved into a half's (sign-extended, shifted, the byte's sign cleared from the exponent's top bit).
   static __m128i Fp8ToHalves(__m128i codes) {
     return _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(codes), 7), _mm_set1_epi16(static_cast<short>(0xbf80)));
-  }
-  template <Q8Code C>
-  static void LoadScales(const float* p, F& lo, F& hi) {
-    lo = _mm256_loadu_ps(p);
-    hi = _mm256_loadu_ps(p + 8);
-    if constexpr (C == Q8Code::kFp8E4m3) {
-      lo = _mm256_mul_ps(lo, _mm256_set1_ps(256.0f));
-      hi = _mm256_mul_ps(hi, _mm256_set1_ps(256.0f));
-    }
   }
   static void LoadOut(const float* y, int cols, F& lo, F& hi) {
     if (cols == 16) {

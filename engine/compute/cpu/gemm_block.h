@@ -47,11 +47,11 @@ void GemmBlockAvx512Bf16(const GemmBlock& b);
 void GemmBlockEmulatedBf16(const GemmBlock& b);
 void GemmBlockAmxBf16(const GemmBlock& b);
 void GemmBlockEmulatedAmx(const GemmBlock& b);
+using GemmBlockFn = void (*)(const GemmBlock& b);
 // 8-bit weights, in the fp32 arithmetic (each weight code x scale rounded once, then the fp32 paths' order).
-using Q8BlockFn = void (*)(const GemmBlock& b);
 struct Q8Kernels {
-  Q8BlockFn fp8;
-  Q8BlockFn int8;
+  GemmBlockFn fp8;
+  GemmBlockFn int8;
 };
 extern const Q8Kernels kQ8Portable, kQ8Emulated16, kQ8Avx2, kQ8Avx512;
 void SplitRowsAvx512Bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out);

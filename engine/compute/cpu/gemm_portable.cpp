@@ -38,7 +38,8 @@ struct LaneArrays {
     for (int l = 0; l < L; ++l) b.v[l] *= a.v[l];
     return b;
   }
-  // The codes' exact values; the scales as stored.
+  // The codes' exact values.
+  static constexpr float kFp8CodeFactor = 1.0f;
   template <Q8Code C>
   static float Decode(uint8_t code) {
     if constexpr (C == Q8Code::kInt8) return static_cast<float>(static_cast<int8_t>(code));
@@ -52,8 +53,6 @@ struct LaneArrays {
       hi.v[i] = Decode<C>(p[16 + i]);
     }
   }
-  template <Q8Code C>
-  static void LoadScales(const float* p, F& lo, F& hi) { LoadOut(p, 2 * L, lo, hi); }
   static void LoadW(const uint16_t* p, F& lo, F& hi) {
     for (int i = 0; i < L; ++i) {
       lo.v[i] = Bf16ToFloat(p[2 * i]);

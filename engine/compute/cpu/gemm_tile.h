@@ -30,15 +30,18 @@ struct Bf16Weights {
     return {b.panels + (panel * b.k + b.k0) * kPanelColumns + first_slot};
   }
   template <class V>
-  void Load(int64_t t, typename V::F& lo, typename V::F& hi) const { V::LoadW(w + t * kPanelColumns, lo, hi); }
-  template <class V>
   void LoadScales(int64_t, typename V::F&, typename V::F&) const {}
+  // k row t's weights (no scales: the arguments are not read).
+  template <class V>
+  void Load(int64_t t, const typename V::F&, const typename V::F&, typename V::F& lo, typename V::F& hi) const {
+    V::LoadW(w + t * kPanelColumns, lo, hi);
+  }
   int64_t BlockEnd(int64_t) const { return INT64_MAX; }
 };
 
 // A segment's 8-bit codes from k0 on (its lo lanes' bytes, the hi lanes' 16 on) and its scale rows (by
-// absolute k); V::LoadCodes gives each code's value times a factor of V's for C, V::LoadScales the scales
-// divided by it, so their product is the weight.
+// absolute k); V::LoadCodes gives an e4m3 code's value times V::kFp8CodeFactor (exact), LoadScales the
+// scales divided by it, so their product is the weight.
 template <Q8Code C>
 struct Q8Weights {
   static constexpr bool kScaled = true;
@@ -51,12 +54,20 @@ struct Q8Weights {
             b.q8_scales + panel * k_blocks * kPanelColumns + first_column, b.q8_block_k};
   }
   template <class V>
-  void Load(int64_t t, typename V::F& lo, typename V::F& hi) const {
-    V::template LoadCodes<C>(w + t * kPanelColumns, lo, hi);
-  }
-  template <class V>
   void LoadScales(int64_t k, typename V::F& lo, typename V::F& hi) const {
-    V::template LoadScales<C>(scales + (k / block_k) * kPanelColumns, lo, hi);
+    V::LoadOut(scales + (k / block_k) * kPanelColumns, 2 * V::kLanes, lo, hi);
+    if constexpr (C == Q8Code::kFp8E4m3 && V::kFp8CodeFactor != 1.0f) {
+      lo = V::Mul(lo, V::Broadcast(1.0f / V::kFp8CodeFactor));
+      hi = V::Mul(hi, V::Broadcast(1.0f / V::kFp8CodeFactor));
+    }
+  }
+  // k row t's weights: each code times its scale (from LoadScales), rounded once.
+  template <class V>
+  void Load(int64_t t, const typename V::F& scale_lo, const typename V::F& scale_hi, typename V::F& lo,
+            typename V::F& hi) const {
+    V::template LoadCodes<C>(w + t * kPanelColumns, lo, hi);
+    lo = V::Mul(lo, scale_lo);
+    hi = V::Mul(hi, scale_hi);
   }
   int64_t BlockEnd(int64_t k) const { return (k / block_k + 1) * block_k; }
 };
@@ -66,9 +77,11 @@ struct WidenedWeights {
   static constexpr bool kScaled = false;
   const float* w = nullptr;
   template <class V>
-  void Load(int64_t t, typename V::F& lo, typename V::F& hi) const { V::LoadFullF(w + t * 2 * V::kLanes, lo, hi); }
-  template <class V>
   void LoadScales(int64_t, typename V::F&, typename V::F&) const {}
+  template <class V>
+  void Load(int64_t t, const typename V::F&, const typename V::F&, typename V::F& lo, typename V::F& hi) const {
+    V::LoadFullF(w + t * 2 * V::kLanes, lo, hi);
+  }
   int64_t BlockEnd(int64_t) const { return INT64_MAX; }
 };
 
@@ -82,8 +95,8 @@ inline void Widen(const W& w, int64_t k0, int64_t steps, float* out) {
     w.template LoadScales<V>(k0 + t, scale_lo, scale_hi);
     for (; t < block_end; ++t) {
       F lo, hi;
-      w.template Load<V>(t, lo, hi);
-      V::StoreF(out + t * 2 * V::kLanes, 2 * V::kLanes, V::Mul(lo, scale_lo), V::Mul(hi, scale_hi));
+      w.template Load<V>(t, scale_lo, scale_hi, lo, hi);
+      V::StoreF(out + t * 2 * V::kLanes, 2 * V::kLanes, lo, hi);
     }
   }
 }
@@ -110,11 +123,7 @@ inline void Tile(const float* x, int64_t ldx, const W* w, float* const* y, const
     for (; t < block_end; ++t) {
       for (int s = 0; s < S; ++s) {
         F wl, wh;
-        w[s].template Load<V>(t, wl, wh);
-        if constexpr (W::kScaled) {
-          wl = V::Mul(wl, scale_lo[s]);
-          wh = V::Mul(wh, scale_hi[s]);
-        }
+        w[s].template Load<V>(t, scale_lo[s], scale_hi[s], wl, wh);
         for (int r = 0; r < R; ++r) {
           const F b = V::Broadcast(XAt<kPacked>(x, ldx, r, t));
           lo[r][s] = V::Fma(b, wl, lo[r][s]);

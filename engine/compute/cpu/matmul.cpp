@@ -13,9 +13,7 @@
 namespace anchorage::cpu {
 namespace {
 
-using BlockFn = void (*)(const GemmBlock&);
-
-BlockFn BlockOf(KernelPath path) {
+GemmBlockFn BlockOf(KernelPath path) {
   switch (path) {
     case KernelPath::kAvx2Fma: return GemmBlockAvx2;
     case KernelPath::kAvx512F: return GemmBlockAvx512;
@@ -85,10 +83,18 @@ const float* RowGroupsFor(ThreadPool& pool, const float* x, int64_t m, int64_t l
   return out;
 }
 
+// Whether there is nothing to multiply: no rows or columns, or k = 0 (then y's rows are zeroed).
+bool EmptyProduct(int64_t m, int64_t n, int64_t k, float* y, int64_t ldy) {
+  if (m <= 0 || n <= 0) return true;
+  if (k > 0) return false;
+  for (int64_t r = 0; r < m; ++r) std::fill_n(y + r * ldy, n, 0.0f);
+  return true;
+}
+
 // Runs block over tasks of kGemmTaskPanels super-panels, each over row blocks of kGemmRowBlock and k blocks of
 // k_block; point_at(b, panel) points b at the weights of the task's first super-panel.
 template <class PointAt>
-void RunPanelTasks(ThreadPool& pool, BlockFn block, const GemmBlock& proto, int64_t m, int64_t n, int64_t panels,
+void RunPanelTasks(ThreadPool& pool, GemmBlockFn block, const GemmBlock& proto, int64_t m, int64_t n, int64_t panels,
                    int64_t k_block, const float* x, const float* x_groups, const uint32_t* split_rows, float* y,
                    const PointAt& point_at) {
   const int64_t task_columns = kGemmTaskPanels * kPanelColumns;
@@ -246,12 +252,8 @@ void MatMulBf16(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const 
 void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedBf16& w,
                   float* y, int64_t ldy) {
   const int64_t n = w.rows(), k = w.cols();
-  if (m <= 0 || n <= 0) return;
-  if (k == 0) {
-    for (int64_t r = 0; r < m; ++r) std::fill_n(y + r * ldy, n, 0.0f);
-    return;
-  }
-  const BlockFn block = BlockOf(path);
+  if (EmptyProduct(m, n, k, y, ldy)) return;
+  const GemmBlockFn block = BlockOf(path);
   const SplitFn split = SplitOf(path);
   thread_local std::vector<uint32_t> split_buffer;  // the calling thread's; the tasks see it through split_rows
   const int64_t pair_stride = PairStrideOf(path, k);
@@ -280,20 +282,12 @@ void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, 
                 [&w](GemmBlock& b, int64_t panel) { b.panels = w.panel(panel); });
 }
 
-}  // namespace anchorage::cpu
-
-namespace anchorage::cpu {
-
 void MatMulQ8On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedQ8& w, float* y,
                 int64_t ldy) {
   const int64_t n = w.rows(), k = w.cols();
-  if (m <= 0 || n <= 0) return;
-  if (k == 0) {
-    for (int64_t r = 0; r < m; ++r) std::fill_n(y + r * ldy, n, 0.0f);
-    return;
-  }
+  if (EmptyProduct(m, n, k, y, ldy)) return;
   const Q8Kernels& kernels = Q8KernelsOf(path);
-  const BlockFn block = w.code() == Q8Code::kInt8 ? kernels.int8 : kernels.fp8;
+  const GemmBlockFn block = w.code() == Q8Code::kInt8 ? kernels.int8 : kernels.fp8;
   GemmBlock proto;
   proto.ldx = ldx;
   proto.k = k;
