@@ -119,14 +119,20 @@ std::vector<cpu::WeightFormat> Forward::FormatsHeld() const {
 
 std::string Forward::WeightsArithmetic() const {
   std::string out;
-  for (cpu::WeightFormat f : FormatsHeld())
-    if (f != cpu::WeightFormat::kBf16) out += (out.empty() ? "" : " ") + std::string(cpu::ArithmeticNameOf(cpu::ActivePath(), f));
+  for (cpu::WeightFormat f : FormatsHeld()) {
+    if (f == cpu::WeightFormat::kBf16) continue;
+    if (!out.empty()) out += ' ';
+    out += cpu::ArithmeticNameOf(cpu::ActivePath(), f);
+  }
   return out;
 }
 
 std::string Forward::WeightsDescription() const {
   std::string out;
-  for (cpu::WeightFormat f : FormatsHeld()) out += (out.empty() ? "" : " + ") + std::string(cpu::WeightFormatName(f));
+  for (cpu::WeightFormat f : FormatsHeld()) {
+    if (!out.empty()) out += " + ";
+    out += cpu::WeightFormatName(f);
+  }
   return out;
 }
 
@@ -160,7 +166,7 @@ Result<const cpu::PackedMatrix*> Forward::Matrix(const TensorView& t, int64_t ro
       return InvalidArgument("Forward: " + s.name + " holds " + std::to_string(s.numel()) + " scales, not one a " +
                              std::to_string(block_n) + " x " + std::to_string(block_k) + " block");
     std::vector<float> scales(static_cast<size_t>(s.numel()));
-    for (int64_t i = 0; i < s.numel(); ++i) scales[i] = s.At(i);
+    s.ToFloat(0, s.numel(), scales.data());
     auto q = cpu::PackedQ8::FromFp8Blocks(rows, cols, reinterpret_cast<const uint8_t*>(t.data), scales.data(), block_n,
                                           block_k, pool_.get());
     if (!q.ok()) return InvalidArgument("Forward: " + t.name + " in " + t.file + ": " + q.status().message());
