@@ -36,13 +36,17 @@ PackedQ8 PackedQ8::Allocate(Q8Code code, int64_t n, int64_t k, int64_t block_k) 
   return m;
 }
 
-uint8_t& PackedQ8::CodeAt(int64_t j, int64_t i) {
-  return codes_[static_cast<size_t>((j / kPanelColumns) * kPanelColumns * k_ + i * kPanelColumns + SlotOf(j % kPanelColumns))];
+size_t PackedQ8::CodeIndex(int64_t j, int64_t i) const {
+  return static_cast<size_t>((j / kPanelColumns) * kPanelColumns * k_ + i * kPanelColumns + SlotOf(j % kPanelColumns));
 }
 
-float& PackedQ8::ScaleAt(int64_t j, int64_t block) {
-  return scales_[static_cast<size_t>(((j / kPanelColumns) * k_blocks() + block) * kPanelColumns + j % kPanelColumns)];
+size_t PackedQ8::ScaleIndex(int64_t j, int64_t block) const {
+  return static_cast<size_t>(((j / kPanelColumns) * k_blocks() + block) * kPanelColumns + j % kPanelColumns);
 }
+
+uint8_t& PackedQ8::CodeAt(int64_t j, int64_t i) { return codes_[CodeIndex(j, i)]; }
+
+float& PackedQ8::ScaleAt(int64_t j, int64_t block) { return scales_[ScaleIndex(j, block)]; }
 
 Result<PackedQ8> PackedQ8::FromFp8Blocks(int64_t n, int64_t k, const uint8_t* codes, const float* scales, int64_t block_n,
                                          int64_t block_k, ThreadPool* pool) {
@@ -91,9 +95,9 @@ PackedQ8 PackedQ8::QuantizeInt8(int64_t n, int64_t k, const std::function<void(i
 }
 
 float PackedQ8::At(int64_t j, int64_t i) const {
-  const uint8_t c = codes_[static_cast<size_t>((j / kPanelColumns) * kPanelColumns * k_ + i * kPanelColumns + SlotOf(j % kPanelColumns))];
+  const uint8_t c = codes_[CodeIndex(j, i)];
   const float value = code_ == Q8Code::kInt8 ? static_cast<float>(static_cast<int8_t>(c)) : Fp8E4m3ToFloat(c);
-  return value * scales_[static_cast<size_t>(((j / kPanelColumns) * k_blocks() + i / block_k_) * kPanelColumns + j % kPanelColumns)];
+  return value * scales_[ScaleIndex(j, i / block_k_)];
 }
 
 void PackedQ8::RowToFloat(int64_t j, float* out) const {

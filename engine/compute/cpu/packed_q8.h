@@ -53,6 +53,8 @@ class PackedQ8 {
 
  private:
   static PackedQ8 Allocate(Q8Code code, int64_t n, int64_t k, int64_t block_k);
+  size_t CodeIndex(int64_t j, int64_t i) const;
+  size_t ScaleIndex(int64_t j, int64_t block) const;
   uint8_t& CodeAt(int64_t j, int64_t i);
   float& ScaleAt(int64_t j, int64_t block);
   struct Free {
