@@ -1,0 +1,158 @@
+#include "engine/compute/cuda/gemm.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <vector>
+
+namespace anchorage::cuda {
+namespace {
+
+constexpr int kCandidates = 16;
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+Status LtStatus(cublasStatus_t code, const std::string& what) {
+  if (code == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+  return Internal("cuBLASLt: " + what + ": status " + std::to_string(static_cast<int>(code)));
+}
+
+cublasLtHandle_t Handle(void* h) { return static_cast<cublasLtHandle_t>(h); }
+
+// The layouts of one call: A is W (K x N column-major, used transposed), B the split rows
+// (K x 2n column-major), C and D the halves (N x 2n column-major).
+struct Layouts {
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  Layouts() = default;
+  Layouts(const Layouts&) = delete;
+  Layouts& operator=(const Layouts&) = delete;
+  ~Layouts() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+  }
+  Status Make(int64_t N, int64_t K, int64_t n) {
+    RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, K, N, K), "layout of the weights"));
+    RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, K, 2 * n, K), "layout of the split rows"));
+    return LtStatus(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, N, 2 * n, N), "layout of the products");
+  }
+};
+
+}  // namespace
+
+struct LtGemm::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  uint64_t workspace = 0;  // bytes of workspace the algorithm may use
+  ~Plan() {
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+Result<std::unique_ptr<LtGemm>> LtGemm::Create(int64_t max_rows, int64_t max_k, int64_t max_n, Stream s) {
+  std::unique_ptr<LtGemm> gemm(new LtGemm());
+  cublasLtHandle_t handle = nullptr;
+  RETURN_IF_ERROR(LtStatus(cublasLtCreate(&handle), "creating the handle"));
+  gemm->handle_ = handle;
+  gemm->stream_ = s;
+  gemm->max_rows_ = max_rows;
+  gemm->max_k_ = max_k;
+  gemm->max_n_ = max_n;
+  ASSIGN_OR_RETURN(gemm->split_, DeviceBuffer::Allocate(static_cast<size_t>(2 * max_rows * max_k) * 2, "split activation rows"));
+  ASSIGN_OR_RETURN(gemm->halves_, DeviceBuffer::Allocate(static_cast<size_t>(2 * max_rows * max_n) * 4, "product halves"));
+  return gemm;
+}
+
+LtGemm::~LtGemm() {
+  plans_.clear();
+  if (handle_ != nullptr) cublasLtDestroy(Handle(handle_));
+}
+
+Status LtGemm::Prepare(int64_t N, int64_t K) {
+  if (plans_.count({N, K})) return Status::Ok();
+  if (K > max_k_ || N > max_n_)
+    return InvalidArgument("LtGemm: shape " + std::to_string(N) + " x " + std::to_string(K) + " exceeds the scratch");
+  auto plan = std::make_unique<Plan>();
+  RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "creating a matmul"));
+  const cublasOperation_t transpose = CUBLAS_OP_T;
+  RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose),
+                           "transposing the weights"));
+  Layouts largest, single;
+  RETURN_IF_ERROR(largest.Make(N, K, max_rows_));
+  RETURN_IF_ERROR(single.Make(N, K, 1));
+  // Algorithms that need no workspace first; then ones that do, still without split-K.
+  for (const uint64_t workspace : {uint64_t{0}, static_cast<uint64_t>(kWorkspaceBytes)}) {
+    cublasLtMatmulPreference_t pref = nullptr;
+    RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref), "creating a preference"));
+    const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_reduction, sizeof no_reduction);
+    std::vector<cublasLtMatmulHeuristicResult_t> found(kCandidates);
+    int count = 0;
+    const cublasStatus_t asked = cublasLtMatmulAlgoGetHeuristic(Handle(handle_), plan->desc, largest.a, largest.b, largest.c,
+                                                                largest.c, pref, kCandidates, found.data(), &count);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (asked != CUBLAS_STATUS_SUCCESS) count = 0;
+    for (int i = 0; i < count; ++i) {
+      cublasLtMatmulAlgo_t algo = found[i].algo;
+      int32_t splits = 1;
+      size_t written = 0;
+      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &written);
+      if (splits > 1 || found[i].workspaceSize > workspace) continue;
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(Handle(handle_), plan->desc, single.a, single.b, single.c, single.c, &algo, &check) !=
+              CUBLAS_STATUS_SUCCESS ||
+          check.workspaceSize > workspace)
+        continue;
+      if (workspace > 0 && workspace_.bytes() == 0) {
+        ASSIGN_OR_RETURN(workspace_, DeviceBuffer::Allocate(kWorkspaceBytes, "cuBLASLt workspace"));
+      }
+      plan->algo = algo;
+      plan->workspace = workspace;
+      plans_[{N, K}] = std::move(plan);
+      return Status::Ok();
+    }
+  }
+  return Unsupported("cuBLASLt offers no algorithm without split-K for " + std::to_string(N) + " x " + std::to_string(K) +
+                     " that runs at 1 and " + std::to_string(max_rows_) + " rows");
+}
+
+Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride) {
+  if (n <= 0) return Status::Ok();
+  if (n > max_rows_) return InvalidArgument("LtGemm: " + std::to_string(n) + " rows, at most " + std::to_string(max_rows_));
+  auto it = plans_.find({N, K});
+  if (it == plans_.end()) return Internal("LtGemm: shape " + std::to_string(N) + " x " + std::to_string(K) + " was not prepared");
+  const Plan& plan = *it->second;
+  auto* split = static_cast<uint16_t*>(split_.data());
+  SplitBf16(x, n, K, split, stream_);
+  Layouts layouts;
+  RETURN_IF_ERROR(layouts.Make(N, K, n));
+  const float one = 1.0f, zero = 0.0f;
+  RETURN_IF_ERROR(LtStatus(cublasLtMatmul(Handle(handle_), plan.desc, &one, w, layouts.a, split, layouts.b, &zero, halves_.floats(),
+                                          layouts.c, halves_.floats(), layouts.c, &plan.algo, plan.workspace > 0 ? workspace_.data() : nullptr, plan.workspace, stream_),
+                           "running a product"));
+  SumHalves(halves_.floats(), n, N, y, y_stride, stream_);
+  return Status::Ok();
+}
+
+std::string LtGemm::Describe() const {
+  std::string out;
+  for (const auto& [shape, plan] : plans_) {
+    char line[256];
+    int32_t id = 0, tile = 0, stages = 0, splits = 0, swizzle = 0, custom = 0;
+    size_t written = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&plan->algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&plan->algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&plan->algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&plan->algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&plan->algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof swizzle, &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&plan->algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof custom, &written);
+    std::snprintf(line, sizeof line, "%lldx%lld algo %d tile %d stages %d splitk %d swizzle %d custom %d workspace %llu\n",
+                  static_cast<long long>(shape.first), static_cast<long long>(shape.second), id, tile, stages, splits, swizzle,
+                  custom, static_cast<unsigned long long>(plan->workspace));
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace anchorage::cuda

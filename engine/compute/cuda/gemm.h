@@ -1,0 +1,47 @@
+// Prefill products through cuBLASLt: y = x W^T with bf16 weights W [N, K] (row-major, read in place)
+// and fp32 activations x [n, K] split into a bf16 high and low row stacked in one GEMM (the weights
+// are read once), fp32 accumulation and output, the two halves summed. One algorithm per weight
+// shape, chosen once for the largest call and used for every n, with no split-K (and no workspace
+// where cuBLASLt offers such an algorithm): a row's bits are the same in a call of any number of
+// rows, and every run gives the same bits.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "engine/compute/cuda/device.h"
+#include "engine/core/status.h"
+
+namespace anchorage::cuda {
+
+class LtGemm {
+ public:
+  // max_rows: the most activation rows one call takes.
+  static Result<std::unique_ptr<LtGemm>> Create(int64_t max_rows, int64_t max_k, int64_t max_n, Stream s);
+  ~LtGemm();
+
+  // Chooses the algorithm of weight shape [N, K]; Run needs it first. Checks it for 1 and max_rows rows.
+  Status Prepare(int64_t N, int64_t K);
+  // y[t * y_stride + j] = sum_i x[t, i] W[j, i] for t < n <= max_rows (device pointers).
+  Status Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride);
+  // The algorithms chosen, one line a shape: part of the state fingerprint.
+  std::string Describe() const;
+  int64_t max_rows() const { return max_rows_; }
+
+ private:
+  struct Plan;
+  LtGemm() = default;
+
+  void* handle_ = nullptr;  // cublasLtHandle_t
+  Stream stream_ = nullptr;
+  int64_t max_rows_ = 0, max_k_ = 0, max_n_ = 0;
+  DeviceBuffer split_;   // bf16 [2 * max_rows, max_k]
+  DeviceBuffer halves_;  // fp32 [2 * max_rows, max_n]
+  DeviceBuffer workspace_;  // only when an algorithm needs one
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace anchorage::cuda

@@ -1,0 +1,464 @@
+#include "engine/compute/cuda/kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+namespace anchorage::cuda {
+namespace {
+
+constexpr int kBlock = 256;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+int Blocks(int64_t count, int per_block = kBlock) { return static_cast<int>((count + per_block - 1) / per_block); }
+
+__device__ float Bf16ToFloat(uint16_t v) { return __uint_as_float(static_cast<uint32_t>(v) << 16); }
+__device__ float SigmoidOf(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ float SiluOf(float x) { return x / (1.0f + expf(-x)); }
+__device__ float SoftplusOf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// Butterfly sums: every lane ends with the same bits (addition commutes), the order fixed by the shape.
+__device__ float WarpSum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+__device__ float WarpMax(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+// Sum over the block: warps by butterfly, then warp totals in warp order. blockDim.x a multiple of 32.
+__device__ float BlockSum(float v) {
+  __shared__ float partial[32];
+  __shared__ float total;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = WarpSum(v);
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int w = 0; w < warps; ++w) sum += partial[w];
+    total = sum;
+  }
+  __syncthreads();
+  const float out = total;
+  __syncthreads();
+  return out;
+}
+
+__global__ void EmbedRowsKernel(const uint16_t* table, const int32_t* ids, int64_t width, float* x) {
+  const int64_t t = blockIdx.x;
+  const uint16_t* row = table + static_cast<int64_t>(ids[t]) * width;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) x[t * width + i] = Bf16ToFloat(row[i]);
+}
+
+__global__ void RmsNormRowsKernel(const float* x, const float* w1, int64_t width, float eps, float* y) {
+  const float* xr = x + blockIdx.x * width;
+  float* yr = y + blockIdx.x * width;
+  float sq = 0.0f;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) sq += xr[i] * xr[i];
+  const float inv = 1.0f / sqrtf(BlockSum(sq) / static_cast<float>(width) + eps);
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) yr[i] = xr[i] * inv * w1[i];
+}
+
+__global__ void SplitBf16Kernel(const float* x, int64_t count, uint16_t* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  const __nv_bfloat16 hi = __float2bfloat16_rn(x[i]);
+  const __nv_bfloat16 lo = __float2bfloat16_rn(x[i] - __bfloat162float(hi));
+  out[i] = __bfloat16_as_ushort(hi);
+  out[count + i] = __bfloat16_as_ushort(lo);
+}
+
+__global__ void SumHalvesKernel(const float* halves, int64_t n, int64_t width, float* y, int64_t y_stride) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n * width) return;
+  const int64_t t = i / width, c = i % width;
+  y[t * y_stride + c] = halves[i] + halves[n * width + i];
+}
+
+constexpr int kGemvWarps = 8;
+
+__global__ void GemvKernel(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const uint16_t* wr = w + row * cols;
+  const bool vectors = cols % 8 == 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xr = x + t * cols;
+    float acc = 0.0f;
+    if (vectors) {
+      for (int64_t c = lane * 8; c < cols; c += 256) {
+        const uint4 packed = *reinterpret_cast<const uint4*>(wr + c);
+        const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+        for (int q = 0; q < 4; ++q) {
+          acc = fmaf(__uint_as_float(words[q] << 16), xr[c + 2 * q], acc);
+          acc = fmaf(__uint_as_float(words[q] & 0xffff0000u), xr[c + 2 * q + 1], acc);
+        }
+      }
+    } else {
+      for (int64_t c = lane; c < cols; c += 32) acc = fmaf(Bf16ToFloat(wr[c]), xr[c], acc);
+    }
+    acc = WarpSum(acc);
+    if (lane == 0) y[t * rows + row] = acc;
+  }
+}
+
+__global__ void AddRowsKernel(const float* from, int64_t count, float* to) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < count) to[i] += from[i];
+}
+
+__global__ void SwiGluKernel(float* gate, const float* up, int64_t count) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < count) gate[i] = SiluOf(gate[i]) * up[i];
+}
+
+__global__ void SigmoidGateKernel(float* attn, const float* qg, int64_t n, int64_t heads, int64_t head_dim) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n * heads * head_dim) return;
+  const int64_t t = i / (heads * head_dim), h = (i / head_dim) % heads, e = i % head_dim;
+  attn[i] *= SigmoidOf(qg[t * heads * 2 * head_dim + h * 2 * head_dim + head_dim + e]);
+}
+
+__global__ void ConvSiluKernel(const float* qkv, const float* tail, const float* w, int64_t n, int64_t channels,
+                               int64_t taps, float* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n * channels) return;
+  const int64_t t = i / channels, ch = i % channels;
+  float acc = 0.0f;
+  for (int64_t j = 0; j < taps; ++j) {
+    const int64_t src = t - (taps - 1) + j;
+    const float in = src >= 0 ? qkv[src * channels + ch] : tail[(taps - 1 + src) * channels + ch];
+    acc += w[j * channels + ch] * in;
+  }
+  out[i] = SiluOf(acc);
+}
+
+__global__ void NextTailKernel(const float* qkv, const float* tail, int64_t n, int64_t channels, int64_t keep, float* next) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= keep * channels) return;
+  const int64_t r = i / channels, ch = i % channels;
+  const int64_t src = n - keep + r;  // row of [tail; qkv] counted from qkv's first row
+  next[i] = src >= 0 ? qkv[src * channels + ch] : tail[(keep + src) * channels + ch];
+}
+
+__global__ void QkL2NormKernel(float* conv, int64_t channels, int64_t key_heads, int64_t dk, float eps, float q_scale) {
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  float* v = conv + t * channels + h * dk;
+  float sq = 0.0f;
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) sq += v[i] * v[i];
+  const float inv = 1.0f / sqrtf(BlockSum(sq) + eps);
+  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
+    const float normed = v[i] * inv;
+    v[i] = h < key_heads ? normed * q_scale : normed;
+  }
+}
+
+__global__ void BetaAndDecayKernel(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t count,
+                                   int64_t heads, float* beta, float* g) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  const int64_t h = i % heads;
+  beta[i] = SigmoidOf(b[i]);
+  g[i] = -a_exp[h] * SoftplusOf(a[i] + dt_bias[h]);
+}
+
+constexpr int kDeltaThreads = 128;
+constexpr int64_t kC = kDeltaChunkTokens;
+
+__device__ float RowDot(const float* a, const float* b, int64_t count) {
+  float acc = 0.0f;
+  for (int64_t d = 0; d < count; ++d) acc = fmaf(a[d], b[d], acc);
+  return acc;
+}
+
+// One block a value head; its chunks in order. Shared: G, beta, exp(G), tail weights [C] each, A and
+// QK [C, C], and [U | W] [C, dv + dk]. Thread e owns state column e, which it reads and writes in place.
+__global__ void GatedDeltaChunkedKernel(DeltaShape sh, const float* conv, const float* beta_in, const float* g_in,
+                                        int64_t n, int64_t pos0, float* state, float* out) {
+  extern __shared__ float smem[];
+  const int64_t h = blockIdx.x, kh = h / (sh.value_heads / sh.key_heads);
+  const int64_t dk = sh.dk, dv = sh.dv, C = sh.channels, Nv = sh.value_heads, ld = dv + dk;
+  const int64_t key_dim = sh.key_heads * dk, value_dim = Nv * dv;
+  float* G = smem;
+  float* beta = G + kC;
+  float* eg = beta + kC;
+  float* tail = eg + kC;
+  float* A = tail + kC;  // row i, column j < i: -beta_i (k_i.k_j) exp(G_i - G_j)
+  float* QK = A + kC * kC;  // row i, column j <= i: (q_i.k_j) exp(G_i - G_j)
+  float* UW = QK + kC * kC;
+  float* S = state + h * dk * dv;
+  const int tid = threadIdx.x, threads = blockDim.x;
+  for (int64_t t = 0; t < n;) {
+    const int64_t p = pos0 + t;
+    const int64_t m = min(n - t, kC - p % kC);
+    const float* q0 = conv + t * C + kh * dk;
+    const float* k0 = conv + t * C + key_dim + kh * dk;
+    const float* v0 = conv + t * C + 2 * key_dim + h * dv;
+    if (tid == 0) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < m; ++i) {
+        acc += g_in[(t + i) * Nv + h];
+        G[i] = acc;
+        beta[i] = beta_in[(t + i) * Nv + h];
+        eg[i] = expf(acc);
+      }
+    }
+    __syncthreads();
+    for (int64_t j = tid; j < m; j += threads) tail[j] = expf(G[m - 1] - G[j]);
+    for (int64_t idx = tid; idx < m * m; idx += threads) {
+      const int64_t i = idx / m, j = idx % m;
+      if (j < i) {
+        const float decay = expf(G[i] - G[j]);
+        A[i * kC + j] = -(beta[i] * RowDot(k0 + i * C, k0 + j * C, dk) * decay);
+        QK[i * kC + j] = RowDot(q0 + i * C, k0 + j * C, dk) * decay;
+      } else if (j == i) {
+        QK[i * kC + j] = RowDot(q0 + i * C, k0 + j * C, dk);
+      }
+    }
+    __syncthreads();
+    // (I + A) [U | W] = [beta v | beta exp(G) k] by forward substitution, a column a thread.
+    for (int64_t c = tid; c < ld; c += threads) {
+      for (int64_t i = 0; i < m; ++i) {
+        float val = c < dv ? beta[i] * v0[i * C + c] : beta[i] * eg[i] * k0[i * C + (c - dv)];
+        for (int64_t j = 0; j < i; ++j) val = fmaf(A[i * kC + j], UW[j * ld + c], val);
+        UW[i * ld + c] = val;
+      }
+    }
+    __syncthreads();
+    for (int64_t e = tid; e < dv; e += threads) {
+      // V' = U - W S0, column e.
+      for (int64_t i = 0; i < m; ++i) {
+        float acc = UW[i * ld + e];
+        for (int64_t d = 0; d < dk; ++d) acc = fmaf(-UW[i * ld + dv + d], S[d * dv + e], acc);
+        UW[i * ld + e] = acc;
+      }
+      // o = diag(exp(G)) Q S0 + QK V'.
+      for (int64_t i = 0; i < m; ++i) {
+        float acc = 0.0f;
+        for (int64_t d = 0; d < dk; ++d) acc = fmaf(eg[i] * q0[i * C + d], S[d * dv + e], acc);
+        for (int64_t j = 0; j <= i; ++j) acc = fmaf(QK[i * kC + j], UW[j * ld + e], acc);
+        out[(t + i) * value_dim + h * dv + e] = acc;
+      }
+      // S = exp(G_last) S0 + (diag(tail) K)^T V'.
+      for (int64_t d = 0; d < dk; ++d) {
+        float acc = S[d * dv + e] * eg[m - 1];
+        for (int64_t j = 0; j < m; ++j) acc = fmaf(k0[j * C + d] * tail[j], UW[j * ld + e], acc);
+        S[d * dv + e] = acc;
+      }
+    }
+    __syncthreads();
+    t += m;
+  }
+}
+
+__global__ void GatedDeltaRecurrentKernel(DeltaShape sh, const float* conv, const float* beta_in, const float* g_in,
+                                          int64_t n, float* state, float* out) {
+  const int64_t h = blockIdx.x, kh = h / (sh.value_heads / sh.key_heads);
+  const int64_t dk = sh.dk, dv = sh.dv, C = sh.channels, Nv = sh.value_heads;
+  const int64_t key_dim = sh.key_heads * dk, value_dim = Nv * dv;
+  float* S = state + h * dk * dv;
+  for (int64_t e = threadIdx.x; e < dv; e += blockDim.x) {
+    for (int64_t t = 0; t < n; ++t) {
+      const float* q = conv + t * C + kh * dk;
+      const float* k = conv + t * C + key_dim + kh * dk;
+      const float v = conv[t * C + 2 * key_dim + h * dv + e];
+      const float beta = beta_in[t * Nv + h];
+      const float decay = expf(g_in[t * Nv + h]);
+      float predicted = 0.0f;
+      for (int64_t d = 0; d < dk; ++d) {
+        const float s = S[d * dv + e] * decay;
+        S[d * dv + e] = s;
+        predicted = fmaf(k[d], s, predicted);
+      }
+      const float delta = beta * (v - predicted);
+      float o = 0.0f;
+      for (int64_t d = 0; d < dk; ++d) {
+        const float s = fmaf(k[d], delta, S[d * dv + e]);
+        S[d * dv + e] = s;
+        o = fmaf(q[d], s, o);
+      }
+      out[t * value_dim + h * dv + e] = o;
+    }
+  }
+}
+
+__global__ void GatedNormKernel(float* core, const float* z, const float* w, int64_t heads, int64_t dv, float eps) {
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  float* o = core + (t * heads + h) * dv;
+  const float* zr = z + (t * heads + h) * dv;
+  float sq = 0.0f;
+  for (int64_t e = threadIdx.x; e < dv; e += blockDim.x) sq += o[e] * o[e];
+  const float inv = 1.0f / sqrtf(BlockSum(sq) / static_cast<float>(dv) + eps);
+  for (int64_t e = threadIdx.x; e < dv; e += blockDim.x) o[e] = o[e] * inv * w[e] * SiluOf(zr[e]);
+}
+
+__global__ void NormRopeKernel(float* rows, int64_t row_stride, int64_t head_stride, int64_t head_dim, const float* w1,
+                               float eps, const double* inv_freq, int64_t half, int64_t pos0) {
+  __shared__ float normed[kMaxHeadDim];
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  float* v = rows + t * row_stride + h * head_stride;
+  float sq = 0.0f;
+  for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) sq += v[i] * v[i];
+  const float inv = 1.0f / sqrtf(BlockSum(sq) / static_cast<float>(head_dim) + eps);
+  for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) normed[i] = v[i] * inv * w1[i];
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) {
+    if (i >= 2 * half) {
+      v[i] = normed[i];
+      continue;
+    }
+    const int64_t pair = i < half ? i : i - half;
+    const double angle = static_cast<double>(pos0 + t) * inv_freq[pair];
+    const float co = static_cast<float>(cos(angle)), si = static_cast<float>(sin(angle));
+    const float x0 = normed[pair], x1 = normed[pair + half];
+    v[i] = i < half ? x0 * co - x1 * si : x1 * co + x0 * si;
+  }
+}
+
+constexpr int kHeadDimPerLane = kMaxHeadDim / 32;
+
+// One warp a (query row, head). Keys in tiles of 32 from key 0, a lane a key: scores, a running max
+// and sum (online softmax), then the tile's values in key order.
+__global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_stride, int64_t q_head_stride,
+                                int64_t pos0, const float* k, const float* v, int64_t kv_width, float* out,
+                                int64_t out_stride) {
+  __shared__ float query[kMaxHeadDim];
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  const int lane = threadIdx.x;
+  const int64_t hd = shape.head_dim, kvh = h / (shape.heads / shape.kv_heads);
+  const float* qrow = q + t * q_stride + h * q_head_stride;
+  for (int64_t d = lane; d < hd; d += 32) query[d] = qrow[d];
+  __syncwarp();
+  const int64_t keys = pos0 + t + 1;
+  float o[kHeadDimPerLane];
+  for (int c = 0; c < kHeadDimPerLane; ++c) o[c] = 0.0f;
+  float running_max = -INFINITY, running_sum = 0.0f;
+  for (int64_t j0 = 0; j0 < keys; j0 += 32) {
+    const int64_t j = j0 + lane;
+    float score = -INFINITY;
+    if (j < keys) {
+      const float* key = k + j * kv_width + kvh * hd;
+      float acc = 0.0f;
+      for (int64_t d = 0; d < hd; ++d) acc = fmaf(query[d], key[d], acc);
+      score = acc * shape.scale;
+    }
+    const float new_max = fmaxf(running_max, WarpMax(score));
+    const float correction = expf(running_max - new_max);
+    const float p = j < keys ? expf(score - new_max) : 0.0f;
+    running_sum = running_sum * correction + WarpSum(p);
+    for (int c = 0; c < kHeadDimPerLane; ++c) o[c] *= correction;
+    const int64_t count = keys - j0 < 32 ? keys - j0 : 32;
+    for (int64_t jj = 0; jj < count; ++jj) {
+      const float pj = __shfl_sync(kFullMask, p, static_cast<int>(jj));
+      const float* value = v + (j0 + jj) * kv_width + kvh * hd;
+      for (int c = 0; c < kHeadDimPerLane; ++c) {
+        const int64_t d = lane + 32 * c;
+        if (d < hd) o[c] = fmaf(pj, value[d], o[c]);
+      }
+    }
+    running_max = new_max;
+  }
+  const float inv = 1.0f / running_sum;
+  for (int c = 0; c < kHeadDimPerLane; ++c) {
+    const int64_t d = lane + 32 * c;
+    if (d < hd) out[t * out_stride + h * hd + d] = o[c] * inv;
+  }
+}
+
+}  // namespace
+
+void EmbedRows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t width, float* x, Stream s) {
+  if (n > 0) EmbedRowsKernel<<<static_cast<unsigned>(n), kBlock, 0, s>>>(table, ids, width, x);
+}
+
+void RmsNormRows(const float* x, const float* w1, int64_t n, int64_t width, float eps, float* y, Stream s) {
+  if (n > 0) RmsNormRowsKernel<<<static_cast<unsigned>(n), kBlock, 0, s>>>(x, w1, width, eps, y);
+}
+
+void SplitBf16(const float* x, int64_t n, int64_t width, uint16_t* out, Stream s) {
+  if (n > 0) SplitBf16Kernel<<<Blocks(n * width), kBlock, 0, s>>>(x, n * width, out);
+}
+
+void SumHalves(const float* halves, int64_t n, int64_t width, float* y, int64_t y_stride, Stream s) {
+  if (n > 0) SumHalvesKernel<<<Blocks(n * width), kBlock, 0, s>>>(halves, n, width, y, y_stride);
+}
+
+void Gemv(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s) {
+  if (n > 0 && rows > 0) GemvKernel<<<Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s>>>(w, rows, cols, x, n, y);
+}
+
+void AddRows(const float* from, int64_t count, float* to, Stream s) {
+  if (count > 0) AddRowsKernel<<<Blocks(count), kBlock, 0, s>>>(from, count, to);
+}
+
+void SwiGlu(float* gate, const float* up, int64_t count, Stream s) {
+  if (count > 0) SwiGluKernel<<<Blocks(count), kBlock, 0, s>>>(gate, up, count);
+}
+
+void SigmoidGate(float* attn, const float* qg, int64_t n, int64_t heads, int64_t head_dim, Stream s) {
+  if (n > 0) SigmoidGateKernel<<<Blocks(n * heads * head_dim), kBlock, 0, s>>>(attn, qg, n, heads, head_dim);
+}
+
+void ConvSilu(const float* qkv, const float* tail, const float* w, int64_t n, int64_t channels, int64_t taps, float* out,
+              Stream s) {
+  if (n > 0) ConvSiluKernel<<<Blocks(n * channels), kBlock, 0, s>>>(qkv, tail, w, n, channels, taps, out);
+}
+
+void NextTail(const float* qkv, const float* tail, int64_t n, int64_t channels, int64_t taps, float* next, Stream s) {
+  if (taps > 1) NextTailKernel<<<Blocks((taps - 1) * channels), kBlock, 0, s>>>(qkv, tail, n, channels, taps - 1, next);
+}
+
+void QkL2Norm(float* conv, int64_t n, int64_t channels, int64_t key_heads, int64_t dk, float eps, float q_scale, Stream s) {
+  if (n > 0)
+    QkL2NormKernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(2 * key_heads)), 128, 0, s>>>(
+        conv, channels, key_heads, dk, eps, q_scale);
+}
+
+void BetaAndDecay(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t n, int64_t heads,
+                  float* beta, float* g, Stream s) {
+  if (n > 0) BetaAndDecayKernel<<<Blocks(n * heads), kBlock, 0, s>>>(b, a, a_exp, dt_bias, n * heads, heads, beta, g);
+}
+
+int64_t GatedDeltaChunkedSharedBytes(const DeltaShape& shape) {
+  return static_cast<int64_t>(sizeof(float)) * (4 * kC + 2 * kC * kC + kC * (shape.dv + shape.dk));
+}
+
+void GatedDeltaChunked(const DeltaShape& shape, const float* conv, const float* beta, const float* g, int64_t n,
+                       int64_t pos0, float* state, float* out, Stream s) {
+  if (n <= 0) return;
+  const int bytes = static_cast<int>(GatedDeltaChunkedSharedBytes(shape));
+  cudaFuncSetAttribute(GatedDeltaChunkedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  GatedDeltaChunkedKernel<<<static_cast<unsigned>(shape.value_heads), kDeltaThreads, bytes, s>>>(shape, conv, beta, g, n,
+                                                                                                 pos0, state, out);
+}
+
+void GatedDeltaRecurrent(const DeltaShape& shape, const float* conv, const float* beta, const float* g, int64_t n,
+                         float* state, float* out, Stream s) {
+  if (n > 0)
+    GatedDeltaRecurrentKernel<<<static_cast<unsigned>(shape.value_heads), kDeltaThreads, 0, s>>>(shape, conv, beta, g, n,
+                                                                                                 state, out);
+}
+
+void GatedNorm(float* core, const float* z, const float* w, int64_t n, int64_t heads, int64_t dv, float eps, Stream s) {
+  if (n > 0)
+    GatedNormKernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), 128, 0, s>>>(core, z, w, heads, dv, eps);
+}
+
+void NormRope(float* rows, int64_t n, int64_t row_stride, int64_t heads, int64_t head_stride, int64_t head_dim,
+              const float* w1, float eps, const double* inv_freq, int64_t half, int64_t pos0, Stream s) {
+  if (n > 0)
+    NormRopeKernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), 128, 0, s>>>(
+        rows, row_stride, head_stride, head_dim, w1, eps, inv_freq, half, pos0);
+}
+
+void Attention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
+               int64_t pos0, const float* k, const float* v, int64_t kv_width, float* out, int64_t out_stride, Stream s) {
+  if (n > 0)
+    AttentionKernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(shape.heads)), 32, 0, s>>>(
+        shape, q, q_stride, q_head_stride, pos0, k, v, kv_width, out, out_stride);
+}
+
+}  // namespace anchorage::cuda

@@ -1,0 +1,81 @@
+// The CUDA backend's kernels over fp32 activations in device memory. Every reduction has a fixed
+// order and no atomics, and a row's bits depend on that row's inputs alone (row-invariant).
+// Plain C++: callers need no CUDA header. Launches are asynchronous on the given stream.
+#pragma once
+
+#include <cstdint>
+
+struct CUstream_st;
+
+namespace anchorage::cuda {
+
+using Stream = CUstream_st*;
+
+// The delta rule's chunk: chunks start at absolute positions that are multiples of it.
+inline constexpr int64_t kDeltaChunkTokens = 64;
+// The widest attention head the attention kernel holds in registers.
+inline constexpr int64_t kMaxHeadDim = 256;
+
+// x[t] = table[ids[t]] widened from bf16; x is [n, width].
+void EmbedRows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t width, float* x, Stream s);
+// y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w1 (w1 already holds 1 + w).
+void RmsNormRows(const float* x, const float* w1, int64_t n, int64_t width, float eps, float* y, Stream s);
+// The split that keeps fp32 accuracy through bf16 products: rows [0, n) of out are bf16(x) (nearest
+// even), rows [n, 2n) bf16(x - hi). out is bf16 [2n, width].
+void SplitBf16(const float* x, int64_t n, int64_t width, uint16_t* out, Stream s);
+// y[t] = halves[t] + halves[n + t] for rows of width floats.
+void SumHalves(const float* halves, int64_t n, int64_t width, float* y, int64_t y_stride, Stream s);
+// y[t, j] = sum_i w[j, i] * x[t, i] in fp32, w bf16 [rows, cols] row-major: one warp a weight row.
+void Gemv(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s);
+// to[i] += from[i].
+void AddRows(const float* from, int64_t count, float* to, Stream s);
+// gate[i] = silu(gate[i]) * up[i].
+void SwiGlu(float* gate, const float* up, int64_t count, Stream s);
+// attn[t, h, e] *= sigmoid(qg[t, h, head_dim + e]): the gate is the second half of each head's q row.
+void SigmoidGate(float* attn, const float* qg, int64_t n, int64_t heads, int64_t head_dim, Stream s);
+
+// The causal depthwise conv over [tail; qkv] (tail [taps-1, channels], oldest first; w tap-major
+// [taps, channels]), then SiLU; out is [n, channels].
+void ConvSilu(const float* qkv, const float* tail, const float* w, int64_t n, int64_t channels, int64_t taps, float* out,
+              Stream s);
+// The last taps-1 rows of [tail; qkv] into next (which must not alias tail).
+void NextTail(const float* qkv, const float* tail, int64_t n, int64_t channels, int64_t taps, float* next, Stream s);
+// L2 norm of every q and k head (the first 2 * key_heads heads of dk floats of each row), q also
+// times q_scale.
+void QkL2Norm(float* conv, int64_t n, int64_t channels, int64_t key_heads, int64_t dk, float eps, float q_scale, Stream s);
+// beta = sigmoid(b), g = -a_exp * softplus(a + dt_bias), per row and value head.
+void BetaAndDecay(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t n, int64_t heads,
+                  float* beta, float* g, Stream s);
+
+struct DeltaShape {
+  int64_t key_heads = 0, value_heads = 0, dk = 0, dv = 0;
+  int64_t channels = 0;  // conv row width: q [Nk*dk] | k [Nk*dk] | v [Nv*dv]
+};
+// Dynamic shared memory the chunked kernel needs, to check against the device's limit.
+int64_t GatedDeltaChunkedSharedBytes(const DeltaShape& shape);
+// The chunked gated delta rule over rows [0, n) at positions pos0.., one block a value head; chunks
+// end at absolute multiples of 64. state fp32 [Nv, dk, dv] in place; out [n, Nv*dv].
+void GatedDeltaChunked(const DeltaShape& shape, const float* conv, const float* beta, const float* g, int64_t n,
+                       int64_t pos0, float* state, float* out, Stream s);
+// The one-token recurrence over rows [0, n), in order.
+void GatedDeltaRecurrent(const DeltaShape& shape, const float* conv, const float* beta, const float* g, int64_t n,
+                         float* state, float* out, Stream s);
+// core[t, h] = core[t, h] / sqrt(mean(core^2) + eps) * w * silu(z[t, h]) per value head of dv floats.
+void GatedNorm(float* core, const float* z, const float* w, int64_t n, int64_t heads, int64_t dv, float eps, Stream s);
+
+// Per head of each row (rows + t*row_stride + h*head_stride): RMSNorm with w1, then NeoX RoPE on the
+// first 2*half dims at position pos0 + t (angles in double from inv_freq, a device array [half]).
+void NormRope(float* rows, int64_t n, int64_t row_stride, int64_t heads, int64_t head_stride, int64_t head_dim,
+              const float* w1, float eps, const double* inv_freq, int64_t half, int64_t pos0, Stream s);
+
+struct AttentionShape {
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  float scale = 1.0f;
+};
+// Causal attention of query rows [0, n) at positions pos0.. over K/V rows 0..pos0 + t (fp32, kv_width
+// floats a row): keys in index order, in tiles of 32 from key 0, so a row's bits depend only on its
+// query, its position and the keys. out[t] at out + t*out_stride, heads side by side.
+void Attention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
+               int64_t pos0, const float* k, const float* v, int64_t kv_width, float* out, int64_t out_stride, Stream s);
+
+}  // namespace anchorage::cuda

@@ -1,0 +1,503 @@
+#include "engine/runtime/cuda_forward.h"
+
+#include <cuda_runtime_api.h>
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "engine/compute/cuda/kernels.h"
+#include "engine/core/bf16.h"
+#include "engine/core/sha256.h"
+
+namespace anchorage {
+
+using cuda::DeviceBuffer;
+
+namespace {
+
+// Rows of logits one lm_head product makes; kAll logits go in runs of this many.
+constexpr int64_t kLogitRows = 64;
+
+int64_t Floats(int64_t n) { return n * static_cast<int64_t>(sizeof(float)); }
+
+}  // namespace
+
+struct CudaForward::Layer {
+  LayerKind kind = LayerKind::kLinearAttention;
+  const float* in_norm = nullptr;    // [H], 1 + w
+  const float* post_norm = nullptr;  // [H], 1 + w
+  Matrix gate, up, down;
+  // GDN.
+  Matrix qkv, z, b, a, out;
+  const float* conv = nullptr;      // [K, conv_dim], tap-major
+  const float* a_exp = nullptr;     // [Nv]
+  const float* dt_bias = nullptr;   // [Nv]
+  const float* gdn_norm = nullptr;  // [dv], plain w
+  // Attention.
+  Matrix q, k, v, o;
+  const float* q_norm = nullptr;  // [hd], 1 + w
+  const float* k_norm = nullptr;
+};
+
+struct CudaForward::Workspace {
+  DeviceBuffer ids;                 // int32 [G]
+  DeviceBuffer x, a, mix;           // [G, H]
+  DeviceBuffer qkv, conv;           // [G, conv_dim]
+  DeviceBuffer z, core;             // [G, Nv*dv]
+  DeviceBuffer bb, aa, beta, g;     // [G, Nv]
+  DeviceBuffer qg;                  // [G, 2*Nh*hd]
+  DeviceBuffer attn;                // [G, Nh*hd]
+  DeviceBuffer gate, up;            // [G, I]
+  DeviceBuffer tail;                // [K-1, conv_dim], the next conv tail
+  DeviceBuffer logits;              // [kLogitRows, V]
+  int64_t bytes = 0;
+};
+
+// ---- DeviceState ----
+
+DeviceState::DeviceState(const ModelConfig& c, cuda::Stream stream)
+    : DeviceState(stream, c.num_key_value_heads * c.head_dim,
+                  c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim,
+                  (c.linear_conv_kernel_dim - 1) * c.conv_dim()) {}
+
+DeviceState::DeviceState(cuda::Stream stream, int64_t kv_width, int64_t recurrent_floats, int64_t tail_floats)
+    : stream_(stream), kv_width_(kv_width), recurrent_floats_(recurrent_floats), tail_floats_(tail_floats) {}
+
+int64_t DeviceState::allocated_bytes() const {
+  int64_t n = 0;
+  for (const auto* list : {&k_, &v_, &recurrent_, &tail_})
+    for (const DeviceBuffer& b : *list) n += static_cast<int64_t>(b.bytes());
+  return n;
+}
+
+Status DeviceState::Reserve(int64_t tokens) {
+  if (tokens <= capacity_) return Status::Ok();
+  const int64_t step = SequenceState::kKvRowStep;
+  const int64_t capacity = (tokens + step - 1) / step * step;
+  std::vector<DeviceBuffer> k, v;
+  for (size_t a = 0; a < k_.size(); ++a) {
+    ASSIGN_OR_RETURN(DeviceBuffer kb, DeviceBuffer::Allocate(static_cast<size_t>(Floats(capacity * kv_width_)), "K rows"));
+    ASSIGN_OR_RETURN(DeviceBuffer vb, DeviceBuffer::Allocate(static_cast<size_t>(Floats(capacity * kv_width_)), "V rows"));
+    RETURN_IF_ERROR(cuda::CopyOnDevice(kb.data(), k_[a].data(), static_cast<size_t>(Floats(length_ * kv_width_)), stream_));
+    RETURN_IF_ERROR(cuda::CopyOnDevice(vb.data(), v_[a].data(), static_cast<size_t>(Floats(length_ * kv_width_)), stream_));
+    k.push_back(std::move(kb));
+    v.push_back(std::move(vb));
+  }
+  RETURN_IF_ERROR(cuda::Synchronize(stream_, "growing a state's K/V rows"));
+  k_ = std::move(k);
+  v_ = std::move(v);
+  capacity_ = capacity;
+  return Status::Ok();
+}
+
+Status DeviceState::Download(SequenceState& host) const {
+  host.Reset();
+  RETURN_IF_ERROR(host.Reserve(length_));
+  if (host.num_attention_layers() != static_cast<int64_t>(k_.size()) || host.num_gdn_layers() != static_cast<int64_t>(recurrent_.size()))
+    return InvalidArgument("DeviceState: the host state belongs to another model");
+  const size_t rows = static_cast<size_t>(Floats(length_ * kv_width_));
+  for (size_t a = 0; a < k_.size(); ++a) {
+    RETURN_IF_ERROR(cuda::CopyToHost(host.k_rows(static_cast<int64_t>(a)), k_[a].data(), rows, stream_));
+    RETURN_IF_ERROR(cuda::CopyToHost(host.v_rows(static_cast<int64_t>(a)), v_[a].data(), rows, stream_));
+  }
+  for (size_t g = 0; g < recurrent_.size(); ++g) {
+    RETURN_IF_ERROR(cuda::CopyToHost(host.recurrent(static_cast<int64_t>(g)), recurrent_[g].data(), recurrent_[g].bytes(), stream_));
+    RETURN_IF_ERROR(cuda::CopyToHost(host.conv_tail(static_cast<int64_t>(g)), tail_[g].data(), tail_[g].bytes(), stream_));
+  }
+  host.SetLength(length_);
+  return Status::Ok();
+}
+
+Status DeviceState::Upload(const SequenceState& host) {
+  if (host.num_attention_layers() != static_cast<int64_t>(k_.size()) || host.num_gdn_layers() != static_cast<int64_t>(recurrent_.size()) ||
+      host.kv_width() != kv_width_)
+    return InvalidArgument("DeviceState: the host state belongs to another model");
+  RETURN_IF_ERROR(Reserve(host.length()));
+  const size_t rows = static_cast<size_t>(Floats(host.length() * kv_width_));
+  for (size_t a = 0; a < k_.size(); ++a) {
+    RETURN_IF_ERROR(cuda::CopyToDevice(k_[a].data(), host.k_rows(static_cast<int64_t>(a)), rows, stream_));
+    RETURN_IF_ERROR(cuda::CopyToDevice(v_[a].data(), host.v_rows(static_cast<int64_t>(a)), rows, stream_));
+  }
+  for (size_t g = 0; g < recurrent_.size(); ++g) {
+    RETURN_IF_ERROR(cuda::CopyToDevice(recurrent_[g].data(), host.recurrent(static_cast<int64_t>(g)), recurrent_[g].bytes(), stream_));
+    RETURN_IF_ERROR(cuda::CopyToDevice(tail_[g].data(), host.conv_tail(static_cast<int64_t>(g)), tail_[g].bytes(), stream_));
+  }
+  length_ = host.length();
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<DeviceState>> DeviceState::Clone() const {
+  std::unique_ptr<DeviceState> copy(new DeviceState(stream_, kv_width_, recurrent_floats_, tail_floats_));
+  const auto duplicate = [this](const std::vector<DeviceBuffer>& from, size_t used, std::vector<DeviceBuffer>& to,
+                                const char* what) -> Status {
+    for (const DeviceBuffer& b : from) {
+      ASSIGN_OR_RETURN(DeviceBuffer d, DeviceBuffer::Allocate(b.bytes(), what));
+      RETURN_IF_ERROR(cuda::CopyOnDevice(d.data(), b.data(), std::min(used, b.bytes()), stream_));
+      to.push_back(std::move(d));
+    }
+    return Status::Ok();
+  };
+  const size_t rows = static_cast<size_t>(Floats(length_ * kv_width_));
+  RETURN_IF_ERROR(duplicate(k_, rows, copy->k_, "K rows"));
+  RETURN_IF_ERROR(duplicate(v_, rows, copy->v_, "V rows"));
+  RETURN_IF_ERROR(duplicate(recurrent_, static_cast<size_t>(Floats(recurrent_floats_)), copy->recurrent_, "a recurrent state"));
+  RETURN_IF_ERROR(duplicate(tail_, static_cast<size_t>(Floats(tail_floats_)), copy->tail_, "a conv tail"));
+  RETURN_IF_ERROR(cuda::Synchronize(stream_, "copying a state"));
+  copy->length_ = length_;
+  copy->capacity_ = capacity_;
+  return copy;
+}
+
+// ---- CudaForward ----
+
+CudaForward::CudaForward(const ModelConfig& config, const CudaForwardOptions& options)
+    : config_(config), options_(options), ws_(std::make_unique<Workspace>()) {}
+
+CudaForward::~CudaForward() {
+  gemm_.reset();
+  logits_gemm_.reset();
+  buffers_.clear();
+  ws_.reset();
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+Result<CudaForward::Matrix> CudaForward::Upload(const TensorView& t, int64_t rows, int64_t cols, const char* role) {
+  if (t.empty()) return NotFound(std::string("CudaForward: missing tensor for ") + role);
+  if (t.numel() != rows * cols)
+    return InvalidArgument("CudaForward: " + t.name + " has " + std::to_string(t.numel()) + " elements, expected " +
+                           std::to_string(rows) + "x" + std::to_string(cols));
+  if (t.dtype == DType::kF8E4M3)
+    return Unsupported("CudaForward: " + t.name + " is F8_E4M3; the CUDA backend multiplies bf16 weights (run FP8 checkpoints on the CPU)");
+  ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(static_cast<size_t>(rows * cols) * 2, t.name));
+  if (t.dtype == DType::kBF16) {
+    RETURN_IF_ERROR(cuda::CopyToDevice(buffer.data(), t.data, t.bytes, stream_));
+  } else {
+    // F16 and F32 matrices are rounded to bf16 once, as the CPU backend does.
+    std::vector<uint16_t> rounded(static_cast<size_t>(rows * cols));
+    for (int64_t i = 0; i < rows * cols; ++i) rounded[static_cast<size_t>(i)] = FloatToBf16(t.At(i));
+    RETURN_IF_ERROR(cuda::CopyToDevice(buffer.data(), rounded.data(), rounded.size() * 2, stream_));
+  }
+  weight_bytes_ += static_cast<int64_t>(buffer.bytes());
+  Matrix m{static_cast<const uint16_t*>(buffer.data()), rows, cols};
+  buffers_.push_back(std::move(buffer));
+  return m;
+}
+
+Result<const float*> CudaForward::UploadFloats(const std::vector<float>& values, const std::string& what) {
+  ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(values.size() * sizeof(float), what));
+  RETURN_IF_ERROR(cuda::CopyToDevice(buffer.data(), values.data(), values.size() * sizeof(float), stream_));
+  const float* p = buffer.floats();
+  buffers_.push_back(std::move(buffer));
+  return p;
+}
+
+Result<const float*> CudaForward::UploadVector(const TensorView& t, int64_t n, float add, const char* role) {
+  if (t.empty()) return NotFound(std::string("CudaForward: missing tensor for ") + role);
+  if (t.numel() != n)
+    return InvalidArgument("CudaForward: " + t.name + " has " + std::to_string(t.numel()) + " elements, expected " + std::to_string(n));
+  std::vector<float> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = add + t.At(i);
+  return UploadFloats(values, t.name);
+}
+
+Result<std::unique_ptr<CudaForward>> CudaForward::Create(const ModelConfig& c, const ModelWeights& w,
+                                                         const CudaForwardOptions& options) {
+  if (options.grid_tokens <= 0 || options.grid_tokens % kExactLineTokens != 0)
+    return InvalidArgument("CudaForward: grid_tokens " + std::to_string(options.grid_tokens) + " is not a positive multiple of 64");
+  if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers || static_cast<int64_t>(c.layer_types.size()) != c.num_hidden_layers)
+    return InvalidArgument("CudaForward: " + std::to_string(w.layers.size()) + " weight layers for " +
+                           std::to_string(c.num_hidden_layers) + " configured layers");
+  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0 || c.linear_num_key_heads <= 0 ||
+      c.linear_num_value_heads % c.linear_num_key_heads != 0)
+    return InvalidArgument("CudaForward: head counts do not group evenly");
+  if (c.head_dim > cuda::kMaxHeadDim)
+    return Unsupported("CudaForward: head_dim " + std::to_string(c.head_dim) + " is above the attention kernel's " +
+                       std::to_string(cuda::kMaxHeadDim));
+  ASSIGN_OR_RETURN(cuda::DeviceInfo device, cuda::FindDevice(options.device));
+  const cuda::DeltaShape delta{c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
+                               c.conv_dim()};
+  if (cuda::GatedDeltaChunkedSharedBytes(delta) > device.shared_bytes_per_block)
+    return Unsupported("CudaForward: the delta rule's chunk needs " + std::to_string(cuda::GatedDeltaChunkedSharedBytes(delta)) +
+                       " bytes of shared memory; " + device.name + " allows " + std::to_string(device.shared_bytes_per_block));
+  RETURN_IF_ERROR(cuda::CudaStatus(cudaSetDevice(options.device), "selecting the device"));
+  std::unique_ptr<CudaForward> f(new CudaForward(c, options));
+  f->device_ = device;
+  cudaStream_t stream = nullptr;
+  RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "creating a stream"));
+  f->stream_ = stream;
+  RETURN_IF_ERROR(f->Init(w));
+  return f;
+}
+
+Status CudaForward::Init(const ModelWeights& w) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim, C = c.conv_dim(), VD = c.value_dim();
+  const int64_t Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, Nv = c.linear_num_value_heads;
+  const int64_t K = c.linear_conv_kernel_dim, G = options_.grid_tokens;
+  ASSIGN_OR_RETURN(embed_, Upload(w.embed_tokens, c.vocab_size, H, "embed_tokens"));
+  if (w.lm_head.data == w.embed_tokens.data) {
+    lm_head_ = embed_;
+  } else {
+    ASSIGN_OR_RETURN(lm_head_, Upload(w.lm_head, c.vocab_size, H, "lm_head"));
+  }
+  ASSIGN_OR_RETURN(final_norm_, UploadVector(w.norm, H, 1.0f, "norm"));
+  {
+    const int64_t rot = c.rotary_dim();
+    std::vector<double> inv_freq;
+    for (int64_t i = 0; i < rot / 2; ++i)
+      inv_freq.push_back(1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(rot)));
+    ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(std::max<size_t>(1, inv_freq.size()) * sizeof(double), "RoPE frequencies"));
+    RETURN_IF_ERROR(cuda::CopyToDevice(buffer.data(), inv_freq.data(), inv_freq.size() * sizeof(double), stream_));
+    inv_freq_ = static_cast<const double*>(buffer.data());
+    buffers_.push_back(std::move(buffer));
+  }
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+    Layer layer;
+    layer.kind = c.layer_types[static_cast<size_t>(l)];
+    ASSIGN_OR_RETURN(layer.in_norm, UploadVector(lw.input_layernorm, H, 1.0f, "input_layernorm"));
+    ASSIGN_OR_RETURN(layer.post_norm, UploadVector(lw.post_attention_layernorm, H, 1.0f, "post_attention_layernorm"));
+    ASSIGN_OR_RETURN(layer.gate, Upload(lw.gate_proj, I, H, "gate_proj"));
+    ASSIGN_OR_RETURN(layer.up, Upload(lw.up_proj, I, H, "up_proj"));
+    ASSIGN_OR_RETURN(layer.down, Upload(lw.down_proj, H, I, "down_proj"));
+    if (layer.kind == LayerKind::kLinearAttention) {
+      const GdnWeights& g = lw.gdn;
+      ASSIGN_OR_RETURN(layer.qkv, Upload(g.in_proj_qkv, C, H, "in_proj_qkv"));
+      ASSIGN_OR_RETURN(layer.z, Upload(g.in_proj_z, VD, H, "in_proj_z"));
+      ASSIGN_OR_RETURN(layer.b, Upload(g.in_proj_b, Nv, H, "in_proj_b"));
+      ASSIGN_OR_RETURN(layer.a, Upload(g.in_proj_a, Nv, H, "in_proj_a"));
+      ASSIGN_OR_RETURN(layer.out, Upload(g.out_proj, H, VD, "out_proj"));
+      if (g.conv1d.empty() || g.conv1d.numel() != C * K) return InvalidArgument("CudaForward: conv1d of layer " + std::to_string(l) + " is missing or mis-shaped");
+      std::vector<float> taps(static_cast<size_t>(C * K));
+      for (int64_t ch = 0; ch < C; ++ch)
+        for (int64_t j = 0; j < K; ++j) taps[static_cast<size_t>(j * C + ch)] = g.conv1d.At(ch * K + j);
+      ASSIGN_OR_RETURN(layer.conv, UploadFloats(taps, g.conv1d.name));
+      if (g.A_log.empty() || g.A_log.numel() != Nv) return InvalidArgument("CudaForward: A_log of layer " + std::to_string(l) + " is missing or mis-shaped");
+      std::vector<float> a_exp;
+      for (int64_t h = 0; h < Nv; ++h) a_exp.push_back(std::exp(g.A_log.At(h)));
+      ASSIGN_OR_RETURN(layer.a_exp, UploadFloats(a_exp, g.A_log.name));
+      ASSIGN_OR_RETURN(layer.dt_bias, UploadVector(g.dt_bias, Nv, 0.0f, "dt_bias"));
+      ASSIGN_OR_RETURN(layer.gdn_norm, UploadVector(g.norm, c.linear_value_head_dim, 0.0f, "linear_attn.norm"));
+    } else {
+      const AttentionWeights& at = lw.attn;
+      ASSIGN_OR_RETURN(layer.q, Upload(at.q_proj, 2 * Nh * hd, H, "q_proj"));
+      ASSIGN_OR_RETURN(layer.k, Upload(at.k_proj, Nkv * hd, H, "k_proj"));
+      ASSIGN_OR_RETURN(layer.v, Upload(at.v_proj, Nkv * hd, H, "v_proj"));
+      ASSIGN_OR_RETURN(layer.o, Upload(at.o_proj, H, Nh * hd, "o_proj"));
+      ASSIGN_OR_RETURN(layer.q_norm, UploadVector(at.q_norm, hd, 1.0f, "q_norm"));
+      ASSIGN_OR_RETURN(layer.k_norm, UploadVector(at.k_norm, hd, 1.0f, "k_norm"));
+    }
+    layers_.push_back(layer);
+  }
+  // Products: every shape's algorithm chosen once for the grid's rows.
+  const int64_t max_k = std::max({H, I, VD, Nh * hd});
+  const int64_t max_n = std::max({H, I, C, VD, 2 * Nh * hd, Nkv * hd});
+  ASSIGN_OR_RETURN(gemm_, cuda::LtGemm::Create(G, max_k, max_n, stream_));
+  ASSIGN_OR_RETURN(logits_gemm_, cuda::LtGemm::Create(kLogitRows, H, c.vocab_size, stream_));
+  RETURN_IF_ERROR(logits_gemm_->Prepare(c.vocab_size, H));
+  for (const Layer& layer : layers_)
+    for (const Matrix* m : {&layer.gate, &layer.up, &layer.down, &layer.qkv, &layer.z, &layer.b, &layer.a, &layer.out, &layer.q,
+                            &layer.k, &layer.v, &layer.o})
+      if (m->w != nullptr) RETURN_IF_ERROR(gemm_->Prepare(m->rows, m->cols));
+  // The workspace for a grid chunk.
+  Workspace& ws = *ws_;
+  const auto make = [&ws](DeviceBuffer& b, int64_t bytes, const char* what) -> Status {
+    ASSIGN_OR_RETURN(b, DeviceBuffer::Allocate(static_cast<size_t>(bytes), what));
+    ws.bytes += bytes;
+    return Status::Ok();
+  };
+  RETURN_IF_ERROR(make(ws.ids, G * 4, "token ids"));
+  for (DeviceBuffer* b : {&ws.x, &ws.a, &ws.mix}) RETURN_IF_ERROR(make(*b, Floats(G * H), "hidden rows"));
+  for (DeviceBuffer* b : {&ws.qkv, &ws.conv}) RETURN_IF_ERROR(make(*b, Floats(G * C), "conv rows"));
+  for (DeviceBuffer* b : {&ws.z, &ws.core}) RETURN_IF_ERROR(make(*b, Floats(G * VD), "value rows"));
+  for (DeviceBuffer* b : {&ws.bb, &ws.aa, &ws.beta, &ws.g}) RETURN_IF_ERROR(make(*b, Floats(G * Nv), "gate rows"));
+  RETURN_IF_ERROR(make(ws.qg, Floats(G * 2 * Nh * hd), "query rows"));
+  RETURN_IF_ERROR(make(ws.attn, Floats(G * Nh * hd), "attention rows"));
+  for (DeviceBuffer* b : {&ws.gate, &ws.up}) RETURN_IF_ERROR(make(*b, Floats(G * I), "MLP rows"));
+  RETURN_IF_ERROR(make(ws.tail, Floats(std::max<int64_t>(1, K - 1) * C), "a conv tail"));
+  RETURN_IF_ERROR(make(ws.logits, Floats(kLogitRows * c.vocab_size), "logits"));
+  return cuda::Synchronize(stream_, "loading the weights");
+}
+
+int64_t CudaForward::decode_weight_bytes() const {
+  return weight_bytes_ - (embed_.w != lm_head_.w ? embed_.rows * embed_.cols * 2 : 0);
+}
+
+int64_t CudaForward::workspace_bytes() const { return ws_->bytes; }
+
+std::string CudaForward::KernelSet() const {
+  int lt_version = static_cast<int>(cublasLtGetVersion());
+  return "cuda-kernels-v1 " + device_.name + " sm_" + std::to_string(device_.sm_major) + std::to_string(device_.sm_minor) +
+         " runtime " + std::to_string(device_.runtime_version) + " cublasLt " + std::to_string(lt_version) + "\n" + gemm_->Describe() +
+         logits_gemm_->Describe();
+}
+
+std::string CudaForward::StateFingerprint(const std::string& model_fingerprint) const {
+  Sha256 h;
+  h.Update("anchorage-state-fingerprint-v1\n" + model_fingerprint + "\n" + KernelSet() + "\n");
+  return h.FinishHex();
+}
+
+Result<std::unique_ptr<DeviceState>> CudaForward::NewState() {
+  const ModelConfig& c = config_;
+  std::unique_ptr<DeviceState> state(new DeviceState(c, stream_));
+  for (LayerKind kind : c.layer_types) {
+    if (kind == LayerKind::kFullAttention) {
+      state->k_.emplace_back();
+      state->v_.emplace_back();
+      continue;
+    }
+    ASSIGN_OR_RETURN(DeviceBuffer r, DeviceBuffer::Allocate(static_cast<size_t>(Floats(state->recurrent_floats_)), "a recurrent state"));
+    ASSIGN_OR_RETURN(DeviceBuffer t, DeviceBuffer::Allocate(static_cast<size_t>(Floats(std::max<int64_t>(1, state->tail_floats_))), "a conv tail"));
+    state->recurrent_.push_back(std::move(r));
+    state->tail_.push_back(std::move(t));
+  }
+  return state;
+}
+
+Status CudaForward::CheckIds(std::span<const int32_t> ids) const {
+  if (ids.empty()) return InvalidArgument("CudaForward: no token ids");
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= config_.vocab_size)
+      return InvalidArgument("CudaForward: token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
+                             " outside vocab " + std::to_string(config_.vocab_size));
+  return Status::Ok();
+}
+
+Result<std::vector<float>> CudaForward::Prefill(DeviceState& state, std::span<const int32_t> ids, LogitsRows rows) {
+  RETURN_IF_ERROR(CheckIds(ids));
+  const int64_t n = static_cast<int64_t>(ids.size());
+  RETURN_IF_ERROR(state.Reserve(state.length() + n));
+  const bool all = rows == LogitsRows::kAll;
+  std::vector<float> logits(static_cast<size_t>((all ? n : 1) * config_.vocab_size));
+  const int64_t G = options_.grid_tokens;
+  int64_t done = 0;
+  while (done < n) {
+    const int64_t pos = state.length();
+    const int64_t m = std::min(pos + (n - done), (pos / G + 1) * G) - pos;
+    const bool last = done + m == n;
+    RETURN_IF_ERROR(cuda::CopyToDevice(ws_->ids.data(), ids.data() + done, static_cast<size_t>(m) * 4, stream_));
+    float* out = all ? logits.data() + done * config_.vocab_size : (last ? logits.data() : nullptr);
+    RETURN_IF_ERROR(RunChunk(state, m, Mode::kChunked, all ? 0 : m - 1, out));
+    done += m;
+  }
+  return logits;
+}
+
+Result<std::vector<float>> CudaForward::Decode(DeviceState& state, int32_t id) {
+  RETURN_IF_ERROR(CheckIds(std::span<const int32_t>(&id, 1)));
+  RETURN_IF_ERROR(state.Reserve(state.length() + 1));
+  std::vector<float> logits(static_cast<size_t>(config_.vocab_size));
+  RETURN_IF_ERROR(cuda::CopyToDevice(ws_->ids.data(), &id, 4, stream_));
+  RETURN_IF_ERROR(RunChunk(state, 1, Mode::kRecurrent, 0, logits.data()));
+  return logits;
+}
+
+Status CudaForward::Product(const Matrix& m, const float* x, int64_t n, float* y, int64_t y_stride, Mode mode) {
+  if (mode == Mode::kRecurrent && y_stride == m.rows) {
+    cuda::Gemv(m.w, m.rows, m.cols, x, n, y, stream_);
+    return Status::Ok();
+  }
+  return gemm_->Run(m.w, m.rows, m.cols, x, n, y, y_stride);
+}
+
+Status CudaForward::RunChunk(DeviceState& state, int64_t n, Mode mode, int64_t first_logit_row, float* logits) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  Workspace& ws = *ws_;
+  float* x = ws.x.floats();
+  float* a = ws.a.floats();
+  cuda::EmbedRows(embed_.w, static_cast<const int32_t*>(ws.ids.data()), n, H, x, stream_);
+  int64_t gi = 0, ai = 0;
+  for (const Layer& layer : layers_) {
+    cuda::RmsNormRows(x, layer.in_norm, n, H, eps, a, stream_);
+    if (layer.kind == LayerKind::kLinearAttention) {
+      RETURN_IF_ERROR(GdnMixer(layer, state, gi++, n, mode));
+    } else {
+      RETURN_IF_ERROR(AttentionMixer(layer, state, ai++, n, mode));
+    }
+    cuda::AddRows(ws.mix.floats(), n * H, x, stream_);
+    cuda::RmsNormRows(x, layer.post_norm, n, H, eps, a, stream_);
+    RETURN_IF_ERROR(Mlp(layer, n, mode));
+    cuda::AddRows(ws.mix.floats(), n * H, x, stream_);
+  }
+  state.length_ += n;
+  if (logits == nullptr) return cuda::Synchronize(stream_, "a forward chunk");
+  // The rows that want logits, kLogitRows at a time.
+  for (int64_t t = first_logit_row; t < n; t += kLogitRows) {
+    const int64_t run = std::min(kLogitRows, n - t);
+    cuda::RmsNormRows(x + t * H, final_norm_, run, H, eps, a, stream_);
+    if (mode == Mode::kRecurrent) {
+      cuda::Gemv(lm_head_.w, V, H, a, run, ws.logits.floats(), stream_);
+    } else {
+      RETURN_IF_ERROR(logits_gemm_->Run(lm_head_.w, V, H, a, run, ws.logits.floats(), V));
+    }
+    RETURN_IF_ERROR(cuda::CopyToHost(logits + (t - first_logit_row) * V, ws.logits.data(), static_cast<size_t>(Floats(run * V)), stream_));
+  }
+  return cuda::Synchronize(stream_, "a forward chunk");
+}
+
+Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int64_t n, Mode mode) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, C = c.conv_dim(), K = c.linear_conv_kernel_dim, Nv = c.linear_num_value_heads;
+  const int64_t dk = c.linear_key_head_dim, VD = c.value_dim();
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  Workspace& ws = *ws_;
+  const float* a = ws.a.floats();
+  RETURN_IF_ERROR(Product(L.qkv, a, n, ws.qkv.floats(), C, mode));
+  RETURN_IF_ERROR(Product(L.z, a, n, ws.z.floats(), VD, mode));
+  RETURN_IF_ERROR(Product(L.b, a, n, ws.bb.floats(), Nv, mode));
+  RETURN_IF_ERROR(Product(L.a, a, n, ws.aa.floats(), Nv, mode));
+  float* tail = state.tail_[static_cast<size_t>(gi)].floats();
+  cuda::ConvSilu(ws.qkv.floats(), tail, L.conv, n, C, K, ws.conv.floats(), stream_);
+  cuda::QkL2Norm(ws.conv.floats(), n, C, c.linear_num_key_heads, dk, eps, 1.0f / std::sqrt(static_cast<float>(dk)), stream_);
+  cuda::BetaAndDecay(ws.bb.floats(), ws.aa.floats(), L.a_exp, L.dt_bias, n, Nv, ws.beta.floats(), ws.g.floats(), stream_);
+  if (K > 1) {
+    cuda::NextTail(ws.qkv.floats(), tail, n, C, K, ws.tail.floats(), stream_);
+    RETURN_IF_ERROR(cuda::CopyOnDevice(tail, ws.tail.data(), static_cast<size_t>(Floats((K - 1) * C)), stream_));
+  }
+  const cuda::DeltaShape shape{c.linear_num_key_heads, Nv, dk, c.linear_value_head_dim, C};
+  float* S = state.recurrent_[static_cast<size_t>(gi)].floats();
+  if (mode == Mode::kChunked) {
+    cuda::GatedDeltaChunked(shape, ws.conv.floats(), ws.beta.floats(), ws.g.floats(), n, state.length(), S, ws.core.floats(), stream_);
+  } else {
+    cuda::GatedDeltaRecurrent(shape, ws.conv.floats(), ws.beta.floats(), ws.g.floats(), n, S, ws.core.floats(), stream_);
+  }
+  cuda::GatedNorm(ws.core.floats(), ws.z.floats(), L.gdn_norm, n, Nv, c.linear_value_head_dim, eps, stream_);
+  return Product(L.out, ws.core.floats(), n, ws.mix.floats(), H, mode);
+}
+
+Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t ai, int64_t n, Mode mode) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t QW = 2 * Nh * hd, KW = Nkv * hd, pos0 = state.length();
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  Workspace& ws = *ws_;
+  const float* a = ws.a.floats();
+  float* k_all = state.k_[static_cast<size_t>(ai)].floats();
+  float* v_all = state.v_[static_cast<size_t>(ai)].floats();
+  RETURN_IF_ERROR(Product(L.q, a, n, ws.qg.floats(), QW, mode));
+  RETURN_IF_ERROR(Product(L.k, a, n, k_all + pos0 * KW, KW, mode));
+  RETURN_IF_ERROR(Product(L.v, a, n, v_all + pos0 * KW, KW, mode));
+  const int64_t half = c.rotary_dim() / 2;
+  cuda::NormRope(ws.qg.floats(), n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, pos0, stream_);
+  cuda::NormRope(k_all + pos0 * KW, n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, pos0, stream_);
+  const cuda::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
+  cuda::Attention(shape, ws.qg.floats(), QW, 2 * hd, n, pos0, k_all, v_all, KW, ws.attn.floats(), Nh * hd, stream_);
+  cuda::SigmoidGate(ws.attn.floats(), ws.qg.floats(), n, Nh, hd, stream_);
+  return Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode);
+}
+
+Status CudaForward::Mlp(const Layer& L, int64_t n, Mode mode) {
+  const int64_t H = config_.hidden_size, I = config_.intermediate_size;
+  Workspace& ws = *ws_;
+  RETURN_IF_ERROR(Product(L.gate, ws.a.floats(), n, ws.gate.floats(), I, mode));
+  RETURN_IF_ERROR(Product(L.up, ws.a.floats(), n, ws.up.floats(), I, mode));
+  cuda::SwiGlu(ws.gate.floats(), ws.up.floats(), n * I, stream_);
+  return Product(L.down, ws.gate.floats(), n, ws.mix.floats(), H, mode);
+}
+
+}  // namespace anchorage

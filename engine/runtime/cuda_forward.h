@@ -1,0 +1,121 @@
+// The forward pass on a CUDA device: grid prefill and decode over a state held in device memory.
+// The same inputs give the same bits on every run; a prefill resumed at any multiple of 64 writes a
+// cold prefill's bits (the delta rule's chunks sit on absolute multiples of 64, every other kernel and
+// the cuBLASLt products are row-invariant). Bits differ from the CPU's: the fingerprint names the
+// backend, the device and the algorithms. Built only where a CUDA toolkit is found.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/compute/cuda/device.h"
+#include "engine/compute/cuda/gemm.h"
+#include "engine/core/status.h"
+#include "engine/model/model_config.h"
+#include "engine/model/weights.h"
+#include "engine/runtime/forward.h"
+#include "engine/runtime/sequence_state.h"
+
+namespace anchorage {
+
+struct CudaForwardOptions {
+  int64_t grid_tokens = 1024;  // prefill chunk G; a positive multiple of 64
+  int device = 0;
+};
+
+// One sequence's state in device memory, laid out as SequenceState's (K/V rows fp32 per attention
+// layer, recurrent state and conv tail per GDN layer). Made by CudaForward::NewState.
+class DeviceState {
+ public:
+  int64_t length() const { return length_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t allocated_bytes() const;
+  // Ensures room for `tokens` rows (whole steps of SequenceState::kKvRowStep), keeping rows below the length.
+  Status Reserve(int64_t tokens);
+  // Replaces host's contents with this state's, and the reverse: how anchors and tiers reach host memory.
+  Status Download(SequenceState& host) const;
+  Status Upload(const SequenceState& host);
+  // A copy in device memory.
+  Result<std::unique_ptr<DeviceState>> Clone() const;
+
+ private:
+  friend class CudaForward;
+  DeviceState(const ModelConfig& config, cuda::Stream stream);
+  DeviceState(cuda::Stream stream, int64_t kv_width, int64_t recurrent_floats, int64_t tail_floats);
+
+  cuda::Stream stream_ = nullptr;
+  int64_t kv_width_ = 0, recurrent_floats_ = 0, tail_floats_ = 0;
+  int64_t length_ = 0, capacity_ = 0;
+  std::vector<cuda::DeviceBuffer> k_, v_, recurrent_, tail_;
+};
+
+class CudaForward {
+ public:
+  // Finds the device, copies every matrix there as bf16 (F16/F32 rounded once, as on the CPU) and
+  // chooses the products' algorithms. FP8 matrices are refused: this backend multiplies bf16.
+  static Result<std::unique_ptr<CudaForward>> Create(const ModelConfig& config, const ModelWeights& weights,
+                                                     const CudaForwardOptions& options);
+  ~CudaForward();
+
+  Result<std::unique_ptr<DeviceState>> NewState();
+  // Appends ids in chunks that end on multiples of grid_tokens; returns fp32 logits of the last row
+  // (kLast) or of every row (kAll). The state's length moves only when the whole call succeeded.
+  Result<std::vector<float>> Prefill(DeviceState& state, std::span<const int32_t> ids, LogitsRows rows = LogitsRows::kLast);
+  // Appends one token with the one-token recurrence and one-row products; returns its logits.
+  Result<std::vector<float>> Decode(DeviceState& state, int32_t id);
+
+  // What states computed here depend on: backend, device, CUDA and cuBLASLt versions, the algorithms.
+  std::string KernelSet() const;
+  // A cache's key for states of this backend (hex sha256), as Forward::StateFingerprint is for the CPU's.
+  std::string StateFingerprint(const std::string& model_fingerprint) const;
+  const cuda::DeviceInfo& device() const { return device_; }
+  const ModelConfig& config() const { return config_; }
+  int64_t grid_tokens() const { return options_.grid_tokens; }
+  int64_t weight_bytes() const { return weight_bytes_; }
+  // Bytes a decoded token reads: every matrix but an untied embedding.
+  int64_t decode_weight_bytes() const;
+  int64_t workspace_bytes() const;
+
+ private:
+  struct Matrix {
+    const uint16_t* w = nullptr;  // bf16 [rows, cols] row-major, device
+    int64_t rows = 0, cols = 0;
+  };
+  struct Layer;
+  struct Workspace;
+  enum class Mode { kChunked, kRecurrent };
+
+  CudaForward(const ModelConfig& config, const CudaForwardOptions& options);
+  Status Init(const ModelWeights& weights);
+  Result<Matrix> Upload(const TensorView& t, int64_t rows, int64_t cols, const char* role);
+  Result<const float*> UploadVector(const TensorView& t, int64_t n, float add, const char* role);
+  Result<const float*> UploadFloats(const std::vector<float>& values, const std::string& what);
+  Status CheckIds(std::span<const int32_t> ids) const;
+
+  // y = x m^T for n rows: cuBLASLt split products in chunked mode, the warp-a-row GEMV in recurrent mode.
+  Status Product(const Matrix& m, const float* x, int64_t n, float* y, int64_t y_stride, Mode mode);
+  // Runs n ids already in the workspace at positions state.length()..; logits of rows [first, n) to host.
+  Status RunChunk(DeviceState& state, int64_t n, Mode mode, int64_t first_logit_row, float* logits);
+  Status GdnMixer(const Layer& layer, DeviceState& state, int64_t gi, int64_t n, Mode mode);
+  Status AttentionMixer(const Layer& layer, DeviceState& state, int64_t ai, int64_t n, Mode mode);
+  Status Mlp(const Layer& layer, int64_t n, Mode mode);
+
+  ModelConfig config_;
+  CudaForwardOptions options_;
+  cuda::DeviceInfo device_;
+  cuda::Stream stream_ = nullptr;
+  std::unique_ptr<cuda::LtGemm> gemm_;         // rows up to the grid
+  std::unique_ptr<cuda::LtGemm> logits_gemm_;  // lm_head, up to kLogitRows rows a call
+  std::vector<cuda::DeviceBuffer> buffers_;    // weights and vectors
+  std::vector<Layer> layers_;
+  Matrix embed_, lm_head_;
+  const float* final_norm_ = nullptr;
+  const double* inv_freq_ = nullptr;
+  std::unique_ptr<Workspace> ws_;
+  int64_t weight_bytes_ = 0;
+};
+
+}  // namespace anchorage

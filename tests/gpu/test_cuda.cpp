@@ -1,0 +1,355 @@
+// The CUDA backend against the CPU backend and against itself: kernels within bounds derived from
+// their arithmetic, the whole forward within 1e-3 of the CPU's, resume at every 64-line bit-equal to
+// a cold prefill, rows independent of the call, and the same run twice giving the same bits.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/compute/cpu/attention.h"
+#include "engine/compute/cpu/gated_delta.h"
+#include "engine/compute/cuda/device.h"
+#include "engine/compute/cuda/gemm.h"
+#include "engine/compute/cuda/kernels.h"
+#include "engine/core/bf16.h"
+#include "engine/core/thread_pool.h"
+#include "engine/runtime/cuda_forward.h"
+#include "engine/runtime/forward.h"
+#include "gpu_check.h"
+#include "../engine/test_runtime_util.h"
+
+namespace {
+
+using namespace anchorage;
+using gpu_check::Failure;
+using gpu_check::Must;
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+template <typename T>
+cuda::DeviceBuffer ToDevice(const std::vector<T>& host) {
+  auto buffer = Must(cuda::DeviceBuffer::Allocate(host.size() * sizeof(T), "test data"), "allocating");
+  Must(cuda::CopyToDevice(buffer.data(), host.data(), host.size() * sizeof(T), nullptr), "copying to the device");
+  return buffer;
+}
+
+std::vector<float> ToHost(const cuda::DeviceBuffer& buffer, size_t floats) {
+  std::vector<float> host(floats);
+  Must(cuda::CopyToHost(host.data(), buffer.data(), floats * sizeof(float), nullptr), "copying to the host");
+  return host;
+}
+
+float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) throw Failure{"sizes differ: " + std::to_string(a.size()) + " vs " + std::to_string(b.size())};
+  float m = 0.0f;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::string TempDir(const std::string& name) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("anchorage-test-cuda-" + name)).string();
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// y = x W^T through the split products: within sum|w x| (2^-17 + (K + 2) 2^-23) of the double
+// product, and each row's bits those of a one-row call.
+void GemmMatchesReferenceAndRowsAreIndependent() {
+  const int64_t N = 328, K = 264;
+  std::vector<float> wf = RandomFloats(static_cast<size_t>(N * K), 1);
+  std::vector<uint16_t> w(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) w[i] = FloatToBf16(wf[i]);
+  auto gemm = Must(cuda::LtGemm::Create(128, K, N, nullptr), "creating the GEMM");
+  Must(gemm->Prepare(N, K), "choosing the algorithm");
+  cuda::DeviceBuffer dw = ToDevice(w);
+  for (int64_t n : {1, 2, 3, 17, 100, 128}) {
+    std::vector<float> x = RandomFloats(static_cast<size_t>(n * K), 100 + static_cast<uint32_t>(n), -3.0f, 3.0f);
+    cuda::DeviceBuffer dx = ToDevice(x);
+    auto dy = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(n * N) * 4, "y"), "allocating");
+    Must(gemm->Run(static_cast<const uint16_t*>(dw.data()), N, K, dx.floats(), n, dy.floats(), N), "running");
+    Must(cuda::Synchronize(nullptr, "the product"), "synchronizing");
+    const std::vector<float> y = ToHost(dy, static_cast<size_t>(n * N));
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t j = 0; j < N; ++j) {
+        double exact = 0.0, magnitude = 0.0;
+        for (int64_t i = 0; i < K; ++i) {
+          const double p = static_cast<double>(Bf16ToFloat(w[static_cast<size_t>(j * K + i)])) * x[static_cast<size_t>(t * K + i)];
+          exact += p;
+          magnitude += std::fabs(p);
+        }
+        const double bound = magnitude * (std::ldexp(1.0, -17) + (K + 2) * std::ldexp(1.0, -23));
+        GPU_CHECK_MSG(std::fabs(y[static_cast<size_t>(t * N + j)] - exact) <= bound,
+                      "row " + std::to_string(t) + " col " + std::to_string(j) + " of " + std::to_string(n));
+      }
+      // The same row alone.
+      std::vector<float> row(x.begin() + t * K, x.begin() + (t + 1) * K);
+      cuda::DeviceBuffer drow = ToDevice(row);
+      auto dsingle = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(N) * 4, "y"), "allocating");
+      Must(gemm->Run(static_cast<const uint16_t*>(dw.data()), N, K, drow.floats(), 1, dsingle.floats(), N), "running");
+      const std::vector<float> single = ToHost(dsingle, static_cast<size_t>(N));
+      GPU_CHECK_MSG(std::memcmp(single.data(), y.data() + t * N, static_cast<size_t>(N) * 4) == 0,
+                    "row " + std::to_string(t) + " of " + std::to_string(n) + " differs from the one-row call");
+    }
+  }
+}
+
+// The decode GEMV: fp32 products of bf16 weights, within sum|w x| K 2^-23 of double.
+void GemvMatchesReference() {
+  const int64_t N = 77, K = 520;
+  std::vector<float> wf = RandomFloats(static_cast<size_t>(N * K), 2);
+  std::vector<uint16_t> w(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) w[i] = FloatToBf16(wf[i]);
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(K), 3, -2.0f, 2.0f);
+  cuda::DeviceBuffer dw = ToDevice(w), dx = ToDevice(x);
+  auto dy = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(N) * 4, "y"), "allocating");
+  cuda::Gemv(static_cast<const uint16_t*>(dw.data()), N, K, dx.floats(), 1, dy.floats(), nullptr);
+  Must(cuda::Synchronize(nullptr, "the GEMV"), "synchronizing");
+  const std::vector<float> y = ToHost(dy, static_cast<size_t>(N));
+  for (int64_t j = 0; j < N; ++j) {
+    double exact = 0.0, magnitude = 0.0;
+    for (int64_t i = 0; i < K; ++i) {
+      const double p = static_cast<double>(Bf16ToFloat(w[static_cast<size_t>(j * K + i)])) * x[static_cast<size_t>(i)];
+      exact += p;
+      magnitude += std::fabs(p);
+    }
+    GPU_CHECK_MSG(std::fabs(y[static_cast<size_t>(j)] - exact) <= magnitude * K * std::ldexp(1.0, -23), "row " + std::to_string(j));
+  }
+}
+
+// Inputs of the delta rule as the conv leaves them: q and k L2-normalised (q also / sqrt(dk)).
+struct DeltaCase {
+  cuda::DeltaShape shape{2, 4, 128, 128, 0};
+  int64_t n = 150;
+  std::vector<float> conv, beta, g;
+  DeltaCase() {
+    shape.channels = 2 * shape.key_heads * shape.dk + shape.value_heads * shape.dv;
+    conv = RandomFloats(static_cast<size_t>(n * shape.channels), 7);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < 2 * shape.key_heads; ++h) {
+        float* v = conv.data() + t * shape.channels + h * shape.dk;
+        double sq = 0.0;
+        for (int64_t i = 0; i < shape.dk; ++i) sq += v[i] * v[i];
+        const float scale = static_cast<float>(1.0 / std::sqrt(sq)) * (h < shape.key_heads ? 1.0f / std::sqrt(128.0f) : 1.0f);
+        for (int64_t i = 0; i < shape.dk; ++i) v[i] *= scale;
+      }
+    beta = RandomFloats(static_cast<size_t>(n * shape.value_heads), 8, 0.05f, 0.95f);
+    g = RandomFloats(static_cast<size_t>(n * shape.value_heads), 9, -0.5f, -0.001f);
+  }
+  cpu::DeltaInputs Inputs(int64_t t, int64_t h) const {
+    const int64_t kh = h / (shape.value_heads / shape.key_heads), KD = shape.key_heads * shape.dk;
+    cpu::DeltaInputs in;
+    in.q = conv.data() + t * shape.channels + kh * shape.dk;
+    in.k = conv.data() + t * shape.channels + KD + kh * shape.dk;
+    in.v = conv.data() + t * shape.channels + 2 * KD + h * shape.dv;
+    in.q_stride = in.k_stride = in.v_stride = shape.channels;
+    in.beta = beta.data() + t * shape.value_heads + h;
+    in.g = g.data() + t * shape.value_heads + h;
+    in.beta_stride = in.g_stride = shape.value_heads;
+    return in;
+  }
+};
+
+// The chunked and recurrent delta rule against the CPU's, chunks on the same absolute lines.
+void GatedDeltaMatchesCpu() {
+  const DeltaCase c;
+  const cuda::DeltaShape& sh = c.shape;
+  const int64_t VD = sh.value_heads * sh.dv, state_floats = sh.value_heads * sh.dk * sh.dv;
+  const std::vector<float> state0 = RandomFloats(static_cast<size_t>(state_floats), 10, -0.1f, 0.1f);
+  for (bool chunked : {true, false}) {
+    const int64_t pos0 = 37;
+    std::vector<float> cpu_state = state0, cpu_out(static_cast<size_t>(c.n * VD));
+    for (int64_t h = 0; h < sh.value_heads; ++h) {
+      float* S = cpu_state.data() + h * sh.dk * sh.dv;
+      for (int64_t t = 0; t < c.n;) {
+        const int64_t m = chunked ? std::min(c.n - t, 64 - (pos0 + t) % 64) : c.n - t;
+        if (chunked) cpu::GatedDeltaChunk(c.Inputs(t, h), m, sh.dk, sh.dv, S, cpu_out.data() + t * VD + h * sh.dv, VD);
+        else cpu::GatedDeltaRecurrent(c.Inputs(t, h), m, sh.dk, sh.dv, S, cpu_out.data() + t * VD + h * sh.dv, VD);
+        t += m;
+      }
+    }
+    cuda::DeviceBuffer dconv = ToDevice(c.conv), dbeta = ToDevice(c.beta), dg = ToDevice(c.g), dstate = ToDevice(state0);
+    auto dout = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(c.n * VD) * 4, "out"), "allocating");
+    if (chunked) cuda::GatedDeltaChunked(sh, dconv.floats(), dbeta.floats(), dg.floats(), c.n, pos0, dstate.floats(), dout.floats(), nullptr);
+    else cuda::GatedDeltaRecurrent(sh, dconv.floats(), dbeta.floats(), dg.floats(), c.n, dstate.floats(), dout.floats(), nullptr);
+    Must(cuda::Synchronize(nullptr, "the delta rule"), "synchronizing");
+    const float out_diff = MaxAbsDiff(ToHost(dout, cpu_out.size()), cpu_out);
+    const float state_diff = MaxAbsDiff(ToHost(dstate, cpu_state.size()), cpu_state);
+    std::printf("       delta rule (%s): max |out diff| %.3g, max |state diff| %.3g\n", chunked ? "chunked" : "recurrent", out_diff, state_diff);
+    GPU_CHECK(out_diff <= 1e-4f);
+    GPU_CHECK(state_diff <= 1e-4f);
+  }
+}
+
+// Prefill attention against the CPU's, and each query row's bits those of a call of that row alone.
+void AttentionMatchesCpuAndRowsAreIndependent() {
+  const cuda::AttentionShape shape{4, 2, 256, 1.0f / 16.0f};
+  const int64_t pos0 = 45, n = 70, KW = shape.kv_heads * shape.head_dim, QW = 2 * shape.heads * shape.head_dim;
+  const std::vector<float> q = RandomFloats(static_cast<size_t>(n * QW), 11, -2.0f, 2.0f);
+  const std::vector<float> k = RandomFloats(static_cast<size_t>((pos0 + n) * KW), 12, -2.0f, 2.0f);
+  const std::vector<float> v = RandomFloats(static_cast<size_t>((pos0 + n) * KW), 13);
+  const int64_t OW = shape.heads * shape.head_dim;
+  std::vector<float> cpu_out(static_cast<size_t>(n * OW));
+  ThreadPool pool(1);
+  const cpu::AttentionShape cpu_shape{shape.heads, shape.kv_heads, shape.head_dim, shape.scale};
+  cpu::AttentionPrefill(pool, cpu_shape, q.data(), QW, 2 * shape.head_dim, n, pos0, cpu::KvSource{k.data(), v.data(), KW},
+                        cpu_out.data(), OW);
+  cuda::DeviceBuffer dq = ToDevice(q), dk = ToDevice(k), dv = ToDevice(v);
+  auto dout = Must(cuda::DeviceBuffer::Allocate(cpu_out.size() * 4, "out"), "allocating");
+  cuda::Attention(shape, dq.floats(), QW, 2 * shape.head_dim, n, pos0, dk.floats(), dv.floats(), KW, dout.floats(), OW, nullptr);
+  Must(cuda::Synchronize(nullptr, "attention"), "synchronizing");
+  const std::vector<float> out = ToHost(dout, cpu_out.size());
+  const float diff = MaxAbsDiff(out, cpu_out);
+  std::printf("       attention: max |diff| %.3g\n", diff);
+  GPU_CHECK(diff <= 1e-5f);
+  for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{31}, n - 1}) {
+    auto drow = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(OW) * 4, "row"), "allocating");
+    cuda::Attention(shape, dq.floats() + t * QW, QW, 2 * shape.head_dim, 1, pos0 + t, dk.floats(), dv.floats(), KW, drow.floats(), OW,
+                    nullptr);
+    const std::vector<float> row = ToHost(drow, static_cast<size_t>(OW));
+    GPU_CHECK_MSG(std::memcmp(row.data(), out.data() + t * OW, static_cast<size_t>(OW) * 4) == 0, "query row " + std::to_string(t));
+  }
+}
+
+struct Pair {
+  std::unique_ptr<testing::LoadedWeights> model;
+  std::unique_ptr<Forward> cpu;
+  std::unique_ptr<CudaForward> gpu;
+};
+
+Pair Load(TinyModelSize size, int64_t grid = 1024) {
+  Pair p;
+  p.model = Must(testing::MakeModel(size, 5, TempDir(TinyModelSizeName(size))), "generating the model");
+  ForwardOptions cpu_options;
+  cpu_options.grid_tokens = grid;
+  p.cpu = Must(Forward::Create(p.model->config, p.model->weights, cpu_options), "creating the CPU forward");
+  CudaForwardOptions gpu_options;
+  gpu_options.grid_tokens = grid;
+  p.gpu = Must(CudaForward::Create(p.model->config, p.model->weights, gpu_options), "creating the CUDA forward");
+  return p;
+}
+
+// Prefill and decode logits within tolerance of the CPU forward's.
+void ForwardMatchesCpu(TinyModelSize size, float tolerance) {
+  Pair p = Load(size);
+  const std::vector<int32_t> ids = testing::RandomIds(300, p.model->config.vocab_size, 21);
+  SequenceState cpu_state(p.model->config);
+  auto gpu_state = Must(p.gpu->NewState(), "a device state");
+  std::vector<float> cpu_logits = Must(p.cpu->Prefill(cpu_state, ids, LogitsRows::kAll), "CPU prefill");
+  std::vector<float> gpu_logits = Must(p.gpu->Prefill(*gpu_state, ids, LogitsRows::kAll), "GPU prefill");
+  float worst = MaxAbsDiff(cpu_logits, gpu_logits);
+  for (int32_t id : {3, 17, 99, 5}) {
+    cpu_logits = Must(p.cpu->Decode(cpu_state, id), "CPU decode");
+    gpu_logits = Must(p.gpu->Decode(*gpu_state, id), "GPU decode");
+    worst = std::max(worst, MaxAbsDiff(cpu_logits, gpu_logits));
+  }
+  std::printf("       %s: max |logit diff| vs CPU over a 300-token prefill and 4 decodes: %.3g\n", TinyModelSizeName(size), worst);
+  GPU_CHECK(worst <= tolerance);
+}
+
+// Resumed at every 64-line of a 700-token prompt (through a host copy of the state, as an anchor
+// travels), the state and the last logits equal a cold prefill's bit for bit.
+void ResumeAtEvery64LineIsBitEqual(TinyModelSize size, int64_t grid) {
+  Pair p = Load(size, grid);
+  const ModelConfig& c = p.model->config;
+  const std::vector<int32_t> ids = testing::RandomIds(700, c.vocab_size, 31);
+  auto cold = Must(p.gpu->NewState(), "a device state");
+  const std::vector<float> cold_logits = Must(p.gpu->Prefill(*cold, ids), "cold prefill");
+  SequenceState cold_host(c);
+  Must(cold->Download(cold_host), "downloading");
+  for (int64_t line = 64; line < 700; line += 64) {
+    auto first = Must(p.gpu->NewState(), "a device state");
+    Must(p.gpu->Prefill(*first, std::span(ids).first(static_cast<size_t>(line))), "prefill to the line");
+    SequenceState anchor(c);
+    Must(first->Download(anchor), "downloading the anchor");
+    auto resumed = Must(p.gpu->NewState(), "a device state");
+    Must(resumed->Upload(anchor), "uploading the anchor");
+    const std::vector<float> logits = Must(p.gpu->Prefill(*resumed, std::span(ids).subspan(static_cast<size_t>(line))), "resume");
+    SequenceState host(c);
+    Must(resumed->Download(host), "downloading");
+    GPU_CHECK_MSG(host.BitEqual(cold_host), "state resumed at " + std::to_string(line));
+    GPU_CHECK_MSG(SameBits(logits, cold_logits), "logits resumed at " + std::to_string(line));
+  }
+}
+
+// The same prefill and decodes twice: the same bits.
+void SameRunTwiceIsBitEqual() {
+  Pair p = Load(TinyModelSize::kSmall);
+  const std::vector<int32_t> ids = testing::RandomIds(333, p.model->config.vocab_size, 41);
+  std::vector<std::vector<float>> runs[2];
+  SequenceState hosts[2] = {SequenceState(p.model->config), SequenceState(p.model->config)};
+  for (int r = 0; r < 2; ++r) {
+    auto state = Must(p.gpu->NewState(), "a device state");
+    runs[r].push_back(Must(p.gpu->Prefill(*state, ids, LogitsRows::kAll), "prefill"));
+    for (int32_t id : {1, 2, 3, 4, 5, 6, 7, 8}) runs[r].push_back(Must(p.gpu->Decode(*state, id), "decode"));
+    auto copy = Must(state->Clone(), "cloning");
+    Must(copy->Download(hosts[r]), "downloading");
+  }
+  for (size_t i = 0; i < runs[0].size(); ++i) GPU_CHECK_MSG(SameBits(runs[0][i], runs[1][i]), "call " + std::to_string(i));
+  GPU_CHECK(hosts[0].BitEqual(hosts[1]));
+}
+
+void Fp8IsRefusedByName() {
+  auto model = Must(testing::MakeModel(TinyModelSize::kTiny, 5, TempDir("fp8"), GeneratedDtype::kFp8), "generating");
+  auto gpu = CudaForward::Create(model->config, model->weights, CudaForwardOptions{});
+  GPU_CHECK(!gpu.ok());
+  GPU_CHECK_MSG(gpu.status().message().find("F8_E4M3") != std::string::npos, gpu.status().message());
+}
+
+void FingerprintNamesTheBackend() {
+  Pair p = Load(TinyModelSize::kTiny);
+  const std::string kernels = p.gpu->KernelSet();
+  std::printf("       kernel set: %s", kernels.c_str());
+  GPU_CHECK(kernels.find(p.gpu->device().name) != std::string::npos);
+  GPU_CHECK(p.gpu->StateFingerprint("model") != Forward::StateFingerprint("model"));
+  GPU_CHECK(p.gpu->StateFingerprint("model") != p.gpu->StateFingerprint("other model"));
+}
+
+}  // namespace
+
+int main() {
+  auto device = cuda::FindDevice(0);
+  if (!device.ok()) {
+    // Without a device the backend must say why, not crash: the engine then runs on the CPU.
+    auto model = testing::MakeModel(TinyModelSize::kTiny, 5, TempDir("nodevice"));
+    if (!model.ok()) {
+      std::printf("FAIL   generating the tiny model: %s\n", model.status().message().c_str());
+      return 1;
+    }
+    auto gpu = CudaForward::Create((*model)->config, (*model)->weights, CudaForwardOptions{});
+    if (gpu.ok() || gpu.status().message() != device.status().message()) {
+      std::printf("FAIL   CudaForward::Create without a device: %s\n", gpu.ok() ? "succeeded" : gpu.status().message().c_str());
+      return 1;
+    }
+    std::printf("SKIP   every GPU case: %s\n", device.status().message().c_str());
+    return gpu_check::kSkipped;
+  }
+  std::printf("device: %s\n", device->Describe().c_str());
+  return gpu_check::RunCases({
+      {"gemm matches the double reference; rows independent of the call", GemmMatchesReferenceAndRowsAreIndependent},
+      {"gemv matches the double reference", GemvMatchesReference},
+      {"gated delta rule matches the CPU's", GatedDeltaMatchesCpu},
+      {"attention matches the CPU's; rows independent of the call", AttentionMatchesCpuAndRowsAreIndependent},
+      {"tiny forward within 1e-3 of the CPU's", [] { ForwardMatchesCpu(TinyModelSize::kTiny, 1e-3f); }},
+      {"small forward within 1e-3 of the CPU's", [] { ForwardMatchesCpu(TinyModelSize::kSmall, 1e-3f); }},
+      {"tiny: resume at every 64-line is bit-equal (grid 1024)", [] { ResumeAtEvery64LineIsBitEqual(TinyModelSize::kTiny, 1024); }},
+      {"small: resume at every 64-line is bit-equal (grid 256)", [] { ResumeAtEvery64LineIsBitEqual(TinyModelSize::kSmall, 256); }},
+      {"the same run twice is bit-equal", SameRunTwiceIsBitEqual},
+      {"FP8 weights are refused by name", Fp8IsRefusedByName},
+      {"the fingerprint names the backend", FingerprintNamesTheBackend},
+  });
+}

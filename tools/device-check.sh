@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU checks in one run, on the lent GPU machine, from the repository root (issue 19):
+#  1. builds the engine-only set (no Qt; nlohmann/json from .device/include, see tools/device-prep.sh),
+#  2. runs the GPU tests (kernels and forward against the CPU, resume bit-equality, determinism),
+#  3. compares the GPU and CPU logits with Hugging Face transformers' Qwen3.5 on the generated `small`,
+#  4. runs the GPU benchmark on `small` and on random weights of Qwen3.5-0.8B's and 4B's shapes.
+# Each step has its own time limit and the script goes on after a failure; the whole stays under 8
+# minutes. Logs go to $OUT (or /tmp/device-check).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/device-check}
+mkdir -p "$OUT"
+B=build-gpu
+status=0
+started=$(date +%s)
+step() {  # step NAME SECONDS COMMAND...: runs it with a limit, logs to $OUT/NAME.log, keeps the worst exit code
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (limit ${limit}s, at $(( $(date +%s) - started ))s)"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 40 "$OUT/$name.log"
+  echo "== $name: exit $rc"
+  [ $rc -ne 0 ] && status=1
+  return $rc
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+json=.device/include
+[ -f "$json/nlohmann/json.hpp" ] || { echo "missing $json/nlohmann/json.hpp: run tools/device-prep.sh here and carry .device"; exit 1; }
+
+step configure 120 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DANCHORAGE_ENGINE_ONLY=ON \
+  -DANCHORAGE_JSON_INCLUDE="$PWD/$json" -DCMAKE_CUDA_ARCHITECTURES=90 || exit 1
+step build 240 cmake --build "$B" -j "$(nproc)" || exit 1
+step gpu-tests 150 "$B/tests/gpu/anchorage-test-cuda"
+
+step make-small 60 "$B/anchorage-tool" make-model --size small --seed 1 "$OUT/small"
+if step hf-logits 120 python3 tools/hf_logits.py "$OUT/small" "$OUT/ids.txt" "$OUT/hf-logits.f32"; then
+  step compare-hf 60 "$B/tests/gpu/anchorage-bench-gpu" --model-dir "$OUT/small" --compare "$OUT/ids.txt" "$OUT/hf-logits.f32"
+fi
+
+step bench-small 60 "$B/tests/gpu/anchorage-bench-gpu" --model-dir "$OUT/small" --max-tokens 32768
+step bench-0.8b 90 "$B/tests/gpu/anchorage-bench-gpu" --shape 0.8b --max-tokens 32768
+step bench-4b 120 "$B/tests/gpu/anchorage-bench-gpu" --shape 4b --max-tokens 32768
+echo "== done in $(( $(date +%s) - started ))s, status $status"
+exit $status
