@@ -36,9 +36,12 @@ step build 240 cmake --build "$B" -j "$(nproc)" || exit 1
 step gpu-tests 150 "$B/tests/gpu/anchorage-test-cuda"
 
 step make-small 60 "$B/anchorage-tool" make-model --size small --seed 1 "$OUT/small"
-if step hf-logits 120 python3 tools/hf_logits.py "$OUT/small" "$OUT/ids.txt" "$OUT/hf-logits.f32"; then
-  step compare-hf 60 "$B/tests/gpu/anchorage-bench-gpu" --model-dir "$OUT/small" --compare "$OUT/ids.txt" "$OUT/hf-logits.f32"
-fi
+before_hf=$status
+step hf-logits 120 python3 tools/hf_logits.py "$OUT/small" "$OUT/ids.txt" "$OUT/hf-logits.f32"
+case $? in
+  0) step compare-hf 60 "$B/tests/gpu/anchorage-bench-gpu" --model-dir "$OUT/small" --compare "$OUT/ids.txt" "$OUT/hf-logits.f32" ;;
+  3) echo "== transformers does not know this architecture: no comparison (not a failure of ours)"; status=$before_hf ;;
+esac
 
 step bench-small 60 "$B/tests/gpu/anchorage-bench-gpu" --model-dir "$OUT/small" --max-tokens 32768
 step bench-0.8b 90 "$B/tests/gpu/anchorage-bench-gpu" --shape 0.8b --max-tokens 32768

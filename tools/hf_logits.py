@@ -26,7 +26,10 @@ def main():
     ids = [3 + (i * 2654435761) % (vocab - 16) for i in range(tokens)]
     with open(ids_out, "w") as f:
         f.write(" ".join(str(i) for i in ids) + "\n")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    # fp32 on the CPU: no TF32 products and no fused kernels between us and the reference.
+    device = "cpu"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
     model.to(device).eval()
     print(f"model class {type(model).__name__} on {device}")

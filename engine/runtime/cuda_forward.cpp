@@ -92,28 +92,32 @@ Status DeviceState::Reserve(int64_t tokens) {
   return Status::Ok();
 }
 
+bool DeviceState::Matches(const SequenceState& host) const {
+  return host.num_attention_layers() == static_cast<int64_t>(k_.size()) &&
+         host.num_gdn_layers() == static_cast<int64_t>(recurrent_.size()) && host.kv_width() == kv_width_ &&
+         host.recurrent_floats() == recurrent_floats_ && host.tail_floats() == tail_floats_;
+}
+
 Status DeviceState::Download(SequenceState& host) const {
+  if (!Matches(host)) return InvalidArgument("DeviceState: the host state belongs to another model");
   host.Reset();
   RETURN_IF_ERROR(host.Reserve(length_));
-  if (host.num_attention_layers() != static_cast<int64_t>(k_.size()) || host.num_gdn_layers() != static_cast<int64_t>(recurrent_.size()))
-    return InvalidArgument("DeviceState: the host state belongs to another model");
   const size_t rows = static_cast<size_t>(Floats(length_ * kv_width_));
   for (size_t a = 0; a < k_.size(); ++a) {
     RETURN_IF_ERROR(cuda::CopyToHost(host.k_rows(static_cast<int64_t>(a)), k_[a].data(), rows, stream_));
     RETURN_IF_ERROR(cuda::CopyToHost(host.v_rows(static_cast<int64_t>(a)), v_[a].data(), rows, stream_));
   }
   for (size_t g = 0; g < recurrent_.size(); ++g) {
-    RETURN_IF_ERROR(cuda::CopyToHost(host.recurrent(static_cast<int64_t>(g)), recurrent_[g].data(), recurrent_[g].bytes(), stream_));
-    RETURN_IF_ERROR(cuda::CopyToHost(host.conv_tail(static_cast<int64_t>(g)), tail_[g].data(), tail_[g].bytes(), stream_));
+    const auto gi = static_cast<int64_t>(g);
+    RETURN_IF_ERROR(cuda::CopyToHost(host.recurrent(gi), recurrent_[g].data(), static_cast<size_t>(Floats(recurrent_floats_)), stream_));
+    RETURN_IF_ERROR(cuda::CopyToHost(host.conv_tail(gi), tail_[g].data(), static_cast<size_t>(Floats(tail_floats_)), stream_));
   }
   host.SetLength(length_);
   return Status::Ok();
 }
 
 Status DeviceState::Upload(const SequenceState& host) {
-  if (host.num_attention_layers() != static_cast<int64_t>(k_.size()) || host.num_gdn_layers() != static_cast<int64_t>(recurrent_.size()) ||
-      host.kv_width() != kv_width_)
-    return InvalidArgument("DeviceState: the host state belongs to another model");
+  if (!Matches(host)) return InvalidArgument("DeviceState: the host state belongs to another model");
   RETURN_IF_ERROR(Reserve(host.length()));
   const size_t rows = static_cast<size_t>(Floats(host.length() * kv_width_));
   for (size_t a = 0; a < k_.size(); ++a) {
@@ -121,9 +125,11 @@ Status DeviceState::Upload(const SequenceState& host) {
     RETURN_IF_ERROR(cuda::CopyToDevice(v_[a].data(), host.v_rows(static_cast<int64_t>(a)), rows, stream_));
   }
   for (size_t g = 0; g < recurrent_.size(); ++g) {
-    RETURN_IF_ERROR(cuda::CopyToDevice(recurrent_[g].data(), host.recurrent(static_cast<int64_t>(g)), recurrent_[g].bytes(), stream_));
-    RETURN_IF_ERROR(cuda::CopyToDevice(tail_[g].data(), host.conv_tail(static_cast<int64_t>(g)), tail_[g].bytes(), stream_));
+    const auto gi = static_cast<int64_t>(g);
+    RETURN_IF_ERROR(cuda::CopyToDevice(recurrent_[g].data(), host.recurrent(gi), static_cast<size_t>(Floats(recurrent_floats_)), stream_));
+    RETURN_IF_ERROR(cuda::CopyToDevice(tail_[g].data(), host.conv_tail(gi), static_cast<size_t>(Floats(tail_floats_)), stream_));
   }
+  RETURN_IF_ERROR(cuda::Synchronize(stream_, "uploading a state"));
   length_ = host.length();
   return Status::Ok();
 }
@@ -225,7 +231,8 @@ Result<std::unique_ptr<CudaForward>> CudaForward::Create(const ModelConfig& c, c
   std::unique_ptr<CudaForward> f(new CudaForward(c, options));
   f->device_ = device;
   cudaStream_t stream = nullptr;
-  RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "creating a stream"));
+  // A blocking stream: it waits for the zeroing and copies the runtime does on the default stream.
+  RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamCreate(&stream), "creating a stream"));
   f->stream_ = stream;
   RETURN_IF_ERROR(f->Init(w));
   return f;

@@ -27,7 +27,8 @@ struct CudaForwardOptions {
 };
 
 // One sequence's state in device memory, laid out as SequenceState's (K/V rows fp32 per attention
-// layer, recurrent state and conv tail per GDN layer). Made by CudaForward::NewState.
+// layer, recurrent state and conv tail per GDN layer). Made by CudaForward::NewState; it must not
+// outlive that CudaForward (it runs on its stream).
 class DeviceState {
  public:
   int64_t length() const { return length_; }
@@ -36,6 +37,7 @@ class DeviceState {
   // Ensures room for `tokens` rows (whole steps of SequenceState::kKvRowStep), keeping rows below the length.
   Status Reserve(int64_t tokens);
   // Replaces host's contents with this state's, and the reverse: how anchors and tiers reach host memory.
+  // The host state must be of the same model.
   Status Download(SequenceState& host) const;
   Status Upload(const SequenceState& host);
   // A copy in device memory.
@@ -45,6 +47,7 @@ class DeviceState {
   friend class CudaForward;
   DeviceState(const ModelConfig& config, cuda::Stream stream);
   DeviceState(cuda::Stream stream, int64_t kv_width, int64_t recurrent_floats, int64_t tail_floats);
+  bool Matches(const SequenceState& host) const;
 
   cuda::Stream stream_ = nullptr;
   int64_t kv_width_ = 0, recurrent_floats_ = 0, tail_floats_ = 0;
@@ -62,7 +65,8 @@ class CudaForward {
 
   Result<std::unique_ptr<DeviceState>> NewState();
   // Appends ids in chunks that end on multiples of grid_tokens; returns fp32 logits of the last row
-  // (kLast) or of every row (kAll). The state's length moves only when the whole call succeeded.
+  // (kLast) or of every row (kAll). Bad ids leave the state unchanged; after a device error the state
+  // is undefined and must be dropped.
   Result<std::vector<float>> Prefill(DeviceState& state, std::span<const int32_t> ids, LogitsRows rows = LogitsRows::kLast);
   // Appends one token with the one-token recurrence and one-row products; returns its logits.
   Result<std::vector<float>> Decode(DeviceState& state, int32_t id);

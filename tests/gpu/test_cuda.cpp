@@ -49,10 +49,14 @@ std::vector<float> ToHost(const cuda::DeviceBuffer& buffer, size_t floats) {
   return host;
 }
 
+// The largest |a - b|; infinity where either holds a NaN.
 float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) throw Failure{"sizes differ: " + std::to_string(a.size()) + " vs " + std::to_string(b.size())};
   float m = 0.0f;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  for (size_t i = 0; i < a.size(); ++i) {
+    const float d = std::fabs(a[i] - b[i]);
+    if (!(d <= m)) m = std::isnan(d) ? INFINITY : d;
+  }
   return m;
 }
 
@@ -108,9 +112,10 @@ void GemmMatchesReferenceAndRowsAreIndependent() {
   }
 }
 
-// The decode GEMV: fp32 products of bf16 weights, within sum|w x| K 2^-23 of double.
-void GemvMatchesReference() {
-  const int64_t N = 77, K = 520;
+// The decode GEMV: fp32 products of bf16 weights, within sum|w x| K 2^-23 of double; K = 520 takes
+// the 8-wide loads, K = 522 the one-at-a-time loop.
+void GemvMatchesReference(int64_t K) {
+  const int64_t N = 77;
   std::vector<float> wf = RandomFloats(static_cast<size_t>(N * K), 2);
   std::vector<uint16_t> w(wf.size());
   for (size_t i = 0; i < wf.size(); ++i) w[i] = FloatToBf16(wf[i]);
@@ -243,22 +248,31 @@ Pair Load(TinyModelSize size, int64_t grid = 1024) {
   return p;
 }
 
-// Prefill and decode logits within tolerance of the CPU forward's.
-void ForwardMatchesCpu(TinyModelSize size, float tolerance) {
+// Prefill and decode logits within `absolute` + `relative` x max |logit| of the CPU forward's. The
+// split products lose up to 2^-18 of each activation, which the tiny model's large logits (about 20)
+// carry into ~1e-3.
+void ForwardMatchesCpu(TinyModelSize size, float absolute, float relative) {
   Pair p = Load(size);
   const std::vector<int32_t> ids = testing::RandomIds(300, p.model->config.vocab_size, 21);
   SequenceState cpu_state(p.model->config);
   auto gpu_state = Must(p.gpu->NewState(), "a device state");
   std::vector<float> cpu_logits = Must(p.cpu->Prefill(cpu_state, ids, LogitsRows::kAll), "CPU prefill");
   std::vector<float> gpu_logits = Must(p.gpu->Prefill(*gpu_state, ids, LogitsRows::kAll), "GPU prefill");
-  float worst = MaxAbsDiff(cpu_logits, gpu_logits);
+  float worst = MaxAbsDiff(cpu_logits, gpu_logits), largest = 0.0f;
+  const auto note_largest = [&largest](const std::vector<float>& logits) {
+    for (float v : logits) largest = std::max(largest, std::fabs(v));
+  };
+  note_largest(cpu_logits);
   for (int32_t id : {3, 17, 99, 5}) {
     cpu_logits = Must(p.cpu->Decode(cpu_state, id), "CPU decode");
     gpu_logits = Must(p.gpu->Decode(*gpu_state, id), "GPU decode");
     worst = std::max(worst, MaxAbsDiff(cpu_logits, gpu_logits));
+    note_largest(cpu_logits);
   }
-  std::printf("       %s: max |logit diff| vs CPU over a 300-token prefill and 4 decodes: %.3g\n", TinyModelSizeName(size), worst);
-  GPU_CHECK(worst <= tolerance);
+  const float bound = absolute + relative * largest;
+  std::printf("       %s: max |logit diff| vs CPU over a 300-token prefill and 4 decodes: %.3g (max |logit| %.3g, bound %.3g)\n",
+              TinyModelSizeName(size), worst, largest, bound);
+  GPU_CHECK(worst <= bound);
 }
 
 // Resumed at every 64-line of a 700-token prompt (through a host copy of the state, as an anchor
@@ -287,8 +301,8 @@ void ResumeAtEvery64LineIsBitEqual(TinyModelSize size, int64_t grid) {
 }
 
 // The same prefill and decodes twice: the same bits.
-void SameRunTwiceIsBitEqual() {
-  Pair p = Load(TinyModelSize::kSmall);
+void SameRunTwiceIsBitEqual(TinyModelSize size) {
+  Pair p = Load(size);
   const std::vector<int32_t> ids = testing::RandomIds(333, p.model->config.vocab_size, 41);
   std::vector<std::vector<float>> runs[2];
   SequenceState hosts[2] = {SequenceState(p.model->config), SequenceState(p.model->config)};
@@ -301,6 +315,32 @@ void SameRunTwiceIsBitEqual() {
   }
   for (size_t i = 0; i < runs[0].size(); ++i) GPU_CHECK_MSG(SameBits(runs[0][i], runs[1][i]), "call " + std::to_string(i));
   GPU_CHECK(hosts[0].BitEqual(hosts[1]));
+}
+
+// A state that grows past its first 1,024 rows while it holds rows keeps them: 960 tokens (a 64-line)
+// and then 140 more equal 1,100 in one call; a clone equals its source.
+void GrowingAndCloningKeepTheState() {
+  Pair p = Load(TinyModelSize::kTiny);
+  const ModelConfig& c = p.model->config;
+  const std::vector<int32_t> ids = testing::RandomIds(1100, c.vocab_size, 51);
+  auto whole = Must(p.gpu->NewState(), "a device state");
+  const std::vector<float> whole_logits = Must(p.gpu->Prefill(*whole, ids), "prefill 1100");
+  auto grown = Must(p.gpu->NewState(), "a device state");
+  Must(p.gpu->Prefill(*grown, std::span(ids).first(960)), "prefill 960");
+  GPU_CHECK(grown->capacity() == 1024);
+  const std::vector<float> grown_logits = Must(p.gpu->Prefill(*grown, std::span(ids).subspan(960)), "prefill 140 more");
+  GPU_CHECK(grown->capacity() == 2048);
+  SequenceState a(c), b(c), copy_host(c);
+  Must(whole->Download(a), "downloading");
+  Must(grown->Download(b), "downloading");
+  GPU_CHECK(a.BitEqual(b));
+  GPU_CHECK(SameBits(whole_logits, grown_logits));
+  auto copy = Must(grown->Clone(), "cloning");
+  Must(copy->Download(copy_host), "downloading the clone");
+  GPU_CHECK(copy_host.BitEqual(b));
+  const std::vector<float> next = Must(p.gpu->Decode(*grown, 7), "decode");
+  const std::vector<float> next_of_copy = Must(p.gpu->Decode(*copy, 7), "decode on the clone");
+  GPU_CHECK(SameBits(next, next_of_copy));
 }
 
 void Fp8IsRefusedByName() {
@@ -339,17 +379,30 @@ int main() {
     return gpu_check::kSkipped;
   }
   std::printf("device: %s\n", device->Describe().c_str());
-  return gpu_check::RunCases({
+#ifdef ANCHORAGE_CUDA_EMULATED
+  // The emulator runs a thread at a time: the small model's cases would take many minutes.
+  constexpr bool kSmallCases = false;
+  std::printf("SKIP   the small model's cases: this is the SIMT emulator\n");
+#else
+  constexpr bool kSmallCases = true;
+#endif
+  std::vector<gpu_check::Case> cases = {
       {"gemm matches the double reference; rows independent of the call", GemmMatchesReferenceAndRowsAreIndependent},
-      {"gemv matches the double reference", GemvMatchesReference},
+      {"gemv matches the double reference (8-wide loads)", [] { GemvMatchesReference(520); }},
+      {"gemv matches the double reference (odd width)", [] { GemvMatchesReference(522); }},
       {"gated delta rule matches the CPU's", GatedDeltaMatchesCpu},
       {"attention matches the CPU's; rows independent of the call", AttentionMatchesCpuAndRowsAreIndependent},
-      {"tiny forward within 1e-3 of the CPU's", [] { ForwardMatchesCpu(TinyModelSize::kTiny, 1e-3f); }},
-      {"small forward within 1e-3 of the CPU's", [] { ForwardMatchesCpu(TinyModelSize::kSmall, 1e-3f); }},
+      {"tiny forward within 1e-4 x max |logit| of the CPU's", [] { ForwardMatchesCpu(TinyModelSize::kTiny, 0.0f, 1e-4f); }},
       {"tiny: resume at every 64-line is bit-equal (grid 1024)", [] { ResumeAtEvery64LineIsBitEqual(TinyModelSize::kTiny, 1024); }},
-      {"small: resume at every 64-line is bit-equal (grid 256)", [] { ResumeAtEvery64LineIsBitEqual(TinyModelSize::kSmall, 256); }},
-      {"the same run twice is bit-equal", SameRunTwiceIsBitEqual},
+      {"tiny: the same run twice is bit-equal", [] { SameRunTwiceIsBitEqual(TinyModelSize::kTiny); }},
+      {"growing and cloning keep the state", GrowingAndCloningKeepTheState},
       {"FP8 weights are refused by name", Fp8IsRefusedByName},
       {"the fingerprint names the backend", FingerprintNamesTheBackend},
-  });
+  };
+  if (kSmallCases) {
+    cases.push_back({"small forward within 1e-3 of the CPU's", [] { ForwardMatchesCpu(TinyModelSize::kSmall, 1e-3f, 0.0f); }});
+    cases.push_back({"small: resume at every 64-line is bit-equal (grid 256)", [] { ResumeAtEvery64LineIsBitEqual(TinyModelSize::kSmall, 256); }});
+    cases.push_back({"small: the same run twice is bit-equal", [] { SameRunTwiceIsBitEqual(TinyModelSize::kSmall); }});
+  }
+  return gpu_check::RunCases(cases);
 }

@@ -147,9 +147,15 @@ std::string LtGemm::Describe() const {
     cublasLtMatmulAlgoConfigGetAttribute(&plan->algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &written);
     cublasLtMatmulAlgoConfigGetAttribute(&plan->algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof swizzle, &written);
     cublasLtMatmulAlgoConfigGetAttribute(&plan->algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof custom, &written);
-    std::snprintf(line, sizeof line, "%lldx%lld algo %d tile %d stages %d splitk %d swizzle %d custom %d workspace %llu\n",
+    std::snprintf(line, sizeof line, "%lldx%lld algo %d tile %d stages %d splitk %d swizzle %d custom %d workspace %llu data",
                   static_cast<long long>(shape.first), static_cast<long long>(shape.second), id, tile, stages, splits, swizzle,
                   custom, static_cast<unsigned long long>(plan->workspace));
+    out += line;
+    for (uint64_t word : plan->algo.data) {  // the whole opaque algorithm: inner and cluster shapes too
+      std::snprintf(line, sizeof line, " %016llx", static_cast<unsigned long long>(word));
+      out += line;
+    }
+    std::snprintf(line, sizeof line, "\n");
     out += line;
   }
   return out;

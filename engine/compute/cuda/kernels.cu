@@ -5,6 +5,13 @@
 
 #include <cmath>
 
+// Launches and dynamic shared memory go through these macros, so that the SIMT emulator in
+// tests/gpu can run this file as C++ on the CPU (it defines both before including the file).
+#ifndef ANCHORAGE_LAUNCH
+#define ANCHORAGE_LAUNCH(kernel, grid, block, shared, stream) kernel<<<grid, block, shared, stream>>>
+#define ANCHORAGE_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
+
 namespace anchorage::cuda {
 namespace {
 
@@ -178,7 +185,7 @@ __device__ float RowDot(const float* a, const float* b, int64_t count) {
 // QK [C, C], and [U | W] [C, dv + dk]. Thread e owns state column e, which it reads and writes in place.
 __global__ void GatedDeltaChunkedKernel(DeltaShape sh, const float* conv, const float* beta_in, const float* g_in,
                                         int64_t n, int64_t pos0, float* state, float* out) {
-  extern __shared__ float smem[];
+  ANCHORAGE_DYNAMIC_SHARED(float, smem);
   const int64_t h = blockIdx.x, kh = h / (sh.value_heads / sh.key_heads);
   const int64_t dk = sh.dk, dv = sh.dv, C = sh.channels, Nv = sh.value_heads, ld = dv + dk;
   const int64_t key_dim = sh.key_heads * dk, value_dim = Nv * dv;
@@ -371,55 +378,55 @@ __global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_
 }  // namespace
 
 void EmbedRows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t width, float* x, Stream s) {
-  if (n > 0) EmbedRowsKernel<<<static_cast<unsigned>(n), kBlock, 0, s>>>(table, ids, width, x);
+  if (n > 0) ANCHORAGE_LAUNCH(EmbedRowsKernel, static_cast<unsigned>(n), kBlock, 0, s)(table, ids, width, x);
 }
 
 void RmsNormRows(const float* x, const float* w1, int64_t n, int64_t width, float eps, float* y, Stream s) {
-  if (n > 0) RmsNormRowsKernel<<<static_cast<unsigned>(n), kBlock, 0, s>>>(x, w1, width, eps, y);
+  if (n > 0) ANCHORAGE_LAUNCH(RmsNormRowsKernel, static_cast<unsigned>(n), kBlock, 0, s)(x, w1, width, eps, y);
 }
 
 void SplitBf16(const float* x, int64_t n, int64_t width, uint16_t* out, Stream s) {
-  if (n > 0) SplitBf16Kernel<<<Blocks(n * width), kBlock, 0, s>>>(x, n * width, out);
+  if (n > 0) ANCHORAGE_LAUNCH(SplitBf16Kernel, Blocks(n * width), kBlock, 0, s)(x, n * width, out);
 }
 
 void SumHalves(const float* halves, int64_t n, int64_t width, float* y, int64_t y_stride, Stream s) {
-  if (n > 0) SumHalvesKernel<<<Blocks(n * width), kBlock, 0, s>>>(halves, n, width, y, y_stride);
+  if (n > 0) ANCHORAGE_LAUNCH(SumHalvesKernel, Blocks(n * width), kBlock, 0, s)(halves, n, width, y, y_stride);
 }
 
 void Gemv(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s) {
-  if (n > 0 && rows > 0) GemvKernel<<<Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s>>>(w, rows, cols, x, n, y);
+  if (n > 0 && rows > 0) ANCHORAGE_LAUNCH(GemvKernel, Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s)(w, rows, cols, x, n, y);
 }
 
 void AddRows(const float* from, int64_t count, float* to, Stream s) {
-  if (count > 0) AddRowsKernel<<<Blocks(count), kBlock, 0, s>>>(from, count, to);
+  if (count > 0) ANCHORAGE_LAUNCH(AddRowsKernel, Blocks(count), kBlock, 0, s)(from, count, to);
 }
 
 void SwiGlu(float* gate, const float* up, int64_t count, Stream s) {
-  if (count > 0) SwiGluKernel<<<Blocks(count), kBlock, 0, s>>>(gate, up, count);
+  if (count > 0) ANCHORAGE_LAUNCH(SwiGluKernel, Blocks(count), kBlock, 0, s)(gate, up, count);
 }
 
 void SigmoidGate(float* attn, const float* qg, int64_t n, int64_t heads, int64_t head_dim, Stream s) {
-  if (n > 0) SigmoidGateKernel<<<Blocks(n * heads * head_dim), kBlock, 0, s>>>(attn, qg, n, heads, head_dim);
+  if (n > 0) ANCHORAGE_LAUNCH(SigmoidGateKernel, Blocks(n * heads * head_dim), kBlock, 0, s)(attn, qg, n, heads, head_dim);
 }
 
 void ConvSilu(const float* qkv, const float* tail, const float* w, int64_t n, int64_t channels, int64_t taps, float* out,
               Stream s) {
-  if (n > 0) ConvSiluKernel<<<Blocks(n * channels), kBlock, 0, s>>>(qkv, tail, w, n, channels, taps, out);
+  if (n > 0) ANCHORAGE_LAUNCH(ConvSiluKernel, Blocks(n * channels), kBlock, 0, s)(qkv, tail, w, n, channels, taps, out);
 }
 
 void NextTail(const float* qkv, const float* tail, int64_t n, int64_t channels, int64_t taps, float* next, Stream s) {
-  if (taps > 1) NextTailKernel<<<Blocks((taps - 1) * channels), kBlock, 0, s>>>(qkv, tail, n, channels, taps - 1, next);
+  if (taps > 1) ANCHORAGE_LAUNCH(NextTailKernel, Blocks((taps - 1) * channels), kBlock, 0, s)(qkv, tail, n, channels, taps - 1, next);
 }
 
 void QkL2Norm(float* conv, int64_t n, int64_t channels, int64_t key_heads, int64_t dk, float eps, float q_scale, Stream s) {
   if (n > 0)
-    QkL2NormKernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(2 * key_heads)), 128, 0, s>>>(
+    ANCHORAGE_LAUNCH(QkL2NormKernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(2 * key_heads)), 128, 0, s)(
         conv, channels, key_heads, dk, eps, q_scale);
 }
 
 void BetaAndDecay(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t n, int64_t heads,
                   float* beta, float* g, Stream s) {
-  if (n > 0) BetaAndDecayKernel<<<Blocks(n * heads), kBlock, 0, s>>>(b, a, a_exp, dt_bias, n * heads, heads, beta, g);
+  if (n > 0) ANCHORAGE_LAUNCH(BetaAndDecayKernel, Blocks(n * heads), kBlock, 0, s)(b, a, a_exp, dt_bias, n * heads, heads, beta, g);
 }
 
 int64_t GatedDeltaChunkedSharedBytes(const DeltaShape& shape) {
@@ -431,33 +438,33 @@ void GatedDeltaChunked(const DeltaShape& shape, const float* conv, const float* 
   if (n <= 0) return;
   const int bytes = static_cast<int>(GatedDeltaChunkedSharedBytes(shape));
   cudaFuncSetAttribute(GatedDeltaChunkedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  GatedDeltaChunkedKernel<<<static_cast<unsigned>(shape.value_heads), kDeltaThreads, bytes, s>>>(shape, conv, beta, g, n,
+  ANCHORAGE_LAUNCH(GatedDeltaChunkedKernel, static_cast<unsigned>(shape.value_heads), kDeltaThreads, bytes, s)(shape, conv, beta, g, n,
                                                                                                  pos0, state, out);
 }
 
 void GatedDeltaRecurrent(const DeltaShape& shape, const float* conv, const float* beta, const float* g, int64_t n,
                          float* state, float* out, Stream s) {
   if (n > 0)
-    GatedDeltaRecurrentKernel<<<static_cast<unsigned>(shape.value_heads), kDeltaThreads, 0, s>>>(shape, conv, beta, g, n,
+    ANCHORAGE_LAUNCH(GatedDeltaRecurrentKernel, static_cast<unsigned>(shape.value_heads), kDeltaThreads, 0, s)(shape, conv, beta, g, n,
                                                                                                  state, out);
 }
 
 void GatedNorm(float* core, const float* z, const float* w, int64_t n, int64_t heads, int64_t dv, float eps, Stream s) {
   if (n > 0)
-    GatedNormKernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), 128, 0, s>>>(core, z, w, heads, dv, eps);
+    ANCHORAGE_LAUNCH(GatedNormKernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), 128, 0, s)(core, z, w, heads, dv, eps);
 }
 
 void NormRope(float* rows, int64_t n, int64_t row_stride, int64_t heads, int64_t head_stride, int64_t head_dim,
               const float* w1, float eps, const double* inv_freq, int64_t half, int64_t pos0, Stream s) {
   if (n > 0)
-    NormRopeKernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), 128, 0, s>>>(
+    ANCHORAGE_LAUNCH(NormRopeKernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), 128, 0, s)(
         rows, row_stride, head_stride, head_dim, w1, eps, inv_freq, half, pos0);
 }
 
 void Attention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
                int64_t pos0, const float* k, const float* v, int64_t kv_width, float* out, int64_t out_stride, Stream s) {
   if (n > 0)
-    AttentionKernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(shape.heads)), 32, 0, s>>>(
+    ANCHORAGE_LAUNCH(AttentionKernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(shape.heads)), 32, 0, s)(
         shape, q, q_stride, q_head_stride, pos0, k, v, kv_width, out, out_stride);
 }
 

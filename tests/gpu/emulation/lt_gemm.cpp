@@ -1,0 +1,61 @@
+// LtGemm for the SIMT emulator: the split and the sum run as kernels, and a plain product (each
+// output element over k in order, one fma a term) stands in for cuBLASLt.
+#include <bit>
+#include <cmath>
+#include <cstdio>
+
+#include "engine/compute/cuda/gemm.h"
+
+namespace anchorage::cuda {
+
+struct LtGemm::Plan {};
+
+Result<std::unique_ptr<LtGemm>> LtGemm::Create(int64_t max_rows, int64_t max_k, int64_t max_n, Stream s) {
+  std::unique_ptr<LtGemm> gemm(new LtGemm());
+  gemm->stream_ = s;
+  gemm->max_rows_ = max_rows;
+  gemm->max_k_ = max_k;
+  gemm->max_n_ = max_n;
+  ASSIGN_OR_RETURN(gemm->split_, DeviceBuffer::Allocate(static_cast<size_t>(2 * max_rows * max_k) * 2, "split activation rows"));
+  ASSIGN_OR_RETURN(gemm->halves_, DeviceBuffer::Allocate(static_cast<size_t>(2 * max_rows * max_n) * 4, "product halves"));
+  return gemm;
+}
+
+LtGemm::~LtGemm() = default;
+
+Status LtGemm::Prepare(int64_t N, int64_t K) {
+  if (K > max_k_ || N > max_n_)
+    return InvalidArgument("LtGemm: shape " + std::to_string(N) + " x " + std::to_string(K) + " exceeds the scratch");
+  plans_.try_emplace({N, K}, std::make_unique<Plan>());
+  return Status::Ok();
+}
+
+Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride) {
+  if (n <= 0) return Status::Ok();
+  if (n > max_rows_) return InvalidArgument("LtGemm: " + std::to_string(n) + " rows, at most " + std::to_string(max_rows_));
+  if (!plans_.count({N, K})) return Internal("LtGemm: shape " + std::to_string(N) + " x " + std::to_string(K) + " was not prepared");
+  auto* split = static_cast<uint16_t*>(split_.data());
+  SplitBf16(x, n, K, split, stream_);
+  float* halves = halves_.floats();
+  const auto widen = [](uint16_t v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); };
+  for (int64_t col = 0; col < 2 * n; ++col) {  // cuBLASLt's column-major view: column col is split row col
+    const uint16_t* b = split + col * K;
+    for (int64_t j = 0; j < N; ++j) {
+      const uint16_t* a = w + j * K;
+      float acc = 0.0f;
+      for (int64_t i = 0; i < K; ++i) acc = std::fma(widen(a[i]), widen(b[i]), acc);
+      halves[col * N + j] = acc;
+    }
+  }
+  SumHalves(halves, n, N, y, y_stride, stream_);
+  return Status::Ok();
+}
+
+std::string LtGemm::Describe() const {
+  std::string out;
+  for (const auto& [shape, plan] : plans_)
+    out += std::to_string(shape.first) + "x" + std::to_string(shape.second) + " emulated k-order product\n";
+  return out;
+}
+
+}  // namespace anchorage::cuda

@@ -1,0 +1,78 @@
+// The CUDA runtime calls of the backend's host code, for the SIMT emulator: one device whose memory
+// is host memory; streams are names only, since every launch runs to its end before it returns.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+namespace {
+
+CUstream_st* const kStream = reinterpret_cast<CUstream_st*>(uintptr_t{0x5eed});
+
+}  // namespace
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  std::memset(prop, 0, sizeof *prop);
+  std::strcpy(prop->name, "SIMT emulator (CPU)");
+  prop->totalGlobalMem = size_t{16} << 30;
+  prop->sharedMemPerBlockOptin = 227 * 1024;
+  prop->multiProcessorCount = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  *version = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int* version) {
+  *version = 0;
+  return cudaSuccess;
+}
+
+const char* cudaGetErrorName(cudaError_t error) { return error == cudaSuccess ? "cudaSuccess" : "cudaErrorEmulated"; }
+const char* cudaGetErrorString(cudaError_t error) { return error == cudaSuccess ? "no error" : "emulated error"; }
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (*p == nullptr) return cudaErrorMemoryAllocation;
+  std::memset(*p, 0xff, bytes);  // device memory starts as garbage: NaN where read as floats
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* to, const void* from, size_t bytes, cudaMemcpyKind) {
+  std::memmove(to, from, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* to, const void* from, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+  return cudaMemcpy(to, from, bytes, kind);
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  *stream = kStream;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return cudaStreamCreate(stream); }
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
