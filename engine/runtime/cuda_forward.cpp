@@ -227,6 +227,10 @@ Result<std::unique_ptr<CudaForward>> CudaForward::Create(const ModelConfig& c, c
   if (cuda::GatedDeltaChunkedSharedBytes(delta) > device.shared_bytes_per_block)
     return Unsupported("CudaForward: the delta rule's chunk needs " + std::to_string(cuda::GatedDeltaChunkedSharedBytes(delta)) +
                        " bytes of shared memory; " + device.name + " allows " + std::to_string(device.shared_bytes_per_block));
+  const cuda::AttentionShape attention{c.num_attention_heads, c.num_key_value_heads, c.head_dim, 1.0f};
+  if (cuda::AttentionSharedBytes(attention) > device.shared_bytes_per_block)
+    return Unsupported("CudaForward: attention needs " + std::to_string(cuda::AttentionSharedBytes(attention)) +
+                       " bytes of shared memory; " + device.name + " allows " + std::to_string(device.shared_bytes_per_block));
   RETURN_IF_ERROR(cuda::CudaStatus(cudaSetDevice(options.device), "selecting the device"));
   std::unique_ptr<CudaForward> f(new CudaForward(c, options));
   f->device_ = device;

@@ -326,52 +326,95 @@ __global__ void NormRopeKernel(float* rows, int64_t row_stride, int64_t head_str
 }
 
 constexpr int kHeadDimPerLane = kMaxHeadDim / 32;
+constexpr int kQueryRows = 8;  // query positions a block, for each head of one kv group
+constexpr int kKeyTile = 32;   // keys a tile, a lane a key
 
-// One warp a (query row, head). Keys in tiles of 32 from key 0, a lane a key: scores, a running max
-// and sum (online softmax), then the tile's values in key order.
-__global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_stride, int64_t q_head_stride,
+// Shared memory of the attention block: queries [group][8][hd], the key tile [32][hd + 1] (padded:
+// lane j reads key j without bank conflicts), the value tile [32][hd], the probabilities [group][8][32].
+int64_t AttentionSharedFloats(int64_t group, int64_t hd) {
+  return group * kQueryRows * hd + kKeyTile * (hd + 1) + kKeyTile * hd + group * kQueryRows * kKeyTile;
+}
+
+// A block holds 8 query positions of every head of one kv group (a warp a head) and walks the keys
+// in tiles of 32 from key 0, loading each tile once for the whole group. For each of its rows a warp
+// takes the tile's scores (a lane a key, dot over d in order), their max and sum by butterfly (online
+// softmax), and adds the values in key order (a lane 8 dims). A row uses only the keys up to its
+// position and runs the same steps in whatever block it sits, so its bits are its own.
+__global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
                                 int64_t pos0, const float* k, const float* v, int64_t kv_width, float* out,
                                 int64_t out_stride) {
-  __shared__ float query[kMaxHeadDim];
-  const int64_t t = blockIdx.x, h = blockIdx.y;
-  const int lane = threadIdx.x;
-  const int64_t hd = shape.head_dim, kvh = h / (shape.heads / shape.kv_heads);
-  const float* qrow = q + t * q_stride + h * q_head_stride;
-  for (int64_t d = lane; d < hd; d += 32) query[d] = qrow[d];
-  __syncwarp();
-  const int64_t keys = pos0 + t + 1;
-  float o[kHeadDimPerLane];
-  for (int c = 0; c < kHeadDimPerLane; ++c) o[c] = 0.0f;
-  float running_max = -INFINITY, running_sum = 0.0f;
-  for (int64_t j0 = 0; j0 < keys; j0 += 32) {
-    const int64_t j = j0 + lane;
-    float score = -INFINITY;
-    if (j < keys) {
-      const float* key = k + j * kv_width + kvh * hd;
-      float acc = 0.0f;
-      for (int64_t d = 0; d < hd; ++d) acc = fmaf(query[d], key[d], acc);
-      score = acc * shape.scale;
+  ANCHORAGE_DYNAMIC_SHARED(float, smem);
+  const int64_t hd = shape.head_dim, group = shape.heads / shape.kv_heads;
+  const int64_t kvh = blockIdx.y, t0 = static_cast<int64_t>(blockIdx.x) * kQueryRows;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t h = kvh * group + warp;
+  const int64_t rows = n - t0 < kQueryRows ? n - t0 : kQueryRows;  // rows of this block that exist
+  const int64_t kstride = hd + 1;
+  float* queries = smem;                                   // [group][8][hd]
+  float* keys = queries + group * kQueryRows * hd;         // [32][hd + 1]
+  float* values = keys + kKeyTile * kstride;               // [32][hd]
+  float* probs = values + kKeyTile * hd;                   // [group][8][32]
+  float* my_queries = queries + warp * kQueryRows * hd;
+  float* my_probs = probs + warp * kQueryRows * kKeyTile;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = lane; d < hd; d += 32) my_queries[r * hd + d] = q[(t0 + r) * q_stride + h * q_head_stride + d];
+  float o[kQueryRows][kHeadDimPerLane];
+  float running_max[kQueryRows], running_sum[kQueryRows];
+  for (int r = 0; r < kQueryRows; ++r) {
+    running_max[r] = -INFINITY;
+    running_sum[r] = 0.0f;
+    for (int c = 0; c < kHeadDimPerLane; ++c) o[r][c] = 0.0f;
+  }
+  const int64_t last_key = pos0 + t0 + rows - 1;  // the last row's position: keys 0..last_key
+  for (int64_t s0 = 0; s0 <= last_key; s0 += kKeyTile) {
+    __syncthreads();  // the previous tile is no longer read
+    for (int64_t i = threadIdx.x; i < kKeyTile * hd; i += blockDim.x) {
+      const int64_t j = i / hd, d = i % hd;
+      const bool present = s0 + j <= last_key;
+      keys[j * kstride + d] = present ? k[(s0 + j) * kv_width + kvh * hd + d] : 0.0f;
+      values[j * hd + d] = present ? v[(s0 + j) * kv_width + kvh * hd + d] : 0.0f;
     }
-    const float new_max = fmaxf(running_max, WarpMax(score));
-    const float correction = expf(running_max - new_max);
-    const float p = j < keys ? expf(score - new_max) : 0.0f;
-    running_sum = running_sum * correction + WarpSum(p);
-    for (int c = 0; c < kHeadDimPerLane; ++c) o[c] *= correction;
-    const int64_t count = keys - j0 < 32 ? keys - j0 : 32;
-    for (int64_t jj = 0; jj < count; ++jj) {
-      const float pj = __shfl_sync(kFullMask, p, static_cast<int>(jj));
-      const float* value = v + (j0 + jj) * kv_width + kvh * hd;
-      for (int c = 0; c < kHeadDimPerLane; ++c) {
-        const int64_t d = lane + 32 * c;
-        if (d < hd) o[c] = fmaf(pj, value[d], o[c]);
+    __syncthreads();
+    float dots[kQueryRows];
+    for (int r = 0; r < kQueryRows; ++r) dots[r] = 0.0f;
+    for (int64_t d = 0; d < hd; ++d) {
+      const float key = keys[lane * kstride + d];
+      for (int r = 0; r < kQueryRows; ++r) dots[r] = fmaf(my_queries[r * hd + d], key, dots[r]);
+    }
+    for (int r = 0; r < rows; ++r) {
+      const int64_t position = pos0 + t0 + r;
+      if (s0 > position) continue;  // this row's keys end before the tile (a later row's may not)
+      const bool valid = s0 + lane <= position;
+      const float score = valid ? dots[r] * shape.scale : -INFINITY;
+      const float new_max = fmaxf(running_max[r], WarpMax(score));
+      const float correction = expf(running_max[r] - new_max);
+      const float p = valid ? expf(score - new_max) : 0.0f;
+      running_sum[r] = running_sum[r] * correction + WarpSum(p);
+      running_max[r] = new_max;
+      my_probs[r * kKeyTile + lane] = p;
+      for (int c = 0; c < kHeadDimPerLane; ++c) o[r][c] *= correction;
+    }
+    __syncwarp();
+    for (int r = 0; r < rows; ++r) {
+      const int64_t position = pos0 + t0 + r;
+      if (s0 > position) continue;
+      const int64_t count = position - s0 + 1 < kKeyTile ? position - s0 + 1 : kKeyTile;
+      for (int64_t j = 0; j < count; ++j) {
+        const float pj = my_probs[r * kKeyTile + j];
+        for (int c = 0; c < kHeadDimPerLane; ++c) {
+          const int64_t d = lane + 32 * c;
+          if (d < hd) o[r][c] = fmaf(pj, values[j * hd + d], o[r][c]);
+        }
       }
     }
-    running_max = new_max;
+    __syncwarp();
   }
-  const float inv = 1.0f / running_sum;
-  for (int c = 0; c < kHeadDimPerLane; ++c) {
-    const int64_t d = lane + 32 * c;
-    if (d < hd) out[t * out_stride + h * hd + d] = o[c] * inv;
+  for (int r = 0; r < rows; ++r) {
+    const float inv = 1.0f / running_sum[r];
+    for (int c = 0; c < kHeadDimPerLane; ++c) {
+      const int64_t d = lane + 32 * c;
+      if (d < hd) out[(t0 + r) * out_stride + h * hd + d] = o[r][c] * inv;
+    }
   }
 }
 
@@ -463,9 +506,17 @@ void NormRope(float* rows, int64_t n, int64_t row_stride, int64_t heads, int64_t
 
 void Attention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
                int64_t pos0, const float* k, const float* v, int64_t kv_width, float* out, int64_t out_stride, Stream s) {
-  if (n > 0)
-    ANCHORAGE_LAUNCH(AttentionKernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(shape.heads)), 32, 0, s)(
-        shape, q, q_stride, q_head_stride, pos0, k, v, kv_width, out, out_stride);
+  if (n <= 0) return;
+  const int64_t group = shape.heads / shape.kv_heads;
+  const int bytes = static_cast<int>(AttentionSharedBytes(shape));
+  cudaFuncSetAttribute(AttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  const dim3 grid(static_cast<unsigned>((n + kQueryRows - 1) / kQueryRows), static_cast<unsigned>(shape.kv_heads));
+  ANCHORAGE_LAUNCH(AttentionKernel, grid, static_cast<unsigned>(32 * group), bytes, s)(
+      shape, q, q_stride, q_head_stride, n, pos0, k, v, kv_width, out, out_stride);
+}
+
+int64_t AttentionSharedBytes(const AttentionShape& shape) {
+  return static_cast<int64_t>(sizeof(float)) * AttentionSharedFloats(shape.heads / shape.kv_heads, shape.head_dim);
 }
 
 }  // namespace anchorage::cuda

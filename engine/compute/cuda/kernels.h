@@ -74,8 +74,11 @@ struct AttentionShape {
 };
 // Causal attention of query rows [0, n) at positions pos0.. over K/V rows 0..pos0 + t (fp32, kv_width
 // floats a row): keys in index order, in tiles of 32 from key 0, so a row's bits depend only on its
-// query, its position and the keys. out[t] at out + t*out_stride, heads side by side.
+// query, its position and the keys. out[t] at out + t*out_stride, heads side by side. A block takes
+// 8 positions of every head of a kv group (32 x heads/kv_heads threads).
 void Attention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
                int64_t pos0, const float* k, const float* v, int64_t kv_width, float* out, int64_t out_stride, Stream s);
+// Dynamic shared memory the attention kernel needs, to check against the device's limit.
+int64_t AttentionSharedBytes(const AttentionShape& shape);
 
 }  // namespace anchorage::cuda
