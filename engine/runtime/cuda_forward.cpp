@@ -51,6 +51,7 @@ struct CudaForward::Workspace {
   DeviceBuffer attn;                // [G, Nh*hd]
   DeviceBuffer gate, up;            // [G, I]
   DeviceBuffer tail;                // [K-1, conv_dim], the next conv tail
+  DeviceBuffer delta;               // the chunked delta rule's scratch for G rows
   DeviceBuffer logits;              // [kLogitRows, V]
   int64_t bytes = 0;
 };
@@ -224,6 +225,9 @@ Result<std::unique_ptr<CudaForward>> CudaForward::Create(const ModelConfig& c, c
   ASSIGN_OR_RETURN(cuda::DeviceInfo device, cuda::FindDevice(options.device));
   const cuda::DeltaShape delta{c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
                                c.conv_dim()};
+  if (!cuda::GatedDeltaChunkedSupports(delta))
+    return Unsupported("CudaForward: linear_key_head_dim " + std::to_string(c.linear_key_head_dim) +
+                       " is not a multiple of 4 up to 128, which the delta rule's state pass holds");
   if (cuda::GatedDeltaChunkedSharedBytes(delta) > device.shared_bytes_per_block)
     return Unsupported("CudaForward: the delta rule's chunk needs " + std::to_string(cuda::GatedDeltaChunkedSharedBytes(delta)) +
                        " bytes of shared memory; " + device.name + " allows " + std::to_string(device.shared_bytes_per_block));
@@ -328,6 +332,8 @@ Status CudaForward::Init(const ModelWeights& w) {
   RETURN_IF_ERROR(make(ws.attn, Floats(G * Nh * hd), "attention rows"));
   for (DeviceBuffer* b : {&ws.gate, &ws.up}) RETURN_IF_ERROR(make(*b, Floats(G * I), "MLP rows"));
   RETURN_IF_ERROR(make(ws.tail, Floats(std::max<int64_t>(1, K - 1) * C), "a conv tail"));
+  const cuda::DeltaShape delta{c.linear_num_key_heads, Nv, c.linear_key_head_dim, c.linear_value_head_dim, C};
+  RETURN_IF_ERROR(make(ws.delta, Floats(cuda::GatedDeltaChunkedScratchFloats(delta, G)), "the delta rule's scratch"));
   RETURN_IF_ERROR(make(ws.logits, Floats(kLogitRows * c.vocab_size), "logits"));
   return cuda::Synchronize(stream_, "loading the weights");
 }
@@ -473,7 +479,8 @@ Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int
   const cuda::DeltaShape shape{c.linear_num_key_heads, Nv, dk, c.linear_value_head_dim, C};
   float* S = state.recurrent_[static_cast<size_t>(gi)].floats();
   if (mode == Mode::kChunked) {
-    cuda::GatedDeltaChunked(shape, ws.conv.floats(), ws.beta.floats(), ws.g.floats(), n, state.length(), S, ws.core.floats(), stream_);
+    cuda::GatedDeltaChunked(shape, ws.conv.floats(), ws.beta.floats(), ws.g.floats(), n, state.length(), S, ws.core.floats(),
+                            ws.delta.floats(), stream_);
   } else {
     cuda::GatedDeltaRecurrent(shape, ws.conv.floats(), ws.beta.floats(), ws.g.floats(), n, S, ws.core.floats(), stream_);
   }

@@ -189,7 +189,11 @@ void GatedDeltaMatchesCpu() {
     }
     cuda::DeviceBuffer dconv = ToDevice(c.conv), dbeta = ToDevice(c.beta), dg = ToDevice(c.g), dstate = ToDevice(state0);
     auto dout = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(c.n * VD) * 4, "out"), "allocating");
-    if (chunked) cuda::GatedDeltaChunked(sh, dconv.floats(), dbeta.floats(), dg.floats(), c.n, pos0, dstate.floats(), dout.floats(), nullptr);
+    auto scratch = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(cuda::GatedDeltaChunkedScratchFloats(sh, c.n)) * 4, "scratch"),
+                        "allocating");
+    if (chunked)
+      cuda::GatedDeltaChunked(sh, dconv.floats(), dbeta.floats(), dg.floats(), c.n, pos0, dstate.floats(), dout.floats(),
+                              scratch.floats(), nullptr);
     else cuda::GatedDeltaRecurrent(sh, dconv.floats(), dbeta.floats(), dg.floats(), c.n, dstate.floats(), dout.floats(), nullptr);
     Must(cuda::Synchronize(nullptr, "the delta rule"), "synchronizing");
     const float out_diff = MaxAbsDiff(ToHost(dout, cpu_out.size()), cpu_out);

@@ -10,6 +10,7 @@
 #ifndef ANCHORAGE_LAUNCH
 #define ANCHORAGE_LAUNCH(kernel, grid, block, shared, stream) kernel<<<grid, block, shared, stream>>>
 #define ANCHORAGE_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#define ANCHORAGE_UNROLL _Pragma("unroll")
 #endif
 
 namespace anchorage::cuda {
@@ -181,84 +182,145 @@ __device__ float RowDot(const float* a, const float* b, int64_t count) {
   return acc;
 }
 
-// One block a value head; its chunks in order. Shared: G, beta, exp(G), tail weights [C] each, A and
-// QK [C, C], and [U | W] [C, dv + dk]. Thread e owns state column e, which it reads and writes in place.
-__global__ void GatedDeltaChunkedKernel(DeltaShape sh, const float* conv, const float* beta_in, const float* g_in,
-                                        int64_t n, int64_t pos0, float* state, float* out) {
+// Where chunk c of a call's rows starts: chunks end at absolute multiples of 64.
+__device__ int64_t ChunkStart(int64_t c, int64_t pos0) {
+  const int64_t first = kC - pos0 % kC;
+  return c == 0 ? 0 : first + (c - 1) * kC;
+}
+
+// What the first phase leaves for each (chunk, value head): [U | W] [C, dv + dk], the decayed QK
+// [C, C] (zero above the diagonal), exp(G) [C] and the state-update weights exp(G_last - G_j) [C].
+__host__ __device__ int64_t ChunkScratchFloats(int64_t dk, int64_t dv) { return kC * (dv + dk) + kC * kC + 2 * kC; }
+
+// Phase 1, every (chunk, value head) at once: the chunk's cumulative decay, its Gram matrices with
+// decay and mask, and the forward substitution (I + A) [U | W] = [beta v | beta exp(G) k], a column
+// a thread. Nothing here reads the state.
+__global__ void DeltaChunkPrepKernel(DeltaShape sh, const float* conv, const float* beta_in, const float* g_in, int64_t n,
+                                     int64_t pos0, float* scratch) {
+  ANCHORAGE_DYNAMIC_SHARED(float, smem);
+  const int64_t c = blockIdx.x, h = blockIdx.y, kh = h / (sh.value_heads / sh.key_heads);
+  const int64_t dk = sh.dk, dv = sh.dv, C = sh.channels, Nv = sh.value_heads, ld = dv + dk;
+  const int64_t key_dim = sh.key_heads * dk;
+  const int64_t t = ChunkStart(c, pos0);
+  const int64_t m = min(n - t, kC - (pos0 + t) % kC);
+  float* G = smem;
+  float* beta = G + kC;
+  float* A = beta + kC;      // row i, column j < i: -beta_i (k_i.k_j) exp(G_i - G_j)
+  float* UW = A + kC * kC;
+  float* out = scratch + (c * Nv + h) * ChunkScratchFloats(dk, dv);
+  float* QK = out + kC * ld;  // row i, column j <= i: (q_i.k_j) exp(G_i - G_j)
+  float* eg = QK + kC * kC;
+  float* tail = eg + kC;
+  const float* q0 = conv + t * C + kh * dk;
+  const float* k0 = conv + t * C + key_dim + kh * dk;
+  const float* v0 = conv + t * C + 2 * key_dim + h * dv;
+  const int tid = threadIdx.x, threads = blockDim.x;
+  if (tid == 0) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < m; ++i) {
+      acc += g_in[(t + i) * Nv + h];
+      G[i] = acc;
+      beta[i] = beta_in[(t + i) * Nv + h];
+    }
+  }
+  __syncthreads();
+  for (int64_t i = tid; i < m; i += threads) {
+    eg[i] = expf(G[i]);
+    tail[i] = expf(G[m - 1] - G[i]);
+  }
+  for (int64_t idx = tid; idx < m * m; idx += threads) {
+    const int64_t i = idx / m, j = idx % m;
+    if (j < i) {
+      const float decay = expf(G[i] - G[j]);
+      A[i * kC + j] = -(beta[i] * RowDot(k0 + i * C, k0 + j * C, dk) * decay);
+      QK[i * kC + j] = RowDot(q0 + i * C, k0 + j * C, dk) * decay;
+    } else {
+      QK[i * kC + j] = j == i ? RowDot(q0 + i * C, k0 + j * C, dk) : 0.0f;
+    }
+  }
+  __syncthreads();
+  for (int64_t col = tid; col < ld; col += threads) {
+    for (int64_t i = 0; i < m; ++i) {
+      float val = col < dv ? beta[i] * v0[i * C + col] : beta[i] * expf(G[i]) * k0[i * C + (col - dv)];
+      for (int64_t j = 0; j < i; ++j) val = fmaf(A[i * kC + j], UW[j * ld + col], val);
+      UW[i * ld + col] = val;
+      out[i * ld + col] = val;
+    }
+  }
+}
+
+constexpr int kStateColumns = 32;   // state columns a block of the second phase
+constexpr int kStateGroups = 4;     // its threads split the dk rows into this many slices
+constexpr int kMaxSliceRows = 32;   // dk <= 128
+
+// Phase 2, the chunks in order: a block holds 32 columns of one head's state in registers, each of
+// its 4 warps a quarter of the rows. Per chunk: V' = U - W S and o = exp(G) Q S + QK V' (the four
+// quarters' partial sums added in quarter order), then S = exp(G_last) S + (tail K)^T V'.
+__global__ void DeltaStatePassKernel(DeltaShape sh, const float* conv, int64_t n, int64_t pos0, const float* scratch,
+                                     float* state, float* core) {
   ANCHORAGE_DYNAMIC_SHARED(float, smem);
   const int64_t h = blockIdx.x, kh = h / (sh.value_heads / sh.key_heads);
   const int64_t dk = sh.dk, dv = sh.dv, C = sh.channels, Nv = sh.value_heads, ld = dv + dk;
   const int64_t key_dim = sh.key_heads * dk, value_dim = Nv * dv;
-  float* G = smem;
-  float* beta = G + kC;
-  float* eg = beta + kC;
-  float* tail = eg + kC;
-  float* A = tail + kC;  // row i, column j < i: -beta_i (k_i.k_j) exp(G_i - G_j)
-  float* QK = A + kC * kC;  // row i, column j <= i: (q_i.k_j) exp(G_i - G_j)
-  float* UW = QK + kC * kC;
+  const int col = threadIdx.x % kStateColumns, quarter = threadIdx.x / kStateColumns;
+  const int64_t e = static_cast<int64_t>(blockIdx.y) * kStateColumns + col;
+  const bool live = e < dv;
+  const int64_t slice = dk / kStateGroups, d0 = quarter * slice;
+  float* part_w = smem;                                   // [4][C][32]
+  float* part_q = part_w + kStateGroups * kC * kStateColumns;  // [4][C][32]
+  float* vnew = part_q + kStateGroups * kC * kStateColumns;    // [C][32] V'
   float* S = state + h * dk * dv;
-  const int tid = threadIdx.x, threads = blockDim.x;
-  for (int64_t t = 0; t < n;) {
-    const int64_t p = pos0 + t;
-    const int64_t m = min(n - t, kC - p % kC);
+  float s[kMaxSliceRows];  // fully unrolled loops keep it in registers
+  ANCHORAGE_UNROLL
+  for (int r = 0; r < kMaxSliceRows; ++r) s[r] = r < slice && live ? S[(d0 + r) * dv + e] : 0.0f;
+  const int64_t chunks = n <= kC - pos0 % kC ? 1 : 1 + (n - (kC - pos0 % kC) + kC - 1) / kC;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t t = ChunkStart(c, pos0);
+    const int64_t m = min(n - t, kC - (pos0 + t) % kC);
+    const float* UW = scratch + (c * Nv + h) * ChunkScratchFloats(dk, dv);
+    const float* QK = UW + kC * ld;
+    const float* eg = QK + kC * kC;
+    const float* tail = eg + kC;
     const float* q0 = conv + t * C + kh * dk;
     const float* k0 = conv + t * C + key_dim + kh * dk;
-    const float* v0 = conv + t * C + 2 * key_dim + h * dv;
-    if (tid == 0) {
-      float acc = 0.0f;
-      for (int64_t i = 0; i < m; ++i) {
-        acc += g_in[(t + i) * Nv + h];
-        G[i] = acc;
-        beta[i] = beta_in[(t + i) * Nv + h];
-        eg[i] = expf(acc);
+    for (int64_t i = 0; i < m; ++i) {
+      float pw = 0.0f, pq = 0.0f;
+      ANCHORAGE_UNROLL
+      for (int r = 0; r < kMaxSliceRows; ++r) {
+        if (r < slice) {
+          pw = fmaf(UW[i * ld + dv + d0 + r], s[r], pw);
+          pq = fmaf(eg[i] * q0[i * C + d0 + r], s[r], pq);
+        }
+      }
+      part_w[(quarter * kC + i) * kStateColumns + col] = pw;
+      part_q[(quarter * kC + i) * kStateColumns + col] = pq;
+    }
+    __syncthreads();
+    for (int64_t i = quarter; i < m; i += kStateGroups) {
+      float w_s = 0.0f;
+      for (int g = 0; g < kStateGroups; ++g) w_s += part_w[(g * kC + i) * kStateColumns + col];
+      vnew[i * kStateColumns + col] = live ? UW[i * ld + e] - w_s : 0.0f;
+    }
+    __syncthreads();
+    for (int64_t i = quarter; i < m; i += kStateGroups) {
+      float o = 0.0f;
+      for (int g = 0; g < kStateGroups; ++g) o += part_q[(g * kC + i) * kStateColumns + col];
+      for (int64_t j = 0; j <= i; ++j) o = fmaf(QK[i * kC + j], vnew[j * kStateColumns + col], o);
+      if (live) core[(t + i) * value_dim + h * dv + e] = o;
+    }
+    ANCHORAGE_UNROLL
+    for (int r = 0; r < kMaxSliceRows; ++r) {
+      if (r < slice) {
+        float acc = s[r] * eg[m - 1];
+        for (int64_t j = 0; j < m; ++j) acc = fmaf(k0[j * C + d0 + r] * tail[j], vnew[j * kStateColumns + col], acc);
+        s[r] = acc;
       }
     }
     __syncthreads();
-    for (int64_t j = tid; j < m; j += threads) tail[j] = expf(G[m - 1] - G[j]);
-    for (int64_t idx = tid; idx < m * m; idx += threads) {
-      const int64_t i = idx / m, j = idx % m;
-      if (j < i) {
-        const float decay = expf(G[i] - G[j]);
-        A[i * kC + j] = -(beta[i] * RowDot(k0 + i * C, k0 + j * C, dk) * decay);
-        QK[i * kC + j] = RowDot(q0 + i * C, k0 + j * C, dk) * decay;
-      } else if (j == i) {
-        QK[i * kC + j] = RowDot(q0 + i * C, k0 + j * C, dk);
-      }
-    }
-    __syncthreads();
-    // (I + A) [U | W] = [beta v | beta exp(G) k] by forward substitution, a column a thread.
-    for (int64_t c = tid; c < ld; c += threads) {
-      for (int64_t i = 0; i < m; ++i) {
-        float val = c < dv ? beta[i] * v0[i * C + c] : beta[i] * eg[i] * k0[i * C + (c - dv)];
-        for (int64_t j = 0; j < i; ++j) val = fmaf(A[i * kC + j], UW[j * ld + c], val);
-        UW[i * ld + c] = val;
-      }
-    }
-    __syncthreads();
-    for (int64_t e = tid; e < dv; e += threads) {
-      // V' = U - W S0, column e.
-      for (int64_t i = 0; i < m; ++i) {
-        float acc = UW[i * ld + e];
-        for (int64_t d = 0; d < dk; ++d) acc = fmaf(-UW[i * ld + dv + d], S[d * dv + e], acc);
-        UW[i * ld + e] = acc;
-      }
-      // o = diag(exp(G)) Q S0 + QK V'.
-      for (int64_t i = 0; i < m; ++i) {
-        float acc = 0.0f;
-        for (int64_t d = 0; d < dk; ++d) acc = fmaf(eg[i] * q0[i * C + d], S[d * dv + e], acc);
-        for (int64_t j = 0; j <= i; ++j) acc = fmaf(QK[i * kC + j], UW[j * ld + e], acc);
-        out[(t + i) * value_dim + h * dv + e] = acc;
-      }
-      // S = exp(G_last) S0 + (diag(tail) K)^T V'.
-      for (int64_t d = 0; d < dk; ++d) {
-        float acc = S[d * dv + e] * eg[m - 1];
-        for (int64_t j = 0; j < m; ++j) acc = fmaf(k0[j * C + d] * tail[j], UW[j * ld + e], acc);
-        S[d * dv + e] = acc;
-      }
-    }
-    __syncthreads();
-    t += m;
   }
+  ANCHORAGE_UNROLL
+  for (int r = 0; r < kMaxSliceRows; ++r)
+    if (r < slice && live) S[(d0 + r) * dv + e] = s[r];
 }
 
 __global__ void GatedDeltaRecurrentKernel(DeltaShape sh, const float* conv, const float* beta_in, const float* g_in,
@@ -473,16 +535,33 @@ void BetaAndDecay(const float* b, const float* a, const float* a_exp, const floa
 }
 
 int64_t GatedDeltaChunkedSharedBytes(const DeltaShape& shape) {
-  return static_cast<int64_t>(sizeof(float)) * (4 * kC + 2 * kC * kC + kC * (shape.dv + shape.dk));
+  const int64_t prep = 2 * kC + kC * kC + kC * (shape.dv + shape.dk);
+  const int64_t pass = 2 * kStateGroups * kC * kStateColumns + kC * kStateColumns;
+  return static_cast<int64_t>(sizeof(float)) * (prep > pass ? prep : pass);
+}
+
+int64_t GatedDeltaChunkedScratchFloats(const DeltaShape& shape, int64_t rows) {
+  const int64_t chunks = rows / kC + 2;  // a call of `rows` rows from any position spans at most this many chunks
+  return chunks * shape.value_heads * ChunkScratchFloats(shape.dk, shape.dv);
+}
+
+bool GatedDeltaChunkedSupports(const DeltaShape& shape) {
+  return shape.dk % kStateGroups == 0 && shape.dk / kStateGroups <= kMaxSliceRows;
 }
 
 void GatedDeltaChunked(const DeltaShape& shape, const float* conv, const float* beta, const float* g, int64_t n,
-                       int64_t pos0, float* state, float* out, Stream s) {
+                       int64_t pos0, float* state, float* out, float* scratch, Stream s) {
   if (n <= 0) return;
-  const int bytes = static_cast<int>(GatedDeltaChunkedSharedBytes(shape));
-  cudaFuncSetAttribute(GatedDeltaChunkedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  ANCHORAGE_LAUNCH(GatedDeltaChunkedKernel, static_cast<unsigned>(shape.value_heads), kDeltaThreads, bytes, s)(shape, conv, beta, g, n,
-                                                                                                 pos0, state, out);
+  const int64_t first = kC - pos0 % kC;
+  const int64_t chunks = n <= first ? 1 : 1 + (n - first + kC - 1) / kC;
+  const int prep_bytes = static_cast<int>(sizeof(float) * (2 * kC + kC * kC + kC * (shape.dv + shape.dk)));
+  cudaFuncSetAttribute(DeltaChunkPrepKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, prep_bytes);
+  ANCHORAGE_LAUNCH(DeltaChunkPrepKernel, dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(shape.value_heads)),
+                   kDeltaThreads, prep_bytes, s)(shape, conv, beta, g, n, pos0, scratch);
+  const int pass_bytes = static_cast<int>(sizeof(float) * (2 * kStateGroups * kC * kStateColumns + kC * kStateColumns));
+  cudaFuncSetAttribute(DeltaStatePassKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, pass_bytes);
+  const dim3 grid(static_cast<unsigned>(shape.value_heads), static_cast<unsigned>((shape.dv + kStateColumns - 1) / kStateColumns));
+  ANCHORAGE_LAUNCH(DeltaStatePassKernel, grid, kStateColumns * kStateGroups, pass_bytes, s)(shape, conv, n, pos0, scratch, state, out);
 }
 
 void GatedDeltaRecurrent(const DeltaShape& shape, const float* conv, const float* beta, const float* g, int64_t n,

@@ -51,12 +51,18 @@ struct DeltaShape {
   int64_t key_heads = 0, value_heads = 0, dk = 0, dv = 0;
   int64_t channels = 0;  // conv row width: q [Nk*dk] | k [Nk*dk] | v [Nv*dv]
 };
-// Dynamic shared memory the chunked kernel needs, to check against the device's limit.
+// Dynamic shared memory the chunked kernels need, to check against the device's limit.
 int64_t GatedDeltaChunkedSharedBytes(const DeltaShape& shape);
-// The chunked gated delta rule over rows [0, n) at positions pos0.., one block a value head; chunks
-// end at absolute multiples of 64. state fp32 [Nv, dk, dv] in place; out [n, Nv*dv].
+// The scratch (floats) GatedDeltaChunked needs for calls of up to `rows` rows.
+int64_t GatedDeltaChunkedScratchFloats(const DeltaShape& shape, int64_t rows);
+// Whether the state pass holds this shape (dk a multiple of 4, at most 128).
+bool GatedDeltaChunkedSupports(const DeltaShape& shape);
+// The chunked gated delta rule over rows [0, n) at positions pos0..; chunks end at absolute multiples
+// of 64. First every (chunk, head) at once computes what needs no state (into scratch), then the
+// chunks pass through the state in order, 32 state columns a block. state fp32 [Nv, dk, dv] in
+// place; out [n, Nv*dv].
 void GatedDeltaChunked(const DeltaShape& shape, const float* conv, const float* beta, const float* g, int64_t n,
-                       int64_t pos0, float* state, float* out, Stream s);
+                       int64_t pos0, float* state, float* out, float* scratch, Stream s);
 // The one-token recurrence over rows [0, n), in order.
 void GatedDeltaRecurrent(const DeltaShape& shape, const float* conv, const float* beta, const float* g, int64_t n,
                          float* state, float* out, Stream s);
