@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -44,6 +45,7 @@ struct LtGemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatmulAlgo_t algo{};
   uint64_t workspace = 0;  // bytes of workspace the algorithm may use
+  int64_t min_rows = 1;    // calls of fewer rows run padded to this many
   ~Plan() {
     if (desc) cublasLtMatmulDescDestroy(desc);
   }
@@ -77,16 +79,21 @@ Status LtGemm::Prepare(int64_t N, int64_t K) {
   const cublasOperation_t transpose = CUBLAS_OP_T;
   RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose),
                            "transposing the weights"));
-  Layouts largest, single;
+  Layouts largest;
   RETURN_IF_ERROR(largest.Make(N, K, max_rows_));
-  RETURN_IF_ERROR(single.Make(N, K, 1));
-  // Algorithms that need no workspace first; then ones that do, still without split-K.
-  for (const uint64_t workspace : {uint64_t{0}, static_cast<uint64_t>(kWorkspaceBytes)}) {
+  // Without workspace first, then with; the reduction-scheme filter first, then without it (split-K
+  // is refused below either way).
+  struct Ask {
+    uint64_t workspace;
+    bool filter_reduction;
+  };
+  for (const Ask ask : {Ask{0, true}, Ask{0, false}, Ask{kWorkspaceBytes, true}, Ask{kWorkspaceBytes, false}}) {
     cublasLtMatmulPreference_t pref = nullptr;
     RETURN_IF_ERROR(LtStatus(cublasLtMatmulPreferenceCreate(&pref), "creating a preference"));
     const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_reduction, sizeof no_reduction);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ask.workspace, sizeof ask.workspace);
+    if (ask.filter_reduction)
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_reduction, sizeof no_reduction);
     std::vector<cublasLtMatmulHeuristicResult_t> found(kCandidates);
     int count = 0;
     const cublasStatus_t asked = cublasLtMatmulAlgoGetHeuristic(Handle(handle_), plan->desc, largest.a, largest.b, largest.c,
@@ -98,23 +105,31 @@ Status LtGemm::Prepare(int64_t N, int64_t K) {
       int32_t splits = 1;
       size_t written = 0;
       cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &written);
-      if (splits > 1 || found[i].workspaceSize > workspace) continue;
-      cublasLtMatmulHeuristicResult_t check{};
-      if (cublasLtMatmulAlgoCheck(Handle(handle_), plan->desc, single.a, single.b, single.c, single.c, &algo, &check) !=
-              CUBLAS_STATUS_SUCCESS ||
-          check.workspaceSize > workspace)
-        continue;
-      if (workspace > 0 && workspace_.bytes() == 0) {
+      if (splits > 1 || found[i].workspaceSize > ask.workspace) continue;
+      // The fewest rows the algorithm takes: calls with fewer are padded to it (rows stay independent).
+      int64_t min_rows = 0;
+      for (int64_t rows = 1; rows <= max_rows_ && min_rows == 0; rows *= 2) {
+        Layouts small;
+        RETURN_IF_ERROR(small.Make(N, K, rows));
+        cublasLtMatmulHeuristicResult_t check{};
+        if (cublasLtMatmulAlgoCheck(Handle(handle_), plan->desc, small.a, small.b, small.c, small.c, &algo, &check) ==
+                CUBLAS_STATUS_SUCCESS &&
+            check.workspaceSize <= ask.workspace)
+          min_rows = rows;
+      }
+      if (min_rows == 0) continue;
+      if (ask.workspace > 0 && workspace_.bytes() == 0) {
         ASSIGN_OR_RETURN(workspace_, DeviceBuffer::Allocate(kWorkspaceBytes, "cuBLASLt workspace"));
       }
       plan->algo = algo;
-      plan->workspace = workspace;
+      plan->workspace = ask.workspace;
+      plan->min_rows = min_rows;
       plans_[{N, K}] = std::move(plan);
       return Status::Ok();
     }
   }
   return Unsupported("cuBLASLt offers no algorithm without split-K for " + std::to_string(N) + " x " + std::to_string(K) +
-                     " that runs at 1 and " + std::to_string(max_rows_) + " rows");
+                     " at " + std::to_string(max_rows_) + " rows");
 }
 
 Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride) {
@@ -123,15 +138,17 @@ Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int6
   auto it = plans_.find({N, K});
   if (it == plans_.end()) return Internal("LtGemm: shape " + std::to_string(N) + " x " + std::to_string(K) + " was not prepared");
   const Plan& plan = *it->second;
+  const int64_t rows = std::max(n, plan.min_rows);  // padding rows hold whatever was there; their outputs are dropped
   auto* split = static_cast<uint16_t*>(split_.data());
-  SplitBf16(x, n, K, split, stream_);
+  SplitBf16(x, n, K, rows, split, stream_);
   Layouts layouts;
-  RETURN_IF_ERROR(layouts.Make(N, K, n));
+  RETURN_IF_ERROR(layouts.Make(N, K, rows));
   const float one = 1.0f, zero = 0.0f;
+  void* workspace = plan.workspace > 0 ? workspace_.data() : nullptr;
   RETURN_IF_ERROR(LtStatus(cublasLtMatmul(Handle(handle_), plan.desc, &one, w, layouts.a, split, layouts.b, &zero, halves_.floats(),
-                                          layouts.c, halves_.floats(), layouts.c, &plan.algo, plan.workspace > 0 ? workspace_.data() : nullptr, plan.workspace, stream_),
+                                          layouts.c, halves_.floats(), layouts.c, &plan.algo, workspace, plan.workspace, stream_),
                            "running a product"));
-  SumHalves(halves_.floats(), n, N, y, y_stride, stream_);
+  SumHalves(halves_.floats(), n, N, rows, y, y_stride, stream_);
   return Status::Ok();
 }
 
@@ -147,9 +164,10 @@ std::string LtGemm::Describe() const {
     cublasLtMatmulAlgoConfigGetAttribute(&plan->algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits, &written);
     cublasLtMatmulAlgoConfigGetAttribute(&plan->algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof swizzle, &written);
     cublasLtMatmulAlgoConfigGetAttribute(&plan->algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof custom, &written);
-    std::snprintf(line, sizeof line, "%lldx%lld algo %d tile %d stages %d splitk %d swizzle %d custom %d workspace %llu data",
+    std::snprintf(line, sizeof line,
+                  "%lldx%lld algo %d tile %d stages %d splitk %d swizzle %d custom %d workspace %llu min rows %lld data",
                   static_cast<long long>(shape.first), static_cast<long long>(shape.second), id, tile, stages, splits, swizzle,
-                  custom, static_cast<unsigned long long>(plan->workspace));
+                  custom, static_cast<unsigned long long>(plan->workspace), static_cast<long long>(plan->min_rows));
     out += line;
     for (uint64_t word : plan->algo.data) {  // the whole opaque algorithm: inner and cluster shapes too
       std::snprintf(line, sizeof line, " %016llx", static_cast<unsigned long long>(word));

@@ -69,20 +69,20 @@ __global__ void RmsNormRowsKernel(const float* x, const float* w1, int64_t width
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) yr[i] = xr[i] * inv * w1[i];
 }
 
-__global__ void SplitBf16Kernel(const float* x, int64_t count, uint16_t* out) {
+__global__ void SplitBf16Kernel(const float* x, int64_t count, int64_t lo_offset, uint16_t* out) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= count) return;
   const __nv_bfloat16 hi = __float2bfloat16_rn(x[i]);
   const __nv_bfloat16 lo = __float2bfloat16_rn(x[i] - __bfloat162float(hi));
   out[i] = __bfloat16_as_ushort(hi);
-  out[count + i] = __bfloat16_as_ushort(lo);
+  out[lo_offset + i] = __bfloat16_as_ushort(lo);
 }
 
-__global__ void SumHalvesKernel(const float* halves, int64_t n, int64_t width, float* y, int64_t y_stride) {
+__global__ void SumHalvesKernel(const float* halves, int64_t n, int64_t width, int64_t lo_offset, float* y, int64_t y_stride) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n * width) return;
   const int64_t t = i / width, c = i % width;
-  y[t * y_stride + c] = halves[i] + halves[n * width + i];
+  y[t * y_stride + c] = halves[i] + halves[lo_offset + i];
 }
 
 constexpr int kGemvWarps = 8;
@@ -490,12 +490,12 @@ void RmsNormRows(const float* x, const float* w1, int64_t n, int64_t width, floa
   if (n > 0) ANCHORAGE_LAUNCH(RmsNormRowsKernel, static_cast<unsigned>(n), kBlock, 0, s)(x, w1, width, eps, y);
 }
 
-void SplitBf16(const float* x, int64_t n, int64_t width, uint16_t* out, Stream s) {
-  if (n > 0) ANCHORAGE_LAUNCH(SplitBf16Kernel, Blocks(n * width), kBlock, 0, s)(x, n * width, out);
+void SplitBf16(const float* x, int64_t n, int64_t width, int64_t rows, uint16_t* out, Stream s) {
+  if (n > 0) ANCHORAGE_LAUNCH(SplitBf16Kernel, Blocks(n * width), kBlock, 0, s)(x, n * width, rows * width, out);
 }
 
-void SumHalves(const float* halves, int64_t n, int64_t width, float* y, int64_t y_stride, Stream s) {
-  if (n > 0) ANCHORAGE_LAUNCH(SumHalvesKernel, Blocks(n * width), kBlock, 0, s)(halves, n, width, y, y_stride);
+void SumHalves(const float* halves, int64_t n, int64_t width, int64_t rows, float* y, int64_t y_stride, Stream s) {
+  if (n > 0) ANCHORAGE_LAUNCH(SumHalvesKernel, Blocks(n * width), kBlock, 0, s)(halves, n, width, rows * width, y, y_stride);
 }
 
 void Gemv(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s) {

@@ -21,10 +21,10 @@ void EmbedRows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t wid
 // y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w1 (w1 already holds 1 + w).
 void RmsNormRows(const float* x, const float* w1, int64_t n, int64_t width, float eps, float* y, Stream s);
 // The split that keeps fp32 accuracy through bf16 products: rows [0, n) of out are bf16(x) (nearest
-// even), rows [n, 2n) bf16(x - hi). out is bf16 [2n, width].
-void SplitBf16(const float* x, int64_t n, int64_t width, uint16_t* out, Stream s);
-// y[t] = halves[t] + halves[n + t] for rows of width floats.
-void SumHalves(const float* halves, int64_t n, int64_t width, float* y, int64_t y_stride, Stream s);
+// even), rows [rows, rows + n) bf16(x - hi). out is bf16 [2 * rows, width] (rows >= n: a padded call).
+void SplitBf16(const float* x, int64_t n, int64_t width, int64_t rows, uint16_t* out, Stream s);
+// y[t] = halves[t] + halves[rows + t] for t < n, rows of width floats.
+void SumHalves(const float* halves, int64_t n, int64_t width, int64_t rows, float* y, int64_t y_stride, Stream s);
 // y[t, j] = sum_i w[j, i] * x[t, i] in fp32, w bf16 [rows, cols] row-major: one warp a weight row.
 void Gemv(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s);
 // to[i] += from[i].

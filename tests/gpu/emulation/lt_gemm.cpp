@@ -1,5 +1,7 @@
 // LtGemm for the SIMT emulator: the split and the sum run as kernels, and a plain product (each
-// output element over k in order, one fma a term) stands in for cuBLASLt.
+// output element over k in order, one fma a term) stands in for cuBLASLt. Calls of fewer than 8
+// rows are padded to 8, as an algorithm with a minimum would be, so the padded layout is exercised.
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -9,6 +11,10 @@
 namespace anchorage::cuda {
 
 struct LtGemm::Plan {};
+
+namespace {
+constexpr int64_t kMinRows = 8;
+}  // namespace
 
 Result<std::unique_ptr<LtGemm>> LtGemm::Create(int64_t max_rows, int64_t max_k, int64_t max_n, Stream s) {
   std::unique_ptr<LtGemm> gemm(new LtGemm());
@@ -34,11 +40,12 @@ Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int6
   if (n <= 0) return Status::Ok();
   if (n > max_rows_) return InvalidArgument("LtGemm: " + std::to_string(n) + " rows, at most " + std::to_string(max_rows_));
   if (!plans_.count({N, K})) return Internal("LtGemm: shape " + std::to_string(N) + " x " + std::to_string(K) + " was not prepared");
+  const int64_t rows = std::max(n, std::min<int64_t>(kMinRows, max_rows_));
   auto* split = static_cast<uint16_t*>(split_.data());
-  SplitBf16(x, n, K, split, stream_);
+  SplitBf16(x, n, K, rows, split, stream_);
   float* halves = halves_.floats();
   const auto widen = [](uint16_t v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); };
-  for (int64_t col = 0; col < 2 * n; ++col) {  // cuBLASLt's column-major view: column col is split row col
+  for (int64_t col = 0; col < 2 * rows; ++col) {  // cuBLASLt's column-major view: column col is split row col
     const uint16_t* b = split + col * K;
     for (int64_t j = 0; j < N; ++j) {
       const uint16_t* a = w + j * K;
@@ -47,7 +54,7 @@ Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int6
       halves[col * N + j] = acc;
     }
   }
-  SumHalves(halves, n, N, y, y_stride, stream_);
+  SumHalves(halves, n, N, rows, y, y_stride, stream_);
   return Status::Ok();
 }
 
