@@ -50,7 +50,6 @@ struct CudaForward::Workspace {
   DeviceBuffer qg;                  // [G, 2*Nh*hd]
   DeviceBuffer attn;                // [G, Nh*hd]
   DeviceBuffer gate, up;            // [G, I]
-  DeviceBuffer tail;                // [K-1, conv_dim], the next conv tail
   DeviceBuffer delta;               // the chunked delta rule's scratch for G rows
   DeviceBuffer logits;              // [kLogitRows, V]
   int64_t bytes = 0;
@@ -331,7 +330,6 @@ Status CudaForward::Init(const ModelWeights& w) {
   RETURN_IF_ERROR(make(ws.qg, Floats(G * 2 * Nh * hd), "query rows"));
   RETURN_IF_ERROR(make(ws.attn, Floats(G * Nh * hd), "attention rows"));
   for (DeviceBuffer* b : {&ws.gate, &ws.up}) RETURN_IF_ERROR(make(*b, Floats(G * I), "MLP rows"));
-  RETURN_IF_ERROR(make(ws.tail, Floats(std::max<int64_t>(1, K - 1) * C), "a conv tail"));
   const cuda::DeltaShape delta{c.linear_num_key_heads, Nv, c.linear_key_head_dim, c.linear_value_head_dim, C};
   RETURN_IF_ERROR(make(ws.delta, Floats(cuda::GatedDeltaChunkedScratchFloats(delta, G)), "the delta rule's scratch"));
   RETURN_IF_ERROR(make(ws.logits, Floats(kLogitRows * c.vocab_size), "logits"));
@@ -404,6 +402,7 @@ Result<std::vector<float>> CudaForward::Prefill(DeviceState& state, std::span<co
 }
 
 Result<std::vector<float>> CudaForward::Decode(DeviceState& state, int32_t id) {
+  // One row in kRecurrent mode: the mixers' and the MLP's one-row launches rely on it.
   RETURN_IF_ERROR(CheckIds(std::span<const int32_t>(&id, 1)));
   RETURN_IF_ERROR(state.Reserve(state.length() + 1));
   std::vector<float> logits(static_cast<size_t>(config_.vocab_size));
@@ -429,17 +428,21 @@ Status CudaForward::RunChunk(DeviceState& state, int64_t n, Mode mode, int64_t f
   float* a = ws.a.floats();
   cuda::EmbedRows(embed_.w, static_cast<const int32_t*>(ws.ids.data()), n, H, x, stream_);
   int64_t gi = 0, ai = 0;
-  for (const Layer& layer : layers_) {
-    cuda::RmsNormRows(x, layer.in_norm, n, H, eps, a, stream_);
+  cuda::RmsNormRows(x, layers_.front().in_norm, n, H, eps, a, stream_);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& layer = layers_[l];
     if (layer.kind == LayerKind::kLinearAttention) {
       RETURN_IF_ERROR(GdnMixer(layer, state, gi++, n, mode));
     } else {
       RETURN_IF_ERROR(AttentionMixer(layer, state, ai++, n, mode));
     }
-    cuda::AddRows(ws.mix.floats(), n * H, x, stream_);
-    cuda::RmsNormRows(x, layer.post_norm, n, H, eps, a, stream_);
+    cuda::AddRmsNorm(x, ws.mix.floats(), layer.post_norm, n, H, eps, a, stream_);
     RETURN_IF_ERROR(Mlp(layer, n, mode));
-    cuda::AddRows(ws.mix.floats(), n * H, x, stream_);
+    if (l + 1 < layers_.size()) {
+      cuda::AddRmsNorm(x, ws.mix.floats(), layers_[l + 1].in_norm, n, H, eps, a, stream_);
+    } else {
+      cuda::AddRows(ws.mix.floats(), n * H, x, stream_);
+    }
   }
   state.length_ += n;
   if (logits == nullptr) return cuda::Synchronize(stream_, "a forward chunk");
@@ -464,27 +467,54 @@ Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int
   const float eps = static_cast<float>(c.rms_norm_eps);
   Workspace& ws = *ws_;
   const float* a = ws.a.floats();
-  RETURN_IF_ERROR(Product(L.qkv, a, n, ws.qkv.floats(), C, mode));
-  RETURN_IF_ERROR(Product(L.z, a, n, ws.z.floats(), VD, mode));
-  RETURN_IF_ERROR(Product(L.b, a, n, ws.bb.floats(), Nv, mode));
-  RETURN_IF_ERROR(Product(L.a, a, n, ws.aa.floats(), Nv, mode));
-  float* tail = state.tail_[static_cast<size_t>(gi)].floats();
-  cuda::ConvSilu(ws.qkv.floats(), tail, L.conv, n, C, K, ws.conv.floats(), stream_);
-  cuda::QkL2Norm(ws.conv.floats(), n, C, c.linear_num_key_heads, dk, eps, 1.0f / std::sqrt(static_cast<float>(dk)), stream_);
-  cuda::BetaAndDecay(ws.bb.floats(), ws.aa.floats(), L.a_exp, L.dt_bias, n, Nv, ws.beta.floats(), ws.g.floats(), stream_);
-  if (K > 1) {
-    cuda::NextTail(ws.qkv.floats(), tail, n, C, K, ws.tail.floats(), stream_);
-    RETURN_IF_ERROR(cuda::CopyOnDevice(tail, ws.tail.data(), static_cast<size_t>(Floats((K - 1) * C)), stream_));
+  if (mode == Mode::kRecurrent) {  // one row: the four projections in one launch
+    cuda::GemvSet set;
+    set.count = 4;
+    const Matrix* matrices[4] = {&L.qkv, &L.z, &L.b, &L.a};
+    float* outputs[4] = {ws.qkv.floats(), ws.z.floats(), ws.bb.floats(), ws.aa.floats()};
+    for (int m = 0; m < 4; ++m) {
+      set.w[m] = matrices[m]->w;
+      set.rows[m] = matrices[m]->rows;
+      set.y[m] = outputs[m];
+    }
+    cuda::GemvMany(set, H, a, stream_);
+  } else {
+    RETURN_IF_ERROR(Product(L.qkv, a, n, ws.qkv.floats(), C, mode));
+    RETURN_IF_ERROR(Product(L.z, a, n, ws.z.floats(), VD, mode));
+    RETURN_IF_ERROR(Product(L.b, a, n, ws.bb.floats(), Nv, mode));
+    RETURN_IF_ERROR(Product(L.a, a, n, ws.aa.floats(), Nv, mode));
   }
+  float* tail = state.tail_[static_cast<size_t>(gi)].floats();
+  cuda::ConvNormGates gates;
+  gates.qkv = ws.qkv.floats();
+  gates.tail = tail;
+  gates.w = L.conv;
+  gates.out = ws.conv.floats();
+  gates.channels = C;
+  gates.taps = K;
+  gates.key_heads = c.linear_num_key_heads;
+  gates.dk = dk;
+  gates.eps = eps;
+  gates.q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  gates.b = ws.bb.floats();
+  gates.a = ws.aa.floats();
+  gates.a_exp = L.a_exp;
+  gates.dt_bias = L.dt_bias;
+  gates.beta = ws.beta.floats();
+  gates.g = ws.g.floats();
+  gates.value_heads = Nv;
+  cuda::ConvNormGatesRows(gates, n, stream_);
+  cuda::NextTail(ws.qkv.floats(), tail, n, C, K, stream_);
   const cuda::DeltaShape shape{c.linear_num_key_heads, Nv, dk, c.linear_value_head_dim, C};
   float* S = state.recurrent_[static_cast<size_t>(gi)].floats();
   if (mode == Mode::kChunked) {
     cuda::GatedDeltaChunked(shape, ws.conv.floats(), ws.beta.floats(), ws.g.floats(), n, state.length(), S, ws.core.floats(),
                             ws.delta.floats(), stream_);
+    cuda::GatedNorm(ws.core.floats(), ws.z.floats(), L.gdn_norm, n, Nv, c.linear_value_head_dim, eps, stream_);
   } else {
-    cuda::GatedDeltaRecurrent(shape, ws.conv.floats(), ws.beta.floats(), ws.g.floats(), n, S, ws.core.floats(), stream_);
+    cuda::GatedDeltaRecurrent(shape, ws.conv.floats(), ws.beta.floats(), ws.g.floats(), n, S, ws.core.floats(), ws.z.floats(),
+                              L.gdn_norm, eps, stream_);
   }
-  cuda::GatedNorm(ws.core.floats(), ws.z.floats(), L.gdn_norm, n, Nv, c.linear_value_head_dim, eps, stream_);
   return Product(L.out, ws.core.floats(), n, ws.mix.floats(), H, mode);
 }
 
@@ -497,24 +527,43 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
   const float* a = ws.a.floats();
   float* k_all = state.k_[static_cast<size_t>(ai)].floats();
   float* v_all = state.v_[static_cast<size_t>(ai)].floats();
-  RETURN_IF_ERROR(Product(L.q, a, n, ws.qg.floats(), QW, mode));
-  RETURN_IF_ERROR(Product(L.k, a, n, k_all + pos0 * KW, KW, mode));
-  RETURN_IF_ERROR(Product(L.v, a, n, v_all + pos0 * KW, KW, mode));
+  if (mode == Mode::kRecurrent) {  // one row: q, k and v in one launch
+    cuda::GemvSet set;
+    set.count = 3;
+    set.w[0] = L.q.w;
+    set.rows[0] = L.q.rows;
+    set.y[0] = ws.qg.floats();
+    set.w[1] = L.k.w;
+    set.rows[1] = L.k.rows;
+    set.y[1] = k_all + pos0 * KW;
+    set.w[2] = L.v.w;
+    set.rows[2] = L.v.rows;
+    set.y[2] = v_all + pos0 * KW;
+    cuda::GemvMany(set, H, a, stream_);
+  } else {
+    RETURN_IF_ERROR(Product(L.q, a, n, ws.qg.floats(), QW, mode));
+    RETURN_IF_ERROR(Product(L.k, a, n, k_all + pos0 * KW, KW, mode));
+    RETURN_IF_ERROR(Product(L.v, a, n, v_all + pos0 * KW, KW, mode));
+  }
   const int64_t half = c.rotary_dim() / 2;
   cuda::NormRope(ws.qg.floats(), n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, pos0, stream_);
   cuda::NormRope(k_all + pos0 * KW, n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, pos0, stream_);
   const cuda::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
-  cuda::Attention(shape, ws.qg.floats(), QW, 2 * hd, n, pos0, k_all, v_all, KW, ws.attn.floats(), Nh * hd, stream_);
-  cuda::SigmoidGate(ws.attn.floats(), ws.qg.floats(), n, Nh, hd, stream_);
+  cuda::Attention(shape, ws.qg.floats(), QW, 2 * hd, n, pos0, k_all, v_all, KW, ws.qg.floats() + hd, ws.attn.floats(), Nh * hd,
+                  stream_);
   return Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode);
 }
 
 Status CudaForward::Mlp(const Layer& L, int64_t n, Mode mode) {
   const int64_t H = config_.hidden_size, I = config_.intermediate_size;
   Workspace& ws = *ws_;
-  RETURN_IF_ERROR(Product(L.gate, ws.a.floats(), n, ws.gate.floats(), I, mode));
-  RETURN_IF_ERROR(Product(L.up, ws.a.floats(), n, ws.up.floats(), I, mode));
-  cuda::SwiGlu(ws.gate.floats(), ws.up.floats(), n * I, stream_);
+  if (mode == Mode::kRecurrent) {  // one row: gate, up and their product in one launch
+    cuda::GemvSwiGlu(L.gate.w, L.up.w, I, H, ws.a.floats(), ws.gate.floats(), stream_);
+  } else {
+    RETURN_IF_ERROR(Product(L.gate, ws.a.floats(), n, ws.gate.floats(), I, mode));
+    RETURN_IF_ERROR(Product(L.up, ws.a.floats(), n, ws.up.floats(), I, mode));
+    cuda::SwiGlu(ws.gate.floats(), ws.up.floats(), n * I, stream_);
+  }
   return Product(L.down, ws.gate.floats(), n, ws.mix.floats(), H, mode);
 }
 

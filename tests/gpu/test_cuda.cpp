@@ -136,6 +136,51 @@ void GemvMatchesReference(int64_t K) {
   }
 }
 
+// The launches that fuse steps for decode give the bits of the steps one by one.
+void FusedLaunchesGiveTheStepsBits() {
+  const int64_t K = 264, rows_a = 40, rows_b = 72;
+  std::vector<uint16_t> wa(static_cast<size_t>(rows_a * K)), wb(static_cast<size_t>(rows_b * K));
+  const std::vector<float> fa = RandomFloats(wa.size(), 61), fb = RandomFloats(wb.size(), 62);
+  for (size_t i = 0; i < wa.size(); ++i) wa[i] = FloatToBf16(fa[i]);
+  for (size_t i = 0; i < wb.size(); ++i) wb[i] = FloatToBf16(fb[i]);
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(K), 63, -2.0f, 2.0f);
+  cuda::DeviceBuffer dwa = ToDevice(wa), dwb = ToDevice(wb), dx = ToDevice(x);
+  const auto* pa = static_cast<const uint16_t*>(dwa.data());
+  const auto* pb = static_cast<const uint16_t*>(dwb.data());
+  auto alloc = [](int64_t floats) { return Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(floats) * 4, "out"), "allocating"); };
+  // GemvMany against Gemv.
+  cuda::DeviceBuffer ya = alloc(rows_a), yb = alloc(rows_b), set_a = alloc(rows_a), set_b = alloc(rows_b);
+  cuda::Gemv(pa, rows_a, K, dx.floats(), 1, ya.floats(), nullptr);
+  cuda::Gemv(pb, rows_b, K, dx.floats(), 1, yb.floats(), nullptr);
+  cuda::GemvSet set;
+  set.count = 2;
+  set.w[0] = pa;
+  set.rows[0] = rows_a;
+  set.y[0] = set_a.floats();
+  set.w[1] = pb;
+  set.rows[1] = rows_b;
+  set.y[1] = set_b.floats();
+  cuda::GemvMany(set, K, dx.floats(), nullptr);
+  GPU_CHECK(SameBits(ToHost(set_a, rows_a), ToHost(ya, rows_a)));
+  GPU_CHECK(SameBits(ToHost(set_b, rows_b), ToHost(yb, rows_b)));
+  // GemvSwiGlu against two Gemv and SwiGlu (gate: the first 40 rows of b).
+  cuda::DeviceBuffer fused = alloc(rows_a);
+  cuda::GemvSwiGlu(pb, pa, rows_a, K, dx.floats(), fused.floats(), nullptr);
+  cuda::SwiGlu(yb.floats(), ya.floats(), rows_a, nullptr);
+  GPU_CHECK(SameBits(ToHost(fused, rows_a), ToHost(yb, rows_a)));
+  // AddRmsNorm against AddRows and RmsNormRows.
+  const int64_t n = 5, width = 300;
+  const std::vector<float> h = RandomFloats(static_cast<size_t>(n * width), 64), add = RandomFloats(h.size(), 65);
+  const std::vector<float> w1 = RandomFloats(static_cast<size_t>(width), 66, 0.5f, 1.5f);
+  cuda::DeviceBuffer x1 = ToDevice(h), x2 = ToDevice(h), dadd = ToDevice(add), dw1 = ToDevice(w1), y1 = alloc(n * width),
+                     y2 = alloc(n * width);
+  cuda::AddRmsNorm(x1.floats(), dadd.floats(), dw1.floats(), n, width, 1e-6f, y1.floats(), nullptr);
+  cuda::AddRows(dadd.floats(), n * width, x2.floats(), nullptr);
+  cuda::RmsNormRows(x2.floats(), dw1.floats(), n, width, 1e-6f, y2.floats(), nullptr);
+  GPU_CHECK(SameBits(ToHost(x1, h.size()), ToHost(x2, h.size())));
+  GPU_CHECK(SameBits(ToHost(y1, h.size()), ToHost(y2, h.size())));
+}
+
 // Inputs of the delta rule as the conv leaves them: q and k L2-normalised (q also / sqrt(dk)).
 struct DeltaCase {
   cuda::DeltaShape shape{2, 4, 128, 128, 0};
@@ -194,8 +239,22 @@ void GatedDeltaMatchesCpu() {
     if (chunked)
       cuda::GatedDeltaChunked(sh, dconv.floats(), dbeta.floats(), dg.floats(), c.n, pos0, dstate.floats(), dout.floats(),
                               scratch.floats(), nullptr);
-    else cuda::GatedDeltaRecurrent(sh, dconv.floats(), dbeta.floats(), dg.floats(), c.n, dstate.floats(), dout.floats(), nullptr);
+    else
+      cuda::GatedDeltaRecurrent(sh, dconv.floats(), dbeta.floats(), dg.floats(), c.n, dstate.floats(), dout.floats(), nullptr,
+                                nullptr, 0.0f, nullptr);
     Must(cuda::Synchronize(nullptr, "the delta rule"), "synchronizing");
+    if (!chunked) {  // the recurrence with the gated norm fused gives the bits of the two launches
+      const std::vector<float> z = RandomFloats(static_cast<size_t>(c.n * VD), 14);
+      const std::vector<float> norm_w = RandomFloats(static_cast<size_t>(sh.dv), 15, 0.5f, 1.5f);
+      cuda::DeviceBuffer dz = ToDevice(z), dnorm = ToDevice(norm_w), dstate2 = ToDevice(state0);
+      auto fused = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(c.n * VD) * 4, "out"), "allocating");
+      cuda::GatedDeltaRecurrent(sh, dconv.floats(), dbeta.floats(), dg.floats(), c.n, dstate2.floats(), fused.floats(), dz.floats(),
+                                dnorm.floats(), 1e-6f, nullptr);
+      auto separate = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(c.n * VD) * 4, "out"), "allocating");
+      Must(cuda::CopyOnDevice(separate.data(), dout.data(), static_cast<size_t>(c.n * VD) * 4, nullptr), "copying");
+      cuda::GatedNorm(separate.floats(), dz.floats(), dnorm.floats(), c.n, sh.value_heads, sh.dv, 1e-6f, nullptr);
+      GPU_CHECK(SameBits(ToHost(fused, cpu_out.size()), ToHost(separate, cpu_out.size())));
+    }
     const float out_diff = MaxAbsDiff(ToHost(dout, cpu_out.size()), cpu_out);
     const float state_diff = MaxAbsDiff(ToHost(dstate, cpu_state.size()), cpu_state);
     std::printf("       delta rule (%s): max |out diff| %.3g, max |state diff| %.3g\n", chunked ? "chunked" : "recurrent", out_diff, state_diff);
@@ -219,7 +278,8 @@ void AttentionMatchesCpuAndRowsAreIndependent() {
                         cpu_out.data(), OW);
   cuda::DeviceBuffer dq = ToDevice(q), dk = ToDevice(k), dv = ToDevice(v);
   auto dout = Must(cuda::DeviceBuffer::Allocate(cpu_out.size() * 4, "out"), "allocating");
-  cuda::Attention(shape, dq.floats(), QW, 2 * shape.head_dim, n, pos0, dk.floats(), dv.floats(), KW, dout.floats(), OW, nullptr);
+  cuda::Attention(shape, dq.floats(), QW, 2 * shape.head_dim, n, pos0, dk.floats(), dv.floats(), KW, nullptr, dout.floats(), OW,
+                  nullptr);
   Must(cuda::Synchronize(nullptr, "attention"), "synchronizing");
   const std::vector<float> out = ToHost(dout, cpu_out.size());
   const float diff = MaxAbsDiff(out, cpu_out);
@@ -227,8 +287,8 @@ void AttentionMatchesCpuAndRowsAreIndependent() {
   GPU_CHECK(diff <= 1e-5f);
   for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{31}, n - 1}) {
     auto drow = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(OW) * 4, "row"), "allocating");
-    cuda::Attention(shape, dq.floats() + t * QW, QW, 2 * shape.head_dim, 1, pos0 + t, dk.floats(), dv.floats(), KW, drow.floats(), OW,
-                    nullptr);
+    cuda::Attention(shape, dq.floats() + t * QW, QW, 2 * shape.head_dim, 1, pos0 + t, dk.floats(), dv.floats(), KW, nullptr,
+                    drow.floats(), OW, nullptr);
     const std::vector<float> row = ToHost(drow, static_cast<size_t>(OW));
     GPU_CHECK_MSG(std::memcmp(row.data(), out.data() + t * OW, static_cast<size_t>(OW) * 4) == 0, "query row " + std::to_string(t));
   }
@@ -394,6 +454,7 @@ int main() {
       {"gemm matches the double reference; rows independent of the call", GemmMatchesReferenceAndRowsAreIndependent},
       {"gemv matches the double reference (8-wide loads)", [] { GemvMatchesReference(520); }},
       {"gemv matches the double reference (odd width)", [] { GemvMatchesReference(522); }},
+      {"fused launches give the steps' bits", FusedLaunchesGiveTheStepsBits},
       {"gated delta rule matches the CPU's", GatedDeltaMatchesCpu},
       {"attention matches the CPU's; rows independent of the call", AttentionMatchesCpuAndRowsAreIndependent},
       {"tiny forward within 1e-4 x max |logit| of the CPU's", [] { ForwardMatchesCpu(TinyModelSize::kTiny, 0.0f, 1e-4f); }},

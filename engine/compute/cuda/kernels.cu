@@ -69,6 +69,22 @@ __global__ void RmsNormRowsKernel(const float* x, const float* w1, int64_t width
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) yr[i] = xr[i] * inv * w1[i];
 }
 
+// x += add, then y = RmsNorm(x) * w1: the residual add and the next norm in one pass (the same bits
+// as AddRows then RmsNormRows).
+__global__ void AddRmsNormKernel(float* x, const float* add, const float* w1, int64_t width, float eps, float* y) {
+  float* xr = x + blockIdx.x * width;
+  const float* ar = add + blockIdx.x * width;
+  float* yr = y + blockIdx.x * width;
+  float sq = 0.0f;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+    const float v = xr[i] + ar[i];
+    xr[i] = v;
+    sq += v * v;
+  }
+  const float inv = 1.0f / sqrtf(BlockSum(sq) / static_cast<float>(width) + eps);
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) yr[i] = xr[i] * inv * w1[i];
+}
+
 __global__ void SplitBf16Kernel(const float* x, int64_t count, int64_t lo_offset, uint16_t* out) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= count) return;
@@ -87,30 +103,53 @@ __global__ void SumHalvesKernel(const float* halves, int64_t n, int64_t width, i
 
 constexpr int kGemvWarps = 8;
 
+// One warp a weight row: the dot product the GEMV takes, over a bf16 row and an fp32 vector.
+__device__ float WarpRowDot(const uint16_t* wr, const float* xr, int64_t cols, int lane) {
+  float acc = 0.0f;
+  if (cols % 8 == 0) {
+    for (int64_t c = lane * 8; c < cols; c += 256) {
+      const uint4 packed = *reinterpret_cast<const uint4*>(wr + c);
+      const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+      for (int q = 0; q < 4; ++q) {
+        acc = fmaf(__uint_as_float(words[q] << 16), xr[c + 2 * q], acc);
+        acc = fmaf(__uint_as_float(words[q] & 0xffff0000u), xr[c + 2 * q + 1], acc);
+      }
+    }
+  } else {
+    for (int64_t c = lane; c < cols; c += 32) acc = fmaf(Bf16ToFloat(wr[c]), xr[c], acc);
+  }
+  return WarpSum(acc);
+}
+
 __global__ void GemvKernel(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + threadIdx.x / 32;
   if (row >= rows) return;
-  const uint16_t* wr = w + row * cols;
-  const bool vectors = cols % 8 == 0;
   for (int64_t t = 0; t < n; ++t) {
-    const float* xr = x + t * cols;
-    float acc = 0.0f;
-    if (vectors) {
-      for (int64_t c = lane * 8; c < cols; c += 256) {
-        const uint4 packed = *reinterpret_cast<const uint4*>(wr + c);
-        const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-        for (int q = 0; q < 4; ++q) {
-          acc = fmaf(__uint_as_float(words[q] << 16), xr[c + 2 * q], acc);
-          acc = fmaf(__uint_as_float(words[q] & 0xffff0000u), xr[c + 2 * q + 1], acc);
-        }
-      }
-    } else {
-      for (int64_t c = lane; c < cols; c += 32) acc = fmaf(Bf16ToFloat(wr[c]), xr[c], acc);
-    }
-    acc = WarpSum(acc);
+    const float acc = WarpRowDot(w + row * cols, x + t * cols, cols, lane);
     if (lane == 0) y[t * rows + row] = acc;
   }
+}
+
+// Up to four GEMVs over one vector in one launch: the warps' rows run through the matrices in turn.
+__global__ void GemvSetKernel(GemvSet set, int64_t cols, const float* x) {
+  const int lane = threadIdx.x % 32;
+  int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + threadIdx.x / 32;
+  int m = 0;
+  while (m < set.count && row >= set.rows[m]) row -= set.rows[m++];
+  if (m == set.count) return;
+  const float acc = WarpRowDot(set.w[m] + row * cols, x, cols, lane);
+  if (lane == 0) set.y[m][row] = acc;
+}
+
+// y[j] = silu(gate_j . x) * (up_j . x): the MLP's two GEMVs and its product in one launch.
+__global__ void GemvSwiGluKernel(const uint16_t* gate, const uint16_t* up, int64_t rows, int64_t cols, const float* x, float* y) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const float g = WarpRowDot(gate + row * cols, x, cols, lane);
+  const float u = WarpRowDot(up + row * cols, x, cols, lane);
+  if (lane == 0) y[row] = SiluOf(g) * u;
 }
 
 __global__ void AddRowsKernel(const float* from, int64_t count, float* to) {
@@ -123,54 +162,57 @@ __global__ void SwiGluKernel(float* gate, const float* up, int64_t count) {
   if (i < count) gate[i] = SiluOf(gate[i]) * up[i];
 }
 
-__global__ void SigmoidGateKernel(float* attn, const float* qg, int64_t n, int64_t heads, int64_t head_dim) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n * heads * head_dim) return;
-  const int64_t t = i / (heads * head_dim), h = (i / head_dim) % heads, e = i % head_dim;
-  attn[i] *= SigmoidOf(qg[t * heads * 2 * head_dim + h * 2 * head_dim + head_dim + e]);
-}
-
-__global__ void ConvSiluKernel(const float* qkv, const float* tail, const float* w, int64_t n, int64_t channels,
-                               int64_t taps, float* out) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n * channels) return;
-  const int64_t t = i / channels, ch = i % channels;
+// The conv over [tail; qkv] and SiLU for channel ch of row t: taps in order.
+__device__ float ConvSiluAt(const float* qkv, const float* tail, const float* w, int64_t t, int64_t ch, int64_t channels,
+                            int64_t taps) {
   float acc = 0.0f;
   for (int64_t j = 0; j < taps; ++j) {
     const int64_t src = t - (taps - 1) + j;
     const float in = src >= 0 ? qkv[src * channels + ch] : tail[(taps - 1 + src) * channels + ch];
     acc += w[j * channels + ch] * in;
   }
-  out[i] = SiluOf(acc);
+  return SiluOf(acc);
 }
 
-__global__ void NextTailKernel(const float* qkv, const float* tail, int64_t n, int64_t channels, int64_t keep, float* next) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= keep * channels) return;
-  const int64_t r = i / channels, ch = i % channels;
-  const int64_t src = n - keep + r;  // row of [tail; qkv] counted from qkv's first row
-  next[i] = src >= 0 ? qkv[src * channels + ch] : tail[(keep + src) * channels + ch];
-}
-
-__global__ void QkL2NormKernel(float* conv, int64_t channels, int64_t key_heads, int64_t dk, float eps, float q_scale) {
-  const int64_t t = blockIdx.x, h = blockIdx.y;
-  float* v = conv + t * channels + h * dk;
-  float sq = 0.0f;
-  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) sq += v[i] * v[i];
-  const float inv = 1.0f / sqrtf(BlockSum(sq) + eps);
-  for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
-    const float normed = v[i] * inv;
-    v[i] = h < key_heads ? normed * q_scale : normed;
+// Per row t (blockIdx.x): blocks y < 2 Nk a q or k head (conv, SiLU, L2 norm, q also times q_scale),
+// then blocks of 128 value channels (conv, SiLU), then one block for beta and g of the row's heads.
+__global__ void ConvNormGatesKernel(ConvNormGates a) {
+  const int64_t t = blockIdx.x, y = blockIdx.y, qk_heads = 2 * a.key_heads;
+  const int64_t value_blocks = (a.channels - qk_heads * a.dk + 127) / 128;
+  float* row = a.out + t * a.channels;
+  if (y < qk_heads) {
+    float sq = 0.0f;
+    for (int64_t i = threadIdx.x; i < a.dk; i += blockDim.x) {
+      const float v = ConvSiluAt(a.qkv, a.tail, a.w, t, y * a.dk + i, a.channels, a.taps);
+      row[y * a.dk + i] = v;
+      sq += v * v;
+    }
+    const float inv = 1.0f / sqrtf(BlockSum(sq) + a.eps);
+    for (int64_t i = threadIdx.x; i < a.dk; i += blockDim.x) {
+      const float normed = row[y * a.dk + i] * inv;
+      row[y * a.dk + i] = y < a.key_heads ? normed * a.q_scale : normed;
+    }
+  } else if (y < qk_heads + value_blocks) {
+    const int64_t ch = qk_heads * a.dk + (y - qk_heads) * 128 + threadIdx.x;
+    if (ch < a.channels) row[ch] = ConvSiluAt(a.qkv, a.tail, a.w, t, ch, a.channels, a.taps);
+  } else {
+    for (int64_t h = threadIdx.x; h < a.value_heads; h += blockDim.x) {
+      const int64_t i = t * a.value_heads + h;
+      a.beta[i] = SigmoidOf(a.b[i]);
+      a.g[i] = -a.a_exp[h] * SoftplusOf(a.a[i] + a.dt_bias[h]);
+    }
   }
 }
 
-__global__ void BetaAndDecayKernel(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t count,
-                                   int64_t heads, float* beta, float* g) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= count) return;
-  const int64_t h = i % heads;
-  beta[i] = SigmoidOf(b[i]);
-  g[i] = -a_exp[h] * SoftplusOf(a[i] + dt_bias[h]);
+// The last taps-1 rows of [tail; qkv] become the tail, in place: one block, a row at a time; row r
+// reads old row r + n, which a later step writes.
+__global__ void NextTailKernel(const float* qkv, float* tail, int64_t n, int64_t channels, int64_t keep) {
+  for (int64_t r = 0; r < keep; ++r) {
+    const int64_t src = n - keep + r;  // row of [tail; qkv] counted from qkv's first row
+    for (int64_t ch = threadIdx.x; ch < channels; ch += blockDim.x)
+      tail[r * channels + ch] = src >= 0 ? qkv[src * channels + ch] : tail[(keep + src) * channels + ch];
+    __syncthreads();
+  }
 }
 
 constexpr int kDeltaThreads = 128;
@@ -323,19 +365,24 @@ __global__ void DeltaStatePassKernel(DeltaShape sh, const float* conv, int64_t n
     if (r < slice && live) S[(d0 + r) * dv + e] = s[r];
 }
 
+// The one-token recurrence, a thread a state column (columns are independent), the rows in order.
+// With z set, each row's output then takes the gated norm (as GatedNorm) before it is written.
 __global__ void GatedDeltaRecurrentKernel(DeltaShape sh, const float* conv, const float* beta_in, const float* g_in,
-                                          int64_t n, float* state, float* out) {
+                                          int64_t n, float* state, float* out, const float* z, const float* norm_w,
+                                          float eps) {
   const int64_t h = blockIdx.x, kh = h / (sh.value_heads / sh.key_heads);
   const int64_t dk = sh.dk, dv = sh.dv, C = sh.channels, Nv = sh.value_heads;
   const int64_t key_dim = sh.key_heads * dk, value_dim = Nv * dv;
   float* S = state + h * dk * dv;
-  for (int64_t e = threadIdx.x; e < dv; e += blockDim.x) {
-    for (int64_t t = 0; t < n; ++t) {
-      const float* q = conv + t * C + kh * dk;
-      const float* k = conv + t * C + key_dim + kh * dk;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* q = conv + t * C + kh * dk;
+    const float* k = conv + t * C + key_dim + kh * dk;
+    const float beta = beta_in[t * Nv + h];
+    const float decay = expf(g_in[t * Nv + h]);
+    float* o_row = out + t * value_dim + h * dv;
+    float sq = 0.0f;
+    for (int64_t e = threadIdx.x; e < dv; e += blockDim.x) {
       const float v = conv[t * C + 2 * key_dim + h * dv + e];
-      const float beta = beta_in[t * Nv + h];
-      const float decay = expf(g_in[t * Nv + h]);
       float predicted = 0.0f;
       for (int64_t d = 0; d < dk; ++d) {
         const float s = S[d * dv + e] * decay;
@@ -349,8 +396,13 @@ __global__ void GatedDeltaRecurrentKernel(DeltaShape sh, const float* conv, cons
         S[d * dv + e] = s;
         o = fmaf(q[d], s, o);
       }
-      out[t * value_dim + h * dv + e] = o;
+      o_row[e] = o;
+      sq += o * o;
     }
+    if (z == nullptr) continue;
+    const float inv = 1.0f / sqrtf(BlockSum(sq) / static_cast<float>(dv) + eps);
+    const float* z_row = z + t * value_dim + h * dv;
+    for (int64_t e = threadIdx.x; e < dv; e += blockDim.x) o_row[e] = o_row[e] * inv * norm_w[e] * SiluOf(z_row[e]);
   }
 }
 
@@ -403,7 +455,7 @@ int64_t AttentionSharedFloats(int64_t group, int64_t hd) {
 // softmax), and adds the values in key order (a lane 8 dims). A row uses only the keys up to its
 // position and runs the same steps in whatever block it sits, so its bits are its own.
 __global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
-                                int64_t pos0, const float* k, const float* v, int64_t kv_width, float* out,
+                                int64_t pos0, const float* k, const float* v, int64_t kv_width, const float* gate, float* out,
                                 int64_t out_stride) {
   ANCHORAGE_DYNAMIC_SHARED(float, smem);
   const int64_t hd = shape.head_dim, group = shape.heads / shape.kv_heads;
@@ -475,7 +527,10 @@ __global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_
     const float inv = 1.0f / running_sum[r];
     for (int c = 0; c < kHeadDimPerLane; ++c) {
       const int64_t d = lane + 32 * c;
-      if (d < hd) out[(t0 + r) * out_stride + h * hd + d] = o[r][c] * inv;
+      if (d >= hd) continue;
+      const float attended = o[r][c] * inv;
+      out[(t0 + r) * out_stride + h * hd + d] =
+          gate == nullptr ? attended : attended * SigmoidOf(gate[(t0 + r) * q_stride + h * q_head_stride + d]);
     }
   }
 }
@@ -506,32 +561,33 @@ void AddRows(const float* from, int64_t count, float* to, Stream s) {
   if (count > 0) ANCHORAGE_LAUNCH(AddRowsKernel, Blocks(count), kBlock, 0, s)(from, count, to);
 }
 
+void AddRmsNorm(float* x, const float* add, const float* w1, int64_t n, int64_t width, float eps, float* y, Stream s) {
+  if (n > 0) ANCHORAGE_LAUNCH(AddRmsNormKernel, static_cast<unsigned>(n), kBlock, 0, s)(x, add, w1, width, eps, y);
+}
+
 void SwiGlu(float* gate, const float* up, int64_t count, Stream s) {
   if (count > 0) ANCHORAGE_LAUNCH(SwiGluKernel, Blocks(count), kBlock, 0, s)(gate, up, count);
 }
 
-void SigmoidGate(float* attn, const float* qg, int64_t n, int64_t heads, int64_t head_dim, Stream s) {
-  if (n > 0) ANCHORAGE_LAUNCH(SigmoidGateKernel, Blocks(n * heads * head_dim), kBlock, 0, s)(attn, qg, n, heads, head_dim);
+void GemvMany(const GemvSet& set, int64_t cols, const float* x, Stream s) {
+  int64_t rows = 0;
+  for (int m = 0; m < set.count; ++m) rows += set.rows[m];
+  if (rows > 0) ANCHORAGE_LAUNCH(GemvSetKernel, Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s)(set, cols, x);
 }
 
-void ConvSilu(const float* qkv, const float* tail, const float* w, int64_t n, int64_t channels, int64_t taps, float* out,
-              Stream s) {
-  if (n > 0) ANCHORAGE_LAUNCH(ConvSiluKernel, Blocks(n * channels), kBlock, 0, s)(qkv, tail, w, n, channels, taps, out);
+void GemvSwiGlu(const uint16_t* gate, const uint16_t* up, int64_t rows, int64_t cols, const float* x, float* y, Stream s) {
+  if (rows > 0) ANCHORAGE_LAUNCH(GemvSwiGluKernel, Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s)(gate, up, rows, cols, x, y);
 }
 
-void NextTail(const float* qkv, const float* tail, int64_t n, int64_t channels, int64_t taps, float* next, Stream s) {
-  if (taps > 1) ANCHORAGE_LAUNCH(NextTailKernel, Blocks((taps - 1) * channels), kBlock, 0, s)(qkv, tail, n, channels, taps - 1, next);
+void ConvNormGatesRows(const ConvNormGates& args, int64_t n, Stream s) {
+  if (n <= 0) return;
+  const int64_t value_blocks = (args.channels - 2 * args.key_heads * args.dk + 127) / 128;
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(2 * args.key_heads + value_blocks + 1));
+  ANCHORAGE_LAUNCH(ConvNormGatesKernel, grid, 128, 0, s)(args);
 }
 
-void QkL2Norm(float* conv, int64_t n, int64_t channels, int64_t key_heads, int64_t dk, float eps, float q_scale, Stream s) {
-  if (n > 0)
-    ANCHORAGE_LAUNCH(QkL2NormKernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(2 * key_heads)), 128, 0, s)(
-        conv, channels, key_heads, dk, eps, q_scale);
-}
-
-void BetaAndDecay(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t n, int64_t heads,
-                  float* beta, float* g, Stream s) {
-  if (n > 0) ANCHORAGE_LAUNCH(BetaAndDecayKernel, Blocks(n * heads), kBlock, 0, s)(b, a, a_exp, dt_bias, n * heads, heads, beta, g);
+void NextTail(const float* qkv, float* tail, int64_t n, int64_t channels, int64_t taps, Stream s) {
+  if (taps > 1) ANCHORAGE_LAUNCH(NextTailKernel, 1, 1024, 0, s)(qkv, tail, n, channels, taps - 1);
 }
 
 int64_t GatedDeltaChunkedSharedBytes(const DeltaShape& shape) {
@@ -565,10 +621,10 @@ void GatedDeltaChunked(const DeltaShape& shape, const float* conv, const float* 
 }
 
 void GatedDeltaRecurrent(const DeltaShape& shape, const float* conv, const float* beta, const float* g, int64_t n,
-                         float* state, float* out, Stream s) {
+                         float* state, float* out, const float* z, const float* norm_w, float eps, Stream s) {
   if (n > 0)
-    ANCHORAGE_LAUNCH(GatedDeltaRecurrentKernel, static_cast<unsigned>(shape.value_heads), kDeltaThreads, 0, s)(shape, conv, beta, g, n,
-                                                                                                 state, out);
+    ANCHORAGE_LAUNCH(GatedDeltaRecurrentKernel, static_cast<unsigned>(shape.value_heads), kDeltaThreads, 0, s)(
+        shape, conv, beta, g, n, state, out, z, norm_w, eps);
 }
 
 void GatedNorm(float* core, const float* z, const float* w, int64_t n, int64_t heads, int64_t dv, float eps, Stream s) {
@@ -584,14 +640,15 @@ void NormRope(float* rows, int64_t n, int64_t row_stride, int64_t heads, int64_t
 }
 
 void Attention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
-               int64_t pos0, const float* k, const float* v, int64_t kv_width, float* out, int64_t out_stride, Stream s) {
+               int64_t pos0, const float* k, const float* v, int64_t kv_width, const float* gate, float* out, int64_t out_stride,
+               Stream s) {
   if (n <= 0) return;
   const int64_t group = shape.heads / shape.kv_heads;
   const int bytes = static_cast<int>(AttentionSharedBytes(shape));
   cudaFuncSetAttribute(AttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   const dim3 grid(static_cast<unsigned>((n + kQueryRows - 1) / kQueryRows), static_cast<unsigned>(shape.kv_heads));
   ANCHORAGE_LAUNCH(AttentionKernel, grid, static_cast<unsigned>(32 * group), bytes, s)(
-      shape, q, q_stride, q_head_stride, n, pos0, k, v, kv_width, out, out_stride);
+      shape, q, q_stride, q_head_stride, n, pos0, k, v, kv_width, gate, out, out_stride);
 }
 
 int64_t AttentionSharedBytes(const AttentionShape& shape) {

@@ -29,23 +29,46 @@ void SumHalves(const float* halves, int64_t n, int64_t width, int64_t rows, floa
 void Gemv(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s);
 // to[i] += from[i].
 void AddRows(const float* from, int64_t count, float* to, Stream s);
+// x += add, then y = RmsNorm(x) * w1 per row: the residual add and the next norm in one launch,
+// with the bits of AddRows then RmsNormRows.
+void AddRmsNorm(float* x, const float* add, const float* w1, int64_t n, int64_t width, float eps, float* y, Stream s);
 // gate[i] = silu(gate[i]) * up[i].
 void SwiGlu(float* gate, const float* up, int64_t count, Stream s);
-// attn[t, h, e] *= sigmoid(qg[t, h, head_dim + e]): the gate is the second half of each head's q row.
-void SigmoidGate(float* attn, const float* qg, int64_t n, int64_t heads, int64_t head_dim, Stream s);
 
-// The causal depthwise conv over [tail; qkv] (tail [taps-1, channels], oldest first; w tap-major
-// [taps, channels]), then SiLU; out is [n, channels].
-void ConvSilu(const float* qkv, const float* tail, const float* w, int64_t n, int64_t channels, int64_t taps, float* out,
-              Stream s);
-// The last taps-1 rows of [tail; qkv] into next (which must not alias tail).
-void NextTail(const float* qkv, const float* tail, int64_t n, int64_t channels, int64_t taps, float* next, Stream s);
-// L2 norm of every q and k head (the first 2 * key_heads heads of dk floats of each row), q also
-// times q_scale.
-void QkL2Norm(float* conv, int64_t n, int64_t channels, int64_t key_heads, int64_t dk, float eps, float q_scale, Stream s);
-// beta = sigmoid(b), g = -a_exp * softplus(a + dt_bias), per row and value head.
-void BetaAndDecay(const float* b, const float* a, const float* a_exp, const float* dt_bias, int64_t n, int64_t heads,
-                  float* beta, float* g, Stream s);
+// Up to four matrices of the same width multiplied by one vector in one launch (decode): row j of
+// matrix m goes to y[m][j], with the bits of Gemv.
+struct GemvSet {
+  const uint16_t* w[4] = {};
+  float* y[4] = {};
+  int64_t rows[4] = {};
+  int count = 0;
+};
+void GemvMany(const GemvSet& set, int64_t cols, const float* x, Stream s);
+// y[j] = silu(gate_j . x) * (up_j . x) for one vector (decode): the bits of two Gemv calls and SwiGlu.
+void GemvSwiGlu(const uint16_t* gate, const uint16_t* up, int64_t rows, int64_t cols, const float* x, float* y, Stream s);
+
+// The GDN layer's per-row work before the delta rule, in one launch: the causal depthwise conv over
+// [tail; qkv] (tail [taps-1, channels], oldest first; w tap-major [taps, channels]) and SiLU into out
+// [n, channels], the L2 norm of every q and k head (q also times q_scale), and beta = sigmoid(b),
+// g = -a_exp * softplus(a + dt_bias) per value head.
+struct ConvNormGates {
+  const float* qkv = nullptr;
+  const float* tail = nullptr;
+  const float* w = nullptr;
+  float* out = nullptr;
+  int64_t channels = 0, taps = 0, key_heads = 0, dk = 0;
+  float eps = 0.0f, q_scale = 1.0f;
+  const float* b = nullptr;
+  const float* a = nullptr;
+  const float* a_exp = nullptr;
+  const float* dt_bias = nullptr;
+  float* beta = nullptr;
+  float* g = nullptr;
+  int64_t value_heads = 0;
+};
+void ConvNormGatesRows(const ConvNormGates& args, int64_t n, Stream s);
+// The last taps-1 rows of [tail; qkv] become the tail, in place (after the conv has read it).
+void NextTail(const float* qkv, float* tail, int64_t n, int64_t channels, int64_t taps, Stream s);
 
 struct DeltaShape {
   int64_t key_heads = 0, value_heads = 0, dk = 0, dv = 0;
@@ -63,9 +86,10 @@ bool GatedDeltaChunkedSupports(const DeltaShape& shape);
 // place; out [n, Nv*dv].
 void GatedDeltaChunked(const DeltaShape& shape, const float* conv, const float* beta, const float* g, int64_t n,
                        int64_t pos0, float* state, float* out, float* scratch, Stream s);
-// The one-token recurrence over rows [0, n), in order.
+// The one-token recurrence over rows [0, n), in order. With z set each output row then takes the gated
+// norm (as GatedNorm, with norm_w and eps).
 void GatedDeltaRecurrent(const DeltaShape& shape, const float* conv, const float* beta, const float* g, int64_t n,
-                         float* state, float* out, Stream s);
+                         float* state, float* out, const float* z, const float* norm_w, float eps, Stream s);
 // core[t, h] = core[t, h] / sqrt(mean(core^2) + eps) * w * silu(z[t, h]) per value head of dv floats.
 void GatedNorm(float* core, const float* z, const float* w, int64_t n, int64_t heads, int64_t dv, float eps, Stream s);
 
@@ -80,10 +104,12 @@ struct AttentionShape {
 };
 // Causal attention of query rows [0, n) at positions pos0.. over K/V rows 0..pos0 + t (fp32, kv_width
 // floats a row): keys in index order, in tiles of 32 from key 0, so a row's bits depend only on its
-// query, its position and the keys. out[t] at out + t*out_stride, heads side by side. A block takes
-// 8 positions of every head of a kv group (32 x heads/kv_heads threads).
+// query, its position and the keys. out[t] at out + t*out_stride, heads side by side, each times
+// sigmoid(gate) when gate is set (laid out as q). A block takes 8 positions of every head of a kv group
+// (32 x heads/kv_heads threads).
 void Attention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
-               int64_t pos0, const float* k, const float* v, int64_t kv_width, float* out, int64_t out_stride, Stream s);
+               int64_t pos0, const float* k, const float* v, int64_t kv_width, const float* gate, float* out, int64_t out_stride,
+               Stream s);
 // Dynamic shared memory the attention kernel needs, to check against the device's limit.
 int64_t AttentionSharedBytes(const AttentionShape& shape);
 
