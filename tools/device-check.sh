@@ -34,6 +34,7 @@ step configure 120 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DANCH
   -DANCHORAGE_JSON_INCLUDE="$PWD/$json" -DCMAKE_CUDA_ARCHITECTURES=90 || exit 1
 step build 240 cmake --build "$B" -j "$(nproc)" || exit 1
 step gpu-tests 150 "$B/tests/gpu/anchorage-test-cuda"
+step gpu-tests-simt-gemm 150 env ANCHORAGE_CUDA_GEMM=simt "$B/tests/gpu/anchorage-test-cuda"
 
 step make-small 60 "$B/anchorage-tool" make-model --size small --seed 1 "$OUT/small"
 before_hf=$status

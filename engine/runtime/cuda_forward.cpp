@@ -310,11 +310,11 @@ Status CudaForward::Init(const ModelWeights& w) {
   const int64_t max_n = std::max({H, I, C, VD, 2 * Nh * hd, Nkv * hd});
   ASSIGN_OR_RETURN(gemm_, cuda::LtGemm::Create(G, max_k, max_n, stream_));
   ASSIGN_OR_RETURN(logits_gemm_, cuda::LtGemm::Create(kLogitRows, H, c.vocab_size, stream_));
-  RETURN_IF_ERROR(logits_gemm_->Prepare(c.vocab_size, H));
+  RETURN_IF_ERROR(logits_gemm_->Prepare(c.vocab_size, H, lm_head_.w));
   for (const Layer& layer : layers_)
     for (const Matrix* m : {&layer.gate, &layer.up, &layer.down, &layer.qkv, &layer.z, &layer.b, &layer.a, &layer.out, &layer.q,
                             &layer.k, &layer.v, &layer.o})
-      if (m->w != nullptr) RETURN_IF_ERROR(gemm_->Prepare(m->rows, m->cols));
+      if (m->w != nullptr) RETURN_IF_ERROR(gemm_->Prepare(m->rows, m->cols, m->w));
   // The workspace for a grid chunk.
   Workspace& ws = *ws_;
   const auto make = [&ws](DeviceBuffer& b, int64_t bytes, const char* what) -> Status {

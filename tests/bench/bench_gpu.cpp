@@ -161,7 +161,7 @@ double SplitProductRate() {
   auto w = cuda::DeviceBuffer::Allocate(static_cast<size_t>(N * K) * 2, "weights");
   auto x = cuda::DeviceBuffer::Allocate(static_cast<size_t>(n * K) * 4, "rows");
   auto y = cuda::DeviceBuffer::Allocate(static_cast<size_t>(n * N) * 4, "out");
-  if (!gemm.ok() || !w.ok() || !x.ok() || !y.ok() || !(*gemm)->Prepare(N, K).ok()) return 0.0;
+  if (!gemm.ok() || !w.ok() || !x.ok() || !y.ok() || !(*gemm)->Prepare(N, K, static_cast<const uint16_t*>(w->data())).ok()) return 0.0;
   double best = 1e30;
   for (int r = 0; r < 5; ++r) {
     const auto t0 = Clock::now();

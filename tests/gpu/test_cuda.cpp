@@ -79,8 +79,9 @@ void GemmMatchesReferenceAndRowsAreIndependent() {
   std::vector<uint16_t> w(wf.size());
   for (size_t i = 0; i < wf.size(); ++i) w[i] = FloatToBf16(wf[i]);
   auto gemm = Must(cuda::LtGemm::Create(128, K, N, nullptr), "creating the GEMM");
-  Must(gemm->Prepare(N, K), "choosing the algorithm");
   cuda::DeviceBuffer dw = ToDevice(w);
+  Must(gemm->Prepare(N, K, static_cast<const uint16_t*>(dw.data())), "choosing the algorithm");
+  std::printf("       %s", gemm->Describe().c_str());
   for (int64_t n : {1, 2, 3, 17, 100, 128}) {
     std::vector<float> x = RandomFloats(static_cast<size_t>(n * K), 100 + static_cast<uint32_t>(n), -3.0f, 3.0f);
     cuda::DeviceBuffer dx = ToDevice(x);
@@ -109,6 +110,38 @@ void GemmMatchesReferenceAndRowsAreIndependent() {
       GPU_CHECK_MSG(std::memcmp(single.data(), y.data() + t * N, static_cast<size_t>(N) * 4) == 0,
                     "row " + std::to_string(t) + " of " + std::to_string(n) + " differs from the one-row call");
     }
+  }
+}
+
+// The CUDA-core fallback GEMM: fp32 products in k order, within sum|w x| K 2^-23 of double, and
+// each row's bits those of a call of that row alone.
+void GemmSimtMatchesReferenceAndRowsAreIndependent() {
+  const int64_t N = 130, K = 77, n = 70;
+  std::vector<float> wf = RandomFloats(static_cast<size_t>(N * K), 4);
+  std::vector<uint16_t> w(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) w[i] = FloatToBf16(wf[i]);
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(n * K), 5, -2.0f, 2.0f);
+  cuda::DeviceBuffer dw = ToDevice(w), dx = ToDevice(x);
+  auto dy = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(n * N) * 4, "y"), "allocating");
+  const auto* pw = static_cast<const uint16_t*>(dw.data());
+  cuda::GemmSimt(pw, N, K, dx.floats(), n, dy.floats(), N, nullptr);
+  const std::vector<float> y = ToHost(dy, static_cast<size_t>(n * N));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < N; ++j) {
+      double exact = 0.0, magnitude = 0.0;
+      for (int64_t i = 0; i < K; ++i) {
+        const double p = static_cast<double>(Bf16ToFloat(w[static_cast<size_t>(j * K + i)])) * x[static_cast<size_t>(t * K + i)];
+        exact += p;
+        magnitude += std::fabs(p);
+      }
+      GPU_CHECK_MSG(std::fabs(y[static_cast<size_t>(t * N + j)] - exact) <= magnitude * K * std::ldexp(1.0, -23),
+                    "row " + std::to_string(t) + " col " + std::to_string(j));
+    }
+  for (int64_t t : {int64_t{0}, int64_t{63}, int64_t{64}, n - 1}) {
+    auto drow = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(N) * 4, "row"), "allocating");
+    cuda::GemmSimt(pw, N, K, dx.floats() + t * K, 1, drow.floats(), N, nullptr);
+    const std::vector<float> row = ToHost(drow, static_cast<size_t>(N));
+    GPU_CHECK_MSG(std::memcmp(row.data(), y.data() + t * N, static_cast<size_t>(N) * 4) == 0, "row " + std::to_string(t));
   }
 }
 
@@ -452,6 +485,7 @@ int main() {
 #endif
   std::vector<gpu_check::Case> cases = {
       {"gemm matches the double reference; rows independent of the call", GemmMatchesReferenceAndRowsAreIndependent},
+      {"cuda-core gemm matches the double reference; rows independent of the call", GemmSimtMatchesReferenceAndRowsAreIndependent},
       {"gemv matches the double reference (8-wide loads)", [] { GemvMatchesReference(520); }},
       {"gemv matches the double reference (odd width)", [] { GemvMatchesReference(522); }},
       {"fused launches give the steps' bits", FusedLaunchesGiveTheStepsBits},

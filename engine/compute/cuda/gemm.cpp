@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 namespace anchorage::cuda {
@@ -46,6 +48,7 @@ struct LtGemm::Plan {
   cublasLtMatmulAlgo_t algo{};
   uint64_t workspace = 0;  // bytes of workspace the algorithm may use
   int64_t min_rows = 1;    // calls of fewer rows run padded to this many
+  bool simt = false;       // GemmSimt instead of cuBLASLt
   ~Plan() {
     if (desc) cublasLtMatmulDescDestroy(desc);
   }
@@ -70,8 +73,47 @@ LtGemm::~LtGemm() {
   if (handle_ != nullptr) cublasLtDestroy(Handle(handle_));
 }
 
-Status LtGemm::Prepare(int64_t N, int64_t K) {
+// Whether row t of a call of all max_rows rows has the bits of the same row alone, for the first and
+// the last row: the property the exactness contract needs of the chosen algorithm.
+Result<bool> LtGemm::RowsIndependent(const uint16_t* w, int64_t N, int64_t K) {
+  std::vector<float> x(static_cast<size_t>(max_rows_ * K));
+  uint64_t z = 0x9e3779b97f4a7c15ull;
+  for (float& v : x) {
+    z = z * 6364136223846793005ull + 1442695040888963407ull;
+    v = static_cast<float>(static_cast<int64_t>(z >> 40) - (1 << 23)) / static_cast<float>(1 << 22);
+  }
+  ASSIGN_OR_RETURN(DeviceBuffer dx, DeviceBuffer::Allocate(x.size() * 4, "a product check"));
+  ASSIGN_OR_RETURN(DeviceBuffer all, DeviceBuffer::Allocate(static_cast<size_t>(max_rows_ * N) * 4, "a product check"));
+  ASSIGN_OR_RETURN(DeviceBuffer one, DeviceBuffer::Allocate(static_cast<size_t>(N) * 4, "a product check"));
+  RETURN_IF_ERROR(CopyToDevice(dx.data(), x.data(), x.size() * 4, stream_));
+  RETURN_IF_ERROR(Run(w, N, K, dx.floats(), max_rows_, all.floats(), N));
+  std::vector<float> whole(static_cast<size_t>(max_rows_ * N)), alone(static_cast<size_t>(N));
+  RETURN_IF_ERROR(CopyToHost(whole.data(), all.data(), whole.size() * 4, stream_));
+  for (const int64_t t : {int64_t{0}, max_rows_ - 1}) {
+    RETURN_IF_ERROR(Run(w, N, K, dx.floats() + t * K, 1, one.floats(), N));
+    RETURN_IF_ERROR(CopyToHost(alone.data(), one.data(), alone.size() * 4, stream_));
+    if (std::memcmp(alone.data(), whole.data() + t * N, alone.size() * 4) != 0) return false;
+  }
+  return true;
+}
+
+Status LtGemm::Prepare(int64_t N, int64_t K, const uint16_t* w) {
   if (plans_.count({N, K})) return Status::Ok();
+  if (const char* forced = std::getenv("ANCHORAGE_CUDA_GEMM"); forced != nullptr && std::string(forced) == "simt") {
+    auto plan = std::make_unique<Plan>();
+    plan->simt = true;
+    plans_[{N, K}] = std::move(plan);
+    return Status::Ok();
+  }
+  RETURN_IF_ERROR(ChooseAlgorithm(N, K));
+  Plan& plan = *plans_[{N, K}];
+  if (plan.simt) return Status::Ok();
+  ASSIGN_OR_RETURN(const bool independent, RowsIndependent(w, N, K));
+  if (!independent) plan.simt = true;
+  return Status::Ok();
+}
+
+Status LtGemm::ChooseAlgorithm(int64_t N, int64_t K) {
   if (K > max_k_ || N > max_n_)
     return InvalidArgument("LtGemm: shape " + std::to_string(N) + " x " + std::to_string(K) + " exceeds the scratch");
   auto plan = std::make_unique<Plan>();
@@ -128,8 +170,9 @@ Status LtGemm::Prepare(int64_t N, int64_t K) {
       return Status::Ok();
     }
   }
-  return Unsupported("cuBLASLt offers no algorithm without split-K for " + std::to_string(N) + " x " + std::to_string(K) +
-                     " at " + std::to_string(max_rows_) + " rows");
+  plan->simt = true;  // no algorithm without split-K: the CUDA-core GEMM
+  plans_[{N, K}] = std::move(plan);
+  return Status::Ok();
 }
 
 Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride) {
@@ -138,6 +181,10 @@ Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int6
   auto it = plans_.find({N, K});
   if (it == plans_.end()) return Internal("LtGemm: shape " + std::to_string(N) + " x " + std::to_string(K) + " was not prepared");
   const Plan& plan = *it->second;
+  if (plan.simt) {
+    GemmSimt(w, N, K, x, n, y, y_stride, stream_);
+    return Status::Ok();
+  }
   const int64_t rows = std::max(n, plan.min_rows);  // padding rows hold whatever was there; their outputs are dropped
   auto* split = static_cast<uint16_t*>(split_.data());
   SplitBf16(x, n, K, rows, split, stream_);
@@ -152,9 +199,19 @@ Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int6
   return Status::Ok();
 }
 
+int LtGemm::simt_shapes() const {
+  int count = 0;
+  for (const auto& [shape, plan] : plans_) count += plan->simt;
+  return count;
+}
+
 std::string LtGemm::Describe() const {
   std::string out;
   for (const auto& [shape, plan] : plans_) {
+    if (plan->simt) {
+      out += std::to_string(shape.first) + "x" + std::to_string(shape.second) + " cuda-core fp32 k-order gemm\n";
+      continue;
+    }
     char line[256];
     int32_t id = 0, tile = 0, stages = 0, splits = 0, swizzle = 0, custom = 0;
     size_t written = 0;

@@ -23,17 +23,25 @@ class LtGemm {
   static Result<std::unique_ptr<LtGemm>> Create(int64_t max_rows, int64_t max_k, int64_t max_n, Stream s);
   ~LtGemm();
 
-  // Chooses the algorithm of weight shape [N, K]; Run needs it first. Checks it for 1 and max_rows rows.
-  Status Prepare(int64_t N, int64_t K);
+  // Chooses the algorithm of weight shape [N, K] (w: that matrix on the device); Run needs it first.
+  // It then runs the algorithm on max_rows random rows, on the first row alone and on the last alone:
+  // where the rows' bits differ, or cuBLASLt offers no algorithm without split-K, or
+  // ANCHORAGE_CUDA_GEMM=simt is set, the shape falls back to GemmSimt (exact, slower).
+  Status Prepare(int64_t N, int64_t K, const uint16_t* w);
   // y[t * y_stride + j] = sum_i x[t, i] W[j, i] for t < n <= max_rows (device pointers).
   Status Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride);
   // The algorithms chosen, one line a shape: part of the state fingerprint.
   std::string Describe() const;
+  // Shapes that fell back to the CUDA-core GEMM.
+  int simt_shapes() const;
   int64_t max_rows() const { return max_rows_; }
 
  private:
   struct Plan;
   LtGemm() = default;
+  // cuBLASLt's algorithm for [N, K], or the CUDA-core fallback where it has none without split-K.
+  Status ChooseAlgorithm(int64_t N, int64_t K);
+  Result<bool> RowsIndependent(const uint16_t* w, int64_t N, int64_t K);
 
   void* handle_ = nullptr;  // cublasLtHandle_t
   Stream stream_ = nullptr;

@@ -103,6 +103,38 @@ __global__ void SumHalvesKernel(const float* halves, int64_t n, int64_t width, i
 
 constexpr int kGemvWarps = 8;
 
+constexpr int kSimtTile = 64;   // output rows and columns a block of the CUDA-core GEMM
+constexpr int kSimtDepth = 32;  // k a step
+
+// y = x W^T on CUDA cores in fp32: a block 64 rows x 64 columns, a thread 4 x 4 of them; every output
+// takes its products in k order, one fma each, so its bits are its row's alone.
+__global__ void GemmSimtKernel(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride) {
+  __shared__ float xs[kSimtTile][kSimtDepth + 1];
+  __shared__ float ws[kSimtTile][kSimtDepth + 1];
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kSimtTile, j0 = static_cast<int64_t>(blockIdx.x) * kSimtTile;
+  const int tr = threadIdx.x / 16, tc = threadIdx.x % 16;
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < K; k0 += kSimtDepth) {
+    for (int i = threadIdx.x; i < kSimtTile * kSimtDepth; i += blockDim.x) {
+      const int r = i / kSimtDepth, kk = i % kSimtDepth;
+      const int64_t k = k0 + kk;
+      xs[r][kk] = t0 + r < n && k < K ? x[(t0 + r) * K + k] : 0.0f;
+      ws[r][kk] = j0 + r < N && k < K ? Bf16ToFloat(w[(j0 + r) * K + k]) : 0.0f;
+    }
+    __syncthreads();
+    const int depth = K - k0 < kSimtDepth ? static_cast<int>(K - k0) : kSimtDepth;
+    for (int kk = 0; kk < depth; ++kk)
+      for (int a = 0; a < 4; ++a)
+        for (int b = 0; b < 4; ++b) acc[a][b] = fmaf(xs[tr + 16 * a][kk], ws[tc + 16 * b][kk], acc[a][b]);
+    __syncthreads();
+  }
+  for (int a = 0; a < 4; ++a)
+    for (int b = 0; b < 4; ++b) {
+      const int64_t t = t0 + tr + 16 * a, j = j0 + tc + 16 * b;
+      if (t < n && j < N) y[t * y_stride + j] = acc[a][b];
+    }
+}
+
 // One warp a weight row: the dot product the GEMV takes, over a bf16 row and an fp32 vector.
 __device__ float WarpRowDot(const uint16_t* wr, const float* xr, int64_t cols, int lane) {
   float acc = 0.0f;
@@ -555,6 +587,12 @@ void SumHalves(const float* halves, int64_t n, int64_t width, int64_t rows, floa
 
 void Gemv(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s) {
   if (n > 0 && rows > 0) ANCHORAGE_LAUNCH(GemvKernel, Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s)(w, rows, cols, x, n, y);
+}
+
+void GemmSimt(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride, Stream s) {
+  if (n <= 0 || N <= 0) return;
+  const dim3 grid(static_cast<unsigned>((N + kSimtTile - 1) / kSimtTile), static_cast<unsigned>((n + kSimtTile - 1) / kSimtTile));
+  ANCHORAGE_LAUNCH(GemmSimtKernel, grid, 256, 0, s)(w, N, K, x, n, y, y_stride);
 }
 
 void AddRows(const float* from, int64_t count, float* to, Stream s) {

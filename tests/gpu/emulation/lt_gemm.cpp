@@ -5,12 +5,16 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "engine/compute/cuda/gemm.h"
 
 namespace anchorage::cuda {
 
-struct LtGemm::Plan {};
+struct LtGemm::Plan {
+  bool simt = false;
+};
 
 namespace {
 constexpr int64_t kMinRows = 8;
@@ -29,17 +33,34 @@ Result<std::unique_ptr<LtGemm>> LtGemm::Create(int64_t max_rows, int64_t max_k, 
 
 LtGemm::~LtGemm() = default;
 
-Status LtGemm::Prepare(int64_t N, int64_t K) {
+Status LtGemm::Prepare(int64_t N, int64_t K, const uint16_t*) {
   if (K > max_k_ || N > max_n_)
     return InvalidArgument("LtGemm: shape " + std::to_string(N) + " x " + std::to_string(K) + " exceeds the scratch");
-  plans_.try_emplace({N, K}, std::make_unique<Plan>());
+  auto plan = std::make_unique<Plan>();
+  const char* forced = std::getenv("ANCHORAGE_CUDA_GEMM");
+  plan->simt = forced != nullptr && std::string(forced) == "simt";
+  plans_.try_emplace({N, K}, std::move(plan));
   return Status::Ok();
+}
+
+Status LtGemm::ChooseAlgorithm(int64_t, int64_t) { return Status::Ok(); }
+Result<bool> LtGemm::RowsIndependent(const uint16_t*, int64_t, int64_t) { return true; }
+
+int LtGemm::simt_shapes() const {
+  int count = 0;
+  for (const auto& [shape, plan] : plans_) count += plan->simt;
+  return count;
 }
 
 Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride) {
   if (n <= 0) return Status::Ok();
   if (n > max_rows_) return InvalidArgument("LtGemm: " + std::to_string(n) + " rows, at most " + std::to_string(max_rows_));
-  if (!plans_.count({N, K})) return Internal("LtGemm: shape " + std::to_string(N) + " x " + std::to_string(K) + " was not prepared");
+  auto it = plans_.find({N, K});
+  if (it == plans_.end()) return Internal("LtGemm: shape " + std::to_string(N) + " x " + std::to_string(K) + " was not prepared");
+  if (it->second->simt) {
+    GemmSimt(w, N, K, x, n, y, y_stride, stream_);
+    return Status::Ok();
+  }
   const int64_t rows = std::max(n, std::min<int64_t>(kMinRows, max_rows_));
   auto* split = static_cast<uint16_t*>(split_.data());
   SplitBf16(x, n, K, rows, split, stream_);
@@ -61,7 +82,8 @@ Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int6
 std::string LtGemm::Describe() const {
   std::string out;
   for (const auto& [shape, plan] : plans_)
-    out += std::to_string(shape.first) + "x" + std::to_string(shape.second) + " emulated k-order product\n";
+    out += std::to_string(shape.first) + "x" + std::to_string(shape.second) +
+           (plan->simt ? " cuda-core fp32 k-order gemm\n" : " emulated k-order product\n");
   return out;
 }
 
