@@ -210,14 +210,7 @@ Result<const float*> CudaForward::UploadVector(const TensorView& t, int64_t n, f
 
 Result<std::unique_ptr<CudaForward>> CudaForward::Create(const ModelConfig& c, const ModelWeights& w,
                                                          const CudaForwardOptions& options) {
-  if (options.grid_tokens <= 0 || options.grid_tokens % kExactLineTokens != 0)
-    return InvalidArgument("CudaForward: grid_tokens " + std::to_string(options.grid_tokens) + " is not a positive multiple of 64");
-  if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers || static_cast<int64_t>(c.layer_types.size()) != c.num_hidden_layers)
-    return InvalidArgument("CudaForward: " + std::to_string(w.layers.size()) + " weight layers for " +
-                           std::to_string(c.num_hidden_layers) + " configured layers");
-  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0 || c.linear_num_key_heads <= 0 ||
-      c.linear_num_value_heads % c.linear_num_key_heads != 0)
-    return InvalidArgument("CudaForward: head counts do not group evenly");
+  RETURN_IF_ERROR(CheckForwardShape(c, w, options.grid_tokens, "CudaForward"));
   if (c.head_dim > cuda::kMaxHeadDim)
     return Unsupported("CudaForward: head_dim " + std::to_string(c.head_dim) + " is above the attention kernel's " +
                        std::to_string(cuda::kMaxHeadDim));
@@ -372,14 +365,7 @@ Result<std::unique_ptr<DeviceState>> CudaForward::NewState() {
   return state;
 }
 
-Status CudaForward::CheckIds(std::span<const int32_t> ids) const {
-  if (ids.empty()) return InvalidArgument("CudaForward: no token ids");
-  for (size_t i = 0; i < ids.size(); ++i)
-    if (ids[i] < 0 || ids[i] >= config_.vocab_size)
-      return InvalidArgument("CudaForward: token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
-                             " outside vocab " + std::to_string(config_.vocab_size));
-  return Status::Ok();
-}
+Status CudaForward::CheckIds(std::span<const int32_t> ids) const { return CheckTokenIds(ids, config_.vocab_size, "CudaForward"); }
 
 Result<std::vector<float>> CudaForward::Prefill(DeviceState& state, std::span<const int32_t> ids, LogitsRows rows) {
   RETURN_IF_ERROR(CheckIds(ids));

@@ -218,16 +218,7 @@ Result<Forward::Layer> Forward::AttentionLayer(const LayerWeights& lw) {
 Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const ModelWeights& w,
                                                  const ForwardOptions& options) {
   static_assert(kExactLineTokens == cpu::kDeltaChunkTokens);
-  if (options.grid_tokens <= 0 || options.grid_tokens % kExactLineTokens != 0)
-    return InvalidArgument("Forward: grid_tokens " + std::to_string(options.grid_tokens) +
-                           " is not a positive multiple of 64");
-  if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers ||
-      static_cast<int64_t>(c.layer_types.size()) != c.num_hidden_layers)
-    return InvalidArgument("Forward: " + std::to_string(w.layers.size()) + " weight layers for " +
-                           std::to_string(c.num_hidden_layers) + " configured layers");
-  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0 ||
-      c.linear_num_key_heads <= 0 || c.linear_num_value_heads % c.linear_num_key_heads != 0)
-    return InvalidArgument("Forward: head counts do not group evenly");
+  RETURN_IF_ERROR(CheckForwardShape(c, w, options.grid_tokens, "Forward"));
   std::unique_ptr<Forward> f(new Forward(c, options));
   const int64_t H = c.hidden_size;
   ASSIGN_OR_RETURN(f->embed_, f->Matrix(w.embed_tokens, c.vocab_size, H, "embed_tokens"));
@@ -280,14 +271,29 @@ Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const Mod
   return f;
 }
 
-Status Forward::CheckIds(std::span<const int32_t> ids) const {
-  if (ids.empty()) return InvalidArgument("Forward: no token ids");
-  for (size_t i = 0; i < ids.size(); ++i)
-    if (ids[i] < 0 || ids[i] >= config_.vocab_size)
-      return InvalidArgument("Forward: token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
-                             " outside vocab " + std::to_string(config_.vocab_size));
+Status CheckForwardShape(const ModelConfig& c, const ModelWeights& w, int64_t grid_tokens, const std::string& who) {
+  if (grid_tokens <= 0 || grid_tokens % kExactLineTokens != 0)
+    return InvalidArgument(who + ": grid_tokens " + std::to_string(grid_tokens) + " is not a positive multiple of 64");
+  if (static_cast<int64_t>(w.layers.size()) != c.num_hidden_layers ||
+      static_cast<int64_t>(c.layer_types.size()) != c.num_hidden_layers)
+    return InvalidArgument(who + ": " + std::to_string(w.layers.size()) + " weight layers for " +
+                           std::to_string(c.num_hidden_layers) + " configured layers");
+  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0 ||
+      c.linear_num_key_heads <= 0 || c.linear_num_value_heads % c.linear_num_key_heads != 0)
+    return InvalidArgument(who + ": head counts do not group evenly");
   return Status::Ok();
 }
+
+Status CheckTokenIds(std::span<const int32_t> ids, int64_t vocab_size, const std::string& who) {
+  if (ids.empty()) return InvalidArgument(who + ": no token ids");
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= vocab_size)
+      return InvalidArgument(who + ": token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
+                             " outside vocab " + std::to_string(vocab_size));
+  return Status::Ok();
+}
+
+Status Forward::CheckIds(std::span<const int32_t> ids) const { return CheckTokenIds(ids, config_.vocab_size, "Forward"); }
 
 Result<std::vector<float>> Forward::Prefill(SequenceState& state, std::span<const int32_t> ids, LogitsRows rows,
                                             MtpState* mtp) {

@@ -37,6 +37,11 @@ struct ForwardOptions {
 
 enum class LogitsRows { kLast, kAll };
 
+// The checks every backend's forward makes at creation (grid, layer count, head grouping) and on ids
+// (not empty, each in the vocabulary); errors start with `who`.
+Status CheckForwardShape(const ModelConfig& config, const ModelWeights& weights, int64_t grid_tokens, const std::string& who);
+Status CheckTokenIds(std::span<const int32_t> ids, int64_t vocab_size, const std::string& who);
+
 // One branch of PrefillBranches: the ids after the prefix, and the first of them whose logits it needs.
 struct PrefillBranch {
   std::span<const int32_t> ids;

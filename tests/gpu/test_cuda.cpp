@@ -64,6 +64,20 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Row j of bf16 weights w [., K] times x in double: the exact product and the sum of |terms|.
+struct DotReference {
+  double exact = 0.0, magnitude = 0.0;
+};
+DotReference Reference(const std::vector<uint16_t>& w, int64_t j, const float* x, int64_t K) {
+  DotReference r;
+  for (int64_t i = 0; i < K; ++i) {
+    const double p = static_cast<double>(Bf16ToFloat(w[static_cast<size_t>(j * K + i)])) * x[i];
+    r.exact += p;
+    r.magnitude += std::fabs(p);
+  }
+  return r;
+}
+
 std::string TempDir(const std::string& name) {
   const std::string dir = (std::filesystem::temp_directory_path() / ("anchorage-test-cuda-" + name)).string();
   std::filesystem::remove_all(dir);
@@ -91,14 +105,9 @@ void GemmMatchesReferenceAndRowsAreIndependent() {
     const std::vector<float> y = ToHost(dy, static_cast<size_t>(n * N));
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t j = 0; j < N; ++j) {
-        double exact = 0.0, magnitude = 0.0;
-        for (int64_t i = 0; i < K; ++i) {
-          const double p = static_cast<double>(Bf16ToFloat(w[static_cast<size_t>(j * K + i)])) * x[static_cast<size_t>(t * K + i)];
-          exact += p;
-          magnitude += std::fabs(p);
-        }
-        const double bound = magnitude * (std::ldexp(1.0, -17) + (K + 2) * std::ldexp(1.0, -23));
-        GPU_CHECK_MSG(std::fabs(y[static_cast<size_t>(t * N + j)] - exact) <= bound,
+        const DotReference r = Reference(w, j, x.data() + t * K, K);
+        const double bound = r.magnitude * (std::ldexp(1.0, -17) + (K + 2) * std::ldexp(1.0, -23));
+        GPU_CHECK_MSG(std::fabs(y[static_cast<size_t>(t * N + j)] - r.exact) <= bound,
                       "row " + std::to_string(t) + " col " + std::to_string(j) + " of " + std::to_string(n));
       }
       // The same row alone.
@@ -128,13 +137,8 @@ void GemmSimtMatchesReferenceAndRowsAreIndependent() {
   const std::vector<float> y = ToHost(dy, static_cast<size_t>(n * N));
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j < N; ++j) {
-      double exact = 0.0, magnitude = 0.0;
-      for (int64_t i = 0; i < K; ++i) {
-        const double p = static_cast<double>(Bf16ToFloat(w[static_cast<size_t>(j * K + i)])) * x[static_cast<size_t>(t * K + i)];
-        exact += p;
-        magnitude += std::fabs(p);
-      }
-      GPU_CHECK_MSG(std::fabs(y[static_cast<size_t>(t * N + j)] - exact) <= magnitude * K * std::ldexp(1.0, -23),
+      const DotReference r = Reference(w, j, x.data() + t * K, K);
+      GPU_CHECK_MSG(std::fabs(y[static_cast<size_t>(t * N + j)] - r.exact) <= r.magnitude * K * std::ldexp(1.0, -23),
                     "row " + std::to_string(t) + " col " + std::to_string(j));
     }
   for (int64_t t : {int64_t{0}, int64_t{63}, int64_t{64}, n - 1}) {
@@ -159,13 +163,8 @@ void GemvMatchesReference(int64_t K) {
   Must(cuda::Synchronize(nullptr, "the GEMV"), "synchronizing");
   const std::vector<float> y = ToHost(dy, static_cast<size_t>(N));
   for (int64_t j = 0; j < N; ++j) {
-    double exact = 0.0, magnitude = 0.0;
-    for (int64_t i = 0; i < K; ++i) {
-      const double p = static_cast<double>(Bf16ToFloat(w[static_cast<size_t>(j * K + i)])) * x[static_cast<size_t>(i)];
-      exact += p;
-      magnitude += std::fabs(p);
-    }
-    GPU_CHECK_MSG(std::fabs(y[static_cast<size_t>(j)] - exact) <= magnitude * K * std::ldexp(1.0, -23), "row " + std::to_string(j));
+    const DotReference r = Reference(w, j, x.data(), K);
+    GPU_CHECK_MSG(std::fabs(y[static_cast<size_t>(j)] - r.exact) <= r.magnitude * K * std::ldexp(1.0, -23), "row " + std::to_string(j));
   }
 }
 

@@ -39,6 +39,16 @@ class LtGemm {
  private:
   struct Plan;
   LtGemm() = default;
+  // The sizes and the split and product scratch both implementations (cuBLASLt, the emulator's) share.
+  Status InitScratch(int64_t max_rows, int64_t max_k, int64_t max_n, Stream s) {
+    stream_ = s;
+    max_rows_ = max_rows;
+    max_k_ = max_k;
+    max_n_ = max_n;
+    ASSIGN_OR_RETURN(split_, DeviceBuffer::Allocate(static_cast<size_t>(2 * max_rows * max_k) * 2, "split activation rows"));
+    ASSIGN_OR_RETURN(halves_, DeviceBuffer::Allocate(static_cast<size_t>(2 * max_rows * max_n) * 4, "product halves"));
+    return Status::Ok();
+  }
   // cuBLASLt's algorithm for [N, K], or the CUDA-core fallback where it has none without split-K.
   Status ChooseAlgorithm(int64_t N, int64_t K);
   Result<bool> RowsIndependent(const uint16_t* w, int64_t N, int64_t K);

@@ -22,12 +22,7 @@ constexpr int64_t kMinRows = 8;
 
 Result<std::unique_ptr<LtGemm>> LtGemm::Create(int64_t max_rows, int64_t max_k, int64_t max_n, Stream s) {
   std::unique_ptr<LtGemm> gemm(new LtGemm());
-  gemm->stream_ = s;
-  gemm->max_rows_ = max_rows;
-  gemm->max_k_ = max_k;
-  gemm->max_n_ = max_n;
-  ASSIGN_OR_RETURN(gemm->split_, DeviceBuffer::Allocate(static_cast<size_t>(2 * max_rows * max_k) * 2, "split activation rows"));
-  ASSIGN_OR_RETURN(gemm->halves_, DeviceBuffer::Allocate(static_cast<size_t>(2 * max_rows * max_n) * 4, "product halves"));
+  RETURN_IF_ERROR(gemm->InitScratch(max_rows, max_k, max_n, s));
   return gemm;
 }
 
