@@ -3,6 +3,7 @@
 #  1. builds the engine-only set (no Qt; nlohmann/json from .device/include, see tools/device-prep.sh),
 #  2. runs the GPU tests (kernels and forward against the CPU, resume bit-equality, determinism),
 #  3. compares the GPU and CPU logits with Hugging Face transformers' Qwen3.5 on the generated `small`,
+#     and greedy decoding on the GPU with the CPU's,
 #  4. runs the GPU benchmark on `small` and on random weights of Qwen3.5-0.8B's and 4B's shapes.
 # Each step has its own time limit and the script goes on after a failure; the whole stays under 8
 # minutes. Logs go to $OUT (or /tmp/device-check).
@@ -44,6 +45,7 @@ case $? in
   3) echo "== transformers does not know this architecture: no comparison (not a failure of ours)"; status=$before_hf ;;
 esac
 
+step greedy-small 60 "$B/tests/gpu/anchorage-bench-gpu" --model-dir "$OUT/small" --greedy 64
 step bench-small 60 "$B/tests/gpu/anchorage-bench-gpu" --model-dir "$OUT/small" --max-tokens 32768
 step bench-0.8b 90 "$B/tests/gpu/anchorage-bench-gpu" --shape 0.8b --max-tokens 32768
 step bench-4b 120 "$B/tests/gpu/anchorage-bench-gpu" --shape 4b --max-tokens 32768

@@ -1,8 +1,11 @@
 // The CUDA backend's figures: prefill tok/s at 512 to 32k tokens, decode tok/s, memory, beside the
 // device's measured copy bandwidth and split-product rate, on a model folder or on random weights of
-// Qwen3.5-0.8B's or 4B's shapes. Also compares logits with a file of reference logits (--compare).
-//   anchorage-bench-gpu [--model-dir DIR | --shape small|0.8b|4b] [--max-tokens N] [--decode N] [--grid G]
+// Qwen3.5-0.8B's or 4B's shapes. Also compares logits with a file of reference logits (--compare), and
+// greedy decoding with the CPU's (--greedy N: where the token streams part, and the logits' distance).
+//   anchorage-bench-gpu [--model-dir DIR | --shape tiny|small|0.8b|4b] [--max-tokens N] [--decode N] [--grid G]
 //   anchorage-bench-gpu --model-dir DIR --compare IDS_FILE LOGITS_FILE
+//   anchorage-bench-gpu --model-dir DIR --greedy N
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -233,12 +236,47 @@ int Compare(const ModelConfig& c, const ModelWeights& w, const std::string& ids_
   return gpu_ref <= 1e-3 && gpu_cpu <= 1e-3 ? 0 : 2;
 }
 
+// Greedy decoding of `tokens` tokens after a 100-token prompt on the CPU and the GPU: the first step
+// whose argmax differs, and the largest logit difference until then.
+int Greedy(const ModelConfig& c, const ModelWeights& w, int64_t tokens) {
+  auto cpu = Forward::Create(c, w, ForwardOptions{});
+  auto gpu = CudaForward::Create(c, w, CudaForwardOptions{});
+  if (!cpu.ok()) return bench::Fail(cpu.status());
+  if (!gpu.ok()) return bench::Fail(gpu.status());
+  SequenceState cpu_state(c);
+  auto gpu_state = (*gpu)->NewState();
+  if (!gpu_state.ok()) return bench::Fail(gpu_state.status());
+  const std::vector<int32_t> prompt = bench::PromptIds(c, 100);
+  auto cpu_logits = (*cpu)->Prefill(cpu_state, prompt);
+  auto gpu_logits = (*gpu)->Prefill(**gpu_state, prompt);
+  double worst = 0.0;
+  for (int64_t step = 0; step < tokens; ++step) {
+    if (!cpu_logits.ok()) return bench::Fail(cpu_logits.status());
+    if (!gpu_logits.ok()) return bench::Fail(gpu_logits.status());
+    for (size_t i = 0; i < cpu_logits->size(); ++i) {
+      const double d = std::fabs(static_cast<double>((*cpu_logits)[i]) - (*gpu_logits)[i]);
+      if (!(d <= worst)) worst = std::isnan(d) ? INFINITY : d;
+    }
+    const auto cpu_id = static_cast<int32_t>(std::max_element(cpu_logits->begin(), cpu_logits->end()) - cpu_logits->begin());
+    const auto gpu_id = static_cast<int32_t>(std::max_element(gpu_logits->begin(), gpu_logits->end()) - gpu_logits->begin());
+    if (cpu_id != gpu_id) {
+      std::printf("greedy: the streams part at step %lld (CPU %d, GPU %d); max |logit diff| until then %.3g\n",
+                  static_cast<long long>(step), cpu_id, gpu_id, worst);
+      return 3;
+    }
+    cpu_logits = (*cpu)->Decode(cpu_state, cpu_id);
+    gpu_logits = (*gpu)->Decode(**gpu_state, gpu_id);
+  }
+  std::printf("greedy: %lld tokens, the same on the CPU and the GPU; max |logit diff| %.3g\n", static_cast<long long>(tokens), worst);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a run cut off by its time limit keeps every line it printed
   std::string model_dir, shape = "small", compare_ids, compare_logits;
-  int64_t max_tokens = 32768, decode_tokens = 64, grid = 1024;
+  int64_t max_tokens = 32768, decode_tokens = 64, grid = 1024, greedy = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const auto next = [&]() -> std::string {
@@ -253,6 +291,7 @@ int main(int argc, char** argv) {
     else if (arg == "--max-tokens") max_tokens = std::atoll(next().c_str());
     else if (arg == "--decode") decode_tokens = std::atoll(next().c_str());
     else if (arg == "--grid") grid = std::atoll(next().c_str());
+    else if (arg == "--greedy") greedy = std::atoll(next().c_str());
     else if (arg == "--compare") {
       compare_ids = next();
       compare_logits = next();
@@ -269,7 +308,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<RandomWeights> random;
   const ModelConfig* config = nullptr;
   const ModelWeights* weights = nullptr;
-  if (model_dir.empty() && shape == "small") model_dir = bench::ModelFolder("small");
+  if (model_dir.empty() && (shape == "tiny" || shape == "small")) model_dir = bench::ModelFolder(shape);
   if (!model_dir.empty()) {
     auto opened = testing::OpenModel(model_dir);
     if (!opened.ok()) return bench::Fail(opened.status());
@@ -279,7 +318,7 @@ int main(int argc, char** argv) {
     std::printf("model: %s\n", model_dir.c_str());
   } else {
     if (shape != "0.8b" && shape != "4b") {
-      std::fprintf(stderr, "--shape is small, 0.8b or 4b\n");
+      std::fprintf(stderr, "--shape is tiny, small, 0.8b or 4b\n");
       return 2;
     }
     const auto t0 = Clock::now();
@@ -289,6 +328,7 @@ int main(int argc, char** argv) {
     std::printf("model: random weights of Qwen3.5-%s's shapes (made in %.1f s)\n", shape.c_str(), Seconds(t0));
   }
   if (!compare_ids.empty()) return Compare(*config, *weights, compare_ids, compare_logits);
+  if (greedy > 0) return Greedy(*config, *weights, greedy);
 
   const double copy_rate = CopyBandwidth(), product_rate = SplitProductRate();
   std::printf("measured: device copy %.0f GB/s (read + write), split bf16 product %.1f TFLOP/s (both halves counted)\n",
