@@ -32,7 +32,7 @@ struct ForwardOptions {
   // BF16, F16 and F32 matrices made int8 at load (per output row and 32 inputs); FP8 ones stay FP8.
   bool int8_weights = false;
   // Called after each layer's weights are packed; false stops Create with kCancelled.
-  std::function<bool(int64_t packed, int64_t layers)> on_layer;
+  std::function<bool(int64_t packed, int64_t layers)> on_layer = nullptr;
 };
 
 enum class LogitsRows { kLast, kAll };

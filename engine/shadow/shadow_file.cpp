@@ -11,6 +11,13 @@ namespace {
 
 std::string_view BytesOf(const void* p, size_t bytes) { return {static_cast<const char*>(p), bytes}; }
 
+// A section's name: prefix and index, appended (GCC 12 warns -Wrestrict on "literal" + std::string).
+std::string SectionName(const char* prefix, int64_t index) {
+  std::string name(prefix);
+  name += std::to_string(index);
+  return name;
+}
+
 Result<const DecodedSection*> Section(const DecodedCacheFile& f, const std::string& name, SectionDType dtype, const std::vector<int64_t>& shape) {
   const DecodedSection* s = f.Find(name);
   if (s == nullptr) return Corrupt("shadow file: no section " + name);
@@ -48,12 +55,12 @@ Status SaveShadowFile(DiskEnv& env, const std::string& path, const std::string& 
       {"pending_lines", SectionDType::kI32, {static_cast<int64_t>(pending.size()) * 2}, BytesOf(pending.data(), pending.size() * 8)},
       {"recurrent", SectionDType::kF32, {static_cast<int64_t>(recurrent.data.size())}, BytesOf(recurrent.data.data(), recurrent.data.size() * 4)}};
   for (int64_t a = 0; a < state.num_attention_layers(); ++a) {
-    sections.push_back({"k" + std::to_string(a), SectionDType::kF32, {rows, width}, BytesOf(state.k_rows(a), static_cast<size_t>(rows * width) * 4)});
-    sections.push_back({"v" + std::to_string(a), SectionDType::kF32, {rows, width}, BytesOf(state.v_rows(a), static_cast<size_t>(rows * width) * 4)});
+    sections.push_back({SectionName("k", static_cast<int64_t>(a)), SectionDType::kF32, {rows, width}, BytesOf(state.k_rows(a), static_cast<size_t>(rows * width) * 4)});
+    sections.push_back({SectionName("v", static_cast<int64_t>(a)), SectionDType::kF32, {rows, width}, BytesOf(state.v_rows(a), static_cast<size_t>(rows * width) * 4)});
   }
   for (size_t i = 0; i < s.checkpoints().size(); ++i) {
     const Anchor& c = s.checkpoints()[i];
-    sections.push_back({"checkpoint" + std::to_string(i), SectionDType::kF32, {static_cast<int64_t>(c.data.size())}, BytesOf(c.data.data(), c.data.size() * 4)});
+    sections.push_back({SectionName("checkpoint", static_cast<int64_t>(i)), SectionDType::kF32, {static_cast<int64_t>(c.data.size())}, BytesOf(c.data.data(), c.data.size() * 4)});
   }
   ASSIGN_OR_RETURN(EncodedCacheFile file, EncodeCacheFile(header, sections));
   return WriteFileCrashSafe(env, path, file.pieces);
@@ -81,8 +88,8 @@ Result<std::unique_ptr<ShadowSession>> LoadShadowFile(DiskEnv& env, const std::s
   ASSIGN_OR_RETURN(const DecodedSection* recurrent, Section(f, "recurrent", SectionDType::kF32, {anchor_floats}));
   RETURN_IF_ERROR(state.Reserve(rows));
   for (int64_t a = 0; a < state.num_attention_layers(); ++a) {
-    ASSIGN_OR_RETURN(const DecodedSection* k, Section(f, "k" + std::to_string(a), SectionDType::kF32, {rows, width}));
-    ASSIGN_OR_RETURN(const DecodedSection* v, Section(f, "v" + std::to_string(a), SectionDType::kF32, {rows, width}));
+    ASSIGN_OR_RETURN(const DecodedSection* k, Section(f, SectionName("k", static_cast<int64_t>(a)), SectionDType::kF32, {rows, width}));
+    ASSIGN_OR_RETURN(const DecodedSection* v, Section(f, SectionName("v", static_cast<int64_t>(a)), SectionDType::kF32, {rows, width}));
     std::memcpy(state.k_rows(a), k->bytes.data(), k->bytes.size());
     std::memcpy(state.v_rows(a), v->bytes.data(), v->bytes.size());
   }
@@ -90,7 +97,7 @@ Result<std::unique_ptr<ShadowSession>> LoadShadowFile(DiskEnv& env, const std::s
   RETURN_IF_ERROR(state.RestoreAnchor(Anchor{rows, Copy<float>(recurrent->bytes)}));
   std::vector<Anchor> checkpoints;
   for (size_t i = 0; i < checkpoint_lengths.size(); ++i) {
-    ASSIGN_OR_RETURN(const DecodedSection* c, Section(f, "checkpoint" + std::to_string(i), SectionDType::kF32, {anchor_floats}));
+    ASSIGN_OR_RETURN(const DecodedSection* c, Section(f, SectionName("checkpoint", static_cast<int64_t>(i)), SectionDType::kF32, {anchor_floats}));
     checkpoints.push_back(Anchor{checkpoint_lengths[i], Copy<float>(c->bytes)});
   }
   Status adopted = s->Adopt(Copy<int32_t>(ids->bytes), std::move(checkpoints), Copy<int64_t>(pending->bytes));
