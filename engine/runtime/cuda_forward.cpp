@@ -156,6 +156,105 @@ Result<std::unique_ptr<DeviceState>> DeviceState::Clone() const {
   return copy;
 }
 
+Status DeviceState::CopyRecurrentOut(float* floats, int kind) const {
+  for (size_t g = 0; g < recurrent_.size(); ++g) {
+    RETURN_IF_ERROR(cuda::CudaStatus(cudaMemcpyAsync(floats, recurrent_[g].data(), static_cast<size_t>(Floats(recurrent_floats_)),
+                                                     static_cast<cudaMemcpyKind>(kind), stream_),
+                                     "copying a recurrent state"));
+    floats += recurrent_floats_;
+    RETURN_IF_ERROR(cuda::CudaStatus(cudaMemcpyAsync(floats, tail_[g].data(), static_cast<size_t>(Floats(tail_floats_)),
+                                                     static_cast<cudaMemcpyKind>(kind), stream_),
+                                     "copying a conv tail"));
+    floats += tail_floats_;
+  }
+  return cuda::Synchronize(stream_, "copying a recurrent part");
+}
+
+Status DeviceState::CopyRecurrentIn(const float* floats, int kind) {
+  for (size_t g = 0; g < recurrent_.size(); ++g) {
+    RETURN_IF_ERROR(cuda::CudaStatus(cudaMemcpyAsync(recurrent_[g].data(), floats, static_cast<size_t>(Floats(recurrent_floats_)),
+                                                     static_cast<cudaMemcpyKind>(kind), stream_),
+                                     "copying a recurrent state"));
+    floats += recurrent_floats_;
+    RETURN_IF_ERROR(cuda::CudaStatus(cudaMemcpyAsync(tail_[g].data(), floats, static_cast<size_t>(Floats(tail_floats_)),
+                                                     static_cast<cudaMemcpyKind>(kind), stream_),
+                                     "copying a conv tail"));
+    floats += tail_floats_;
+  }
+  return cuda::Synchronize(stream_, "copying a recurrent part");
+}
+
+Result<DeviceAnchor> DeviceState::SaveAnchor() const {
+  DeviceAnchor anchor;
+  anchor.length = length_;
+  ASSIGN_OR_RETURN(anchor.data, DeviceBuffer::Allocate(static_cast<size_t>(Floats(std::max<int64_t>(1, anchor_floats()))), "an anchor"));
+  RETURN_IF_ERROR(CopyRecurrentOut(anchor.data.floats(), cudaMemcpyDeviceToDevice));
+  return anchor;
+}
+
+Status DeviceState::RestoreAnchor(const DeviceAnchor& anchor) {
+  if (anchor.bytes() < Floats(anchor_floats()))
+    return InvalidArgument("DeviceState: the anchor holds " + std::to_string(anchor.bytes()) + " bytes, the state wants " +
+                           std::to_string(Floats(anchor_floats())));
+  if (anchor.length < 0 || (!k_.empty() && anchor.length > capacity_))
+    return OutOfRange("DeviceState: anchor length " + std::to_string(anchor.length) + " exceeds capacity " + std::to_string(capacity_));
+  RETURN_IF_ERROR(CopyRecurrentIn(anchor.data.floats(), cudaMemcpyDeviceToDevice));
+  length_ = anchor.length;
+  return Status::Ok();
+}
+
+Result<Anchor> DeviceState::SaveHostAnchor() const {
+  Anchor anchor;
+  anchor.length = length_;
+  anchor.data.resize(static_cast<size_t>(anchor_floats()));
+  RETURN_IF_ERROR(CopyRecurrentOut(anchor.data.data(), cudaMemcpyDeviceToHost));
+  return anchor;
+}
+
+Status DeviceState::RestoreHostAnchor(const Anchor& anchor) {
+  if (static_cast<int64_t>(anchor.data.size()) != anchor_floats())
+    return InvalidArgument("DeviceState: the anchor holds " + std::to_string(anchor.data.size()) + " floats, the state wants " +
+                           std::to_string(anchor_floats()));
+  if (anchor.length < 0 || (!k_.empty() && anchor.length > capacity_))
+    return OutOfRange("DeviceState: anchor length " + std::to_string(anchor.length) + " exceeds capacity " + std::to_string(capacity_));
+  RETURN_IF_ERROR(CopyRecurrentIn(anchor.data.data(), cudaMemcpyHostToDevice));
+  length_ = anchor.length;
+  return Status::Ok();
+}
+
+Result<KvRows> DeviceState::CopyRows(int64_t begin, int64_t end) const {
+  if (begin < 0 || end < begin || end > length_)
+    return OutOfRange("DeviceState: rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") outside length " +
+                      std::to_string(length_));
+  KvRows rows;
+  rows.begin = begin;
+  rows.end = end;
+  const int64_t n = (end - begin) * kv_width_;
+  rows.data.resize(static_cast<size_t>(2 * n) * k_.size());
+  float* p = rows.data.data();
+  for (size_t a = 0; a < k_.size(); ++a) {
+    RETURN_IF_ERROR(cuda::CopyToHost(p, k_[a].floats() + begin * kv_width_, static_cast<size_t>(Floats(n)), stream_));
+    RETURN_IF_ERROR(cuda::CopyToHost(p + n, v_[a].floats() + begin * kv_width_, static_cast<size_t>(Floats(n)), stream_));
+    p += 2 * n;
+  }
+  return rows;
+}
+
+Status DeviceState::WriteRows(const KvRows& rows) {
+  const int64_t n = (rows.end - rows.begin) * kv_width_;
+  if (rows.begin < 0 || rows.end < rows.begin || static_cast<int64_t>(rows.data.size()) != 2 * n * static_cast<int64_t>(k_.size()))
+    return InvalidArgument("DeviceState: rows [" + std::to_string(rows.begin) + ", " + std::to_string(rows.end) + ") with " +
+                           std::to_string(rows.data.size()) + " floats do not fit this model");
+  RETURN_IF_ERROR(Reserve(rows.end));
+  const float* p = rows.data.data();
+  for (size_t a = 0; a < k_.size(); ++a) {
+    RETURN_IF_ERROR(cuda::CopyToDevice(k_[a].floats() + rows.begin * kv_width_, p, static_cast<size_t>(Floats(n)), stream_));
+    RETURN_IF_ERROR(cuda::CopyToDevice(v_[a].floats() + rows.begin * kv_width_, p + n, static_cast<size_t>(Floats(n)), stream_));
+    p += 2 * n;
+  }
+  return cuda::Synchronize(stream_, "writing K/V rows");
+}
+
 // ---- CudaForward ----
 
 CudaForward::CudaForward(const ModelConfig& config, const CudaForwardOptions& options)

@@ -26,6 +26,14 @@ struct CudaForwardOptions {
   int device = 0;
 };
 
+// The recurrent part of a device state at one length, kept in device memory: an anchor that does not
+// leave the GPU (per GDN layer the state then the tail, as Anchor::data).
+struct DeviceAnchor {
+  int64_t length = 0;
+  cuda::DeviceBuffer data;
+  int64_t bytes() const { return static_cast<int64_t>(data.bytes()); }
+};
+
 // One sequence's state in device memory, laid out as SequenceState's (K/V rows fp32 per attention
 // layer, recurrent state and conv tail per GDN layer). Made by CudaForward::NewState; it must not
 // outlive that CudaForward (it runs on its stream).
@@ -43,11 +51,25 @@ class DeviceState {
   // A copy in device memory.
   Result<std::unique_ptr<DeviceState>> Clone() const;
 
+  // The cache tiers' primitives, as SequenceState has them. Anchors copy device to device, or to and
+  // from the host tiers' Anchor; K/V rows copy to and from the host tiers' KvRows. A restore sets the
+  // length; the K/V rows below it must already be in place. Bad arguments leave the state unchanged.
+  Result<DeviceAnchor> SaveAnchor() const;
+  Status RestoreAnchor(const DeviceAnchor& anchor);
+  Result<Anchor> SaveHostAnchor() const;
+  Status RestoreHostAnchor(const Anchor& anchor);
+  Result<KvRows> CopyRows(int64_t begin, int64_t end) const;
+  Status WriteRows(const KvRows& rows);
+
  private:
   friend class CudaForward;
   DeviceState(const ModelConfig& config, cuda::Stream stream);
   DeviceState(cuda::Stream stream, int64_t kv_width, int64_t recurrent_floats, int64_t tail_floats);
   bool Matches(const SequenceState& host) const;
+  int64_t anchor_floats() const { return static_cast<int64_t>(recurrent_.size()) * (recurrent_floats_ + tail_floats_); }
+  // Copies the recurrent part to or from `floats` (device or host memory, as kind says).
+  Status CopyRecurrentOut(float* floats, int kind) const;
+  Status CopyRecurrentIn(const float* floats, int kind);
 
   cuda::Stream stream_ = nullptr;
   int64_t kv_width_ = 0, recurrent_floats_ = 0, tail_floats_ = 0;

@@ -439,6 +439,54 @@ void GrowingAndCloningKeepTheState() {
   GPU_CHECK(SameBits(next, next_of_copy));
 }
 
+// The tiers' primitives on the device: an anchor at a 64-line kept on the device, or taken to the host
+// with its K/V rows and brought back into a fresh state, resumes to a cold prefill's bits; the host
+// anchor equals SequenceState's of the same state; a mis-sized anchor is refused without change.
+void AnchorsAndRowsResumeExactly() {
+  Pair p = Load(TinyModelSize::kTiny);
+  const ModelConfig& c = p.model->config;
+  const std::vector<int32_t> ids = testing::RandomIds(700, c.vocab_size, 71);
+  const auto ids_from = [&ids](size_t from, size_t to) { return std::span(ids).subspan(from, to - from); };
+  auto cold = Must(p.gpu->NewState(), "a device state");
+  const std::vector<float> cold_logits = Must(p.gpu->Prefill(*cold, ids), "cold prefill");
+  SequenceState cold_host(c);
+  Must(cold->Download(cold_host), "downloading");
+
+  auto x = Must(p.gpu->NewState(), "a device state");
+  Must(p.gpu->Prefill(*x, ids_from(0, 320)), "prefill to 320");
+  const DeviceAnchor device_anchor = Must(x->SaveAnchor(), "a device anchor");
+  const Anchor host_anchor = Must(x->SaveHostAnchor(), "a host anchor");
+  const KvRows rows = Must(x->CopyRows(0, 320), "K/V rows");
+  SequenceState at_320(c);
+  Must(x->Download(at_320), "downloading");
+  const Anchor expected = at_320.SaveAnchor();
+  GPU_CHECK(host_anchor.length == 320 && SameBits(host_anchor.data, expected.data));
+  const KvRows expected_rows = Must(at_320.CopyRows(0, 320), "host K/V rows");
+  GPU_CHECK(SameBits(rows.data, expected_rows.data));
+
+  Must(p.gpu->Prefill(*x, ids_from(320, 500)), "going on past the anchor");
+  Anchor wrong = host_anchor;
+  wrong.data.pop_back();
+  GPU_CHECK(!x->RestoreHostAnchor(wrong).ok());
+  GPU_CHECK(x->length() == 500);
+  Must(x->RestoreAnchor(device_anchor), "restoring the device anchor");
+  GPU_CHECK(x->length() == 320);
+  const std::vector<float> resumed = Must(p.gpu->Prefill(*x, ids_from(320, 700)), "resuming");
+  SequenceState x_host(c);
+  Must(x->Download(x_host), "downloading");
+  GPU_CHECK(x_host.BitEqual(cold_host));
+  GPU_CHECK(SameBits(resumed, cold_logits));
+
+  auto y = Must(p.gpu->NewState(), "a device state");
+  Must(y->WriteRows(rows), "writing K/V rows");
+  Must(y->RestoreHostAnchor(host_anchor), "restoring the host anchor");
+  const std::vector<float> from_host = Must(p.gpu->Prefill(*y, ids_from(320, 700)), "resuming from the host");
+  SequenceState y_host(c);
+  Must(y->Download(y_host), "downloading");
+  GPU_CHECK(y_host.BitEqual(cold_host));
+  GPU_CHECK(SameBits(from_host, cold_logits));
+}
+
 void Fp8IsRefusedByName() {
   auto model = Must(testing::MakeModel(TinyModelSize::kTiny, 5, TempDir("fp8"), GeneratedDtype::kFp8), "generating");
   auto gpu = CudaForward::Create(model->config, model->weights, CudaForwardOptions{});
@@ -494,6 +542,7 @@ int main() {
       {"tiny: resume at every 64-line is bit-equal (grid 1024)", [] { ResumeAtEvery64LineIsBitEqual(TinyModelSize::kTiny, 1024); }},
       {"tiny: the same run twice is bit-equal", [] { SameRunTwiceIsBitEqual(TinyModelSize::kTiny); }},
       {"growing and cloning keep the state", GrowingAndCloningKeepTheState},
+      {"anchors and K/V rows resume exactly, on the device and through the host", AnchorsAndRowsResumeExactly},
       {"FP8 weights are refused by name", Fp8IsRefusedByName},
       {"the fingerprint names the backend", FingerprintNamesTheBackend},
   };
