@@ -68,8 +68,8 @@ Status WriteFileAtomic(const std::string& path, std::string_view contents) {
     ::unlink(tmp.c_str());
     return s;
   }
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string dir = parent.empty() ? std::string(1, '.') : parent.string();
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);

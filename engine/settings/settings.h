@@ -27,7 +27,7 @@ struct SettingField {
   nlohmann::json default_value;
   std::string description;  // one line
   size_t max_bytes = 256;   // kString: the longest value
-  std::function<std::optional<std::string>(const std::string&)> check;  // kString: why a value is wrong, or nullopt
+  std::function<std::optional<std::string>(const std::string&)> check = nullptr;  // kString: why a value is wrong, or nullopt
   std::string key() const { return area + "." + name; }
 };
 

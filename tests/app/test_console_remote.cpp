@@ -44,7 +44,7 @@ class TestConsoleRemote : public QObject {
     QString error;
     QCOMPARE(ServerBaseUrl("http://127.0.0.1:8000/v1/", &error), QString("http://127.0.0.1:8000"));
     QCOMPARE(ServerBaseUrl(" https://gpu-box:8443 ", &error), QString("https://gpu-box:8443"));
-    for (const QString& bad : {"localhost:8000", "ftp://box:21", "http://box:8000/v2/chat", "http://user:pw@box:8000", "http://", ""}) {
+    for (const char* bad : {"localhost:8000", "ftp://box:21", "http://box:8000/v2/chat", "http://user:pw@box:8000", "http://", ""}) {
       error.clear();
       QVERIFY2(ServerBaseUrl(bad, &error).isEmpty(), qPrintable(bad));
       QVERIFY2(error.contains("is not a server URL"), qPrintable(error));
