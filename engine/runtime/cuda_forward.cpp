@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <map>
 
 #include "engine/compute/cuda/kernels.h"
@@ -19,6 +20,13 @@ namespace {
 
 // Rows of logits one lm_head product makes; kAll logits go in runs of this many.
 constexpr int64_t kLogitRows = 64;
+
+// What a decode step reads from device memory: its token and its position.
+struct DecodeStep {
+  int32_t id;
+  int32_t unused;
+  int64_t position;
+};
 
 int64_t Floats(int64_t n) { return n * static_cast<int64_t>(sizeof(float)); }
 
@@ -43,6 +51,7 @@ struct CudaForward::Layer {
 
 struct CudaForward::Workspace {
   DeviceBuffer ids;                 // int32 [G]
+  DeviceBuffer step;                // a decode step: DecodeStep
   DeviceBuffer x, a, mix;           // [G, H]
   DeviceBuffer qkv, conv;           // [G, conv_dim]
   DeviceBuffer z, core;             // [G, Nv*dv]
@@ -261,6 +270,7 @@ CudaForward::CudaForward(const ModelConfig& config, const CudaForwardOptions& op
     : config_(config), options_(options), ws_(std::make_unique<Workspace>()) {}
 
 CudaForward::~CudaForward() {
+  graph_.reset();
   gemm_.reset();
   logits_gemm_.reset();
   buffers_.clear();
@@ -415,6 +425,7 @@ Status CudaForward::Init(const ModelWeights& w) {
     return Status::Ok();
   };
   RETURN_IF_ERROR(make(ws.ids, G * 4, "token ids"));
+  RETURN_IF_ERROR(make(ws.step, sizeof(DecodeStep), "a decode step"));
   for (DeviceBuffer* b : {&ws.x, &ws.a, &ws.mix}) RETURN_IF_ERROR(make(*b, Floats(G * H), "hidden rows"));
   for (DeviceBuffer* b : {&ws.qkv, &ws.conv}) RETURN_IF_ERROR(make(*b, Floats(G * C), "conv rows"));
   for (DeviceBuffer* b : {&ws.z, &ws.core}) RETURN_IF_ERROR(make(*b, Floats(G * VD), "value rows"));
@@ -433,6 +444,21 @@ int64_t CudaForward::decode_weight_bytes() const {
 }
 
 int64_t CudaForward::workspace_bytes() const { return ws_->bytes; }
+
+const int64_t* CudaForward::StepPosition() const {
+  return reinterpret_cast<const int64_t*>(static_cast<const char*>(ws_->step.data()) + offsetof(DecodeStep, position));
+}
+
+void CudaForward::set_decode_graphs(bool on) {
+  graph_.reset();
+  graph_note_.clear();
+  options_.decode_graphs = on;
+}
+
+std::string CudaForward::DecodeLaunches() const {
+  if (options_.decode_graphs) return "one captured graph a token";
+  return graph_note_.empty() ? "launch by launch" : "launch by launch (" + graph_note_ + ")";
+}
 
 std::string CudaForward::KernelSet() const {
   int lt_version = static_cast<int>(cublasLtGetVersion());
@@ -480,20 +506,81 @@ Result<std::vector<float>> CudaForward::Prefill(DeviceState& state, std::span<co
     const bool last = done + m == n;
     RETURN_IF_ERROR(cuda::CopyToDevice(ws_->ids.data(), ids.data() + done, static_cast<size_t>(m) * 4, stream_));
     float* out = all ? logits.data() + done * config_.vocab_size : (last ? logits.data() : nullptr);
-    RETURN_IF_ERROR(RunChunk(state, m, Mode::kChunked, all ? 0 : m - 1, out));
+    RETURN_IF_ERROR(RunChunk(state, m, all ? 0 : m - 1, out));
     done += m;
   }
   return logits;
 }
 
+// A captured decode step, valid for the state buffers it was captured with.
+struct CudaForward::DecodeGraph {
+  cudaGraphExec_t exec = nullptr;
+  std::vector<const void*> buffers;
+  DecodeGraph() = default;
+  DecodeGraph(const DecodeGraph&) = delete;
+  DecodeGraph& operator=(const DecodeGraph&) = delete;
+  ~DecodeGraph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
+};
+
+std::vector<const void*> DeviceState::Buffers() const {
+  std::vector<const void*> out;
+  for (const auto* list : {&k_, &v_, &recurrent_, &tail_})
+    for (const DeviceBuffer& b : *list) out.push_back(b.data());
+  return out;
+}
+
 Result<std::vector<float>> CudaForward::Decode(DeviceState& state, int32_t id) {
-  // One row in kRecurrent mode: the mixers' and the MLP's one-row launches rely on it.
   RETURN_IF_ERROR(CheckIds(std::span<const int32_t>(&id, 1)));
   RETURN_IF_ERROR(state.Reserve(state.length() + 1));
   std::vector<float> logits(static_cast<size_t>(config_.vocab_size));
-  RETURN_IF_ERROR(cuda::CopyToDevice(ws_->ids.data(), &id, 4, stream_));
-  RETURN_IF_ERROR(RunChunk(state, 1, Mode::kRecurrent, 0, logits.data()));
+  const DecodeStep step{id, 0, state.length()};
+  RETURN_IF_ERROR(cuda::CopyToDevice(ws_->step.data(), &step, sizeof step, stream_));
+  if (options_.decode_graphs && (!graph_ || graph_->buffers != state.Buffers())) {
+    graph_.reset();
+    auto captured = CaptureDecode(state);
+    if (captured.ok()) {
+      graph_ = std::move(*captured);
+    } else {  // decode goes on launch by launch; the reason stays for DecodeLaunches
+      cudaGetLastError();  // the failed capture's error is not this step's
+      options_.decode_graphs = false;
+      graph_note_ = captured.status().message();
+    }
+  }
+  if (options_.decode_graphs) {
+    RETURN_IF_ERROR(cuda::CudaStatus(cudaGraphLaunch(graph_->exec, stream_), "launching the decode graph"));
+  } else {
+    RETURN_IF_ERROR(EnqueueDecode(state));
+  }
+  RETURN_IF_ERROR(cuda::CopyToHost(logits.data(), ws_->logits.data(), logits.size() * sizeof(float), stream_));
+  RETURN_IF_ERROR(cuda::Synchronize(stream_, "a decode step"));
+  ++state.length_;
   return logits;
+}
+
+Status CudaForward::EnqueueDecode(DeviceState& state) {
+  const int64_t H = config_.hidden_size;
+  RETURN_IF_ERROR(EnqueueLayers(state, static_cast<const int32_t*>(ws_->step.data()), 1, Mode::kRecurrent));
+  float* a = ws_->a.floats();
+  cuda::RmsNormRows(ws_->x.floats(), final_norm_, 1, H, static_cast<float>(config_.rms_norm_eps), a, stream_);
+  cuda::Gemv(lm_head_.w, config_.vocab_size, H, a, 1, ws_->logits.floats(), stream_);
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<CudaForward::DecodeGraph>> CudaForward::CaptureDecode(DeviceState& state) {
+  RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "capturing a decode step"));
+  const Status enqueued = EnqueueDecode(state);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+  RETURN_IF_ERROR(enqueued);
+  RETURN_IF_ERROR(cuda::CudaStatus(ended, "ending the decode capture"));
+  auto captured = std::make_unique<DecodeGraph>();
+  const cudaError_t made = cudaGraphInstantiate(&captured->exec, graph, 0);
+  cudaGraphDestroy(graph);
+  RETURN_IF_ERROR(cuda::CudaStatus(made, "instantiating the decode graph"));
+  captured->buffers = state.Buffers();
+  return captured;
 }
 
 Status CudaForward::Product(const Matrix& m, const float* x, int64_t n, float* y, int64_t y_stride, Mode mode) {
@@ -504,14 +591,13 @@ Status CudaForward::Product(const Matrix& m, const float* x, int64_t n, float* y
   return gemm_->Run(m.w, m.rows, m.cols, x, n, y, y_stride);
 }
 
-Status CudaForward::RunChunk(DeviceState& state, int64_t n, Mode mode, int64_t first_logit_row, float* logits) {
-  const ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, V = c.vocab_size;
-  const float eps = static_cast<float>(c.rms_norm_eps);
+Status CudaForward::EnqueueLayers(DeviceState& state, const int32_t* ids, int64_t n, Mode mode) {
+  const int64_t H = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
   Workspace& ws = *ws_;
   float* x = ws.x.floats();
   float* a = ws.a.floats();
-  cuda::EmbedRows(embed_.w, static_cast<const int32_t*>(ws.ids.data()), n, H, x, stream_);
+  cuda::EmbedRows(embed_.w, ids, n, H, x, stream_);
   int64_t gi = 0, ai = 0;
   cuda::RmsNormRows(x, layers_.front().in_norm, n, H, eps, a, stream_);
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -529,17 +615,21 @@ Status CudaForward::RunChunk(DeviceState& state, int64_t n, Mode mode, int64_t f
       cuda::AddRows(ws.mix.floats(), n * H, x, stream_);
     }
   }
+  return Status::Ok();
+}
+
+Status CudaForward::RunChunk(DeviceState& state, int64_t n, int64_t first_logit_row, float* logits) {
+  const int64_t H = config_.hidden_size, V = config_.vocab_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  Workspace& ws = *ws_;
+  RETURN_IF_ERROR(EnqueueLayers(state, static_cast<const int32_t*>(ws.ids.data()), n, Mode::kChunked));
   state.length_ += n;
   if (logits == nullptr) return cuda::Synchronize(stream_, "a forward chunk");
   // The rows that want logits, kLogitRows at a time.
   for (int64_t t = first_logit_row; t < n; t += kLogitRows) {
     const int64_t run = std::min(kLogitRows, n - t);
-    cuda::RmsNormRows(x + t * H, final_norm_, run, H, eps, a, stream_);
-    if (mode == Mode::kRecurrent) {
-      cuda::Gemv(lm_head_.w, V, H, a, run, ws.logits.floats(), stream_);
-    } else {
-      RETURN_IF_ERROR(logits_gemm_->Run(lm_head_.w, V, H, a, run, ws.logits.floats(), V));
-    }
+    cuda::RmsNormRows(ws.x.floats() + t * H, final_norm_, run, H, eps, ws.a.floats(), stream_);
+    RETURN_IF_ERROR(logits_gemm_->Run(lm_head_.w, V, H, ws.a.floats(), run, ws.logits.floats(), V));
     RETURN_IF_ERROR(cuda::CopyToHost(logits + (t - first_logit_row) * V, ws.logits.data(), static_cast<size_t>(Floats(run * V)), stream_));
   }
   return cuda::Synchronize(stream_, "a forward chunk");
@@ -612,18 +702,23 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
   const float* a = ws.a.floats();
   float* k_all = state.k_[static_cast<size_t>(ai)].floats();
   float* v_all = state.v_[static_cast<size_t>(ai)].floats();
-  if (mode == Mode::kRecurrent) {  // one row: q, k and v in one launch
+  // Decode reads its position from the step in device memory (one captured graph serves every step).
+  const cuda::Position position = mode == Mode::kRecurrent ? cuda::Position{0, StepPosition()} : cuda::Position{pos0, nullptr};
+  if (mode == Mode::kRecurrent) {  // one row: q, k and v in one launch, K and V into the position's rows
     cuda::GemvSet set;
     set.count = 3;
+    set.position = position;
     set.w[0] = L.q.w;
     set.rows[0] = L.q.rows;
     set.y[0] = ws.qg.floats();
     set.w[1] = L.k.w;
     set.rows[1] = L.k.rows;
-    set.y[1] = k_all + pos0 * KW;
+    set.y[1] = k_all;
+    set.position_stride[1] = KW;
     set.w[2] = L.v.w;
     set.rows[2] = L.v.rows;
-    set.y[2] = v_all + pos0 * KW;
+    set.y[2] = v_all;
+    set.position_stride[2] = KW;
     cuda::GemvMany(set, H, a, stream_);
   } else {
     RETURN_IF_ERROR(Product(L.q, a, n, ws.qg.floats(), QW, mode));
@@ -631,10 +726,10 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
     RETURN_IF_ERROR(Product(L.v, a, n, v_all + pos0 * KW, KW, mode));
   }
   const int64_t half = c.rotary_dim() / 2;
-  cuda::NormRope(ws.qg.floats(), n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, pos0, stream_);
-  cuda::NormRope(k_all + pos0 * KW, n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, pos0, stream_);
+  cuda::NormRope(ws.qg.floats(), n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, position, false, stream_);
+  cuda::NormRope(k_all, n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, position, true, stream_);
   const cuda::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
-  cuda::Attention(shape, ws.qg.floats(), QW, 2 * hd, n, pos0, k_all, v_all, KW, ws.qg.floats() + hd, ws.attn.floats(), Nh * hd,
+  cuda::Attention(shape, ws.qg.floats(), QW, 2 * hd, n, position, k_all, v_all, KW, ws.qg.floats() + hd, ws.attn.floats(), Nh * hd,
                   stream_);
   return Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode);
 }

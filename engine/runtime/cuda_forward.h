@@ -24,6 +24,9 @@ namespace anchorage {
 struct CudaForwardOptions {
   int64_t grid_tokens = 1024;  // prefill chunk G; a positive multiple of 64
   int device = 0;
+  // Decode replays one captured CUDA graph a token (recaptured when the state's buffers change);
+  // where capture fails it goes on launch by launch. The bits are the same either way.
+  bool decode_graphs = true;
 };
 
 // The recurrent part of a device state at one length, kept in device memory: an anchor that does not
@@ -66,6 +69,8 @@ class DeviceState {
   DeviceState(const ModelConfig& config, cuda::Stream stream);
   DeviceState(cuda::Stream stream, int64_t kv_width, int64_t recurrent_floats, int64_t tail_floats);
   bool Matches(const SequenceState& host) const;
+  // Every buffer a forward writes into: what a captured decode step was made for.
+  std::vector<const void*> Buffers() const;
   int64_t anchor_floats() const { return static_cast<int64_t>(recurrent_.size()) * (recurrent_floats_ + tail_floats_); }
   // Copies the recurrent part to or from `floats` (device or host memory, as kind says).
   Status CopyRecurrentOut(float* floats, int kind) const;
@@ -104,6 +109,10 @@ class CudaForward {
   // Bytes a decoded token reads: every matrix but an untied embedding.
   int64_t decode_weight_bytes() const;
   int64_t workspace_bytes() const;
+  // How decode launches its kernels: "one captured graph a token" or "launch by launch (why)".
+  std::string DecodeLaunches() const;
+  // Turns decode graphs on (they are tried again) or off.
+  void set_decode_graphs(bool on);
 
  private:
   struct Matrix {
@@ -112,6 +121,7 @@ class CudaForward {
   };
   struct Layer;
   struct Workspace;
+  struct DecodeGraph;
   enum class Mode { kChunked, kRecurrent };
 
   CudaForward(const ModelConfig& config, const CudaForwardOptions& options);
@@ -123,8 +133,15 @@ class CudaForward {
 
   // y = x m^T for n rows: cuBLASLt split products in chunked mode, the warp-a-row GEMV in recurrent mode.
   Status Product(const Matrix& m, const float* x, int64_t n, float* y, int64_t y_stride, Mode mode);
+  // Enqueues every layer over n rows (ids on the device) at the state's length (decode: the step's
+  // position in device memory); the final hidden rows are left in the workspace.
+  Status EnqueueLayers(DeviceState& state, const int32_t* ids, int64_t n, Mode mode);
   // Runs n ids already in the workspace at positions state.length()..; logits of rows [first, n) to host.
-  Status RunChunk(DeviceState& state, int64_t n, Mode mode, int64_t first_logit_row, float* logits);
+  Status RunChunk(DeviceState& state, int64_t n, int64_t first_logit_row, float* logits);
+  // A decode step's launches, up to its logits in the workspace: no copy and no wait, so it can be captured.
+  Status EnqueueDecode(DeviceState& state);
+  Result<std::unique_ptr<DecodeGraph>> CaptureDecode(DeviceState& state);
+  const int64_t* StepPosition() const;
   Status GdnMixer(const Layer& layer, DeviceState& state, int64_t gi, int64_t n, Mode mode);
   Status AttentionMixer(const Layer& layer, DeviceState& state, int64_t ai, int64_t n, Mode mode);
   Status Mlp(const Layer& layer, int64_t n, Mode mode);
@@ -141,6 +158,8 @@ class CudaForward {
   const float* final_norm_ = nullptr;
   const double* inv_freq_ = nullptr;
   std::unique_ptr<Workspace> ws_;
+  std::unique_ptr<DecodeGraph> graph_;
+  std::string graph_note_;  // why decode went launch by launch
   int64_t weight_bytes_ = 0;
 };
 

@@ -347,17 +347,21 @@ int main(int argc, char** argv) {
     if (!state.ok() || !f.Prefill(**state, bench::PromptIds(*config, 128)).ok()) return 1;
   }
   const double flops_per_token = MatrixFlopsPerToken(*config);
-  {
+  for (const bool graphs : {true, false}) {  // decode through one captured graph a token, then launch by launch
+    f.set_decode_graphs(graphs);
     auto state = f.NewState();
     if (!state.ok() || !f.Prefill(**state, bench::PromptIds(*config, 512)).ok()) return 1;
+    if (auto warm = f.Decode(**state, 3); !warm.ok()) return bench::Fail(warm.status());  // captures the graph
     const auto start = Clock::now();
     for (int64_t i = 0; i < decode_tokens; ++i)
       if (auto r = f.Decode(**state, static_cast<int32_t>(3 + i)); !r.ok()) return bench::Fail(r.status());
     const double rate = static_cast<double>(decode_tokens) / Seconds(start);
     const double bytes = static_cast<double>(f.decode_weight_bytes());
-    std::printf("decode after 512: %.1f tok/s, %.0f GB/s of weights (%.1f MiB a token) = %.0f %% of half the copy rate\n", rate,
-                rate * bytes / 1e9, bytes / (1 << 20), copy_rate > 0 ? 100.0 * rate * bytes / (copy_rate / 2) : 0.0);
+    std::printf("decode after 512: %.1f tok/s, %.0f GB/s of weights (%.1f MiB a token) = %.0f %% of half the copy rate; %s\n", rate,
+                rate * bytes / 1e9, bytes / (1 << 20), copy_rate > 0 ? 100.0 * rate * bytes / (copy_rate / 2) : 0.0,
+                f.DecodeLaunches().c_str());
   }
+  f.set_decode_graphs(true);
   for (int64_t n = 512; n <= max_tokens; n *= 4) {
     auto state = f.NewState();
     if (!state.ok()) return bench::Fail(state.status());

@@ -310,8 +310,8 @@ void AttentionMatchesCpuAndRowsAreIndependent() {
                         cpu_out.data(), OW);
   cuda::DeviceBuffer dq = ToDevice(q), dk = ToDevice(k), dv = ToDevice(v);
   auto dout = Must(cuda::DeviceBuffer::Allocate(cpu_out.size() * 4, "out"), "allocating");
-  cuda::Attention(shape, dq.floats(), QW, 2 * shape.head_dim, n, pos0, dk.floats(), dv.floats(), KW, nullptr, dout.floats(), OW,
-                  nullptr);
+  cuda::Attention(shape, dq.floats(), QW, 2 * shape.head_dim, n, cuda::Position{pos0}, dk.floats(), dv.floats(), KW, nullptr,
+                  dout.floats(), OW, nullptr);
   Must(cuda::Synchronize(nullptr, "attention"), "synchronizing");
   const std::vector<float> out = ToHost(dout, cpu_out.size());
   const float diff = MaxAbsDiff(out, cpu_out);
@@ -319,8 +319,8 @@ void AttentionMatchesCpuAndRowsAreIndependent() {
   GPU_CHECK(diff <= 1e-5f);
   for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{31}, n - 1}) {
     auto drow = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(OW) * 4, "row"), "allocating");
-    cuda::Attention(shape, dq.floats() + t * QW, QW, 2 * shape.head_dim, 1, pos0 + t, dk.floats(), dv.floats(), KW, nullptr,
-                    drow.floats(), OW, nullptr);
+    cuda::Attention(shape, dq.floats() + t * QW, QW, 2 * shape.head_dim, 1, cuda::Position{pos0 + t}, dk.floats(), dv.floats(), KW,
+                    nullptr, drow.floats(), OW, nullptr);
     const std::vector<float> row = ToHost(drow, static_cast<size_t>(OW));
     GPU_CHECK_MSG(std::memcmp(row.data(), out.data() + t * OW, static_cast<size_t>(OW) * 4) == 0, "query row " + std::to_string(t));
   }
@@ -487,6 +487,33 @@ void AnchorsAndRowsResumeExactly() {
   GPU_CHECK(SameBits(from_host, cold_logits));
 }
 
+// Decode through a captured graph gives the bits of decode launch by launch, also across the state's
+// growth past 1,024 rows (which recaptures the graph).
+void DecodeGraphsGiveTheLaunchesBits() {
+  auto model = Must(testing::MakeModel(TinyModelSize::kTiny, 5, TempDir("graphs")), "generating");
+  CudaForwardOptions with, without;
+  without.decode_graphs = false;
+  auto graphed = Must(CudaForward::Create(model->config, model->weights, with), "creating");
+  auto launched = Must(CudaForward::Create(model->config, model->weights, without), "creating");
+  const std::vector<int32_t> ids = testing::RandomIds(1020, model->config.vocab_size, 81);
+  auto a = Must(graphed->NewState(), "a device state");
+  auto b = Must(launched->NewState(), "a device state");
+  Must(graphed->Prefill(*a, ids), "prefill");
+  Must(launched->Prefill(*b, ids), "prefill");
+  for (int32_t id = 1; id <= 8; ++id) {
+    const std::vector<float> la = Must(graphed->Decode(*a, id), "decode through the graph");
+    const std::vector<float> lb = Must(launched->Decode(*b, id), "decode launch by launch");
+    GPU_CHECK_MSG(SameBits(la, lb), "decode step " + std::to_string(id));
+  }
+  std::printf("       decode: %s\n", graphed->DecodeLaunches().c_str());
+  GPU_CHECK(graphed->DecodeLaunches() == "one captured graph a token");
+  GPU_CHECK(a->capacity() == 2048);
+  SequenceState ha(model->config), hb(model->config);
+  Must(a->Download(ha), "downloading");
+  Must(b->Download(hb), "downloading");
+  GPU_CHECK(ha.BitEqual(hb));
+}
+
 void Fp8IsRefusedByName() {
   auto model = Must(testing::MakeModel(TinyModelSize::kTiny, 5, TempDir("fp8"), GeneratedDtype::kFp8), "generating");
   auto gpu = CudaForward::Create(model->config, model->weights, CudaForwardOptions{});
@@ -543,6 +570,7 @@ int main() {
       {"tiny: the same run twice is bit-equal", [] { SameRunTwiceIsBitEqual(TinyModelSize::kTiny); }},
       {"growing and cloning keep the state", GrowingAndCloningKeepTheState},
       {"anchors and K/V rows resume exactly, on the device and through the host", AnchorsAndRowsResumeExactly},
+      {"decode through a captured graph gives the launches' bits", DecodeGraphsGiveTheLaunchesBits},
       {"FP8 weights are refused by name", Fp8IsRefusedByName},
       {"the fingerprint names the backend", FingerprintNamesTheBackend},
   };

@@ -25,6 +25,7 @@ __device__ float Bf16ToFloat(uint16_t v) { return __uint_as_float(static_cast<ui
 __device__ float SigmoidOf(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ float SiluOf(float x) { return x / (1.0f + expf(-x)); }
 __device__ float SoftplusOf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+__device__ int64_t At(const Position& p) { return p.device != nullptr ? p.value + *p.device : p.value; }
 
 // Butterfly sums: every lane ends with the same bits (addition commutes), the order fixed by the shape.
 __device__ float WarpSum(float v) {
@@ -171,7 +172,7 @@ __global__ void GemvSetKernel(GemvSet set, int64_t cols, const float* x) {
   while (m < set.count && row >= set.rows[m]) row -= set.rows[m++];
   if (m == set.count) return;
   const float acc = WarpRowDot(set.w[m] + row * cols, x, cols, lane);
-  if (lane == 0) set.y[m][row] = acc;
+  if (lane == 0) set.y[m][At(set.position) * set.position_stride[m] + row] = acc;
 }
 
 // y[j] = silu(gate_j . x) * (up_j . x): the MLP's two GEMVs and its product in one launch.
@@ -449,10 +450,10 @@ __global__ void GatedNormKernel(float* core, const float* z, const float* w, int
 }
 
 __global__ void NormRopeKernel(float* rows, int64_t row_stride, int64_t head_stride, int64_t head_dim, const float* w1,
-                               float eps, const double* inv_freq, int64_t half, int64_t pos0) {
+                               float eps, const double* inv_freq, int64_t half, Position pos, bool rows_at_position) {
   __shared__ float normed[kMaxHeadDim];
-  const int64_t t = blockIdx.x, h = blockIdx.y;
-  float* v = rows + t * row_stride + h * head_stride;
+  const int64_t t = blockIdx.x, h = blockIdx.y, pos0 = At(pos);
+  float* v = rows + ((rows_at_position ? pos0 : 0) + t) * row_stride + h * head_stride;
   float sq = 0.0f;
   for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) sq += v[i] * v[i];
   const float inv = 1.0f / sqrtf(BlockSum(sq) / static_cast<float>(head_dim) + eps);
@@ -487,9 +488,10 @@ int64_t AttentionSharedFloats(int64_t group, int64_t hd) {
 // softmax), and adds the values in key order (a lane 8 dims). A row uses only the keys up to its
 // position and runs the same steps in whatever block it sits, so its bits are its own.
 __global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
-                                int64_t pos0, const float* k, const float* v, int64_t kv_width, const float* gate, float* out,
+                                Position pos, const float* k, const float* v, int64_t kv_width, const float* gate, float* out,
                                 int64_t out_stride) {
   ANCHORAGE_DYNAMIC_SHARED(float, smem);
+  const int64_t pos0 = At(pos);
   const int64_t hd = shape.head_dim, group = shape.heads / shape.kv_heads;
   const int64_t kvh = blockIdx.y, t0 = static_cast<int64_t>(blockIdx.x) * kQueryRows;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -671,14 +673,15 @@ void GatedNorm(float* core, const float* z, const float* w, int64_t n, int64_t h
 }
 
 void NormRope(float* rows, int64_t n, int64_t row_stride, int64_t heads, int64_t head_stride, int64_t head_dim,
-              const float* w1, float eps, const double* inv_freq, int64_t half, int64_t pos0, Stream s) {
+              const float* w1, float eps, const double* inv_freq, int64_t half, Position pos, bool rows_at_position,
+              Stream s) {
   if (n > 0)
     ANCHORAGE_LAUNCH(NormRopeKernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), 128, 0, s)(
-        rows, row_stride, head_stride, head_dim, w1, eps, inv_freq, half, pos0);
+        rows, row_stride, head_stride, head_dim, w1, eps, inv_freq, half, pos, rows_at_position);
 }
 
 void Attention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
-               int64_t pos0, const float* k, const float* v, int64_t kv_width, const float* gate, float* out, int64_t out_stride,
+               Position pos0, const float* k, const float* v, int64_t kv_width, const float* gate, float* out, int64_t out_stride,
                Stream s) {
   if (n <= 0) return;
   const int64_t group = shape.heads / shape.kv_heads;

@@ -38,13 +38,22 @@ void AddRmsNorm(float* x, const float* add, const float* w1, int64_t n, int64_t 
 // gate[i] = silu(gate[i]) * up[i].
 void SwiGlu(float* gate, const float* up, int64_t count, Stream s);
 
+// A position: `value`, plus *device when set. Decode reads its position from device memory, so one
+// captured graph serves every step.
+struct Position {
+  int64_t value = 0;
+  const int64_t* device = nullptr;
+};
+
 // Up to four matrices of the same width multiplied by one vector in one launch (decode): row j of
-// matrix m goes to y[m][j], with the bits of Gemv.
+// matrix m goes to y[m][position * position_stride[m] + j], with the bits of Gemv.
 struct GemvSet {
   const uint16_t* w[4] = {};
   float* y[4] = {};
   int64_t rows[4] = {};
+  int64_t position_stride[4] = {};
   int count = 0;
+  Position position;
 };
 void GemvMany(const GemvSet& set, int64_t cols, const float* x, Stream s);
 // y[j] = silu(gate_j . x) * (up_j . x) for one vector (decode): the bits of two Gemv calls and SwiGlu.
@@ -96,10 +105,12 @@ void GatedDeltaRecurrent(const DeltaShape& shape, const float* conv, const float
 // core[t, h] = core[t, h] / sqrt(mean(core^2) + eps) * w * silu(z[t, h]) per value head of dv floats.
 void GatedNorm(float* core, const float* z, const float* w, int64_t n, int64_t heads, int64_t dv, float eps, Stream s);
 
-// Per head of each row (rows + t*row_stride + h*head_stride): RMSNorm with w1, then NeoX RoPE on the
-// first 2*half dims at position pos0 + t (angles in double from inv_freq, a device array [half]).
+// Per head of each row (rows + t*row_stride + h*head_stride, rows first moved to the position's row
+// when rows_at_position): RMSNorm with w1, then NeoX RoPE on the first 2*half dims at position
+// pos + t (angles in double from inv_freq, a device array [half]).
 void NormRope(float* rows, int64_t n, int64_t row_stride, int64_t heads, int64_t head_stride, int64_t head_dim,
-              const float* w1, float eps, const double* inv_freq, int64_t half, int64_t pos0, Stream s);
+              const float* w1, float eps, const double* inv_freq, int64_t half, Position pos, bool rows_at_position,
+              Stream s);
 
 struct AttentionShape {
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
@@ -111,7 +122,7 @@ struct AttentionShape {
 // sigmoid(gate) when gate is set (laid out as q). A block takes 8 positions of every head of a kv group
 // (32 x heads/kv_heads threads).
 void Attention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
-               int64_t pos0, const float* k, const float* v, int64_t kv_width, const float* gate, float* out, int64_t out_stride,
+               Position pos0, const float* k, const float* v, int64_t kv_width, const float* gate, float* out, int64_t out_stride,
                Stream s);
 // Dynamic shared memory the attention kernel needs, to check against the device's limit.
 int64_t AttentionSharedBytes(const AttentionShape& shape);

@@ -2,9 +2,22 @@
 // is host memory; streams are names only, since every launch runs to its end before it returns.
 #include <cuda_runtime_api.h>
 
+#include <functional>
+#include <vector>
+
+#include "simt.h"
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+
+// A captured graph and its instance: the launches recorded between the capture's begin and end.
+struct CUgraph_st {
+  std::vector<std::function<void()>> launches;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> launches;
+};
 
 namespace {
 
@@ -76,3 +89,33 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return cudaStreamCreate(stream); }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+  simt::BeginCapture();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* graph) {
+  *graph = new CUgraph_st{simt::EndCapture()};
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  *exec = new CUgraphExec_st{graph->launches};
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
+  for (const auto& launch : exec->launches) launch();
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}

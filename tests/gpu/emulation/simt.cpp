@@ -63,6 +63,8 @@ struct Machine {
   const std::function<void()>* body = nullptr;
   size_t current = 0;
   void* scheduler_sp = nullptr;
+  bool capturing = false;
+  std::vector<std::function<void()>> captured;
 };
 
 Machine machine;
@@ -165,6 +167,25 @@ void RunGrid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<voi
         RunBlock(m, threads);
       }
   m.body = nullptr;
+}
+
+void Submit(std::function<void()> work) {
+  Machine& m = M();
+  if (m.capturing) {
+    m.captured.push_back(std::move(work));
+  } else {
+    work();
+  }
+}
+
+void BeginCapture() {
+  M().capturing = true;
+  M().captured.clear();
+}
+
+std::vector<std::function<void()>> EndCapture() {
+  M().capturing = false;
+  return std::move(M().captured);
 }
 
 dim3 ThreadIdx() {

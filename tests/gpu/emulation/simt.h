@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -30,6 +32,11 @@ void SyncWarp();
 // A warp shuffle of a 32-bit word: from lane `lane` (is_xor false) or from this lane ^ lane.
 uint32_t ShuffleWord(uint32_t word, int lane, bool is_xor);
 
+// Runs work now, or records it while a stream capture is open (a graph replays it).
+void Submit(std::function<void()> work);
+void BeginCapture();
+std::vector<std::function<void()>> EndCapture();
+
 template <typename... P>
 struct Launcher {
   void (*kernel)(P...);
@@ -37,8 +44,10 @@ struct Launcher {
   size_t shared;
   template <typename... A>
   void operator()(A&&... args) const {
-    const std::tuple<P...> bound(std::forward<A>(args)...);
-    RunGrid(grid, block, shared, [&] { std::apply(kernel, bound); });
+    auto bound = std::make_shared<const std::tuple<P...>>(std::forward<A>(args)...);
+    Submit([kernel = kernel, grid = grid, block = block, shared = shared, bound] {
+      RunGrid(grid, block, shared, [&] { std::apply(kernel, *bound); });
+    });
   }
 };
 
