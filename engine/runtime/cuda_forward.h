@@ -47,8 +47,8 @@ class DeviceState {
   int64_t allocated_bytes() const;
   // Ensures room for `tokens` rows (whole steps of SequenceState::kKvRowStep), keeping rows below the length.
   Status Reserve(int64_t tokens);
-  // Replaces host's contents with this state's, and the reverse: how anchors and tiers reach host memory.
-  // The host state must be of the same model.
+  // Replaces host's contents with this state's (the whole state), and the reverse. The host state
+  // must be of the same model.
   Status Download(SequenceState& host) const;
   Status Upload(const SequenceState& host);
   // A copy in device memory.
