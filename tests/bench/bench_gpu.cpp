@@ -198,6 +198,29 @@ std::vector<float> ReadFloats(const std::string& path) {
   return out;
 }
 
+// The CPU forward and the GPU forward of one model, each with an empty state.
+struct BothForwards {
+  std::unique_ptr<Forward> cpu;
+  std::unique_ptr<CudaForward> gpu;
+  std::unique_ptr<SequenceState> cpu_state;
+  std::unique_ptr<DeviceState> gpu_state;
+};
+
+Result<BothForwards> OpenBoth(const ModelConfig& c, const ModelWeights& w) {
+  BothForwards both;
+  ASSIGN_OR_RETURN(both.cpu, Forward::Create(c, w, ForwardOptions{}));
+  ASSIGN_OR_RETURN(both.gpu, CudaForward::Create(c, w, CudaForwardOptions{}));
+  both.cpu_state = std::make_unique<SequenceState>(c);
+  ASSIGN_OR_RETURN(both.gpu_state, both.gpu->NewState());
+  return both;
+}
+
+// worst = max(worst, |a - b|), a NaN counting as infinitely far.
+void Worse(double& worst, double a, double b) {
+  const double d = std::fabs(a - b);
+  if (!(d <= worst)) worst = std::isnan(d) ? INFINITY : d;
+}
+
 int Compare(const ModelConfig& c, const ModelWeights& w, const std::string& ids_file, const std::string& logits_file) {
   std::vector<int32_t> ids;
   std::ifstream in(ids_file);
@@ -208,26 +231,17 @@ int Compare(const ModelConfig& c, const ModelWeights& w, const std::string& ids_
     std::fprintf(stderr, "compare: %zu ids and %zu logits (want %zu)\n", ids.size(), reference.size(), expected);
     return 1;
   }
-  auto cpu = Forward::Create(c, w, ForwardOptions{});
-  auto gpu = CudaForward::Create(c, w, CudaForwardOptions{});
-  if (!cpu.ok()) return bench::Fail(cpu.status());
-  if (!gpu.ok()) return bench::Fail(gpu.status());
-  SequenceState cpu_state(c);
-  auto gpu_state = (*gpu)->NewState();
-  if (!gpu_state.ok()) return bench::Fail(gpu_state.status());
-  auto cpu_logits = (*cpu)->Prefill(cpu_state, ids, LogitsRows::kAll);
-  auto gpu_logits = (*gpu)->Prefill(**gpu_state, ids, LogitsRows::kAll);
+  auto both = OpenBoth(c, w);
+  if (!both.ok()) return bench::Fail(both.status());
+  auto cpu_logits = both->cpu->Prefill(*both->cpu_state, ids, LogitsRows::kAll);
+  auto gpu_logits = both->gpu->Prefill(*both->gpu_state, ids, LogitsRows::kAll);
   if (!cpu_logits.ok()) return bench::Fail(cpu_logits.status());
   if (!gpu_logits.ok()) return bench::Fail(gpu_logits.status());
   double cpu_ref = 0.0, gpu_ref = 0.0, gpu_cpu = 0.0, rms = 0.0;
-  const auto worse = [](double& worst, double a, double b) {  // NaN counts as the worst
-    const double d = std::fabs(a - b);
-    if (!(d <= worst)) worst = std::isnan(d) ? INFINITY : d;
-  };
   for (size_t i = 0; i < expected; ++i) {
-    worse(cpu_ref, (*cpu_logits)[i], reference[i]);
-    worse(gpu_ref, (*gpu_logits)[i], reference[i]);
-    worse(gpu_cpu, (*gpu_logits)[i], (*cpu_logits)[i]);
+    Worse(cpu_ref, (*cpu_logits)[i], reference[i]);
+    Worse(gpu_ref, (*gpu_logits)[i], reference[i]);
+    Worse(gpu_cpu, (*gpu_logits)[i], (*cpu_logits)[i]);
     rms += static_cast<double>(reference[i]) * reference[i];
   }
   std::printf("compare over %zu tokens (reference logits rms %.4g): max |GPU - reference| %.3g, max |CPU - reference| %.3g, "
@@ -239,24 +253,16 @@ int Compare(const ModelConfig& c, const ModelWeights& w, const std::string& ids_
 // Greedy decoding of `tokens` tokens after a 100-token prompt on the CPU and the GPU: the first step
 // whose argmax differs, and the largest logit difference until then.
 int Greedy(const ModelConfig& c, const ModelWeights& w, int64_t tokens) {
-  auto cpu = Forward::Create(c, w, ForwardOptions{});
-  auto gpu = CudaForward::Create(c, w, CudaForwardOptions{});
-  if (!cpu.ok()) return bench::Fail(cpu.status());
-  if (!gpu.ok()) return bench::Fail(gpu.status());
-  SequenceState cpu_state(c);
-  auto gpu_state = (*gpu)->NewState();
-  if (!gpu_state.ok()) return bench::Fail(gpu_state.status());
+  auto both = OpenBoth(c, w);
+  if (!both.ok()) return bench::Fail(both.status());
   const std::vector<int32_t> prompt = bench::PromptIds(c, 100);
-  auto cpu_logits = (*cpu)->Prefill(cpu_state, prompt);
-  auto gpu_logits = (*gpu)->Prefill(**gpu_state, prompt);
+  auto cpu_logits = both->cpu->Prefill(*both->cpu_state, prompt);
+  auto gpu_logits = both->gpu->Prefill(*both->gpu_state, prompt);
   double worst = 0.0;
   for (int64_t step = 0; step < tokens; ++step) {
     if (!cpu_logits.ok()) return bench::Fail(cpu_logits.status());
     if (!gpu_logits.ok()) return bench::Fail(gpu_logits.status());
-    for (size_t i = 0; i < cpu_logits->size(); ++i) {
-      const double d = std::fabs(static_cast<double>((*cpu_logits)[i]) - (*gpu_logits)[i]);
-      if (!(d <= worst)) worst = std::isnan(d) ? INFINITY : d;
-    }
+    for (size_t i = 0; i < cpu_logits->size(); ++i) Worse(worst, (*cpu_logits)[i], (*gpu_logits)[i]);
     const auto cpu_id = static_cast<int32_t>(std::max_element(cpu_logits->begin(), cpu_logits->end()) - cpu_logits->begin());
     const auto gpu_id = static_cast<int32_t>(std::max_element(gpu_logits->begin(), gpu_logits->end()) - gpu_logits->begin());
     if (cpu_id != gpu_id) {
@@ -264,8 +270,8 @@ int Greedy(const ModelConfig& c, const ModelWeights& w, int64_t tokens) {
                   static_cast<long long>(step), cpu_id, gpu_id, worst);
       return 3;
     }
-    cpu_logits = (*cpu)->Decode(cpu_state, cpu_id);
-    gpu_logits = (*gpu)->Decode(**gpu_state, gpu_id);
+    cpu_logits = both->cpu->Decode(*both->cpu_state, cpu_id);
+    gpu_logits = both->gpu->Decode(*both->gpu_state, gpu_id);
   }
   std::printf("greedy: %lld tokens, the same on the CPU and the GPU; max |logit diff| %.3g\n", static_cast<long long>(tokens), worst);
   return 0;
