@@ -514,6 +514,24 @@ void DecodeGraphsGiveTheLaunchesBits() {
   GPU_CHECK(ha.BitEqual(hb));
 }
 
+// Bad ids (none, negative, past the vocabulary) are refused with the index named and change nothing.
+void BadIdsChangeNothing() {
+  Pair p = Load(TinyModelSize::kTiny);
+  const ModelConfig& c = p.model->config;
+  auto state = Must(p.gpu->NewState(), "a device state");
+  Must(p.gpu->Prefill(*state, testing::RandomIds(100, c.vocab_size, 91)), "prefill");
+  SequenceState before(c), after(c);
+  Must(state->Download(before), "downloading");
+  const std::vector<int32_t> past_vocab = {1, 2, static_cast<int32_t>(c.vocab_size)};
+  auto refused = p.gpu->Prefill(*state, past_vocab);
+  GPU_CHECK(!refused.ok());
+  GPU_CHECK_MSG(refused.status().message().find("at index 2") != std::string::npos, refused.status().message());
+  GPU_CHECK(!p.gpu->Prefill(*state, std::vector<int32_t>{}).ok());
+  GPU_CHECK(!p.gpu->Decode(*state, -1).ok());
+  Must(state->Download(after), "downloading");
+  GPU_CHECK(after.BitEqual(before));
+}
+
 void Fp8IsRefusedByName() {
   auto model = Must(testing::MakeModel(TinyModelSize::kTiny, 5, TempDir("fp8"), GeneratedDtype::kFp8), "generating");
   auto gpu = CudaForward::Create(model->config, model->weights, CudaForwardOptions{});
@@ -571,6 +589,7 @@ int main() {
       {"growing and cloning keep the state", GrowingAndCloningKeepTheState},
       {"anchors and K/V rows resume exactly, on the device and through the host", AnchorsAndRowsResumeExactly},
       {"decode through a captured graph gives the launches' bits", DecodeGraphsGiveTheLaunchesBits},
+      {"bad ids change nothing", BadIdsChangeNothing},
       {"FP8 weights are refused by name", Fp8IsRefusedByName},
       {"the fingerprint names the backend", FingerprintNamesTheBackend},
   };
