@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <map>
 
 #include "engine/compute/cuda/kernels.h"
 #include "engine/core/bf16.h"
@@ -107,40 +106,21 @@ bool DeviceState::Matches(const SequenceState& host) const {
          host.recurrent_floats() == recurrent_floats_ && host.tail_floats() == tail_floats_;
 }
 
+// Whole states move as the tiers' K/V rows and anchor do.
 Status DeviceState::Download(SequenceState& host) const {
   if (!Matches(host)) return InvalidArgument("DeviceState: the host state belongs to another model");
+  ASSIGN_OR_RETURN(const KvRows rows, CopyRows(0, length_));
+  ASSIGN_OR_RETURN(const Anchor anchor, SaveHostAnchor());
   host.Reset();
-  RETURN_IF_ERROR(host.Reserve(length_));
-  const size_t rows = static_cast<size_t>(Floats(length_ * kv_width_));
-  for (size_t a = 0; a < k_.size(); ++a) {
-    RETURN_IF_ERROR(cuda::CopyToHost(host.k_rows(static_cast<int64_t>(a)), k_[a].data(), rows, stream_));
-    RETURN_IF_ERROR(cuda::CopyToHost(host.v_rows(static_cast<int64_t>(a)), v_[a].data(), rows, stream_));
-  }
-  for (size_t g = 0; g < recurrent_.size(); ++g) {
-    const auto gi = static_cast<int64_t>(g);
-    RETURN_IF_ERROR(cuda::CopyToHost(host.recurrent(gi), recurrent_[g].data(), static_cast<size_t>(Floats(recurrent_floats_)), stream_));
-    RETURN_IF_ERROR(cuda::CopyToHost(host.conv_tail(gi), tail_[g].data(), static_cast<size_t>(Floats(tail_floats_)), stream_));
-  }
-  host.SetLength(length_);
-  return Status::Ok();
+  RETURN_IF_ERROR(host.WriteRows(rows));
+  return host.RestoreAnchor(anchor);
 }
 
 Status DeviceState::Upload(const SequenceState& host) {
   if (!Matches(host)) return InvalidArgument("DeviceState: the host state belongs to another model");
-  RETURN_IF_ERROR(Reserve(host.length()));
-  const size_t rows = static_cast<size_t>(Floats(host.length() * kv_width_));
-  for (size_t a = 0; a < k_.size(); ++a) {
-    RETURN_IF_ERROR(cuda::CopyToDevice(k_[a].data(), host.k_rows(static_cast<int64_t>(a)), rows, stream_));
-    RETURN_IF_ERROR(cuda::CopyToDevice(v_[a].data(), host.v_rows(static_cast<int64_t>(a)), rows, stream_));
-  }
-  for (size_t g = 0; g < recurrent_.size(); ++g) {
-    const auto gi = static_cast<int64_t>(g);
-    RETURN_IF_ERROR(cuda::CopyToDevice(recurrent_[g].data(), host.recurrent(gi), static_cast<size_t>(Floats(recurrent_floats_)), stream_));
-    RETURN_IF_ERROR(cuda::CopyToDevice(tail_[g].data(), host.conv_tail(gi), static_cast<size_t>(Floats(tail_floats_)), stream_));
-  }
-  RETURN_IF_ERROR(cuda::Synchronize(stream_, "uploading a state"));
-  length_ = host.length();
-  return Status::Ok();
+  ASSIGN_OR_RETURN(const KvRows rows, host.CopyRows(0, host.length()));
+  RETURN_IF_ERROR(WriteRows(rows));
+  return RestoreHostAnchor(host.SaveAnchor());
 }
 
 Result<std::unique_ptr<DeviceState>> DeviceState::Clone() const {
@@ -193,6 +173,12 @@ Status DeviceState::CopyRecurrentIn(const float* floats, int kind) {
   return cuda::Synchronize(stream_, "copying a recurrent part");
 }
 
+Status DeviceState::CheckAnchorLength(int64_t length) const {
+  if (length < 0 || (!k_.empty() && length > capacity_))
+    return OutOfRange("DeviceState: anchor length " + std::to_string(length) + " exceeds capacity " + std::to_string(capacity_));
+  return Status::Ok();
+}
+
 Result<DeviceAnchor> DeviceState::SaveAnchor() const {
   DeviceAnchor anchor;
   anchor.length = length_;
@@ -205,8 +191,7 @@ Status DeviceState::RestoreAnchor(const DeviceAnchor& anchor) {
   if (anchor.bytes() < Floats(anchor_floats()))
     return InvalidArgument("DeviceState: the anchor holds " + std::to_string(anchor.bytes()) + " bytes, the state wants " +
                            std::to_string(Floats(anchor_floats())));
-  if (anchor.length < 0 || (!k_.empty() && anchor.length > capacity_))
-    return OutOfRange("DeviceState: anchor length " + std::to_string(anchor.length) + " exceeds capacity " + std::to_string(capacity_));
+  RETURN_IF_ERROR(CheckAnchorLength(anchor.length));
   RETURN_IF_ERROR(CopyRecurrentIn(anchor.data.floats(), cudaMemcpyDeviceToDevice));
   length_ = anchor.length;
   return Status::Ok();
@@ -224,8 +209,7 @@ Status DeviceState::RestoreHostAnchor(const Anchor& anchor) {
   if (static_cast<int64_t>(anchor.data.size()) != anchor_floats())
     return InvalidArgument("DeviceState: the anchor holds " + std::to_string(anchor.data.size()) + " floats, the state wants " +
                            std::to_string(anchor_floats()));
-  if (anchor.length < 0 || (!k_.empty() && anchor.length > capacity_))
-    return OutOfRange("DeviceState: anchor length " + std::to_string(anchor.length) + " exceeds capacity " + std::to_string(capacity_));
+  RETURN_IF_ERROR(CheckAnchorLength(anchor.length));
   RETURN_IF_ERROR(CopyRecurrentIn(anchor.data.data(), cudaMemcpyHostToDevice));
   length_ = anchor.length;
   return Status::Ok();
@@ -279,10 +263,7 @@ CudaForward::~CudaForward() {
 }
 
 Result<CudaForward::Matrix> CudaForward::Upload(const TensorView& t, int64_t rows, int64_t cols, const char* role) {
-  if (t.empty()) return NotFound(std::string("CudaForward: missing tensor for ") + role);
-  if (t.numel() != rows * cols)
-    return InvalidArgument("CudaForward: " + t.name + " has " + std::to_string(t.numel()) + " elements, expected " +
-                           std::to_string(rows) + "x" + std::to_string(cols));
+  RETURN_IF_ERROR(CheckMatrixShape(t, rows, cols, "CudaForward", role));
   if (t.dtype == DType::kF8E4M3)
     return Unsupported("CudaForward: " + t.name + " is F8_E4M3; the CUDA backend multiplies bf16 weights (run FP8 checkpoints on the CPU)");
   ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(static_cast<size_t>(rows * cols) * 2, t.name));
@@ -309,11 +290,7 @@ Result<const float*> CudaForward::UploadFloats(const std::vector<float>& values,
 }
 
 Result<const float*> CudaForward::UploadVector(const TensorView& t, int64_t n, float add, const char* role) {
-  if (t.empty()) return NotFound(std::string("CudaForward: missing tensor for ") + role);
-  if (t.numel() != n)
-    return InvalidArgument("CudaForward: " + t.name + " has " + std::to_string(t.numel()) + " elements, expected " + std::to_string(n));
-  std::vector<float> values(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = add + t.At(i);
+  ASSIGN_OR_RETURN(const std::vector<float> values, TensorValues(t, n, add, "CudaForward", role));
   return UploadFloats(values, t.name);
 }
 
@@ -385,14 +362,10 @@ Status CudaForward::Init(const ModelWeights& w) {
       ASSIGN_OR_RETURN(layer.b, Upload(g.in_proj_b, Nv, H, "in_proj_b"));
       ASSIGN_OR_RETURN(layer.a, Upload(g.in_proj_a, Nv, H, "in_proj_a"));
       ASSIGN_OR_RETURN(layer.out, Upload(g.out_proj, H, VD, "out_proj"));
-      if (g.conv1d.empty() || g.conv1d.numel() != C * K) return InvalidArgument("CudaForward: conv1d of layer " + std::to_string(l) + " is missing or mis-shaped");
-      std::vector<float> taps(static_cast<size_t>(C * K));
-      for (int64_t ch = 0; ch < C; ++ch)
-        for (int64_t j = 0; j < K; ++j) taps[static_cast<size_t>(j * C + ch)] = g.conv1d.At(ch * K + j);
+      ASSIGN_OR_RETURN(const std::vector<float> taps, ConvTapsOf(g.conv1d, C, K, "CudaForward"));
       ASSIGN_OR_RETURN(layer.conv, UploadFloats(taps, g.conv1d.name));
-      if (g.A_log.empty() || g.A_log.numel() != Nv) return InvalidArgument("CudaForward: A_log of layer " + std::to_string(l) + " is missing or mis-shaped");
-      std::vector<float> a_exp;
-      for (int64_t h = 0; h < Nv; ++h) a_exp.push_back(std::exp(g.A_log.At(h)));
+      ASSIGN_OR_RETURN(std::vector<float> a_exp, TensorValues(g.A_log, Nv, 0.0f, "CudaForward", "A_log"));
+      for (float& v : a_exp) v = std::exp(v);
       ASSIGN_OR_RETURN(layer.a_exp, UploadFloats(a_exp, g.A_log.name));
       ASSIGN_OR_RETURN(layer.dt_bias, UploadVector(g.dt_bias, Nv, 0.0f, "dt_bias"));
       ASSIGN_OR_RETURN(layer.gdn_norm, UploadVector(g.norm, c.linear_value_head_dim, 0.0f, "linear_attn.norm"));
@@ -461,7 +434,7 @@ std::string CudaForward::DecodeLaunches() const {
 }
 
 std::string CudaForward::KernelSet() const {
-  int lt_version = static_cast<int>(cublasLtGetVersion());
+  const int lt_version = static_cast<int>(cublasLtGetVersion());
   return "cuda-kernels-v1 " + device_.name + " sm_" + std::to_string(device_.sm_major) + std::to_string(device_.sm_minor) +
          " runtime " + std::to_string(device_.runtime_version) + " cublasLt " + std::to_string(lt_version) + "\n" + gemm_->Describe() +
          logits_gemm_->Describe();
@@ -502,7 +475,7 @@ Result<std::vector<float>> CudaForward::Prefill(DeviceState& state, std::span<co
   int64_t done = 0;
   while (done < n) {
     const int64_t pos = state.length();
-    const int64_t m = std::min(pos + (n - done), (pos / G + 1) * G) - pos;
+    const int64_t m = GridChunkRows(pos, n - done, G);
     const bool last = done + m == n;
     RETURN_IF_ERROR(cuda::CopyToDevice(ws_->ids.data(), ids.data() + done, static_cast<size_t>(m) * 4, stream_));
     float* out = all ? logits.data() + done * config_.vocab_size : (last ? logits.data() : nullptr);

@@ -75,6 +75,8 @@ class DeviceState {
   // Copies the recurrent part to or from `floats` (device or host memory, as kind says).
   Status CopyRecurrentOut(float* floats, int kind) const;
   Status CopyRecurrentIn(const float* floats, int kind);
+  // A restored anchor's length must fit the K/V rows reserved.
+  Status CheckAnchorLength(int64_t length) const;
 
   cuda::Stream stream_ = nullptr;
   int64_t kv_width_ = 0, recurrent_floats_ = 0, tail_floats_ = 0;

@@ -84,16 +84,35 @@ void AdvanceTail(float* tail, const float* qkv, int64_t n, int64_t keep, int64_t
 }
 
 Result<std::vector<float>> Vector(const TensorView& t, int64_t n, float add, const char* role) {
-  if (t.empty()) return NotFound(std::string("Forward: missing tensor for ") + role);
+  return TensorValues(t, n, add, "Forward", role);
+}
+
+}  // namespace
+
+Status CheckMatrixShape(const TensorView& t, int64_t rows, int64_t cols, const std::string& who, const char* role) {
+  if (t.empty()) return NotFound(who + ": missing tensor for " + role);
+  if (t.numel() != rows * cols)
+    return InvalidArgument(who + ": " + t.name + " has " + std::to_string(t.numel()) + " elements, expected " +
+                           std::to_string(rows) + "x" + std::to_string(cols));
+  return Status::Ok();
+}
+
+Result<std::vector<float>> TensorValues(const TensorView& t, int64_t n, float add, const std::string& who, const char* role) {
+  if (t.empty()) return NotFound(who + ": missing tensor for " + role);
   if (t.numel() != n)
-    return InvalidArgument("Forward: " + t.name + " has " + std::to_string(t.numel()) + " elements, expected " +
-                           std::to_string(n));
+    return InvalidArgument(who + ": " + t.name + " has " + std::to_string(t.numel()) + " elements, expected " + std::to_string(n));
   std::vector<float> out(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) out[i] = add + t.At(i);
   return out;
 }
 
-}  // namespace
+Result<std::vector<float>> ConvTapsOf(const TensorView& conv1d, int64_t channels, int64_t taps, const std::string& who) {
+  ASSIGN_OR_RETURN(const std::vector<float> per_channel, TensorValues(conv1d, channels * taps, 0.0f, who, "conv1d"));
+  std::vector<float> tap_major(per_channel.size());
+  for (int64_t ch = 0; ch < channels; ++ch)
+    for (int64_t j = 0; j < taps; ++j) tap_major[static_cast<size_t>(j * channels + ch)] = per_channel[static_cast<size_t>(ch * taps + j)];
+  return tap_major;
+}
 
 Forward::Forward(const ModelConfig& config, const ForwardOptions& options)
     : config_(config), options_(options), pool_(std::make_unique<ThreadPool>(options.threads)),
@@ -152,10 +171,7 @@ int64_t Forward::PrefillWorkspaceBytes(int64_t chunk_tokens) const {
 }
 
 Result<const cpu::PackedMatrix*> Forward::Matrix(const TensorView& t, int64_t rows, int64_t cols, const char* role) {
-  if (t.empty()) return NotFound(std::string("Forward: missing tensor for ") + role);
-  if (t.numel() != rows * cols)
-    return InvalidArgument("Forward: " + t.name + " has " + std::to_string(t.numel()) + " elements, expected " +
-                           std::to_string(rows) + "x" + std::to_string(cols));
+  RETURN_IF_ERROR(CheckMatrixShape(t, rows, cols, "Forward", role));
   if (auto done = packed_index_.find(t.data); done != packed_index_.end()) return done->second;
   if (t.dtype == DType::kF8E4M3) {
     const int64_t block_n = t.scale_block_rows, block_k = t.scale_block_cols;
@@ -240,11 +256,7 @@ Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const Mod
       ASSIGN_OR_RETURN(layer.b, f->Matrix(g.in_proj_b, Nv, H, "in_proj_b"));
       ASSIGN_OR_RETURN(layer.a, f->Matrix(g.in_proj_a, Nv, H, "in_proj_a"));
       ASSIGN_OR_RETURN(layer.out, f->Matrix(g.out_proj, H, c.value_dim(), "out_proj"));
-      std::vector<float> conv;
-      ASSIGN_OR_RETURN(conv, Vector(g.conv1d, conv_dim * K, 0.0f, "conv1d"));
-      layer.conv.resize(static_cast<size_t>(conv_dim * K));
-      for (int64_t ch = 0; ch < conv_dim; ++ch)
-        for (int64_t j = 0; j < K; ++j) layer.conv[j * conv_dim + ch] = conv[ch * K + j];
+      ASSIGN_OR_RETURN(layer.conv, ConvTapsOf(g.conv1d, conv_dim, K, "Forward"));
       std::vector<float> a_log;
       ASSIGN_OR_RETURN(a_log, Vector(g.A_log, Nv, 0.0f, "A_log"));
       for (float v : a_log) layer.a_exp.push_back(std::exp(v));
@@ -307,8 +319,7 @@ Result<std::vector<float>> Forward::Prefill(SequenceState& state, std::span<cons
   int64_t done = 0;
   while (done < n) {
     const int64_t pos = state.length();
-    const int64_t end = std::min(pos + (n - done), (pos / G + 1) * G);
-    const int64_t m = end - pos;
+    const int64_t m = GridChunkRows(pos, n - done, G);
     const bool last = done + m == n;
     float* out = all ? logits.data() + done * config_.vocab_size : (last ? logits.data() : nullptr);
     float* hidden = mtp_ && mtp ? Sized(ws_->hidden, m * config_.hidden_size) : nullptr;

@@ -3,6 +3,7 @@
 // One call at a time (it owns a workspace and a thread pool); the engine thread drives it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -41,6 +42,16 @@ enum class LogitsRows { kLast, kAll };
 // (not empty, each in the vocabulary); errors start with `who`.
 Status CheckForwardShape(const ModelConfig& config, const ModelWeights& weights, int64_t grid_tokens, const std::string& who);
 Status CheckTokenIds(std::span<const int32_t> ids, int64_t vocab_size, const std::string& who);
+// That a matrix tensor is there and holds rows x cols elements.
+Status CheckMatrixShape(const TensorView& t, int64_t rows, int64_t cols, const std::string& who, const char* role);
+// A vector tensor's n values in fp32, each plus `add` (1 for the zero-centred norm weights).
+Result<std::vector<float>> TensorValues(const TensorView& t, int64_t n, float add, const std::string& who, const char* role);
+// conv1d [channels, 1, taps] made tap-major [taps, channels], as both forwards hold it.
+Result<std::vector<float>> ConvTapsOf(const TensorView& conv1d, int64_t channels, int64_t taps, const std::string& who);
+// Rows of the prefill chunk from `position` with `remaining` ids left: chunks end on multiples of grid.
+inline int64_t GridChunkRows(int64_t position, int64_t remaining, int64_t grid) {
+  return std::min(remaining, (position / grid + 1) * grid - position);
+}
 
 // One branch of PrefillBranches: the ids after the prefix, and the first of them whose logits it needs.
 struct PrefillBranch {

@@ -194,12 +194,6 @@ Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int6
   return Status::Ok();
 }
 
-int LtGemm::simt_shapes() const {
-  int count = 0;
-  for (const auto& [shape, plan] : plans_) count += plan->simt;
-  return count;
-}
-
 std::string LtGemm::Describe() const {
   std::string out;
   for (const auto& [shape, plan] : plans_) {
@@ -225,8 +219,7 @@ std::string LtGemm::Describe() const {
       std::snprintf(line, sizeof line, " %016llx", static_cast<unsigned long long>(word));
       out += line;
     }
-    std::snprintf(line, sizeof line, "\n");
-    out += line;
+    out += '\n';
   }
   return out;
 }

@@ -32,9 +32,6 @@ class LtGemm {
   Status Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride);
   // The algorithms chosen, one line a shape: part of the state fingerprint.
   std::string Describe() const;
-  // Shapes that fell back to the CUDA-core GEMM.
-  int simt_shapes() const;
-  int64_t max_rows() const { return max_rows_; }
 
  private:
   struct Plan;

@@ -41,11 +41,6 @@ Status LtGemm::Prepare(int64_t N, int64_t K, const uint16_t*) {
 Status LtGemm::ChooseAlgorithm(int64_t, int64_t) { return Status::Ok(); }
 Result<bool> LtGemm::RowsIndependent(const uint16_t*, int64_t, int64_t) { return true; }
 
-int LtGemm::simt_shapes() const {
-  int count = 0;
-  for (const auto& [shape, plan] : plans_) count += plan->simt;
-  return count;
-}
 
 Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride) {
   if (n <= 0) return Status::Ok();
