@@ -478,6 +478,8 @@ void AnchorsAndRowsResumeExactly() {
   GPU_CHECK(SameBits(resumed, cold_logits));
 
   auto y = Must(p.gpu->NewState(), "a device state");
+  GPU_CHECK(!y->RestoreHostAnchor(host_anchor).ok());  // its K/V rows are not there yet
+  GPU_CHECK(y->length() == 0);
   Must(y->WriteRows(rows), "writing K/V rows");
   Must(y->RestoreHostAnchor(host_anchor), "restoring the host anchor");
   const std::vector<float> from_host = Must(p.gpu->Prefill(*y, ids_from(320, 700)), "resuming from the host");
