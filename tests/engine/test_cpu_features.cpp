@@ -34,6 +34,7 @@ class TestCpuFeatures : public QObject {
     QCOMPARE(f.avx512bw, flags.count("avx512bw") == 1);
     QCOMPARE(f.avx512vl, flags.count("avx512vl") == 1);
     QCOMPARE(f.avx512_bf16, flags.count("avx512_bf16") == 1);
+    QCOMPARE(f.avx512_vnni, flags.count("avx512_vnni") == 1);
     QCOMPARE(f.amx_tile, flags.count("amx_tile") == 1);
     QCOMPARE(f.amx_bf16, flags.count("amx_bf16") == 1);
     QVERIFY(!f.vendor.empty());

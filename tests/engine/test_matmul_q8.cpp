@@ -1,6 +1,7 @@
 // 8-bit weights (block-scaled FP8 e4m3, int8 per row and 32 inputs) on every kernel path: each output
-// equals the fp32 arithmetic written out over the weights code x scale (rounded once), bit for bit,
-// whatever the rows, threads and shape; the codecs are exact; malformed blocks are refused.
+// equals its arithmetic written out (FP8: fp32 over the weights code x scale; int8: exact integer dots of
+// int16 activation codes, block by block), bit for bit, whatever the rows, threads and shape; the codecs
+// are exact; malformed blocks are refused.
 #include <QtTest>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <random>
 
+#include "engine/compute/cpu/cpu_features.h"
 #include "engine/compute/cpu/matmul.h"
 #include "engine/compute/cpu/packed_q8.h"
 #include "engine/core/bf16.h"
@@ -55,13 +57,28 @@ Problem MakeInt8(int64_t m, int64_t n, int64_t k, uint32_t seed) {
   return p;
 }
 
-// The arithmetic written out: each weight code x scale rounded to fp32, k products in order, one fma each.
+// The arithmetic written out. FP8: each weight code x scale rounded to fp32, k products in order, one fma each.
+// int8: the activations' int16 codes times the weights' int8 codes summed exactly over each block of 32, then
+// y = fma(float(sum), weight scale x activation scale, y) block by block.
 std::vector<float> Sequential(const Problem& p) {
   std::vector<float> y(static_cast<size_t>(p.m * p.n));
+  const bool int8 = p.packed.code() == cpu::Q8Code::kInt8;
+  std::vector<int16_t> codes(static_cast<size_t>(p.m * cpu::ActivationCodesStride(p.k)));
+  std::vector<float> scales(static_cast<size_t>(p.m * cpu::ActivationScalesStride(p.k)));
+  if (int8) cpu::QuantizeActivations(p.x.data(), p.k, p.m, p.k, codes.data(), scales.data());
   for (int64_t r = 0; r < p.m; ++r)
     for (int64_t j = 0; j < p.n; ++j) {
       float acc = 0.0f;
-      for (int64_t i = 0; i < p.k; ++i) acc = std::fma(p.x[r * p.k + i], p.packed.At(j, i), acc);
+      if (!int8) {
+        for (int64_t i = 0; i < p.k; ++i) acc = std::fma(p.x[r * p.k + i], p.packed.At(j, i), acc);
+      } else {
+        for (int64_t b = 0; b * 32 < p.k; ++b) {
+          int64_t dot = 0;
+          for (int64_t i = b * 32; i < std::min(p.k, b * 32 + 32); ++i)
+            dot += int64_t{codes[r * cpu::ActivationCodesStride(p.k) + i]} * static_cast<int8_t>(p.packed.Code(j, i));
+          acc = std::fma(static_cast<float>(dot), p.packed.Scale(j, b) * scales[r * cpu::ActivationScalesStride(p.k) + b], acc);
+        }
+      }
       y[r * p.n + j] = acc;
     }
   return y;
@@ -83,6 +100,13 @@ using testing::kPaths;
 class TestMatmulQ8 : public QObject {
   Q_OBJECT
  private slots:
+  void initTestCase() {
+    const auto& f = cpu::DetectCpu();
+    if (!(f.avx512f && f.avx512bw)) qInfo("no AVX-512F/BW on this CPU: its int8 kernels are skipped");
+    else if (!f.avx512_vnni) qInfo("no AVX-512 VNNI on this CPU: the VPDPWSSD int8 kernel is skipped");
+    else qInfo("int8 on AVX-512: the VPDPWSSD and VPMADDWD kernels are both checked");
+  }
+
   void fp8CodecIsExact() {
     QCOMPARE(Fp8E4m3ToFloat(0x38), 1.0f);
     QCOMPARE(Fp8E4m3ToFloat(0x7e), 448.0f);
@@ -202,8 +226,64 @@ class TestMatmulQ8 : public QObject {
     const uint32_t seed = 1u + static_cast<uint32_t>(m * n + k);
     // Blocks of 96 inputs straddle the kernels' k blocks of 256.
     const Problem p = int8 ? MakeInt8(m, n, k, seed) : MakeFp8(m, n, k, 128, 96, seed);
-    const auto y = Run(kp, pool, p, 0, m);
-    QVERIFY(SameBits(y.data(), Sequential(p).data(), y.size()));
+    const auto want = Sequential(p);
+    QVERIFY(SameBits(Run(kp, pool, p, 0, m).data(), want.data(), want.size()));
+    // The AVX-512 paths' int8 kernel without VPDPWSSD (the one a CPU without AVX-512 VNNI runs).
+    cpu::AllowAvx512Vnni(false);
+    const auto without_vnni = Run(kp, pool, p, 0, m);
+    cpu::AllowAvx512Vnni(true);
+    QVERIFY(SameBits(without_vnni.data(), want.data(), want.size()));
+  }
+
+  // Each block of 32 activations: codes within half a step of x / scale, scale = max |x| / 32767; zero, NaN and
+  // infinite blocks, and the pad past k, as documented.
+  void activationsQuantizeWithinHalfAStep() {
+    const int64_t rows = 3, k = 77, stride = cpu::ActivationCodesStride(k), blocks = cpu::ActivationScalesStride(k);
+    QCOMPARE(stride, 96);
+    QCOMPARE(blocks, 3);
+    std::mt19937 rng(11);
+    std::vector<float> x = testing::NormalValues(rows * k, rng);
+    for (int64_t i = 0; i < 32; ++i) x[i] *= 1e30f;      // row 0, block 0: huge
+    for (int64_t i = 32; i < 64; ++i) x[i] *= 1e-36f;    // row 0, block 1: below FLT_MIN * 32767, counts as zero
+    for (int64_t i = 64; i < k; ++i) x[i] = 0.0f;        // row 0, block 2: zero
+    x[k + 40] = NAN;                                     // row 1, block 1
+    x[2 * k + 70] = -INFINITY;                           // row 2, block 2
+    std::vector<int16_t> codes(static_cast<size_t>(rows * stride), 7);
+    std::vector<float> scales(static_cast<size_t>(rows * blocks), -1.0f);
+    cpu::QuantizeActivations(x.data(), k, rows, k, codes.data(), scales.data());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float scale = scales[r * blocks + b];
+        const int16_t* block_codes = codes.data() + r * stride + b * 32;
+        const bool bad = (r == 1 && b == 1) || (r == 2 && b == 2);
+        const bool zero = r == 0 && b >= 1;
+        if (bad) QVERIFY(std::isnan(scale));
+        if (zero) QCOMPARE(scale, 0.0f);
+        float largest = 0.0f;
+        for (int64_t i = b * 32; i < std::min(k, b * 32 + 32); ++i) largest = std::max(largest, std::fabs(x[r * k + i]));
+        if (!bad && !zero) QCOMPARE(scale, largest / 32767.0f);
+        for (int64_t i = 0; i < 32; ++i) {
+          const int64_t column = b * 32 + i;
+          if (bad || zero || column >= k) {
+            QCOMPARE(int(block_codes[i]), 0);
+            continue;
+          }
+          QVERIFY(std::abs(int(block_codes[i])) <= 32767);
+          const double error = std::fabs(double(x[r * k + column]) - double(block_codes[i]) * scale);
+          QVERIFY2(error <= 0.5 * scale * (1 + 1e-5), qPrintable(QString("row %1 column %2").arg(r).arg(column)));
+        }
+      }
+    // A row with a NaN or an infinity gives NaN outputs on every path; the other rows stay finite.
+    ThreadPool pool(2);
+    Problem p = MakeInt8(rows, 40, k, 12u);
+    p.x = x;
+    for (cpu::KernelPath kp : cpu::AvailablePaths()) {
+      const auto y = Run(kp, pool, p, 0, rows);
+      for (int64_t j = 0; j < p.n; ++j) {
+        QVERIFY(std::isfinite(y[j]));
+        QVERIFY(std::isnan(y[p.n + j]) && std::isnan(y[2 * p.n + j]));
+      }
+    }
   }
 
   void rowsIndependentOfBatchAndThreads() {
@@ -215,6 +295,10 @@ class TestMatmulQ8 : public QObject {
         QVERIFY(SameBits(all.data(), Run(kp, one, p, 0, p.m).data(), all.size()));
         QVERIFY(SameBits(all.data(), Run(kp, three, p, 0, p.m).data(), all.size()));
         QVERIFY(SameBits(all.data(), Run(cpu::KernelPath::kPortable, two, p, 0, p.m).data(), all.size()));
+        cpu::AllowAvx512Vnni(false);
+        const auto without_vnni = Run(kp, two, p, 0, p.m);
+        cpu::AllowAvx512Vnni(true);
+        QVERIFY(SameBits(all.data(), without_vnni.data(), all.size()));
         for (int64_t r : {0, 1, 2, 16, 95, 96, 109}) {
           const auto single = Run(kp, one, p, r, 1);
           QVERIFY2(SameBits(all.data() + r * p.n, single.data(), static_cast<size_t>(p.n)),

@@ -26,20 +26,13 @@ struct Avx512Lanes {
     lo = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
     hi = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }
-  // LoadCodes gives e4m3 values times this (Q8Weights scales by its inverse).
+  // LoadFp8 gives e4m3 values times this (Fp8Weights scales by its inverse).
   static constexpr float kFp8CodeFactor = 1.0f / 256.0f;
-  // A k row's 32 codes (PackedQ8's order: bytes 0..15 are lo's lanes, 16..31 hi's): int8 values, or e4m3
-  // values / 2^8 (as halves).
-  template <Q8Code C>
-  static void LoadCodes(const uint8_t* p, F& lo, F& hi) {
-    if constexpr (C == Q8Code::kInt8) {
-      lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-      hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16))));
-    } else {
-      const __m512i halves = Fp8ToHalves(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-      lo = _mm512_cvtph_ps(_mm512_castsi512_si256(halves));
-      hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(halves, 1));
-    }
+  // A k row's 32 e4m3 codes (PackedQ8's order: bytes 0..15 are lo's lanes, 16..31 hi's) as values / 2^8 (via halves).
+  static void LoadFp8(const uint8_t* p, F& lo, F& hi) {
+    const __m512i halves = Fp8ToHalves(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    lo = _mm512_cvtph_ps(_mm512_castsi512_si256(halves));
+    hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(halves, 1));
   }
   // e4m3's sign, exponent and mantissa moved into a half's fields (sign-extended, shifted, the byte's
   // sign cleared from the exponent's top bit): the half is the value / 2^8.

@@ -49,6 +49,7 @@ CpuFeatures Detect() {
     f.avx512f = os_avx512 && ((b >> 16) & 1);
     f.avx512bw = os_avx512 && ((b >> 30) & 1);
     f.avx512vl = os_avx512 && ((b >> 31) & 1);
+    f.avx512_vnni = os_avx512 && ((c >> 11) & 1);
     f.amx_bf16 = os_amx && ((d >> 22) & 1);
     f.amx_tile = os_amx && ((d >> 24) & 1);
     unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;

@@ -10,7 +10,7 @@ struct CpuFeatures {
   std::string brand;       // the processor's brand string
   int family = 0, model = 0;
   bool avx2 = false, fma = false, f16c = false;
-  bool avx512f = false, avx512bw = false, avx512vl = false, avx512_bf16 = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512_bf16 = false, avx512_vnni = false;
   bool amx_tile = false, amx_bf16 = false;
   bool amx_permitted = false;  // the kernel granted this process the AMX tile data state
 };

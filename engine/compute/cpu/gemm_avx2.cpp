@@ -11,6 +11,7 @@
 #pragma GCC target("avx2,fma,f16c")
 
 #include "engine/compute/cpu/fp32_tile.h"
+#include "engine/compute/cpu/gemm_int8_tile.h"
 #include "engine/compute/cpu/gemm_tile.h"
 
 namespace anchorage::cpu {
@@ -31,20 +32,12 @@ struct Avx2Lanes {
     lo = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
     hi = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
   }
-  // LoadCodes gives e4m3 values times this (Q8Weights scales by its inverse).
+  // LoadFp8 gives e4m3 values times this (Fp8Weights scales by its inverse).
   static constexpr float kFp8CodeFactor = 1.0f / 256.0f;
-  // A segment's codes in PackedQ8's order (lo's 8 bytes, hi's 16 on): int8 values, or e4m3 values / 2^8 (as halves).
-  template <Q8Code C>
-  static void LoadCodes(const uint8_t* p, F& lo, F& hi) {
-    const __m128i lo_codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-    const __m128i hi_codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 16));
-    if constexpr (C == Q8Code::kInt8) {
-      lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo_codes));
-      hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi_codes));
-    } else {
-      lo = _mm256_cvtph_ps(Fp8ToHalves(lo_codes));
-      hi = _mm256_cvtph_ps(Fp8ToHalves(hi_codes));
-    }
+  // A segment's e4m3 codes in PackedQ8's order (lo's 8 bytes, hi's 16 on) as values / 2^8 (via halves).
+  static void LoadFp8(const uint8_t* p, F& lo, F& hi) {
+    lo = _mm256_cvtph_ps(Fp8ToHalves(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    hi = _mm256_cvtph_ps(Fp8ToHalves(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 16))));
   }
   // e4m3's fields moved into a half's (sign-extended, shifted, the byte's sign cleared from the exponent's top bit).
   static __m128i Fp8ToHalves(__m128i codes) {
@@ -91,9 +84,42 @@ struct Avx2Lanes {
   static void StoreF(float* p, int cols, F lo, F hi) { StoreOut(p, cols, lo, hi); }
 };
 
+// The int8 tile's vectors: 8 output columns a vector, VPMADDWD's pair sums added to int32 lanes.
+struct Avx2Int8Lanes {
+  static constexpr int kCols = 8;
+  static constexpr int kOneRowGroups = 4;
+  static constexpr int kTwoRowsGroups = 2;
+  static constexpr int kRowTile = 3;
+  static constexpr int kManyRowsGroups = 2;
+  using F = __m256;
+  using I = __m256i;
+  using Codes = __m256i;
+  static I ZeroI() { return _mm256_setzero_si256(); }
+  static Codes LoadCodes(const uint8_t* p) { return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static I Dot(I acc, Codes w, int32_t pair) { return _mm256_add_epi32(acc, _mm256_madd_epi16(w, _mm256_set1_epi32(pair))); }
+  static F ToFloat(I v) { return _mm256_cvtepi32_ps(v); }
+  static F LoadScales(const float* p) { return _mm256_loadu_ps(p); }
+  static F Zero() { return _mm256_setzero_ps(); }
+  static F Broadcast(float s) { return _mm256_set1_ps(s); }
+  static F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F LoadOut(const float* y, int cols) {
+    if (cols == 8) return _mm256_loadu_ps(y);
+    alignas(32) float t[8] = {};
+    std::memcpy(t, y, static_cast<size_t>(cols) * sizeof(float));
+    return _mm256_load_ps(t);
+  }
+  static void StoreOut(float* y, int cols, F v) {
+    if (cols == 8) return _mm256_storeu_ps(y, v);
+    alignas(32) float t[8];
+    _mm256_store_ps(t, v);
+    std::memcpy(y, t, static_cast<size_t>(cols) * sizeof(float));
+  }
+};
+
 void Run(const GemmBlock& b) { RunGemmBlock<Avx2Lanes>(b); }
-void RunFp8(const GemmBlock& b) { RunGemmBlock<Avx2Lanes, Q8Weights<Q8Code::kFp8E4m3>>(b); }
-void RunInt8(const GemmBlock& b) { RunGemmBlock<Avx2Lanes, Q8Weights<Q8Code::kInt8>>(b); }
+void RunFp8(const GemmBlock& b) { RunGemmBlock<Avx2Lanes, Fp8Weights>(b); }
+void RunInt8(const GemmBlock& b) { RunInt8Block<Avx2Int8Lanes>(b); }
 void RowsTimes(const RowsTimesArgs& p) { RunRowsTimes<Avx2Lanes>(p); }
 
 }  // namespace

@@ -11,16 +11,18 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw")
 
+#include "engine/compute/cpu/avx512_int8_lanes.h"
 #include "engine/compute/cpu/avx512_lanes.h"
 #include "engine/compute/cpu/fp32_tile.h"
+#include "engine/compute/cpu/gemm_int8_tile.h"
 #include "engine/compute/cpu/gemm_tile.h"
 
 namespace anchorage::cpu {
 namespace {
 
 void Run(const GemmBlock& b) { RunGemmBlock<Avx512Lanes>(b); }
-void RunFp8(const GemmBlock& b) { RunGemmBlock<Avx512Lanes, Q8Weights<Q8Code::kFp8E4m3>>(b); }
-void RunInt8(const GemmBlock& b) { RunGemmBlock<Avx512Lanes, Q8Weights<Q8Code::kInt8>>(b); }
+void RunFp8(const GemmBlock& b) { RunGemmBlock<Avx512Lanes, Fp8Weights>(b); }
+void RunInt8(const GemmBlock& b) { RunInt8Block<Avx512Int8Lanes<false>>(b); }
 void RowsTimes(const RowsTimesArgs& p) { RunRowsTimes<Avx512Lanes>(p); }
 
 }  // namespace

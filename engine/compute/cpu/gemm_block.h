@@ -35,6 +35,10 @@ struct GemmBlock {
   const uint8_t* q8_panels = nullptr;
   const float* q8_scales = nullptr;
   int64_t q8_block_k = 0;
+  int64_t q8_panel_bytes = 0;
+  // int8 weights: the rows as QuantizeActivations writes them, from row 0.
+  const int16_t* x_codes = nullptr;
+  const float* x_code_scales = nullptr;
 };
 
 // The kernels of each path (one file each); the emulated ones run the 16-lane kernel's arithmetic
@@ -48,12 +52,15 @@ void GemmBlockEmulatedBf16(const GemmBlock& b);
 void GemmBlockAmxBf16(const GemmBlock& b);
 void GemmBlockEmulatedAmx(const GemmBlock& b);
 using GemmBlockFn = void (*)(const GemmBlock& b);
-// 8-bit weights, in the fp32 arithmetic (each weight code x scale rounded once, then the fp32 paths' order).
+// 8-bit weights: FP8 in the fp32 arithmetic (each weight code x scale rounded once, then the fp32 paths'
+// order); int8 in gemm_int8_tile.h's.
 struct Q8Kernels {
   GemmBlockFn fp8;
   GemmBlockFn int8;
 };
 extern const Q8Kernels kQ8Portable, kQ8Emulated16, kQ8Avx2, kQ8Avx512;
+// int8 weights on AVX-512 with VPDPWSSD (the AVX-512F path's int8 kernel adds VPMADDWD's sums instead: same bits).
+void GemmBlockInt8Avx512Vnni(const GemmBlock& b);
 void SplitRowsAvx512Bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out);
 // The same words laid out as the AMX kernel's A tiles: rows in tiles of 16, row tile R's chunk c (16 pairs,
 // pair_stride / 16 of them) part p at out + R * 16 * kBf16Parts * pair_stride + (c * kBf16Parts + p) * 256, row i of

@@ -6,6 +6,7 @@
 
 #include "engine/compute/cpu/bf16_split.h"
 #include "engine/compute/cpu/fp32_tile.h"
+#include "engine/compute/cpu/gemm_int8_tile.h"
 #include "engine/compute/cpu/gemm_tile.h"
 #include "engine/core/bf16.h"
 
@@ -38,19 +39,12 @@ struct LaneArrays {
     for (int l = 0; l < L; ++l) b.v[l] *= a.v[l];
     return b;
   }
-  // The codes' exact values.
+  // The e4m3 codes' exact values, in PackedQ8's order: a segment's lo lanes are its bytes 0.., its hi lanes bytes 16..
   static constexpr float kFp8CodeFactor = 1.0f;
-  template <Q8Code C>
-  static float Decode(uint8_t code) {
-    if constexpr (C == Q8Code::kInt8) return static_cast<float>(static_cast<int8_t>(code));
-    return Fp8E4m3ToFloat(code);
-  }
-  // PackedQ8's order: a segment's lo lanes are its bytes 0.., its hi lanes bytes 16..
-  template <Q8Code C>
-  static void LoadCodes(const uint8_t* p, F& lo, F& hi) {
+  static void LoadFp8(const uint8_t* p, F& lo, F& hi) {
     for (int i = 0; i < L; ++i) {
-      lo.v[i] = Decode<C>(p[i]);
-      hi.v[i] = Decode<C>(p[16 + i]);
+      lo.v[i] = Fp8E4m3ToFloat(p[i]);
+      hi.v[i] = Fp8E4m3ToFloat(p[16 + i]);
     }
   }
   static void LoadW(const uint16_t* p, F& lo, F& hi) {
@@ -86,6 +80,65 @@ struct LaneArrays {
 };
 
 using Portable = LaneArrays<8, 4, 2>;
+
+// The int8 tile's arithmetic in plain integers: 8 output columns, each lane one column's int32 dot.
+struct PortableInt8 {
+  static constexpr int kCols = 8;
+  static constexpr int kOneRowGroups = 2;
+  static constexpr int kTwoRowsGroups = 2;
+  static constexpr int kRowTile = 2;
+  static constexpr int kManyRowsGroups = 2;
+  struct F {
+    float v[8];
+  };
+  struct I {
+    int32_t v[8];
+  };
+  struct Codes {
+    int8_t v[16];
+  };
+  static I ZeroI() { return I{}; }
+  static Codes LoadCodes(const uint8_t* p) {
+    Codes c;
+    std::memcpy(c.v, p, sizeof c.v);
+    return c;
+  }
+  static I Dot(I acc, const Codes& w, int32_t pair) {
+    const int32_t first = static_cast<int16_t>(pair & 0xffff), second = static_cast<int16_t>(static_cast<uint32_t>(pair) >> 16);
+    for (int c = 0; c < 8; ++c) acc.v[c] += first * w.v[2 * c] + second * w.v[2 * c + 1];
+    return acc;
+  }
+  static F ToFloat(const I& d) {
+    F f;
+    for (int c = 0; c < 8; ++c) f.v[c] = static_cast<float>(d.v[c]);
+    return f;
+  }
+  static F LoadScales(const float* p) {
+    F f;
+    std::memcpy(f.v, p, sizeof f.v);
+    return f;
+  }
+  static F Zero() { return F{}; }
+  static F Broadcast(float s) {
+    F f;
+    std::fill_n(f.v, 8, s);
+    return f;
+  }
+  static F Mul(F a, const F& b) {
+    for (int c = 0; c < 8; ++c) a.v[c] *= b.v[c];
+    return a;
+  }
+  static F Fma(const F& a, const F& b, F c) {
+    for (int l = 0; l < 8; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
+    return c;
+  }
+  static F LoadOut(const float* y, int cols) {
+    F f{};
+    std::memcpy(f.v, y, static_cast<size_t>(cols) * sizeof(float));
+    return f;
+  }
+  static void StoreOut(float* y, int cols, const F& f) { std::memcpy(y, f.v, static_cast<size_t>(cols) * sizeof(float)); }
+};
 using Emulated16 = LaneArrays<16, 12, 4>;
 
 // The bf16 path's arithmetic one output at a time: pairs of k in order, each part in order, DotPair each.
@@ -135,9 +188,8 @@ void GemmBlockEmulatedBf16(const GemmBlock& b) { RunEmulatedBf16(b); }
 void GemmBlockEmulatedAmx(const GemmBlock& b) { RunEmulatedAmx(b); }
 
 const Fp32Kernels kFp32Portable{RunRowsTimes<Portable>};
-const Q8Kernels kQ8Portable{RunGemmBlock<Portable, Q8Weights<Q8Code::kFp8E4m3>>, RunGemmBlock<Portable, Q8Weights<Q8Code::kInt8>>};
-const Q8Kernels kQ8Emulated16{RunGemmBlock<Emulated16, Q8Weights<Q8Code::kFp8E4m3>>,
-                              RunGemmBlock<Emulated16, Q8Weights<Q8Code::kInt8>>};
+const Q8Kernels kQ8Portable{RunGemmBlock<Portable, Fp8Weights>, RunInt8Block<PortableInt8>};
+const Q8Kernels kQ8Emulated16{RunGemmBlock<Emulated16, Fp8Weights>, RunInt8Block<PortableInt8>};
 const Fp32Kernels kFp32Emulated16{RunRowsTimes<Emulated16>};
 
 }  // namespace anchorage::cpu

@@ -39,16 +39,15 @@ struct Bf16Weights {
   int64_t BlockEnd(int64_t) const { return INT64_MAX; }
 };
 
-// A segment's 8-bit codes from k0 on (its lo lanes' bytes, the hi lanes' 16 on) and its scale rows (by
-// absolute k); V::LoadCodes gives an e4m3 code's value times V::kFp8CodeFactor (exact), LoadScales the
+// A segment's FP8 codes from k0 on (its lo lanes' bytes, the hi lanes' 16 on) and its scale rows (by
+// absolute k); V::LoadFp8 gives an e4m3 code's value times V::kFp8CodeFactor (exact), LoadScales the
 // scales divided by it, so their product is the weight.
-template <Q8Code C>
-struct Q8Weights {
+struct Fp8Weights {
   static constexpr bool kScaled = true;
   const uint8_t* w = nullptr;
   const float* scales = nullptr;
   int64_t block_k = 1;
-  static Q8Weights Of(const GemmBlock& b, int64_t panel, int64_t first_column) {
+  static Fp8Weights Of(const GemmBlock& b, int64_t panel, int64_t first_column) {
     const int64_t k_blocks = (b.k + b.q8_block_k - 1) / b.q8_block_k;
     return {b.q8_panels + (panel * b.k + b.k0) * kPanelColumns + PackedQ8::SlotOf(first_column),
             b.q8_scales + panel * k_blocks * kPanelColumns + first_column, b.q8_block_k};
@@ -56,7 +55,7 @@ struct Q8Weights {
   template <class V>
   void LoadScales(int64_t k, typename V::F& lo, typename V::F& hi) const {
     V::LoadOut(scales + (k / block_k) * kPanelColumns, 2 * V::kLanes, lo, hi);
-    if constexpr (C == Q8Code::kFp8E4m3 && V::kFp8CodeFactor != 1.0f) {
+    if constexpr (V::kFp8CodeFactor != 1.0f) {
       lo = V::Mul(lo, V::Broadcast(1.0f / V::kFp8CodeFactor));
       hi = V::Mul(hi, V::Broadcast(1.0f / V::kFp8CodeFactor));
     }
@@ -65,7 +64,7 @@ struct Q8Weights {
   template <class V>
   void Load(int64_t t, const typename V::F& scale_lo, const typename V::F& scale_hi, typename V::F& lo,
             typename V::F& hi) const {
-    V::template LoadCodes<C>(w + t * kPanelColumns, lo, hi);
+    V::LoadFp8(w + t * kPanelColumns, lo, hi);
     lo = V::Mul(lo, scale_lo);
     hi = V::Mul(hi, scale_hi);
   }

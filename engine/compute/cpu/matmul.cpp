@@ -109,6 +109,10 @@ void RunPanelTasks(ThreadPool& pool, GemmBlockFn block, const GemmBlock& proto, 
       b.x = x + r0 * b.ldx;
       if (split_rows != nullptr) b.x_pairs = split_rows + r0 * kBf16Parts * b.pair_stride;
       if (x_groups != nullptr) b.x_groups = x_groups + r0 * b.k;
+      if (proto.x_codes != nullptr) {
+        b.x_codes = proto.x_codes + r0 * ActivationCodesStride(b.k);
+        b.x_code_scales = proto.x_code_scales + r0 * ActivationScalesStride(b.k);
+      }
       b.y = y + r0 * b.ldy + first;
       b.rows = std::min(kGemmRowBlock, m - r0);
       for (int64_t k0 = 0; k0 < b.k; k0 += k_block) {
@@ -135,7 +139,43 @@ const Q8Kernels& Q8KernelsOf(KernelPath path) {
   return kQ8Portable;
 }
 
+std::atomic<bool>& VnniAllowed() {
+  static std::atomic<bool> allowed{true};
+  return allowed;
+}
+
+// The int8 kernel of a path: the AVX-512 paths use VPDPWSSD where the CPU has it.
+GemmBlockFn Int8BlockOf(KernelPath path) {
+  const GemmBlockFn block = Q8KernelsOf(path).int8;
+  if (block == kQ8Avx512.int8 && DetectCpu().avx512_vnni && VnniAllowed().load(std::memory_order_relaxed))
+    return GemmBlockInt8Avx512Vnni;
+  return block;
+}
+
+// The rows as int8 weights' kernels read them, in the calling thread's buffers.
+void QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, int64_t k, GemmBlock& proto) {
+  thread_local std::vector<int16_t> codes;
+  thread_local std::vector<float> scales;
+  codes.resize(static_cast<size_t>(m * ActivationCodesStride(k)));
+  scales.resize(static_cast<size_t>(m * ActivationScalesStride(k)));
+  const int64_t rows_a_task = 16;
+  int16_t* codes_out = codes.data();
+  float* scales_out = scales.data();
+  auto quantize = [&](size_t t) {
+    const int64_t r0 = static_cast<int64_t>(t) * rows_a_task;
+    QuantizeActivations(x + r0 * ldx, ldx, std::min(rows_a_task, m - r0), k, codes_out + r0 * ActivationCodesStride(k),
+                        scales_out + r0 * ActivationScalesStride(k));
+  };
+  const size_t tasks = static_cast<size_t>((m + rows_a_task - 1) / rows_a_task);
+  if (tasks == 1) quantize(0);
+  else pool.Run(tasks, quantize);
+  proto.x_codes = codes_out;
+  proto.x_code_scales = scales_out;
+}
+
 }  // namespace
+
+void AllowAvx512Vnni(bool allowed) { VnniAllowed().store(allowed, std::memory_order_relaxed); }
 
 void PackRowGroups(const float* x, int64_t ldx, int64_t rows, int64_t k, float* out) {
   for (int64_t g0 = 0; g0 < rows; g0 += kRowGroup) {
@@ -286,15 +326,17 @@ void MatMulQ8On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, in
                 int64_t ldy) {
   const int64_t n = w.rows(), k = w.cols();
   if (EmptyProduct(m, n, k, y, ldy)) return;
-  const Q8Kernels& kernels = Q8KernelsOf(path);
-  const GemmBlockFn block = w.code() == Q8Code::kInt8 ? kernels.int8 : kernels.fp8;
+  const bool int8 = w.code() == Q8Code::kInt8;
   GemmBlock proto;
   proto.ldx = ldx;
   proto.k = k;
   proto.ldy = ldy;
   proto.q8_block_k = w.block_k();
-  RunPanelTasks(pool, block, proto, m, n, w.panels(), m <= kFewRows ? k : kGemmKBlock, x, RowGroupsFor(pool, x, m, ldx, k),
-                nullptr, y, [&w](GemmBlock& b, int64_t panel) {
+  proto.q8_panel_bytes = w.panel_bytes();
+  if (int8) QuantizeRows(pool, x, m, ldx, k, proto);
+  const float* x_groups = int8 ? nullptr : RowGroupsFor(pool, x, m, ldx, k);
+  RunPanelTasks(pool, int8 ? Int8BlockOf(path) : Q8KernelsOf(path).fp8, proto, m, n, w.panels(),
+                m <= kFewRows ? k : kGemmKBlock, x, x_groups, nullptr, y, [&w](GemmBlock& b, int64_t panel) {
                   b.q8_panels = w.panel(panel);
                   b.q8_scales = w.panel_scales(panel);
                 });
@@ -313,7 +355,7 @@ void MatMul(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const Pack
 const char* ArithmeticNameOf(KernelPath path, WeightFormat format) {
   switch (format) {
     case WeightFormat::kFp8E4m3: return "fp8-e4m3-times-scale-fp32-fma-k-order-v1";
-    case WeightFormat::kInt8: return "int8-b32-times-scale-fp32-fma-k-order-v1";
+    case WeightFormat::kInt8: return "int8-b32-int16-activations-b32-exact-dot-v1";
     case WeightFormat::kBf16: break;
   }
   return ArithmeticNameOf(path);

@@ -62,10 +62,14 @@ void MatMulBf16(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const 
 void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedBf16& w,
                   float* y, int64_t ldy);
 
-// 8-bit weights: every path multiplies each weight (code x scale, rounded once) in the fp32 paths' order, so
-// all paths give the same bits; the bf16 paths run their AVX-512F kernel.
+// 8-bit weights, the same bits on every path. FP8: each weight (code x scale, rounded once) in the fp32
+// paths' order; the bf16 paths run their AVX-512F kernel. int8: activations made int16 per block of 32
+// (QuantizeActivations), each block's integer dot exact, then one fused multiply-add by the two scales.
 void MatMulQ8On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedQ8& w, float* y,
                 int64_t ldy);
+// Whether the AVX-512 paths' int8 kernel may use VPDPWSSD (AVX-512 VNNI) where the CPU has it; tests turn it off
+// to check the VPMADDWD kernel, which gives the same bits.
+void AllowAvx512Vnni(bool allowed);
 // A matrix in any format, on the active path.
 void MatMul(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedMatrix& w, float* y, int64_t ldy);
 void MatMulOn(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedMatrix& w, float* y,

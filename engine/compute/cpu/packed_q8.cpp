@@ -1,6 +1,9 @@
 #include "engine/compute/cpu/packed_q8.h"
 
+#include <emmintrin.h>
+
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -31,13 +34,15 @@ PackedQ8 PackedQ8::Allocate(Q8Code code, int64_t n, int64_t k, int64_t block_k) 
     std::memset(p, 0, bytes);
     return p;
   };
-  m.codes_.reset(static_cast<uint8_t*>(zeroed(static_cast<size_t>(m.panels() * kPanelColumns * k))));
+  m.codes_.reset(static_cast<uint8_t*>(zeroed(static_cast<size_t>(m.panels() * m.panel_bytes()))));
   m.scales_.reset(static_cast<float*>(zeroed(static_cast<size_t>(m.panels() * kPanelColumns * m.k_blocks()) * 4)));
   return m;
 }
 
 size_t PackedQ8::CodeIndex(int64_t j, int64_t i) const {
-  return static_cast<size_t>((j / kPanelColumns) * kPanelColumns * k_ + i * kPanelColumns + SlotOf(j % kPanelColumns));
+  const int64_t panel_start = (j / kPanelColumns) * panel_bytes(), c = j % kPanelColumns;
+  if (code_ == Q8Code::kInt8) return static_cast<size_t>(panel_start + (i / 2) * 2 * kPanelColumns + 2 * c + i % 2);
+  return static_cast<size_t>(panel_start + i * kPanelColumns + SlotOf(c));
 }
 
 size_t PackedQ8::ScaleIndex(int64_t j, int64_t block) const {
@@ -95,13 +100,57 @@ PackedQ8 PackedQ8::QuantizeInt8(int64_t n, int64_t k, const std::function<void(i
 }
 
 float PackedQ8::At(int64_t j, int64_t i) const {
-  const uint8_t c = codes_[CodeIndex(j, i)];
+  const uint8_t c = Code(j, i);
   const float value = code_ == Q8Code::kInt8 ? static_cast<float>(static_cast<int8_t>(c)) : Fp8E4m3ToFloat(c);
-  return value * scales_[ScaleIndex(j, i / block_k_)];
+  return value * Scale(j, i / block_k_);
 }
 
 void PackedQ8::RowToFloat(int64_t j, float* out) const {
   for (int64_t i = 0; i < k_; ++i) out[i] = At(j, i);
+}
+
+int64_t ActivationCodesStride(int64_t k) { return ActivationScalesStride(k) * PackedQ8::kInt8Block; }
+int64_t ActivationScalesStride(int64_t k) { return (k + PackedQ8::kInt8Block - 1) / PackedQ8::kInt8Block; }
+
+void QuantizeActivations(const float* x, int64_t ldx, int64_t rows, int64_t k, int16_t* codes, float* scales) {
+  constexpr int64_t kBlock = PackedQ8::kInt8Block;
+  static_assert(kBlock % 8 == 0, "a block is whole SSE2 steps");
+  const __m128 magnitude = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+  const __m128 largest_finite = _mm_set1_ps(FLT_MAX);
+  alignas(16) float block[kBlock];
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * ldx;
+    int16_t* row_codes = codes + r * ActivationCodesStride(k);
+    float* row_scales = scales + r * ActivationScalesStride(k);
+    for (int64_t i0 = 0; i0 < k; i0 += kBlock) {
+      const int64_t n = std::min(kBlock, k - i0);
+      std::fill_n(block, kBlock, 0.0f);
+      std::copy_n(row + i0, n, block);
+      __m128 largest = _mm_setzero_ps(), bad = _mm_setzero_ps();
+      for (int64_t i = 0; i < kBlock; i += 4) {
+        const __m128 v = _mm_and_ps(_mm_load_ps(block + i), magnitude);
+        largest = _mm_max_ps(largest, v);
+        bad = _mm_or_ps(bad, _mm_or_ps(_mm_cmpunord_ps(v, v), _mm_cmpgt_ps(v, largest_finite)));
+      }
+      largest = _mm_max_ps(largest, _mm_shuffle_ps(largest, largest, _MM_SHUFFLE(1, 0, 3, 2)));
+      largest = _mm_max_ps(largest, _mm_shuffle_ps(largest, largest, _MM_SHUFFLE(2, 3, 0, 1)));
+      const float scale = _mm_cvtss_f32(largest) / 32767.0f;
+      int16_t* out = row_codes + i0;
+      // Blocks below FLT_MIN * 32767 count as zero, so 1 / scale stays finite.
+      if (_mm_movemask_ps(bad) != 0 || !(scale >= FLT_MIN)) {
+        row_scales[i0 / kBlock] = _mm_movemask_ps(bad) != 0 ? NAN : 0.0f;
+        std::fill_n(out, kBlock, int16_t{0});
+        continue;
+      }
+      row_scales[i0 / kBlock] = scale;
+      const __m128 inverse = _mm_set1_ps(1.0f / scale);
+      for (int64_t i = 0; i < kBlock; i += 8) {
+        const __m128i a = _mm_cvtps_epi32(_mm_mul_ps(_mm_load_ps(block + i), inverse));
+        const __m128i b = _mm_cvtps_epi32(_mm_mul_ps(_mm_load_ps(block + i + 4), inverse));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm_max_epi16(_mm_packs_epi32(a, b), _mm_set1_epi16(-32767)));
+      }
+    }
+  }
 }
 
 const char* WeightFormatName(WeightFormat format) {

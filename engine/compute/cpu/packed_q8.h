@@ -19,9 +19,11 @@ enum class Q8Code {
   kInt8,     // two's complement, -127..127
 };
 
-// Super-panel p holds columns [32p, 32p + 32) as k rows of 32 code bytes, columns 0..7, 16..23, 8..15,
-// 24..31 (SlotOf), so 16 bytes widen to one AVX-512 vector in the bf16 layout's lane order; and one row of
-// 32 fp32 scales in column order for each block of block_k inputs. Columns past n are zero.
+// Super-panel p holds columns [32p, 32p + 32) and one row of 32 fp32 scales in column order for each block
+// of block_k inputs. FP8 codes: k rows of 32 bytes, columns 0..7, 16..23, 8..15, 24..31 (SlotOf), so 16 bytes
+// widen to one AVX-512 vector in the bf16 layout's lane order. int8 codes: a 64-byte row for each pair of
+// inputs, column c's two codes at bytes 2c, 2c + 1 (input 2t first), as VPDPWSSD pairs them. Columns past n,
+// and the input past an odd k, are zero.
 class PackedQ8 {
  public:
   PackedQ8() = default;
@@ -30,6 +32,7 @@ class PackedQ8 {
   static Result<PackedQ8> FromFp8Blocks(int64_t n, int64_t k, const uint8_t* codes, const float* scales, int64_t block_n,
                                         int64_t block_k, ThreadPool* pool = nullptr);
   // int8 per output row and block of kInt8Block inputs: scale = max |w| / 127, code = w / scale rounded.
+  // The kernels multiply the codes by activations made int16 per row and block (QuantizeActivations).
   // row_of(j, out) writes row j of W (k values) to out (from the pool's threads at once, when given one).
   static PackedQ8 QuantizeInt8(int64_t n, int64_t k, const std::function<void(int64_t j, float* out)>& row_of,
                                ThreadPool* pool = nullptr);
@@ -41,14 +44,18 @@ class PackedQ8 {
   int64_t block_k() const { return block_k_; }
   int64_t panels() const { return (n_ + kPanelColumns - 1) / kPanelColumns; }
   int64_t k_blocks() const { return (k_ + block_k_ - 1) / block_k_; }
-  int64_t bytes() const { return panels() * kPanelColumns * (k_ + 4 * k_blocks()); }
-  const uint8_t* panel(int64_t p) const { return codes_.get() + p * kPanelColumns * k_; }
+  // Code bytes a super-panel takes: int8 rounds k up to whole pairs.
+  int64_t panel_bytes() const { return kPanelColumns * (code_ == Q8Code::kInt8 ? (k_ + 1) / 2 * 2 : k_); }
+  int64_t bytes() const { return panels() * (panel_bytes() + kPanelColumns * 4 * k_blocks()); }
+  const uint8_t* panel(int64_t p) const { return codes_.get() + p * panel_bytes(); }
   const float* panel_scales(int64_t p) const { return scales_.get() + p * kPanelColumns * k_blocks(); }
   static constexpr int64_t SlotOf(int64_t column_in_panel) {
     return (column_in_panel % 16 < 8 ? 0 : 16) + (column_in_panel / 16) * 8 + column_in_panel % 8;
   }
-  // The fp32 weight W[j][i], and row j of W (the embedding lookup).
+  // The fp32 weight W[j][i] = code x scale, and row j of W (the embedding lookup).
   float At(int64_t j, int64_t i) const;
+  uint8_t Code(int64_t j, int64_t i) const { return codes_[CodeIndex(j, i)]; }
+  float Scale(int64_t j, int64_t block) const { return scales_[ScaleIndex(j, block)]; }
   void RowToFloat(int64_t j, float* out) const;
 
  private:
@@ -65,6 +72,14 @@ class PackedQ8 {
   std::unique_ptr<uint8_t[], Free> codes_;
   std::unique_ptr<float[], Free> scales_;
 };
+
+// Activations for int8 weights: each row's block of PackedQ8::kInt8Block inputs as int16 codes with one fp32
+// scale, scale = max |x| / 32767 and code = x / scale rounded; a block holding NaN or an infinity gets scale NaN
+// (its outputs are NaN). Row r's codes at codes + r * ActivationCodesStride(k) (past k zero), its scales at
+// scales + r * ActivationScalesStride(k).
+int64_t ActivationCodesStride(int64_t k);
+int64_t ActivationScalesStride(int64_t k);
+void QuantizeActivations(const float* x, int64_t ldx, int64_t rows, int64_t k, int16_t* codes, float* scales);
 
 // How a model's matrices are held: as the checkpoint stores them, or made 8-bit at load.
 enum class WeightFormat { kBf16, kFp8E4m3, kInt8 };

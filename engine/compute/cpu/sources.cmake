@@ -7,6 +7,7 @@ list(APPEND ANCHORAGE_COMPUTE_SOURCES
   cpu/gemm_amx_bf16.cpp
   cpu/gemm_avx2.cpp
   cpu/gemm_avx512.cpp
+  cpu/gemm_avx512_vnni.cpp
   cpu/gemm_avx512_bf16.cpp
   cpu/gemm_portable.cpp
   cpu/matmul.cpp
