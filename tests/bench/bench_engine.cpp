@@ -53,13 +53,14 @@ std::vector<int32_t> Ids(int64_t n, int64_t vocab) {
 }  // namespace
 
 // Usage: anchorage-bench-engine [--json] [--no-accuracy] [--no-decode] [--max-tokens N] [--threads 1,2] [--model-dir DIR]
-//                               [--weights as-stored|int8]
+//                               [--weights as-stored|int8] [--decode-steps N]
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int64_t max_tokens = 8192;
   std::vector<int> thread_counts = {1, 2};
   std::string dir;
   bool accuracy = true, decode = true, as_json = false, int8_weights = false;
+  int decode_steps = 32;  // tokens a decode figure times (16 after 8,192 tokens of context)
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--json") as_json = true;
     if (std::string(argv[i]) == "--no-accuracy") accuracy = false;
@@ -70,6 +71,7 @@ int main(int argc, char** argv) {
     if (a == "--max-tokens") max_tokens = std::atoll(v.c_str());
     else if (a == "--model-dir") dir = v;
     else if (a == "--weights") int8_weights = v == "int8";
+    else if (a == "--decode-steps") decode_steps = std::max(1, std::atoi(v.c_str()));
     else if (a == "--threads") {
       thread_counts.clear();
       for (size_t p = 0; p < v.size();) {
@@ -144,7 +146,7 @@ int main(int argc, char** argv) {
                       {"path_peak_gflops_per_core", path_peak}};
   for (const auto& [t, gbs] : stream) report["limits"]["stream_gbs"][std::to_string(t)] = gbs;
   report["per_token"] = {{"prefill_gemm_flops", prefill_flops_per_token}, {"decode_weight_bytes", decode_bytes_per_token}};
-  const auto ids = Ids(std::max<int64_t>(max_tokens, 64) + 64, c.vocab_size);
+  const auto ids = Ids(std::max<int64_t>(max_tokens, 64) + std::max(64, decode_steps), c.vocab_size);
 
   std::optional<WeightsBaseline> stored_weights;
   if (int8_weights) {
@@ -196,7 +198,7 @@ int main(int argc, char** argv) {
       report["prefill"][std::to_string(fw.threads())][std::to_string(n)] = {{"tokens_per_s", n / secs}, {"fraction_of_path_peak", prefill_fraction}};
       if (!decode) continue;
       // Decode after this context.
-      const int steps = n >= 8192 ? 16 : 32;
+      const int steps = n >= 8192 ? std::max(1, decode_steps / 2) : decode_steps;
       const double d0 = Now();
       for (int i = 0; i < steps; ++i) {
         auto r = fw.Decode(s, ids[static_cast<size_t>(i)]);
@@ -211,7 +213,7 @@ int main(int argc, char** argv) {
     }
     if (decode) {
       SequenceState s(c);
-      const int steps = 32;
+      const int steps = decode_steps;
       const double d0 = Now();
       for (int i = 0; i < steps; ++i) {
         auto r = fw.Decode(s, ids[static_cast<size_t>(i)]);

@@ -16,6 +16,10 @@ namespace {
 
 inline constexpr int64_t kInt8PairsABlock = PackedQ8::kInt8Block / 2;
 inline constexpr int kInt8MaxGroups = 32;
+// Decode streams every code and scale from memory once; a super-panel asks for its 64-byte code row
+// (a pair of inputs) this many pairs ahead, and for its two scale lines this many blocks ahead.
+inline constexpr int64_t kInt8PrefetchPairs = 32;
+inline constexpr int64_t kInt8PrefetchBlocks = 2;
 
 // The activation pair (inputs 2t, 2t + 1) of a row of codes, as the 32-bit word VPDPWSSD broadcasts.
 inline int32_t CodePair(const int16_t* row, int64_t t) {
@@ -31,6 +35,7 @@ struct Int8Groups {
   const float* scales[kInt8MaxGroups];
   float* y[kInt8MaxGroups];
   int cols[kInt8MaxGroups];
+  bool starts_panel[kInt8MaxGroups];  // the group holds its super-panel's first column
 };
 
 // R rows by G groups over pairs [t0, t1), from the stored partial sums when accumulate.
@@ -52,12 +57,19 @@ inline void Int8Tile(const int16_t* codes, int64_t ld_codes, const float* x_scal
     for (; t < block_end; ++t) {
       typename V::Codes w[G];
       for (int c = 0; c < G; ++c) w[c] = V::LoadCodes(g.w[first + c] + t * 2 * kPanelColumns);
+      if constexpr (R <= kFewRows)
+        for (int c = 0; c < G; ++c)
+          if (g.starts_panel[first + c]) __builtin_prefetch(g.w[first + c] + (t + kInt8PrefetchPairs) * 2 * kPanelColumns);
       for (int r = 0; r < R; ++r) {
         const int32_t pair = CodePair(codes + r * ld_codes, t);
         for (int c = 0; c < G; ++c) dot[r][c] = V::Dot(dot[r][c], w[c], pair);
       }
     }
     for (int c = 0; c < G; ++c) {
+      if (R <= kFewRows && g.starts_panel[first + c]) {
+        __builtin_prefetch(g.scales[first + c] + (block + kInt8PrefetchBlocks) * kPanelColumns);
+        __builtin_prefetch(g.scales[first + c] + (block + kInt8PrefetchBlocks) * kPanelColumns + 16);
+      }
       const F weight_scales = V::LoadScales(g.scales[first + c] + block * kPanelColumns);
       for (int r = 0; r < R; ++r)
         out[r][c] = V::Fma(V::ToFloat(dot[r][c]), V::Mul(weight_scales, V::Broadcast(x_scales[r * ld_scales + block])),
@@ -107,6 +119,7 @@ inline void RunInt8Block(const GemmBlock& b) {
     g.scales[groups] = b.q8_scales + panel * k_blocks * kPanelColumns + in_panel;
     g.y[groups] = b.y + c0;
     g.cols[groups] = static_cast<int>(std::min<int64_t>(V::kCols, b.cols - c0));
+    g.starts_panel[groups] = in_panel == 0;
   }
   const int64_t t0 = b.k0 / 2, t1 = (b.k1 + 1) / 2;
   if (b.rows == 1) return Int8Rows<V, V::kOneRowGroups, 1>(b, g, groups, 0, 1, t0, t1);

@@ -15,6 +15,8 @@ namespace {
 
 // Segments are the slot runs one vector pair covers: 2 * V::kLanes slots of a k row.
 inline constexpr int kMaxSegments = 16;
+// Decode streams every weight from memory once: each segment asks for the k row this far ahead.
+inline constexpr int64_t kDecodePrefetchRows = 32;
 
 // Row r, step t of a tile's activations: in a packed row group (kRowGroup), or rows at stride ldx.
 template <bool kPacked>
@@ -37,6 +39,7 @@ struct Bf16Weights {
     V::LoadW(w + t * kPanelColumns, lo, hi);
   }
   int64_t BlockEnd(int64_t) const { return INT64_MAX; }
+  void Prefetch(int64_t t) const { __builtin_prefetch(w + t * kPanelColumns); }
 };
 
 // A segment's FP8 codes from k0 on (its lo lanes' bytes, the hi lanes' 16 on) and its scale rows (by
@@ -69,6 +72,7 @@ struct Fp8Weights {
     hi = V::Mul(hi, scale_hi);
   }
   int64_t BlockEnd(int64_t k) const { return (k / block_k + 1) * block_k; }
+  void Prefetch(int64_t t) const { __builtin_prefetch(w + t * kPanelColumns); }
 };
 
 // A segment's weights widened to fp32 in V's lane order: k row t's lo lanes at w + t * 2 * V::kLanes, hi after.
@@ -123,6 +127,7 @@ inline void Tile(const float* x, int64_t ldx, const W* w, float* const* y, const
       for (int s = 0; s < S; ++s) {
         F wl, wh;
         w[s].template Load<V>(t, scale_lo[s], scale_hi[s], wl, wh);
+        if constexpr (!kPacked) w[s].Prefetch(t + kDecodePrefetchRows);
         for (int r = 0; r < R; ++r) {
           const F b = V::Broadcast(XAt<kPacked>(x, ldx, r, t));
           lo[r][s] = V::Fma(b, wl, lo[r][s]);
