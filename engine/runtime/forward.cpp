@@ -594,10 +594,8 @@ void Forward::GdnMixer(const Layer& L, std::span<const Segment> segments, int64_
   float* beta = Sized(ws.beta, n * Nv);
   float* g = Sized(ws.g, n * Nv);
   const float* a = ws.a.data();
-  MatMul(*pool_, a, n, H, *L.qkv, qkv, C);
-  MatMul(*pool_, a, n, H, *L.z, z, VD);
-  MatMul(*pool_, a, n, H, *L.b, bb, Nv);
-  MatMul(*pool_, a, n, H, *L.a, aa, Nv);
+  const cpu::Product in_projections[] = {{*L.qkv, qkv, C}, {*L.z, z, VD}, {*L.b, bb, Nv}, {*L.a, aa, Nv}};
+  cpu::MatMulShared(*pool_, a, n, H, in_projections);
   // Causal depthwise conv over [tail; qkv] of each segment, taps in order, then SiLU; then the q/k L2 norms per head.
   std::vector<const Segment*> segment_of(static_cast<size_t>(n));
   for (const Segment& seg : segments) std::fill_n(segment_of.begin() + seg.row0, seg.n, &seg);
@@ -708,9 +706,8 @@ void Forward::AttentionMixer(const Layer& L, std::span<const Segment> segments, 
   float* krows = Sized(ws.krows, n * KW);
   float* vrows = Sized(ws.vrows, n * KW);
   const float* a = ws.a.data();
-  MatMul(*pool_, a, n, H, *L.q, qg, QW);
-  MatMul(*pool_, a, n, H, *L.k, krows, KW);
-  MatMul(*pool_, a, n, H, *L.v, vrows, KW);
+  const cpu::Product projections[] = {{*L.q, qg, QW}, {*L.k, krows, KW}, {*L.v, vrows, KW}};
+  cpu::MatMulShared(*pool_, a, n, H, projections);
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float* cs = ws.cos.data();
   const float* sn = ws.sin.data();
@@ -761,8 +758,8 @@ void Forward::Mlp(const Layer& L, int64_t n) {
   Workspace& ws = *ws_;
   float* gate = Sized(ws.gate, n * I);
   float* up = Sized(ws.up, n * I);
-  MatMul(*pool_, ws.a.data(), n, H, *L.gate, gate, I);
-  MatMul(*pool_, ws.a.data(), n, H, *L.up, up, I);
+  const cpu::Product gate_up[] = {{*L.gate, gate, I}, {*L.up, up, I}};
+  cpu::MatMulShared(*pool_, ws.a.data(), n, H, gate_up);
   Elementwise(n * I, [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) gate[i] = cpu::Silu(gate[i]) * up[i];
   });

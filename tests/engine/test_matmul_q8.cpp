@@ -312,6 +312,42 @@ class TestMatmulQ8 : public QObject {
     }
   }
 
+  // Products sharing one input in one call (mixed formats, more than fit one call) give each product's own bits.
+  void sharedInputGivesEachProductsBits() {
+    ThreadPool pool(2);
+    std::mt19937 rng(21);
+    const int64_t k = 300;
+    std::vector<cpu::PackedMatrix> matrices;
+    for (int i = 0; i < 10; ++i) {
+      const int64_t n = 1 + (i * 37) % 150;
+      if (i % 3 == 0) matrices.emplace_back(MakeInt8(1, n, k, 30u + i).packed);
+      else if (i % 3 == 1) matrices.emplace_back(MakeFp8(1, n, k, 128, 128, 30u + i).packed);
+      else {
+        const std::vector<float> w = testing::NormalValues(n * k, rng);
+        matrices.emplace_back(cpu::PackedBf16::Pack(n, k, [&](int64_t j, int64_t t) { return FloatToBf16(w[j * k + t]); }));
+      }
+    }
+    for (int64_t m : {1, 2, 17, 100}) {
+      const std::vector<float> x = testing::NormalValues(m * k, rng);
+      for (cpu::KernelPath kp : cpu::AvailablePaths()) {
+        std::vector<std::vector<float>> shared, alone;
+        std::vector<cpu::Product> products;
+        shared.reserve(matrices.size());
+        alone.reserve(matrices.size());
+        for (const auto& w : matrices) {
+          shared.emplace_back(static_cast<size_t>(m * w.rows()), -1.0f);
+          alone.emplace_back(static_cast<size_t>(m * w.rows()), -2.0f);
+          products.emplace_back(w, shared.back().data(), w.rows());
+          cpu::MatMulOn(kp, pool, x.data(), m, k, w, alone.back().data(), w.rows());
+        }
+        cpu::MatMulSharedOn(kp, pool, x.data(), m, k, products);
+        for (size_t i = 0; i < matrices.size(); ++i)
+          QVERIFY2(SameBits(shared[i].data(), alone[i].data(), shared[i].size()),
+                   qPrintable(QString("%1, %2 rows, matrix %3").arg(cpu::PathName(kp)).arg(m).arg(i)));
+      }
+    }
+  }
+
   // With power-of-two scales every weight is a bf16 value, so the fp32 paths give the bf16 product's bits.
   void fp8EqualsItsBf16CopyOnFp32Paths() {
     ThreadPool pool(2);

@@ -91,38 +91,51 @@ bool EmptyProduct(int64_t m, int64_t n, int64_t k, float* y, int64_t ldy) {
   return true;
 }
 
-// Runs block over tasks of kGemmTaskPanels super-panels, each over row blocks of kGemmRowBlock and k blocks of
-// k_block; point_at(b, panel) points b at the weights of the task's first super-panel.
-template <class PointAt>
-void RunPanelTasks(ThreadPool& pool, GemmBlockFn block, const GemmBlock& proto, int64_t m, int64_t n, int64_t panels,
-                   int64_t k_block, const float* x, const float* x_groups, const uint32_t* split_rows, float* y,
-                   const PointAt& point_at) {
-  const int64_t task_columns = kGemmTaskPanels * kPanelColumns;
-  const int64_t tasks = (n + task_columns - 1) / task_columns;
-  pool.Run(static_cast<size_t>(tasks), [&](size_t t) {
-    const int64_t first = static_cast<int64_t>(t) * task_columns;
-    GemmBlock b = proto;
-    point_at(b, first / kPanelColumns);
-    b.panel_count = std::min(kGemmTaskPanels, panels - first / kPanelColumns);
-    b.cols = std::min(task_columns, n - first);
-    for (int64_t r0 = 0; r0 < m; r0 += kGemmRowBlock) {
-      b.x = x + r0 * b.ldx;
-      if (split_rows != nullptr) b.x_pairs = split_rows + r0 * kBf16Parts * b.pair_stride;
-      if (x_groups != nullptr) b.x_groups = x_groups + r0 * b.k;
-      if (proto.x_codes != nullptr) {
-        b.x_codes = proto.x_codes + r0 * ActivationCodesStride(b.k);
-        b.x_code_scales = proto.x_code_scales + r0 * ActivationScalesStride(b.k);
-      }
-      b.y = y + r0 * b.ldy + first;
-      b.rows = std::min(kGemmRowBlock, m - r0);
-      for (int64_t k0 = 0; k0 < b.k; k0 += k_block) {
-        b.k0 = k0;
-        b.k1 = std::min(b.k, k0 + k_block);
-        b.accumulate = k0 > 0;
-        block(b);
-      }
+// One product's kernel and call fields (x_pairs, x_groups and x_codes at row 0), its weights, and its output.
+struct PanelJob {
+  GemmBlockFn block = nullptr;
+  GemmBlock proto;
+  const PackedBf16* bf16 = nullptr;
+  const PackedQ8* q8 = nullptr;
+  int64_t n = 0, k_block = 0;
+  float* y = nullptr;
+};
+
+inline constexpr int64_t kTaskColumns = kGemmTaskPanels * kPanelColumns;
+
+int64_t TasksOf(const PanelJob& job) { return (job.n + kTaskColumns - 1) / kTaskColumns; }
+
+// Task t of a job: kGemmTaskPanels super-panels over row blocks of kGemmRowBlock and k blocks of job.k_block.
+void RunPanelTask(const PanelJob& job, const float* x, int64_t m, int64_t t) {
+  const int64_t first = t * kTaskColumns, panel = first / kPanelColumns;
+  GemmBlock b = job.proto;
+  if (const PackedBf16* w = job.bf16) {
+    b.panels = w->panel(panel);
+    b.panel_count = std::min(kGemmTaskPanels, w->panels() - panel);
+  } else {
+    const PackedQ8* q = job.q8;
+    b.q8_panels = q->panel(panel);
+    b.q8_scales = q->panel_scales(panel);
+    b.panel_count = std::min(kGemmTaskPanels, q->panels() - panel);
+  }
+  b.cols = std::min(kTaskColumns, job.n - first);
+  for (int64_t r0 = 0; r0 < m; r0 += kGemmRowBlock) {
+    b.x = x + r0 * b.ldx;
+    if (job.proto.x_pairs != nullptr) b.x_pairs = job.proto.x_pairs + r0 * kBf16Parts * b.pair_stride;
+    if (job.proto.x_groups != nullptr) b.x_groups = job.proto.x_groups + r0 * b.k;
+    if (job.proto.x_codes != nullptr) {
+      b.x_codes = job.proto.x_codes + r0 * ActivationCodesStride(b.k);
+      b.x_code_scales = job.proto.x_code_scales + r0 * ActivationScalesStride(b.k);
     }
-  });
+    b.y = job.y + r0 * b.ldy + first;
+    b.rows = std::min(kGemmRowBlock, m - r0);
+    for (int64_t k0 = 0; k0 < b.k; k0 += job.k_block) {
+      b.k0 = k0;
+      b.k1 = std::min(b.k, k0 + job.k_block);
+      b.accumulate = k0 > 0;
+      job.block(b);
+    }
+  }
 }
 
 const Q8Kernels& Q8KernelsOf(KernelPath path) {
@@ -142,6 +155,21 @@ const Q8Kernels& Q8KernelsOf(KernelPath path) {
 std::atomic<bool>& VnniAllowed() {
   static std::atomic<bool> allowed{true};
   return allowed;
+}
+
+// The rows split into bf16 parts in buf (the AMX layout gives a partial last row tile a whole tile's words).
+const uint32_t* SplitRows(ThreadPool& pool, SplitFn split, const float* x, int64_t m, int64_t ldx, int64_t k,
+                          int64_t pair_stride, std::vector<uint32_t>& buf) {
+  const int64_t rows_held = split == SplitRowsAmxBf16 ? (m + 15) / 16 * 16 : m;
+  buf.resize(static_cast<size_t>(rows_held * kBf16Parts * pair_stride));
+  uint32_t* out = buf.data();
+  const int64_t rows_a_task = 16;  // one AMX row tile
+  static_assert(kGemmRowBlock % rows_a_task == 0, "a row block starts a row tile");
+  pool.Run(static_cast<size_t>((m + rows_a_task - 1) / rows_a_task), [&](size_t t) {
+    const int64_t r0 = static_cast<int64_t>(t) * rows_a_task;
+    split(x + r0 * ldx, ldx, std::min(rows_a_task, m - r0), k, pair_stride, out + r0 * kBf16Parts * pair_stride);
+  });
+  return out;
 }
 
 // The int8 kernel of a path: the AVX-512 paths use VPDPWSSD where the CPU has it.
@@ -291,61 +319,97 @@ void MatMulBf16(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const 
 
 void MatMulBf16On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedBf16& w,
                   float* y, int64_t ldy) {
-  const int64_t n = w.rows(), k = w.cols();
-  if (EmptyProduct(m, n, k, y, ldy)) return;
-  const GemmBlockFn block = BlockOf(path);
-  const SplitFn split = SplitOf(path);
-  thread_local std::vector<uint32_t> split_buffer;  // the calling thread's; the tasks see it through split_rows
-  const int64_t pair_stride = PairStrideOf(path, k);
-  uint32_t* split_rows = nullptr;
-  if (split != nullptr) {
-    // The AMX tiles' layout gives a partial last row tile a whole tile's words.
-    const int64_t split_rows_held = split == SplitRowsAmxBf16 ? (m + 15) / 16 * 16 : m;
-    split_buffer.resize(static_cast<size_t>(split_rows_held * kBf16Parts * pair_stride));
-    split_rows = split_buffer.data();
-    const int64_t rows_a_task = 16;  // one AMX row tile
-    static_assert(kGemmRowBlock % rows_a_task == 0, "a row block starts a row tile");
-    pool.Run(static_cast<size_t>((m + rows_a_task - 1) / rows_a_task), [&](size_t t) {
-      const int64_t r0 = static_cast<int64_t>(t) * rows_a_task;
-      split(x + r0 * ldx, ldx, std::min(rows_a_task, m - r0), k, pair_stride, split_rows + r0 * kBf16Parts * pair_stride);
-    });
-  }
-  const float* x_groups = split == nullptr ? RowGroupsFor(pool, x, m, ldx, k) : nullptr;
-  // The AMX kernel keeps its sums in tiles over the whole k (its blocks would be multiples of kAmxChunk).
-  const bool whole_k = m <= kFewRows || ArithmeticOf(path) == Arithmetic::kBf16Amx;
-  GemmBlock proto;
-  proto.ldx = ldx;
-  proto.k = k;
-  proto.ldy = ldy;
-  proto.pair_stride = pair_stride;
-  RunPanelTasks(pool, block, proto, m, n, w.panels(), whole_k ? k : kGemmKBlock, x, x_groups, split_rows, y,
-                [&w](GemmBlock& b, int64_t panel) { b.panels = w.panel(panel); });
+  const Product product(w, y, ldy);
+  MatMulSharedOn(path, pool, x, m, ldx, std::span(&product, 1));
 }
 
 void MatMulQ8On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedQ8& w, float* y,
                 int64_t ldy) {
-  const int64_t n = w.rows(), k = w.cols();
-  if (EmptyProduct(m, n, k, y, ldy)) return;
-  const bool int8 = w.code() == Q8Code::kInt8;
-  GemmBlock proto;
-  proto.ldx = ldx;
-  proto.k = k;
-  proto.ldy = ldy;
-  proto.q8_block_k = w.block_k();
-  proto.q8_panel_bytes = w.panel_bytes();
-  if (int8) QuantizeRows(pool, x, m, ldx, k, proto);
-  const float* x_groups = int8 ? nullptr : RowGroupsFor(pool, x, m, ldx, k);
-  RunPanelTasks(pool, int8 ? Int8BlockOf(path) : Q8KernelsOf(path).fp8, proto, m, n, w.panels(),
-                m <= kFewRows ? k : kGemmKBlock, x, x_groups, nullptr, y, [&w](GemmBlock& b, int64_t panel) {
-                  b.q8_panels = w.panel(panel);
-                  b.q8_scales = w.panel_scales(panel);
-                });
+  const Product product(w, y, ldy);
+  MatMulSharedOn(path, pool, x, m, ldx, std::span(&product, 1));
 }
 
 void MatMulOn(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedMatrix& w, float* y,
               int64_t ldy) {
-  if (const PackedQ8* q = w.q8()) return MatMulQ8On(path, pool, x, m, ldx, *q, y, ldy);
-  MatMulBf16On(path, pool, x, m, ldx, *w.bf16(), y, ldy);
+  const Product product(w, y, ldy);
+  MatMulSharedOn(path, pool, x, m, ldx, std::span(&product, 1));
+}
+
+void MatMulShared(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, std::span<const Product> products) {
+  MatMulSharedOn(ActivePath(), pool, x, m, ldx, products);
+}
+
+void MatMulSharedOn(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx,
+                    std::span<const Product> products) {
+  constexpr size_t kMaxProducts = 8;
+  const bool same_k = std::all_of(products.begin(), products.end(),
+                                  [&](const Product& p) { return p.cols() == products.front().cols(); });
+  if (!same_k) {
+    for (const Product& p : products) MatMulSharedOn(path, pool, x, m, ldx, std::span(&p, 1));
+    return;
+  }
+  if (products.size() > kMaxProducts) {
+    MatMulSharedOn(path, pool, x, m, ldx, products.first(kMaxProducts));
+    return MatMulSharedOn(path, pool, x, m, ldx, products.subspan(kMaxProducts));
+  }
+  // What the kernels read besides x, each made once for every product that needs it.
+  thread_local std::vector<uint32_t> split_buffer;
+  const SplitFn split = SplitOf(path);
+  const uint32_t* split_rows = nullptr;
+  const float* x_groups = nullptr;
+  GemmBlock quantized;
+  PanelJob jobs[kMaxProducts];
+  int64_t first_task[kMaxProducts + 1] = {0};
+  size_t count = 0;
+  for (const Product& product : products) {
+    const int64_t n = product.rows(), k = product.cols();
+    if (EmptyProduct(m, n, k, product.y, product.ldy)) continue;
+    PanelJob& job = jobs[count];
+    job.bf16 = product.bf16;
+    job.q8 = product.q8;
+    job.n = n;
+    job.y = product.y;
+    job.proto.ldx = ldx;
+    job.proto.k = k;
+    job.proto.ldy = product.ldy;
+    if (product.bf16 != nullptr) {
+      job.block = BlockOf(path);
+      job.proto.pair_stride = PairStrideOf(path, k);
+      if (split != nullptr) {
+        if (split_rows == nullptr) split_rows = SplitRows(pool, split, x, m, ldx, k, job.proto.pair_stride, split_buffer);
+        job.proto.x_pairs = split_rows;
+      } else {
+        if (x_groups == nullptr) x_groups = RowGroupsFor(pool, x, m, ldx, k);
+        job.proto.x_groups = x_groups;
+      }
+      // The AMX kernel keeps its sums in tiles over the whole k (its blocks would be multiples of kAmxChunk).
+      job.k_block = m <= kFewRows || ArithmeticOf(path) == Arithmetic::kBf16Amx ? k : kGemmKBlock;
+    } else {
+      const PackedQ8& w = *product.q8;
+      job.proto.q8_block_k = w.block_k();
+      job.proto.q8_panel_bytes = w.panel_bytes();
+      if (w.code() == Q8Code::kInt8) {
+        job.block = Int8BlockOf(path);
+        if (quantized.x_codes == nullptr) QuantizeRows(pool, x, m, ldx, k, quantized);
+        job.proto.x_codes = quantized.x_codes;
+        job.proto.x_code_scales = quantized.x_code_scales;
+      } else {
+        job.block = Q8KernelsOf(path).fp8;
+        if (x_groups == nullptr) x_groups = RowGroupsFor(pool, x, m, ldx, k);
+        job.proto.x_groups = x_groups;
+      }
+      job.k_block = m <= kFewRows ? k : kGemmKBlock;
+    }
+    first_task[count + 1] = first_task[count] + TasksOf(job);
+    ++count;
+  }
+  if (count == 0) return;
+  pool.Run(static_cast<size_t>(first_task[count]), [&](size_t task) {
+    const int64_t t = static_cast<int64_t>(task);
+    size_t j = 0;
+    while (first_task[j + 1] <= t) ++j;
+    RunPanelTask(jobs[j], x, m, t - first_task[j]);
+  });
 }
 
 void MatMul(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedMatrix& w, float* y, int64_t ldy) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,23 @@ void MatMulQ8On(KernelPath path, ThreadPool& pool, const float* x, int64_t m, in
 // Whether the AVX-512 paths' int8 kernel may use VPDPWSSD (AVX-512 VNNI) where the CPU has it; tests turn it off
 // to check the VPMADDWD kernel, which gives the same bits.
 void AllowAvx512Vnni(bool allowed);
+// One matrix of products that share their input, and the output rows it writes (y [m, ldy], first rows() columns).
+struct Product {
+  Product(const PackedMatrix& w, float* y, int64_t ldy) : bf16(w.bf16()), q8(w.q8()), y(y), ldy(ldy) {}
+  Product(const PackedBf16& w, float* y, int64_t ldy) : bf16(&w), y(y), ldy(ldy) {}
+  Product(const PackedQ8& w, float* y, int64_t ldy) : q8(&w), y(y), ldy(ldy) {}
+  int64_t rows() const { return bf16 != nullptr ? bf16->rows() : q8->rows(); }
+  int64_t cols() const { return bf16 != nullptr ? bf16->cols() : q8->cols(); }
+  const PackedBf16* bf16 = nullptr;
+  const PackedQ8* q8 = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+// x [m, k] times every product's matrix (each k columns), in one call of the pool: the input is split, packed or
+// quantized once, and every product gets the bits MatMul would give it alone.
+void MatMulShared(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, std::span<const Product> products);
+void MatMulSharedOn(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx,
+                    std::span<const Product> products);
 // A matrix in any format, on the active path.
 void MatMul(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedMatrix& w, float* y, int64_t ldy);
 void MatMulOn(KernelPath path, ThreadPool& pool, const float* x, int64_t m, int64_t ldx, const PackedMatrix& w, float* y,
