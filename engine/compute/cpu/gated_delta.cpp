@@ -1,5 +1,6 @@
 #include "engine/compute/cpu/gated_delta.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <vector>
@@ -37,8 +38,8 @@ void GatedDeltaChunk(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, f
   }
   for (int64_t j = 0; j < n; ++j) tail[j] = std::exp(G[n - 1] - G[j]);
   // Gram matrices K K^T and Q K^T (through K transposed), then decay weights and masks.
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t d = 0; d < dk; ++d) Kt[d * C + j] = in.k[j * in.k_stride + d];
+  for (int64_t d = 0; d < dk; ++d)
+    for (int64_t j = 0; j < n; ++j) Kt[d * C + j] = in.k[j * in.k_stride + d];
   RowsTimes(kernels, in.k, in.k_stride, n, Kt, C, 0, dk, n, A, C, false);
   RowsTimes(kernels, in.q, in.q_stride, n, Kt, C, 0, dk, n, QK, C, false);
   for (int64_t i = 0; i < n; ++i) {
@@ -52,7 +53,9 @@ void GatedDeltaChunk(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, f
     for (int64_t j = i + 1; j < n; ++j) qk[j] = 0.0f;
   }
   // Right-hand sides beta v and beta exp(G) k; solve (I + A) [U | W] = [beta v | beta exp(G) k] by
-  // forward substitution: row i starts from its right-hand side and takes -A[i][j] row j for j < i.
+  // forward substitution: row i starts from its right-hand side and takes -A[i][j] row j for j < i, in
+  // order. Rows go in blocks: the rows before a block reach all of it in one product, then each row
+  // takes its block's earlier rows (the same fused multiply-adds in the same order).
   for (int64_t i = 0; i < n; ++i) {
     float* u = UW + i * ld;
     float* w = u + dv;
@@ -61,7 +64,13 @@ void GatedDeltaChunk(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, f
     for (int64_t e = 0; e < dv; ++e) u[e] = beta[i] * vi[e];
     const float bw = beta[i] * eg[i];
     for (int64_t d = 0; d < dk; ++d) w[d] = bw * ki[d];
-    if (i > 0) RowsTimes(kernels, A + i * C, C, 1, UW, ld, 0, i, ld, u, ld, true);
+  }
+  constexpr int64_t kSolveBlock = 16;
+  for (int64_t b0 = 0; b0 < n; b0 += kSolveBlock) {
+    const int64_t rows = std::min(kSolveBlock, n - b0);
+    if (b0 > 0) RowsTimes(kernels, A + b0 * C, C, rows, UW, ld, 0, b0, ld, UW + b0 * ld, ld, true);
+    for (int64_t i = b0 + 1; i < b0 + rows; ++i)
+      RowsTimes(kernels, A + i * C + b0, C, 1, UW + b0 * ld, ld, 0, i - b0, ld, UW + i * ld, ld, true);
   }
   // V' = U - W S0.
   for (int64_t i = 0; i < n; ++i)
@@ -73,8 +82,8 @@ void GatedDeltaChunk(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, f
   RowsTimes(kernels, Qs, dk, n, state, dv, 0, dk, dv, out, out_stride, false);
   RowsTimes(kernels, QK, C, n, UW, ld, 0, n, dv, out, out_stride, true);
   // S = exp(G_{n-1}) S0 + (diag(tail) K)^T V'.
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t d = 0; d < dk; ++d) Kt[d * C + j] *= tail[j];
+  for (int64_t d = 0; d < dk; ++d)
+    for (int64_t j = 0; j < n; ++j) Kt[d * C + j] *= tail[j];
   for (int64_t i = 0; i < dk * dv; ++i) state[i] *= eg[n - 1];
   RowsTimes(kernels, Kt, C, dk, UW, ld, 0, n, dv, state, dv, true);
 }
