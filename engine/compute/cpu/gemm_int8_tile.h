@@ -5,10 +5,12 @@
 #pragma once
 
 #include <algorithm>
+#include <cassert>
 #include <cstdint>
 #include <cstring>
 
 #include "engine/compute/cpu/gemm_block.h"
+#include "engine/compute/cpu/matmul.h"
 
 namespace anchorage::cpu {
 
@@ -110,6 +112,9 @@ inline void Int8Rows(const GemmBlock& b, const Int8Groups& g, int groups, int64_
 template <class V>
 inline void RunInt8Block(const GemmBlock& b) {
   static_assert(kPanelColumns % V::kCols == 0);
+  static_assert(kGemmTaskPanels * kPanelColumns <= kInt8MaxGroups * V::kCols, "a task's columns fit the groups");
+  static_assert(kGemmKBlock % PackedQ8::kInt8Block == 0, "k blocks end on whole blocks of 32");
+  assert(b.q8_block_k == PackedQ8::kInt8Block);
   const int64_t k_blocks = ActivationScalesStride(b.k);
   Int8Groups g;
   int groups = 0;

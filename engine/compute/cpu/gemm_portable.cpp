@@ -81,21 +81,23 @@ struct LaneArrays {
 
 using Portable = LaneArrays<8, 4, 2>;
 
-// The int8 tile's arithmetic in plain integers: 8 output columns, each lane one column's int32 dot.
-struct PortableInt8 {
-  static constexpr int kCols = 8;
-  static constexpr int kOneRowGroups = 2;
-  static constexpr int kTwoRowsGroups = 2;
-  static constexpr int kRowTile = 2;
-  static constexpr int kManyRowsGroups = 2;
+// The int8 tile's arithmetic in plain integers: L output columns, each lane one column's int32 dot, in tiles of
+// the given shapes (Int8Emulated16 takes the AVX-512 kernel's, so its group offsets are checked on any CPU).
+template <int L, int OneRowGroups, int TwoRowsGroups, int RowTile, int ManyRowsGroups>
+struct Int8LaneArrays {
+  static constexpr int kCols = L;
+  static constexpr int kOneRowGroups = OneRowGroups;
+  static constexpr int kTwoRowsGroups = TwoRowsGroups;
+  static constexpr int kRowTile = RowTile;
+  static constexpr int kManyRowsGroups = ManyRowsGroups;
   struct F {
-    float v[8];
+    float v[L];
   };
   struct I {
-    int32_t v[8];
+    int32_t v[L];
   };
   struct Codes {
-    int8_t v[16];
+    int8_t v[2 * L];
   };
   static I ZeroI() { return I{}; }
   static Codes LoadCodes(const uint8_t* p) {
@@ -105,12 +107,12 @@ struct PortableInt8 {
   }
   static I Dot(I acc, const Codes& w, int32_t pair) {
     const int32_t first = static_cast<int16_t>(pair & 0xffff), second = static_cast<int16_t>(static_cast<uint32_t>(pair) >> 16);
-    for (int c = 0; c < 8; ++c) acc.v[c] += first * w.v[2 * c] + second * w.v[2 * c + 1];
+    for (int c = 0; c < L; ++c) acc.v[c] += first * w.v[2 * c] + second * w.v[2 * c + 1];
     return acc;
   }
   static F ToFloat(const I& d) {
     F f;
-    for (int c = 0; c < 8; ++c) f.v[c] = static_cast<float>(d.v[c]);
+    for (int c = 0; c < L; ++c) f.v[c] = static_cast<float>(d.v[c]);
     return f;
   }
   static F LoadScales(const float* p) {
@@ -121,15 +123,15 @@ struct PortableInt8 {
   static F Zero() { return F{}; }
   static F Broadcast(float s) {
     F f;
-    std::fill_n(f.v, 8, s);
+    std::fill_n(f.v, L, s);
     return f;
   }
   static F Mul(F a, const F& b) {
-    for (int c = 0; c < 8; ++c) a.v[c] *= b.v[c];
+    for (int c = 0; c < L; ++c) a.v[c] *= b.v[c];
     return a;
   }
   static F Fma(const F& a, const F& b, F c) {
-    for (int l = 0; l < 8; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
+    for (int l = 0; l < L; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
     return c;
   }
   static F LoadOut(const float* y, int cols) {
@@ -139,6 +141,9 @@ struct PortableInt8 {
   }
   static void StoreOut(float* y, int cols, const F& f) { std::memcpy(y, f.v, static_cast<size_t>(cols) * sizeof(float)); }
 };
+
+using PortableInt8 = Int8LaneArrays<8, 2, 2, 2, 2>;
+using Int8Emulated16 = Int8LaneArrays<16, 8, 4, 6, 2>;
 using Emulated16 = LaneArrays<16, 12, 4>;
 
 // The bf16 path's arithmetic one output at a time: pairs of k in order, each part in order, DotPair each.
@@ -189,7 +194,7 @@ void GemmBlockEmulatedAmx(const GemmBlock& b) { RunEmulatedAmx(b); }
 
 const Fp32Kernels kFp32Portable{RunRowsTimes<Portable>};
 const Q8Kernels kQ8Portable{RunGemmBlock<Portable, Fp8Weights>, RunInt8Block<PortableInt8>};
-const Q8Kernels kQ8Emulated16{RunGemmBlock<Emulated16, Fp8Weights>, RunInt8Block<PortableInt8>};
+const Q8Kernels kQ8Emulated16{RunGemmBlock<Emulated16, Fp8Weights>, RunInt8Block<Int8Emulated16>};
 const Fp32Kernels kFp32Emulated16{RunRowsTimes<Emulated16>};
 
 }  // namespace anchorage::cpu

@@ -1,5 +1,6 @@
 // 8-bit weight matrices with fp32 block scales, and the one type that holds a matrix in any format.
-// W[j][i] is code(j, i) x scale(j, i) rounded once to fp32; the kernels multiply that fp32 weight.
+// W[j][i] is code(j, i) x scale(j, i); the FP8 kernels multiply that product rounded once to fp32, the int8
+// kernels the codes themselves (matmul.h).
 #pragma once
 
 #include <cstdint>
@@ -74,7 +75,8 @@ class PackedQ8 {
 };
 
 // Activations for int8 weights: each row's block of PackedQ8::kInt8Block inputs as int16 codes with one fp32
-// scale, scale = max |x| / 32767 and code = x / scale rounded; a block holding NaN or an infinity gets scale NaN
+// scale, scale = max |x| / 32767 and code = x times fp32(1 / scale) rounded (within half a step and 2^-8 of
+// one of x / scale); a block holding NaN or an infinity gets scale NaN
 // (its outputs are NaN). Row r's codes at codes + r * ActivationCodesStride(k) (past k zero), its scales at
 // scales + r * ActivationScalesStride(k).
 int64_t ActivationCodesStride(int64_t k);
