@@ -1,5 +1,7 @@
 #include "engine/compute/cpu/attention.h"
 
+#include <xmmintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -22,6 +24,37 @@ void SoftmaxPrefix(float* p, int64_t valid) {
   }
   const float inv = 1.0f / sum;
   for (int64_t l = 0; l < valid; ++l) p[l] *= inv;
+}
+
+// Keys [j0, j0 + width) (width <= kF32PanelColumns), dims [0, hd) from column c0 of each key row, into a
+// panel: dim e of key j0 + j at panel[e * kF32PanelColumns + j]. Whole 4 x 4 squares go through SSE registers.
+void TransposeKeys(const KvSource& kv, int64_t c0, int64_t j0, int64_t width, int64_t hd, float* panel) {
+  int64_t jb = 0;
+  for (; jb + 4 <= width; jb += 4) {
+    const float* k0 = kv.key(j0 + jb) + c0;
+    const float* k1 = kv.key(j0 + jb + 1) + c0;
+    const float* k2 = kv.key(j0 + jb + 2) + c0;
+    const float* k3 = kv.key(j0 + jb + 3) + c0;
+    int64_t e = 0;
+    for (; e + 4 <= hd; e += 4) {
+      __m128 r0 = _mm_loadu_ps(k0 + e), r1 = _mm_loadu_ps(k1 + e), r2 = _mm_loadu_ps(k2 + e), r3 = _mm_loadu_ps(k3 + e);
+      _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+      _mm_storeu_ps(panel + e * kF32PanelColumns + jb, r0);
+      _mm_storeu_ps(panel + (e + 1) * kF32PanelColumns + jb, r1);
+      _mm_storeu_ps(panel + (e + 2) * kF32PanelColumns + jb, r2);
+      _mm_storeu_ps(panel + (e + 3) * kF32PanelColumns + jb, r3);
+    }
+    for (; e < hd; ++e) {
+      panel[e * kF32PanelColumns + jb] = k0[e];
+      panel[e * kF32PanelColumns + jb + 1] = k1[e];
+      panel[e * kF32PanelColumns + jb + 2] = k2[e];
+      panel[e * kF32PanelColumns + jb + 3] = k3[e];
+    }
+  }
+  for (; jb < width; ++jb) {
+    const float* key = kv.key(j0 + jb) + c0;
+    for (int64_t e = 0; e < hd; ++e) panel[e * kF32PanelColumns + jb] = key[e];
+  }
 }
 
 // Query rows stacked per block: stacked row i = r * group + g is query row r of head g of the group.
@@ -60,18 +93,7 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
     for (int64_t j0 = l0; j0 < l1; j0 += kF32PanelColumns) {
       float* panel = kt + ((j0 - l0) / kF32PanelColumns) * hd * kF32PanelColumns;
       const int64_t width = std::min(kF32PanelColumns, l1 - j0);
-      // 8 x 8 squares: eight rows of eight keys' values in, eight runs of eight out.
-      for (int64_t jb = 0; jb < width; jb += 8)
-        for (int64_t e0 = 0; e0 < hd; e0 += 8) {
-          float square[8][8];
-          const int64_t keys = std::min<int64_t>(8, width - jb), dims = std::min<int64_t>(8, hd - e0);
-          for (int64_t j = 0; j < keys; ++j) {
-            const float* key = kv.key(j0 + jb + j) + kvh * hd + e0;
-            for (int64_t e = 0; e < dims; ++e) square[e][j] = key[e];
-          }
-          for (int64_t e = 0; e < dims; ++e)
-            for (int64_t j = 0; j < keys; ++j) panel[(e0 + e) * kF32PanelColumns + jb + j] = square[e][j];
-        }
+      TransposeKeys(kv, kvh * hd, j0, width, hd, panel);
     }
     const auto score = [&](int64_t i, int64_t rows, int64_t keys) {
       RowsTimes(kernels, qs + i * hd, hd, rows, kt, kF32PanelColumns, hd * kF32PanelColumns, hd, keys,
@@ -90,16 +112,21 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
   for (int64_t l0 = 0; l0 < len; l0 += kAttentionKeyBlock) {
     const int64_t l1 = std::min(len, l0 + kAttentionKeyBlock);
     const auto [band_row, full_row] = rows_of(l0, l1);
-    // Values copied row by row into panels: a sequential read, then the tile reads consecutive lines.
-    for (int64_t l = l0; l < l1; ++l) {
+    // Many rows read each value row many times: the rows are copied into panels (a sequential read, then the tile
+    // reads consecutive lines). One query row's heads read them once, in place, where the block has one source.
+    const bool in_place = m == 1 && (l1 <= kv.split || l0 >= kv.split);
+    const float* values_at = in_place ? kv.value(l0) + kvh * hd : vp;
+    const int64_t values_stride = in_place ? kv.stride : kF32PanelColumns;
+    const int64_t values_panel_stride = in_place ? 0 : kAttentionKeyBlock * kF32PanelColumns;
+    for (int64_t l = l0; l < l1 && !in_place; ++l) {
       const float* value = kv.value(l) + kvh * hd;
       for (int64_t c0 = 0; c0 < hd; c0 += kF32PanelColumns)
         std::copy_n(value + c0, std::min(kF32PanelColumns, hd - c0),
                     vp + (c0 / kF32PanelColumns) * kAttentionKeyBlock * kF32PanelColumns + (l - l0) * kF32PanelColumns);
     }
     const auto values = [&](int64_t i, int64_t rows, int64_t keys) {
-      RowsTimes(kernels, scores + i * ld + l0, ld, rows, vp, kF32PanelColumns,
-                   kAttentionKeyBlock * kF32PanelColumns, keys, hd, os + i * hd, hd, l0 > 0);
+      RowsTimes(kernels, scores + i * ld + l0, ld, rows, values_at, values_stride, values_panel_stride, keys, hd,
+                os + i * hd, hd, l0 > 0);
     };
     if (full_row < m) values(full_row * group, stacked - full_row * group, l1 - l0);
     for (int64_t r = band_row; r < full_row; ++r) values(r * group, group, first + r + 1 - l0);
