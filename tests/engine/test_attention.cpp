@@ -146,6 +146,13 @@ class TestAttention : public QObject {
       std::vector<float> out(size_t(m * p.q_stride), -9.0f);
       cpu::AttentionPrefill(two, p.shape, p.q.data() + split * p.q_stride, p.q_stride, p.shape.head_dim, m, split, kv, out.data(), p.q_stride);
       QVERIFY2(SameBits(whole.data() + split * p.q_stride, out.data(), out.size()), qPrintable(QString("split at %1").arg(split)));
+      // Decode reads one row's values in place: from the prefix below the split, from the tail above it.
+      for (int64_t t : {split, split + 1, p.length - 1}) {
+        std::vector<float> row(size_t(p.q_stride), -9.0f);
+        cpu::AttentionDecode(two, p.shape, p.q.data() + t * p.q_stride, p.shape.head_dim, t + 1, kv, row.data());
+        QVERIFY2(SameBits(whole.data() + t * p.q_stride, row.data(), row.size()),
+                 qPrintable(QString("decode of row %1, split at %2").arg(t).arg(split)));
+      }
     }
   }
 
