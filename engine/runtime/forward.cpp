@@ -124,7 +124,7 @@ Forward::~Forward() = default;
 
 std::string Forward::StateFingerprint(const std::string& model_fingerprint, const std::string& weights) {
   Sha256 h;
-  h.Update("anchorage-state-fingerprint-v1\n" + model_fingerprint + "\n" + cpu::ArithmeticName() + "\n");
+  h.Update("anchorage-state-fingerprint-v2\n" + model_fingerprint + "\n" + cpu::ArithmeticName() + "\n");
   if (!weights.empty()) h.Update("weights " + weights + "\n");
   return h.FinishHex();
 }

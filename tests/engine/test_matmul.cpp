@@ -12,6 +12,7 @@
 #include "engine/compute/cpu/bf16_split.h"
 #include "engine/compute/cpu/gemm_block.h"
 #include "engine/compute/cpu/matmul.h"
+#include "engine/compute/cpu/vec.h"
 #include "engine/core/bf16.h"
 #include "tests/engine/matmul_test_util.h"
 
@@ -148,6 +149,28 @@ void AddPathRows(const std::function<void(cpu::KernelPath, const char*)>& add) {
 class TestMatmul : public QObject {
   Q_OBJECT
  private slots:
+  // The norms' dot product has one order whatever the build (AVX-512 or not) and the CPU: products rounded, lane
+  // i mod 32 in index order, lane l + 16 onto lane l, then halving over 16 lanes.
+  void dotHasOneOrderForEveryBuild() {
+    std::mt19937 rng(17);
+    for (int64_t n : {1, 2, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 100, 128, 1000, 1024, 3584}) {
+      const std::vector<float> a = testing::NormalValues(n, rng), b = testing::NormalValues(n, rng);
+      float lanes[32] = {};
+      for (int64_t i = 0; i < n; ++i) {
+        const float product = a[i] * b[i];
+        lanes[i % 32] = lanes[i % 32] + product;
+      }
+      float v[16];
+      for (int l = 0; l < 16; ++l) v[l] = lanes[l] + lanes[l + 16];
+      for (int width = 8; width >= 1; width /= 2)
+        for (int l = 0; l < width; ++l) v[l] = v[l] + v[l + width];
+      const float want = v[0];
+      QVERIFY2(SameBits(&want, std::vector<float>{cpu::Dot(a.data(), b.data(), n)}.data(), 1), qPrintable(QString("n %1").arg(n)));
+      QVERIFY2(SameBits(&want, std::vector<float>{cpu::DotPortable(a.data(), b.data(), n)}.data(), 1),
+               qPrintable(QString("portable, n %1").arg(n)));
+    }
+  }
+
   void initTestCase() {
     QString paths;
     for (cpu::KernelPath p : cpu::AvailablePaths()) paths += QString(" ") + cpu::PathName(p);

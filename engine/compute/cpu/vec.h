@@ -1,4 +1,4 @@
-// Small fp32 vector primitives with a fixed summation order (AVX-512 when built for it, else portable).
+// Small fp32 vector primitives with one summation order for every build (AVX-512 when built for it).
 #pragma once
 
 #include <cmath>
@@ -23,29 +23,51 @@ T* Sized(std::vector<T>& v, int64_t count) {
   return v.data();
 }
 
-// Sum of a[i]*b[i]; the order depends only on n and the build, never on threads.
+// Sum of a[i]*b[i] in one order for every build and CPU: each product rounded (not fused) and added to lane
+// i mod 32 in index order; then lane l + 16 is added to lane l, and the 16 lanes halve to one (l + 8, l + 4,
+// l + 2, l + 1). DotPortable is the same sum without vectors (tests compare the two).
+inline float HalvingSum16(float* v) {
+  for (int width = 8; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) v[l] += v[l + width];
+  return v[0];
+}
+
+inline float DotPortable(const float* a, const float* b, int64_t n) {
+  float lanes[32] = {};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int l = 0; l < 32; ++l) lanes[l] += a[i + l] * b[i + l];
+  for (int l = 0; i + l < n; ++l) lanes[l] += a[i + l] * b[i + l];
+  float v[16];
+  for (int l = 0; l < 16; ++l) v[l] = lanes[l] + lanes[l + 16];
+  return HalvingSum16(v);
+}
+
 inline float Dot(const float* a, const float* b, int64_t n) {
 #if defined(__AVX512F__)
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  __m512 lo = _mm512_setzero_ps(), hi = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+    lo = _mm512_add_ps(lo, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+    hi = _mm512_add_ps(hi, _mm512_mul_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16)));
   }
-  for (; i < n; i += 16) {
-    __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
-    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc0);
+  const auto mask = [](int64_t count) {
+    return count >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << count) - 1);
+  };
+  if (i < n) {
+    const __mmask16 m = mask(n - i);
+    lo = _mm512_mask_add_ps(lo, m, lo, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i)));
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+  if (i + 16 < n) {
+    const __mmask16 m = mask(n - i - 16);
+    hi = _mm512_mask_add_ps(hi, m, hi,
+                            _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + i + 16), _mm512_maskz_loadu_ps(m, b + i + 16)));
+  }
+  alignas(64) float v[16];
+  _mm512_store_ps(v, _mm512_add_ps(lo, hi));
+  return HalvingSum16(v);
 #else
-  float acc[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) acc[l] += a[i + l] * b[i + l];
-  for (int l = 0; i + l < n; ++l) acc[l] += a[i + l] * b[i + l];
-  float s = 0.0f;
-  for (int l = 0; l < 16; ++l) s += acc[l];
-  return s;
+  return DotPortable(a, b, n);
 #endif
 }
 
