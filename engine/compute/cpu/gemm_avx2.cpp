@@ -84,14 +84,14 @@ struct Avx2Lanes {
   static void StoreF(float* p, int cols, F lo, F hi) { StoreOut(p, cols, lo, hi); }
 };
 
-// The int8 tile's vectors: 8 output columns a vector, VPMADDWD's pair sums added to int32 lanes.
-struct Avx2Int8Lanes {
+// The int8 tile's vectors: 8 output columns a vector, VPMADDWD's pair sums added to int32 lanes; the fp32
+// operations are Avx2Lanes'.
+struct Avx2Int8Lanes : Avx2Lanes {
   static constexpr int kCols = 8;
   static constexpr int kOneRowGroups = 4;
   static constexpr int kTwoRowsGroups = 2;
   static constexpr int kRowTile = 3;
   static constexpr int kManyRowsGroups = 2;
-  using F = __m256;
   using I = __m256i;
   using Codes = __m256i;
   static I ZeroI() { return _mm256_setzero_si256(); }
@@ -99,10 +99,6 @@ struct Avx2Int8Lanes {
   static I Dot(I acc, Codes w, int32_t pair) { return _mm256_add_epi32(acc, _mm256_madd_epi16(w, _mm256_set1_epi32(pair))); }
   static F ToFloat(I v) { return _mm256_cvtepi32_ps(v); }
   static F LoadScales(const float* p) { return _mm256_loadu_ps(p); }
-  static F Zero() { return _mm256_setzero_ps(); }
-  static F Broadcast(float s) { return _mm256_set1_ps(s); }
-  static F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
-  static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static F LoadOut(const float* y, int cols) {
     if (cols == 8) return _mm256_loadu_ps(y);
     alignas(32) float t[8] = {};

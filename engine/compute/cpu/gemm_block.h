@@ -73,4 +73,8 @@ void PackRowGroups(const float* x, int64_t ldx, int64_t rows, int64_t k, float* 
 // Rows more than this take the packed tiles; the kernels' few-rows tiles read x in place.
 inline constexpr int kFewRows = 2;
 
+// Decode streams every weight from memory once: a few-rows tile asks for the k row (int8: the pair of k rows)
+// of its super-panels' codes this far ahead, 2 KiB for bf16 and int8 (64-byte rows), 1 KiB for FP8.
+inline constexpr int64_t kDecodePrefetchRows = 32;
+
 }  // namespace anchorage::cpu

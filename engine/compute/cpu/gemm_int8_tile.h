@@ -18,9 +18,7 @@ namespace {
 
 inline constexpr int64_t kInt8PairsABlock = PackedQ8::kInt8Block / 2;
 inline constexpr int kInt8MaxGroups = 32;
-// Decode streams every code and scale from memory once; a super-panel asks for its 64-byte code row
-// (a pair of inputs) this many pairs ahead, and for its two scale lines this many blocks ahead.
-inline constexpr int64_t kInt8PrefetchPairs = 32;
+// Decode also asks for a super-panel's two scale lines this many blocks ahead (its codes: kDecodePrefetchRows).
 inline constexpr int64_t kInt8PrefetchBlocks = 2;
 
 // The activation pair (inputs 2t, 2t + 1) of a row of codes, as the 32-bit word VPDPWSSD broadcasts.
@@ -61,7 +59,7 @@ inline void Int8Tile(const int16_t* codes, int64_t ld_codes, const float* x_scal
       for (int c = 0; c < G; ++c) w[c] = V::LoadCodes(g.w[first + c] + t * 2 * kPanelColumns);
       if constexpr (R <= kFewRows)
         for (int c = 0; c < G; ++c)
-          if (g.starts_panel[first + c]) __builtin_prefetch(g.w[first + c] + (t + kInt8PrefetchPairs) * 2 * kPanelColumns);
+          if (g.starts_panel[first + c]) __builtin_prefetch(g.w[first + c] + (t + kDecodePrefetchRows) * 2 * kPanelColumns);
       for (int r = 0; r < R; ++r) {
         const int32_t pair = CodePair(codes + r * ld_codes, t);
         for (int c = 0; c < G; ++c) dot[r][c] = V::Dot(dot[r][c], w[c], pair);

@@ -82,17 +82,16 @@ struct LaneArrays {
 using Portable = LaneArrays<8, 4, 2>;
 
 // The int8 tile's arithmetic in plain integers: L output columns, each lane one column's int32 dot, in tiles of
-// the given shapes (Int8Emulated16 takes the AVX-512 kernel's, so its group offsets are checked on any CPU).
+// the given shapes (Int8Emulated16 takes the AVX-512 kernel's, so its group offsets are checked on any CPU); the
+// fp32 operations are LaneArrays'.
 template <int L, int OneRowGroups, int TwoRowsGroups, int RowTile, int ManyRowsGroups>
-struct Int8LaneArrays {
+struct Int8LaneArrays : LaneArrays<L, RowTile, 1> {
+  using F = typename LaneArrays<L, RowTile, 1>::F;
   static constexpr int kCols = L;
   static constexpr int kOneRowGroups = OneRowGroups;
   static constexpr int kTwoRowsGroups = TwoRowsGroups;
   static constexpr int kRowTile = RowTile;
   static constexpr int kManyRowsGroups = ManyRowsGroups;
-  struct F {
-    float v[L];
-  };
   struct I {
     int32_t v[L];
   };
@@ -119,20 +118,6 @@ struct Int8LaneArrays {
     F f;
     std::memcpy(f.v, p, sizeof f.v);
     return f;
-  }
-  static F Zero() { return F{}; }
-  static F Broadcast(float s) {
-    F f;
-    std::fill_n(f.v, L, s);
-    return f;
-  }
-  static F Mul(F a, const F& b) {
-    for (int c = 0; c < L; ++c) a.v[c] *= b.v[c];
-    return a;
-  }
-  static F Fma(const F& a, const F& b, F c) {
-    for (int l = 0; l < L; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
-    return c;
   }
   static F LoadOut(const float* y, int cols) {
     F f{};

@@ -15,8 +15,6 @@ namespace {
 
 // Segments are the slot runs one vector pair covers: 2 * V::kLanes slots of a k row.
 inline constexpr int kMaxSegments = 16;
-// Decode streams every weight from memory once: each segment asks for the k row this far ahead.
-inline constexpr int64_t kDecodePrefetchRows = 32;
 
 // Row r, step t of a tile's activations: in a packed row group (kRowGroup), or rows at stride ldx.
 template <bool kPacked>

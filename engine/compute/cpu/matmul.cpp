@@ -91,34 +91,32 @@ bool EmptyProduct(int64_t m, int64_t n, int64_t k, float* y, int64_t ldy) {
   return true;
 }
 
-// One product's kernel and call fields (x_pairs, x_groups and x_codes at row 0), its weights, and its output.
+// One product's kernel and call fields (x_pairs, x_groups and x_codes at row 0), and the product itself.
 struct PanelJob {
   GemmBlockFn block = nullptr;
   GemmBlock proto;
-  const PackedBf16* bf16 = nullptr;
-  const PackedQ8* q8 = nullptr;
-  int64_t n = 0, k_block = 0;
-  float* y = nullptr;
+  const Product* product = nullptr;
+  int64_t k_block = 0;
 };
 
 inline constexpr int64_t kTaskColumns = kGemmTaskPanels * kPanelColumns;
 
-int64_t TasksOf(const PanelJob& job) { return (job.n + kTaskColumns - 1) / kTaskColumns; }
+int64_t TasksOf(const PanelJob& job) { return (job.product->rows() + kTaskColumns - 1) / kTaskColumns; }
 
 // Task t of a job: kGemmTaskPanels super-panels over row blocks of kGemmRowBlock and k blocks of job.k_block.
 void RunPanelTask(const PanelJob& job, const float* x, int64_t m, int64_t t) {
   const int64_t first = t * kTaskColumns, panel = first / kPanelColumns;
   GemmBlock b = job.proto;
-  if (const PackedBf16* w = job.bf16) {
+  if (const PackedBf16* w = job.product->bf16) {
     b.panels = w->panel(panel);
     b.panel_count = std::min(kGemmTaskPanels, w->panels() - panel);
   } else {
-    const PackedQ8* q = job.q8;
+    const PackedQ8* q = job.product->q8;
     b.q8_panels = q->panel(panel);
     b.q8_scales = q->panel_scales(panel);
     b.panel_count = std::min(kGemmTaskPanels, q->panels() - panel);
   }
-  b.cols = std::min(kTaskColumns, job.n - first);
+  b.cols = std::min(kTaskColumns, job.product->rows() - first);
   for (int64_t r0 = 0; r0 < m; r0 += kGemmRowBlock) {
     b.x = x + r0 * b.ldx;
     if (job.proto.x_pairs != nullptr) b.x_pairs = job.proto.x_pairs + r0 * kBf16Parts * b.pair_stride;
@@ -127,7 +125,7 @@ void RunPanelTask(const PanelJob& job, const float* x, int64_t m, int64_t t) {
       b.x_codes = job.proto.x_codes + r0 * ActivationCodesStride(b.k);
       b.x_code_scales = job.proto.x_code_scales + r0 * ActivationScalesStride(b.k);
     }
-    b.y = job.y + r0 * b.ldy + first;
+    b.y = job.product->y + r0 * b.ldy + first;
     b.rows = std::min(kGemmRowBlock, m - r0);
     for (int64_t k0 = 0; k0 < b.k; k0 += job.k_block) {
       b.k0 = k0;
@@ -157,9 +155,11 @@ std::atomic<bool>& VnniAllowed() {
   return allowed;
 }
 
-// The rows split into bf16 parts in buf (the AMX layout gives a partial last row tile a whole tile's words).
+// The rows split into bf16 parts in the calling thread's buffer (the AMX layout gives a partial last row tile a
+// whole tile's words).
 const uint32_t* SplitRows(ThreadPool& pool, SplitFn split, const float* x, int64_t m, int64_t ldx, int64_t k,
-                          int64_t pair_stride, std::vector<uint32_t>& buf) {
+                          int64_t pair_stride) {
+  thread_local std::vector<uint32_t> buf;
   const int64_t rows_held = split == SplitRowsAmxBf16 ? (m + 15) / 16 * 16 : m;
   buf.resize(static_cast<size_t>(rows_held * kBf16Parts * pair_stride));
   uint32_t* out = buf.data();
@@ -189,14 +189,11 @@ void QuantizeRows(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, int6
   const int64_t rows_a_task = 16;
   int16_t* codes_out = codes.data();
   float* scales_out = scales.data();
-  auto quantize = [&](size_t t) {
+  pool.Run(static_cast<size_t>((m + rows_a_task - 1) / rows_a_task), [&](size_t t) {
     const int64_t r0 = static_cast<int64_t>(t) * rows_a_task;
     QuantizeActivations(x + r0 * ldx, ldx, std::min(rows_a_task, m - r0), k, codes_out + r0 * ActivationCodesStride(k),
                         scales_out + r0 * ActivationScalesStride(k));
-  };
-  const size_t tasks = static_cast<size_t>((m + rows_a_task - 1) / rows_a_task);
-  if (tasks == 1) quantize(0);
-  else pool.Run(tasks, quantize);
+  });
   proto.x_codes = codes_out;
   proto.x_code_scales = scales_out;
 }
@@ -353,7 +350,6 @@ void MatMulSharedOn(KernelPath path, ThreadPool& pool, const float* x, int64_t m
     return MatMulSharedOn(path, pool, x, m, ldx, products.subspan(kMaxProducts));
   }
   // What the kernels read besides x, each made once for every product that needs it.
-  thread_local std::vector<uint32_t> split_buffer;
   const SplitFn split = SplitOf(path);
   const uint32_t* split_rows = nullptr;
   const float* x_groups = nullptr;
@@ -365,10 +361,7 @@ void MatMulSharedOn(KernelPath path, ThreadPool& pool, const float* x, int64_t m
     const int64_t n = product.rows(), k = product.cols();
     if (EmptyProduct(m, n, k, product.y, product.ldy)) continue;
     PanelJob& job = jobs[count];
-    job.bf16 = product.bf16;
-    job.q8 = product.q8;
-    job.n = n;
-    job.y = product.y;
+    job.product = &product;
     job.proto.ldx = ldx;
     job.proto.k = k;
     job.proto.ldy = product.ldy;
@@ -376,7 +369,7 @@ void MatMulSharedOn(KernelPath path, ThreadPool& pool, const float* x, int64_t m
       job.block = BlockOf(path);
       job.proto.pair_stride = PairStrideOf(path, k);
       if (split != nullptr) {
-        if (split_rows == nullptr) split_rows = SplitRows(pool, split, x, m, ldx, k, job.proto.pair_stride, split_buffer);
+        if (split_rows == nullptr) split_rows = SplitRows(pool, split, x, m, ldx, k, job.proto.pair_stride);
         job.proto.x_pairs = split_rows;
       } else {
         if (x_groups == nullptr) x_groups = RowGroupsFor(pool, x, m, ldx, k);
