@@ -321,7 +321,7 @@ class TestMatmulQ8 : public QObject {
     std::vector<cpu::PackedMatrix> matrices;
     for (int i = 0; i < 11; ++i) {
       const int64_t n = 1 + (i * 37) % 150, k = i == 10 ? 77 : 301;
-      if (i % 3 == 0) matrices.emplace_back(MakeInt8(1, n, k, 30u + i).packed);
+      if (i % 3 == 0 || i == 10) matrices.emplace_back(MakeInt8(1, n, k, 30u + i).packed);
       else if (i % 3 == 1) matrices.emplace_back(MakeFp8(1, n, k, 128, 128, 30u + i).packed);
       else {
         const std::vector<float> w = testing::NormalValues(n * k, rng);
@@ -329,25 +329,32 @@ class TestMatmulQ8 : public QObject {
       }
     }
     const int64_t k = 301;
-    for (int64_t m : {1, 2, 17, 100}) {
-      const std::vector<float> x = testing::NormalValues(m * k, rng);
-      for (cpu::KernelPath kp : cpu::AvailablePaths()) {
-        std::vector<std::vector<float>> shared, alone;
-        std::vector<cpu::Product> products;
-        shared.reserve(matrices.size());
-        alone.reserve(matrices.size());
-        for (const auto& w : matrices) {
-          shared.emplace_back(static_cast<size_t>(m * w.rows()), -1.0f);
-          alone.emplace_back(static_cast<size_t>(m * w.rows()), -2.0f);
-          products.emplace_back(w, shared.back().data(), w.rows());
-          cpu::MatMulOn(kp, pool, x.data(), m, k, w, alone.back().data(), w.rows());
+    // Matrices [first, last) as the products of one call: 0..9 share k (and are more than one call holds);
+    // 9 and 10, both int8, do not.
+    const auto check = [&](size_t first, size_t last) {
+      for (int64_t m : {1, 2, 17, 100}) {
+        const std::vector<float> x = testing::NormalValues(m * k, rng);
+        for (cpu::KernelPath kp : cpu::AvailablePaths()) {
+          std::vector<std::vector<float>> shared, alone;
+          std::vector<cpu::Product> products;
+          shared.reserve(last - first);
+          alone.reserve(last - first);
+          for (size_t i = first; i < last; ++i) {
+            const cpu::PackedMatrix& w = matrices[i];
+            shared.emplace_back(static_cast<size_t>(m * w.rows()), -1.0f);
+            alone.emplace_back(static_cast<size_t>(m * w.rows()), -2.0f);
+            products.emplace_back(w, shared.back().data(), w.rows());
+            cpu::MatMulOn(kp, pool, x.data(), m, k, w, alone.back().data(), w.rows());
+          }
+          cpu::MatMulSharedOn(kp, pool, x.data(), m, k, products);
+          for (size_t i = 0; i < shared.size(); ++i)
+            QVERIFY2(SameBits(shared[i].data(), alone[i].data(), shared[i].size()),
+                     qPrintable(QString("%1, %2 rows, matrix %3").arg(cpu::PathName(kp)).arg(m).arg(first + i)));
         }
-        cpu::MatMulSharedOn(kp, pool, x.data(), m, k, products);
-        for (size_t i = 0; i < matrices.size(); ++i)
-          QVERIFY2(SameBits(shared[i].data(), alone[i].data(), shared[i].size()),
-                   qPrintable(QString("%1, %2 rows, matrix %3").arg(cpu::PathName(kp)).arg(m).arg(i)));
       }
-    }
+    };
+    check(0, 10);
+    check(9, 11);
   }
 
   // With power-of-two scales every weight is a bf16 value, so the fp32 paths give the bf16 product's bits.
