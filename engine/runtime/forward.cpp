@@ -124,7 +124,7 @@ Forward::~Forward() = default;
 
 std::string Forward::StateFingerprint(const std::string& model_fingerprint, const std::string& weights) {
   Sha256 h;
-  h.Update("anchorage-state-fingerprint-v2\n" + model_fingerprint + "\n" + cpu::ArithmeticName() + "\n");
+  h.Update("anchorage-state-fingerprint-v3\n" + model_fingerprint + "\n" + cpu::ArithmeticName() + "\n");
   if (!weights.empty()) h.Update("weights " + weights + "\n");
   return h.FinishHex();
 }
@@ -259,7 +259,7 @@ Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const Mod
       ASSIGN_OR_RETURN(layer.conv, ConvTapsOf(g.conv1d, conv_dim, K, "Forward"));
       std::vector<float> a_log;
       ASSIGN_OR_RETURN(a_log, Vector(g.A_log, Nv, 0.0f, "A_log"));
-      for (float v : a_log) layer.a_exp.push_back(std::exp(v));
+      for (float v : a_log) layer.a_exp.push_back(cpu::Exp(v));
       ASSIGN_OR_RETURN(layer.dt_bias, Vector(g.dt_bias, Nv, 0.0f, "dt_bias"));
       ASSIGN_OR_RETURN(layer.gdn_norm, Vector(g.norm, c.linear_value_head_dim, 0.0f, "linear_attn.norm"));
       f->layers_.push_back(std::move(layer));

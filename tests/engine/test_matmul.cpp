@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "engine/compute/cpu/bf16_split.h"
@@ -169,6 +170,50 @@ class TestMatmul : public QObject {
       QVERIFY2(SameBits(&want, std::vector<float>{cpu::DotPortable(a.data(), b.data(), n)}.data(), 1),
                qPrintable(QString("portable, n %1").arg(n)));
     }
+  }
+
+  // cpu::Exp against e^x in double on every 97th float of its accurate range, its edges, and its bits in a
+  // loop the compiler vectorises against one call at a time.
+  void expIsWithinOneUlpWithTheSameBitsInLoops() {
+    const float low = -86.0f, high = 88.72283935546875f;
+    double worst = 0;
+    int64_t checked = 0;
+    for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 97) {
+      float x;
+      const uint32_t b32 = static_cast<uint32_t>(bits);
+      std::memcpy(&x, &b32, sizeof x);
+      if (!(x >= low && x < high)) continue;
+      const double want = std::exp(static_cast<double>(x));
+      int exponent;
+      std::frexp(want, &exponent);
+      const double ulps = std::fabs(static_cast<double>(cpu::Exp(x)) - want) / std::ldexp(1.0, exponent - 24);
+      worst = std::max(worst, ulps);
+      ++checked;
+      if (ulps > 1.0) QFAIL(qPrintable(QString("exp(%1) is %2 ulp off").arg(static_cast<double>(x), 0, 'a').arg(ulps)));
+    }
+    qInfo("cpu::Exp on %lld floats: worst %.3f ulp", static_cast<long long>(checked), worst);
+    QVERIFY(checked > 20'000'000);
+    const float inf = std::numeric_limits<float>::infinity();
+    // Exact comparisons: QCOMPARE on floats is fuzzy.
+    QVERIFY(cpu::Exp(0.0f) == 1.0f);
+    QVERIFY(cpu::Exp(-0.0f) == 1.0f);
+    for (float x : {-inf, -1e30f, -1000.0f, -87.0f, -86.5f}) QVERIFY2(cpu::Exp(x) == 0.0f, qPrintable(QString::number(x)));
+    for (float x : {inf, 1e30f, 1000.0f, 89.0f, high}) QVERIFY2(cpu::Exp(x) == inf, qPrintable(QString::number(x)));
+    QVERIFY(std::isfinite(cpu::Exp(std::nextafter(high, 0.0f))));
+    QVERIFY(std::isnan(cpu::Exp(std::numeric_limits<float>::quiet_NaN())));
+    QVERIFY(std::isnan(cpu::Exp(-std::numeric_limits<float>::quiet_NaN())));
+
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> spread(-100.0f, 100.0f);
+    std::vector<float> x(4099), looped(x.size()), one_by_one(x.size());
+    for (float& v : x) v = spread(rng);
+    x[7] = inf;
+    x[8] = -inf;
+    x[9] = std::numeric_limits<float>::quiet_NaN();
+    for (size_t i = 0; i < x.size(); ++i) looped[i] = cpu::Exp(x[i]);
+    float (*volatile scalar)(float) = [](float v) { return cpu::Exp(v); };
+    for (size_t i = 0; i < x.size(); ++i) one_by_one[i] = scalar(x[i]);
+    QVERIFY(SameBits(looped.data(), one_by_one.data(), x.size()));
   }
 
   void initTestCase() {

@@ -17,11 +17,9 @@ namespace {
 void SoftmaxPrefix(float* p, int64_t valid) {
   float mx = p[0];
   for (int64_t l = 1; l < valid; ++l) mx = std::max(mx, p[l]);
+  for (int64_t l = 0; l < valid; ++l) p[l] = Exp(p[l] - mx);
   float sum = 0.0f;
-  for (int64_t l = 0; l < valid; ++l) {
-    p[l] = std::exp(p[l] - mx);
-    sum += p[l];
-  }
+  for (int64_t l = 0; l < valid; ++l) sum += p[l];
   const float inv = 1.0f / sum;
   for (int64_t l = 0; l < valid; ++l) p[l] *= inv;
 }

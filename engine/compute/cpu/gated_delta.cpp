@@ -34,9 +34,9 @@ void GatedDeltaChunk(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, f
     acc += in.g[i * in.g_stride];
     G[i] = acc;
     beta[i] = in.beta[i * in.beta_stride];
-    eg[i] = std::exp(G[i]);
   }
-  for (int64_t j = 0; j < n; ++j) tail[j] = std::exp(G[n - 1] - G[j]);
+  for (int64_t i = 0; i < n; ++i) eg[i] = Exp(G[i]);
+  for (int64_t j = 0; j < n; ++j) tail[j] = Exp(G[n - 1] - G[j]);
   // Gram matrices K K^T and Q K^T (through K transposed), then decay weights and masks.
   for (int64_t d = 0; d < dk; ++d)
     for (int64_t j = 0; j < n; ++j) Kt[d * C + j] = in.k[j * in.k_stride + d];
@@ -46,7 +46,7 @@ void GatedDeltaChunk(const DeltaInputs& in, int64_t n, int64_t dk, int64_t dv, f
     float* a = A + i * C;
     float* qk = QK + i * C;
     for (int64_t j = 0; j < i; ++j) {
-      const float decay = std::exp(G[i] - G[j]);
+      const float decay = Exp(G[i] - G[j]);
       a[j] = -(beta[i] * a[j] * decay);
       qk[j] = qk[j] * decay;
     }
@@ -97,7 +97,7 @@ void GatedDeltaRecurrent(const DeltaInputs& in, int64_t n, int64_t dk, int64_t d
     const float* k = in.k + t * in.k_stride;
     const float* v = in.v + t * in.v_stride;
     const float beta = in.beta[t * in.beta_stride];
-    const float decay = std::exp(in.g[t * in.g_stride]);
+    const float decay = Exp(in.g[t * in.g_stride]);
     for (int64_t e = 0; e < dv; ++e) m[e] = 0.0f;
     for (int64_t d = 0; d < dk; ++d) {
       float* s = state + d * dv;

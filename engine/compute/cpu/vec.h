@@ -1,8 +1,10 @@
 // Small fp32 vector primitives with one summation order for every build (AVX-512 when built for it).
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -81,9 +83,34 @@ inline void Scale(float a, float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= a;
 }
 
-inline float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-inline float Silu(float x) { return x / (1.0f + std::exp(-x)); }
+// e^x within 0.99 ulp on [-86, ln(FLT_MAX)] (checked on every float there); 0 below -86 (results under 2^-124
+// flush, as with FTZ), infinity above, NaN for NaN. Only float multiplies, adds and selects, no branch and no
+// libm: the same bits for every build, CPU and C library, and loops of it vectorise (with -fno-trapping-math
+// on SSE2). The reduction is Cody and Waite's, the polynomial Cephes' expf.
+inline float Exp(float x) {
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  constexpr float kLow = -86.0f, kHigh = 88.72283935546875f;
+  const float clamped = x < kLow ? kLow : (x > kHigh ? kHigh : x);
+  const float t = clamped * 1.44269502162933349609375f + kRound;
+  const float n = t - kRound;  // nearest integer to x / ln 2
+  const float r = (clamped - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e_r = (p * (r * r) + r) + 1.0f;
+  const int32_t n_int = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kRound);
+  const float half_power = std::bit_cast<float>((n_int + 126) << 23);  // 2^(n - 1): n = 128 still encodes
+  float y = (e_r * half_power) * 2.0f;
+  y = x < kLow ? 0.0f : y;
+  return x != x ? x : y;
+}
+
+inline float Sigmoid(float x) { return 1.0f / (1.0f + Exp(-x)); }
+inline float Silu(float x) { return x / (1.0f + Exp(-x)); }
 // log(1 + exp(x)), returning x above the threshold 20 as PyTorch does.
-inline float Softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+inline float Softplus(float x) { return x > 20.0f ? x : std::log1p(Exp(x)); }
 
 }  // namespace anchorage::cpu
