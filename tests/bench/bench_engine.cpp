@@ -125,8 +125,8 @@ int main(int argc, char** argv) {
   const double lm_head_elements = static_cast<double>(c.vocab_size * c.hidden_size);
   const double prefill_flops_per_token = 2.0 * (matrix_elements - lm_head_elements);
   double decode_bytes_per_token = 2.0 * matrix_elements;
-  // Streaming reads from memory (1.5 GiB, past any cache), and over a buffer of the bf16 weights' size: the rate
-  // decode can reach here (a large last-level cache holds part of it), which decode figures are fractions of.
+  // Streaming reads over 1.5 GiB (past any cache) and over a buffer of the bf16 weights' size, the rate decode's
+  // figures are fractions of (where the last-level cache holds part of the weights, it counts that too).
   std::map<int, double> stream, weights_stream;
   {
     std::vector<float> buffer(size_t(384) << 20, 1.0f);
