@@ -284,6 +284,7 @@ void ConsoleWorker::publishCache(const nlohmann::json& stats, qint64 now) {
     for (const auto& [tier, count] : sheds.items())
       if (count.is_number()) c.sheds += count.get<int64_t>();
   c.refused = JsonInt(memory, "refused");
+  c.deviceBytes = JsonInt(memory, "device_bytes");
   emit m_host->cacheChanged(c);
 }
 

@@ -44,8 +44,8 @@ int main(int argc, char** argv) {
   Service& s = **service;
   for (const std::string& note : s.notes()) std::fprintf(stderr, "anchorage-server: %s\n", note.c_str());
   s.ServeInBackground();
-  std::printf("anchorage-server: serving %s on %s (model %s, %d threads, grid %lld)\n", s.model_id().c_str(), s.url().c_str(),
-              s.model().fingerprint.substr(0, 12).c_str(), s.scheduler().forward().threads(), static_cast<long long>(config.grid_tokens));
+  std::printf("anchorage-server: serving %s on %s (model %s, %s, grid %lld)\n", s.model_id().c_str(), s.url().c_str(),
+              s.model().fingerprint.substr(0, 12).c_str(), s.device().c_str(), static_cast<long long>(config.grid_tokens));
   std::fflush(stdout);
 
   int signal = 0;

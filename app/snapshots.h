@@ -29,6 +29,7 @@ struct CacheSnapshot {
   qint64 peakBytes = 0;     // memory.prefill_peak_gb in force
   qint64 sheds = 0;         // cache entries shed to fit the budget, since start
   qint64 refused = 0;       // prefills refused with 503, since start
+  qint64 deviceBytes = 0;   // GPU memory the backend holds; 0 on the CPU
   QByteArray json;  // GET /v1/cache/stats as the engine reports it
 };
 

@@ -259,10 +259,12 @@ void MemoryScreen::updateTotals() {
     m_totals->clear();
     return;
   }
-  m_totals->setText(tr("Engine holds %1 of a %2 ceiling (%3 during prefill) · %4 sheds · %5 refused (503) since start")
-                        .arg(fmt::bytes(c.engineBytes), fmt::bytes(c.ceilingBytes), fmt::bytes(c.peakBytes))
-                        .arg(c.sheds)
-                        .arg(c.refused));
+  QString totals = tr("Engine holds %1 of a %2 ceiling (%3 during prefill) · %4 sheds · %5 refused (503) since start")
+                       .arg(fmt::bytes(c.engineBytes), fmt::bytes(c.ceilingBytes), fmt::bytes(c.peakBytes))
+                       .arg(c.sheds)
+                       .arg(c.refused);
+  if (c.deviceBytes > 0) totals += tr(" · GPU holds %1").arg(fmt::bytes(c.deviceBytes));
+  m_totals->setText(totals);
 }
 
 void MemoryScreen::setMessage(const QString& text, bool error) { showMessage(m_message, text, error); }

@@ -24,7 +24,8 @@ nlohmann::json ToJson(const CacheStats& s) {
       {"store", {{"entries", so.entries}, {"bytes", so.bytes}, {"budget_bytes", so.budget_bytes}, {"entry_cap_bytes", so.entry_cap_bytes},
                  {"hits", so.hits}, {"misses", so.misses}, {"puts", so.puts}, {"evictions", so.evictions}, {"declined", so.declined}}},
       {"memory", {{"engine_bytes", m.engine_bytes}, {"state_bytes", m.state_bytes}, {"ceiling_bytes", m.ceiling_bytes}, {"peak_bytes", m.peak_bytes},
-                  {"slack_bytes", m.slack_bytes}, {"sheds", m.sheds}, {"refused", m.refused}, {"shadow_bytes", m.shadow_bytes}}},
+                  {"slack_bytes", m.slack_bytes}, {"sheds", m.sheds}, {"refused", m.refused}, {"shadow_bytes", m.shadow_bytes},
+                  {"device", m.device}, {"device_bytes", m.device_bytes}}},
   };
   doc["disk"] = s.disk_enabled ? ToJson(s.disk) : nlohmann::json{{"mode", "off"}, {"open", false}};
   if (s.write_guard) doc["disk_writes"] = WriteGuardJson(*s.write_guard);

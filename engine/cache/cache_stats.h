@@ -61,6 +61,8 @@ struct CacheStats {
     int64_t engine_bytes = 0, state_bytes = 0, ceiling_bytes = 0, peak_bytes = 0, slack_bytes = 0, refused = 0;
     std::map<std::string, int64_t> sheds;  // by tier
     int64_t shadow_bytes = 0;  // the shadow reader's resident states, counted in engine_bytes
+    std::string device = "cpu";  // what runs the model: "cpu" or "cuda"
+    int64_t device_bytes = 0;    // GPU memory the backend holds (weights, workspace, state copies), beside engine_bytes
     int64_t shed_total() const {
       int64_t n = 0;
       for (const auto& [tier, count] : sheds) n += count;

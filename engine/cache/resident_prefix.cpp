@@ -44,7 +44,7 @@ const char* CacheSourceName(CacheSource source) {
   return "cold";
 }
 
-ResidentPrefix::ResidentPrefix(Forward& forward, const Tokenizer* tokenizer, ResidentOptions options)
+ResidentPrefix::ResidentPrefix(ComputeBackend& forward, const Tokenizer* tokenizer, ResidentOptions options)
     : forward_(forward),
       tokenizer_(tokenizer),
       options_(options),
@@ -1082,7 +1082,7 @@ CacheStats ResidentPrefix::Stats() const {
   s.store = {static_cast<int64_t>(store_.size()), store_.bytes(), store_.budget_bytes(), store_.entry_cap_bytes(), k.store_hits, store_.misses,
              store_.puts, store_.evictions, store_.declined};
   s.memory = {EngineBytes(), state_.allocated_bytes(), options_.memory_ceiling_bytes, options_.memory_peak_bytes, options_.memory_slack_bytes,
-              k.refused, k.sheds, outside_bytes_ ? outside_bytes_() : 0};
+              k.refused, k.sheds, outside_bytes_ ? outside_bytes_() : 0, forward_.device_name(), forward_.DeviceBytes()};
   if (suffix_store_ != nullptr)
     s.suffix = {options_.suffix_store, suffix_store_->bytes(), suffix_store_->max_bytes(), static_cast<int64_t>(suffix_store_->log().size()),
                 suffix_store_->read_only()};

@@ -109,7 +109,7 @@ struct CachedGeneration {
 
 class ResidentPrefix {
  public:
-  ResidentPrefix(Forward& forward, const Tokenizer* tokenizer, ResidentOptions options);
+  ResidentPrefix(ComputeBackend& forward, const Tokenizer* tokenizer, ResidentOptions options);
   // Waits for the disk cache's writer to finish the last request's lines, then fences it.
   ~ResidentPrefix();
   ResidentPrefix(const ResidentPrefix&) = delete;
@@ -269,7 +269,7 @@ class ResidentPrefix {
   // A cut inside the request's last user message (a client rewriting its newest turn): nothing to pin or park.
   bool EditsLastUserMessage(const CacheRequest& request, int64_t common) const;
 
-  Forward& forward_;
+  ComputeBackend& forward_;
   const Tokenizer* tokenizer_;
   std::vector<int32_t> user_turn_ids_;  // "<|im_start|>user" as ids; empty without a tokenizer
   std::vector<int32_t> answer_turn_ids_;  // "<|im_start|>assistant" as ids

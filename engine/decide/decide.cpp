@@ -46,8 +46,9 @@ void PlanBatches(std::span<const DecideBranch> branches, int64_t groups, const D
 
 }  // namespace
 
-DecideBatching DecideBatching::For(const Forward& forward, int64_t max_batch) {
+DecideBatching DecideBatching::For(const ComputeBackend& forward, int64_t max_batch) {
   constexpr int64_t kLogitsBytes = int64_t{256} << 20;
+  if (!forward.has_branches()) return {};
   return {max_batch, forward.grid_tokens(), std::max<int64_t>(1, kLogitsBytes / (forward.vocab_size() * 4))};
 }
 
@@ -87,7 +88,7 @@ DecideLayout PlanDecide(std::span<const DecideBranch> branches, int64_t groups, 
   return layout;
 }
 
-int64_t DecidePeakBytes(const ModelConfig& config, const Forward& forward, const DecideLayout& layout) {
+int64_t DecidePeakBytes(const ModelConfig& config, const ComputeBackend& forward, const DecideLayout& layout) {
   const int64_t rows = (layout.longest + SequenceState::kKvRowStep - 1) / SequenceState::kKvRowStep * SequenceState::kKvRowStep;
   const int64_t anchor = SequenceState::AnchorBytes(config);
   const int64_t alone = layout.widest_logits * config.vocab_size * 4 +
@@ -103,7 +104,7 @@ int64_t DecidePeakBytes(const ModelConfig& config, const Forward& forward, const
   return rows * SequenceState::KvBytesPerToken(config) + 3 * anchor + std::max(alone, batched);
 }
 
-Status RunDecide(Forward& forward, std::span<const DecideBranch> branches, const DecideLayout& layout,
+Status RunDecide(ComputeBackend& forward, std::span<const DecideBranch> branches, const DecideLayout& layout,
                  const std::function<bool(size_t, std::span<const float>)>& on_branch, const std::function<void()>& between_branches) {
   SequenceState state(forward.config());
   RETURN_IF_ERROR(state.Reserve(layout.longest));

@@ -45,8 +45,8 @@ struct DecideBatching {
   int64_t rows = 0;         // stacked rows
   int64_t logits_rows = 0;  // logits rows (held together until the batch's branches have seen them)
 
-  // Up to max_batch branches, a grid chunk of rows and 256 MiB of logits.
-  static DecideBatching For(const Forward& forward, int64_t max_batch);
+  // Up to max_batch branches, a grid chunk of rows and 256 MiB of logits; one where the backend has no branches.
+  static DecideBatching For(const ComputeBackend& forward, int64_t max_batch);
 };
 
 // The layout of branches (groups numbered 0..groups-1). reuse false: every branch alone from 0.
@@ -56,13 +56,13 @@ DecideLayout PlanDecide(std::span<const DecideBranch> branches, int64_t groups, 
 
 // Bytes a run of the layout allocates at its peak: one state at the longest branch, three anchors,
 // one branch's logits and the prefill workspace, or the widest batch's.
-int64_t DecidePeakBytes(const ModelConfig& config, const Forward& forward, const DecideLayout& layout);
+int64_t DecidePeakBytes(const ModelConfig& config, const ComputeBackend& forward, const DecideLayout& layout);
 
 // Runs the layout: on_branch(index, logits [rows, vocab] of positions logits_from..) once per branch,
 // groups in order. Stops at the first error (the forward's) or when on_branch returns false.
 // between_branches (optional) runs after each branch: the forward may serve others there, since the
 // run's states are its own.
-Status RunDecide(Forward& forward, std::span<const DecideBranch> branches, const DecideLayout& layout,
+Status RunDecide(ComputeBackend& forward, std::span<const DecideBranch> branches, const DecideLayout& layout,
                  const std::function<bool(size_t, std::span<const float>)>& on_branch,
                  const std::function<void()>& between_branches = nullptr);
 

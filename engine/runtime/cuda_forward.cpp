@@ -215,6 +215,12 @@ Status DeviceState::RestoreHostAnchor(const Anchor& anchor) {
   return Status::Ok();
 }
 
+Status DeviceState::SetLength(int64_t length) {
+  RETURN_IF_ERROR(CheckAnchorLength(length));
+  length_ = length;
+  return Status::Ok();
+}
+
 Result<KvRows> DeviceState::CopyRows(int64_t begin, int64_t end) const {
   if (begin < 0 || end < begin || end > length_)
     return OutOfRange("DeviceState: rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") outside length " +

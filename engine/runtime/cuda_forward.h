@@ -61,6 +61,8 @@ class DeviceState {
   Status RestoreAnchor(const DeviceAnchor& anchor);
   Result<Anchor> SaveHostAnchor() const;
   Status RestoreHostAnchor(const Anchor& anchor);
+  // Sets the length alone (rows below it must be in place, the recurrent part of that length).
+  Status SetLength(int64_t length);
   Result<KvRows> CopyRows(int64_t begin, int64_t end) const;
   Status WriteRows(const KvRows& rows);
 

@@ -129,6 +129,10 @@ std::string Forward::StateFingerprint(const std::string& model_fingerprint, cons
   return h.FinishHex();
 }
 
+std::string Forward::DeviceDescription() const {
+  return std::string("cpu, kernel path ") + cpu::PathName(cpu::ActivePath()) + ", " + std::to_string(threads()) + " threads";
+}
+
 std::vector<cpu::WeightFormat> Forward::FormatsHeld() const {
   std::vector<cpu::WeightFormat> held;
   for (cpu::WeightFormat f : {cpu::WeightFormat::kFp8E4m3, cpu::WeightFormat::kInt8, cpu::WeightFormat::kBf16})

@@ -19,6 +19,7 @@
 #include "engine/core/thread_pool.h"
 #include "engine/model/model_config.h"
 #include "engine/model/weights.h"
+#include "engine/runtime/compute_backend.h"
 #include "engine/runtime/sequence_state.h"
 
 namespace anchorage {
@@ -36,8 +37,6 @@ struct ForwardOptions {
   std::function<bool(int64_t packed, int64_t layers)> on_layer = nullptr;
 };
 
-enum class LogitsRows { kLast, kAll };
-
 // The checks every backend's forward makes at creation (grid, layer count, head grouping) and on ids
 // (not empty, each in the vocabulary); errors start with `who`.
 Status CheckForwardShape(const ModelConfig& config, const ModelWeights& weights, int64_t grid_tokens, const std::string& who);
@@ -53,12 +52,6 @@ inline int64_t GridChunkRows(int64_t position, int64_t remaining, int64_t grid) 
   return std::min(remaining, (position / grid + 1) * grid - position);
 }
 
-// One branch of PrefillBranches: the ids after the prefix, and the first of them whose logits it needs.
-struct PrefillBranch {
-  std::span<const int32_t> ids;
-  int64_t logits_from = 0;  // in [0, ids.size())
-};
-
 // The multi-token-prediction head's own state for one sequence: K/V rows of its attention layer
 // from position begin, and the trunk's final-normed hidden rows still waiting for the id after them.
 // Only drafts come from it, so it may start anywhere (a restored prefix has no rows of it).
@@ -70,13 +63,14 @@ struct MtpState {
   std::vector<float> pending;  // fp32 [pending_rows, H]
 };
 
-class Forward {
+// The CPU backend.
+class Forward final : public ComputeBackend {
  public:
   // Checks shapes, repacks every matrix once into the kernels' layout (F16/F32 rounded to BF16) and
   // expands the small tensors to fp32. Keeps no pointer into the weights: they may be unmapped after.
   static Result<std::unique_ptr<Forward>> Create(const ModelConfig& config, const ModelWeights& weights,
                                                  const ForwardOptions& options);
-  ~Forward();
+  ~Forward() override;
 
   // What a cache must match to reuse states: the model's fingerprint and the kernels' arithmetic
   // (paths that round differently give different bits). Hex sha256.
@@ -97,22 +91,23 @@ class Forward {
   // With mtp (and an MTP head), the rows' hidden states feed it: every row but the last becomes a
   // K/V row of the head, the last waits in mtp for the id after it.
   Result<std::vector<float>> Prefill(SequenceState& state, std::span<const int32_t> ids,
-                                     LogitsRows rows = LogitsRows::kLast, MtpState* mtp = nullptr);
+                                     LogitsRows rows = LogitsRows::kLast, MtpState* mtp = nullptr) override;
   // Branches that all go on from prefix (at its length) in one forward over their stacked rows, each
   // with its own recurrent states, conv tails and K/V rows; prefix is not changed (a fork that never
   // writes its snapshot).
   // Returns the logits of each branch's rows logits_from.., branch after branch: the bits a Prefill
   // (kAll) of that branch's ids on a copy of prefix returns for those rows. The rows are not split
   // at the grid: the workspace grows to all of them, so callers keep them near a grid chunk.
-  Result<std::vector<float>> PrefillBranches(const SequenceState& prefix, std::span<const PrefillBranch> branches);
+  bool has_branches() const override { return true; }
+  Result<std::vector<float>> PrefillBranches(const SequenceState& prefix, std::span<const PrefillBranch> branches) override;
   // The last row's logits of ids on a fork of state that never writes it (a one-branch PrefillBranches).
-  Result<std::vector<float>> ForkLastLogits(const SequenceState& state, std::span<const int32_t> ids);
+  Result<std::vector<float>> ForkLastLogits(const SequenceState& state, std::span<const int32_t> ids) override;
   // Bytes PrefillBranches allocates beside the workspace: per branch the recurrent part and its K/V
   // rows, and the logits rows.
-  int64_t BranchesBytes(int64_t branches, int64_t rows, int64_t logits_rows) const;
+  int64_t BranchesBytes(int64_t branches, int64_t rows, int64_t logits_rows) const override;
   // Appends one token with the one-token recurrence; returns fp32 logits [vocab]. With mtp its
   // hidden state waits there.
-  Result<std::vector<float>> Decode(SequenceState& state, int32_t id, MtpState* mtp = nullptr);
+  Result<std::vector<float>> Decode(SequenceState& state, int32_t id, MtpState* mtp = nullptr) override;
   // Appends ids in one forward (no grid split) and returns fp32 logits [ids.size(), vocab].
   Result<std::vector<float>> Verify(SequenceState& state, std::span<const int32_t> ids);
 
@@ -123,28 +118,34 @@ class Forward {
   // with Decode's fp32 steps in the same order and cuts the length back, so the state is bit-equal
   // to rows Decode calls. Nothing else may touch the state in between. With mtp the kept rows'
   // hidden states wait there.
-  Result<std::vector<float>> DraftWindow(SequenceState& state, std::span<const int32_t> ids, MtpState* mtp = nullptr);
-  Status KeepDraft(SequenceState& state, int64_t rows);
+  bool has_draft_windows() const override { return true; }
+  Result<std::vector<float>> DraftWindow(SequenceState& state, std::span<const int32_t> ids, MtpState* mtp = nullptr) override;
+  Status KeepDraft(SequenceState& state, int64_t rows) override;
 
   // The multi-token-prediction head (the checkpoint's mtp.* block), when it has one.
-  bool has_mtp() const { return mtp_ != nullptr; }
+  bool has_mtp() const override { return mtp_ != nullptr; }
   // Makes mtp's first next_ids.size() waiting rows K/V rows: row i with the id that followed it.
-  Status MtpCommit(MtpState& mtp, std::span<const int32_t> next_ids);
+  Status MtpCommit(MtpState& mtp, std::span<const int32_t> next_ids) override;
   // Commits every waiting row (next_ids: one id each, the last the id about to be forwarded) and
   // drafts up to max_draft ids after it, each the head's argmax below vocab_limit fed back as the
   // next row's input (those rows are overwritten by the next commit). logits (optional) gets each
   // draft's head logits [drafts, vocab].
   Result<std::vector<int32_t>> MtpDraft(MtpState& mtp, std::span<const int32_t> next_ids, int max_draft,
-                                        int64_t vocab_limit, std::vector<float>* logits = nullptr);
+                                        int64_t vocab_limit, std::vector<float>* logits = nullptr) override;
 
-  const ModelConfig& config() const { return config_; }
-  int64_t vocab_size() const { return config_.vocab_size; }
-  int64_t grid_tokens() const { return options_.grid_tokens; }
-  int threads() const { return pool_->size(); }
+  const char* device_name() const override { return "cpu"; }
+  // The kernel path and the threads.
+  std::string DeviceDescription() const override;
+  std::string StateKey(const std::string& model_fingerprint) const override {
+    return StateFingerprint(model_fingerprint, WeightsArithmetic());
+  }
+  const ModelConfig& config() const override { return config_; }
+  int64_t grid_tokens() const override { return options_.grid_tokens; }
+  int threads() const override { return pool_->size(); }
   ThreadPool& pool() { return *pool_; }
   // Bytes a prefill call of chunk_tokens allocates at its peak: activations and one logits row
   // (the state's K/V growth is the caller's).
-  int64_t PrefillWorkspaceBytes(int64_t chunk_tokens) const;
+  int64_t PrefillWorkspaceBytes(int64_t chunk_tokens) const override;
   // Matrices the checkpoint stored as F16 or F32, held here rounded to BF16.
   int64_t converted_matrices() const { return converted_matrices_; }
   int64_t converted_bytes() const { return converted_bytes_; }

@@ -15,14 +15,14 @@ const char* FinishReasonName(FinishReason reason) {
   return "unknown";
 }
 
-Generator::Generator(Forward& forward, const Tokenizer* tokenizer) : forward_(forward), tokenizer_(tokenizer) {}
+Generator::Generator(ComputeBackend& forward, const Tokenizer* tokenizer) : forward_(forward), tokenizer_(tokenizer) {}
 
 Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<const int32_t> prompt_ids,
                                              const SamplingParams& params, const TokenCallback& on_token,
                                              const std::atomic<bool>* cancel, const SpeculativeOptions& speculative) {
   GenerationResult result;
   result.prompt_tokens = static_cast<int64_t>(prompt_ids.size());
-  const bool drafting = speculative.max_draft > 0 && (speculative.lookup || speculative.mtp);
+  const bool drafting = speculative.max_draft > 0 && (speculative.lookup || speculative.mtp) && forward_.has_draft_windows();
   // The MTP head's rows start at this prompt: the prefix the state already holds has no hidden rows here.
   MtpState mtp;
   MtpState* head = drafting && speculative.mtp && forward_.has_mtp() ? &mtp : nullptr;

@@ -11,6 +11,7 @@
 
 #include "engine/core/status.h"
 #include "engine/text/tokenizer.h"
+#include "engine/runtime/compute_backend.h"
 #include "engine/runtime/forward.h"
 #include "engine/runtime/sampler.h"
 #include "engine/runtime/sequence_state.h"
@@ -51,7 +52,7 @@ using TokenCallback = std::function<bool(const GeneratedToken&)>;
 class Generator {
  public:
   // tokenizer may be null: then no text is produced and stop strings are ignored.
-  Generator(Forward& forward, const Tokenizer* tokenizer);
+  Generator(ComputeBackend& forward, const Tokenizer* tokenizer);
 
   // Prefills prompt_ids onto state (which may already hold a prefix: the prompt continues it) and
   // generates. cancel (optional) is polled between tokens. Errors come from the forward. On return the
@@ -61,7 +62,7 @@ class Generator {
                                     const std::atomic<bool>* cancel = nullptr, const SpeculativeOptions& speculative = {});
 
  private:
-  Forward& forward_;
+  ComputeBackend& forward_;
   const Tokenizer* tokenizer_;
 };
 

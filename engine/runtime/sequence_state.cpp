@@ -1,6 +1,8 @@
 #include "engine/runtime/sequence_state.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -21,6 +23,39 @@ SequenceState::SequenceState(const ModelConfig& config) {
       tail_.emplace_back(static_cast<size_t>(tail_floats_));
     }
   }
+}
+
+SequenceState::SequenceState(const SequenceState& other)
+    : kv_width_(other.kv_width_), recurrent_floats_(other.recurrent_floats_), tail_floats_(other.tail_floats_),
+      length_(other.length_), capacity_(other.capacity_), growth_lock_(other.growth_lock_) {
+  other.PullFromMirror();
+  k_ = other.k_;
+  v_ = other.v_;
+  recurrent_ = other.recurrent_;
+  tail_ = other.tail_;
+}
+
+SequenceState& SequenceState::operator=(const SequenceState& other) {
+  if (this != &other) *this = SequenceState(other);
+  return *this;
+}
+
+SequenceState::~SequenceState() = default;
+
+void SequenceState::set_mirror(std::unique_ptr<StateMirror> mirror) {
+  PullFromMirror();
+  mirror_ = std::move(mirror);
+  set_mirror_sync(0, NewestRecurrent::kHost);
+}
+
+void SequenceState::PullFromMirror() const {
+  if (!mirror_ || newest_recurrent_ != NewestRecurrent::kMirror) return;
+  SequenceState& self = const_cast<SequenceState&>(*this);  // the same bits, now in host memory too
+  if (Status s = mirror_->PullRecurrent(self); !s.ok()) {
+    std::fprintf(stderr, "anchorage: a state's recurrent part could not be copied from the device: %s\n", s.message().c_str());
+    std::abort();
+  }
+  self.newest_recurrent_ = NewestRecurrent::kBoth;
 }
 
 Status SequenceState::Reserve(int64_t tokens) {
@@ -58,6 +93,7 @@ void SequenceState::SetLength(int64_t new_length) {
 
 void SequenceState::Reset() {
   length_ = 0;
+  newest_recurrent_ = NewestRecurrent::kHost;
   for (auto& r : recurrent_) std::fill(r.begin(), r.end(), 0.0f);
   for (auto& t : tail_) std::fill(t.begin(), t.end(), 0.0f);
 }
@@ -85,6 +121,7 @@ int64_t SequenceState::allocated_bytes() const {
 }
 
 Anchor SequenceState::SaveAnchor() const {
+  PullFromMirror();
   Anchor anchor;
   anchor.length = length_;
   anchor.data.reserve(static_cast<size_t>(num_gdn_layers() * (recurrent_floats_ + tail_floats_)));
@@ -109,6 +146,7 @@ Status SequenceState::RestoreAnchor(const Anchor& anchor) {
     p += tail_floats_;
   }
   length_ = anchor.length;
+  newest_recurrent_ = NewestRecurrent::kHost;
   return Status::Ok();
 }
 
@@ -140,6 +178,7 @@ Status SequenceState::WriteRows(const KvRows& rows) {
     return InvalidArgument("WriteRows: rows [" + std::to_string(rows.begin) + ", " + std::to_string(rows.end) +
                            ") with " + std::to_string(rows.data.size()) + " floats do not fit this model");
   RETURN_IF_ERROR(Reserve(rows.end));
+  mirror_rows_ = std::min(mirror_rows_, rows.begin);
   const float* p = rows.data.data();
   for (size_t a = 0; a < k_.size(); ++a) {
     std::copy_n(p, n, k_[a].begin() + rows.begin * kv_width_);
@@ -153,6 +192,8 @@ Status SequenceState::WriteRows(const KvRows& rows) {
 bool SequenceState::BitEqual(const SequenceState& other) const {
   if (length_ != other.length_ || k_.size() != other.k_.size() || recurrent_.size() != other.recurrent_.size())
     return false;
+  PullFromMirror();
+  other.PullFromMirror();
   const size_t used = static_cast<size_t>(length_ * kv_width_) * sizeof(float);
   for (size_t a = 0; a < k_.size(); ++a) {
     if (used && (std::memcmp(k_[a].data(), other.k_[a].data(), used) != 0 ||

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <shared_mutex>
 #include <vector>
 
@@ -26,12 +27,35 @@ struct KvRows {
   std::vector<float> data;  // per attention layer: K fp32 [end-begin, Nkv*hd] then V the same
 };
 
+class SequenceState;
+
+// A copy of a state in a compute device's memory (the CUDA backend's), owned by the state. The host
+// state stays the one the caches read: the backend writes every K/V row a forward makes back at once,
+// and the recurrent part only when the host reads it (PullRecurrent).
+class StateMirror {
+ public:
+  virtual ~StateMirror() = default;
+  // Which backend made it: another backend's forward drops it and starts anew from the host.
+  virtual const void* owner() const = 0;
+  // Copies the device's recurrent states and conv tails into host's.
+  virtual Status PullRecurrent(SequenceState& host) = 0;
+};
+
+// Where the newest recurrent part is, between a state and its mirror.
+enum class NewestRecurrent { kBoth, kHost, kMirror };
+
 class SequenceState {
  public:
   // K/V capacity grows in whole steps of this many rows.
   static constexpr int64_t kKvRowStep = 1024;
 
   explicit SequenceState(const ModelConfig& config);
+  // A copy holds the host state only (the source's recurrent part pulled first), never the mirror.
+  SequenceState(const SequenceState& other);
+  SequenceState& operator=(const SequenceState& other);
+  SequenceState(SequenceState&&) noexcept = default;
+  SequenceState& operator=(SequenceState&&) noexcept = default;
+  ~SequenceState();
 
   int64_t length() const { return length_; }
   int64_t capacity() const { return capacity_; }
@@ -40,16 +64,35 @@ class SequenceState {
   int64_t kv_width() const { return kv_width_; }  // Nkv*head_dim floats per K (or V) row
 
   // fp32 [capacity, Nkv*head_dim] K (V) rows of attention layer a (0-based among attention layers).
-  float* k_rows(int64_t a) { return k_[a].data(); }
-  float* v_rows(int64_t a) { return v_[a].data(); }
+  // The writable ones tell a mirror that every row may change.
+  float* k_rows(int64_t a) {
+    if (mirror_) mirror_rows_ = 0;
+    return k_[a].data();
+  }
+  float* v_rows(int64_t a) {
+    if (mirror_) mirror_rows_ = 0;
+    return v_[a].data();
+  }
   const float* k_rows(int64_t a) const { return k_[a].data(); }
   const float* v_rows(int64_t a) const { return v_[a].data(); }
   // fp32 [Nv, dk, dv] recurrent state of GDN layer g (0-based among GDN layers).
-  float* recurrent(int64_t g) { return recurrent_[g].data(); }
-  const float* recurrent(int64_t g) const { return recurrent_[g].data(); }
+  float* recurrent(int64_t g) {
+    HostWritesRecurrent();
+    return recurrent_[g].data();
+  }
+  const float* recurrent(int64_t g) const {
+    PullFromMirror();
+    return recurrent_[g].data();
+  }
   // fp32 [K-1, conv_dim] pre-conv qkv rows of the last K-1 positions, oldest first (zeros at start).
-  float* conv_tail(int64_t g) { return tail_[g].data(); }
-  const float* conv_tail(int64_t g) const { return tail_[g].data(); }
+  float* conv_tail(int64_t g) {
+    HostWritesRecurrent();
+    return tail_[g].data();
+  }
+  const float* conv_tail(int64_t g) const {
+    PullFromMirror();
+    return tail_[g].data();
+  }
   int64_t recurrent_floats() const { return recurrent_floats_; }
   int64_t tail_floats() const { return tail_floats_; }
 
@@ -87,7 +130,28 @@ class SequenceState {
   // True when length, K/V rows below the length, recurrent states and tails are bit-equal.
   bool BitEqual(const SequenceState& other) const;
 
+  // The device copy a compute backend keeps (nullptr: none), and what of it equals the host state:
+  // K/V rows [0, mirror_rows()) and the recurrent part as newest_recurrent() says. Only the backend
+  // that owns the mirror sets these; every host write above lowers them.
+  StateMirror* mirror() const { return mirror_.get(); }
+  void set_mirror(std::unique_ptr<StateMirror> mirror);
+  int64_t mirror_rows() const { return mirror_rows_; }
+  NewestRecurrent newest_recurrent() const { return newest_recurrent_; }
+  void set_mirror_sync(int64_t rows, NewestRecurrent newest) {
+    mirror_rows_ = rows;
+    newest_recurrent_ = newest;
+  }
+
  private:
+  // Before the host reads its recurrent part: the mirror's, when newer, is copied in. A device that
+  // cannot give it back has lost the state; the process stops rather than serve other bits.
+  void PullFromMirror() const;
+  void HostWritesRecurrent() {
+    if (!mirror_) return;
+    PullFromMirror();
+    newest_recurrent_ = NewestRecurrent::kHost;
+  }
+
   int64_t kv_width_ = 0;
   int64_t recurrent_floats_ = 0;
   int64_t tail_floats_ = 0;
@@ -96,6 +160,9 @@ class SequenceState {
   std::shared_mutex* growth_lock_ = nullptr;
   std::vector<PageArray<float>> k_, v_;  // page-aligned, so the disk tier reads rows straight in
   std::vector<PageArray<float>> recurrent_, tail_;
+  std::unique_ptr<StateMirror> mirror_;
+  int64_t mirror_rows_ = 0;
+  NewestRecurrent newest_recurrent_ = NewestRecurrent::kHost;
 };
 
 }  // namespace anchorage

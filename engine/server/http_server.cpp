@@ -186,6 +186,9 @@ void HttpServer::RouteOperations() {
                    {"journal", JournalHealthJson()},
                    {"backends", options_.backends != nullptr ? options_.backends->HealthJson() : ojson::array()},
                    {"threads", scheduler_.forward().threads()},
+                   {"device", scheduler_.forward().device_name()},
+                   {"device_description", scheduler_.forward().DeviceDescription()},
+                   {"device_bytes", scheduler_.forward().DeviceBytes()},
                    {"last_request", last_request}});
   });
   Route("GET", "/metrics", RouteClass::kControl, RouteAccess::kClient, [this](const HttpRequest&, HttpResponse& res) {

@@ -54,7 +54,7 @@ void Job::Finish(Status status, GenerationResult result, RequestFigures stats) {
   cv_.notify_all();
 }
 
-Scheduler::Scheduler(Model& model, std::unique_ptr<Forward> forward, SchedulerOptions options)
+Scheduler::Scheduler(Model& model, std::unique_ptr<ComputeBackend> forward, SchedulerOptions options)
     : model_(model),
       forward_(std::move(forward)),
       options_(options),

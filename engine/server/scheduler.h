@@ -109,7 +109,7 @@ struct SchedulerOptions {
 
 class Scheduler {
  public:
-  Scheduler(Model& model, std::unique_ptr<Forward> forward, SchedulerOptions options);
+  Scheduler(Model& model, std::unique_ptr<ComputeBackend> forward, SchedulerOptions options);
   ~Scheduler();
 
   // Queues a job. ResourceExhausted when the queue is full, Cancelled while draining.
@@ -124,7 +124,7 @@ class Scheduler {
   bool busy() const;
   bool draining() const;
   EngineLock& engine_lock() { return lock_; }
-  Forward& forward() { return *forward_; }
+  ComputeBackend& forward() { return *forward_; }
   RequestFigures last_stats() const;
 
   // New resident options, applied before the next job.
@@ -178,7 +178,7 @@ class Scheduler {
   void RecordJob(const Job& job, const RequestFigures& stats, int status, const std::string& error, const std::string& finish);
 
   Model& model_;
-  std::unique_ptr<Forward> forward_;
+  std::unique_ptr<ComputeBackend> forward_;
   SchedulerOptions options_;
   ResidentPrefix resident_;
   EngineLock lock_;

@@ -4,11 +4,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 #include "engine/core/file_util.h"
 #include "engine/core/text_split.h"
 #include "engine/model/tiny_model.h"
+#include "engine/runtime/cuda_plugin.h"
 #include "engine/runtime/forward.h"
 #include "engine/runtime/weights_report.h"
 
@@ -28,6 +30,30 @@ std::pair<std::string, nlohmann::json> SettingForFlag(const std::string& flag, c
   if (flag == "resident-park-gb") return {"resident.park_gb", std::stod(value)};
   if (flag == "resident-guest-max") return {"resident.guest_max_tokens", std::stoll(value)};
   return {"", nullptr};
+}
+
+// The CUDA backend for --device cuda (an error where it cannot run) or auto (nullptr and a note where
+// it cannot: the CPU runs the model).
+Result<std::unique_ptr<ComputeBackend>> OpenCudaBackend(const ServerConfig& config, const Model& model,
+                                                        const std::function<void(const std::string&)>& fall_back) {
+  const bool asked = config.device == "cuda";
+  auto refuse = [&](const std::string& why) -> Result<std::unique_ptr<ComputeBackend>> {
+    if (asked) return Unsupported("--device cuda: " + why);
+    fall_back(why);
+    return std::unique_ptr<ComputeBackend>();
+  };
+  if (config.int8_weights) return refuse("--weights int8 runs on the CPU only");
+  // auto asks the plugin only where an NVIDIA driver is there, so a machine without one never loads the CUDA libraries.
+  if (!asked && !std::getenv("ANCHORAGE_CUDA_PLUGIN") && !std::filesystem::exists("/dev/nvidiactl"))
+    return refuse("no NVIDIA driver");
+  CudaPluginRequest request;
+  request.config = &model.config;
+  request.weights = &model.weights;
+  request.grid_tokens = config.grid_tokens;
+  request.device = config.cuda_device;
+  auto backend = LoadCudaBackend(request);
+  if (!backend.ok()) return refuse(backend.status().message());
+  return std::move(backend).value();
 }
 
 }  // namespace
@@ -191,14 +217,27 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     RETURN_IF_ERROR(say(0.7, "running the stored weights on a fixed prompt, to measure what int8 costs"));
     ASSIGN_OR_RETURN(stored_weights, MeasureStoredWeights(s->model_->config, s->model_->weights, forward_options));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Forward> forward, Forward::Create(s->model_->config, s->model_->weights, forward_options));
-  s->model_->tensors->DropResidentPages();  // the Forward holds its own packed copy of every matrix
-  s->model_->state_fingerprint = Forward::StateFingerprint(s->model_->fingerprint, forward->WeightsArithmetic());
-  s->model_->weights_format = forward->WeightsDescription();
-  if (stored_weights) {
-    ASSIGN_OR_RETURN(WeightsReport report, CompareWithStoredWeights(*stored_weights, *forward));
-    s->notes_.push_back(report.Describe());
+  std::unique_ptr<ComputeBackend> forward;
+  if (config.device != "cpu") {
+    ASSIGN_OR_RETURN(forward, OpenCudaBackend(config, *s->model_, [&](const std::string& why) {
+      s->notes_.push_back("device: the CPU runs the model (" + why + ")");
+    }));
+    if (forward) RETURN_IF_ERROR(say(0.8, "the model is on " + forward->DeviceDescription()));
   }
+  if (!forward) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Forward> cpu, Forward::Create(s->model_->config, s->model_->weights, forward_options));
+    if (stored_weights) {
+      ASSIGN_OR_RETURN(WeightsReport report, CompareWithStoredWeights(*stored_weights, *cpu));
+      s->notes_.push_back(report.Describe());
+    }
+    s->model_->weights_format = cpu->WeightsDescription();
+    forward = std::move(cpu);
+  } else {
+    s->model_->weights_format = "bf16 on the GPU";
+  }
+  s->model_->tensors->DropResidentPages();  // the backend holds its own copy of every matrix
+  s->model_->state_fingerprint = forward->StateKey(s->model_->fingerprint);
+  s->device_ = forward->DeviceDescription();
   SchedulerOptions scheduler_options;
   scheduler_options.max_queue = config.max_queue;
   scheduler_options.resident = ResidentOptionsFromSettings(effective);

@@ -51,6 +51,8 @@ class Service {
   // What the console sends as its Bearer credential on its own endpoint (empty: none needed).
   std::string client_token() const;
   const std::vector<std::string>& notes() const { return notes_; }
+  // What runs the model: "cpu, kernel path ..., N threads" or "cuda, <the GPU>".
+  const std::string& device() const { return device_; }
 
  private:
   Service() = default;
@@ -70,6 +72,7 @@ class Service {
   std::thread serving_;
   std::string model_id_;
   std::vector<std::string> notes_;
+  std::string device_;
   bool drained_ = false;
 };
 

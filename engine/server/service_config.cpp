@@ -99,6 +99,12 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
   else if (key == "http-threads") { RETURN_IF_ERROR(integer(1, 4096, &c.http_threads)); }
   else if (key == "max-body-bytes") { RETURN_IF_ERROR(integer(1024, int64_t(1) << 32, &c.max_body_bytes)); }
   else if (key == "threads") { RETURN_IF_ERROR(integer(0, 1024, &v)); c.threads = static_cast<int>(v); }
+  else if (key == "device") {
+    if (value != "cpu" && value != "cuda" && value != "auto")
+      return InvalidArgument(source + ": device must be cpu, cuda or auto, got '" + value + "'");
+    c.device = value;
+  }
+  else if (key == "cuda-device") { RETURN_IF_ERROR(integer(0, 255, &v)); c.cuda_device = static_cast<int>(v); }
   else if (key == "weights") {
     if (value != "as-stored" && value != "int8")
       return InvalidArgument(source + ": weights must be as-stored or int8, got '" + value + "'");
@@ -116,6 +122,7 @@ const char* ServerUsage() {
          "                        [--api-key KEY]... [--api-keys-file FILE] [--allowed-hosts H,H]\n"
          "                        [--cors-origins ORIGIN,ORIGIN] [--strict-model-names on|off]\n"
          "                        [--max-queue N] [--ctx TOKENS] [--threads N] [--weights as-stored|int8]\n"
+         "                        [--device cpu|cuda|auto] [--cuda-device N]\n"
          "                        [--caches on|off]\n"
          "                        [--resident-gb GB] [--resident-guest-max TOKENS] [--resident-stash-gb GB]\n"
          "                        [--resident-pin-gb GB] [--resident-park-gb GB] [--end-anchor on|off]\n"
@@ -133,7 +140,9 @@ const char* ServerUsage() {
          "--backend forwards requests for model NAME to an OpenAI-compatible server at URL (vLLM, SGLang,\n"
          "llama-server, another anchorage-server), with the API key in environment variable ENVVAR.\n"
          "--weights int8 makes the BF16 matrices int8 at load (a scale a row and 32 inputs: about half the bytes\n"
-         "and faster decode, not exact); it prints the logits' measured distance from the stored weights'.\n";
+         "and faster decode, not exact); it prints the logits' measured distance from the stored weights'.\n"
+         "--device picks what runs the model: cuda (the GPU, through the CUDA plugin anchorage-cuda.so; an error\n"
+         "where none can be used), cpu, or auto (the default: the GPU where one is found, else the CPU).\n";
 }
 
 bool IsLoopbackHost(const std::string& host) {

@@ -28,6 +28,8 @@ struct ServerConfig {
   size_t max_queue = 16;
   int64_t context_tokens = 0;     // 0: the model's max_position_embeddings
   int threads = 0;                // 0: every core
+  std::string device = "auto";   // --device cpu|cuda|auto: auto is the GPU where the CUDA plugin finds one
+  int cuda_device = 0;            // --cuda-device N
   bool int8_weights = false;      // --weights int8: matrices made int8 at load; default: as the checkpoint stores them
   std::string test_replies_file;  // testing aid: scripted replies (engine/server/reply_script.h)
   std::vector<BackendSpec> backends;  // --backend NAME=URL[,key=ENVVAR] (repeatable)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -17,7 +18,9 @@
 #include "engine/compute/cuda/kernels.h"
 #include "engine/core/bf16.h"
 #include "engine/core/thread_pool.h"
+#include "engine/runtime/cuda_backend.h"
 #include "engine/runtime/cuda_forward.h"
+#include "engine/runtime/cuda_plugin.h"
 #include "engine/runtime/forward.h"
 #include "gpu_check.h"
 #include "../engine/test_runtime_util.h"
@@ -489,6 +492,159 @@ void AnchorsAndRowsResumeExactly() {
   GPU_CHECK(SameBits(from_host, cold_logits));
 }
 
+std::unique_ptr<CudaBackend> Backend(const testing::LoadedWeights& model, int64_t grid = 1024) {
+  CudaForwardOptions options;
+  options.grid_tokens = grid;
+  return Must(CudaBackend::Create(model.config, model.weights, options), "creating the CUDA backend");
+}
+
+// A host state's device copy as the caches see it: the backend's prefill and decode on host states
+// give CudaForward's bits on a device state, and a state resumed on the host (its K/V rows written
+// and an anchor restored, as a tier restores) at every 64-line equals a cold prefill bit for bit.
+void BackendOnHostStatesResumesExactly() {
+  Pair p = Load(TinyModelSize::kTiny);
+  const ModelConfig& c = p.model->config;
+  const auto backend = Backend(*p.model);
+  const std::vector<int32_t> ids = testing::RandomIds(700, c.vocab_size, 37);
+  auto device = Must(p.gpu->NewState(), "a device state");
+  std::vector<float> device_logits = Must(p.gpu->Prefill(*device, ids), "CudaForward prefill");
+  SequenceState cold(c);
+  std::vector<float> cold_logits = Must(backend->Prefill(cold, ids), "backend prefill");
+  GPU_CHECK(SameBits(cold_logits, device_logits));
+  SequenceState downloaded(c);
+  Must(device->Download(downloaded), "downloading");
+  GPU_CHECK(cold.BitEqual(downloaded));
+  for (int32_t id : {5, 77, 300}) {
+    device_logits = Must(p.gpu->Decode(*device, id), "CudaForward decode");
+    GPU_CHECK(SameBits(Must(backend->Decode(cold, id), "backend decode"), device_logits));
+  }
+  Must(device->Download(downloaded), "downloading");
+  const SequenceState copied = cold;  // a copy pulls the recurrent part the device holds
+  GPU_CHECK(copied.mirror() == nullptr && copied.BitEqual(downloaded));
+
+  SequenceState reference(c);
+  cold_logits = Must(backend->Prefill(reference, ids), "cold prefill");
+  for (int64_t line = 64; line < 700; line += 64) {
+    SequenceState first(c);
+    Must(backend->Prefill(first, std::span(ids).first(static_cast<size_t>(line))), "prefill to the line");
+    const Anchor anchor = first.SaveAnchor();
+    const KvRows rows = Must(first.CopyRows(0, line), "K/V rows");
+    SequenceState resumed(c);
+    Must(resumed.WriteRows(rows), "writing the rows");
+    Must(resumed.RestoreAnchor(anchor), "restoring the anchor");
+    const std::vector<float> logits = Must(backend->Prefill(resumed, std::span(ids).subspan(static_cast<size_t>(line))), "resume");
+    GPU_CHECK_MSG(resumed.BitEqual(reference), "state resumed at " + std::to_string(line));
+    GPU_CHECK_MSG(SameBits(logits, cold_logits), "logits resumed at " + std::to_string(line));
+  }
+}
+
+// What the host writes into a state its device copy already holds reaches the device: another
+// conversation's rows and anchor restored into it, and an earlier anchor of its own.
+void HostWritesReachTheDeviceCopy() {
+  Pair p = Load(TinyModelSize::kTiny);
+  const ModelConfig& c = p.model->config;
+  const auto backend = Backend(*p.model);
+  const std::vector<int32_t> x = testing::RandomIds(400, c.vocab_size, 41), y = testing::RandomIds(400, c.vocab_size, 43);
+  SequenceState y_cold(c);
+  const std::vector<float> y_logits = Must(backend->Prefill(y_cold, y), "cold prefill of y");
+  SequenceState y_at_192(c);
+  Must(backend->Prefill(y_at_192, std::span(y).first(192)), "y to 192");
+
+  SequenceState state(c);
+  Must(backend->Prefill(state, std::span(x).first(256)), "x to 256");
+  const Anchor x_at_256 = state.SaveAnchor();
+  Must(state.WriteRows(Must(y_at_192.CopyRows(0, 192), "y's rows")), "writing y's rows");
+  Must(state.RestoreAnchor(y_at_192.SaveAnchor()), "restoring y's anchor");
+  GPU_CHECK(SameBits(Must(backend->Prefill(state, std::span(y).subspan(192)), "y from 192"), y_logits));
+  GPU_CHECK(state.BitEqual(y_cold));
+
+  SequenceState x_cold(c);
+  const std::vector<float> x_logits = Must(backend->Prefill(x_cold, x), "cold prefill of x");
+  SequenceState again(c);
+  Must(backend->Prefill(again, std::span(x).first(256)), "x to 256");
+  Must(backend->Prefill(again, std::span(y).first(100)), "going on with other ids");
+  Must(again.RestoreAnchor(x_at_256), "back to x at 256");  // its rows below 256 are x's still
+  GPU_CHECK(SameBits(Must(backend->Prefill(again, std::span(x).subspan(256)), "x from 256"), x_logits));
+  GPU_CHECK(again.BitEqual(x_cold));
+}
+
+// A fork's logits equal a prefill on a copy, and the state keeps its bits, the rows above its length
+// included: a prefill after the fork resumes exactly.
+void ForkKeepsTheState() {
+  Pair p = Load(TinyModelSize::kTiny);
+  const ModelConfig& c = p.model->config;
+  const auto backend = Backend(*p.model);
+  const std::vector<int32_t> ids = testing::RandomIds(500, c.vocab_size, 47), extra = testing::RandomIds(90, c.vocab_size, 53);
+  SequenceState cold(c);
+  const std::vector<float> cold_logits = Must(backend->Prefill(cold, ids), "cold prefill");
+  SequenceState state(c);
+  Must(backend->Prefill(state, std::span(ids).first(192)), "prefill to 192");
+  const Anchor at_192 = state.SaveAnchor();
+  Must(backend->Prefill(state, std::span(ids).subspan(192, 128)), "prefill to 320");
+  const Anchor at_320 = state.SaveAnchor();
+  Must(state.RestoreAnchor(at_192), "back to 192");  // rows 192..320 stay valid above the length
+  const SequenceState& view = state;  // reads that tell the device copy nothing
+  const std::vector<float> above(view.k_rows(0) + 192 * view.kv_width(), view.k_rows(0) + 320 * view.kv_width());
+
+  SequenceState copy(c);
+  Must(copy.WriteRows(Must(state.CopyRows(0, 192), "rows")), "copying rows");
+  Must(copy.RestoreAnchor(at_192), "copying the anchor");
+  const std::vector<float> expected = Must(backend->Prefill(copy, extra), "prefill on a copy");
+  const SequenceState before = state;
+  GPU_CHECK(SameBits(Must(backend->ForkLastLogits(state, extra), "fork"), expected));
+  GPU_CHECK(state.BitEqual(before) && state.length() == 192);
+  const std::vector<float> above_after(view.k_rows(0) + 192 * view.kv_width(), view.k_rows(0) + 320 * view.kv_width());
+  GPU_CHECK(SameBits(above, above_after));
+  Must(state.RestoreAnchor(at_320), "on to 320");  // over the rows the fork wrote on the device
+  GPU_CHECK(SameBits(Must(backend->Prefill(state, std::span(ids).subspan(320)), "resume after the fork"), cold_logits));
+  GPU_CHECK(state.BitEqual(cold));
+
+  // After a fork from 192 the host goes on past the device copy's capacity (its rows to 960 kept,
+  // rows and an anchor put in place above them, as a tier restores): the copy grows, and every row
+  // above 192 comes from the host.
+  const std::vector<int32_t> longer = testing::RandomIds(1100, c.vocab_size, 59);
+  SequenceState long_cold(c);
+  const std::vector<float> long_logits = Must(backend->Prefill(long_cold, longer), "cold prefill of 1,100");
+  SequenceState grown(c);
+  Must(backend->Prefill(grown, std::span(longer).first(192)), "to 192");
+  const Anchor grown_at_192 = grown.SaveAnchor();
+  Must(backend->Prefill(grown, std::span(longer).subspan(192, 768)), "to 960");
+  Must(grown.RestoreAnchor(grown_at_192), "back to 192");
+  Must(backend->ForkLastLogits(grown, extra), "a fork at 192");
+  SequenceState at_1088(c);
+  Must(backend->Prefill(at_1088, std::span(longer).first(1088)), "another state to 1,088");
+  grown.SetLength(960);  // a growth keeps the rows below the length
+  Must(grown.WriteRows(Must(at_1088.CopyRows(960, 1088), "rows 960..1088")), "writing rows 960..1088");
+  Must(grown.RestoreAnchor(at_1088.SaveAnchor()), "the anchor at 1,088");
+  GPU_CHECK(SameBits(Must(backend->Prefill(grown, std::span(longer).subspan(1088)), "on from 1,088"), long_logits));
+  GPU_CHECK(grown.BitEqual(long_cold));
+}
+
+#ifndef ANCHORAGE_CUDA_EMULATED
+// The plugin the server loads (built beside this test) gives the linked backend's bits.
+Result<std::unique_ptr<ComputeBackend>> PluginBackend(const testing::LoadedWeights& model) {
+  if (std::getenv("ANCHORAGE_CUDA_PLUGIN") == nullptr) setenv("ANCHORAGE_CUDA_PLUGIN", ANCHORAGE_CUDA_PLUGIN_BUILT, 1);
+  CudaPluginRequest request;
+  request.config = &model.config;
+  request.weights = &model.weights;
+  return LoadCudaBackend(request);
+}
+
+void ThePluginGivesTheLinkedBackendsBits() {
+  Pair p = Load(TinyModelSize::kTiny);
+  const ModelConfig& c = p.model->config;
+  const auto plugin = Must(PluginBackend(*p.model), "loading the CUDA plugin");
+  GPU_CHECK(std::string(plugin->device_name()) == "cuda");
+  const auto linked = Backend(*p.model);
+  GPU_CHECK(plugin->StateKey("m") == linked->StateKey("m"));
+  const std::vector<int32_t> ids = testing::RandomIds(300, c.vocab_size, 61);
+  SequenceState a(c), b(c);
+  GPU_CHECK(SameBits(Must(plugin->Prefill(a, ids), "plugin prefill"), Must(linked->Prefill(b, ids), "linked prefill")));
+  GPU_CHECK(SameBits(Must(plugin->Decode(a, 9), "plugin decode"), Must(linked->Decode(b, 9), "linked decode")));
+  GPU_CHECK(a.BitEqual(b));
+}
+#endif
+
 // Decode through a captured graph gives the bits of decode launch by launch, also across the state's
 // growth past 1,024 rows (which recaptures the graph).
 void DecodeGraphsGiveTheLaunchesBits() {
@@ -566,6 +722,13 @@ int main() {
       std::printf("FAIL   CudaForward::Create without a device: %s\n", gpu.ok() ? "succeeded" : gpu.status().message().c_str());
       return 1;
     }
+#ifndef ANCHORAGE_CUDA_EMULATED
+    auto plugin = PluginBackend(**model);  // it loads here too, and says the same
+    if (plugin.ok() || plugin.status().message() != device.status().message()) {
+      std::printf("FAIL   the CUDA plugin without a device: %s\n", plugin.ok() ? "made a backend" : plugin.status().message().c_str());
+      return 1;
+    }
+#endif
     std::printf("SKIP   every GPU case: %s\n", device.status().message().c_str());
     return gpu_check::kSkipped;
   }
@@ -592,6 +755,12 @@ int main() {
       {"anchors and K/V rows resume exactly, on the device and through the host", AnchorsAndRowsResumeExactly},
       {"decode through a captured graph gives the launches' bits", DecodeGraphsGiveTheLaunchesBits},
       {"bad ids change nothing", BadIdsChangeNothing},
+      {"the backend on host states gives CudaForward's bits and resumes exactly", BackendOnHostStatesResumesExactly},
+      {"host writes reach a state's device copy", HostWritesReachTheDeviceCopy},
+      {"a fork on the device keeps the state", ForkKeepsTheState},
+#ifndef ANCHORAGE_CUDA_EMULATED
+      {"the plugin gives the linked backend's bits", ThePluginGivesTheLinkedBackendsBits},
+#endif
       {"FP8 weights are refused by name", Fp8IsRefusedByName},
       {"the fingerprint names the backend", FingerprintNamesTheBackend},
   };

@@ -1,0 +1,84 @@
+// What the caches, the generator and decide ask of a forward pass, whichever device runs it: the
+// CPU's Forward, or the CUDA backend (a plugin) that keeps a device copy of each SequenceState.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/core/status.h"
+#include "engine/model/model_config.h"
+#include "engine/runtime/sequence_state.h"
+
+namespace anchorage {
+
+enum class LogitsRows { kLast, kAll };
+
+// One branch of PrefillBranches: the ids after the prefix, and the first of them whose logits it needs.
+struct PrefillBranch {
+  std::span<const int32_t> ids;
+  int64_t logits_from = 0;  // in [0, ids.size())
+};
+
+struct MtpState;
+
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+
+  // "cpu" or "cuda".
+  virtual const char* device_name() const = 0;
+  // What it runs on, for the log and /health: the kernel path and threads, or the GPU.
+  virtual std::string DeviceDescription() const = 0;
+  virtual const ModelConfig& config() const = 0;
+  int64_t vocab_size() const { return config().vocab_size; }
+  virtual int64_t grid_tokens() const = 0;
+  // CPU worker threads it runs on (the caller included).
+  virtual int threads() const = 0;
+  // What a cache must match to reuse this backend's states (hex sha256): the model's fingerprint,
+  // the backend and its arithmetic.
+  virtual std::string StateKey(const std::string& model_fingerprint) const = 0;
+  // Bytes held on a device beside host memory (weights, workspace and state copies); 0 for the CPU.
+  virtual int64_t DeviceBytes() const { return 0; }
+
+  // Appends ids at positions state.length().. in chunks that end on multiples of grid_tokens; returns
+  // fp32 logits [1, vocab] (kLast) or [ids.size(), vocab] (kAll). Bad ids leave the state unchanged.
+  // mtp: see Forward (only where has_mtp()).
+  virtual Result<std::vector<float>> Prefill(SequenceState& state, std::span<const int32_t> ids,
+                                             LogitsRows rows = LogitsRows::kLast, MtpState* mtp = nullptr) = 0;
+  // Appends one token with the one-token recurrence; returns fp32 logits [vocab].
+  virtual Result<std::vector<float>> Decode(SequenceState& state, int32_t id, MtpState* mtp = nullptr) = 0;
+  // The last row's logits of ids on a fork of state: state keeps its bits, rows above its length included.
+  virtual Result<std::vector<float>> ForkLastLogits(const SequenceState& state, std::span<const int32_t> ids) = 0;
+  // Host bytes a prefill call of chunk_tokens allocates at its peak (the state's growth is the caller's).
+  virtual int64_t PrefillWorkspaceBytes(int64_t chunk_tokens) const = 0;
+
+  // Many branches from one prefix in one forward (decide's batches); see Forward::PrefillBranches.
+  virtual bool has_branches() const { return false; }
+  virtual Result<std::vector<float>> PrefillBranches(const SequenceState& prefix, std::span<const PrefillBranch> branches) {
+    return Unsupported(std::string("PrefillBranches: not on the ") + device_name() + " backend");
+  }
+  virtual int64_t BranchesBytes(int64_t branches, int64_t rows, int64_t logits_rows) const { return 0; }
+
+  // Draft windows for speculative decoding; see Forward::DraftWindow.
+  virtual bool has_draft_windows() const { return false; }
+  virtual Result<std::vector<float>> DraftWindow(SequenceState& state, std::span<const int32_t> ids, MtpState* mtp = nullptr) {
+    return Unsupported(std::string("DraftWindow: not on the ") + device_name() + " backend");
+  }
+  virtual Status KeepDraft(SequenceState& state, int64_t rows) {
+    return Unsupported(std::string("KeepDraft: not on the ") + device_name() + " backend");
+  }
+
+  // The checkpoint's multi-token-prediction head; see Forward::MtpCommit and MtpDraft.
+  virtual bool has_mtp() const { return false; }
+  virtual Status MtpCommit(MtpState& mtp, std::span<const int32_t> next_ids) {
+    return Unsupported(std::string("MtpCommit: not on the ") + device_name() + " backend");
+  }
+  virtual Result<std::vector<int32_t>> MtpDraft(MtpState& mtp, std::span<const int32_t> next_ids, int max_draft,
+                                                int64_t vocab_limit, std::vector<float>* logits = nullptr) {
+    return Unsupported(std::string("MtpDraft: not on the ") + device_name() + " backend");
+  }
+};
+
+}  // namespace anchorage

@@ -1,0 +1,152 @@
+#include "engine/runtime/cuda_backend.h"
+
+#include <algorithm>
+
+namespace anchorage {
+
+class CudaBackend::Mirror final : public StateMirror {
+ public:
+  Mirror(CudaBackend& backend, std::unique_ptr<DeviceState> device) : backend_(backend), device_(std::move(device)) {}
+  ~Mirror() override { backend_.mirrored_bytes_ -= noted_bytes_; }
+  const void* owner() const override { return &backend_; }
+  Status PullRecurrent(SequenceState& host) override {
+    ASSIGN_OR_RETURN(Anchor anchor, device_->SaveHostAnchor());
+    anchor.length = host.length();
+    return host.RestoreAnchor(anchor);
+  }
+  DeviceState& device() { return *device_; }
+  // Brings the backend's count of device bytes up to this copy's (on the engine thread, after it changed).
+  void NoteBytes() {
+    const int64_t now = device_->allocated_bytes();
+    backend_.mirrored_bytes_ += now - noted_bytes_;
+    noted_bytes_ = now;
+  }
+
+ private:
+  CudaBackend& backend_;
+  std::unique_ptr<DeviceState> device_;
+  int64_t noted_bytes_ = 0;
+};
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const ModelConfig& config, const ModelWeights& weights,
+                                                         const CudaForwardOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaForward> forward, CudaForward::Create(config, weights, options));
+  return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(forward)));
+}
+
+CudaBackend::~CudaBackend() = default;
+
+std::string CudaBackend::DeviceDescription() const { return "cuda, " + forward_->device().Describe(); }
+
+int64_t CudaBackend::DeviceBytes() const { return forward_->weight_bytes() + forward_->workspace_bytes() + mirrored_bytes_.load(); }
+
+int64_t CudaBackend::PrefillWorkspaceBytes(int64_t chunk_tokens) const {
+  return config().vocab_size * static_cast<int64_t>(sizeof(float)) + chunk_tokens * static_cast<int64_t>(sizeof(int32_t));
+}
+
+Result<DeviceState*> CudaBackend::Sync(const SequenceState& state) {
+  SequenceState& host = const_cast<SequenceState&>(state);  // the mirror is the host's own cache; its bits do not change
+  Mirror* mirror = host.mirror() != nullptr && host.mirror()->owner() == this ? static_cast<Mirror*>(host.mirror()) : nullptr;
+  if (mirror == nullptr) {
+    ASSIGN_OR_RETURN(std::unique_ptr<DeviceState> device, forward_->NewState());
+    auto made = std::make_unique<Mirror>(*this, std::move(device));
+    mirror = made.get();
+    host.set_mirror(std::move(made));
+  }
+  DeviceState& device = mirror->device();
+  const int64_t length = host.length(), capacity = device.capacity(), kept_by_growth = device.length();
+  const Status reserved = device.Reserve(std::max<int64_t>(length, 1));
+  mirror->NoteBytes();
+  RETURN_IF_ERROR(reserved);
+  int64_t valid = host.mirror_rows();
+  if (device.capacity() != capacity) valid = std::min(valid, kept_by_growth);  // a growth keeps rows below the device's length only
+  host.set_mirror_sync(valid, host.newest_recurrent());
+  if (valid < length) {
+    ASSIGN_OR_RETURN(const KvRows rows, host.CopyRows(valid, length));
+    RETURN_IF_ERROR(device.WriteRows(rows));
+  }
+  if (host.newest_recurrent() == NewestRecurrent::kHost) {
+    RETURN_IF_ERROR(device.RestoreHostAnchor(host.SaveAnchor()));
+  } else {
+    RETURN_IF_ERROR(device.SetLength(length));
+  }
+  host.set_mirror_sync(std::max(host.mirror_rows(), length),
+                       host.newest_recurrent() == NewestRecurrent::kHost ? NewestRecurrent::kBoth : host.newest_recurrent());
+  return &device;
+}
+
+Status CudaBackend::Reserve(const SequenceState& host, int64_t tokens) {
+  auto* mirror = static_cast<Mirror*>(host.mirror());
+  const Status reserved = mirror->device().Reserve(tokens);
+  mirror->NoteBytes();
+  return reserved;
+}
+
+Status CudaBackend::WriteBack(SequenceState& host, const DeviceState& device, int64_t from) {
+  const int64_t length = device.length();
+  RETURN_IF_ERROR(host.Reserve(length));
+  ASSIGN_OR_RETURN(const KvRows rows, device.CopyRows(from, length));
+  RETURN_IF_ERROR(host.WriteRows(rows));
+  host.SetLength(length);
+  host.set_mirror_sync(length, NewestRecurrent::kMirror);
+  return Status::Ok();
+}
+
+void CudaBackend::Drop(SequenceState& host) {
+  if (host.newest_recurrent() == NewestRecurrent::kMirror) {
+    host.set_mirror_sync(0, NewestRecurrent::kHost);
+    host.Reset();  // the newest recurrent part was the device's: nothing at this length is left to resume from
+  }
+  host.set_mirror(nullptr);
+}
+
+Result<std::vector<float>> CudaBackend::Prefill(SequenceState& state, std::span<const int32_t> ids, LogitsRows rows, MtpState* mtp) {
+  if (mtp != nullptr) return Unsupported("CudaBackend: no multi-token-prediction head on the GPU");
+  RETURN_IF_ERROR(CheckTokenIds(ids, config().vocab_size, "CudaBackend"));
+  const int64_t from = state.length();
+  ASSIGN_OR_RETURN(DeviceState * device, Sync(state));
+  RETURN_IF_ERROR(Reserve(state, from + static_cast<int64_t>(ids.size())));  // fails without change
+  auto logits = forward_->Prefill(*device, ids, rows);
+  Status written = logits.ok() ? WriteBack(state, *device, from) : logits.status();
+  if (!written.ok()) {
+    Drop(state);
+    return written;
+  }
+  return logits;
+}
+
+Result<std::vector<float>> CudaBackend::Decode(SequenceState& state, int32_t id, MtpState* mtp) {
+  if (mtp != nullptr) return Unsupported("CudaBackend: no multi-token-prediction head on the GPU");
+  RETURN_IF_ERROR(CheckTokenIds(std::span<const int32_t>(&id, 1), config().vocab_size, "CudaBackend"));
+  const int64_t from = state.length();
+  ASSIGN_OR_RETURN(DeviceState * device, Sync(state));
+  RETURN_IF_ERROR(Reserve(state, from + 1));
+  auto logits = forward_->Decode(*device, id);
+  Status written = logits.ok() ? WriteBack(state, *device, from) : logits.status();
+  if (!written.ok()) {
+    Drop(state);
+    return written;
+  }
+  return logits;
+}
+
+// The fork runs in the state's own device copy from an anchor of it, then puts the anchor back: the
+// rows it wrote above the length are the device's only, so the copy holds the host's rows below it alone.
+Result<std::vector<float>> CudaBackend::ForkLastLogits(const SequenceState& state, std::span<const int32_t> ids) {
+  RETURN_IF_ERROR(CheckTokenIds(ids, config().vocab_size, "CudaBackend"));
+  SequenceState& host = const_cast<SequenceState&>(state);
+  ASSIGN_OR_RETURN(DeviceState * device, Sync(host));
+  const int64_t length = host.length();
+  auto anchor = device->SaveAnchor();
+  if (!anchor.ok()) return anchor.status();
+  RETURN_IF_ERROR(Reserve(host, length + static_cast<int64_t>(ids.size())));
+  auto logits = forward_->Prefill(*device, ids, LogitsRows::kLast);
+  host.set_mirror_sync(std::min(host.mirror_rows(), length), host.newest_recurrent());
+  if (Status back = device->RestoreAnchor(*anchor); !back.ok()) {
+    Drop(host);
+    return back;
+  }
+  return logits;
+}
+
+}  // namespace anchorage

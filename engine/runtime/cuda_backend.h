@@ -1,0 +1,59 @@
+// The CUDA backend behind ComputeBackend: CudaForward over a device copy (a StateMirror) of each host
+// SequenceState it is given. A forward first brings the copy up to what the host changed (K/V rows
+// below the length, the recurrent part), runs on the device and writes its new K/V rows back to the
+// host at once; the recurrent part stays on the device until the host reads it. So every cache tier
+// keeps working on host states, with the GPU's bits, and decode copies one K/V row a layer a token.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <atomic>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/runtime/compute_backend.h"
+#include "engine/runtime/cuda_forward.h"
+
+namespace anchorage {
+
+class CudaBackend final : public ComputeBackend {
+ public:
+  static Result<std::unique_ptr<CudaBackend>> Create(const ModelConfig& config, const ModelWeights& weights,
+                                                     const CudaForwardOptions& options);
+  // Every state's mirror must be gone first (they run on its stream).
+  ~CudaBackend() override;
+
+  const char* device_name() const override { return "cuda"; }
+  std::string DeviceDescription() const override;
+  const ModelConfig& config() const override { return forward_->config(); }
+  int64_t grid_tokens() const override { return forward_->grid_tokens(); }
+  int threads() const override { return 1; }
+  std::string StateKey(const std::string& model_fingerprint) const override { return forward_->StateFingerprint(model_fingerprint); }
+  int64_t DeviceBytes() const override;
+
+  Result<std::vector<float>> Prefill(SequenceState& state, std::span<const int32_t> ids, LogitsRows rows = LogitsRows::kLast,
+                                     MtpState* mtp = nullptr) override;
+  Result<std::vector<float>> Decode(SequenceState& state, int32_t id, MtpState* mtp = nullptr) override;
+  Result<std::vector<float>> ForkLastLogits(const SequenceState& state, std::span<const int32_t> ids) override;
+  int64_t PrefillWorkspaceBytes(int64_t chunk_tokens) const override;
+
+  CudaForward& forward() { return *forward_; }
+
+ private:
+  class Mirror;
+  explicit CudaBackend(std::unique_ptr<CudaForward> forward) : forward_(std::move(forward)) {}
+  // The device copy of host, equal to it below its length and in its recurrent part.
+  Result<DeviceState*> Sync(const SequenceState& host);
+  // Room for tokens rows in the device copy Sync made (fails without change).
+  Status Reserve(const SequenceState& host, int64_t tokens);
+  // After a forward from `from`: the device's new rows to the host, the length, the recurrent part newer on the device.
+  Status WriteBack(SequenceState& host, const DeviceState& device, int64_t from);
+  // After a device error: the copy is dropped (the host is whole: Sync made it so), the next forward makes another.
+  static void Drop(SequenceState& host);
+
+  std::unique_ptr<CudaForward> forward_;
+  std::atomic<int64_t> mirrored_bytes_{0};  // every state copy's device memory
+};
+
+}  // namespace anchorage

@@ -1,0 +1,149 @@
+// anchorage-server's --device: the CUDA backend loaded as a plugin (here the SIMT emulator's build of
+// it, named by ANCHORAGE_CUDA_PLUGIN) serves a conversation whose next turn resumes from the caches
+// and answers the same greedy tokens as a cold server on the same device; a plugin that cannot load
+// or find a GPU is a clear error with --device cuda, and the CPU with a note under auto.
+#include <QtTest>
+
+#include <filesystem>
+
+#include "engine/core/file_util.h"
+#include "engine/settings/settings.h"
+#include "tests/server/server_fixture.h"
+
+using anchorage::testing::ServerProcess;
+using json = nlohmann::json;
+
+namespace {
+
+const QString kEmulatedPlugin = QString(ANCHORAGE_BINARY_DIR) + "/tests/gpu/anchorage-cuda-emulated.so";
+const QString kRealPlugin = QString(ANCHORAGE_BINARY_DIR) + "/app/anchorage-cuda.so";
+
+std::string LongText() {
+  std::string text = "Keep these notes about devices, mirrors and anchors in mind.";
+  for (int i = 0; i < 40; ++i) text += " note" + std::to_string(i * 7919 % 1000) + " says row " + std::to_string(i);
+  return text;
+}
+
+json Turn(const json& messages) {
+  return {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}, {"logprobs", true}, {"session_id", "gpu-1"}};
+}
+
+// Runs the server to its exit (it is expected to refuse to start) and returns what it printed.
+std::string FailedStart(const QString& data_dir, const QStringList& flags, int* exit_code) {
+  QProcess p;
+  p.start(QString(ANCHORAGE_BINARY_DIR) + "/app/anchorage-server",
+          QStringList{"--data-dir", data_dir, "--port", "0", "--threads", "1", "--shadow-model", "off"} + flags);
+  if (!p.waitForFinished(120000)) {
+    p.kill();
+    p.waitForFinished(5000);
+    *exit_code = -1;
+    return "still running";
+  }
+  *exit_code = p.exitCode();
+  return p.readAllStandardError().toStdString() + p.readAllStandardOutput().toStdString();
+}
+
+}  // namespace
+
+class TestDeviceServer : public QObject {
+  Q_OBJECT
+
+  void WriteSettings(const QTemporaryDir& data) {
+    json doc = anchorage::DefaultSettingsDocument(anchorage::MachineTotalRamBytes());
+    doc["disk_cache"]["min_free_gb"] = 0;
+    QVERIFY(anchorage::MakeDirectories(data.path().toStdString(), 0700).ok());
+    QVERIFY(anchorage::WriteFileAtomic(data.filePath("settings.json").toStdString(), doc.dump()).ok());
+  }
+  json Ask(ServerProcess& s, const json& body) {
+    auto r = s.Post("/v1/chat/completions", body.dump());
+    if (!r || r->status != 200) {
+      qWarning() << "chat failed:" << (r ? QString::fromStdString(r->body) : QString("no response"));
+      return json::object();
+    }
+    return json::parse(r->body, nullptr, false);
+  }
+  static std::string Text(const json& reply) { return reply["choices"][0]["message"]["content"].get<std::string>(); }
+  // The tiny model's answers are mostly reasoning: both parts.
+  static std::string Said(const json& reply) {
+    const json& m = reply["choices"][0]["message"];
+    return m.value("reasoning_content", "") + "|" + m["content"].get<std::string>();
+  }
+
+ private slots:
+  void initTestCase() { qunsetenv("ANCHORAGE_CUDA_PLUGIN"); }
+  void cleanup() { qunsetenv("ANCHORAGE_CUDA_PLUGIN"); }
+
+  void cudaServesResumedTurnsWithColdBits() {
+    if (!std::filesystem::exists(kEmulatedPlugin.toStdString())) QSKIP("no emulated CUDA plugin in this build (not x86-64)");
+    qputenv("ANCHORAGE_CUDA_PLUGIN", kEmulatedPlugin.toUtf8());
+    const QStringList flags = {"--device", "cuda", "--grid", "64", "--shadow-model", "off"};
+    // The second request rewrites the first's question: it resumes from a grid anchor below it, a
+    // cold prefill's state (an end anchor would be held to the greedy gate only).
+    const json first = json::array({{{"role", "user"}, {"content", LongText() + " What does note 7 say?"}}});
+    const json second = json::array({{{"role", "user"}, {"content", LongText() + " And which row is last?"}}});
+
+    QTemporaryDir cached_dir;
+    WriteSettings(cached_dir);
+    ServerProcess cached;
+    QVERIFY(cached.Start(cached_dir.path(), flags));
+    QVERIFY2(cached.startup_output().find("cuda, SIMT emulator") != std::string::npos, cached.startup_output().c_str());
+    auto health = cached.Get("/health");
+    QVERIFY(health && health->status == 200);
+    QCOMPARE(json::parse(health->body)["device"].get<std::string>(), std::string("cuda"));
+    QVERIFY(Ask(cached, Turn(first)).contains("choices"));
+    const json resumed = Ask(cached, Turn(second));
+    QVERIFY(resumed.contains("choices"));
+    const json& figures = resumed["usage"]["anchorage"];
+    QVERIFY2(figures["cached_tokens"].get<int64_t>() >= 256 && figures["cache_source"] == "resident", figures.dump().c_str());
+
+    // The same device with every cache off: the resumed request's tokens and logprobs are a cold prefill's.
+    QTemporaryDir cold_dir;
+    WriteSettings(cold_dir);
+    ServerProcess cold;
+    QVERIFY(cold.Start(cold_dir.path(), flags + QStringList{"--caches", "off", "--disk-cache", "off"}));
+    const json fresh = Ask(cold, Turn(second));
+    QVERIFY(fresh.contains("choices"));
+    QCOMPARE(fresh["usage"]["anchorage"]["cached_tokens"].get<int64_t>(), int64_t{0});
+    QCOMPARE(QString::fromStdString(Said(fresh)), QString::fromStdString(Said(resumed)));
+    const json& a = resumed["choices"][0]["logprobs"]["content"];
+    QVERIFY2(a.is_array() && a.size() == 8, resumed.dump().c_str());
+    QCOMPARE(QString::fromStdString(fresh["choices"][0]["logprobs"]["content"].dump()), QString::fromStdString(a.dump()));
+  }
+
+  void aPluginThatCannotLoadIsAClearErrorOrTheCpu() {
+    QTemporaryDir data;
+    qputenv("ANCHORAGE_CUDA_PLUGIN", "/nonexistent/anchorage-cuda.so");
+    int code = 0;
+    const std::string out = FailedStart(data.path(), {"--device", "cuda"}, &code);
+    QVERIFY2(code != 0, out.c_str());
+    QVERIFY2(out.find("--device cuda: cannot load the CUDA plugin /nonexistent/anchorage-cuda.so") != std::string::npos, out.c_str());
+
+    ServerProcess fallback;
+    QVERIFY(fallback.Start(data.path(), {"--device", "auto", "--shadow-model", "off"}));
+    QVERIFY2(fallback.startup_output().find("(model ") != std::string::npos && fallback.startup_output().find(", cpu, kernel path ") != std::string::npos,
+             fallback.startup_output().c_str());
+    const std::string log = fallback.Log(false);
+    QVERIFY2(log.find("device: the CPU runs the model (cannot load the CUDA plugin") != std::string::npos, log.c_str());
+  }
+
+  void theRealPluginWithoutAGpuSaysWhy() {
+    if (!std::filesystem::exists(kRealPlugin.toStdString())) QSKIP("this build has no CUDA toolkit, so no anchorage-cuda.so");
+    if (std::filesystem::exists("/dev/nvidiactl")) QSKIP("this machine has an NVIDIA driver: the device check covers the GPU");
+    QTemporaryDir data;
+    int code = 0;
+    const std::string out = FailedStart(data.path(), {"--device", "cuda"}, &code);
+    QVERIFY2(code != 0, out.c_str());
+    // The plugin loaded (every engine symbol it needs came from the server) and found no device.
+    QVERIFY2(out.find("--device cuda: no usable CUDA device") != std::string::npos, out.c_str());
+  }
+
+  void badDeviceValuesAreRefused() {
+    QTemporaryDir data;
+    int code = 0;
+    const std::string out = FailedStart(data.path(), {"--device", "tpu"}, &code);
+    QVERIFY2(code != 0 && out.find("device must be cpu, cuda or auto, got 'tpu'") != std::string::npos, out.c_str());
+  }
+};
+
+QTEST_GUILESS_MAIN(TestDeviceServer)
+#include "test_device_server.moc"
