@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 
 #include "engine/compute/cuda/kernels.h"
 #include "engine/core/bf16.h"
@@ -60,6 +61,7 @@ struct CudaForward::Workspace {
   DeviceBuffer gate, up;            // [G, I]
   DeviceBuffer delta;               // the chunked delta rule's scratch for G rows
   DeviceBuffer logits;              // [kLogitRows, V]
+  cuda::PinnedBuffer staging;       // host copies of the states go through it
   int64_t bytes = 0;
 };
 
@@ -125,6 +127,7 @@ Status DeviceState::Upload(const SequenceState& host) {
 
 Result<std::unique_ptr<DeviceState>> DeviceState::Clone() const {
   std::unique_ptr<DeviceState> copy(new DeviceState(stream_, kv_width_, recurrent_floats_, tail_floats_));
+  copy->staging_ = staging_;
   const auto duplicate = [this](const std::vector<DeviceBuffer>& from, size_t used, std::vector<DeviceBuffer>& to,
                                 const char* what) -> Status {
     for (const DeviceBuffer& b : from) {
@@ -145,31 +148,69 @@ Result<std::unique_ptr<DeviceState>> DeviceState::Clone() const {
   return copy;
 }
 
-Status DeviceState::CopyRecurrentOut(float* floats, int kind) const {
-  for (size_t g = 0; g < recurrent_.size(); ++g) {
-    RETURN_IF_ERROR(cuda::CudaStatus(cudaMemcpyAsync(floats, recurrent_[g].data(), static_cast<size_t>(Floats(recurrent_floats_)),
-                                                     static_cast<cudaMemcpyKind>(kind), stream_),
-                                     "copying a recurrent state"));
-    floats += recurrent_floats_;
-    RETURN_IF_ERROR(cuda::CudaStatus(cudaMemcpyAsync(floats, tail_[g].data(), static_cast<size_t>(Floats(tail_floats_)),
-                                                     static_cast<cudaMemcpyKind>(kind), stream_),
-                                     "copying a conv tail"));
-    floats += tail_floats_;
+Status DeviceState::CopyStaged(std::span<const HostPiece> pieces, bool to_host) const {
+  if (staging_ == nullptr || staging_->bytes() == 0) {
+    for (const HostPiece& p : pieces)
+      RETURN_IF_ERROR(to_host ? cuda::CopyToHost(p.host, p.device, p.bytes, stream_) : cuda::CopyToDevice(p.device, p.host, p.bytes, stream_));
+    return Status::Ok();
   }
+  struct Part {
+    char* host;
+    char* staged;
+    size_t bytes;
+  };
+  std::vector<Part> batch;
+  size_t piece = 0, offset = 0;
+  while (piece < pieces.size()) {
+    batch.clear();
+    size_t used = 0;
+    while (piece < pieces.size() && used < staging_->bytes()) {
+      const HostPiece& p = pieces[piece];
+      const size_t n = std::min(p.bytes - offset, staging_->bytes() - used);
+      char* device = static_cast<char*>(p.device) + offset;
+      Part part{static_cast<char*>(p.host) + offset, staging_->data() + used, n};
+      if (to_host) {
+        RETURN_IF_ERROR(cuda::CopyToHostAsync(part.staged, device, n, stream_));
+      } else {
+        std::memcpy(part.staged, part.host, n);
+        RETURN_IF_ERROR(cuda::CopyToDeviceAsync(device, part.staged, n, stream_));
+      }
+      batch.push_back(part);
+      used += n;
+      offset += n;
+      if (offset == p.bytes) {
+        ++piece;
+        offset = 0;
+      }
+    }
+    RETURN_IF_ERROR(cuda::Synchronize(stream_, to_host ? "copying a state to the host" : "copying a state to the device"));
+    if (to_host)
+      for (const Part& part : batch) std::memcpy(part.host, part.staged, part.bytes);
+  }
+  return Status::Ok();
+}
+
+std::vector<DeviceState::HostPiece> DeviceState::RecurrentPieces(const float* floats) const {
+  std::vector<HostPiece> pieces;
+  char* host = reinterpret_cast<char*>(const_cast<float*>(floats));
+  for (size_t g = 0; g < recurrent_.size(); ++g) {
+    pieces.push_back({recurrent_[g].data(), host, static_cast<size_t>(Floats(recurrent_floats_))});
+    host += Floats(recurrent_floats_);
+    pieces.push_back({tail_[g].data(), host, static_cast<size_t>(Floats(tail_floats_))});
+    host += Floats(tail_floats_);
+  }
+  return pieces;
+}
+
+Status DeviceState::CopyRecurrentOut(float* floats, int kind) const {
+  if (kind == cudaMemcpyDeviceToHost) return CopyStaged(RecurrentPieces(floats), true);
+  for (const HostPiece& p : RecurrentPieces(floats)) RETURN_IF_ERROR(cuda::CopyOnDevice(p.host, p.device, p.bytes, stream_));
   return cuda::Synchronize(stream_, "copying a recurrent part");
 }
 
 Status DeviceState::CopyRecurrentIn(const float* floats, int kind) {
-  for (size_t g = 0; g < recurrent_.size(); ++g) {
-    RETURN_IF_ERROR(cuda::CudaStatus(cudaMemcpyAsync(recurrent_[g].data(), floats, static_cast<size_t>(Floats(recurrent_floats_)),
-                                                     static_cast<cudaMemcpyKind>(kind), stream_),
-                                     "copying a recurrent state"));
-    floats += recurrent_floats_;
-    RETURN_IF_ERROR(cuda::CudaStatus(cudaMemcpyAsync(tail_[g].data(), floats, static_cast<size_t>(Floats(tail_floats_)),
-                                                     static_cast<cudaMemcpyKind>(kind), stream_),
-                                     "copying a conv tail"));
-    floats += tail_floats_;
-  }
+  if (kind == cudaMemcpyHostToDevice) return CopyStaged(RecurrentPieces(floats), false);
+  for (const HostPiece& p : RecurrentPieces(floats)) RETURN_IF_ERROR(cuda::CopyOnDevice(p.device, p.host, p.bytes, stream_));
   return cuda::Synchronize(stream_, "copying a recurrent part");
 }
 
@@ -215,6 +256,18 @@ Status DeviceState::RestoreHostAnchor(const Anchor& anchor) {
   return Status::Ok();
 }
 
+std::vector<DeviceState::HostPiece> DeviceState::RowPieces(int64_t begin, int64_t floats, const float* data) const {
+  std::vector<HostPiece> pieces;
+  char* host = reinterpret_cast<char*>(const_cast<float*>(data));
+  const size_t bytes = static_cast<size_t>(Floats(floats));
+  for (size_t a = 0; a < k_.size(); ++a) {
+    pieces.push_back({k_[a].floats() + begin * kv_width_, host, bytes});
+    pieces.push_back({v_[a].floats() + begin * kv_width_, host + bytes, bytes});
+    host += 2 * bytes;
+  }
+  return pieces;
+}
+
 Status DeviceState::SetLength(int64_t length) {
   RETURN_IF_ERROR(CheckAnchorLength(length));
   length_ = length;
@@ -230,12 +283,7 @@ Result<KvRows> DeviceState::CopyRows(int64_t begin, int64_t end) const {
   rows.end = end;
   const int64_t n = (end - begin) * kv_width_;
   rows.data.resize(static_cast<size_t>(2 * n) * k_.size());
-  float* p = rows.data.data();
-  for (size_t a = 0; a < k_.size(); ++a) {
-    RETURN_IF_ERROR(cuda::CopyToHost(p, k_[a].floats() + begin * kv_width_, static_cast<size_t>(Floats(n)), stream_));
-    RETURN_IF_ERROR(cuda::CopyToHost(p + n, v_[a].floats() + begin * kv_width_, static_cast<size_t>(Floats(n)), stream_));
-    p += 2 * n;
-  }
+  RETURN_IF_ERROR(CopyStaged(RowPieces(begin, n, rows.data.data()), true));
   return rows;
 }
 
@@ -245,13 +293,7 @@ Status DeviceState::WriteRows(const KvRows& rows) {
     return InvalidArgument("DeviceState: rows [" + std::to_string(rows.begin) + ", " + std::to_string(rows.end) + ") with " +
                            std::to_string(rows.data.size()) + " floats do not fit this model");
   RETURN_IF_ERROR(Reserve(rows.end));
-  const float* p = rows.data.data();
-  for (size_t a = 0; a < k_.size(); ++a) {
-    RETURN_IF_ERROR(cuda::CopyToDevice(k_[a].floats() + rows.begin * kv_width_, p, static_cast<size_t>(Floats(n)), stream_));
-    RETURN_IF_ERROR(cuda::CopyToDevice(v_[a].floats() + rows.begin * kv_width_, p + n, static_cast<size_t>(Floats(n)), stream_));
-    p += 2 * n;
-  }
-  return cuda::Synchronize(stream_, "writing K/V rows");
+  return CopyStaged(RowPieces(rows.begin, n, rows.data.data()), false);
 }
 
 // ---- CudaForward ----
@@ -415,6 +457,7 @@ Status CudaForward::Init(const ModelWeights& w) {
   const cuda::DeltaShape delta{c.linear_num_key_heads, Nv, c.linear_key_head_dim, c.linear_value_head_dim, C};
   RETURN_IF_ERROR(make(ws.delta, Floats(cuda::GatedDeltaChunkedScratchFloats(delta, G)), "the delta rule's scratch"));
   RETURN_IF_ERROR(make(ws.logits, Floats(kLogitRows * c.vocab_size), "logits"));
+  ASSIGN_OR_RETURN(ws.staging, cuda::PinnedBuffer::Allocate(static_cast<size_t>(options_.staging_bytes), "the host copies' staging"));
   return cuda::Synchronize(stream_, "loading the weights");
 }
 
@@ -455,6 +498,7 @@ std::string CudaForward::StateFingerprint(const std::string& model_fingerprint) 
 Result<std::unique_ptr<DeviceState>> CudaForward::NewState() {
   const ModelConfig& c = config_;
   std::unique_ptr<DeviceState> state(new DeviceState(c, stream_));
+  state->staging_ = &ws_->staging;
   for (LayerKind kind : c.layer_types) {
     if (kind == LayerKind::kFullAttention) {
       state->k_.emplace_back();

@@ -27,6 +27,8 @@ struct CudaForwardOptions {
   // Decode replays one captured CUDA graph a token (recaptured when the state's buffers change);
   // where capture fails it goes on launch by launch. The bits are the same either way.
   bool decode_graphs = true;
+  // Pinned host memory the host copies of states pass through (in pieces of this size); 0: none.
+  int64_t staging_bytes = int64_t{32} << 20;
 };
 
 // The recurrent part of a device state at one length, kept in device memory: an anchor that does not
@@ -74,6 +76,17 @@ class DeviceState {
   // Every buffer a forward writes into: what a captured decode step was made for.
   std::vector<const void*> Buffers() const;
   int64_t anchor_floats() const { return static_cast<int64_t>(recurrent_.size()) * (recurrent_floats_ + tail_floats_); }
+  // A stretch of device memory and its place in pageable host memory.
+  struct HostPiece {
+    void* device;
+    void* host;
+    size_t bytes;
+  };
+  // Copies the pieces through the pinned staging buffer (directly where there is none), waiting for the stream.
+  Status CopyStaged(std::span<const HostPiece> pieces, bool to_host) const;
+  // The recurrent part laid out as Anchor::data at floats; K/V rows [begin, begin + floats / kv_width) as KvRows::data at data.
+  std::vector<HostPiece> RecurrentPieces(const float* floats) const;
+  std::vector<HostPiece> RowPieces(int64_t begin, int64_t floats, const float* data) const;
   // Copies the recurrent part to or from `floats` (device or host memory, as kind says).
   Status CopyRecurrentOut(float* floats, int kind) const;
   Status CopyRecurrentIn(const float* floats, int kind);
@@ -81,6 +94,7 @@ class DeviceState {
   Status CheckAnchorLength(int64_t length) const;
 
   cuda::Stream stream_ = nullptr;
+  cuda::PinnedBuffer* staging_ = nullptr;  // the forward's; one copy at a time, on the engine thread
   int64_t kv_width_ = 0, recurrent_floats_ = 0, tail_floats_ = 0;
   int64_t length_ = 0, capacity_ = 0;
   std::vector<cuda::DeviceBuffer> k_, v_, recurrent_, tail_;

@@ -538,6 +538,29 @@ void BackendOnHostStatesResumesExactly() {
   }
 }
 
+// Host copies through a staging buffer smaller than a row (every copy in many pieces) or through
+// none give the same bits as the default's.
+void StagingInPiecesGivesTheSameBits() {
+  Pair p = Load(TinyModelSize::kTiny);
+  const ModelConfig& c = p.model->config;
+  const auto whole = Backend(*p.model);
+  const std::vector<int32_t> ids = testing::RandomIds(400, c.vocab_size, 67);
+  SequenceState reference(c);
+  const std::vector<float> logits = Must(whole->Prefill(reference, ids), "prefill");
+  for (int64_t staging : {int64_t{1000}, int64_t{0}}) {
+    CudaForwardOptions options;
+    options.staging_bytes = staging;
+    const auto backend = Must(CudaBackend::Create(c, p.model->weights, options), "a backend with another staging");
+    SequenceState first(c);
+    Must(backend->Prefill(first, std::span(ids).first(192)), "prefill to 192");
+    SequenceState resumed(c);
+    Must(resumed.WriteRows(Must(first.CopyRows(0, 192), "rows")), "writing rows");
+    Must(resumed.RestoreAnchor(first.SaveAnchor()), "restoring the anchor");
+    GPU_CHECK_MSG(SameBits(Must(backend->Prefill(resumed, std::span(ids).subspan(192)), "resume"), logits), "staging " + std::to_string(staging));
+    GPU_CHECK_MSG(resumed.BitEqual(reference), "staging " + std::to_string(staging));
+  }
+}
+
 // What the host writes into a state its device copy already holds reaches the device: another
 // conversation's rows and anchor restored into it, and an earlier anchor of its own.
 void HostWritesReachTheDeviceCopy() {
@@ -757,6 +780,7 @@ int main() {
       {"bad ids change nothing", BadIdsChangeNothing},
       {"the backend on host states gives CudaForward's bits and resumes exactly", BackendOnHostStatesResumesExactly},
       {"host writes reach a state's device copy", HostWritesReachTheDeviceCopy},
+      {"host copies in pieces of a small staging buffer, or none, give the same bits", StagingInPiecesGivesTheSameBits},
       {"a fork on the device keeps the state", ForkKeepsTheState},
 #ifndef ANCHORAGE_CUDA_EMULATED
       {"the plugin gives the linked backend's bits", ThePluginGivesTheLinkedBackendsBits},

@@ -14,6 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/core/file_util.h"
+#include "engine/settings/settings.h"
+
 namespace anchorage::testing {
 
 // One SSE stream read to its end (or until on_event returns false, which hangs up).
@@ -24,6 +27,14 @@ struct StreamResult {
   bool aborted = false;
   std::string error;  // the client's error, when the exchange failed
 };
+
+// Writes DIR/settings.json with the defaults but no free-space floor for the disk tier (a test
+// machine's disk may be nearly full); false where it cannot.
+inline bool WriteSettingsWithoutDiskFloor(const QString& dir) {
+  nlohmann::json doc = DefaultSettingsDocument(MachineTotalRamBytes());
+  doc["disk_cache"]["min_free_gb"] = 0;
+  return MakeDirectories(dir.toStdString(), 0700).ok() && WriteFileAtomic((dir + "/settings.json").toStdString(), doc.dump()).ok();
+}
 
 class ServerProcess {
  public:
@@ -86,6 +97,16 @@ class ServerProcess {
     httplib::Client c("127.0.0.1", port_);
     c.set_read_timeout(60, 0);
     return c.Post(path.c_str(), headers, body, "application/json");
+  }
+
+  // A chat completion's parsed answer; an empty object (and a warning) where it failed.
+  nlohmann::json Chat(const nlohmann::json& body) {
+    auto r = Post("/v1/chat/completions", body.dump());
+    if (!r || r->status != 200) {
+      qWarning() << "chat failed:" << (r ? QString::fromStdString(r->body) : QString("no response"));
+      return nlohmann::json::object();
+    }
+    return nlohmann::json::parse(r->body, nullptr, false);
   }
 
   httplib::Result Put(const std::string& path, const std::string& body) {

@@ -6,8 +6,6 @@
 
 #include <filesystem>
 
-#include "engine/core/file_util.h"
-#include "engine/settings/settings.h"
 #include "tests/server/server_fixture.h"
 
 using anchorage::testing::ServerProcess;
@@ -48,20 +46,6 @@ std::string FailedStart(const QString& data_dir, const QStringList& flags, int* 
 class TestDeviceServer : public QObject {
   Q_OBJECT
 
-  void WriteSettings(const QTemporaryDir& data) {
-    json doc = anchorage::DefaultSettingsDocument(anchorage::MachineTotalRamBytes());
-    doc["disk_cache"]["min_free_gb"] = 0;
-    QVERIFY(anchorage::MakeDirectories(data.path().toStdString(), 0700).ok());
-    QVERIFY(anchorage::WriteFileAtomic(data.filePath("settings.json").toStdString(), doc.dump()).ok());
-  }
-  json Ask(ServerProcess& s, const json& body) {
-    auto r = s.Post("/v1/chat/completions", body.dump());
-    if (!r || r->status != 200) {
-      qWarning() << "chat failed:" << (r ? QString::fromStdString(r->body) : QString("no response"));
-      return json::object();
-    }
-    return json::parse(r->body, nullptr, false);
-  }
   static std::string Text(const json& reply) { return reply["choices"][0]["message"]["content"].get<std::string>(); }
   // The tiny model's answers are mostly reasoning: both parts.
   static std::string Said(const json& reply) {
@@ -83,25 +67,25 @@ class TestDeviceServer : public QObject {
     const json second = json::array({{{"role", "user"}, {"content", LongText() + " And which row is last?"}}});
 
     QTemporaryDir cached_dir;
-    WriteSettings(cached_dir);
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(cached_dir.path()));
     ServerProcess cached;
     QVERIFY(cached.Start(cached_dir.path(), flags));
     QVERIFY2(cached.startup_output().find("cuda, SIMT emulator") != std::string::npos, cached.startup_output().c_str());
     auto health = cached.Get("/health");
     QVERIFY(health && health->status == 200);
     QCOMPARE(json::parse(health->body)["device"].get<std::string>(), std::string("cuda"));
-    QVERIFY(Ask(cached, Turn(first)).contains("choices"));
-    const json resumed = Ask(cached, Turn(second));
+    QVERIFY(cached.Chat(Turn(first)).contains("choices"));
+    const json resumed = cached.Chat(Turn(second));
     QVERIFY(resumed.contains("choices"));
     const json& figures = resumed["usage"]["anchorage"];
     QVERIFY2(figures["cached_tokens"].get<int64_t>() >= 256 && figures["cache_source"] == "resident", figures.dump().c_str());
 
     // The same device with every cache off: the resumed request's tokens and logprobs are a cold prefill's.
     QTemporaryDir cold_dir;
-    WriteSettings(cold_dir);
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(cold_dir.path()));
     ServerProcess cold;
     QVERIFY(cold.Start(cold_dir.path(), flags + QStringList{"--caches", "off", "--disk-cache", "off"}));
-    const json fresh = Ask(cold, Turn(second));
+    const json fresh = cold.Chat(Turn(second));
     QVERIFY(fresh.contains("choices"));
     QCOMPARE(fresh["usage"]["anchorage"]["cached_tokens"].get<int64_t>(), int64_t{0});
     QCOMPARE(QString::fromStdString(Said(fresh)), QString::fromStdString(Said(resumed)));

@@ -9,8 +9,6 @@
 
 #include <filesystem>
 
-#include "engine/core/file_util.h"
-#include "engine/settings/settings.h"
 #include "tests/server/server_fixture.h"
 
 using anchorage::testing::ServerProcess;
@@ -31,20 +29,6 @@ json Turn(const json& messages) { return {{"messages", messages}, {"max_tokens",
 class TestSpillServer : public QObject {
   Q_OBJECT
 
-  void WriteSettings(const QTemporaryDir& data) {
-    json doc = anchorage::DefaultSettingsDocument(anchorage::MachineTotalRamBytes());
-    doc["disk_cache"]["min_free_gb"] = 0;
-    QVERIFY(anchorage::MakeDirectories(data.path().toStdString(), 0700).ok());
-    QVERIFY(anchorage::WriteFileAtomic(data.filePath("settings.json").toStdString(), doc.dump()).ok());
-  }
-  json Ask(ServerProcess& s, const json& body) {
-    auto r = s.Post("/v1/chat/completions", body.dump());
-    if (!r || r->status != 200) {
-      qWarning() << "chat failed:" << (r ? QString::fromStdString(r->body) : QString("no response"));
-      return json::object();
-    }
-    return json::parse(r->body, nullptr, false);
-  }
   static std::string Text(const json& reply) { return reply["choices"][0]["message"]["content"].get<std::string>(); }
 
  private slots:
@@ -52,21 +36,21 @@ class TestSpillServer : public QObject {
     const json first = json::array({{{"role", "user"}, {"content", LongText()}}});
     // A server that never stops: the reference.
     QTemporaryDir never;
-    WriteSettings(never);
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(never.path()));
     ServerProcess reference;
     QVERIFY(reference.Start(never.path(), {"--grid", "64"}));
-    const std::string reply1 = Text(Ask(reference, Turn(first)));
+    const std::string reply1 = Text(reference.Chat(Turn(first)));
     json second = first;
     second.push_back({{"role", "assistant"}, {"content", reply1}});
     second.push_back({{"role", "user"}, {"content", "And which block comes last?"}});
-    const json expected = Ask(reference, Turn(second));
+    const json expected = reference.Chat(Turn(second));
 
     QTemporaryDir data;
-    WriteSettings(data);
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(data.path()));
     {
       ServerProcess a;
       QVERIFY(a.Start(data.path(), {"--grid", "64"}));
-      QCOMPARE(Text(Ask(a, Turn(first))), reply1);
+      QCOMPARE(Text(a.Chat(Turn(first))), reply1);
       ::kill(static_cast<pid_t>(a.process().processId()), SIGTERM);
       QVERIFY(a.process().waitForFinished(20000));
       QCOMPARE(a.process().exitCode(), 0);
@@ -75,7 +59,7 @@ class TestSpillServer : public QObject {
     QVERIFY(std::filesystem::exists(sessions + "/resident.json"));
     ServerProcess b;
     QVERIFY(b.Start(data.path(), {"--grid", "64"}));
-    const json got = Ask(b, Turn(second));
+    const json got = b.Chat(Turn(second));
     QCOMPARE(got["usage"]["anchorage"]["cache_source"], expected["usage"]["anchorage"]["cache_source"]);
     QCOMPARE(got["usage"]["anchorage"]["cached_tokens"], expected["usage"]["anchorage"]["cached_tokens"]);
     QVERIFY(got["usage"]["anchorage"]["cached_tokens"].get<int64_t>() > 256);
@@ -94,7 +78,7 @@ class TestSpillServer : public QObject {
     auto cleared = b.Post("/v1/cache/clear?tier=spill", "");
     QVERIFY(cleared && cleared->status == 200);
     QCOMPARE(json::parse(cleared->body)["stats"]["spill"]["entries"].get<int64_t>(), int64_t(0));
-    QVERIFY(!Ask(b, Turn(first)).empty());
+    QVERIFY(!b.Chat(Turn(first)).empty());
   }
 };
 

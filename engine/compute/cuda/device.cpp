@@ -74,6 +74,47 @@ DeviceBuffer::~DeviceBuffer() {
   if (data_ != nullptr) cudaFree(data_);
 }
 
+Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes, const std::string& what) {
+  PinnedBuffer buffer;
+  if (bytes == 0) return buffer;
+  void* p = nullptr;
+  const cudaError_t done = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+  if (done != cudaSuccess) {
+    cudaGetLastError();
+    return ResourceExhausted("CUDA: cannot allocate " + std::to_string(bytes) + " bytes of pinned host memory for " + what + ": " +
+                             cudaGetErrorString(done));
+  }
+  buffer.data_ = static_cast<char*>(p);
+  buffer.bytes_ = bytes;
+  return buffer;
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) cudaFreeHost(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (data_ != nullptr) cudaFreeHost(data_);
+}
+
+Status CopyToHostAsync(void* host, const void* device, size_t bytes, Stream s) {
+  if (bytes == 0) return Status::Ok();
+  return CudaStatus(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, s), "copying to the host");
+}
+
+Status CopyToDeviceAsync(void* device, const void* host, size_t bytes, Stream s) {
+  if (bytes == 0) return Status::Ok();
+  return CudaStatus(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, s), "copying to the device");
+}
+
 Status CopyToDevice(void* device, const void* host, size_t bytes, Stream s) {
   if (bytes == 0) return Status::Ok();
   RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(s), "waiting before a copy to the device"));

@@ -48,6 +48,29 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// Page-locked host memory of a fixed size: copies between it and the device run at the bus's rate
+// and need no staging by the driver.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  static Result<PinnedBuffer> Allocate(size_t bytes, const std::string& what);
+  PinnedBuffer(PinnedBuffer&& other) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer();
+  char* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  char* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Device to pinned host memory and back, asynchronous on s (Synchronize before the host reads or reuses it).
+Status CopyToHostAsync(void* host, const void* device, size_t bytes, Stream s);
+Status CopyToDeviceAsync(void* device, const void* host, size_t bytes, Stream s);
+
 // Host to device and back, synchronous (the stream is drained first).
 Status CopyToDevice(void* device, const void* host, size_t bytes, Stream s);
 Status CopyToHost(void* host, const void* device, size_t bytes, Stream s);

@@ -67,6 +67,18 @@ cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
+  *p = std::malloc(bytes);
+  if (*p == nullptr) return cudaErrorMemoryAllocation;
+  std::memset(*p, 0xff, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   std::memset(p, value, bytes);
   return cudaSuccess;
