@@ -302,6 +302,7 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
     if (j >= reads) return;
     pending[j] = j == 0 ? std::async(std::launch::async, read_anchor) : std::async(std::launch::async, read_chunk, first + j - 1);
   };
+  state.PrepareHostWrites(true);  // the reads below write rows and the recurrent part from other threads
   for (size_t j = 0; j < kReadsInFlight; ++j) launch(j);
   for (size_t j = 0; j < reads; ++j) {
     Read done = pending[j].get();

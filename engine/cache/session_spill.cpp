@@ -385,6 +385,7 @@ Result<SpillEntry> SessionSpill::Restore(const std::string& id, SequenceState& s
     std::vector<int64_t> offsets(b.sums.size() + 1, 0);
     for (size_t buf = 0; buf < b.sums.size(); ++buf) offsets[buf + 1] = offsets[buf] + b.lengths[buf];
     std::vector<Status> checked(b.sums.size(), Status::Ok());
+    state.PrepareHostWrites(false);  // the pool's threads write the rows
     pool_.Run(b.sums.size(), [&](size_t buf) {
       char* dest = reinterpret_cast<char*>(BufferRows(state, buf) + begin * width);
       const std::string_view payload = std::string_view(*data).substr(static_cast<size_t>(offsets[buf]), static_cast<size_t>(b.lengths[buf]));

@@ -10,6 +10,7 @@ class CudaBackend::Mirror final : public StateMirror {
   ~Mirror() override { backend_.mirrored_bytes_ -= noted_bytes_; }
   const void* owner() const override { return &backend_; }
   Status PullRecurrent(SequenceState& host) override {
+    RETURN_IF_ERROR(cuda::UseDevice(backend_.forward_->device().index));  // any thread may read the host state
     ASSIGN_OR_RETURN(Anchor anchor, device_->SaveHostAnchor());
     anchor.length = host.length();
     return host.RestoreAnchor(anchor);
@@ -61,16 +62,13 @@ Result<DeviceState*> CudaBackend::Sync(const SequenceState& state) {
   int64_t valid = host.mirror_rows();
   if (device.capacity() != capacity) valid = std::min(valid, kept_by_growth);  // a growth keeps rows below the device's length only
   host.set_mirror_sync(valid, host.newest_recurrent());
-  if (valid < length) {
-    ASSIGN_OR_RETURN(const KvRows rows, host.CopyRows(valid, length));
-    RETURN_IF_ERROR(device.WriteRows(rows));
-  }
+  if (valid < length) RETURN_IF_ERROR(device.UploadRows(host, valid, length));
   if (host.newest_recurrent() == NewestRecurrent::kHost) {
     RETURN_IF_ERROR(device.RestoreHostAnchor(host.SaveAnchor()));
   } else {
     RETURN_IF_ERROR(device.SetLength(length));
   }
-  host.set_mirror_sync(std::max(host.mirror_rows(), length),
+  host.set_mirror_sync(std::max(valid, length),
                        host.newest_recurrent() == NewestRecurrent::kHost ? NewestRecurrent::kBoth : host.newest_recurrent());
   return &device;
 }
@@ -85,31 +83,44 @@ Status CudaBackend::Reserve(const SequenceState& host, int64_t tokens) {
 Status CudaBackend::WriteBack(SequenceState& host, const DeviceState& device, int64_t from) {
   const int64_t length = device.length();
   RETURN_IF_ERROR(host.Reserve(length));
-  ASSIGN_OR_RETURN(const KvRows rows, device.CopyRows(from, length));
-  RETURN_IF_ERROR(host.WriteRows(rows));
+  RETURN_IF_ERROR(device.DownloadRows(host, from, length));
   host.SetLength(length);
   host.set_mirror_sync(length, NewestRecurrent::kMirror);
   return Status::Ok();
 }
 
-void CudaBackend::Drop(SequenceState& host) {
-  if (host.newest_recurrent() == NewestRecurrent::kMirror) {
+void CudaBackend::Drop(SequenceState& host, bool device_ahead) {
+  if (device_ahead && host.newest_recurrent() == NewestRecurrent::kMirror) {
     host.set_mirror_sync(0, NewestRecurrent::kHost);
-    host.Reset();  // the newest recurrent part was the device's: nothing at this length is left to resume from
+    host.Reset();  // the device held the newest recurrent part and has gone past it: nothing at this length is left
+  } else if (device_ahead) {
+    host.set_mirror_sync(0, NewestRecurrent::kHost);  // the host's recurrent part is this length's
   }
-  host.set_mirror(nullptr);
+  (void)host.DropMirror();  // pulls what the device still holds newer; resets where it cannot
+}
+
+Status CudaBackend::Prepare(const SequenceState& host, int64_t tokens, DeviceState** device) {
+  RETURN_IF_ERROR(cuda::UseDevice(forward_->device().index));
+  auto synced = Sync(host);
+  Status ready = synced.ok() ? Reserve(host, tokens) : synced.status();
+  if (!ready.ok()) {
+    Drop(const_cast<SequenceState&>(host), false);
+    return ready;
+  }
+  *device = *synced;
+  return Status::Ok();
 }
 
 Result<std::vector<float>> CudaBackend::Prefill(SequenceState& state, std::span<const int32_t> ids, LogitsRows rows, MtpState* mtp) {
   if (mtp != nullptr) return Unsupported("CudaBackend: no multi-token-prediction head on the GPU");
   RETURN_IF_ERROR(CheckTokenIds(ids, config().vocab_size, "CudaBackend"));
   const int64_t from = state.length();
-  ASSIGN_OR_RETURN(DeviceState * device, Sync(state));
-  RETURN_IF_ERROR(Reserve(state, from + static_cast<int64_t>(ids.size())));  // fails without change
+  DeviceState* device = nullptr;
+  RETURN_IF_ERROR(Prepare(state, from + static_cast<int64_t>(ids.size()), &device));
   auto logits = forward_->Prefill(*device, ids, rows);
   Status written = logits.ok() ? WriteBack(state, *device, from) : logits.status();
   if (!written.ok()) {
-    Drop(state);
+    Drop(state, true);
     return written;
   }
   return logits;
@@ -119,12 +130,12 @@ Result<std::vector<float>> CudaBackend::Decode(SequenceState& state, int32_t id,
   if (mtp != nullptr) return Unsupported("CudaBackend: no multi-token-prediction head on the GPU");
   RETURN_IF_ERROR(CheckTokenIds(std::span<const int32_t>(&id, 1), config().vocab_size, "CudaBackend"));
   const int64_t from = state.length();
-  ASSIGN_OR_RETURN(DeviceState * device, Sync(state));
-  RETURN_IF_ERROR(Reserve(state, from + 1));
+  DeviceState* device = nullptr;
+  RETURN_IF_ERROR(Prepare(state, from + 1, &device));
   auto logits = forward_->Decode(*device, id);
   Status written = logits.ok() ? WriteBack(state, *device, from) : logits.status();
   if (!written.ok()) {
-    Drop(state);
+    Drop(state, true);
     return written;
   }
   return logits;
@@ -135,15 +146,18 @@ Result<std::vector<float>> CudaBackend::Decode(SequenceState& state, int32_t id,
 Result<std::vector<float>> CudaBackend::ForkLastLogits(const SequenceState& state, std::span<const int32_t> ids) {
   RETURN_IF_ERROR(CheckTokenIds(ids, config().vocab_size, "CudaBackend"));
   SequenceState& host = const_cast<SequenceState&>(state);
-  ASSIGN_OR_RETURN(DeviceState * device, Sync(host));
   const int64_t length = host.length();
+  DeviceState* device = nullptr;
+  RETURN_IF_ERROR(Prepare(host, length + static_cast<int64_t>(ids.size()), &device));
   auto anchor = device->SaveAnchor();
-  if (!anchor.ok()) return anchor.status();
-  RETURN_IF_ERROR(Reserve(host, length + static_cast<int64_t>(ids.size())));
+  if (!anchor.ok()) {
+    Drop(host, false);
+    return anchor.status();
+  }
   auto logits = forward_->Prefill(*device, ids, LogitsRows::kLast);
   host.set_mirror_sync(std::min(host.mirror_rows(), length), host.newest_recurrent());
   if (Status back = device->RestoreAnchor(*anchor); !back.ok()) {
-    Drop(host);
+    Drop(host, true);
     return back;
   }
   return logits;

@@ -49,8 +49,11 @@ class CudaBackend final : public ComputeBackend {
   Status Reserve(const SequenceState& host, int64_t tokens);
   // After a forward from `from`: the device's new rows to the host, the length, the recurrent part newer on the device.
   Status WriteBack(SequenceState& host, const DeviceState& device, int64_t from);
-  // After a device error: the copy is dropped (the host is whole: Sync made it so), the next forward makes another.
-  static void Drop(SequenceState& host);
+  // The device made current, host synced and room for tokens rows; on failure the copy is dropped.
+  Status Prepare(const SequenceState& host, int64_t tokens, DeviceState** device);
+  // After an error the copy is dropped (the next forward makes another). device_ahead: the device
+  // ran past the host's length, so where it held the newest recurrent part the host state is reset.
+  static void Drop(SequenceState& host, bool device_ahead);
 
   std::unique_ptr<CudaForward> forward_;
   std::atomic<int64_t> mirrored_bytes_{0};  // every state copy's device memory

@@ -149,6 +149,12 @@ Result<std::unique_ptr<DeviceState>> DeviceState::Clone() const {
 }
 
 Status DeviceState::CopyStaged(std::span<const HostPiece> pieces, bool to_host) const {
+  Status copied = CopyStagedPieces(pieces, to_host);
+  if (!copied.ok()) (void)cuda::Synchronize(stream_, "after a failed copy");  // nothing queued may still read the staging
+  return copied;
+}
+
+Status DeviceState::CopyStagedPieces(std::span<const HostPiece> pieces, bool to_host) const {
   if (staging_ == nullptr || staging_->bytes() == 0) {
     for (const HostPiece& p : pieces)
       RETURN_IF_ERROR(to_host ? cuda::CopyToHost(p.host, p.device, p.bytes, stream_) : cuda::CopyToDevice(p.device, p.host, p.bytes, stream_));
@@ -254,6 +260,37 @@ Status DeviceState::RestoreHostAnchor(const Anchor& anchor) {
   RETURN_IF_ERROR(CopyRecurrentIn(anchor.data.data(), cudaMemcpyHostToDevice));
   length_ = anchor.length;
   return Status::Ok();
+}
+
+Status DeviceState::UploadRows(const SequenceState& host, int64_t begin, int64_t end) {
+  if (!Matches(host)) return InvalidArgument("DeviceState: the host state belongs to another model");
+  if (begin < 0 || end < begin || end > host.length())
+    return OutOfRange("DeviceState: host rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") outside length " +
+                      std::to_string(host.length()));
+  RETURN_IF_ERROR(Reserve(end));
+  std::vector<HostPiece> pieces;
+  const size_t bytes = static_cast<size_t>(Floats((end - begin) * kv_width_));
+  for (size_t a = 0; a < k_.size(); ++a) {
+    const int64_t layer = static_cast<int64_t>(a);
+    pieces.push_back({k_[a].floats() + begin * kv_width_, const_cast<float*>(host.k_rows(layer) + begin * kv_width_), bytes});
+    pieces.push_back({v_[a].floats() + begin * kv_width_, const_cast<float*>(host.v_rows(layer) + begin * kv_width_), bytes});
+  }
+  return CopyStaged(pieces, false);
+}
+
+Status DeviceState::DownloadRows(SequenceState& host, int64_t begin, int64_t end) const {
+  if (!Matches(host)) return InvalidArgument("DeviceState: the host state belongs to another model");
+  if (begin < 0 || end < begin || end > length_ || end > host.capacity())
+    return OutOfRange("DeviceState: rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") outside length " +
+                      std::to_string(length_) + " or the host's capacity");
+  std::vector<HostPiece> pieces;
+  const size_t bytes = static_cast<size_t>(Floats((end - begin) * kv_width_));
+  for (size_t a = 0; a < k_.size(); ++a) {
+    const int64_t layer = static_cast<int64_t>(a);
+    pieces.push_back({k_[a].floats() + begin * kv_width_, host.k_rows(layer) + begin * kv_width_, bytes});
+    pieces.push_back({v_[a].floats() + begin * kv_width_, host.v_rows(layer) + begin * kv_width_, bytes});
+  }
+  return CopyStaged(pieces, true);
 }
 
 std::vector<DeviceState::HostPiece> DeviceState::RowPieces(int64_t begin, int64_t floats, const float* data) const {

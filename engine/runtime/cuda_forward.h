@@ -67,6 +67,10 @@ class DeviceState {
   Status SetLength(int64_t length);
   Result<KvRows> CopyRows(int64_t begin, int64_t end) const;
   Status WriteRows(const KvRows& rows);
+  // K/V rows [begin, end) from host's rows in place (end <= host.length()), and back into host's
+  // (reserved by the caller): no KvRows between.
+  Status UploadRows(const SequenceState& host, int64_t begin, int64_t end);
+  Status DownloadRows(SequenceState& host, int64_t begin, int64_t end) const;
 
  private:
   friend class CudaForward;
@@ -84,6 +88,7 @@ class DeviceState {
   };
   // Copies the pieces through the pinned staging buffer (directly where there is none), waiting for the stream.
   Status CopyStaged(std::span<const HostPiece> pieces, bool to_host) const;
+  Status CopyStagedPieces(std::span<const HostPiece> pieces, bool to_host) const;
   // The recurrent part laid out as Anchor::data at floats; K/V rows [begin, begin + floats / kv_width) as KvRows::data at data.
   std::vector<HostPiece> RecurrentPieces(const float* floats) const;
   std::vector<HostPiece> RowPieces(int64_t begin, int64_t floats, const float* data) const;

@@ -48,6 +48,17 @@ void SequenceState::set_mirror(std::unique_ptr<StateMirror> mirror) {
   set_mirror_sync(0, NewestRecurrent::kHost);
 }
 
+Status SequenceState::DropMirror() {
+  Status pulled = Status::Ok();
+  if (mirror_ && newest_recurrent_ == NewestRecurrent::kMirror) {
+    pulled = mirror_->PullRecurrent(*this);
+    if (!pulled.ok()) Reset();
+  }
+  mirror_.reset();
+  set_mirror_sync(0, NewestRecurrent::kHost);
+  return pulled;
+}
+
 void SequenceState::PullFromMirror() const {
   if (!mirror_ || newest_recurrent_ != NewestRecurrent::kMirror) return;
   SequenceState& self = const_cast<SequenceState&>(*this);  // the same bits, now in host memory too

@@ -66,11 +66,11 @@ class SequenceState {
   // fp32 [capacity, Nkv*head_dim] K (V) rows of attention layer a (0-based among attention layers).
   // The writable ones tell a mirror that every row may change.
   float* k_rows(int64_t a) {
-    if (mirror_) mirror_rows_ = 0;
+    HostWritesRows();
     return k_[a].data();
   }
   float* v_rows(int64_t a) {
-    if (mirror_) mirror_rows_ = 0;
+    HostWritesRows();
     return v_[a].data();
   }
   const float* k_rows(int64_t a) const { return k_[a].data(); }
@@ -141,13 +141,26 @@ class SequenceState {
     mirror_rows_ = rows;
     newest_recurrent_ = newest;
   }
+  // Before threads fill rows and (with recurrent) the whole recurrent part through the writable
+  // pointers: the mirror is told here, on the owner's thread, so they only read its flags.
+  void PrepareHostWrites(bool recurrent) {
+    mirror_rows_ = 0;
+    if (recurrent) newest_recurrent_ = NewestRecurrent::kHost;  // all of it is overwritten: nothing to pull
+  }
+  // Gives up the mirror. Where the mirror held the newest recurrent part it is pulled first; where
+  // that fails the state is reset (length 0) and the pull's error returned.
+  Status DropMirror();
 
  private:
   // Before the host reads its recurrent part: the mirror's, when newer, is copied in. A device that
   // cannot give it back has lost the state; the process stops rather than serve other bits.
   void PullFromMirror() const;
+  // Both only read the flags when they are already so (threads filling a prepared state).
+  void HostWritesRows() {
+    if (mirror_ && mirror_rows_ != 0) mirror_rows_ = 0;
+  }
   void HostWritesRecurrent() {
-    if (!mirror_) return;
+    if (!mirror_ || newest_recurrent_ == NewestRecurrent::kHost) return;
     PullFromMirror();
     newest_recurrent_ = NewestRecurrent::kHost;
   }

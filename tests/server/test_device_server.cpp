@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "engine/core/file_util.h"
 #include "tests/server/server_fixture.h"
 
 using anchorage::testing::ServerProcess;
@@ -68,6 +69,10 @@ class TestDeviceServer : public QObject {
 
     QTemporaryDir cached_dir;
     QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(cached_dir.path()));
+    json settings = json::parse(*anchorage::ReadFile(cached_dir.filePath("settings.json").toStdString()));
+    settings["disk_cache"]["admit_after"] = 1;  // the first request's lines go to the disk tier
+    settings["disk_cache"]["min_tokens"] = 64;
+    QVERIFY(anchorage::WriteFileAtomic(cached_dir.filePath("settings.json").toStdString(), settings.dump()).ok());
     ServerProcess cached;
     QVERIFY(cached.Start(cached_dir.path(), flags));
     QVERIFY2(cached.startup_output().find("cuda, SIMT emulator") != std::string::npos, cached.startup_output().c_str());
@@ -92,6 +97,21 @@ class TestDeviceServer : public QObject {
     const json& a = resumed["choices"][0]["logprobs"]["content"];
     QVERIFY2(a.is_array() && a.size() == 8, resumed.dump().c_str());
     QCOMPARE(QString::fromStdString(fresh["choices"][0]["logprobs"]["content"].dump()), QString::fromStdString(a.dump()));
+
+    // With the RAM tiers cleared the request resumes from the disk tier's files, read into the host
+    // state and brought to the device: a cold prefill's tokens and logprobs again.
+    auto stats = [&] { return json::parse(cached.Get("/v1/cache/stats")->body); };
+    QTRY_VERIFY_WITH_TIMEOUT(stats()["disk"].value("anchors_written", 0) >= 1, 20000);
+    QCOMPARE(stats()["memory"]["device"].get<std::string>(), std::string("cuda"));
+    QVERIFY(stats()["memory"]["device_bytes"].get<int64_t>() > 0);
+    QVERIFY(cached.Post("/v1/cache/clear?tier=ram", "").value().status == 200);
+    // Another conversation in between writes its own rows over the device copy's.
+    QVERIFY(cached.Chat(Turn(json::array({{{"role", "user"}, {"content", "Something else entirely, " + LongText().substr(30)}}})))
+                .contains("choices"));
+    const json from_disk = cached.Chat(Turn(second));
+    QVERIFY2(from_disk["usage"]["anchorage"]["cache_source"] == "disk", from_disk["usage"].dump().c_str());
+    QCOMPARE(QString::fromStdString(Said(from_disk)), QString::fromStdString(Said(fresh)));
+    QCOMPARE(QString::fromStdString(from_disk["choices"][0]["logprobs"]["content"].dump()), QString::fromStdString(a.dump()));
   }
 
   void aPluginThatCannotLoadIsAClearErrorOrTheCpu() {

@@ -20,6 +20,8 @@ Status CudaStatus(int code, const std::string& what) {
   return Internal("CUDA: " + what + ": " + cudaGetErrorName(error) + " (" + cudaGetErrorString(error) + ")");
 }
 
+Status UseDevice(int index) { return CudaStatus(cudaSetDevice(index), "selecting device " + std::to_string(index)); }
+
 Result<DeviceInfo> FindDevice(int index) {
   int count = 0;
   const cudaError_t found = cudaGetDeviceCount(&count);

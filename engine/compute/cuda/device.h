@@ -25,6 +25,9 @@ struct DeviceInfo {
 // The device at index, or why none can be used ("no CUDA driver", "no CUDA device", ...).
 Result<DeviceInfo> FindDevice(int index = 0);
 
+// Makes device index the calling thread's (CUDA keeps the choice per thread).
+Status UseDevice(int index);
+
 // Status of the last CUDA runtime call (code is a cudaError_t); what names the operation.
 Status CudaStatus(int code, const std::string& what);
 
