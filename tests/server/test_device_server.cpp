@@ -1,7 +1,8 @@
 // anchorage-server's --device: the CUDA backend loaded as a plugin (here the SIMT emulator's build of
-// it, named by ANCHORAGE_CUDA_PLUGIN) serves a conversation whose next turn resumes from the caches
-// and answers the same greedy tokens as a cold server on the same device; a plugin that cannot load
-// or find a GPU is a clear error with --device cuda, and the CPU with a note under auto.
+// it, named by ANCHORAGE_CUDA_PLUGIN) serves a request resumed from a grid anchor, and from the disk
+// tier, with the tokens and logprobs of a cold server on the same device, and decide's reused
+// observation with the bits of every branch alone; a plugin that cannot load or find a GPU is a clear
+// error with --device cuda, and the CPU with a note under auto.
 #include <QtTest>
 
 #include <filesystem>
@@ -112,6 +113,34 @@ class TestDeviceServer : public QObject {
     QVERIFY2(from_disk["usage"]["anchorage"]["cache_source"] == "disk", from_disk["usage"].dump().c_str());
     QCOMPARE(QString::fromStdString(Said(from_disk)), QString::fromStdString(Said(fresh)));
     QCOMPARE(QString::fromStdString(from_disk["choices"][0]["logprobs"]["content"].dump()), QString::fromStdString(a.dump()));
+  }
+
+  // Decide on the device: the reused observation (anchors saved and restored on host states) gives
+  // the bits of every branch run alone.
+  void decideOnTheDeviceGivesTheIndependentBits() {
+    if (!std::filesystem::exists(kEmulatedPlugin.toStdString())) QSKIP("no emulated CUDA plugin in this build (not x86-64)");
+    qputenv("ANCHORAGE_CUDA_PLUGIN", kEmulatedPlugin.toUtf8());
+    QTemporaryDir data;
+    ServerProcess server;
+    QVERIFY(server.Start(data.path(), {"--device", "cuda", "--grid", "64", "--shadow-model", "off", "--disk-cache", "off"}));
+    std::string log = "The build log follows.";
+    for (int i = 0; i < 24; ++i) log += "\nstep " + std::to_string(i) + ": compiled unit" + std::to_string(i * 31 % 97);
+    const json body = {{"messages", json::array({{{"role", "user"}, {"content", log}}})},
+                       {"questions", json::array({{{"question", "Did the build pass?"}, {"choices", {"yes", "no", "unclear"}}},
+                                                  {{"question", "Which unit came last?"}, {"candidates", {"unit3", "the last one", "none"}}}})}};
+    json alone_body = body;
+    alone_body["reuse"] = false;
+    auto reused = server.Post("/v1/decide", body.dump());
+    auto alone = server.Post("/v1/decide", alone_body.dump());
+    QVERIFY(reused && reused->status == 200 && alone && alone->status == 200);
+    const json r = json::parse(reused->body), a = json::parse(alone->body);
+    QVERIFY2(r["usage"]["shared_prefix_tokens"].get<int64_t>() > 0, r["usage"].dump().c_str());
+    for (size_t q = 0; q < 2; ++q) {
+      json x = r["answers"][q], y = a["answers"][q];
+      x.erase("ms");
+      y.erase("ms");
+      QCOMPARE(QString::fromStdString(x.dump()), QString::fromStdString(y.dump()));
+    }
   }
 
   void aPluginThatCannotLoadIsAClearErrorOrTheCpu() {
