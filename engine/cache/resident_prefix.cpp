@@ -795,6 +795,11 @@ void ResidentPrefix::PlanCopy(const CacheRequest& request, Plan& plan) const {
 Status ResidentPrefix::Admit(const CacheRequest& request, Plan& plan, int64_t max_new) {
   const int64_t limit = options_.memory_peak_bytes - options_.memory_slack_bytes;
   const int64_t n = static_cast<int64_t>(request.prompt.size());
+  // A GPU backend's copy of the state must fit its device too (the caches live in host memory).
+  if (Status fits = forward_.FitsDevice(&state_, static_cast<int64_t>(plan.info.served_prompt.size()) + max_new); !fits.ok()) {
+    ++counters_.refused;
+    return fits;
+  }
   auto need_of = [&](Plan& p) {
     PlanCopy(request, p);
     return PrefillPeakBytes(static_cast<int64_t>(p.info.served_prompt.size()), p.info.cached_tokens, max_new) + p.copy_bytes;

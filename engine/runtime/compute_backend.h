@@ -41,6 +41,11 @@ class ComputeBackend {
   virtual std::string StateKey(const std::string& model_fingerprint) const = 0;
   // Bytes held on a device beside host memory (weights, workspace and state copies); 0 for the CPU.
   virtual int64_t DeviceBytes() const { return 0; }
+  // The device's free memory now (any thread); 0 for the CPU.
+  virtual int64_t DeviceFreeBytes() const { return 0; }
+  // Whether the device has room for state (nullptr: a new one) to hold `rows` rows; ResourceExhausted
+  // saying so where it has not. The CPU's states live in host memory, which the caches' budget counts.
+  virtual Status FitsDevice(const SequenceState* state, int64_t rows) const { return Status::Ok(); }
 
   // Appends ids at positions state.length().. in chunks that end on multiples of grid_tokens; returns
   // fp32 logits [1, vocab] (kLast) or [ids.size(), vocab] (kAll). Bad ids leave the state unchanged.

@@ -16,6 +16,7 @@ class CudaBackend::Mirror final : public StateMirror {
     return host.RestoreAnchor(anchor);
   }
   DeviceState& device() { return *device_; }
+  const DeviceState& device() const { return *device_; }
   // Brings the backend's count of device bytes up to this copy's (on the engine thread, after it changed).
   void NoteBytes() {
     const int64_t now = device_->allocated_bytes();
@@ -40,6 +41,30 @@ CudaBackend::~CudaBackend() = default;
 std::string CudaBackend::DeviceDescription() const { return "cuda, " + forward_->device().Describe(); }
 
 int64_t CudaBackend::DeviceBytes() const { return forward_->weight_bytes() + forward_->workspace_bytes() + mirrored_bytes_.load(); }
+
+int64_t CudaBackend::DeviceFreeBytes() const {
+  if (!cuda::UseDevice(forward_->device().index).ok()) return 0;
+  auto free = cuda::FreeDeviceBytes();
+  return free.ok() ? *free : 0;
+}
+
+Status CudaBackend::FitsDevice(const SequenceState* state, int64_t rows) const {
+  const ModelConfig& c = config();
+  const Mirror* mirror = state != nullptr && state->mirror() != nullptr && state->mirror()->owner() == this
+                             ? static_cast<const Mirror*>(state->mirror())
+                             : nullptr;
+  const int64_t step = SequenceState::kKvRowStep, wanted = (std::max<int64_t>(rows, 1) + step - 1) / step * step;
+  int64_t need = mirror != nullptr ? 0 : SequenceState::AnchorBytes(c);
+  // A growth allocates the new rows beside the old ones before it copies them.
+  if (wanted > (mirror != nullptr ? mirror->device().capacity() : 0)) need += wanted * SequenceState::KvBytesPerToken(c);
+  if (need == 0) return Status::Ok();
+  RETURN_IF_ERROR(cuda::UseDevice(forward_->device().index));
+  ASSIGN_OR_RETURN(const int64_t free, cuda::FreeDeviceBytes());
+  if (need > free)
+    return ResourceExhausted("the GPU has " + std::to_string(free >> 20) + " MiB free; " + std::to_string(rows) + " rows of a state need " +
+                             std::to_string((need + (1 << 20) - 1) >> 20) + " MiB more");
+  return Status::Ok();
+}
 
 int64_t CudaBackend::PrefillWorkspaceBytes(int64_t chunk_tokens) const {
   return config().vocab_size * static_cast<int64_t>(sizeof(float)) + chunk_tokens * static_cast<int64_t>(sizeof(int32_t));

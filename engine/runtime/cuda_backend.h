@@ -31,6 +31,8 @@ class CudaBackend final : public ComputeBackend {
   int threads() const override { return 1; }
   std::string StateKey(const std::string& model_fingerprint) const override { return forward_->StateFingerprint(model_fingerprint); }
   int64_t DeviceBytes() const override;
+  int64_t DeviceFreeBytes() const override;
+  Status FitsDevice(const SequenceState* state, int64_t rows) const override;
 
   Result<std::vector<float>> Prefill(SequenceState& state, std::span<const int32_t> ids, LogitsRows rows = LogitsRows::kLast,
                                      MtpState* mtp = nullptr) override;

@@ -189,6 +189,7 @@ void HttpServer::RouteOperations() {
                    {"device", scheduler_.forward().device_name()},
                    {"device_description", scheduler_.forward().DeviceDescription()},
                    {"device_bytes", scheduler_.forward().DeviceBytes()},
+                   {"device_free_bytes", scheduler_.forward().DeviceFreeBytes()},
                    {"last_request", last_request}});
   });
   Route("GET", "/metrics", RouteClass::kControl, RouteAccess::kClient, [this](const HttpRequest&, HttpResponse& res) {

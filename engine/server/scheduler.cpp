@@ -226,6 +226,7 @@ Result<DecideLayout> Scheduler::Decide(std::span<const DecideBranch> branches, i
     if (resident_.EngineBytes() + need > limit)
       return ResourceExhausted("the decide request needs " + std::to_string(need) + " bytes beyond the engine's " +
                                std::to_string(resident_.EngineBytes()) + "; the peak limit less slack is " + std::to_string(limit) + " bytes");
+    RETURN_IF_ERROR(forward_->FitsDevice(nullptr, layout.longest));
     // A long decide lets requests that arrive go first between its branches: its states are its own.
     RETURN_IF_ERROR(RunDecide(*forward_, branches, layout, on_branch, [this] { lock_.YieldToWaiting(); }));
     return layout;

@@ -1,7 +1,8 @@
 // anchorage-server's --device: the CUDA backend loaded as a plugin (here the SIMT emulator's build of
 // it, named by ANCHORAGE_CUDA_PLUGIN) serves a request resumed from a grid anchor, and from the disk
 // tier, with the tokens and logprobs of a cold server on the same device, and decide's reused
-// observation with the bits of every branch alone; a plugin that cannot load or find a GPU is a clear
+// observation with the bits of every branch alone; a full device refuses a prompt it cannot hold
+// (503) and goes on serving; a plugin that cannot load or find a GPU is a clear
 // error with --device cuda, and the CPU with a note under auto.
 #include <QtTest>
 
@@ -18,9 +19,9 @@ namespace {
 const QString kEmulatedPlugin = QString(ANCHORAGE_BINARY_DIR) + "/tests/gpu/anchorage-cuda-emulated.so";
 const QString kRealPlugin = QString(ANCHORAGE_BINARY_DIR) + "/app/anchorage-cuda.so";
 
-std::string LongText() {
+std::string LongText(int notes = 40) {
   std::string text = "Keep these notes about devices, mirrors and anchors in mind.";
-  for (int i = 0; i < 40; ++i) text += " note" + std::to_string(i * 7919 % 1000) + " says row " + std::to_string(i);
+  for (int i = 0; i < notes; ++i) text += " note" + std::to_string(i * 7919 % 1000) + " says row " + std::to_string(i);
   return text;
 }
 
@@ -57,7 +58,10 @@ class TestDeviceServer : public QObject {
 
  private slots:
   void initTestCase() { qunsetenv("ANCHORAGE_CUDA_PLUGIN"); }
-  void cleanup() { qunsetenv("ANCHORAGE_CUDA_PLUGIN"); }
+  void cleanup() {
+    qunsetenv("ANCHORAGE_CUDA_PLUGIN");
+    qunsetenv("ANCHORAGE_EMULATED_DEVICE_BYTES");
+  }
 
   void cudaServesResumedTurnsWithColdBits() {
     if (!std::filesystem::exists(kEmulatedPlugin.toStdString())) QSKIP("no emulated CUDA plugin in this build (not x86-64)");
@@ -141,6 +145,46 @@ class TestDeviceServer : public QObject {
       y.erase("ms");
       QCOMPARE(QString::fromStdString(x.dump()), QString::fromStdString(y.dump()));
     }
+  }
+
+  // A device without room for a prompt's rows refuses that request before any tier changes (503
+  // memory_exhausted, with the GPU named); the server goes on serving, the same bits as before.
+  void aFullDeviceRefusesAndKeepsServing() {
+    if (!std::filesystem::exists(kEmulatedPlugin.toStdString())) QSKIP("no emulated CUDA plugin in this build (not x86-64)");
+    qputenv("ANCHORAGE_CUDA_PLUGIN", kEmulatedPlugin.toUtf8());
+    const QStringList flags = {"--device", "cuda", "--shadow-model", "off", "--disk-cache", "off"};
+    const json short_turn = Turn(json::array({{{"role", "user"}, {"content", LongText(10)}}}));
+    const json long_turn = Turn(json::array({{{"role", "user"}, {"content", LongText(160)}}}));
+    QTemporaryDir data;
+    int64_t device_bytes = 0, row_bytes = 0;
+    std::string expected;
+    {
+      ServerProcess roomy;
+      QVERIFY(roomy.Start(data.path(), flags));
+      expected = Said(roomy.Chat(short_turn));
+      const json health = json::parse(roomy.Get("/health")->body);  // the emulated device holds 1 TiB
+      device_bytes = (int64_t{1} << 40) - health["device_free_bytes"].get<int64_t>();
+      QVERIFY(health["device_bytes"].get<int64_t>() > 0 && health["device_bytes"].get<int64_t>() <= device_bytes);
+      json resident;  // the stats may trail the answer a moment
+      QTRY_VERIFY_WITH_TIMEOUT((resident = json::parse(roomy.Get("/v1/cache/stats")->body)["resident"])["rows"].get<int64_t>() > 0, 10000);
+      row_bytes = resident["row_bytes"].get<int64_t>() / resident["rows"].get<int64_t>();  // K/V bytes a token
+      const json long_reply = roomy.Chat(long_turn);
+      QVERIFY2(long_reply["usage"]["prompt_tokens"].get<int64_t>() > 1024, long_reply["usage"].dump().c_str());
+    }
+    QVERIFY2(device_bytes > 0 && row_bytes > 0, (std::to_string(device_bytes) + " " + std::to_string(row_bytes)).c_str());
+    // Room for the short request's state and 1,024 rows more: growing to 2,048 rows needs 2,048 beside the old.
+    qputenv("ANCHORAGE_EMULATED_DEVICE_BYTES", QByteArray::number(static_cast<qint64>(device_bytes + 1024 * row_bytes)));
+    ServerProcess full;
+    const bool started = full.Start(data.path(), flags);
+    qunsetenv("ANCHORAGE_EMULATED_DEVICE_BYTES");
+    QVERIFY2(started, full.Log().c_str());
+    QCOMPARE(QString::fromStdString(Said(full.Chat(short_turn))), QString::fromStdString(expected));
+    auto refused = full.Post("/v1/chat/completions", long_turn.dump());
+    QVERIFY(refused);
+    QCOMPARE(refused->status, 503);
+    const json error = json::parse(refused->body)["error"];
+    QVERIFY2(error["code"] == "memory_exhausted" && error["message"].get<std::string>().find("the GPU has") != std::string::npos, refused->body.c_str());
+    QCOMPARE(QString::fromStdString(Said(full.Chat(short_turn))), QString::fromStdString(expected));
   }
 
   void aPluginThatCannotLoadIsAClearErrorOrTheCpu() {

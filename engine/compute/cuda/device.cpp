@@ -22,6 +22,12 @@ Status CudaStatus(int code, const std::string& what) {
 
 Status UseDevice(int index) { return CudaStatus(cudaSetDevice(index), "selecting device " + std::to_string(index)); }
 
+Result<int64_t> FreeDeviceBytes() {
+  size_t free = 0, total = 0;
+  RETURN_IF_ERROR(CudaStatus(cudaMemGetInfo(&free, &total), "reading the device's free memory"));
+  return static_cast<int64_t>(free);
+}
+
 Result<DeviceInfo> FindDevice(int index) {
   int count = 0;
   const cudaError_t found = cudaGetDeviceCount(&count);

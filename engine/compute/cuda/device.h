@@ -27,6 +27,8 @@ Result<DeviceInfo> FindDevice(int index = 0);
 
 // Makes device index the calling thread's (CUDA keeps the choice per thread).
 Status UseDevice(int index);
+// Device memory free now on the calling thread's device.
+Result<int64_t> FreeDeviceBytes();
 
 // Status of the last CUDA runtime call (code is a cudaError_t); what names the operation.
 Status CudaStatus(int code, const std::string& what);

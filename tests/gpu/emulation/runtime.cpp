@@ -3,6 +3,8 @@
 #include <cuda_runtime_api.h>
 
 #include <functional>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "simt.h"
@@ -55,15 +57,55 @@ const char* cudaGetErrorString(cudaError_t error) { return error == cudaSuccess 
 cudaError_t cudaGetLastError() { return cudaSuccess; }
 cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
 
+namespace {
+
+// Device memory in use, and the device's size: ANCHORAGE_EMULATED_DEVICE_BYTES where set (a full
+// device for tests), else 1 TiB.
+struct DeviceMemory {
+  std::mutex mutex;
+  std::map<void*, size_t> sizes;
+  size_t used = 0;
+  size_t total = [] {
+    const char* named = std::getenv("ANCHORAGE_EMULATED_DEVICE_BYTES");
+    return named != nullptr && *named != '\0' ? static_cast<size_t>(std::strtoull(named, nullptr, 10)) : size_t{1} << 40;
+  }();
+};
+DeviceMemory& Memory() {
+  static DeviceMemory memory;
+  return memory;
+}
+
+}  // namespace
+
 cudaError_t cudaMalloc(void** p, size_t bytes) {
-  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  const size_t rounded = (bytes + 255) / 256 * 256;
+  DeviceMemory& m = Memory();
+  std::lock_guard lock(m.mutex);
+  if (m.used + rounded > m.total) return cudaErrorMemoryAllocation;
+  *p = std::aligned_alloc(256, rounded);
   if (*p == nullptr) return cudaErrorMemoryAllocation;
   std::memset(*p, 0xff, bytes);  // device memory starts as garbage: NaN where read as floats
+  m.sizes[*p] = rounded;
+  m.used += rounded;
   return cudaSuccess;
 }
 
 cudaError_t cudaFree(void* p) {
+  DeviceMemory& m = Memory();
+  std::lock_guard lock(m.mutex);
+  if (auto it = m.sizes.find(p); it != m.sizes.end()) {
+    m.used -= it->second;
+    m.sizes.erase(it);
+  }
   std::free(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  DeviceMemory& m = Memory();
+  std::lock_guard lock(m.mutex);
+  *free = m.total - m.used;
+  *total = m.total;
   return cudaSuccess;
 }
 

@@ -54,6 +54,7 @@ cudaError_t cudaGetLastError();
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaMalloc(void** p, size_t bytes);
 cudaError_t cudaFree(void* p);
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
 #define cudaHostAllocDefault 0u
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned flags);
 cudaError_t cudaFreeHost(void* p);
