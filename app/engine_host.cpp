@@ -73,7 +73,8 @@ class LocalWorker : public ConsoleWorker {
     EngineStatusSnapshot s;
     s.ready = true;
     s.modelId = QString::fromStdString(m_service->model_id());
-    s.kernelPath = QString::fromUtf8(anchorage::cpu::PathName(anchorage::cpu::ActivePath()));
+    const bool on_gpu = std::string(sched.forward().device_name()) == "cuda";
+    s.kernelPath = on_gpu ? QStringLiteral("cuda") : QString::fromUtf8(anchorage::cpu::PathName(anchorage::cpu::ActivePath()));
     s.weights = QString::fromStdString(m_service->model().weights_format);
     s.threads = sched.forward().threads();
     s.url = endpointUrl();

@@ -121,7 +121,7 @@ void RemoteWorker::onHealth(int status, const nlohmann::json& body, const QStrin
   EngineStatusSnapshot s;
   s.ready = true;
   s.modelId = JsonText(body, "model");
-  s.kernelPath = JsonText(body, "kernel_path");
+  s.kernelPath = JsonText(body, "device") == "cuda" ? QStringLiteral("cuda") : JsonText(body, "kernel_path");
   s.weights = JsonText(body, "weights");
   s.threads = static_cast<int>(JsonInt(body, "threads"));
   s.url = endpointUrl();

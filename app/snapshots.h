@@ -72,7 +72,7 @@ struct JournalSnapshot {
 struct EngineStatusSnapshot {
   bool ready = false;
   QString modelId;
-  QString kernelPath;  // the CPU kernels' path ("avx2-fma")
+  QString kernelPath;  // the CPU kernels' path ("avx2-fma"), or "cuda" where a GPU runs the model
   QString weights;     // how the matrices are held ("bf16", "fp8-e4m3 + bf16", "int8")
   int threads = 0;     // the engine's worker threads
   QString url;      // the endpoint, http://HOST:PORT/v1

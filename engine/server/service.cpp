@@ -233,7 +233,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     s->model_->weights_format = cpu->WeightsDescription();
     forward = std::move(cpu);
   } else {
-    s->model_->weights_format = "bf16 on the GPU";
+    s->model_->weights_format = "bf16";
   }
   s->model_->tensors->DropResidentPages();  // the backend holds its own copy of every matrix
   s->model_->state_fingerprint = forward->StateKey(s->model_->fingerprint);
