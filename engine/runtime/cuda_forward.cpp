@@ -119,9 +119,7 @@ Status DeviceState::Download(SequenceState& host) const {
 }
 
 Status DeviceState::Upload(const SequenceState& host) {
-  if (!Matches(host)) return InvalidArgument("DeviceState: the host state belongs to another model");
-  ASSIGN_OR_RETURN(const KvRows rows, host.CopyRows(0, host.length()));
-  RETURN_IF_ERROR(WriteRows(rows));
+  RETURN_IF_ERROR(UploadRows(host, 0, host.length()));
   return RestoreHostAnchor(host.SaveAnchor());
 }
 
@@ -268,14 +266,7 @@ Status DeviceState::UploadRows(const SequenceState& host, int64_t begin, int64_t
     return OutOfRange("DeviceState: host rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") outside length " +
                       std::to_string(host.length()));
   RETURN_IF_ERROR(Reserve(end));
-  std::vector<HostPiece> pieces;
-  const size_t bytes = static_cast<size_t>(Floats((end - begin) * kv_width_));
-  for (size_t a = 0; a < k_.size(); ++a) {
-    const int64_t layer = static_cast<int64_t>(a);
-    pieces.push_back({k_[a].floats() + begin * kv_width_, const_cast<float*>(host.k_rows(layer) + begin * kv_width_), bytes});
-    pieces.push_back({v_[a].floats() + begin * kv_width_, const_cast<float*>(host.v_rows(layer) + begin * kv_width_), bytes});
-  }
-  return CopyStaged(pieces, false);
+  return CopyStaged(HostRowPieces(host, begin, end), false);
 }
 
 Status DeviceState::DownloadRows(SequenceState& host, int64_t begin, int64_t end) const {
@@ -283,14 +274,19 @@ Status DeviceState::DownloadRows(SequenceState& host, int64_t begin, int64_t end
   if (begin < 0 || end < begin || end > length_ || end > host.capacity())
     return OutOfRange("DeviceState: rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") outside length " +
                       std::to_string(length_) + " or the host's capacity");
+  host.PrepareHostWrites(false);  // its rows change below
+  return CopyStaged(HostRowPieces(host, begin, end), true);
+}
+
+std::vector<DeviceState::HostPiece> DeviceState::HostRowPieces(const SequenceState& host, int64_t begin, int64_t end) const {
   std::vector<HostPiece> pieces;
   const size_t bytes = static_cast<size_t>(Floats((end - begin) * kv_width_));
   for (size_t a = 0; a < k_.size(); ++a) {
     const int64_t layer = static_cast<int64_t>(a);
-    pieces.push_back({k_[a].floats() + begin * kv_width_, host.k_rows(layer) + begin * kv_width_, bytes});
-    pieces.push_back({v_[a].floats() + begin * kv_width_, host.v_rows(layer) + begin * kv_width_, bytes});
+    pieces.push_back({k_[a].floats() + begin * kv_width_, const_cast<float*>(host.k_rows(layer) + begin * kv_width_), bytes});
+    pieces.push_back({v_[a].floats() + begin * kv_width_, const_cast<float*>(host.v_rows(layer) + begin * kv_width_), bytes});
   }
-  return CopyStaged(pieces, true);
+  return pieces;
 }
 
 std::vector<DeviceState::HostPiece> DeviceState::RowPieces(int64_t begin, int64_t floats, const float* data) const {

@@ -492,6 +492,12 @@ void AnchorsAndRowsResumeExactly() {
   GPU_CHECK(SameBits(from_host, cold_logits));
 }
 
+// Puts from's rows and anchor into to, as a cache tier restores a state.
+void PutInPlace(SequenceState& to, const SequenceState& from) {
+  Must(to.WriteRows(Must(from.CopyRows(0, from.length()), "K/V rows")), "writing the rows");
+  Must(to.RestoreAnchor(from.SaveAnchor()), "restoring the anchor");
+}
+
 std::unique_ptr<CudaBackend> Backend(const testing::LoadedWeights& model, int64_t grid = 1024) {
   CudaForwardOptions options;
   options.grid_tokens = grid;
@@ -527,11 +533,8 @@ void BackendOnHostStatesResumesExactly() {
   for (int64_t line = 64; line < 700; line += 64) {
     SequenceState first(c);
     Must(backend->Prefill(first, std::span(ids).first(static_cast<size_t>(line))), "prefill to the line");
-    const Anchor anchor = first.SaveAnchor();
-    const KvRows rows = Must(first.CopyRows(0, line), "K/V rows");
     SequenceState resumed(c);
-    Must(resumed.WriteRows(rows), "writing the rows");
-    Must(resumed.RestoreAnchor(anchor), "restoring the anchor");
+    PutInPlace(resumed, first);
     const std::vector<float> logits = Must(backend->Prefill(resumed, std::span(ids).subspan(static_cast<size_t>(line))), "resume");
     GPU_CHECK_MSG(resumed.BitEqual(reference), "state resumed at " + std::to_string(line));
     GPU_CHECK_MSG(SameBits(logits, cold_logits), "logits resumed at " + std::to_string(line));
@@ -554,8 +557,7 @@ void StagingInPiecesGivesTheSameBits() {
     SequenceState first(c);
     Must(backend->Prefill(first, std::span(ids).first(192)), "prefill to 192");
     SequenceState resumed(c);
-    Must(resumed.WriteRows(Must(first.CopyRows(0, 192), "rows")), "writing rows");
-    Must(resumed.RestoreAnchor(first.SaveAnchor()), "restoring the anchor");
+    PutInPlace(resumed, first);
     GPU_CHECK_MSG(SameBits(Must(backend->Prefill(resumed, std::span(ids).subspan(192)), "resume"), logits), "staging " + std::to_string(staging));
     GPU_CHECK_MSG(resumed.BitEqual(reference), "staging " + std::to_string(staging));
   }
@@ -576,8 +578,7 @@ void HostWritesReachTheDeviceCopy() {
   SequenceState state(c);
   Must(backend->Prefill(state, std::span(x).first(256)), "x to 256");
   const Anchor x_at_256 = state.SaveAnchor();
-  Must(state.WriteRows(Must(y_at_192.CopyRows(0, 192), "y's rows")), "writing y's rows");
-  Must(state.RestoreAnchor(y_at_192.SaveAnchor()), "restoring y's anchor");
+  PutInPlace(state, y_at_192);
   GPU_CHECK(SameBits(Must(backend->Prefill(state, std::span(y).subspan(192)), "y from 192"), y_logits));
   GPU_CHECK(state.BitEqual(y_cold));
 
@@ -610,8 +611,7 @@ void ForkKeepsTheState() {
   const std::vector<float> above(view.k_rows(0) + 192 * view.kv_width(), view.k_rows(0) + 320 * view.kv_width());
 
   SequenceState copy(c);
-  Must(copy.WriteRows(Must(state.CopyRows(0, 192), "rows")), "copying rows");
-  Must(copy.RestoreAnchor(at_192), "copying the anchor");
+  PutInPlace(copy, state);
   const std::vector<float> expected = Must(backend->Prefill(copy, extra), "prefill on a copy");
   const SequenceState before = state;
   GPU_CHECK(SameBits(Must(backend->ForkLastLogits(state, extra), "fork"), expected));
