@@ -166,6 +166,46 @@ Result<std::vector<float>> CudaBackend::Decode(SequenceState& state, int32_t id,
   return logits;
 }
 
+Result<std::vector<float>> CudaBackend::DraftWindow(SequenceState& state, std::span<const int32_t> ids, MtpState* mtp) {
+  if (mtp != nullptr) return Unsupported("CudaBackend: no multi-token-prediction head on the GPU");
+  RETURN_IF_ERROR(CheckTokenIds(ids, config().vocab_size, "CudaBackend"));
+  const int64_t from = state.length(), n = static_cast<int64_t>(ids.size());
+  if (n > CudaForward::kMaxDraftRows)
+    return InvalidArgument("CudaBackend: a draft window of " + std::to_string(n) + " rows; at most " + std::to_string(CudaForward::kMaxDraftRows));
+  window_ = nullptr;
+  DeviceState* device = nullptr;
+  RETURN_IF_ERROR(Prepare(state, from + n, &device));
+  auto logits = forward_->DraftWindow(*device, ids);
+  if (!logits.ok()) {
+    Drop(state, true);
+    return logits.status();
+  }
+  window_ = &state;
+  window_from_ = from;
+  return logits;
+}
+
+Status CudaBackend::KeepDraft(SequenceState& state, int64_t rows) {
+  auto* mirror = state.mirror() != nullptr && state.mirror()->owner() == this ? static_cast<Mirror*>(state.mirror()) : nullptr;
+  // The host must not have changed the state since the window opened: its rows and recurrent part are the copy's.
+  if (window_ != &state || mirror == nullptr || state.length() != window_from_ || state.mirror_rows() < window_from_ ||
+      state.newest_recurrent() == NewestRecurrent::kHost)
+    return InvalidArgument("CudaBackend::KeepDraft: no draft window is open on this state");
+  window_ = nullptr;
+  RETURN_IF_ERROR(cuda::UseDevice(forward_->device().index));
+  DeviceState& device = mirror->device();
+  if (Status kept = forward_->KeepDraft(device, rows); !kept.ok()) {
+    if (kept.code() != StatusCode::kInvalidArgument) Drop(state, true);  // a device error: the copy may be anywhere
+    return kept;
+  }
+  if (rows == 0) return Status::Ok();
+  if (Status written = WriteBack(state, device, window_from_); !written.ok()) {
+    Drop(state, true);
+    return written;
+  }
+  return Status::Ok();
+}
+
 // The fork runs in the state's own device copy from an anchor of it, then puts the anchor back: the
 // rows it wrote above the length are the device's only, so the copy holds the host's rows below it alone.
 Result<std::vector<float>> CudaBackend::ForkLastLogits(const SequenceState& state, std::span<const int32_t> ids) {

@@ -40,6 +40,12 @@ class CudaBackend final : public ComputeBackend {
   Result<std::vector<float>> ForkLastLogits(const SequenceState& state, std::span<const int32_t> ids) override;
   int64_t PrefillWorkspaceBytes(int64_t chunk_tokens) const override;
 
+  // Draft windows run in the state's device copy and leave the host state as it was: KeepDraft
+  // advances the copy by the kept rows and writes only those rows back to the host.
+  bool has_draft_windows() const override { return true; }
+  Result<std::vector<float>> DraftWindow(SequenceState& state, std::span<const int32_t> ids, MtpState* mtp = nullptr) override;
+  Status KeepDraft(SequenceState& state, int64_t rows) override;
+
   CudaForward& forward() { return *forward_; }
 
  private:
@@ -58,6 +64,8 @@ class CudaBackend final : public ComputeBackend {
   static void Drop(SequenceState& host, bool device_ahead);
 
   std::unique_ptr<CudaForward> forward_;
+  const SequenceState* window_ = nullptr;  // the state of the open draft window; null: none
+  int64_t window_from_ = 0;                // its length when the window opened
   std::atomic<int64_t> mirrored_bytes_{0};  // every state copy's device memory
 };
 

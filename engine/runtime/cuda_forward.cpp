@@ -65,6 +65,16 @@ struct CudaForward::Workspace {
   int64_t bytes = 0;
 };
 
+// What a draft window leaves for KeepDraft, per GDN layer: its pre-conv rows (the tail's), conv rows, beta
+// and g, kMaxDraftRows rows a layer.
+struct CudaForward::DraftLog {
+  DeviceBuffer qkv, conv;    // [gdn layers, rows, conv_dim]
+  DeviceBuffer beta, g;      // [gdn layers, rows, Nv]
+  DeviceBuffer recurrent;    // one layer's state, advanced by the window's rows in its place
+  const DeviceState* state = nullptr;  // the state of the open window; null: none
+  int64_t pos0 = 0, rows = 0;
+};
+
 // ---- DeviceState ----
 
 DeviceState::DeviceState(const ModelConfig& c, cuda::Stream stream)
@@ -332,10 +342,11 @@ Status DeviceState::WriteRows(const KvRows& rows) {
 // ---- CudaForward ----
 
 CudaForward::CudaForward(const ModelConfig& config, const CudaForwardOptions& options)
-    : config_(config), options_(options), ws_(std::make_unique<Workspace>()) {}
+    : config_(config), options_(options), ws_(std::make_unique<Workspace>()), draft_(std::make_unique<DraftLog>()) {}
 
 CudaForward::~CudaForward() {
   graph_.reset();
+  draft_.reset();
   gemm_.reset();
   logits_gemm_.reset();
   buffers_.clear();
@@ -409,7 +420,7 @@ Status CudaForward::Init(const ModelWeights& w) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim, C = c.conv_dim(), VD = c.value_dim();
   const int64_t Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, Nv = c.linear_num_value_heads;
-  const int64_t K = c.linear_conv_kernel_dim, G = options_.grid_tokens;
+  const int64_t K = c.linear_conv_kernel_dim, G = options_.grid_tokens, rows = std::max(G, kMaxDraftRows);
   ASSIGN_OR_RETURN(embed_, Upload(w.embed_tokens, c.vocab_size, H, "embed_tokens"));
   if (w.lm_head.data == w.embed_tokens.data) {
     lm_head_ = embed_;
@@ -471,26 +482,32 @@ Status CudaForward::Init(const ModelWeights& w) {
     for (const Matrix* m : {&layer.gate, &layer.up, &layer.down, &layer.qkv, &layer.z, &layer.b, &layer.a, &layer.out, &layer.q,
                             &layer.k, &layer.v, &layer.o})
       if (m->w != nullptr) RETURN_IF_ERROR(gemm_->Prepare(m->rows, m->cols, m->w));
-  // The workspace for a grid chunk.
+  // The workspace for a grid chunk or a draft window.
   Workspace& ws = *ws_;
   const auto make = [&ws](DeviceBuffer& b, int64_t bytes, const char* what) -> Status {
     ASSIGN_OR_RETURN(b, DeviceBuffer::Allocate(static_cast<size_t>(bytes), what));
     ws.bytes += bytes;
     return Status::Ok();
   };
-  RETURN_IF_ERROR(make(ws.ids, G * 4, "token ids"));
+  RETURN_IF_ERROR(make(ws.ids, rows * 4, "token ids"));
   RETURN_IF_ERROR(make(ws.step, sizeof(DecodeStep), "a decode step"));
-  for (DeviceBuffer* b : {&ws.x, &ws.a, &ws.mix}) RETURN_IF_ERROR(make(*b, Floats(G * H), "hidden rows"));
-  for (DeviceBuffer* b : {&ws.qkv, &ws.conv}) RETURN_IF_ERROR(make(*b, Floats(G * C), "conv rows"));
-  for (DeviceBuffer* b : {&ws.z, &ws.core}) RETURN_IF_ERROR(make(*b, Floats(G * VD), "value rows"));
-  for (DeviceBuffer* b : {&ws.bb, &ws.aa, &ws.beta, &ws.g}) RETURN_IF_ERROR(make(*b, Floats(G * Nv), "gate rows"));
-  RETURN_IF_ERROR(make(ws.qg, Floats(G * 2 * Nh * hd), "query rows"));
-  RETURN_IF_ERROR(make(ws.attn, Floats(G * Nh * hd), "attention rows"));
-  for (DeviceBuffer* b : {&ws.gate, &ws.up}) RETURN_IF_ERROR(make(*b, Floats(G * I), "MLP rows"));
+  for (DeviceBuffer* b : {&ws.x, &ws.a, &ws.mix}) RETURN_IF_ERROR(make(*b, Floats(rows * H), "hidden rows"));
+  for (DeviceBuffer* b : {&ws.qkv, &ws.conv}) RETURN_IF_ERROR(make(*b, Floats(rows * C), "conv rows"));
+  for (DeviceBuffer* b : {&ws.z, &ws.core}) RETURN_IF_ERROR(make(*b, Floats(rows * VD), "value rows"));
+  for (DeviceBuffer* b : {&ws.bb, &ws.aa, &ws.beta, &ws.g}) RETURN_IF_ERROR(make(*b, Floats(rows * Nv), "gate rows"));
+  RETURN_IF_ERROR(make(ws.qg, Floats(rows * 2 * Nh * hd), "query rows"));
+  RETURN_IF_ERROR(make(ws.attn, Floats(rows * Nh * hd), "attention rows"));
+  for (DeviceBuffer* b : {&ws.gate, &ws.up}) RETURN_IF_ERROR(make(*b, Floats(rows * I), "MLP rows"));
   const cuda::DeltaShape delta{c.linear_num_key_heads, Nv, c.linear_key_head_dim, c.linear_value_head_dim, C};
   RETURN_IF_ERROR(make(ws.delta, Floats(cuda::GatedDeltaChunkedScratchFloats(delta, G)), "the delta rule's scratch"));
   RETURN_IF_ERROR(make(ws.logits, Floats(kLogitRows * c.vocab_size), "logits"));
   ASSIGN_OR_RETURN(ws.staging, cuda::PinnedBuffer::Allocate(static_cast<size_t>(options_.staging_bytes), "the host copies' staging"));
+  // The draft windows' log: a window's delta-rule inputs per GDN layer, and one layer's state.
+  const int64_t log_rows = std::max<int64_t>(1, c.num_linear_attention_layers()) * kMaxDraftRows;
+  for (DeviceBuffer* b : {&draft_->qkv, &draft_->conv}) RETURN_IF_ERROR(make(*b, Floats(log_rows * C), "a draft window's rows"));
+  for (DeviceBuffer* b : {&draft_->beta, &draft_->g}) RETURN_IF_ERROR(make(*b, Floats(log_rows * Nv), "a draft window's gates"));
+  RETURN_IF_ERROR(make(draft_->recurrent, Floats(std::max<int64_t>(1, Nv * c.linear_key_head_dim * c.linear_value_head_dim)),
+                       "a draft window's state"));
   return cuda::Synchronize(stream_, "loading the weights");
 }
 
@@ -615,6 +632,53 @@ Result<std::vector<float>> CudaForward::Decode(DeviceState& state, int32_t id) {
   return logits;
 }
 
+Result<std::vector<float>> CudaForward::DraftWindow(DeviceState& state, std::span<const int32_t> ids) {
+  RETURN_IF_ERROR(CheckIds(ids));
+  const int64_t n = static_cast<int64_t>(ids.size()), H = config_.hidden_size, V = config_.vocab_size;
+  if (n > kMaxDraftRows)
+    return InvalidArgument("CudaForward: a draft window of " + std::to_string(n) + " rows; at most " + std::to_string(kMaxDraftRows));
+  RETURN_IF_ERROR(state.Reserve(state.length() + n));
+  DraftLog& log = *draft_;
+  log.state = nullptr;
+  Workspace& ws = *ws_;
+  RETURN_IF_ERROR(cuda::CopyToDevice(ws.ids.data(), ids.data(), static_cast<size_t>(n) * 4, stream_));
+  RETURN_IF_ERROR(EnqueueLayers(state, static_cast<const int32_t*>(ws.ids.data()), n, Mode::kDraft));
+  std::vector<float> logits(static_cast<size_t>(n * V));
+  cuda::RmsNormRows(ws.x.floats(), final_norm_, n, H, static_cast<float>(config_.rms_norm_eps), ws.a.floats(), stream_);
+  for (int64_t t = 0; t < n; t += kLogitRows) {  // decode's lm_head GEMV, kLogitRows rows a run
+    const int64_t run = std::min(kLogitRows, n - t);
+    cuda::Gemv(lm_head_.w, V, H, ws.a.floats() + t * H, run, ws.logits.floats(), stream_);
+    RETURN_IF_ERROR(cuda::CopyToHost(logits.data() + t * V, ws.logits.data(), static_cast<size_t>(Floats(run * V)), stream_));
+  }
+  RETURN_IF_ERROR(cuda::Synchronize(stream_, "a draft window"));
+  log.state = &state;
+  log.pos0 = state.length();
+  log.rows = n;
+  state.length_ += n;
+  return logits;
+}
+
+Status CudaForward::KeepDraft(DeviceState& state, int64_t rows) {
+  DraftLog& log = *draft_;
+  if (log.state != &state || state.length() != log.pos0 + log.rows)
+    return InvalidArgument("CudaForward::KeepDraft: no draft window is open on this state");
+  if (rows < 0 || rows > log.rows)
+    return InvalidArgument("CudaForward::KeepDraft: " + std::to_string(rows) + " rows of a window of " + std::to_string(log.rows));
+  log.state = nullptr;
+  const ModelConfig& c = config_;
+  const int64_t C = c.conv_dim(), Nv = c.linear_num_value_heads;
+  const cuda::DeltaShape shape{c.linear_num_key_heads, Nv, c.linear_key_head_dim, c.linear_value_head_dim, C};
+  for (int64_t gi = 0; gi < static_cast<int64_t>(state.recurrent_.size()) && rows > 0; ++gi) {
+    const int64_t at = gi * kMaxDraftRows;
+    cuda::GatedDeltaRecurrent(shape, log.conv.floats() + at * C, log.beta.floats() + at * Nv, log.g.floats() + at * Nv, rows,
+                              state.recurrent_[static_cast<size_t>(gi)].floats(), ws_->core.floats(), nullptr, nullptr, 0.0f, stream_);
+    cuda::NextTail(log.qkv.floats() + at * C, state.tail_[static_cast<size_t>(gi)].floats(), rows, C, c.linear_conv_kernel_dim, stream_);
+  }
+  RETURN_IF_ERROR(cuda::Synchronize(stream_, "keeping a draft window's rows"));
+  state.length_ = log.pos0 + rows;
+  return Status::Ok();
+}
+
 Status CudaForward::EnqueueDecode(DeviceState& state) {
   const int64_t H = config_.hidden_size;
   RETURN_IF_ERROR(EnqueueLayers(state, static_cast<const int32_t*>(ws_->step.data()), 1, Mode::kRecurrent));
@@ -640,11 +704,10 @@ Result<std::unique_ptr<CudaForward::DecodeGraph>> CudaForward::CaptureDecode(Dev
 }
 
 Status CudaForward::Product(const Matrix& m, const float* x, int64_t n, float* y, int64_t y_stride, Mode mode) {
-  if (mode == Mode::kRecurrent && y_stride == m.rows) {
-    cuda::Gemv(m.w, m.rows, m.cols, x, n, y, stream_);
-    return Status::Ok();
-  }
-  return gemm_->Run(m.w, m.rows, m.cols, x, n, y, y_stride);
+  if (mode == Mode::kChunked) return gemm_->Run(m.w, m.rows, m.cols, x, n, y, y_stride);
+  if (y_stride != m.rows) return Internal("CudaForward: the GEMV writes whole rows of " + std::to_string(m.rows) + " outputs");
+  cuda::Gemv(m.w, m.rows, m.cols, x, n, y, stream_);
+  return Status::Ok();
 }
 
 Status CudaForward::EnqueueLayers(DeviceState& state, const int32_t* ids, int64_t n, Mode mode) {
@@ -698,11 +761,20 @@ Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int
   const float eps = static_cast<float>(c.rms_norm_eps);
   Workspace& ws = *ws_;
   const float* a = ws.a.floats();
+  // A draft window keeps its rows' delta-rule inputs in its log for KeepDraft.
+  float *qkv = ws.qkv.floats(), *conv = ws.conv.floats(), *beta = ws.beta.floats(), *g = ws.g.floats();
+  if (mode == Mode::kDraft) {
+    const int64_t at = gi * kMaxDraftRows;
+    qkv = draft_->qkv.floats() + at * C;
+    conv = draft_->conv.floats() + at * C;
+    beta = draft_->beta.floats() + at * Nv;
+    g = draft_->g.floats() + at * Nv;
+  }
   if (mode == Mode::kRecurrent) {  // one row: the four projections in one launch
     cuda::GemvSet set;
     set.count = 4;
     const Matrix* matrices[4] = {&L.qkv, &L.z, &L.b, &L.a};
-    float* outputs[4] = {ws.qkv.floats(), ws.z.floats(), ws.bb.floats(), ws.aa.floats()};
+    float* outputs[4] = {qkv, ws.z.floats(), ws.bb.floats(), ws.aa.floats()};
     for (int m = 0; m < 4; ++m) {
       set.w[m] = matrices[m]->w;
       set.rows[m] = matrices[m]->rows;
@@ -710,17 +782,17 @@ Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int
     }
     cuda::GemvMany(set, H, a, stream_);
   } else {
-    RETURN_IF_ERROR(Product(L.qkv, a, n, ws.qkv.floats(), C, mode));
+    RETURN_IF_ERROR(Product(L.qkv, a, n, qkv, C, mode));
     RETURN_IF_ERROR(Product(L.z, a, n, ws.z.floats(), VD, mode));
     RETURN_IF_ERROR(Product(L.b, a, n, ws.bb.floats(), Nv, mode));
     RETURN_IF_ERROR(Product(L.a, a, n, ws.aa.floats(), Nv, mode));
   }
   float* tail = state.tail_[static_cast<size_t>(gi)].floats();
   cuda::ConvNormGates gates;
-  gates.qkv = ws.qkv.floats();
+  gates.qkv = qkv;
   gates.tail = tail;
   gates.w = L.conv;
-  gates.out = ws.conv.floats();
+  gates.out = conv;
   gates.channels = C;
   gates.taps = K;
   gates.key_heads = c.linear_num_key_heads;
@@ -731,20 +803,22 @@ Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int
   gates.a = ws.aa.floats();
   gates.a_exp = L.a_exp;
   gates.dt_bias = L.dt_bias;
-  gates.beta = ws.beta.floats();
-  gates.g = ws.g.floats();
+  gates.beta = beta;
+  gates.g = g;
   gates.value_heads = Nv;
   cuda::ConvNormGatesRows(gates, n, stream_);
-  cuda::NextTail(ws.qkv.floats(), tail, n, C, K, stream_);
+  if (mode != Mode::kDraft) cuda::NextTail(qkv, tail, n, C, K, stream_);  // a window's tail moves at KeepDraft
   const cuda::DeltaShape shape{c.linear_num_key_heads, Nv, dk, c.linear_value_head_dim, C};
   float* S = state.recurrent_[static_cast<size_t>(gi)].floats();
   if (mode == Mode::kChunked) {
-    cuda::GatedDeltaChunked(shape, ws.conv.floats(), ws.beta.floats(), ws.g.floats(), n, state.length(), S, ws.core.floats(),
-                            ws.delta.floats(), stream_);
+    cuda::GatedDeltaChunked(shape, conv, beta, g, n, state.length(), S, ws.core.floats(), ws.delta.floats(), stream_);
     cuda::GatedNorm(ws.core.floats(), ws.z.floats(), L.gdn_norm, n, Nv, c.linear_value_head_dim, eps, stream_);
   } else {
-    cuda::GatedDeltaRecurrent(shape, ws.conv.floats(), ws.beta.floats(), ws.g.floats(), n, S, ws.core.floats(), ws.z.floats(),
-                              L.gdn_norm, eps, stream_);
+    if (mode == Mode::kDraft) {  // on a copy: the state itself waits for KeepDraft
+      RETURN_IF_ERROR(cuda::CopyOnDevice(draft_->recurrent.data(), S, static_cast<size_t>(Floats(state.recurrent_floats_)), stream_));
+      S = draft_->recurrent.floats();
+    }
+    cuda::GatedDeltaRecurrent(shape, conv, beta, g, n, S, ws.core.floats(), ws.z.floats(), L.gdn_norm, eps, stream_);
   }
   return Product(L.out, ws.core.floats(), n, ws.mix.floats(), H, mode);
 }

@@ -123,6 +123,17 @@ class CudaForward {
   // Appends one token with the one-token recurrence and one-row products; returns its logits.
   Result<std::vector<float>> Decode(DeviceState& state, int32_t id);
 
+  // The most rows a draft window takes: the last sampled token and up to 64 drafts (the settings' most).
+  static constexpr int64_t kMaxDraftRows = 65;
+  // A draft window, as Forward::DraftWindow: ids at state.length().. in one forward whose every row
+  // computes Decode's bits for that id (the GEMV's products, the one-token recurrence on a copy of
+  // each GDN state); returns logits [ids.size(), vocab]. K/V rows are written and the length set past
+  // them; the recurrent states and conv tails wait for KeepDraft, which advances them by the first
+  // `rows` rows with Decode's steps and sets the length there, so the state equals `rows` Decode
+  // calls. Nothing else may run on the state in between.
+  Result<std::vector<float>> DraftWindow(DeviceState& state, std::span<const int32_t> ids);
+  Status KeepDraft(DeviceState& state, int64_t rows);
+
   // What states computed here depend on: backend, device, CUDA and cuBLASLt versions, the algorithms.
   std::string KernelSet() const;
   // A cache's key for states of this backend (hex sha256), as Forward::StateFingerprint is for the CPU's.
@@ -147,7 +158,9 @@ class CudaForward {
   struct Layer;
   struct Workspace;
   struct DecodeGraph;
-  enum class Mode { kChunked, kRecurrent };
+  struct DraftLog;
+  // kDraft: a draft window's rows, each with decode's arithmetic, the recurrent part left as it was.
+  enum class Mode { kChunked, kRecurrent, kDraft };
 
   CudaForward(const ModelConfig& config, const CudaForwardOptions& options);
   Status Init(const ModelWeights& weights);
@@ -156,7 +169,7 @@ class CudaForward {
   Result<const float*> UploadFloats(const std::vector<float>& values, const std::string& what);
   Status CheckIds(std::span<const int32_t> ids) const;
 
-  // y = x m^T for n rows: cuBLASLt split products in chunked mode, the warp-a-row GEMV in recurrent mode.
+  // y = x m^T for n rows: cuBLASLt split products in chunked mode, the warp-a-row GEMV otherwise.
   Status Product(const Matrix& m, const float* x, int64_t n, float* y, int64_t y_stride, Mode mode);
   // Enqueues every layer over n rows (ids on the device) at the state's length (decode: the step's
   // position in device memory); the final hidden rows are left in the workspace.
@@ -184,6 +197,7 @@ class CudaForward {
   const double* inv_freq_ = nullptr;
   std::unique_ptr<Workspace> ws_;
   std::unique_ptr<DecodeGraph> graph_;
+  std::unique_ptr<DraftLog> draft_;
   std::string graph_note_;  // why decode went launch by launch
   int64_t weight_bytes_ = 0;
 };

@@ -1,4 +1,4 @@
-// The CUDA backend's figures: prefill tok/s at 512 to 32k tokens, decode tok/s, memory, beside the
+// The CUDA backend's figures: prefill tok/s at 512 to 32k tokens, decode tok/s, draft windows, memory, beside the
 // device's measured copy bandwidth and split-product rate, on a model folder or on random weights of
 // Qwen3.5-0.8B's or 4B's shapes. Also compares logits with a file of reference logits (--compare), and
 // greedy decoding with the CPU's (--greedy N: where the token streams part, and the logits' distance).
@@ -368,6 +368,26 @@ int main(int argc, char** argv) {
                 f.DecodeLaunches().c_str());
   }
   f.set_decode_graphs(true);
+  {  // draft windows: what a verified window of rows costs against as many decode steps
+    auto state = f.NewState();
+    if (!state.ok() || !f.Prefill(**state, bench::PromptIds(*config, 512)).ok()) return 1;
+    const auto start = Clock::now();
+    for (int64_t i = 0; i < decode_tokens; ++i)
+      if (auto r = f.Decode(**state, static_cast<int32_t>(3 + i)); !r.ok()) return bench::Fail(r.status());
+    const double step = Seconds(start) / static_cast<double>(decode_tokens);
+    for (const int64_t rows : {2, 5, 9, 17}) {
+      const int64_t windows = std::max<int64_t>(1, decode_tokens / rows);
+      const std::vector<int32_t> ids = bench::PromptIds(*config, rows);
+      const auto window_start = Clock::now();
+      for (int64_t w = 0; w < windows; ++w) {
+        if (auto r = f.DraftWindow(**state, ids); !r.ok()) return bench::Fail(r.status());
+        if (Status kept = f.KeepDraft(**state, rows); !kept.ok()) return bench::Fail(kept);
+      }
+      const double window = Seconds(window_start) / static_cast<double>(windows);
+      std::printf("draft window of %2lld rows: %.2f ms = %.2f decode steps; %.1f tok/s when every draft is kept\n",
+                  static_cast<long long>(rows), 1e3 * window, window / step, static_cast<double>(rows) / window);
+    }
+  }
   for (int64_t n = 512; n <= max_tokens; n *= 4) {
     auto state = f.NewState();
     if (!state.ok()) return bench::Fail(state.status());

@@ -22,6 +22,7 @@
 #include "engine/runtime/cuda_forward.h"
 #include "engine/runtime/cuda_plugin.h"
 #include "engine/runtime/forward.h"
+#include "engine/runtime/generator.h"
 #include "gpu_check.h"
 #include "../engine/test_runtime_util.h"
 
@@ -153,21 +154,30 @@ void GemmSimtMatchesReferenceAndRowsAreIndependent() {
 }
 
 // The decode GEMV: fp32 products of bf16 weights, within sum|w x| K 2^-23 of double; K = 520 takes
-// the 8-wide loads, K = 522 the one-at-a-time loop.
+// the 8-wide loads, K = 522 the one-at-a-time loop. 11 rows of x (a group of 8, then 3) each get the
+// bits of a one-row call: draft windows rely on it.
 void GemvMatchesReference(int64_t K) {
-  const int64_t N = 77;
+  const int64_t N = 77, n = 11;
   std::vector<float> wf = RandomFloats(static_cast<size_t>(N * K), 2);
   std::vector<uint16_t> w(wf.size());
   for (size_t i = 0; i < wf.size(); ++i) w[i] = FloatToBf16(wf[i]);
-  const std::vector<float> x = RandomFloats(static_cast<size_t>(K), 3, -2.0f, 2.0f);
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(n * K), 3, -2.0f, 2.0f);
   cuda::DeviceBuffer dw = ToDevice(w), dx = ToDevice(x);
-  auto dy = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(N) * 4, "y"), "allocating");
-  cuda::Gemv(static_cast<const uint16_t*>(dw.data()), N, K, dx.floats(), 1, dy.floats(), nullptr);
+  const auto* pw = static_cast<const uint16_t*>(dw.data());
+  auto dy = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(n * N) * 4, "y"), "allocating");
+  auto one = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(N) * 4, "y of one row"), "allocating");
+  cuda::Gemv(pw, N, K, dx.floats(), n, dy.floats(), nullptr);
   Must(cuda::Synchronize(nullptr, "the GEMV"), "synchronizing");
-  const std::vector<float> y = ToHost(dy, static_cast<size_t>(N));
-  for (int64_t j = 0; j < N; ++j) {
-    const DotReference r = Reference(w, j, x.data(), K);
-    GPU_CHECK_MSG(std::fabs(y[static_cast<size_t>(j)] - r.exact) <= r.magnitude * K * std::ldexp(1.0, -23), "row " + std::to_string(j));
+  const std::vector<float> y = ToHost(dy, static_cast<size_t>(n * N));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < N; ++j) {
+      const DotReference r = Reference(w, j, x.data() + t * K, K);
+      GPU_CHECK_MSG(std::fabs(y[static_cast<size_t>(t * N + j)] - r.exact) <= r.magnitude * K * std::ldexp(1.0, -23),
+                    "row " + std::to_string(t) + ", output " + std::to_string(j));
+    }
+    cuda::Gemv(pw, N, K, dx.floats() + t * K, 1, one.floats(), nullptr);
+    const std::vector<float> alone = ToHost(one, static_cast<size_t>(N));
+    GPU_CHECK_MSG(std::memcmp(alone.data(), y.data() + t * N, static_cast<size_t>(N) * 4) == 0, "row " + std::to_string(t) + " alone");
   }
 }
 
@@ -695,6 +705,113 @@ void DecodeGraphsGiveTheLaunchesBits() {
   GPU_CHECK(ha.BitEqual(hb));
 }
 
+// A draft window's rows are Decode's bits, and KeepDraft of k rows leaves k Decode calls' state: every
+// row's logits, the state after 0, 1, 9 and 25 kept rows (one window grows the state past 1,024 rows),
+// and the next decode after it. A closed window and a window past the most rows are refused.
+void DraftWindowRowsAreDecodeSteps() {
+  Pair p = Load(TinyModelSize::kTiny);
+  const ModelConfig& c = p.model->config;
+  const int64_t V = c.vocab_size;
+  const std::vector<int32_t> ids = testing::RandomIds(25, V, 4);
+  for (const int64_t prompt_length : {int64_t{150}, int64_t{1010}}) {
+    const std::vector<int32_t> prompt = testing::RandomIds(static_cast<size_t>(prompt_length), V, 3);
+    auto base = Must(p.gpu->NewState(), "a device state");
+    Must(p.gpu->Prefill(*base, prompt), "prefill");
+    // The decoded reference: each step's logits, and the state after the kept counts.
+    const std::vector<int64_t> kept_counts = prompt_length == 150 ? std::vector<int64_t>{0, 1, 9, 25} : std::vector<int64_t>{17};
+    std::vector<std::vector<float>> step_logits;
+    std::vector<std::unique_ptr<DeviceState>> after(26);
+    auto stepped = Must(base->Clone(), "cloning");
+    after[0] = Must(stepped->Clone(), "cloning");
+    for (size_t i = 0; i < ids.size(); ++i) {
+      step_logits.push_back(Must(p.gpu->Decode(*stepped, ids[i]), "decode"));
+      after[i + 1] = Must(stepped->Clone(), "cloning");
+    }
+    for (const int64_t kept : kept_counts) {
+      auto windowed = Must(base->Clone(), "cloning");
+      const std::vector<float> window = Must(p.gpu->DraftWindow(*windowed, ids), "a draft window");
+      GPU_CHECK(windowed->length() == prompt_length + 25);
+      for (size_t i = 0; i < ids.size(); ++i)
+        GPU_CHECK_MSG(std::memcmp(window.data() + i * V, step_logits[i].data(), static_cast<size_t>(V) * 4) == 0,
+                      "window row " + std::to_string(i) + " at " + std::to_string(prompt_length));
+      Must(p.gpu->KeepDraft(*windowed, kept), "keeping the rows");
+      GPU_CHECK(!p.gpu->KeepDraft(*windowed, 0).ok());  // the window is closed
+      SequenceState got(c), want(c);
+      Must(windowed->Download(got), "downloading");
+      Must(after[static_cast<size_t>(kept)]->Download(want), "downloading");
+      GPU_CHECK_MSG(got.BitEqual(want), "state after keeping " + std::to_string(kept) + " rows at " + std::to_string(prompt_length));
+      auto reference = Must(after[static_cast<size_t>(kept)]->Clone(), "cloning");
+      GPU_CHECK_MSG(SameBits(Must(p.gpu->Decode(*windowed, 5), "decode after the window"), Must(p.gpu->Decode(*reference, 5), "decode")),
+                    "the decode after keeping " + std::to_string(kept));
+    }
+  }
+  auto state = Must(p.gpu->NewState(), "a device state");
+  Must(p.gpu->Prefill(*state, ids), "prefill");
+  GPU_CHECK(!p.gpu->DraftWindow(*state, testing::RandomIds(CudaForward::kMaxDraftRows + 1, V, 5)).ok());
+  GPU_CHECK(state->length() == 25);
+}
+
+// The backend's draft windows on host states: the host state keeps its length and bits while the
+// window is open, KeepDraft writes back the kept rows alone (the state then equals as many decodes),
+// a host write in between makes KeepDraft refuse, and the generator with drafts picks plain decoding's
+// tokens into the same state, drafts all right, all wrong and partly right.
+void BackendDraftWindowsKeepHostStates() {
+  Pair p = Load(TinyModelSize::kTiny);
+  const ModelConfig& c = p.model->config;
+  const auto backend = Backend(*p.model);
+  const int64_t V = c.vocab_size;
+  const std::vector<int32_t> prompt = testing::RandomIds(200, V, 7), ids = testing::RandomIds(6, V, 8);
+  SequenceState stepped(c), windowed(c);
+  Must(backend->Prefill(stepped, prompt), "prefill");
+  Must(backend->Prefill(windowed, prompt), "prefill");
+  for (int i = 0; i < 4; ++i) Must(backend->Decode(stepped, ids[static_cast<size_t>(i)]), "decode");
+  const SequenceState before = windowed;
+  Must(backend->DraftWindow(windowed, ids), "a draft window");
+  GPU_CHECK(windowed.length() == 200 && windowed.mirror_rows() == 200);
+  Must(backend->KeepDraft(windowed, 4), "keeping 4 rows");
+  GPU_CHECK(windowed.length() == 204);
+  GPU_CHECK(windowed.BitEqual(stepped));  // the recurrent part pulled from the device, the rows written back
+  GPU_CHECK(!backend->KeepDraft(windowed, 1).ok());
+
+  SequenceState changed = before;
+  Must(backend->DraftWindow(changed, ids), "a draft window");
+  Must(changed.RestoreAnchor(before.SaveAnchor()), "a host write");
+  GPU_CHECK(!backend->KeepDraft(changed, 2).ok());
+  GPU_CHECK(changed.BitEqual(before));
+
+  Generator generator(*backend, nullptr);
+  std::vector<int32_t> block = testing::RandomIds(30, V, 21), copy = block;
+  copy.insert(copy.end(), block.begin(), block.begin() + 5);
+  SamplingParams all_right;
+  all_right.temperature = 0;
+  all_right.max_tokens = 24;
+  all_right.forced_ids.assign(block.begin() + 5, block.begin() + 29);  // the reply repeats the prompt: every draft is right
+  SamplingParams partly = all_right;
+  for (size_t i = 10; i < partly.forced_ids.size(); ++i) partly.forced_ids[i] = (partly.forced_ids[i] + 3) % static_cast<int32_t>(V);
+  SamplingParams wrong = all_right;
+  wrong.max_tokens = 3;
+  wrong.forced_ids = {block[5], static_cast<int32_t>((block[6] + 1) % V), block[0]};
+  SamplingParams free_run = all_right;
+  free_run.forced_ids.clear();
+  for (const SamplingParams* params : {&all_right, &partly, &wrong, &free_run}) {
+    SequenceState plain_state(c), draft_state(c);
+    const std::span<const int32_t> head = std::span(copy).first(copy.size() - 1), last = std::span(copy).last(1);
+    Must(backend->Prefill(plain_state, head), "prefill");
+    Must(backend->Prefill(draft_state, head), "prefill");
+    const GenerationResult plain = Must(generator.Generate(plain_state, last, *params, nullptr), "plain decoding");
+    SpeculativeOptions spec;
+    spec.max_draft = 8;
+    spec.history = head;
+    const GenerationResult drafted = Must(generator.Generate(draft_state, last, *params, nullptr, nullptr, spec), "decoding with drafts");
+    GPU_CHECK(drafted.tokens == plain.tokens);
+    GPU_CHECK(draft_state.BitEqual(plain_state));
+    if (params != &free_run) GPU_CHECK(drafted.drafted_tokens > 0);
+    if (params == &all_right) GPU_CHECK(drafted.accepted_tokens == drafted.drafted_tokens);
+    if (params == &wrong) GPU_CHECK(drafted.accepted_tokens == 0);
+    if (params == &partly) GPU_CHECK(drafted.accepted_tokens > 0 && drafted.accepted_tokens < drafted.drafted_tokens);
+  }
+}
+
 // Bad ids (none, negative, past the vocabulary) are refused with the index named and change nothing.
 void BadIdsChangeNothing() {
   Pair p = Load(TinyModelSize::kTiny);
@@ -777,11 +894,13 @@ int main() {
       {"growing and cloning keep the state", GrowingAndCloningKeepTheState},
       {"anchors and K/V rows resume exactly, on the device and through the host", AnchorsAndRowsResumeExactly},
       {"decode through a captured graph gives the launches' bits", DecodeGraphsGiveTheLaunchesBits},
+      {"draft window rows are decode steps; keeping k rows equals k decodes", DraftWindowRowsAreDecodeSteps},
       {"bad ids change nothing", BadIdsChangeNothing},
       {"the backend on host states gives CudaForward's bits and resumes exactly", BackendOnHostStatesResumesExactly},
       {"host writes reach a state's device copy", HostWritesReachTheDeviceCopy},
       {"host copies in pieces of a small staging buffer, or none, give the same bits", StagingInPiecesGivesTheSameBits},
       {"a fork on the device keeps the state", ForkKeepsTheState},
+      {"the backend's draft windows keep host states; drafts give plain decoding's tokens", BackendDraftWindowsKeepHostStates},
 #ifndef ANCHORAGE_CUDA_EMULATED
       {"the plugin gives the linked backend's bits", ThePluginGivesTheLinkedBackendsBits},
 #endif

@@ -1,12 +1,14 @@
 // anchorage-server's --device: the CUDA backend loaded as a plugin (here the SIMT emulator's build of
 // it, named by ANCHORAGE_CUDA_PLUGIN) serves a request resumed from a grid anchor, and from the disk
 // tier, with the tokens and logprobs of a cold server on the same device, and decide's reused
-// observation with the bits of every branch alone; a full device refuses a prompt it cannot hold
+// observation with the bits of every branch alone; lookup drafts verified in draft windows on the
+// device keep every logprob of plain decoding; a full device refuses a prompt it cannot hold
 // (503) and goes on serving; a plugin that cannot load or find a GPU is a clear
 // error with --device cuda, and the CPU with a note under auto.
 #include <QtTest>
 
 #include <filesystem>
+#include <fstream>
 
 #include "engine/core/file_util.h"
 #include "tests/server/server_fixture.h"
@@ -145,6 +147,43 @@ class TestDeviceServer : public QObject {
       y.erase("ms");
       QCOMPARE(QString::fromStdString(x.dump()), QString::fromStdString(y.dump()));
     }
+  }
+
+  // A reply that repeats a file from the prompt (forced through the forward by --test-replies) is
+  // drafted by lookup and mostly accepted in draft windows on the device, with the logprobs of the
+  // same request with drafts off.
+  void draftsOnTheDeviceKeepTheLogprobs() {
+    if (!std::filesystem::exists(kEmulatedPlugin.toStdString())) QSKIP("no emulated CUDA plugin in this build (not x86-64)");
+    qputenv("ANCHORAGE_CUDA_PLUGIN", kEmulatedPlugin.toUtf8());
+    QTemporaryDir data;
+    std::string file;
+    for (int i = 0; i < 6; ++i) file += "int value" + std::to_string(i) + " = compute(" + std::to_string(i * 7 % 13) + ", grid);\n";
+    const std::string replies = data.filePath("replies.json").toStdString();
+    std::ofstream(replies) << json::array({{{"match", "Repeat the file"}, {"reply", "</think>\n\n" + file}}}).dump();
+    ServerProcess server;
+    QVERIFY(server.Start(data.path(), {"--device", "cuda", "--grid", "64", "--shadow-model", "off", "--disk-cache", "off", "--test-replies",
+                                       QString::fromStdString(replies)}));
+    QVERIFY2(server.startup_output().find("no drafts") == std::string::npos, server.startup_output().c_str());
+    auto ask = [&](const std::string& session) {
+      return server.Chat({{"messages", {{{"role", "user"}, {"content", "Repeat the file exactly:\n" + file}}}}, {"max_tokens", 300},
+                          {"temperature", 0}, {"logprobs", true}, {"session_id", session}});
+    };
+    const json on = ask("drafting");
+    QCOMPARE(QString::fromStdString(Text(on)), QString::fromStdString(file));
+    const json& usage = on["usage"]["anchorage"];
+    const int64_t drafted = usage["drafted_tokens"].get<int64_t>(), accepted = usage["accepted_tokens"].get<int64_t>();
+    QVERIFY2(accepted > on["usage"]["completion_tokens"].get<int64_t>() / 2 && accepted <= drafted, usage.dump().c_str());
+
+    json settings = json::parse(server.Get("/v1/settings")->body);
+    settings["speculative"]["mode"] = "off";
+    auto put = server.Put("/v1/settings", settings.dump());
+    QVERIFY(put && put->status == 200);
+    const json off = ask("plain");
+    QCOMPARE(off["usage"]["anchorage"]["drafted_tokens"].get<int64_t>(), int64_t{0});
+    QCOMPARE(QString::fromStdString(Text(off)), QString::fromStdString(file));
+    const json& logprobs = on["choices"][0]["logprobs"]["content"];
+    QVERIFY2(logprobs.is_array() && logprobs.size() > 20, on.dump().c_str());
+    QCOMPARE(QString::fromStdString(off["choices"][0]["logprobs"]["content"].dump()), QString::fromStdString(logprobs.dump()));
   }
 
   // A device without room for a prompt's rows refuses that request before any tier changes (503

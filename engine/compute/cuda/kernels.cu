@@ -136,31 +136,62 @@ __global__ void GemmSimtKernel(const uint16_t* w, int64_t N, int64_t K, const fl
     }
 }
 
-// One warp a weight row: the dot product the GEMV takes, over a bf16 row and an fp32 vector.
-__device__ float WarpRowDot(const uint16_t* wr, const float* xr, int64_t cols, int lane) {
-  float acc = 0.0f;
+// One warp a weight row against `rows` (at most R) input rows of cols floats: each row's dot takes its
+// fmas in the same order whatever R and rows are, and the weights are read once for all of them.
+template <int R>
+__device__ void WarpRowDots(const uint16_t* wr, const float* x, int64_t cols, int rows, int lane, float* sums) {
+  float acc[R];
+  ANCHORAGE_UNROLL
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
   if (cols % 8 == 0) {
     for (int64_t c = lane * 8; c < cols; c += 256) {
       const uint4 packed = *reinterpret_cast<const uint4*>(wr + c);
       const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-      for (int q = 0; q < 4; ++q) {
-        acc = fmaf(__uint_as_float(words[q] << 16), xr[c + 2 * q], acc);
-        acc = fmaf(__uint_as_float(words[q] & 0xffff0000u), xr[c + 2 * q + 1], acc);
+      ANCHORAGE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        if (r >= rows) break;
+        const float* xr = x + r * cols + c;
+        for (int q = 0; q < 4; ++q) {
+          acc[r] = fmaf(__uint_as_float(words[q] << 16), xr[2 * q], acc[r]);
+          acc[r] = fmaf(__uint_as_float(words[q] & 0xffff0000u), xr[2 * q + 1], acc[r]);
+        }
       }
     }
   } else {
-    for (int64_t c = lane; c < cols; c += 32) acc = fmaf(Bf16ToFloat(wr[c]), xr[c], acc);
+    for (int64_t c = lane; c < cols; c += 32) {
+      const float wv = Bf16ToFloat(wr[c]);
+      ANCHORAGE_UNROLL
+      for (int r = 0; r < R; ++r) {
+        if (r >= rows) break;
+        acc[r] = fmaf(wv, x[r * cols + c], acc[r]);
+      }
+    }
   }
-  return WarpSum(acc);
+  ANCHORAGE_UNROLL
+  for (int r = 0; r < R; ++r)
+    if (r < rows) sums[r] = WarpSum(acc[r]);
 }
+
+// One warp a weight row: the dot product the GEMV takes, over a bf16 row and an fp32 vector.
+__device__ float WarpRowDot(const uint16_t* wr, const float* xr, int64_t cols, int lane) {
+  float sum;
+  WarpRowDots<1>(wr, xr, cols, 1, lane, &sum);
+  return sum;
+}
+
+// Input rows a GEMV warp takes against one read of its weight row.
+constexpr int kGemvRowsAtOnce = 8;
 
 __global__ void GemvKernel(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + threadIdx.x / 32;
   if (row >= rows) return;
-  for (int64_t t = 0; t < n; ++t) {
-    const float acc = WarpRowDot(w + row * cols, x + t * cols, cols, lane);
-    if (lane == 0) y[t * rows + row] = acc;
+  for (int64_t t = 0; t < n; t += kGemvRowsAtOnce) {
+    const int count = n - t < kGemvRowsAtOnce ? static_cast<int>(n - t) : kGemvRowsAtOnce;
+    float sums[kGemvRowsAtOnce];
+    WarpRowDots<kGemvRowsAtOnce>(w + row * cols, x + t * cols, cols, count, lane, sums);
+    if (lane == 0)
+      for (int r = 0; r < count; ++r) y[(t + r) * rows + row] = sums[r];
   }
 }
 

@@ -25,7 +25,8 @@ void RmsNormRows(const float* x, const float* w1, int64_t n, int64_t width, floa
 void SplitBf16(const float* x, int64_t n, int64_t width, int64_t rows, uint16_t* out, Stream s);
 // y[t] = halves[t] + halves[rows + t] for t < n, rows of width floats.
 void SumHalves(const float* halves, int64_t n, int64_t width, int64_t rows, float* y, int64_t y_stride, Stream s);
-// y[t, j] = sum_i w[j, i] * x[t, i] in fp32, w bf16 [rows, cols] row-major: one warp a weight row.
+// y[t, j] = sum_i w[j, i] * x[t, i] in fp32, w bf16 [rows, cols] row-major: one warp a weight row,
+// read once for up to 8 rows of x. Every row gets a one-row call's bits (and GemvMany's and GemvSwiGlu's).
 void Gemv(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s);
 // y[t * y_stride + j] = sum_k x[t, k] w[j, k] on CUDA cores in fp32, each output over k in order: the
 // products' fallback where cuBLASLt's rows would depend on the call (slower; no split needed).
