@@ -166,6 +166,27 @@ Result<std::vector<float>> CudaBackend::Decode(SequenceState& state, int32_t id,
   return logits;
 }
 
+Result<std::vector<float>> CudaBackend::PrefillBranches(const SequenceState& prefix, std::span<const PrefillBranch> branches) {
+  int64_t longest = 0;
+  for (const PrefillBranch& b : branches) {
+    RETURN_IF_ERROR(CheckTokenIds(b.ids, config().vocab_size, "CudaBackend"));
+    longest = std::max(longest, static_cast<int64_t>(b.ids.size()));
+  }
+  if (branches.empty()) return std::vector<float>();
+  SequenceState& host = const_cast<SequenceState&>(prefix);  // its bits do not change; its device copy's rows above the length do
+  const int64_t length = host.length();
+  DeviceState* device = nullptr;
+  RETURN_IF_ERROR(Prepare(host, length + longest, &device));
+  auto logits = forward_->PrefillBranches(*device, branches);
+  host.set_mirror_sync(std::min(host.mirror_rows(), length), host.newest_recurrent());
+  if (!logits.ok() && logits.status().code() != StatusCode::kInvalidArgument) Drop(host, false);  // the state's own part is untouched
+  return logits;
+}
+
+int64_t CudaBackend::BranchesBytes(int64_t branches, int64_t rows, int64_t logits_rows) const {
+  return logits_rows * config().vocab_size * static_cast<int64_t>(sizeof(float));
+}
+
 Result<std::vector<float>> CudaBackend::DraftWindow(SequenceState& state, std::span<const int32_t> ids, MtpState* mtp) {
   if (mtp != nullptr) return Unsupported("CudaBackend: no multi-token-prediction head on the GPU");
   RETURN_IF_ERROR(CheckTokenIds(ids, config().vocab_size, "CudaBackend"));

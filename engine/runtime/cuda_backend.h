@@ -40,6 +40,12 @@ class CudaBackend final : public ComputeBackend {
   Result<std::vector<float>> ForkLastLogits(const SequenceState& state, std::span<const int32_t> ids) override;
   int64_t PrefillWorkspaceBytes(int64_t chunk_tokens) const override;
 
+  // Branches run in the prefix's device copy (which then holds its rows below the length alone, as
+  // after a fork); only their logits reach host memory.
+  bool has_branches() const override { return true; }
+  Result<std::vector<float>> PrefillBranches(const SequenceState& prefix, std::span<const PrefillBranch> branches) override;
+  int64_t BranchesBytes(int64_t branches, int64_t rows, int64_t logits_rows) const override;
+
   // Draft windows run in the state's device copy and leave the host state as it was: KeepDraft
   // advances the copy by the kept rows and writes only those rows back to the host.
   bool has_draft_windows() const override { return true; }

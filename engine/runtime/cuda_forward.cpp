@@ -57,6 +57,8 @@ struct CudaForward::Workspace {
   DeviceBuffer z, core;             // [G, Nv*dv]
   DeviceBuffer bb, aa, beta, g;     // [G, Nv]
   DeviceBuffer qg;                  // [G, 2*Nh*hd]
+  DeviceBuffer krows, vrows;        // [G, Nkv*hd], branches' K/V rows before each goes above the state's length
+  DeviceBuffer state_copy;          // one GDN layer's state, for rows that must not advance it (windows, branches)
   DeviceBuffer attn;                // [G, Nh*hd]
   DeviceBuffer gate, up;            // [G, I]
   DeviceBuffer delta;               // the chunked delta rule's scratch for G rows
@@ -70,7 +72,6 @@ struct CudaForward::Workspace {
 struct CudaForward::DraftLog {
   DeviceBuffer qkv, conv;    // [gdn layers, rows, conv_dim]
   DeviceBuffer beta, g;      // [gdn layers, rows, Nv]
-  DeviceBuffer recurrent;    // one layer's state, advanced by the window's rows in its place
   const DeviceState* state = nullptr;  // the state of the open window; null: none
   int64_t pos0 = 0, rows = 0;
 };
@@ -496,18 +497,18 @@ Status CudaForward::Init(const ModelWeights& w) {
   for (DeviceBuffer* b : {&ws.z, &ws.core}) RETURN_IF_ERROR(make(*b, Floats(rows * VD), "value rows"));
   for (DeviceBuffer* b : {&ws.bb, &ws.aa, &ws.beta, &ws.g}) RETURN_IF_ERROR(make(*b, Floats(rows * Nv), "gate rows"));
   RETURN_IF_ERROR(make(ws.qg, Floats(rows * 2 * Nh * hd), "query rows"));
+  for (DeviceBuffer* b : {&ws.krows, &ws.vrows}) RETURN_IF_ERROR(make(*b, Floats(rows * Nkv * hd), "branch K/V rows"));
+  RETURN_IF_ERROR(make(ws.state_copy, Floats(std::max<int64_t>(1, Nv * c.linear_key_head_dim * c.linear_value_head_dim)), "a state's copy"));
   RETURN_IF_ERROR(make(ws.attn, Floats(rows * Nh * hd), "attention rows"));
   for (DeviceBuffer* b : {&ws.gate, &ws.up}) RETURN_IF_ERROR(make(*b, Floats(rows * I), "MLP rows"));
   const cuda::DeltaShape delta{c.linear_num_key_heads, Nv, c.linear_key_head_dim, c.linear_value_head_dim, C};
   RETURN_IF_ERROR(make(ws.delta, Floats(cuda::GatedDeltaChunkedScratchFloats(delta, G)), "the delta rule's scratch"));
   RETURN_IF_ERROR(make(ws.logits, Floats(kLogitRows * c.vocab_size), "logits"));
   ASSIGN_OR_RETURN(ws.staging, cuda::PinnedBuffer::Allocate(static_cast<size_t>(options_.staging_bytes), "the host copies' staging"));
-  // The draft windows' log: a window's delta-rule inputs per GDN layer, and one layer's state.
+  // The draft windows' log: a window's delta-rule inputs per GDN layer.
   const int64_t log_rows = std::max<int64_t>(1, c.num_linear_attention_layers()) * kMaxDraftRows;
   for (DeviceBuffer* b : {&draft_->qkv, &draft_->conv}) RETURN_IF_ERROR(make(*b, Floats(log_rows * C), "a draft window's rows"));
   for (DeviceBuffer* b : {&draft_->beta, &draft_->g}) RETURN_IF_ERROR(make(*b, Floats(log_rows * Nv), "a draft window's gates"));
-  RETURN_IF_ERROR(make(draft_->recurrent, Floats(std::max<int64_t>(1, Nv * c.linear_key_head_dim * c.linear_value_head_dim)),
-                       "a draft window's state"));
   return cuda::Synchronize(stream_, "loading the weights");
 }
 
@@ -632,6 +633,50 @@ Result<std::vector<float>> CudaForward::Decode(DeviceState& state, int32_t id) {
   return logits;
 }
 
+Result<std::vector<float>> CudaForward::PrefillBranches(DeviceState& state, std::span<const PrefillBranch> branches) {
+  const int64_t G = options_.grid_tokens, H = config_.hidden_size, V = config_.vocab_size, pos0 = state.length();
+  int64_t longest = 0, logits_rows = 0;
+  for (const PrefillBranch& b : branches) {
+    RETURN_IF_ERROR(CheckBranch(b, V, "CudaForward::PrefillBranches"));
+    const int64_t n = static_cast<int64_t>(b.ids.size());
+    if (n > G)
+      return InvalidArgument("CudaForward::PrefillBranches: a branch of " + std::to_string(n) + " ids; at most the grid's " + std::to_string(G));
+    longest = std::max(longest, n);
+    logits_rows += n - b.logits_from;
+  }
+  RETURN_IF_ERROR(state.Reserve(pos0 + longest));
+  std::vector<float> logits(static_cast<size_t>(logits_rows * V));
+  float* out = logits.data();
+  Workspace& ws = *ws_;
+  std::vector<int32_t> ids;
+  std::vector<Segment> pass;
+  for (size_t first = 0; first < branches.size();) {  // passes of whole branches, up to the grid's rows each
+    ids.clear();
+    pass.clear();
+    size_t end = first;
+    for (; end < branches.size() && static_cast<int64_t>(ids.size() + branches[end].ids.size()) <= G; ++end) {
+      pass.push_back({static_cast<int64_t>(ids.size()), static_cast<int64_t>(branches[end].ids.size())});
+      ids.insert(ids.end(), branches[end].ids.begin(), branches[end].ids.end());
+    }
+    const int64_t n = static_cast<int64_t>(ids.size());
+    RETURN_IF_ERROR(cuda::CopyToDevice(ws.ids.data(), ids.data(), static_cast<size_t>(n) * 4, stream_));
+    RETURN_IF_ERROR(EnqueueLayers(state, static_cast<const int32_t*>(ws.ids.data()), n, Mode::kBranches, pass));
+    for (size_t i = first; i < end; ++i) {
+      const Segment& b = pass[i - first];
+      for (int64_t t = b.row0 + branches[i].logits_from; t < b.row0 + b.n; t += kLogitRows) {
+        const int64_t run = std::min(kLogitRows, b.row0 + b.n - t);
+        cuda::RmsNormRows(ws.x.floats() + t * H, final_norm_, run, H, static_cast<float>(config_.rms_norm_eps), ws.a.floats(), stream_);
+        RETURN_IF_ERROR(logits_gemm_->Run(lm_head_.w, V, H, ws.a.floats(), run, ws.logits.floats(), V));
+        RETURN_IF_ERROR(cuda::CopyToHost(out, ws.logits.data(), static_cast<size_t>(Floats(run * V)), stream_));
+        out += run * V;
+      }
+    }
+    first = end;
+  }
+  RETURN_IF_ERROR(cuda::Synchronize(stream_, "a forward of branches"));
+  return logits;
+}
+
 Result<std::vector<float>> CudaForward::DraftWindow(DeviceState& state, std::span<const int32_t> ids) {
   RETURN_IF_ERROR(CheckIds(ids));
   const int64_t n = static_cast<int64_t>(ids.size()), H = config_.hidden_size, V = config_.vocab_size;
@@ -704,13 +749,13 @@ Result<std::unique_ptr<CudaForward::DecodeGraph>> CudaForward::CaptureDecode(Dev
 }
 
 Status CudaForward::Product(const Matrix& m, const float* x, int64_t n, float* y, int64_t y_stride, Mode mode) {
-  if (mode == Mode::kChunked) return gemm_->Run(m.w, m.rows, m.cols, x, n, y, y_stride);
+  if (mode == Mode::kChunked || mode == Mode::kBranches) return gemm_->Run(m.w, m.rows, m.cols, x, n, y, y_stride);
   if (y_stride != m.rows) return Internal("CudaForward: the GEMV writes whole rows of " + std::to_string(m.rows) + " outputs");
   cuda::Gemv(m.w, m.rows, m.cols, x, n, y, stream_);
   return Status::Ok();
 }
 
-Status CudaForward::EnqueueLayers(DeviceState& state, const int32_t* ids, int64_t n, Mode mode) {
+Status CudaForward::EnqueueLayers(DeviceState& state, const int32_t* ids, int64_t n, Mode mode, std::span<const Segment> branches) {
   const int64_t H = config_.hidden_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   Workspace& ws = *ws_;
@@ -722,9 +767,9 @@ Status CudaForward::EnqueueLayers(DeviceState& state, const int32_t* ids, int64_
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     if (layer.kind == LayerKind::kLinearAttention) {
-      RETURN_IF_ERROR(GdnMixer(layer, state, gi++, n, mode));
+      RETURN_IF_ERROR(GdnMixer(layer, state, gi++, n, mode, branches));
     } else {
-      RETURN_IF_ERROR(AttentionMixer(layer, state, ai++, n, mode));
+      RETURN_IF_ERROR(AttentionMixer(layer, state, ai++, n, mode, branches));
     }
     cuda::AddRmsNorm(x, ws.mix.floats(), layer.post_norm, n, H, eps, a, stream_);
     RETURN_IF_ERROR(Mlp(layer, n, mode));
@@ -754,7 +799,7 @@ Status CudaForward::RunChunk(DeviceState& state, int64_t n, int64_t first_logit_
   return cuda::Synchronize(stream_, "a forward chunk");
 }
 
-Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int64_t n, Mode mode) {
+Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int64_t n, Mode mode, std::span<const Segment> branches) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, C = c.conv_dim(), K = c.linear_conv_kernel_dim, Nv = c.linear_num_value_heads;
   const int64_t dk = c.linear_key_head_dim, VD = c.value_dim();
@@ -806,24 +851,43 @@ Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int
   gates.beta = beta;
   gates.g = g;
   gates.value_heads = Nv;
-  cuda::ConvNormGatesRows(gates, n, stream_);
-  if (mode != Mode::kDraft) cuda::NextTail(qkv, tail, n, C, K, stream_);  // a window's tail moves at KeepDraft
   const cuda::DeltaShape shape{c.linear_num_key_heads, Nv, dk, c.linear_value_head_dim, C};
   float* S = state.recurrent_[static_cast<size_t>(gi)].floats();
+  const size_t state_bytes = static_cast<size_t>(Floats(state.recurrent_floats_));
+  if (mode == Mode::kBranches) {  // each branch from the state's tail and a copy of its state, which stays
+    for (const Segment& b : branches) {
+      cuda::ConvNormGates own = gates;
+      own.qkv += b.row0 * C;
+      own.out += b.row0 * C;
+      own.b += b.row0 * Nv;
+      own.a += b.row0 * Nv;
+      own.beta += b.row0 * Nv;
+      own.g += b.row0 * Nv;
+      cuda::ConvNormGatesRows(own, b.n, stream_);
+      RETURN_IF_ERROR(cuda::CopyOnDevice(ws.state_copy.data(), S, state_bytes, stream_));
+      cuda::GatedDeltaChunked(shape, own.out, own.beta, own.g, b.n, state.length(), ws.state_copy.floats(),
+                              ws.core.floats() + b.row0 * VD, ws.delta.floats(), stream_);
+    }
+    cuda::GatedNorm(ws.core.floats(), ws.z.floats(), L.gdn_norm, n, Nv, c.linear_value_head_dim, eps, stream_);
+    return Product(L.out, ws.core.floats(), n, ws.mix.floats(), H, mode);
+  }
+  cuda::ConvNormGatesRows(gates, n, stream_);
+  if (mode != Mode::kDraft) cuda::NextTail(qkv, tail, n, C, K, stream_);  // a window's tail moves at KeepDraft
   if (mode == Mode::kChunked) {
     cuda::GatedDeltaChunked(shape, conv, beta, g, n, state.length(), S, ws.core.floats(), ws.delta.floats(), stream_);
     cuda::GatedNorm(ws.core.floats(), ws.z.floats(), L.gdn_norm, n, Nv, c.linear_value_head_dim, eps, stream_);
   } else {
     if (mode == Mode::kDraft) {  // on a copy: the state itself waits for KeepDraft
-      RETURN_IF_ERROR(cuda::CopyOnDevice(draft_->recurrent.data(), S, static_cast<size_t>(Floats(state.recurrent_floats_)), stream_));
-      S = draft_->recurrent.floats();
+      RETURN_IF_ERROR(cuda::CopyOnDevice(ws.state_copy.data(), S, state_bytes, stream_));
+      S = ws.state_copy.floats();
     }
     cuda::GatedDeltaRecurrent(shape, conv, beta, g, n, S, ws.core.floats(), ws.z.floats(), L.gdn_norm, eps, stream_);
   }
   return Product(L.out, ws.core.floats(), n, ws.mix.floats(), H, mode);
 }
 
-Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t ai, int64_t n, Mode mode) {
+Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t ai, int64_t n, Mode mode,
+                                   std::span<const Segment> branches) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, hd = c.head_dim;
   const int64_t QW = 2 * Nh * hd, KW = Nkv * hd, pos0 = state.length();
@@ -851,14 +915,29 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
     set.position_stride[2] = KW;
     cuda::GemvMany(set, H, a, stream_);
   } else {
+    const bool branched = mode == Mode::kBranches;  // K/V rows in the workspace: each branch writes above the length in turn
     RETURN_IF_ERROR(Product(L.q, a, n, ws.qg.floats(), QW, mode));
-    RETURN_IF_ERROR(Product(L.k, a, n, k_all + pos0 * KW, KW, mode));
-    RETURN_IF_ERROR(Product(L.v, a, n, v_all + pos0 * KW, KW, mode));
+    RETURN_IF_ERROR(Product(L.k, a, n, branched ? ws.krows.floats() : k_all + pos0 * KW, KW, mode));
+    RETURN_IF_ERROR(Product(L.v, a, n, branched ? ws.vrows.floats() : v_all + pos0 * KW, KW, mode));
   }
   const int64_t half = c.rotary_dim() / 2;
+  const cuda::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
+  if (mode == Mode::kBranches) {  // each branch's K/V rows go above the state's length in turn, then its rows attend
+    for (const Segment& b : branches) {
+      float* q = ws.qg.floats() + b.row0 * QW;
+      float* k = ws.krows.floats() + b.row0 * KW;
+      float* v = ws.vrows.floats() + b.row0 * KW;
+      const size_t bytes = static_cast<size_t>(Floats(b.n * KW));
+      cuda::NormRope(q, b.n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, position, false, stream_);
+      cuda::NormRope(k, b.n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, position, false, stream_);
+      RETURN_IF_ERROR(cuda::CopyOnDevice(k_all + pos0 * KW, k, bytes, stream_));
+      RETURN_IF_ERROR(cuda::CopyOnDevice(v_all + pos0 * KW, v, bytes, stream_));
+      cuda::Attention(shape, q, QW, 2 * hd, b.n, position, k_all, v_all, KW, q + hd, ws.attn.floats() + b.row0 * Nh * hd, Nh * hd, stream_);
+    }
+    return Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode);
+  }
   cuda::NormRope(ws.qg.floats(), n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, position, false, stream_);
   cuda::NormRope(k_all, n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, position, true, stream_);
-  const cuda::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
   cuda::Attention(shape, ws.qg.floats(), QW, 2 * hd, n, position, k_all, v_all, KW, ws.qg.floats() + hd, ws.attn.floats(), Nh * hd,
                   stream_);
   return Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode);

@@ -123,6 +123,14 @@ class CudaForward {
   // Appends one token with the one-token recurrence and one-row products; returns its logits.
   Result<std::vector<float>> Decode(DeviceState& state, int32_t id);
 
+  // Branches that all go on from state (at its length) in one forward over their stacked rows, as
+  // Forward::PrefillBranches: each from a copy of the state's recurrent part, over its K/V rows below
+  // the length. Returns the logits of each branch's rows logits_from.., branch after branch, with the
+  // bits a Prefill (kAll) of that branch on a copy of state returns. The state keeps its length,
+  // recurrent part and rows below the length; its rows above the length are overwritten. A branch
+  // holds at most grid_tokens ids; branches of more rows than that together run in several passes.
+  Result<std::vector<float>> PrefillBranches(DeviceState& state, std::span<const PrefillBranch> branches);
+
   // The most rows a draft window takes: the last sampled token and up to 64 drafts (the settings' most).
   static constexpr int64_t kMaxDraftRows = 65;
   // A draft window, as Forward::DraftWindow: ids at state.length().. in one forward whose every row
@@ -160,7 +168,12 @@ class CudaForward {
   struct DecodeGraph;
   struct DraftLog;
   // kDraft: a draft window's rows, each with decode's arithmetic, the recurrent part left as it was.
-  enum class Mode { kChunked, kRecurrent, kDraft };
+  // kBranches: branches' stacked rows, each from the state at its length, which stays as it was.
+  enum class Mode { kChunked, kRecurrent, kDraft, kBranches };
+  // One branch's rows [row0, row0 + n) in a forward over stacked rows.
+  struct Segment {
+    int64_t row0 = 0, n = 0;
+  };
 
   CudaForward(const ModelConfig& config, const CudaForwardOptions& options);
   Status Init(const ModelWeights& weights);
@@ -169,19 +182,19 @@ class CudaForward {
   Result<const float*> UploadFloats(const std::vector<float>& values, const std::string& what);
   Status CheckIds(std::span<const int32_t> ids) const;
 
-  // y = x m^T for n rows: cuBLASLt split products in chunked mode, the warp-a-row GEMV otherwise.
+  // y = x m^T for n rows: cuBLASLt split products for prefill rows and branches, the warp-a-row GEMV otherwise.
   Status Product(const Matrix& m, const float* x, int64_t n, float* y, int64_t y_stride, Mode mode);
   // Enqueues every layer over n rows (ids on the device) at the state's length (decode: the step's
   // position in device memory); the final hidden rows are left in the workspace.
-  Status EnqueueLayers(DeviceState& state, const int32_t* ids, int64_t n, Mode mode);
+  Status EnqueueLayers(DeviceState& state, const int32_t* ids, int64_t n, Mode mode, std::span<const Segment> branches = {});
   // Runs n ids already in the workspace at positions state.length()..; logits of rows [first, n) to host.
   Status RunChunk(DeviceState& state, int64_t n, int64_t first_logit_row, float* logits);
   // A decode step's launches, up to its logits in the workspace: no copy and no wait, so it can be captured.
   Status EnqueueDecode(DeviceState& state);
   Result<std::unique_ptr<DecodeGraph>> CaptureDecode(DeviceState& state);
   const int64_t* StepPosition() const;
-  Status GdnMixer(const Layer& layer, DeviceState& state, int64_t gi, int64_t n, Mode mode);
-  Status AttentionMixer(const Layer& layer, DeviceState& state, int64_t ai, int64_t n, Mode mode);
+  Status GdnMixer(const Layer& layer, DeviceState& state, int64_t gi, int64_t n, Mode mode, std::span<const Segment> branches);
+  Status AttentionMixer(const Layer& layer, DeviceState& state, int64_t ai, int64_t n, Mode mode, std::span<const Segment> branches);
   Status Mlp(const Layer& layer, int64_t n, Mode mode);
 
   ModelConfig config_;

@@ -309,6 +309,13 @@ Status CheckTokenIds(std::span<const int32_t> ids, int64_t vocab_size, const std
   return Status::Ok();
 }
 
+Status CheckBranch(const PrefillBranch& branch, int64_t vocab_size, const std::string& who) {
+  RETURN_IF_ERROR(CheckTokenIds(branch.ids, vocab_size, who));
+  if (branch.logits_from < 0 || branch.logits_from >= static_cast<int64_t>(branch.ids.size()))
+    return InvalidArgument(who + ": logits from " + std::to_string(branch.logits_from) + " of " + std::to_string(branch.ids.size()) + " ids");
+  return Status::Ok();
+}
+
 Status Forward::CheckIds(std::span<const int32_t> ids) const { return CheckTokenIds(ids, config_.vocab_size, "Forward"); }
 
 Result<std::vector<float>> Forward::Prefill(SequenceState& state, std::span<const int32_t> ids, LogitsRows rows,
@@ -343,10 +350,8 @@ Result<std::vector<float>> Forward::PrefillBranches(const SequenceState& prefix,
   const int64_t pos0 = prefix.length();
   int64_t rows = 0, logits_rows = 0;
   for (const PrefillBranch& b : branches) {
-    RETURN_IF_ERROR(CheckIds(b.ids));
+    RETURN_IF_ERROR(CheckBranch(b, config_.vocab_size, "PrefillBranches"));
     const int64_t n = static_cast<int64_t>(b.ids.size());
-    if (b.logits_from < 0 || b.logits_from >= n)
-      return InvalidArgument("PrefillBranches: logits from " + std::to_string(b.logits_from) + " of " + std::to_string(n) + " ids");
     rows += n;
     logits_rows += n - b.logits_from;
   }

@@ -41,6 +41,8 @@ struct ForwardOptions {
 // (not empty, each in the vocabulary); errors start with `who`.
 Status CheckForwardShape(const ModelConfig& config, const ModelWeights& weights, int64_t grid_tokens, const std::string& who);
 Status CheckTokenIds(std::span<const int32_t> ids, int64_t vocab_size, const std::string& who);
+// A branch's ids and that its logits start inside them.
+Status CheckBranch(const PrefillBranch& branch, int64_t vocab_size, const std::string& who);
 // That a matrix tensor is there and holds rows x cols elements.
 Status CheckMatrixShape(const TensorView& t, int64_t rows, int64_t cols, const std::string& who, const char* role);
 // A vector tensor's n values in fp32, each plus `add` (1 for the zero-centred norm weights).

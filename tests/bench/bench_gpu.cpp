@@ -1,7 +1,8 @@
-// The CUDA backend's figures: prefill tok/s at 512 to 32k tokens, decode tok/s, draft windows, memory, beside the
-// device's measured copy bandwidth and split-product rate, on a model folder or on random weights of
-// Qwen3.5-0.8B's or 4B's shapes. Also compares logits with a file of reference logits (--compare), and
-// greedy decoding with the CPU's (--greedy N: where the token streams part, and the logits' distance).
+// The CUDA backend's figures: prefill tok/s at 512 to 32k tokens, decode tok/s, draft windows,
+// branches and memory, beside the device's measured copy bandwidth and split-product rate, on a model
+// folder or on random weights of Qwen3.5-0.8B's or 4B's shapes. Also compares logits with a file of
+// reference logits (--compare), and greedy decoding with the CPU's (--greedy N: where the token
+// streams part, and the logits' distance).
 //   anchorage-bench-gpu [--model-dir DIR | --shape tiny|small|0.8b|4b] [--max-tokens N] [--decode N] [--grid G]
 //   anchorage-bench-gpu --model-dir DIR --compare IDS_FILE LOGITS_FILE
 //   anchorage-bench-gpu --model-dir DIR --greedy N
@@ -387,6 +388,24 @@ int main(int argc, char** argv) {
       std::printf("draft window of %2lld rows: %.2f ms = %.2f decode steps; %.1f tok/s when every draft is kept\n",
                   static_cast<long long>(rows), 1e3 * window, window / step, static_cast<double>(rows) / window);
     }
+  }
+  {  // branches: 16 candidates of 32 ids after 512 tokens, in one forward and one at a time from a device anchor
+    auto state = f.NewState();
+    if (!state.ok() || !f.Prefill(**state, bench::PromptIds(*config, 512)).ok()) return 1;
+    const std::vector<int32_t> ids = bench::PromptIds(*config, 32);
+    const std::vector<PrefillBranch> branches(std::min<int64_t>(16, grid / 32), PrefillBranch{ids, 31});
+    const auto batched_start = Clock::now();
+    if (auto r = f.PrefillBranches(**state, branches); !r.ok()) return bench::Fail(r.status());
+    const double batched = Seconds(batched_start);
+    auto anchor = (*state)->SaveAnchor();
+    if (!anchor.ok()) return bench::Fail(anchor.status());
+    const auto alone_start = Clock::now();
+    for (size_t i = 0; i < branches.size(); ++i) {
+      if (auto r = f.Prefill(**state, ids); !r.ok()) return bench::Fail(r.status());
+      if (Status back = (*state)->RestoreAnchor(*anchor); !back.ok()) return bench::Fail(back);
+    }
+    std::printf("%zu branches of 32 ids after 512: %.2f ms in one forward, %.2f ms one at a time\n", branches.size(),
+                1e3 * batched, 1e3 * Seconds(alone_start));
   }
   for (int64_t n = 512; n <= max_tokens; n *= 4) {
     auto state = f.NewState();

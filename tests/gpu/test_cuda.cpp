@@ -705,6 +705,79 @@ void DecodeGraphsGiveTheLaunchesBits() {
   GPU_CHECK(ha.BitEqual(hb));
 }
 
+// Branches from one state in one forward over their stacked rows: each branch's logits rows have the
+// bits of a Prefill (kAll) of it on a copy, the state keeps its bits and goes on exactly after them;
+// with grid 64 they run in two passes (40, then 50 and 7 rows). A branch past the grid, or logits
+// from past its rows, is refused.
+void BranchesGiveEachBranchAlonesBits() {
+  Pair p = Load(TinyModelSize::kTiny, 64);
+  const ModelConfig& c = p.model->config;
+  const int64_t V = c.vocab_size;
+  auto state = Must(p.gpu->NewState(), "a device state");
+  Must(p.gpu->Prefill(*state, testing::RandomIds(150, V, 71)), "prefill");
+  const std::vector<std::vector<int32_t>> ids = {testing::RandomIds(40, V, 72), testing::RandomIds(50, V, 73), testing::RandomIds(7, V, 74)};
+  const std::vector<int64_t> from = {0, 37, 6};
+  std::vector<PrefillBranch> branches;
+  std::vector<float> alone;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    branches.push_back({ids[i], from[i]});
+    auto copy = Must(state->Clone(), "cloning");
+    const std::vector<float> all = Must(p.gpu->Prefill(*copy, ids[i], LogitsRows::kAll), "a branch alone");
+    alone.insert(alone.end(), all.begin() + from[i] * V, all.end());
+  }
+  auto untouched = Must(state->Clone(), "cloning");
+  SequenceState before(c), after(c);
+  Must(state->Download(before), "downloading");
+  GPU_CHECK(SameBits(Must(p.gpu->PrefillBranches(*state, branches), "branches"), alone));
+  Must(state->Download(after), "downloading");
+  GPU_CHECK(after.BitEqual(before));
+  const std::vector<int32_t> more = testing::RandomIds(30, V, 75);
+  GPU_CHECK(SameBits(Must(p.gpu->Prefill(*state, more), "going on"), Must(p.gpu->Prefill(*untouched, more), "going on")));
+  const std::vector<int32_t> past_grid = testing::RandomIds(65, V, 76);
+  GPU_CHECK(!p.gpu->PrefillBranches(*state, std::vector<PrefillBranch>{{past_grid, 0}}).ok());
+  GPU_CHECK(!p.gpu->PrefillBranches(*state, std::vector<PrefillBranch>{{ids[2], 7}}).ok());
+}
+
+// The backend's branches on a host state: each branch alone's logits through the backend, the host
+// state unchanged, and a prefill after them resumes exactly; branches from an earlier anchor of the
+// state overwrite the copy's rows above it, so the host's later anchor resumes from its own rows.
+void BackendBranchesLeaveTheHostState() {
+  Pair p = Load(TinyModelSize::kTiny);
+  const ModelConfig& c = p.model->config;
+  const auto backend = Backend(*p.model);
+  const int64_t V = c.vocab_size;
+  SequenceState host(c);
+  const std::vector<int32_t> prompt = testing::RandomIds(200, V, 81);
+  Must(backend->Prefill(host, std::span(prompt).first(128)), "prefill to 128");
+  const Anchor at_128 = host.SaveAnchor();
+  Must(backend->Prefill(host, std::span(prompt).subspan(128)), "prefill to 200");
+  const std::vector<std::vector<int32_t>> ids = {testing::RandomIds(30, V, 82), testing::RandomIds(12, V, 83)};
+  const std::vector<int64_t> from = {29, 0};
+  std::vector<PrefillBranch> branches;
+  std::vector<float> alone;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    branches.push_back({ids[i], from[i]});
+    SequenceState copy = host;
+    const std::vector<float> all = Must(backend->Prefill(copy, ids[i], LogitsRows::kAll), "a branch alone");
+    alone.insert(alone.end(), all.begin() + from[i] * V, all.end());
+  }
+  SequenceState before = host;
+  GPU_CHECK(SameBits(Must(backend->PrefillBranches(host, branches), "branches"), alone));
+  GPU_CHECK(host.BitEqual(before));
+  const std::vector<int32_t> more = testing::RandomIds(30, V, 84);
+  const std::vector<float> went_on = Must(backend->Prefill(before, more), "going on");
+  GPU_CHECK(SameBits(Must(backend->Prefill(host, more), "going on"), went_on));
+  GPU_CHECK(host.BitEqual(before));
+
+  SequenceState again(c);
+  Must(backend->Prefill(again, prompt), "prefill to 200");
+  const Anchor at_200 = again.SaveAnchor();
+  Must(again.RestoreAnchor(at_128), "back to 128");
+  Must(backend->PrefillBranches(again, branches), "branches from 128");
+  Must(again.RestoreAnchor(at_200), "on to 200 over the host's rows");
+  GPU_CHECK(SameBits(Must(backend->Prefill(again, more), "going on from 200"), went_on));
+}
+
 // A draft window's rows are Decode's bits, and KeepDraft of k rows leaves k Decode calls' state: every
 // row's logits, the state after 0, 1, 9 and 25 kept rows (one window grows the state past 1,024 rows),
 // and the next decode after it. A closed window and a window past the most rows are refused.
@@ -895,12 +968,14 @@ int main() {
       {"anchors and K/V rows resume exactly, on the device and through the host", AnchorsAndRowsResumeExactly},
       {"decode through a captured graph gives the launches' bits", DecodeGraphsGiveTheLaunchesBits},
       {"draft window rows are decode steps; keeping k rows equals k decodes", DraftWindowRowsAreDecodeSteps},
+      {"branches in one forward give each branch alone's bits", BranchesGiveEachBranchAlonesBits},
       {"bad ids change nothing", BadIdsChangeNothing},
       {"the backend on host states gives CudaForward's bits and resumes exactly", BackendOnHostStatesResumesExactly},
       {"host writes reach a state's device copy", HostWritesReachTheDeviceCopy},
       {"host copies in pieces of a small staging buffer, or none, give the same bits", StagingInPiecesGivesTheSameBits},
       {"a fork on the device keeps the state", ForkKeepsTheState},
       {"the backend's draft windows keep host states; drafts give plain decoding's tokens", BackendDraftWindowsKeepHostStates},
+      {"the backend's branches leave the host state", BackendBranchesLeaveTheHostState},
 #ifndef ANCHORAGE_CUDA_EMULATED
       {"the plugin gives the linked backend's bits", ThePluginGivesTheLinkedBackendsBits},
 #endif

@@ -121,14 +121,15 @@ class TestDeviceServer : public QObject {
     QCOMPARE(QString::fromStdString(from_disk["choices"][0]["logprobs"]["content"].dump()), QString::fromStdString(a.dump()));
   }
 
-  // Decide on the device: the reused observation (anchors saved and restored on host states) gives
-  // the bits of every branch run alone.
+  // Decide on the device: the reused observation (anchors saved and restored on host states, each
+  // question's choices batched as branches) gives the bits of every branch run alone.
   void decideOnTheDeviceGivesTheIndependentBits() {
     if (!std::filesystem::exists(kEmulatedPlugin.toStdString())) QSKIP("no emulated CUDA plugin in this build (not x86-64)");
     qputenv("ANCHORAGE_CUDA_PLUGIN", kEmulatedPlugin.toUtf8());
     QTemporaryDir data;
     ServerProcess server;
-    QVERIFY(server.Start(data.path(), {"--device", "cuda", "--grid", "64", "--shadow-model", "off", "--disk-cache", "off"}));
+    // Grid 256: each question's choices (their rows after the question's 64-line) run as one batch of branches.
+    QVERIFY(server.Start(data.path(), {"--device", "cuda", "--grid", "256", "--shadow-model", "off", "--disk-cache", "off"}));
     std::string log = "The build log follows.";
     for (int i = 0; i < 24; ++i) log += "\nstep " + std::to_string(i) + ": compiled unit" + std::to_string(i * 31 % 97);
     const json body = {{"messages", json::array({{{"role", "user"}, {"content", log}}})},
