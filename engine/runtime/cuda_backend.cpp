@@ -227,10 +227,15 @@ Status CudaBackend::KeepDraft(SequenceState& state, int64_t rows) {
   return Status::Ok();
 }
 
-// The fork runs in the state's own device copy from an anchor of it, then puts the anchor back: the
-// rows it wrote above the length are the device's only, so the copy holds the host's rows below it alone.
+// A fork of a grid's ids or fewer is a branch; a longer one runs in the state's own device copy from an
+// anchor of it, then puts the anchor back. Either way the rows it wrote above the length are the
+// device's only, so the copy holds the host's rows below it alone.
 Result<std::vector<float>> CudaBackend::ForkLastLogits(const SequenceState& state, std::span<const int32_t> ids) {
   RETURN_IF_ERROR(CheckTokenIds(ids, config().vocab_size, "CudaBackend"));
+  if (static_cast<int64_t>(ids.size()) <= grid_tokens()) {
+    const PrefillBranch fork{ids, static_cast<int64_t>(ids.size()) - 1};
+    return PrefillBranches(state, std::span(&fork, 1));
+  }
   SequenceState& host = const_cast<SequenceState&>(state);
   const int64_t length = host.length();
   DeviceState* device = nullptr;

@@ -603,11 +603,12 @@ void HostWritesReachTheDeviceCopy() {
 }
 
 // A fork's logits equal a prefill on a copy, and the state keeps its bits, the rows above its length
-// included: a prefill after the fork resumes exactly.
-void ForkKeepsTheState() {
+// included: a prefill after the fork resumes exactly. At grid 1,024 its 90 ids are a branch; at grid
+// 64 they run from a device anchor.
+void ForkKeepsTheState(int64_t grid) {
   Pair p = Load(TinyModelSize::kTiny);
   const ModelConfig& c = p.model->config;
-  const auto backend = Backend(*p.model);
+  const auto backend = Backend(*p.model, grid);
   const std::vector<int32_t> ids = testing::RandomIds(500, c.vocab_size, 47), extra = testing::RandomIds(90, c.vocab_size, 53);
   SequenceState cold(c);
   const std::vector<float> cold_logits = Must(backend->Prefill(cold, ids), "cold prefill");
@@ -973,7 +974,8 @@ int main() {
       {"the backend on host states gives CudaForward's bits and resumes exactly", BackendOnHostStatesResumesExactly},
       {"host writes reach a state's device copy", HostWritesReachTheDeviceCopy},
       {"host copies in pieces of a small staging buffer, or none, give the same bits", StagingInPiecesGivesTheSameBits},
-      {"a fork on the device keeps the state", ForkKeepsTheState},
+      {"a fork on the device keeps the state (a branch)", [] { ForkKeepsTheState(1024); }},
+      {"a fork on the device keeps the state (past the grid: from a device anchor)", [] { ForkKeepsTheState(64); }},
       {"the backend's draft windows keep host states; drafts give plain decoding's tokens", BackendDraftWindowsKeepHostStates},
       {"the backend's branches leave the host state", BackendBranchesLeaveTheHostState},
 #ifndef ANCHORAGE_CUDA_EMULATED
