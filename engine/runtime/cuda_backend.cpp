@@ -137,12 +137,11 @@ Status CudaBackend::Prepare(const SequenceState& host, int64_t tokens, DeviceSta
 }
 
 Result<std::vector<float>> CudaBackend::Prefill(SequenceState& state, std::span<const int32_t> ids, LogitsRows rows, MtpState* mtp) {
-  if (mtp != nullptr) return Unsupported("CudaBackend: no multi-token-prediction head on the GPU");
   RETURN_IF_ERROR(CheckTokenIds(ids, config().vocab_size, "CudaBackend"));
   const int64_t from = state.length();
   DeviceState* device = nullptr;
   RETURN_IF_ERROR(Prepare(state, from + static_cast<int64_t>(ids.size()), &device));
-  auto logits = forward_->Prefill(*device, ids, rows);
+  auto logits = forward_->Prefill(*device, ids, rows, mtp);
   Status written = logits.ok() ? WriteBack(state, *device, from) : logits.status();
   if (!written.ok()) {
     Drop(state, true);
@@ -152,12 +151,11 @@ Result<std::vector<float>> CudaBackend::Prefill(SequenceState& state, std::span<
 }
 
 Result<std::vector<float>> CudaBackend::Decode(SequenceState& state, int32_t id, MtpState* mtp) {
-  if (mtp != nullptr) return Unsupported("CudaBackend: no multi-token-prediction head on the GPU");
   RETURN_IF_ERROR(CheckTokenIds(std::span<const int32_t>(&id, 1), config().vocab_size, "CudaBackend"));
   const int64_t from = state.length();
   DeviceState* device = nullptr;
   RETURN_IF_ERROR(Prepare(state, from + 1, &device));
-  auto logits = forward_->Decode(*device, id);
+  auto logits = forward_->Decode(*device, id, mtp);
   Status written = logits.ok() ? WriteBack(state, *device, from) : logits.status();
   if (!written.ok()) {
     Drop(state, true);
@@ -188,7 +186,6 @@ int64_t CudaBackend::BranchesBytes(int64_t branches, int64_t rows, int64_t logit
 }
 
 Result<std::vector<float>> CudaBackend::DraftWindow(SequenceState& state, std::span<const int32_t> ids, MtpState* mtp) {
-  if (mtp != nullptr) return Unsupported("CudaBackend: no multi-token-prediction head on the GPU");
   RETURN_IF_ERROR(CheckTokenIds(ids, config().vocab_size, "CudaBackend"));
   const int64_t from = state.length(), n = static_cast<int64_t>(ids.size());
   if (n > CudaForward::kMaxDraftRows)
@@ -196,7 +193,7 @@ Result<std::vector<float>> CudaBackend::DraftWindow(SequenceState& state, std::s
   window_ = nullptr;
   DeviceState* device = nullptr;
   RETURN_IF_ERROR(Prepare(state, from + n, &device));
-  auto logits = forward_->DraftWindow(*device, ids);
+  auto logits = forward_->DraftWindow(*device, ids, mtp);
   if (!logits.ok()) {
     Drop(state, true);
     return logits.status();
@@ -225,6 +222,17 @@ Status CudaBackend::KeepDraft(SequenceState& state, int64_t rows) {
     return written;
   }
   return Status::Ok();
+}
+
+Status CudaBackend::MtpCommit(MtpState& mtp, std::span<const int32_t> next_ids) {
+  RETURN_IF_ERROR(cuda::UseDevice(forward_->device().index));
+  return forward_->MtpCommit(mtp, next_ids);
+}
+
+Result<std::vector<int32_t>> CudaBackend::MtpDraft(MtpState& mtp, std::span<const int32_t> next_ids, int max_draft, int64_t vocab_limit,
+                                                   std::vector<float>* logits) {
+  RETURN_IF_ERROR(cuda::UseDevice(forward_->device().index));
+  return forward_->MtpDraft(mtp, next_ids, max_draft, vocab_limit, logits);
 }
 
 // A fork of a grid's ids or fewer is a branch; a longer one runs in the state's own device copy from an

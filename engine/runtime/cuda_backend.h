@@ -52,6 +52,12 @@ class CudaBackend final : public ComputeBackend {
   Result<std::vector<float>> DraftWindow(SequenceState& state, std::span<const int32_t> ids, MtpState* mtp = nullptr) override;
   Status KeepDraft(SequenceState& state, int64_t rows) override;
 
+  // The checkpoint's MTP head on the device (its rows in each MtpState's mirror).
+  bool has_mtp() const override { return forward_->has_mtp(); }
+  Status MtpCommit(MtpState& mtp, std::span<const int32_t> next_ids) override;
+  Result<std::vector<int32_t>> MtpDraft(MtpState& mtp, std::span<const int32_t> next_ids, int max_draft, int64_t vocab_limit,
+                                        std::vector<float>* logits = nullptr) override;
+
   CudaForward& forward() { return *forward_; }
 
  private:

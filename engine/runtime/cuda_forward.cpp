@@ -59,6 +59,8 @@ struct CudaForward::Workspace {
   DeviceBuffer qg;                  // [G, 2*Nh*hd]
   DeviceBuffer krows, vrows;        // [G, Nkv*hd], branches' K/V rows before each goes above the state's length
   DeviceBuffer state_copy;          // one GDN layer's state, for rows that must not advance it (windows, branches)
+  DeviceBuffer cat;                 // [G, 2H], the MTP head's [embedding | hidden] rows
+  DeviceBuffer mtp_out;             // [H], the MTP head's last output
   DeviceBuffer attn;                // [G, Nh*hd]
   DeviceBuffer gate, up;            // [G, I]
   DeviceBuffer delta;               // the chunked delta rule's scratch for G rows
@@ -72,8 +74,27 @@ struct CudaForward::Workspace {
 struct CudaForward::DraftLog {
   DeviceBuffer qkv, conv;    // [gdn layers, rows, conv_dim]
   DeviceBuffer beta, g;      // [gdn layers, rows, Nv]
+  DeviceBuffer hidden;       // [rows, H], the window's final-normed rows for the MTP head
   const DeviceState* state = nullptr;  // the state of the open window; null: none
   int64_t pos0 = 0, rows = 0;
+  MtpState* mtp = nullptr;  // where the kept rows' hidden rows go; null: nowhere
+};
+
+// The multi-token-prediction block: fc over [norm_e(embed(id)) | norm_h(hidden)], one attention layer.
+struct CudaForward::MtpHead {
+  Matrix fc;                                                              // [H, 2H]
+  const float *norm_embedding = nullptr, *norm_hidden = nullptr, *norm = nullptr;  // [H], 1 + w
+  Layer layer;
+};
+
+// An MtpState's rows in device memory: the head's K/V rows [capacity, KW] and the waiting hidden rows,
+// rows [first, first + pending_rows) of [pending_capacity, H].
+class CudaForward::DeviceMtp final : public MtpMirror {
+ public:
+  explicit DeviceMtp(const CudaForward* owner) : owner(owner) {}
+  const CudaForward* owner;
+  DeviceBuffer k, v, pending;
+  int64_t capacity = 0, pending_capacity = 0, first = 0;
 };
 
 // ---- DeviceState ----
@@ -417,11 +438,48 @@ Result<std::unique_ptr<CudaForward>> CudaForward::Create(const ModelConfig& c, c
   return f;
 }
 
+Result<CudaForward::Layer> CudaForward::UploadLayer(const LayerWeights& lw, LayerKind kind) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim, C = c.conv_dim(), VD = c.value_dim();
+  const int64_t Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, Nv = c.linear_num_value_heads, K = c.linear_conv_kernel_dim;
+  Layer layer;
+  layer.kind = kind;
+  ASSIGN_OR_RETURN(layer.in_norm, UploadVector(lw.input_layernorm, H, 1.0f, "input_layernorm"));
+  ASSIGN_OR_RETURN(layer.post_norm, UploadVector(lw.post_attention_layernorm, H, 1.0f, "post_attention_layernorm"));
+  ASSIGN_OR_RETURN(layer.gate, Upload(lw.gate_proj, I, H, "gate_proj"));
+  ASSIGN_OR_RETURN(layer.up, Upload(lw.up_proj, I, H, "up_proj"));
+  ASSIGN_OR_RETURN(layer.down, Upload(lw.down_proj, H, I, "down_proj"));
+  if (layer.kind == LayerKind::kLinearAttention) {
+    const GdnWeights& g = lw.gdn;
+    ASSIGN_OR_RETURN(layer.qkv, Upload(g.in_proj_qkv, C, H, "in_proj_qkv"));
+    ASSIGN_OR_RETURN(layer.z, Upload(g.in_proj_z, VD, H, "in_proj_z"));
+    ASSIGN_OR_RETURN(layer.b, Upload(g.in_proj_b, Nv, H, "in_proj_b"));
+    ASSIGN_OR_RETURN(layer.a, Upload(g.in_proj_a, Nv, H, "in_proj_a"));
+    ASSIGN_OR_RETURN(layer.out, Upload(g.out_proj, H, VD, "out_proj"));
+    ASSIGN_OR_RETURN(const std::vector<float> taps, ConvTapsOf(g.conv1d, C, K, "CudaForward"));
+    ASSIGN_OR_RETURN(layer.conv, UploadFloats(taps, g.conv1d.name));
+    ASSIGN_OR_RETURN(std::vector<float> a_exp, TensorValues(g.A_log, Nv, 0.0f, "CudaForward", "A_log"));
+    for (float& v : a_exp) v = std::exp(v);
+    ASSIGN_OR_RETURN(layer.a_exp, UploadFloats(a_exp, g.A_log.name));
+    ASSIGN_OR_RETURN(layer.dt_bias, UploadVector(g.dt_bias, Nv, 0.0f, "dt_bias"));
+    ASSIGN_OR_RETURN(layer.gdn_norm, UploadVector(g.norm, c.linear_value_head_dim, 0.0f, "linear_attn.norm"));
+  } else {
+    const AttentionWeights& at = lw.attn;
+    ASSIGN_OR_RETURN(layer.q, Upload(at.q_proj, 2 * Nh * hd, H, "q_proj"));
+    ASSIGN_OR_RETURN(layer.k, Upload(at.k_proj, Nkv * hd, H, "k_proj"));
+    ASSIGN_OR_RETURN(layer.v, Upload(at.v_proj, Nkv * hd, H, "v_proj"));
+    ASSIGN_OR_RETURN(layer.o, Upload(at.o_proj, H, Nh * hd, "o_proj"));
+    ASSIGN_OR_RETURN(layer.q_norm, UploadVector(at.q_norm, hd, 1.0f, "q_norm"));
+    ASSIGN_OR_RETURN(layer.k_norm, UploadVector(at.k_norm, hd, 1.0f, "k_norm"));
+  }
+  return layer;
+}
+
 Status CudaForward::Init(const ModelWeights& w) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim, C = c.conv_dim(), VD = c.value_dim();
   const int64_t Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, Nv = c.linear_num_value_heads;
-  const int64_t K = c.linear_conv_kernel_dim, G = options_.grid_tokens, rows = std::max(G, kMaxDraftRows);
+  const int64_t G = options_.grid_tokens, rows = std::max(G, kMaxDraftRows);
   ASSIGN_OR_RETURN(embed_, Upload(w.embed_tokens, c.vocab_size, H, "embed_tokens"));
   if (w.lm_head.data == w.embed_tokens.data) {
     lm_head_ = embed_;
@@ -440,48 +498,34 @@ Status CudaForward::Init(const ModelWeights& w) {
     buffers_.push_back(std::move(buffer));
   }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
-    Layer layer;
-    layer.kind = c.layer_types[static_cast<size_t>(l)];
-    ASSIGN_OR_RETURN(layer.in_norm, UploadVector(lw.input_layernorm, H, 1.0f, "input_layernorm"));
-    ASSIGN_OR_RETURN(layer.post_norm, UploadVector(lw.post_attention_layernorm, H, 1.0f, "post_attention_layernorm"));
-    ASSIGN_OR_RETURN(layer.gate, Upload(lw.gate_proj, I, H, "gate_proj"));
-    ASSIGN_OR_RETURN(layer.up, Upload(lw.up_proj, I, H, "up_proj"));
-    ASSIGN_OR_RETURN(layer.down, Upload(lw.down_proj, H, I, "down_proj"));
-    if (layer.kind == LayerKind::kLinearAttention) {
-      const GdnWeights& g = lw.gdn;
-      ASSIGN_OR_RETURN(layer.qkv, Upload(g.in_proj_qkv, C, H, "in_proj_qkv"));
-      ASSIGN_OR_RETURN(layer.z, Upload(g.in_proj_z, VD, H, "in_proj_z"));
-      ASSIGN_OR_RETURN(layer.b, Upload(g.in_proj_b, Nv, H, "in_proj_b"));
-      ASSIGN_OR_RETURN(layer.a, Upload(g.in_proj_a, Nv, H, "in_proj_a"));
-      ASSIGN_OR_RETURN(layer.out, Upload(g.out_proj, H, VD, "out_proj"));
-      ASSIGN_OR_RETURN(const std::vector<float> taps, ConvTapsOf(g.conv1d, C, K, "CudaForward"));
-      ASSIGN_OR_RETURN(layer.conv, UploadFloats(taps, g.conv1d.name));
-      ASSIGN_OR_RETURN(std::vector<float> a_exp, TensorValues(g.A_log, Nv, 0.0f, "CudaForward", "A_log"));
-      for (float& v : a_exp) v = std::exp(v);
-      ASSIGN_OR_RETURN(layer.a_exp, UploadFloats(a_exp, g.A_log.name));
-      ASSIGN_OR_RETURN(layer.dt_bias, UploadVector(g.dt_bias, Nv, 0.0f, "dt_bias"));
-      ASSIGN_OR_RETURN(layer.gdn_norm, UploadVector(g.norm, c.linear_value_head_dim, 0.0f, "linear_attn.norm"));
-    } else {
-      const AttentionWeights& at = lw.attn;
-      ASSIGN_OR_RETURN(layer.q, Upload(at.q_proj, 2 * Nh * hd, H, "q_proj"));
-      ASSIGN_OR_RETURN(layer.k, Upload(at.k_proj, Nkv * hd, H, "k_proj"));
-      ASSIGN_OR_RETURN(layer.v, Upload(at.v_proj, Nkv * hd, H, "v_proj"));
-      ASSIGN_OR_RETURN(layer.o, Upload(at.o_proj, H, Nh * hd, "o_proj"));
-      ASSIGN_OR_RETURN(layer.q_norm, UploadVector(at.q_norm, hd, 1.0f, "q_norm"));
-      ASSIGN_OR_RETURN(layer.k_norm, UploadVector(at.k_norm, hd, 1.0f, "k_norm"));
-    }
+    ASSIGN_OR_RETURN(Layer layer, UploadLayer(w.layers[static_cast<size_t>(l)], c.layer_types[static_cast<size_t>(l)]));
     layers_.push_back(layer);
   }
+  if (w.mtp) {
+    const MtpWeights& mw = *w.mtp;
+    auto head = std::make_unique<MtpHead>();
+    ASSIGN_OR_RETURN(head->fc, Upload(mw.fc, H, 2 * H, "mtp.fc"));
+    ASSIGN_OR_RETURN(head->norm_embedding, UploadVector(mw.pre_fc_norm_embedding, H, 1.0f, "mtp.pre_fc_norm_embedding"));
+    ASSIGN_OR_RETURN(head->norm_hidden, UploadVector(mw.pre_fc_norm_hidden, H, 1.0f, "mtp.pre_fc_norm_hidden"));
+    ASSIGN_OR_RETURN(head->norm, UploadVector(mw.norm, H, 1.0f, "mtp.norm"));
+    ASSIGN_OR_RETURN(head->layer, UploadLayer(mw.layer, LayerKind::kFullAttention));
+    mtp_ = std::move(head);
+  }
   // Products: every shape's algorithm chosen once for the grid's rows.
-  const int64_t max_k = std::max({H, I, VD, Nh * hd});
+  const int64_t max_k = std::max({H, I, VD, Nh * hd, mtp_ ? 2 * H : 0});
   const int64_t max_n = std::max({H, I, C, VD, 2 * Nh * hd, Nkv * hd});
   ASSIGN_OR_RETURN(gemm_, cuda::LtGemm::Create(G, max_k, max_n, stream_));
   ASSIGN_OR_RETURN(logits_gemm_, cuda::LtGemm::Create(kLogitRows, H, c.vocab_size, stream_));
   RETURN_IF_ERROR(logits_gemm_->Prepare(c.vocab_size, H, lm_head_.w));
-  for (const Layer& layer : layers_)
-    for (const Matrix* m : {&layer.gate, &layer.up, &layer.down, &layer.qkv, &layer.z, &layer.b, &layer.a, &layer.out, &layer.q,
-                            &layer.k, &layer.v, &layer.o})
+  std::vector<const Layer*> product_layers;
+  for (const Layer& layer : layers_) product_layers.push_back(&layer);
+  if (mtp_) {
+    product_layers.push_back(&mtp_->layer);
+    RETURN_IF_ERROR(gemm_->Prepare(H, 2 * H, mtp_->fc.w));
+  }
+  for (const Layer* layer : product_layers)
+    for (const Matrix* m : {&layer->gate, &layer->up, &layer->down, &layer->qkv, &layer->z, &layer->b, &layer->a, &layer->out,
+                            &layer->q, &layer->k, &layer->v, &layer->o})
       if (m->w != nullptr) RETURN_IF_ERROR(gemm_->Prepare(m->rows, m->cols, m->w));
   // The workspace for a grid chunk or a draft window.
   Workspace& ws = *ws_;
@@ -509,6 +553,11 @@ Status CudaForward::Init(const ModelWeights& w) {
   const int64_t log_rows = std::max<int64_t>(1, c.num_linear_attention_layers()) * kMaxDraftRows;
   for (DeviceBuffer* b : {&draft_->qkv, &draft_->conv}) RETURN_IF_ERROR(make(*b, Floats(log_rows * C), "a draft window's rows"));
   for (DeviceBuffer* b : {&draft_->beta, &draft_->g}) RETURN_IF_ERROR(make(*b, Floats(log_rows * Nv), "a draft window's gates"));
+  if (mtp_) {
+    RETURN_IF_ERROR(make(draft_->hidden, Floats(kMaxDraftRows * H), "a draft window's hidden rows"));
+    RETURN_IF_ERROR(make(ws.cat, Floats(rows * 2 * H), "the MTP head's rows"));
+    RETURN_IF_ERROR(make(ws.mtp_out, Floats(H), "the MTP head's output"));
+  }
   return cuda::Synchronize(stream_, "loading the weights");
 }
 
@@ -566,11 +615,13 @@ Result<std::unique_ptr<DeviceState>> CudaForward::NewState() {
 
 Status CudaForward::CheckIds(std::span<const int32_t> ids) const { return CheckTokenIds(ids, config_.vocab_size, "CudaForward"); }
 
-Result<std::vector<float>> CudaForward::Prefill(DeviceState& state, std::span<const int32_t> ids, LogitsRows rows) {
+Result<std::vector<float>> CudaForward::Prefill(DeviceState& state, std::span<const int32_t> ids, LogitsRows rows, MtpState* mtp) {
   RETURN_IF_ERROR(CheckIds(ids));
   const int64_t n = static_cast<int64_t>(ids.size());
   RETURN_IF_ERROR(state.Reserve(state.length() + n));
   const bool all = rows == LogitsRows::kAll;
+  if (!mtp_) mtp = nullptr;
+  if (mtp != nullptr && mtp->pending_rows > 1) *mtp = MtpState{};  // their next ids are not here: start the head anew
   std::vector<float> logits(static_cast<size_t>((all ? n : 1) * config_.vocab_size));
   const int64_t G = options_.grid_tokens;
   int64_t done = 0;
@@ -582,7 +633,15 @@ Result<std::vector<float>> CudaForward::Prefill(DeviceState& state, std::span<co
     float* out = all ? logits.data() + done * config_.vocab_size : (last ? logits.data() : nullptr);
     RETURN_IF_ERROR(RunChunk(state, m, all ? 0 : m - 1, out));
     done += m;
+    if (mtp == nullptr) continue;
+    ASSIGN_OR_RETURN(float* waiting, MtpWait(*mtp, pos, m));
+    cuda::RmsNormRows(ws_->x.floats(), final_norm_, m, config_.hidden_size, static_cast<float>(config_.rms_norm_eps), waiting, stream_);
+    // Every waiting row whose next id this call holds becomes a K/V row of the head.
+    const int64_t first = mtp->begin + mtp->rows, start = state.length() - done;
+    const int64_t known = std::min(mtp->pending_rows, start + n - 1 - first);
+    if (known > 0) RETURN_IF_ERROR(MtpCommit(*mtp, ids.subspan(static_cast<size_t>(first + 1 - start), static_cast<size_t>(known))));
   }
+  if (mtp != nullptr) RETURN_IF_ERROR(cuda::Synchronize(stream_, "the MTP head's rows"));
   return logits;
 }
 
@@ -605,7 +664,7 @@ std::vector<const void*> DeviceState::Buffers() const {
   return out;
 }
 
-Result<std::vector<float>> CudaForward::Decode(DeviceState& state, int32_t id) {
+Result<std::vector<float>> CudaForward::Decode(DeviceState& state, int32_t id, MtpState* mtp) {
   RETURN_IF_ERROR(CheckIds(std::span<const int32_t>(&id, 1)));
   RETURN_IF_ERROR(state.Reserve(state.length() + 1));
   std::vector<float> logits(static_cast<size_t>(config_.vocab_size));
@@ -626,6 +685,10 @@ Result<std::vector<float>> CudaForward::Decode(DeviceState& state, int32_t id) {
     RETURN_IF_ERROR(cuda::CudaStatus(cudaGraphLaunch(graph_->exec, stream_), "launching the decode graph"));
   } else {
     RETURN_IF_ERROR(EnqueueDecode(state));
+  }
+  if (mtp_ && mtp != nullptr) {  // the step's final-normed row waits for the head
+    ASSIGN_OR_RETURN(float* waiting, MtpWait(*mtp, state.length(), 1));
+    RETURN_IF_ERROR(cuda::CopyOnDevice(waiting, ws_->a.data(), static_cast<size_t>(Floats(config_.hidden_size)), stream_));
   }
   RETURN_IF_ERROR(cuda::CopyToHost(logits.data(), ws_->logits.data(), logits.size() * sizeof(float), stream_));
   RETURN_IF_ERROR(cuda::Synchronize(stream_, "a decode step"));
@@ -677,7 +740,7 @@ Result<std::vector<float>> CudaForward::PrefillBranches(DeviceState& state, std:
   return logits;
 }
 
-Result<std::vector<float>> CudaForward::DraftWindow(DeviceState& state, std::span<const int32_t> ids) {
+Result<std::vector<float>> CudaForward::DraftWindow(DeviceState& state, std::span<const int32_t> ids, MtpState* mtp) {
   RETURN_IF_ERROR(CheckIds(ids));
   const int64_t n = static_cast<int64_t>(ids.size()), H = config_.hidden_size, V = config_.vocab_size;
   if (n > kMaxDraftRows)
@@ -690,6 +753,8 @@ Result<std::vector<float>> CudaForward::DraftWindow(DeviceState& state, std::spa
   RETURN_IF_ERROR(EnqueueLayers(state, static_cast<const int32_t*>(ws.ids.data()), n, Mode::kDraft));
   std::vector<float> logits(static_cast<size_t>(n * V));
   cuda::RmsNormRows(ws.x.floats(), final_norm_, n, H, static_cast<float>(config_.rms_norm_eps), ws.a.floats(), stream_);
+  log.mtp = mtp_ ? mtp : nullptr;
+  if (log.mtp != nullptr) RETURN_IF_ERROR(cuda::CopyOnDevice(log.hidden.data(), ws.a.data(), static_cast<size_t>(Floats(n * H)), stream_));
   for (int64_t t = 0; t < n; t += kLogitRows) {  // decode's lm_head GEMV, kLogitRows rows a run
     const int64_t run = std::min(kLogitRows, n - t);
     cuda::Gemv(lm_head_.w, V, H, ws.a.floats() + t * H, run, ws.logits.floats(), stream_);
@@ -718,6 +783,10 @@ Status CudaForward::KeepDraft(DeviceState& state, int64_t rows) {
     cuda::GatedDeltaRecurrent(shape, log.conv.floats() + at * C, log.beta.floats() + at * Nv, log.g.floats() + at * Nv, rows,
                               state.recurrent_[static_cast<size_t>(gi)].floats(), ws_->core.floats(), nullptr, nullptr, 0.0f, stream_);
     cuda::NextTail(log.qkv.floats() + at * C, state.tail_[static_cast<size_t>(gi)].floats(), rows, C, c.linear_conv_kernel_dim, stream_);
+  }
+  if (log.mtp != nullptr && rows > 0) {  // the kept rows' hidden rows wait for the head
+    ASSIGN_OR_RETURN(float* waiting, MtpWait(*log.mtp, log.pos0, rows));
+    RETURN_IF_ERROR(cuda::CopyOnDevice(waiting, log.hidden.data(), static_cast<size_t>(Floats(rows * c.hidden_size)), stream_));
   }
   RETURN_IF_ERROR(cuda::Synchronize(stream_, "keeping a draft window's rows"));
   state.length_ = log.pos0 + rows;
@@ -923,17 +992,9 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
   const int64_t half = c.rotary_dim() / 2;
   const cuda::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
   if (mode == Mode::kBranches) {  // each branch's K/V rows go above the state's length in turn, then its rows attend
-    for (const Segment& b : branches) {
-      float* q = ws.qg.floats() + b.row0 * QW;
-      float* k = ws.krows.floats() + b.row0 * KW;
-      float* v = ws.vrows.floats() + b.row0 * KW;
-      const size_t bytes = static_cast<size_t>(Floats(b.n * KW));
-      cuda::NormRope(q, b.n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, position, false, stream_);
-      cuda::NormRope(k, b.n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, position, false, stream_);
-      RETURN_IF_ERROR(cuda::CopyOnDevice(k_all + pos0 * KW, k, bytes, stream_));
-      RETURN_IF_ERROR(cuda::CopyOnDevice(v_all + pos0 * KW, v, bytes, stream_));
-      cuda::Attention(shape, q, QW, 2 * hd, b.n, position, k_all, v_all, KW, q + hd, ws.attn.floats() + b.row0 * Nh * hd, Nh * hd, stream_);
-    }
+    for (const Segment& b : branches)
+      RETURN_IF_ERROR(AttendRows(L, ws.qg.floats() + b.row0 * QW, ws.krows.floats() + b.row0 * KW, ws.vrows.floats() + b.row0 * KW, b.n,
+                                 pos0, pos0, k_all, v_all, ws.attn.floats() + b.row0 * Nh * hd));
     return Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode);
   }
   cuda::NormRope(ws.qg.floats(), n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, position, false, stream_);
@@ -941,6 +1002,141 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
   cuda::Attention(shape, ws.qg.floats(), QW, 2 * hd, n, position, k_all, v_all, KW, ws.qg.floats() + hd, ws.attn.floats(), Nh * hd,
                   stream_);
   return Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode);
+}
+
+Status CudaForward::AttendRows(const Layer& L, float* q, float* k, const float* v, int64_t n, int64_t rope_pos, int64_t kv_row,
+                               float* k_all, float* v_all, float* out) {
+  const ModelConfig& c = config_;
+  const int64_t Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, hd = c.head_dim, QW = 2 * Nh * hd, KW = Nkv * hd;
+  const int64_t half = c.rotary_dim() / 2;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const size_t bytes = static_cast<size_t>(Floats(n * KW));
+  cuda::NormRope(q, n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, cuda::Position{rope_pos, nullptr}, false, stream_);
+  cuda::NormRope(k, n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, cuda::Position{rope_pos, nullptr}, false, stream_);
+  RETURN_IF_ERROR(cuda::CopyOnDevice(k_all + kv_row * KW, k, bytes, stream_));
+  RETURN_IF_ERROR(cuda::CopyOnDevice(v_all + kv_row * KW, v, bytes, stream_));
+  const cuda::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
+  cuda::Attention(shape, q, QW, 2 * hd, n, cuda::Position{kv_row, nullptr}, k_all, v_all, KW, q + hd, out, Nh * hd, stream_);
+  return Status::Ok();
+}
+
+CudaForward::DeviceMtp& CudaForward::MtpRowsOf(MtpState& mtp) {
+  auto* rows = dynamic_cast<DeviceMtp*>(mtp.mirror.get());
+  if (rows == nullptr || rows->owner != this) {
+    auto made = std::make_shared<DeviceMtp>(this);
+    rows = made.get();
+    mtp.mirror = std::move(made);
+  }
+  return *rows;
+}
+
+Result<float*> CudaForward::MtpWait(MtpState& mtp, int64_t pos0, int64_t n) {
+  const int64_t H = config_.hidden_size;
+  DeviceMtp& rows = MtpRowsOf(mtp);
+  if (mtp.begin < 0 || mtp.begin + mtp.rows + mtp.pending_rows != pos0) {
+    mtp.begin = pos0;
+    mtp.rows = 0;
+    mtp.pending_rows = 0;
+    rows.first = 0;
+  }
+  if (rows.first + mtp.pending_rows + n > rows.pending_capacity) {  // the waiting rows move to the front of a larger buffer
+    const int64_t capacity = std::max(2 * rows.pending_capacity, mtp.pending_rows + n);
+    ASSIGN_OR_RETURN(DeviceBuffer grown, DeviceBuffer::Allocate(static_cast<size_t>(Floats(capacity * H)), "the MTP head's waiting rows"));
+    RETURN_IF_ERROR(cuda::CopyOnDevice(grown.data(), rows.pending.floats() + rows.first * H, static_cast<size_t>(Floats(mtp.pending_rows * H)), stream_));
+    RETURN_IF_ERROR(cuda::Synchronize(stream_, "moving the MTP head's waiting rows"));
+    rows.pending = std::move(grown);
+    rows.pending_capacity = capacity;
+    rows.first = 0;
+  }
+  float* at = rows.pending.floats() + (rows.first + mtp.pending_rows) * H;
+  mtp.pending_rows += n;
+  return at;
+}
+
+Status CudaForward::MtpRows(MtpState& mtp, const float* hidden, std::span<const int32_t> ids, int64_t slot, float* out) {
+  const MtpHead& head = *mtp_;
+  const Layer& L = head.layer;
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, KW = c.num_key_value_heads * c.head_dim, QW = 2 * c.num_attention_heads * c.head_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  DeviceMtp& rows = MtpRowsOf(mtp);
+  const int64_t total = static_cast<int64_t>(ids.size());
+  if (slot + total > rows.capacity) {  // the head's K/V rows grow, keeping rows below slot
+    const int64_t capacity = std::max(2 * rows.capacity, (slot + total + 255) / 256 * 256);
+    for (DeviceBuffer* b : {&rows.k, &rows.v}) {
+      ASSIGN_OR_RETURN(DeviceBuffer grown, DeviceBuffer::Allocate(static_cast<size_t>(Floats(capacity * KW)), "the MTP head's K/V rows"));
+      RETURN_IF_ERROR(cuda::CopyOnDevice(grown.data(), b->data(), static_cast<size_t>(Floats(std::min(slot, rows.capacity) * KW)), stream_));
+      RETURN_IF_ERROR(cuda::Synchronize(stream_, "growing the MTP head's K/V rows"));
+      *b = std::move(grown);
+    }
+    rows.capacity = capacity;
+  }
+  Workspace& ws = *ws_;
+  const int64_t piece_rows = options_.grid_tokens;
+  for (int64_t done = 0; done < total;) {
+    const int64_t n = std::min(piece_rows, total - done);
+    const Mode mode = n == 1 ? Mode::kRecurrent : Mode::kChunked;
+    RETURN_IF_ERROR(cuda::CopyToDevice(ws.ids.data(), ids.data() + done, static_cast<size_t>(n) * 4, stream_));
+    cuda::EmbedRows(embed_.w, static_cast<const int32_t*>(ws.ids.data()), n, H, ws.x.floats(), stream_);
+    cuda::RmsNormRows(ws.x.floats(), head.norm_embedding, n, H, eps, ws.a.floats(), stream_);
+    cuda::RmsNormRows(hidden + done * H, head.norm_hidden, n, H, eps, ws.mix.floats(), stream_);
+    cuda::JoinRows(ws.a.floats(), ws.mix.floats(), n, H, ws.cat.floats(), stream_);
+    RETURN_IF_ERROR(Product(head.fc, ws.cat.floats(), n, ws.x.floats(), H, mode));
+    cuda::RmsNormRows(ws.x.floats(), L.in_norm, n, H, eps, ws.a.floats(), stream_);
+    RETURN_IF_ERROR(Product(L.q, ws.a.floats(), n, ws.qg.floats(), QW, mode));
+    RETURN_IF_ERROR(Product(L.k, ws.a.floats(), n, ws.krows.floats(), KW, mode));
+    RETURN_IF_ERROR(Product(L.v, ws.a.floats(), n, ws.vrows.floats(), KW, mode));
+    RETURN_IF_ERROR(AttendRows(L, ws.qg.floats(), ws.krows.floats(), ws.vrows.floats(), n, mtp.begin + slot + done, slot + done,
+                               rows.k.floats(), rows.v.floats(), ws.attn.floats()));
+    RETURN_IF_ERROR(Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode));
+    cuda::AddRmsNorm(ws.x.floats(), ws.mix.floats(), L.post_norm, n, H, eps, ws.a.floats(), stream_);
+    RETURN_IF_ERROR(Mlp(L, n, mode));
+    cuda::AddRows(ws.mix.floats(), n * H, ws.x.floats(), stream_);
+    done += n;
+    if (out != nullptr && done == total) cuda::RmsNormRows(ws.x.floats() + (n - 1) * H, head.norm, 1, H, eps, out, stream_);
+  }
+  return Status::Ok();
+}
+
+Status CudaForward::MtpCommit(MtpState& mtp, std::span<const int32_t> next_ids) {
+  if (!mtp_) return Unsupported("the checkpoint has no MTP head");
+  RETURN_IF_ERROR(CheckMtpIds(mtp, next_ids, false, config_.vocab_size, "MtpCommit"));
+  const int64_t n = static_cast<int64_t>(next_ids.size());
+  if (n == 0) return Status::Ok();
+  DeviceMtp& rows = MtpRowsOf(mtp);
+  RETURN_IF_ERROR(MtpRows(mtp, rows.pending.floats() + rows.first * config_.hidden_size, next_ids, mtp.rows, nullptr));
+  rows.first += n;
+  mtp.pending_rows -= n;
+  mtp.rows += n;
+  return cuda::Synchronize(stream_, "the MTP head's rows");
+}
+
+Result<std::vector<int32_t>> CudaForward::MtpDraft(MtpState& mtp, std::span<const int32_t> next_ids, int max_draft, int64_t vocab_limit,
+                                                   std::vector<float>* all_logits) {
+  if (!mtp_) return Unsupported("the checkpoint has no MTP head");
+  RETURN_IF_ERROR(CheckMtpIds(mtp, next_ids, true, config_.vocab_size, "MtpDraft"));
+  const int64_t n = static_cast<int64_t>(next_ids.size()), H = config_.hidden_size, V = std::min(vocab_limit, config_.vocab_size);
+  DeviceMtp& rows = MtpRowsOf(mtp);
+  float* out = ws_->mtp_out.floats();
+  RETURN_IF_ERROR(MtpRows(mtp, rows.pending.floats() + rows.first * H, next_ids, mtp.rows, out));
+  rows.first = 0;
+  mtp.pending_rows = 0;
+  mtp.rows += n;
+  std::vector<int32_t> drafts;
+  std::vector<float> logits(static_cast<size_t>(config_.vocab_size));
+  if (all_logits != nullptr) all_logits->clear();
+  for (int j = 0; j < max_draft; ++j) {
+    if (j > 0) {  // the head's own output and its last draft, one position on
+      const int32_t last = drafts.back();
+      RETURN_IF_ERROR(MtpRows(mtp, out, std::span<const int32_t>(&last, 1), mtp.rows + j - 1, out));
+    }
+    cuda::Gemv(lm_head_.w, config_.vocab_size, H, out, 1, ws_->logits.floats(), stream_);
+    RETURN_IF_ERROR(cuda::CopyToHost(logits.data(), ws_->logits.data(), logits.size() * sizeof(float), stream_));
+    if (all_logits != nullptr) all_logits->insert(all_logits->end(), logits.begin(), logits.end());
+    drafts.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + V) - logits.begin()));
+  }
+  RETURN_IF_ERROR(cuda::Synchronize(stream_, "the MTP head's drafts"));
+  return drafts;
 }
 
 Status CudaForward::Mlp(const Layer& L, int64_t n, Mode mode) {

@@ -118,10 +118,12 @@ class CudaForward {
   Result<std::unique_ptr<DeviceState>> NewState();
   // Appends ids in chunks that end on multiples of grid_tokens; returns fp32 logits of the last row
   // (kLast) or of every row (kAll). Bad ids leave the state unchanged; after a device error the state
-  // is undefined and must be dropped.
-  Result<std::vector<float>> Prefill(DeviceState& state, std::span<const int32_t> ids, LogitsRows rows = LogitsRows::kLast);
+  // is undefined and must be dropped. With mtp (and an MTP head) the rows' hidden states feed the
+  // head as Forward's do, its rows in device memory.
+  Result<std::vector<float>> Prefill(DeviceState& state, std::span<const int32_t> ids, LogitsRows rows = LogitsRows::kLast,
+                                     MtpState* mtp = nullptr);
   // Appends one token with the one-token recurrence and one-row products; returns its logits.
-  Result<std::vector<float>> Decode(DeviceState& state, int32_t id);
+  Result<std::vector<float>> Decode(DeviceState& state, int32_t id, MtpState* mtp = nullptr);
 
   // Branches that all go on from state (at its length) in one forward over their stacked rows, as
   // Forward::PrefillBranches: each from a copy of the state's recurrent part, over its K/V rows below
@@ -139,8 +141,17 @@ class CudaForward {
   // them; the recurrent states and conv tails wait for KeepDraft, which advances them by the first
   // `rows` rows with Decode's steps and sets the length there, so the state equals `rows` Decode
   // calls. Nothing else may run on the state in between.
-  Result<std::vector<float>> DraftWindow(DeviceState& state, std::span<const int32_t> ids);
+  // With mtp the kept rows' hidden states wait there.
+  Result<std::vector<float>> DraftWindow(DeviceState& state, std::span<const int32_t> ids, MtpState* mtp = nullptr);
   Status KeepDraft(DeviceState& state, int64_t rows);
+
+  // The checkpoint's multi-token-prediction head, as Forward's (MtpCommit, MtpDraft), on the device:
+  // the head's K/V rows and the waiting hidden rows live in mtp.mirror. Its bits are this backend's
+  // (drafts only decide which rows a window forwards, so tokens never depend on them).
+  bool has_mtp() const { return mtp_ != nullptr; }
+  Status MtpCommit(MtpState& mtp, std::span<const int32_t> next_ids);
+  Result<std::vector<int32_t>> MtpDraft(MtpState& mtp, std::span<const int32_t> next_ids, int max_draft, int64_t vocab_limit,
+                                        std::vector<float>* logits = nullptr);
 
   // What states computed here depend on: backend, device, CUDA and cuBLASLt versions, the algorithms.
   std::string KernelSet() const;
@@ -167,6 +178,8 @@ class CudaForward {
   struct Workspace;
   struct DecodeGraph;
   struct DraftLog;
+  struct MtpHead;
+  class DeviceMtp;
   // kDraft: a draft window's rows, each with decode's arithmetic, the recurrent part left as it was.
   // kBranches: branches' stacked rows, each from the state at its length, which stays as it was.
   enum class Mode { kChunked, kRecurrent, kDraft, kBranches };
@@ -178,6 +191,7 @@ class CudaForward {
   CudaForward(const ModelConfig& config, const CudaForwardOptions& options);
   Status Init(const ModelWeights& weights);
   Result<Matrix> Upload(const TensorView& t, int64_t rows, int64_t cols, const char* role);
+  Result<Layer> UploadLayer(const LayerWeights& weights, LayerKind kind);
   Result<const float*> UploadVector(const TensorView& t, int64_t n, float add, const char* role);
   Result<const float*> UploadFloats(const std::vector<float>& values, const std::string& what);
   Status CheckIds(std::span<const int32_t> ids) const;
@@ -196,6 +210,18 @@ class CudaForward {
   Status GdnMixer(const Layer& layer, DeviceState& state, int64_t gi, int64_t n, Mode mode, std::span<const Segment> branches);
   Status AttentionMixer(const Layer& layer, DeviceState& state, int64_t ai, int64_t n, Mode mode, std::span<const Segment> branches);
   Status Mlp(const Layer& layer, int64_t n, Mode mode);
+  // Query rows q (n of them, ws.qg's layout) and K/V rows k, v (workspace) of one sequence: RMSNorm
+  // and RoPE at positions rope_pos.., the K/V rows copied to rows kv_row.. of k_all and v_all, then
+  // each query row attends keys 0..kv_row + t; the output to out.
+  Status AttendRows(const Layer& layer, float* q, float* k, const float* v, int64_t n, int64_t rope_pos, int64_t kv_row,
+                    float* k_all, float* v_all, float* out);
+  // mtp's device rows (made where it has none of this forward's).
+  DeviceMtp& MtpRowsOf(MtpState& mtp);
+  // Where n hidden rows at positions pos0.. join mtp's waiting rows (a gap starts mtp anew).
+  Result<float*> MtpWait(MtpState& mtp, int64_t pos0, int64_t n);
+  // The head over hidden rows (device) and the ids after them at K/V row slot.. (in pieces of the
+  // workspace's rows); the last row's output after mtp.norm goes to out (device) when set.
+  Status MtpRows(MtpState& mtp, const float* hidden, std::span<const int32_t> ids, int64_t slot, float* out);
 
   ModelConfig config_;
   CudaForwardOptions options_;
@@ -211,6 +237,7 @@ class CudaForward {
   std::unique_ptr<Workspace> ws_;
   std::unique_ptr<DecodeGraph> graph_;
   std::unique_ptr<DraftLog> draft_;
+  std::unique_ptr<MtpHead> mtp_;
   std::string graph_note_;  // why decode went launch by launch
   int64_t weight_bytes_ = 0;
 };

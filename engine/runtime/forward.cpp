@@ -309,6 +309,13 @@ Status CheckTokenIds(std::span<const int32_t> ids, int64_t vocab_size, const std
   return Status::Ok();
 }
 
+Status CheckMtpIds(const MtpState& mtp, std::span<const int32_t> next_ids, bool every_row, int64_t vocab_size, const std::string& who) {
+  const int64_t n = static_cast<int64_t>(next_ids.size());
+  if (every_row ? n == 0 || n != mtp.pending_rows : n > mtp.pending_rows)
+    return InvalidArgument(who + ": " + std::to_string(n) + " ids for " + std::to_string(mtp.pending_rows) + " waiting rows");
+  return n == 0 ? Status::Ok() : CheckTokenIds(next_ids, vocab_size, who);
+}
+
 Status CheckBranch(const PrefillBranch& branch, int64_t vocab_size, const std::string& who) {
   RETURN_IF_ERROR(CheckTokenIds(branch.ids, vocab_size, who));
   if (branch.logits_from < 0 || branch.logits_from >= static_cast<int64_t>(branch.ids.size()))
@@ -822,11 +829,9 @@ void Forward::MtpRows(MtpState& mtp, const float* hidden, const int32_t* ids, in
 
 Status Forward::MtpCommit(MtpState& mtp, std::span<const int32_t> next_ids) {
   if (!mtp_) return Unsupported("the checkpoint has no MTP head");
-  const int64_t n = static_cast<int64_t>(next_ids.size());
-  if (n > mtp.pending_rows) return InvalidArgument("MtpCommit: " + std::to_string(n) + " ids for " + std::to_string(mtp.pending_rows) + " waiting rows");
+  RETURN_IF_ERROR(CheckMtpIds(mtp, next_ids, false, config_.vocab_size, "MtpCommit"));
+  const int64_t n = static_cast<int64_t>(next_ids.size()), H = config_.hidden_size;
   if (n == 0) return Status::Ok();
-  RETURN_IF_ERROR(CheckIds(next_ids));
-  const int64_t H = config_.hidden_size;
   MtpRows(mtp, mtp.pending.data(), next_ids.data(), n, mtp.rows, nullptr);
   mtp.pending.erase(mtp.pending.begin(), mtp.pending.begin() + n * H);
   mtp.pending_rows -= n;
@@ -837,11 +842,8 @@ Status Forward::MtpCommit(MtpState& mtp, std::span<const int32_t> next_ids) {
 Result<std::vector<int32_t>> Forward::MtpDraft(MtpState& mtp, std::span<const int32_t> next_ids, int max_draft,
                                                int64_t vocab_limit, std::vector<float>* all_logits) {
   if (!mtp_) return Unsupported("the checkpoint has no MTP head");
-  const int64_t n = static_cast<int64_t>(next_ids.size());
-  if (n == 0 || n != mtp.pending_rows)
-    return InvalidArgument("MtpDraft: " + std::to_string(n) + " ids for " + std::to_string(mtp.pending_rows) + " waiting rows");
-  RETURN_IF_ERROR(CheckIds(next_ids));
-  const int64_t H = config_.hidden_size, V = std::min(vocab_limit, config_.vocab_size);
+  RETURN_IF_ERROR(CheckMtpIds(mtp, next_ids, true, config_.vocab_size, "MtpDraft"));
+  const int64_t n = static_cast<int64_t>(next_ids.size()), H = config_.hidden_size, V = std::min(vocab_limit, config_.vocab_size);
   std::vector<float> out(static_cast<size_t>(H)), logits(static_cast<size_t>(config_.vocab_size));
   MtpRows(mtp, mtp.pending.data(), next_ids.data(), n, mtp.rows, out.data());
   mtp.pending.clear();

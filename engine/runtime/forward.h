@@ -41,6 +41,8 @@ struct ForwardOptions {
 // (not empty, each in the vocabulary); errors start with `who`.
 Status CheckForwardShape(const ModelConfig& config, const ModelWeights& weights, int64_t grid_tokens, const std::string& who);
 Status CheckTokenIds(std::span<const int32_t> ids, int64_t vocab_size, const std::string& who);
+// The ids an MTP commit (up to one a waiting row) or draft (one every waiting row) takes; errors start with `who`.
+Status CheckMtpIds(const MtpState& mtp, std::span<const int32_t> next_ids, bool every_row, int64_t vocab_size, const std::string& who);
 // A branch's ids and that its logits start inside them.
 Status CheckBranch(const PrefillBranch& branch, int64_t vocab_size, const std::string& who);
 // That a matrix tensor is there and holds rows x cols elements.
@@ -57,12 +59,17 @@ inline int64_t GridChunkRows(int64_t position, int64_t remaining, int64_t grid) 
 // The multi-token-prediction head's own state for one sequence: K/V rows of its attention layer
 // from position begin, and the trunk's final-normed hidden rows still waiting for the id after them.
 // Only drafts come from it, so it may start anywhere (a restored prefix has no rows of it).
+// A backend keeps the rows in device memory instead (the CUDA backend), in a mirror of its own.
+struct MtpMirror {
+  virtual ~MtpMirror() = default;
+};
 struct MtpState {
   int64_t begin = -1;          // position of its first row; -1: none yet
   int64_t rows = 0;            // K/V rows made from the trunk's hidden rows (positions begin..)
   int64_t pending_rows = 0;    // hidden rows at positions begin + rows.. not yet made K/V rows
   std::vector<float> k, v;     // fp32 [capacity, Nkv*head_dim]
   std::vector<float> pending;  // fp32 [pending_rows, H]
+  std::shared_ptr<MtpMirror> mirror;  // the device's k, v and pending, where a device backend holds them
 };
 
 // The CPU backend.

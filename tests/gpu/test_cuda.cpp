@@ -828,7 +828,7 @@ void DraftWindowRowsAreDecodeSteps() {
 // The backend's draft windows on host states: the host state keeps its length and bits while the
 // window is open, KeepDraft writes back the kept rows alone (the state then equals as many decodes),
 // a host write in between makes KeepDraft refuse, and the generator with drafts picks plain decoding's
-// tokens into the same state, drafts all right, all wrong and partly right.
+// tokens into the same state, lookup drafts all right, all wrong and partly right, and the MTP head's.
 void BackendDraftWindowsKeepHostStates() {
   Pair p = Load(TinyModelSize::kTiny);
   const ModelConfig& c = p.model->config;
@@ -884,6 +884,71 @@ void BackendDraftWindowsKeepHostStates() {
     if (params == &wrong) GPU_CHECK(drafted.accepted_tokens == 0);
     if (params == &partly) GPU_CHECK(drafted.accepted_tokens > 0 && drafted.accepted_tokens < drafted.drafted_tokens);
   }
+  // The MTP head drafting where lookup finds nothing (random prompts): plain decoding's tokens and state.
+  int64_t head_drafts = 0;
+  for (uint32_t seed : {51u, 52u}) {
+    const std::vector<int32_t> prompt = testing::RandomIds(150, V, seed);
+    const std::span<const int32_t> head = std::span(prompt).first(149), last = std::span(prompt).last(1);
+    SequenceState plain_state(c), draft_state(c);
+    Must(backend->Prefill(plain_state, head), "prefill");
+    Must(backend->Prefill(draft_state, head), "prefill");
+    const GenerationResult plain = Must(generator.Generate(plain_state, last, free_run, nullptr), "plain decoding");
+    SpeculativeOptions spec;
+    spec.max_draft = 4;
+    spec.lookup = false;
+    spec.mtp = true;
+    spec.history = head;
+    const GenerationResult drafted = Must(generator.Generate(draft_state, last, free_run, nullptr, nullptr, spec), "MTP drafts");
+    GPU_CHECK(drafted.tokens == plain.tokens);
+    GPU_CHECK(draft_state.BitEqual(plain_state));
+    head_drafts += drafted.drafted_tokens;
+  }
+  GPU_CHECK(head_drafts > 0);
+}
+
+// The MTP head on the device against the CPU's: the head starts at 100 (the prefix before has no rows
+// of it), the same rows are committed and waiting after a prefill (in one call and in two; at grid 64
+// the second call's first chunk commits 65 rows, in two pieces), a decode and a kept draft window, and drafts' head logits
+// are within 1e-3 x max |logit| of the CPU head's; the same run twice gives the same bits.
+void MtpHeadMatchesTheCpus() {
+  Pair p = Load(TinyModelSize::kTiny, 64);
+  const ModelConfig& c = p.model->config;
+  const int64_t V = c.vocab_size;
+  GPU_CHECK(p.gpu->has_mtp());
+  const std::vector<int32_t> prompt = testing::RandomIds(300, V, 91), window = testing::RandomIds(5, V, 92);
+  SequenceState cpu_state(c);
+  MtpState cpu_mtp;
+  Must(p.cpu->Prefill(cpu_state, std::span(prompt).first(100)), "CPU prefill to 100");
+  Must(p.cpu->Prefill(cpu_state, std::span(prompt).subspan(100), LogitsRows::kLast, &cpu_mtp), "CPU prefill to 300");
+  Must(p.cpu->Decode(cpu_state, window[0], &cpu_mtp), "CPU decode");
+  Must(p.cpu->DraftWindow(cpu_state, window, &cpu_mtp), "CPU window");
+  Must(p.cpu->KeepDraft(cpu_state, 3), "CPU keeps 3 rows");
+  // Rows 299 to 303 wait: the prefill's last, the decode's, the window's kept three; then the ids after each.
+  const std::vector<int32_t> pending_ids = {window[0], window[0], window[1], window[2], window[3]};
+  std::vector<float> cpu_logits;
+  const std::vector<int32_t> cpu_drafts = Must(p.cpu->MtpDraft(cpu_mtp, pending_ids, 3, V, &cpu_logits), "CPU drafts");
+  std::vector<float> runs[2];
+  for (int run = 0; run < 2; ++run) {
+    auto state = Must(p.gpu->NewState(), "a device state");
+    MtpState mtp;
+    Must(p.gpu->Prefill(*state, std::span(prompt).first(100)), "GPU prefill to 100");
+    Must(p.gpu->Prefill(*state, std::span(prompt).subspan(100, 28), LogitsRows::kLast, &mtp), "GPU prefill to 128");
+    Must(p.gpu->Prefill(*state, std::span(prompt).subspan(128), LogitsRows::kLast, &mtp), "GPU prefill to 300");
+    GPU_CHECK(mtp.begin == 100 && mtp.rows == 199 && mtp.pending_rows == 1);
+    Must(p.gpu->Decode(*state, window[0], &mtp), "GPU decode");
+    Must(p.gpu->DraftWindow(*state, window, &mtp), "GPU window");
+    Must(p.gpu->KeepDraft(*state, 3), "GPU keeps 3 rows");
+    GPU_CHECK(mtp.rows == 199 && mtp.pending_rows == 5);
+    const std::vector<int32_t> drafts = Must(p.gpu->MtpDraft(mtp, pending_ids, 3, V, &runs[run]), "GPU drafts");
+    GPU_CHECK(mtp.begin == cpu_mtp.begin && mtp.rows == cpu_mtp.rows && mtp.pending_rows == 0);
+    float largest = 0.0f;
+    for (float x : cpu_logits) largest = std::max(largest, std::fabs(x));
+    const float diff = MaxAbsDiff(runs[run], cpu_logits);
+    if (run == 0) std::printf("       MTP head: max |logit diff| vs CPU over 3 drafts %.3g (max |logit| %.3g)\n", diff, largest);
+    GPU_CHECK_MSG(diff <= 1e-3f * largest, std::to_string(diff));
+    GPU_CHECK(drafts == cpu_drafts);
+  }
+  GPU_CHECK(SameBits(runs[0], runs[1]));
 }
 
 // Bad ids (none, negative, past the vocabulary) are refused with the index named and change nothing.
@@ -970,6 +1035,7 @@ int main() {
       {"decode through a captured graph gives the launches' bits", DecodeGraphsGiveTheLaunchesBits},
       {"draft window rows are decode steps; keeping k rows equals k decodes", DraftWindowRowsAreDecodeSteps},
       {"branches in one forward give each branch alone's bits", BranchesGiveEachBranchAlonesBits},
+      {"the MTP head matches the CPU's", MtpHeadMatchesTheCpus},
       {"bad ids change nothing", BadIdsChangeNothing},
       {"the backend on host states gives CudaForward's bits and resumes exactly", BackendOnHostStatesResumesExactly},
       {"host writes reach a state's device copy", HostWritesReachTheDeviceCopy},

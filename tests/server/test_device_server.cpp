@@ -2,13 +2,15 @@
 // it, named by ANCHORAGE_CUDA_PLUGIN) serves a request resumed from a grid anchor, and from the disk
 // tier, with the tokens and logprobs of a cold server on the same device, and decide's reused
 // observation with the bits of every branch alone; lookup drafts verified in draft windows on the
-// device keep every logprob of plain decoding; a full device refuses a prompt it cannot hold
+// device keep every logprob of plain decoding, and so do the MTP head's drafts; a full device refuses
+// a prompt it cannot hold
 // (503) and goes on serving; a plugin that cannot load or find a GPU is a clear
 // error with --device cuda, and the CPU with a note under auto.
 #include <QtTest>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "engine/core/file_util.h"
 #include "tests/server/server_fixture.h"
@@ -185,6 +187,34 @@ class TestDeviceServer : public QObject {
     const json& logprobs = on["choices"][0]["logprobs"]["content"];
     QVERIFY2(logprobs.is_array() && logprobs.size() > 20, on.dump().c_str());
     QCOMPARE(QString::fromStdString(off["choices"][0]["logprobs"]["content"].dump()), QString::fromStdString(logprobs.dump()));
+  }
+
+  // The checkpoint's MTP head drafting on the device: the same replies and logprobs as drafts off, greedy
+  // and sampled, and the head did draft.
+  void mtpDraftsOnTheDeviceKeepTheReply() {
+    if (!std::filesystem::exists(kEmulatedPlugin.toStdString())) QSKIP("no emulated CUDA plugin in this build (not x86-64)");
+    qputenv("ANCHORAGE_CUDA_PLUGIN", kEmulatedPlugin.toUtf8());
+    QTemporaryDir data;
+    ServerProcess server;
+    QVERIFY(server.Start(data.path(), {"--device", "cuda", "--grid", "64", "--shadow-model", "off", "--disk-cache", "off"}));
+    QVERIFY2(server.startup_output().find("no MTP drafts") == std::string::npos, server.startup_output().c_str());
+    std::map<std::string, json> replies;
+    for (const char* mode : {"off", "mtp"}) {
+      json settings = json::parse(server.Get("/v1/settings")->body);
+      settings["speculative"]["mode"] = mode;
+      auto put = server.Put("/v1/settings", settings.dump());
+      QVERIFY2(put && put->status == 200, put ? put->body.c_str() : "no answer");
+      for (double temperature : {0.0, 0.8}) {
+        const json reply = server.Chat({{"messages", {{{"role", "user"}, {"content", "Say something about grids."}}}}, {"max_tokens", 32},
+                                        {"temperature", temperature}, {"seed", 5}, {"logprobs", true},
+                                        {"session_id", std::string(mode) + std::to_string(temperature)}});
+        QVERIFY2(reply.contains("choices"), reply.dump().c_str());
+        const std::string key = std::to_string(temperature);
+        if (replies.count(key) == 0) replies[key] = reply["choices"][0];
+        QCOMPARE(QString::fromStdString(reply["choices"][0].dump()), QString::fromStdString(replies[key].dump()));
+        if (std::string(mode) == "mtp") QVERIFY2(reply["usage"]["anchorage"]["drafted_tokens"].get<int64_t>() > 0, reply["usage"].dump().c_str());
+      }
+    }
   }
 
   // A device without room for a prompt's rows refuses that request before any tier changes (503

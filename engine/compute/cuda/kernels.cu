@@ -216,6 +216,13 @@ __global__ void GemvSwiGluKernel(const uint16_t* gate, const uint16_t* up, int64
   if (lane == 0) y[row] = SiluOf(g) * u;
 }
 
+__global__ void JoinRowsKernel(const float* left, const float* right, int64_t n, int64_t width, float* out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= 2 * n * width) return;
+  const int64_t t = i / (2 * width), j = i % (2 * width);
+  out[i] = j < width ? left[t * width + j] : right[t * width + j - width];
+}
+
 __global__ void AddRowsKernel(const float* from, int64_t count, float* to) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < count) to[i] += from[i];
@@ -626,6 +633,10 @@ void GemmSimt(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n
   if (n <= 0 || N <= 0) return;
   const dim3 grid(static_cast<unsigned>((N + kSimtTile - 1) / kSimtTile), static_cast<unsigned>((n + kSimtTile - 1) / kSimtTile));
   ANCHORAGE_LAUNCH(GemmSimtKernel, grid, 256, 0, s)(w, N, K, x, n, y, y_stride);
+}
+
+void JoinRows(const float* left, const float* right, int64_t n, int64_t width, float* out, Stream s) {
+  if (n > 0) ANCHORAGE_LAUNCH(JoinRowsKernel, Blocks(2 * n * width), kBlock, 0, s)(left, right, n, width, out);
 }
 
 void AddRows(const float* from, int64_t count, float* to, Stream s) {

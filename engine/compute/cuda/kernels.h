@@ -31,6 +31,8 @@ void Gemv(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t
 // y[t * y_stride + j] = sum_k x[t, k] w[j, k] on CUDA cores in fp32, each output over k in order: the
 // products' fallback where cuBLASLt's rows would depend on the call (slower; no split needed).
 void GemmSimt(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride, Stream s);
+// out[t] = [left[t] | right[t]], rows of width floats each side.
+void JoinRows(const float* left, const float* right, int64_t n, int64_t width, float* out, Stream s);
 // to[i] += from[i].
 void AddRows(const float* from, int64_t count, float* to, Stream s);
 // x += add, then y = RmsNorm(x) * w1 per row: the residual add and the next norm in one launch,
