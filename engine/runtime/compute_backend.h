@@ -31,6 +31,8 @@ class ComputeBackend {
   virtual const char* device_name() const = 0;
   // What it runs on, for the log and /health: the kernel path and threads, or the GPU.
   virtual std::string DeviceDescription() const = 0;
+  // What the matrices are held as, e.g. "bf16" or "fp8-e4m3 + bf16".
+  virtual std::string WeightsDescription() const = 0;
   virtual const ModelConfig& config() const = 0;
   int64_t vocab_size() const { return config().vocab_size; }
   virtual int64_t grid_tokens() const = 0;

@@ -376,10 +376,24 @@ CudaForward::~CudaForward() {
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
-Result<CudaForward::Matrix> CudaForward::Upload(const TensorView& t, int64_t rows, int64_t cols, const char* role) {
+Result<CudaForward::Matrix> CudaForward::Upload(const TensorView& t, int64_t rows, int64_t cols, const char* role, bool fp8_allowed) {
   RETURN_IF_ERROR(CheckMatrixShape(t, rows, cols, "CudaForward", role));
-  if (t.dtype == DType::kF8E4M3)
-    return Unsupported("CudaForward: " + t.name + " is F8_E4M3; the CUDA backend multiplies bf16 weights (run FP8 checkpoints on the CPU)");
+  if (t.dtype == DType::kF8E4M3) {  // kept as it is stored: codes and block scales
+    if (!fp8_allowed) return Unsupported("CudaForward: " + t.name + " is F8_E4M3; the embeddings and lm_head must be BF16, F16 or F32");
+    ASSIGN_OR_RETURN(const std::vector<float> scales, Fp8BlockScales(t, rows, cols, "CudaForward"));
+    ASSIGN_OR_RETURN(DeviceBuffer codes, DeviceBuffer::Allocate(static_cast<size_t>(rows * cols), t.name));
+    RETURN_IF_ERROR(cuda::CopyToDevice(codes.data(), t.data, static_cast<size_t>(rows * cols), stream_));
+    ASSIGN_OR_RETURN(const float* scales_on_device, UploadFloats(scales, t.scale_inv->name));
+    weight_bytes_ += static_cast<int64_t>(codes.bytes() + scales.size() * sizeof(float));
+    Matrix m;
+    m.rows = rows;
+    m.cols = cols;
+    m.fp8 = {static_cast<const uint8_t*>(codes.data()), scales_on_device, t.scale_block_rows, t.scale_block_cols,
+             (cols + t.scale_block_cols - 1) / t.scale_block_cols};
+    buffers_.push_back(std::move(codes));
+    ++fp8_matrices_;
+    return m;
+  }
   ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(static_cast<size_t>(rows * cols) * 2, t.name));
   if (t.dtype == DType::kBF16) {
     RETURN_IF_ERROR(cuda::CopyToDevice(buffer.data(), t.data, t.bytes, stream_));
@@ -390,7 +404,10 @@ Result<CudaForward::Matrix> CudaForward::Upload(const TensorView& t, int64_t row
     RETURN_IF_ERROR(cuda::CopyToDevice(buffer.data(), rounded.data(), rounded.size() * 2, stream_));
   }
   weight_bytes_ += static_cast<int64_t>(buffer.bytes());
-  Matrix m{static_cast<const uint16_t*>(buffer.data()), rows, cols};
+  Matrix m;
+  m.w = static_cast<const uint16_t*>(buffer.data());
+  m.rows = rows;
+  m.cols = cols;
   buffers_.push_back(std::move(buffer));
   return m;
 }
@@ -480,11 +497,11 @@ Status CudaForward::Init(const ModelWeights& w) {
   const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim, C = c.conv_dim(), VD = c.value_dim();
   const int64_t Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, Nv = c.linear_num_value_heads;
   const int64_t G = options_.grid_tokens, rows = std::max(G, kMaxDraftRows);
-  ASSIGN_OR_RETURN(embed_, Upload(w.embed_tokens, c.vocab_size, H, "embed_tokens"));
+  ASSIGN_OR_RETURN(embed_, Upload(w.embed_tokens, c.vocab_size, H, "embed_tokens", false));
   if (w.lm_head.data == w.embed_tokens.data) {
     lm_head_ = embed_;
   } else {
-    ASSIGN_OR_RETURN(lm_head_, Upload(w.lm_head, c.vocab_size, H, "lm_head"));
+    ASSIGN_OR_RETURN(lm_head_, Upload(w.lm_head, c.vocab_size, H, "lm_head", false));
   }
   ASSIGN_OR_RETURN(final_norm_, UploadVector(w.norm, H, 1.0f, "norm"));
   {
@@ -586,7 +603,8 @@ std::string CudaForward::KernelSet() const {
   const int lt_version = static_cast<int>(cublasLtGetVersion());
   return "cuda-kernels-v1 " + device_.name + " sm_" + std::to_string(device_.sm_major) + std::to_string(device_.sm_minor) +
          " runtime " + std::to_string(device_.runtime_version) + " cublasLt " + std::to_string(lt_version) + "\n" + gemm_->Describe() +
-         logits_gemm_->Describe();
+         logits_gemm_->Describe() +
+         (fp8_matrices_ > 0 ? std::to_string(fp8_matrices_) + " FP8 matrices: CUDA-core k-order products, fp8-gemv-v1\n" : "");
 }
 
 std::string CudaForward::StateFingerprint(const std::string& model_fingerprint) const {
@@ -818,9 +836,18 @@ Result<std::unique_ptr<CudaForward::DecodeGraph>> CudaForward::CaptureDecode(Dev
 }
 
 Status CudaForward::Product(const Matrix& m, const float* x, int64_t n, float* y, int64_t y_stride, Mode mode) {
-  if (mode == Mode::kChunked || mode == Mode::kBranches) return gemm_->Run(m.w, m.rows, m.cols, x, n, y, y_stride);
+  const bool rows_at_once = mode == Mode::kChunked || mode == Mode::kBranches;
+  if (rows_at_once && m.fp8.q != nullptr) {
+    cuda::GemmSimtFp8(m.fp8, m.rows, m.cols, x, n, y, y_stride, stream_);
+    return Status::Ok();
+  }
+  if (rows_at_once) return gemm_->Run(m.w, m.rows, m.cols, x, n, y, y_stride);
   if (y_stride != m.rows) return Internal("CudaForward: the GEMV writes whole rows of " + std::to_string(m.rows) + " outputs");
-  cuda::Gemv(m.w, m.rows, m.cols, x, n, y, stream_);
+  if (m.fp8.q != nullptr) {
+    cuda::GemvFp8(m.fp8, m.rows, m.cols, x, n, y, stream_);
+  } else {
+    cuda::Gemv(m.w, m.rows, m.cols, x, n, y, stream_);
+  }
   return Status::Ok();
 }
 
@@ -891,6 +918,7 @@ Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int
     float* outputs[4] = {qkv, ws.z.floats(), ws.bb.floats(), ws.aa.floats()};
     for (int m = 0; m < 4; ++m) {
       set.w[m] = matrices[m]->w;
+      set.fp8[m] = matrices[m]->fp8;
       set.rows[m] = matrices[m]->rows;
       set.y[m] = outputs[m];
     }
@@ -972,13 +1000,16 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
     set.count = 3;
     set.position = position;
     set.w[0] = L.q.w;
+    set.fp8[0] = L.q.fp8;
     set.rows[0] = L.q.rows;
     set.y[0] = ws.qg.floats();
     set.w[1] = L.k.w;
+    set.fp8[1] = L.k.fp8;
     set.rows[1] = L.k.rows;
     set.y[1] = k_all;
     set.position_stride[1] = KW;
     set.w[2] = L.v.w;
+    set.fp8[2] = L.v.fp8;
     set.rows[2] = L.v.rows;
     set.y[2] = v_all;
     set.position_stride[2] = KW;
@@ -1143,7 +1174,7 @@ Status CudaForward::Mlp(const Layer& L, int64_t n, Mode mode) {
   const int64_t H = config_.hidden_size, I = config_.intermediate_size;
   Workspace& ws = *ws_;
   if (mode == Mode::kRecurrent) {  // one row: gate, up and their product in one launch
-    cuda::GemvSwiGlu(L.gate.w, L.up.w, I, H, ws.a.floats(), ws.gate.floats(), stream_);
+    cuda::GemvSwiGlu(L.gate.w, L.up.w, I, H, ws.a.floats(), ws.gate.floats(), stream_, L.gate.fp8, L.up.fp8);
   } else {
     RETURN_IF_ERROR(Product(L.gate, ws.a.floats(), n, ws.gate.floats(), I, mode));
     RETURN_IF_ERROR(Product(L.up, ws.a.floats(), n, ws.up.floats(), I, mode));

@@ -109,8 +109,8 @@ class DeviceState {
 
 class CudaForward {
  public:
-  // Finds the device, copies every matrix there as bf16 (F16/F32 rounded once, as on the CPU) and
-  // chooses the products' algorithms. FP8 matrices are refused: this backend multiplies bf16.
+  // Finds the device, copies every matrix there (BF16 as it is, F16/F32 rounded to BF16 once, as on
+  // the CPU; block-scaled FP8 as codes and scales) and chooses the products' algorithms.
   static Result<std::unique_ptr<CudaForward>> Create(const ModelConfig& config, const ModelWeights& weights,
                                                      const CudaForwardOptions& options);
   ~CudaForward();
@@ -161,6 +161,8 @@ class CudaForward {
   const ModelConfig& config() const { return config_; }
   int64_t grid_tokens() const { return options_.grid_tokens; }
   int64_t weight_bytes() const { return weight_bytes_; }
+  // "bf16", or "fp8-e4m3 + bf16" where the checkpoint's matrices are FP8.
+  std::string WeightsDescription() const { return fp8_matrices_ > 0 ? "fp8-e4m3 + bf16" : "bf16"; }
   // Bytes a decoded token reads: every matrix but an untied embedding.
   int64_t decode_weight_bytes() const;
   int64_t workspace_bytes() const;
@@ -171,8 +173,9 @@ class CudaForward {
 
  private:
   struct Matrix {
-    const uint16_t* w = nullptr;  // bf16 [rows, cols] row-major, device
+    const uint16_t* w = nullptr;  // bf16 [rows, cols] row-major, device; null where fp8 holds it
     int64_t rows = 0, cols = 0;
+    cuda::Fp8Weights fp8;         // block-scaled F8_E4M3, as the checkpoint stores it
   };
   struct Layer;
   struct Workspace;
@@ -190,7 +193,8 @@ class CudaForward {
 
   CudaForward(const ModelConfig& config, const CudaForwardOptions& options);
   Status Init(const ModelWeights& weights);
-  Result<Matrix> Upload(const TensorView& t, int64_t rows, int64_t cols, const char* role);
+  // A matrix on the device: BF16 as it is, F16 and F32 rounded to BF16, F8_E4M3 as codes and block scales (where allowed).
+  Result<Matrix> Upload(const TensorView& t, int64_t rows, int64_t cols, const char* role, bool fp8_allowed = true);
   Result<Layer> UploadLayer(const LayerWeights& weights, LayerKind kind);
   Result<const float*> UploadVector(const TensorView& t, int64_t n, float add, const char* role);
   Result<const float*> UploadFloats(const std::vector<float>& values, const std::string& what);
@@ -240,6 +244,7 @@ class CudaForward {
   std::unique_ptr<MtpHead> mtp_;
   std::string graph_note_;  // why decode went launch by launch
   int64_t weight_bytes_ = 0;
+  int64_t fp8_matrices_ = 0;
 };
 
 }  // namespace anchorage

@@ -106,6 +106,19 @@ Result<std::vector<float>> TensorValues(const TensorView& t, int64_t n, float ad
   return out;
 }
 
+Result<std::vector<float>> Fp8BlockScales(const TensorView& t, int64_t rows, int64_t cols, const std::string& who) {
+  const int64_t block_n = t.scale_block_rows, block_k = t.scale_block_cols;
+  if (t.scale_inv == nullptr || block_n <= 0 || block_k <= 0)
+    return InvalidArgument(who + ": " + t.name + " is F8_E4M3 without block scales and a block size");
+  const TensorView& s = *t.scale_inv;
+  if (s.numel() != ((rows + block_n - 1) / block_n) * ((cols + block_k - 1) / block_k))
+    return InvalidArgument(who + ": " + s.name + " holds " + std::to_string(s.numel()) + " scales, not one a " + std::to_string(block_n) +
+                           " x " + std::to_string(block_k) + " block");
+  std::vector<float> scales(static_cast<size_t>(s.numel()));
+  s.ToFloat(0, s.numel(), scales.data());
+  return scales;
+}
+
 Result<std::vector<float>> ConvTapsOf(const TensorView& conv1d, int64_t channels, int64_t taps, const std::string& who) {
   ASSIGN_OR_RETURN(const std::vector<float> per_channel, TensorValues(conv1d, channels * taps, 0.0f, who, "conv1d"));
   std::vector<float> tap_major(per_channel.size());
@@ -178,17 +191,9 @@ Result<const cpu::PackedMatrix*> Forward::Matrix(const TensorView& t, int64_t ro
   RETURN_IF_ERROR(CheckMatrixShape(t, rows, cols, "Forward", role));
   if (auto done = packed_index_.find(t.data); done != packed_index_.end()) return done->second;
   if (t.dtype == DType::kF8E4M3) {
-    const int64_t block_n = t.scale_block_rows, block_k = t.scale_block_cols;
-    if (t.scale_inv == nullptr || block_n <= 0 || block_k <= 0)
-      return InvalidArgument("Forward: " + t.name + " is F8_E4M3 without block scales and a block size");
-    const TensorView& s = *t.scale_inv;
-    if (s.numel() != ((rows + block_n - 1) / block_n) * ((cols + block_k - 1) / block_k))
-      return InvalidArgument("Forward: " + s.name + " holds " + std::to_string(s.numel()) + " scales, not one a " +
-                             std::to_string(block_n) + " x " + std::to_string(block_k) + " block");
-    std::vector<float> scales(static_cast<size_t>(s.numel()));
-    s.ToFloat(0, s.numel(), scales.data());
-    auto q = cpu::PackedQ8::FromFp8Blocks(rows, cols, reinterpret_cast<const uint8_t*>(t.data), scales.data(), block_n,
-                                          block_k, pool_.get());
+    ASSIGN_OR_RETURN(const std::vector<float> scales, Fp8BlockScales(t, rows, cols, "Forward"));
+    auto q = cpu::PackedQ8::FromFp8Blocks(rows, cols, reinterpret_cast<const uint8_t*>(t.data), scales.data(), t.scale_block_rows,
+                                          t.scale_block_cols, pool_.get());
     if (!q.ok()) return InvalidArgument("Forward: " + t.name + " in " + t.file + ": " + q.status().message());
     packed_.emplace_back(std::move(*q));
   } else if (options_.int8_weights) {

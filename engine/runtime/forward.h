@@ -49,6 +49,9 @@ Status CheckBranch(const PrefillBranch& branch, int64_t vocab_size, const std::s
 Status CheckMatrixShape(const TensorView& t, int64_t rows, int64_t cols, const std::string& who, const char* role);
 // A vector tensor's n values in fp32, each plus `add` (1 for the zero-centred norm weights).
 Result<std::vector<float>> TensorValues(const TensorView& t, int64_t n, float add, const std::string& who, const char* role);
+// An F8_E4M3 matrix's block scales in fp32, [ceil(rows / block rows), ceil(cols / block cols)], checked
+// against its shape and block size.
+Result<std::vector<float>> Fp8BlockScales(const TensorView& t, int64_t rows, int64_t cols, const std::string& who);
 // conv1d [channels, 1, taps] made tap-major [taps, channels], as both forwards hold it.
 Result<std::vector<float>> ConvTapsOf(const TensorView& conv1d, int64_t channels, int64_t taps, const std::string& who);
 // Rows of the prefill chunk from `position` with `remaining` ids left: chunks end on multiples of grid.
@@ -88,7 +91,7 @@ class Forward final : public ComputeBackend {
   // How 8-bit matrices are multiplied ("" when every matrix is bf16): part of the state fingerprint.
   std::string WeightsArithmetic() const;
   // What the matrices are held as, e.g. "bf16" or "fp8-e4m3 + bf16", and their bytes in memory.
-  std::string WeightsDescription() const;
+  std::string WeightsDescription() const override;
   int64_t weight_bytes() const;
   // The formats the matrices are held in: FP8, int8, BF16, those present in that order.
   std::vector<cpu::WeightFormat> FormatsHeld() const;

@@ -230,11 +230,9 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
       ASSIGN_OR_RETURN(WeightsReport report, CompareWithStoredWeights(*stored_weights, *cpu));
       s->notes_.push_back(report.Describe());
     }
-    s->model_->weights_format = cpu->WeightsDescription();
     forward = std::move(cpu);
-  } else {
-    s->model_->weights_format = "bf16";
   }
+  s->model_->weights_format = forward->WeightsDescription();
   s->model_->tensors->DropResidentPages();  // the backend holds its own copy of every matrix
   s->model_->state_fingerprint = forward->StateKey(s->model_->fingerprint);
   s->device_ = forward->DeviceDescription();

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/compute/cpu/attention.h"
@@ -17,6 +18,7 @@
 #include "engine/compute/cuda/gemm.h"
 #include "engine/compute/cuda/kernels.h"
 #include "engine/core/bf16.h"
+#include "engine/core/fp8.h"
 #include "engine/core/thread_pool.h"
 #include "engine/runtime/cuda_backend.h"
 #include "engine/runtime/cuda_forward.h"
@@ -345,9 +347,10 @@ struct Pair {
   std::unique_ptr<CudaForward> gpu;
 };
 
-Pair Load(TinyModelSize size, int64_t grid = 1024) {
+Pair Load(TinyModelSize size, int64_t grid = 1024, GeneratedDtype dtype = GeneratedDtype::kBf16) {
   Pair p;
-  p.model = Must(testing::MakeModel(size, 5, TempDir(TinyModelSizeName(size))), "generating the model");
+  const std::string name = std::string(TinyModelSizeName(size)) + (dtype == GeneratedDtype::kFp8 ? "-fp8" : "");
+  p.model = Must(testing::MakeModel(size, 5, TempDir(name), dtype), "generating the model");
   ForwardOptions cpu_options;
   cpu_options.grid_tokens = grid;
   p.cpu = Must(Forward::Create(p.model->config, p.model->weights, cpu_options), "creating the CPU forward");
@@ -360,8 +363,8 @@ Pair Load(TinyModelSize size, int64_t grid = 1024) {
 // Prefill and decode logits within `absolute` + `relative` x max |logit| of the CPU forward's. The
 // split products lose up to 2^-18 of each activation, which the tiny model's large logits (about 20)
 // carry into ~1e-3.
-void ForwardMatchesCpu(TinyModelSize size, float absolute, float relative) {
-  Pair p = Load(size);
+void ForwardMatchesCpu(TinyModelSize size, float absolute, float relative, GeneratedDtype dtype = GeneratedDtype::kBf16) {
+  Pair p = Load(size, 1024, dtype);
   const std::vector<int32_t> ids = testing::RandomIds(300, p.model->config.vocab_size, 21);
   SequenceState cpu_state(p.model->config);
   auto gpu_state = Must(p.gpu->NewState(), "a device state");
@@ -379,15 +382,15 @@ void ForwardMatchesCpu(TinyModelSize size, float absolute, float relative) {
     note_largest(cpu_logits);
   }
   const float bound = absolute + relative * largest;
-  std::printf("       %s: max |logit diff| vs CPU over a 300-token prefill and 4 decodes: %.3g (max |logit| %.3g, bound %.3g)\n",
-              TinyModelSizeName(size), worst, largest, bound);
+  std::printf("       %s%s: max |logit diff| vs CPU over a 300-token prefill and 4 decodes: %.3g (max |logit| %.3g, bound %.3g)\n",
+              TinyModelSizeName(size), dtype == GeneratedDtype::kFp8 ? " fp8" : "", worst, largest, bound);
   GPU_CHECK(worst <= bound);
 }
 
 // Resumed at every 64-line of a 700-token prompt (through a host copy of the state, as an anchor
 // travels), the state and the last logits equal a cold prefill's bit for bit.
-void ResumeAtEvery64LineIsBitEqual(TinyModelSize size, int64_t grid) {
-  Pair p = Load(size, grid);
+void ResumeAtEvery64LineIsBitEqual(TinyModelSize size, int64_t grid, GeneratedDtype dtype = GeneratedDtype::kBf16) {
+  Pair p = Load(size, grid, dtype);
   const ModelConfig& c = p.model->config;
   const std::vector<int32_t> ids = testing::RandomIds(700, c.vocab_size, 31);
   auto cold = Must(p.gpu->NewState(), "a device state");
@@ -782,8 +785,8 @@ void BackendBranchesLeaveTheHostState() {
 // A draft window's rows are Decode's bits, and KeepDraft of k rows leaves k Decode calls' state: every
 // row's logits, the state after 0, 1, 9 and 25 kept rows (one window grows the state past 1,024 rows),
 // and the next decode after it. A closed window and a window past the most rows are refused.
-void DraftWindowRowsAreDecodeSteps() {
-  Pair p = Load(TinyModelSize::kTiny);
+void DraftWindowRowsAreDecodeSteps(GeneratedDtype dtype) {
+  Pair p = Load(TinyModelSize::kTiny, 1024, dtype);
   const ModelConfig& c = p.model->config;
   const int64_t V = c.vocab_size;
   const std::vector<int32_t> ids = testing::RandomIds(25, V, 4);
@@ -969,11 +972,78 @@ void BadIdsChangeNothing() {
   GPU_CHECK(after.BitEqual(before));
 }
 
-void Fp8IsRefusedByName() {
-  auto model = Must(testing::MakeModel(TinyModelSize::kTiny, 5, TempDir("fp8"), GeneratedDtype::kFp8), "generating");
-  auto gpu = CudaForward::Create(model->config, model->weights, CudaForwardOptions{});
-  GPU_CHECK(!gpu.ok());
-  GPU_CHECK_MSG(gpu.status().message().find("F8_E4M3") != std::string::npos, gpu.status().message());
+// FP8 weights in the kernels: every e4m3 code widens to its exact value (all 256 against the CPU's
+// decoding, NaN for NaN); the GEMV (8-wide loads with blocks of 32 columns, and one at a time with blocks
+// of 25) and the CUDA-core GEMM within sum|w x| (K + 1) 2^-23 of the double product of codes times
+// scales, each row a one-row call's bits; the fused decode launches give the GEMV's bits.
+void Fp8ProductsMatchTheReference() {
+  {
+    std::vector<uint8_t> codes(256 * 8, 0);
+    for (int j = 0; j < 256; ++j) codes[static_cast<size_t>(j * 8)] = static_cast<uint8_t>(j);
+    const std::vector<float> one_scale(256, 1.0f), x = {1, 0, 0, 0, 0, 0, 0, 0};
+    cuda::DeviceBuffer dq = ToDevice(codes), ds = ToDevice(one_scale), dx = ToDevice(x);
+    auto dy = Must(cuda::DeviceBuffer::Allocate(256 * 4, "y"), "allocating");
+    const cuda::Fp8Weights w{static_cast<const uint8_t*>(dq.data()), ds.floats(), 1, 8, 1};
+    cuda::GemvFp8(w, 256, 8, dx.floats(), 1, dy.floats(), nullptr);
+    const std::vector<float> y = ToHost(dy, 256);
+    for (int j = 0; j < 256; ++j) {
+      const float want = Fp8E4m3ToFloat(static_cast<uint8_t>(j)), got = y[static_cast<size_t>(j)];
+      GPU_CHECK_MSG(std::isnan(want) ? std::isnan(got) : want == got, "code " + std::to_string(j));  // -0 sums to +0
+    }
+  }
+  for (const auto& [K, block_rows, block_cols] : {std::tuple<int64_t, int64_t, int64_t>{264, 16, 32}, {250, 7, 25}}) {
+    const int64_t N = 77, n = 11, scale_cols = (K + block_cols - 1) / block_cols, scale_rows = (N + block_rows - 1) / block_rows;
+    std::mt19937 rng(static_cast<uint32_t>(K));
+    std::vector<uint8_t> codes(static_cast<size_t>(N * K));
+    for (uint8_t& q : codes) {
+      do q = static_cast<uint8_t>(rng() & 0xff);
+      while (Fp8E4m3IsNan(q));
+    }
+    const std::vector<float> scales = RandomFloats(static_cast<size_t>(scale_rows * scale_cols), 5, 1.0f / 512, 1.0f / 64);
+    const std::vector<float> x = RandomFloats(static_cast<size_t>(n * K), 6, -2.0f, 2.0f);
+    cuda::DeviceBuffer dq = ToDevice(codes), ds = ToDevice(scales), dx = ToDevice(x);
+    const cuda::Fp8Weights w{static_cast<const uint8_t*>(dq.data()), ds.floats(), block_rows, block_cols, scale_cols};
+    auto alloc = [](int64_t floats) { return Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(floats) * 4, "out"), "allocating"); };
+    cuda::DeviceBuffer gemv = alloc(n * N), gemm = alloc(n * N), one = alloc(N), one_gemm = alloc(N);
+    cuda::GemvFp8(w, N, K, dx.floats(), n, gemv.floats(), nullptr);
+    cuda::GemmSimtFp8(w, N, K, dx.floats(), n, gemm.floats(), N, nullptr);
+    const std::vector<float> y = ToHost(gemv, static_cast<size_t>(n * N)), z = ToHost(gemm, static_cast<size_t>(n * N));
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t j = 0; j < N; ++j) {
+        double exact = 0.0, magnitude = 0.0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double wv = static_cast<double>(Fp8E4m3ToFloat(codes[static_cast<size_t>(j * K + k)])) *
+                            scales[static_cast<size_t>((j / block_rows) * scale_cols + k / block_cols)];
+          exact += wv * x[static_cast<size_t>(t * K + k)];
+          magnitude += std::fabs(wv * x[static_cast<size_t>(t * K + k)]);
+        }
+        const double bound = magnitude * static_cast<double>(K + 1) * std::ldexp(1.0, -23);
+        const std::string where = "K " + std::to_string(K) + ", row " + std::to_string(t) + ", output " + std::to_string(j);
+        GPU_CHECK_MSG(std::fabs(y[static_cast<size_t>(t * N + j)] - exact) <= bound, "gemv " + where);
+        GPU_CHECK_MSG(std::fabs(z[static_cast<size_t>(t * N + j)] - exact) <= bound, "gemm " + where);
+      }
+      cuda::GemvFp8(w, N, K, dx.floats() + t * K, 1, one.floats(), nullptr);
+      cuda::GemmSimtFp8(w, N, K, dx.floats() + t * K, 1, one_gemm.floats(), N, nullptr);
+      GPU_CHECK_MSG(std::memcmp(ToHost(one, static_cast<size_t>(N)).data(), y.data() + t * N, static_cast<size_t>(N) * 4) == 0,
+                    "gemv row " + std::to_string(t) + " alone");
+      GPU_CHECK_MSG(std::memcmp(ToHost(one_gemm, static_cast<size_t>(N)).data(), z.data() + t * N, static_cast<size_t>(N) * 4) == 0,
+                    "gemm row " + std::to_string(t) + " alone");
+    }
+    // The fused decode launches over FP8 weights: GemvMany and GemvSwiGlu give GemvFp8's bits.
+    cuda::DeviceBuffer set_out = alloc(N), swiglu = alloc(N), up = alloc(N);
+    cuda::GemvSet set;
+    set.count = 1;
+    set.fp8[0] = w;
+    set.rows[0] = N;
+    set.y[0] = set_out.floats();
+    cuda::GemvMany(set, K, dx.floats(), nullptr);
+    cuda::GemvFp8(w, N, K, dx.floats(), 1, one.floats(), nullptr);
+    GPU_CHECK(SameBits(ToHost(set_out, static_cast<size_t>(N)), ToHost(one, static_cast<size_t>(N))));
+    cuda::GemvSwiGlu(nullptr, nullptr, N, K, dx.floats(), swiglu.floats(), nullptr, w, w);
+    cuda::GemvFp8(w, N, K, dx.floats(), 1, up.floats(), nullptr);
+    cuda::SwiGlu(one.floats(), up.floats(), N, nullptr);
+    GPU_CHECK(SameBits(ToHost(swiglu, static_cast<size_t>(N)), ToHost(one, static_cast<size_t>(N))));
+  }
 }
 
 void FingerprintNamesTheBackend() {
@@ -1033,7 +1103,8 @@ int main() {
       {"growing and cloning keep the state", GrowingAndCloningKeepTheState},
       {"anchors and K/V rows resume exactly, on the device and through the host", AnchorsAndRowsResumeExactly},
       {"decode through a captured graph gives the launches' bits", DecodeGraphsGiveTheLaunchesBits},
-      {"draft window rows are decode steps; keeping k rows equals k decodes", DraftWindowRowsAreDecodeSteps},
+      {"draft window rows are decode steps; keeping k rows equals k decodes", [] { DraftWindowRowsAreDecodeSteps(GeneratedDtype::kBf16); }},
+      {"fp8: draft window rows are decode steps; keeping k rows equals k decodes", [] { DraftWindowRowsAreDecodeSteps(GeneratedDtype::kFp8); }},
       {"branches in one forward give each branch alone's bits", BranchesGiveEachBranchAlonesBits},
       {"the MTP head matches the CPU's", MtpHeadMatchesTheCpus},
       {"bad ids change nothing", BadIdsChangeNothing},
@@ -1047,7 +1118,9 @@ int main() {
 #ifndef ANCHORAGE_CUDA_EMULATED
       {"the plugin gives the linked backend's bits", ThePluginGivesTheLinkedBackendsBits},
 #endif
-      {"FP8 weights are refused by name", Fp8IsRefusedByName},
+      {"fp8 products match the double reference; rows independent of the call", Fp8ProductsMatchTheReference},
+      {"fp8 tiny forward within 1e-4 x max |logit| of the CPU's", [] { ForwardMatchesCpu(TinyModelSize::kTiny, 0.0f, 1e-4f, GeneratedDtype::kFp8); }},
+      {"fp8 tiny: resume at every 64-line is bit-equal (grid 256)", [] { ResumeAtEvery64LineIsBitEqual(TinyModelSize::kTiny, 256, GeneratedDtype::kFp8); }},
       {"the fingerprint names the backend", FingerprintNamesTheBackend},
   };
   if (kSmallCases) {

@@ -2,7 +2,8 @@
 // it, named by ANCHORAGE_CUDA_PLUGIN) serves a request resumed from a grid anchor, and from the disk
 // tier, with the tokens and logprobs of a cold server on the same device, and decide's reused
 // observation with the bits of every branch alone; lookup drafts verified in draft windows on the
-// device keep every logprob of plain decoding, and so do the MTP head's drafts; a full device refuses
+// device keep every logprob of plain decoding, and so do the MTP head's drafts; an FP8 checkpoint runs
+// there and resumes exactly; a full device refuses
 // a prompt it cannot hold
 // (503) and goes on serving; a plugin that cannot load or find a GPU is a clear
 // error with --device cuda, and the CPU with a note under auto.
@@ -215,6 +216,34 @@ class TestDeviceServer : public QObject {
         if (std::string(mode) == "mtp") QVERIFY2(reply["usage"]["anchorage"]["drafted_tokens"].get<int64_t>() > 0, reply["usage"].dump().c_str());
       }
     }
+  }
+
+  // An FP8 checkpoint runs on the device as it is stored (codes and block scales): /health names the
+  // weights, and a request resumed from the first's anchor answers with the logprobs of a cold server.
+  void anFp8CheckpointRunsOnTheDevice() {
+    if (!std::filesystem::exists(kEmulatedPlugin.toStdString())) QSKIP("no emulated CUDA plugin in this build (not x86-64)");
+    qputenv("ANCHORAGE_CUDA_PLUGIN", kEmulatedPlugin.toUtf8());
+    QTemporaryDir data;
+    const QString fp8_dir = data.filePath("fp8");
+    QCOMPARE(QProcess::execute(QString(ANCHORAGE_BINARY_DIR) + "/app/anchorage-tool", {"make-model", "--size", "tiny", "--seed", "0", "--dtype", "fp8", fp8_dir}), 0);
+    const QStringList flags = {"--device", "cuda", "--model", fp8_dir, "--grid", "64", "--shadow-model", "off", "--disk-cache", "off"};
+    const json first = json::array({{{"role", "user"}, {"content", LongText() + " What does note 7 say?"}}});
+    const json second = json::array({{{"role", "user"}, {"content", LongText() + " And which row is last?"}}});
+    ServerProcess cached;
+    QVERIFY(cached.Start(data.filePath("cached"), flags));
+    const json health = json::parse(cached.Get("/health")->body);
+    QCOMPARE(health["device"].get<std::string>(), std::string("cuda"));
+    QCOMPARE(health["weights"].get<std::string>(), std::string("fp8-e4m3 + bf16"));
+    QVERIFY(cached.Chat(Turn(first)).contains("choices"));
+    const json resumed = cached.Chat(Turn(second));
+    QVERIFY2(resumed["usage"]["anchorage"]["cached_tokens"].get<int64_t>() >= 256, resumed["usage"].dump().c_str());
+    ServerProcess cold;
+    QVERIFY(cold.Start(data.filePath("cold"), flags + QStringList{"--caches", "off"}));
+    const json fresh = cold.Chat(Turn(second));
+    QCOMPARE(fresh["usage"]["anchorage"]["cached_tokens"].get<int64_t>(), int64_t{0});
+    QCOMPARE(QString::fromStdString(Said(fresh)), QString::fromStdString(Said(resumed)));
+    QCOMPARE(QString::fromStdString(fresh["choices"][0]["logprobs"]["content"].dump()),
+             QString::fromStdString(resumed["choices"][0]["logprobs"]["content"].dump()));
   }
 
   // A device without room for a prompt's rows refuses that request before any tier changes (503

@@ -22,6 +22,47 @@ constexpr unsigned kFullMask = 0xffffffffu;
 int Blocks(int64_t count, int per_block = kBlock) { return static_cast<int>((count + per_block - 1) / per_block); }
 
 __device__ float Bf16ToFloat(uint16_t v) { return __uint_as_float(static_cast<uint32_t>(v) << 16); }
+// The exact value of an OCP e4m3 ("fn") byte: 0x7f and 0xff are NaN, exponent 0 is subnormal.
+__device__ float Fp8ToFloat(uint32_t byte) {
+  const uint32_t sign = (byte & 0x80u) << 24, exponent = (byte >> 3) & 0xfu, mantissa = byte & 7u;
+  if ((byte & 0x7fu) == 0x7fu) return __uint_as_float(sign | 0x7fc00000u);
+  if (exponent == 0) return __uint_as_float(sign | __float_as_uint(static_cast<float>(mantissa) * 0.001953125f));
+  return __uint_as_float(sign | ((exponent + 120u) << 23) | (mantissa << 20));
+}
+// A weight row of bf16 weights, widened 8 at a time where cols allows (uint4 loads), else one at a time.
+struct Bf16Row {
+  const uint16_t* w;
+  __device__ bool Wide(int64_t cols) const { return cols % 8 == 0; }
+  __device__ void Load8(int64_t c, float* wv) const {
+    const uint4 packed = *reinterpret_cast<const uint4*>(w + c);
+    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+    for (int q = 0; q < 4; ++q) {
+      wv[2 * q] = __uint_as_float(words[q] << 16);
+      wv[2 * q + 1] = __uint_as_float(words[q] & 0xffff0000u);
+    }
+  }
+  __device__ float At(int64_t c) const { return Bf16ToFloat(w[c]); }
+};
+// A weight row of FP8 weights with its blocks' scales: each weight the code's exact value times its scale, rounded once.
+struct Fp8Row {
+  const uint8_t* q;
+  const float* scales;
+  int64_t block_cols;
+  __device__ bool Wide(int64_t cols) const { return cols % 8 == 0 && block_cols % 8 == 0; }
+  __device__ void Load8(int64_t c, float* wv) const {
+    const uint2 packed = *reinterpret_cast<const uint2*>(q + c);
+    const float scale = scales[c / block_cols];
+    for (int i = 0; i < 4; ++i) {
+      wv[i] = Fp8ToFloat((packed.x >> (8 * i)) & 0xffu) * scale;
+      wv[4 + i] = Fp8ToFloat((packed.y >> (8 * i)) & 0xffu) * scale;
+    }
+  }
+  __device__ float At(int64_t c) const { return Fp8ToFloat(q[c]) * scales[c / block_cols]; }
+};
+__device__ Fp8Row Fp8RowOf(const Fp8Weights& w, int64_t j, int64_t cols) {
+  return {w.q + j * cols, w.scales + (j / w.block_rows) * w.scale_cols, w.block_cols};
+}
+
 __device__ float SigmoidOf(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ float SiluOf(float x) { return x / (1.0f + expf(-x)); }
 __device__ float SoftplusOf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -107,9 +148,20 @@ constexpr int kGemvWarps = 8;
 constexpr int kSimtTile = 64;   // output rows and columns a block of the CUDA-core GEMM
 constexpr int kSimtDepth = 32;  // k a step
 
+// Where GemmSimtKernel takes its weights from: bf16, or FP8 with block scales.
+struct Bf16Rows {
+  const uint16_t* w;
+  __device__ float operator()(int64_t j, int64_t k, int64_t K) const { return Bf16Row{w + j * K}.At(k); }
+};
+struct Fp8Rows {
+  Fp8Weights w;
+  __device__ float operator()(int64_t j, int64_t k, int64_t K) const { return Fp8RowOf(w, j, K).At(k); }
+};
+
 // y = x W^T on CUDA cores in fp32: a block 64 rows x 64 columns, a thread 4 x 4 of them; every output
 // takes its products in k order, one fma each, so its bits are its row's alone.
-__global__ void GemmSimtKernel(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride) {
+template <typename Weights>
+__global__ void GemmSimtKernel(Weights w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride) {
   __shared__ float xs[kSimtTile][kSimtDepth + 1];
   __shared__ float ws[kSimtTile][kSimtDepth + 1];
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kSimtTile, j0 = static_cast<int64_t>(blockIdx.x) * kSimtTile;
@@ -120,7 +172,7 @@ __global__ void GemmSimtKernel(const uint16_t* w, int64_t N, int64_t K, const fl
       const int r = i / kSimtDepth, kk = i % kSimtDepth;
       const int64_t k = k0 + kk;
       xs[r][kk] = t0 + r < n && k < K ? x[(t0 + r) * K + k] : 0.0f;
-      ws[r][kk] = j0 + r < N && k < K ? Bf16ToFloat(w[(j0 + r) * K + k]) : 0.0f;
+      ws[r][kk] = j0 + r < N && k < K ? w(j0 + r, k, K) : 0.0f;
     }
     __syncthreads();
     const int depth = K - k0 < kSimtDepth ? static_cast<int>(K - k0) : kSimtDepth;
@@ -138,28 +190,25 @@ __global__ void GemmSimtKernel(const uint16_t* w, int64_t N, int64_t K, const fl
 
 // One warp a weight row against `rows` (at most R) input rows of cols floats: each row's dot takes its
 // fmas in the same order whatever R and rows are, and the weights are read once for all of them.
-template <int R>
-__device__ void WarpRowDots(const uint16_t* wr, const float* x, int64_t cols, int rows, int lane, float* sums) {
+template <int R, typename Row>
+__device__ void WarpRowDots(const Row& weights, const float* x, int64_t cols, int rows, int lane, float* sums) {
   float acc[R];
   ANCHORAGE_UNROLL
   for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-  if (cols % 8 == 0) {
+  if (weights.Wide(cols)) {
     for (int64_t c = lane * 8; c < cols; c += 256) {
-      const uint4 packed = *reinterpret_cast<const uint4*>(wr + c);
-      const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+      float wv[8];
+      weights.Load8(c, wv);
       ANCHORAGE_UNROLL
       for (int r = 0; r < R; ++r) {
         if (r >= rows) break;
         const float* xr = x + r * cols + c;
-        for (int q = 0; q < 4; ++q) {
-          acc[r] = fmaf(__uint_as_float(words[q] << 16), xr[2 * q], acc[r]);
-          acc[r] = fmaf(__uint_as_float(words[q] & 0xffff0000u), xr[2 * q + 1], acc[r]);
-        }
+        for (int q = 0; q < 8; ++q) acc[r] = fmaf(wv[q], xr[q], acc[r]);
       }
     }
   } else {
     for (int64_t c = lane; c < cols; c += 32) {
-      const float wv = Bf16ToFloat(wr[c]);
+      const float wv = weights.At(c);
       ANCHORAGE_UNROLL
       for (int r = 0; r < R; ++r) {
         if (r >= rows) break;
@@ -172,26 +221,36 @@ __device__ void WarpRowDots(const uint16_t* wr, const float* x, int64_t cols, in
     if (r < rows) sums[r] = WarpSum(acc[r]);
 }
 
-// One warp a weight row: the dot product the GEMV takes, over a bf16 row and an fp32 vector.
-__device__ float WarpRowDot(const uint16_t* wr, const float* xr, int64_t cols, int lane) {
+// One warp a weight row: the dot product the GEMV takes, over row j of bf16 weights w (FP8 where fp8.q
+// is set) and an fp32 vector.
+__device__ float WarpRowDot(const uint16_t* w, const Fp8Weights& fp8, int64_t j, const float* xr, int64_t cols, int lane) {
   float sum;
-  WarpRowDots<1>(wr, xr, cols, 1, lane, &sum);
+  if (fp8.q != nullptr) {
+    WarpRowDots<1>(Fp8RowOf(fp8, j, cols), xr, cols, 1, lane, &sum);
+  } else {
+    WarpRowDots<1>(Bf16Row{w + j * cols}, xr, cols, 1, lane, &sum);
+  }
   return sum;
 }
 
 // Input rows a GEMV warp takes against one read of its weight row.
 constexpr int kGemvRowsAtOnce = 8;
 
-__global__ void GemvKernel(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y) {
+__global__ void GemvKernel(const uint16_t* w, Fp8Weights fp8, int64_t rows, int64_t cols, const float* x, int64_t n, float* y) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + threadIdx.x / 32;
   if (row >= rows) return;
   for (int64_t t = 0; t < n; t += kGemvRowsAtOnce) {
     const int count = n - t < kGemvRowsAtOnce ? static_cast<int>(n - t) : kGemvRowsAtOnce;
     float sums[kGemvRowsAtOnce];
-    WarpRowDots<kGemvRowsAtOnce>(w + row * cols, x + t * cols, cols, count, lane, sums);
-    if (lane == 0)
-      for (int r = 0; r < count; ++r) y[(t + r) * rows + row] = sums[r];
+    if (fp8.q != nullptr) {
+      WarpRowDots<kGemvRowsAtOnce>(Fp8RowOf(fp8, row, cols), x + t * cols, cols, count, lane, sums);
+    } else {
+      WarpRowDots<kGemvRowsAtOnce>(Bf16Row{w + row * cols}, x + t * cols, cols, count, lane, sums);
+    }
+    ANCHORAGE_UNROLL
+    for (int r = 0; r < kGemvRowsAtOnce; ++r)
+      if (lane == 0 && r < count) y[(t + r) * rows + row] = sums[r];
   }
 }
 
@@ -202,17 +261,18 @@ __global__ void GemvSetKernel(GemvSet set, int64_t cols, const float* x) {
   int m = 0;
   while (m < set.count && row >= set.rows[m]) row -= set.rows[m++];
   if (m == set.count) return;
-  const float acc = WarpRowDot(set.w[m] + row * cols, x, cols, lane);
+  const float acc = WarpRowDot(set.w[m], set.fp8[m], row, x, cols, lane);
   if (lane == 0) set.y[m][At(set.position) * set.position_stride[m] + row] = acc;
 }
 
 // y[j] = silu(gate_j . x) * (up_j . x): the MLP's two GEMVs and its product in one launch.
-__global__ void GemvSwiGluKernel(const uint16_t* gate, const uint16_t* up, int64_t rows, int64_t cols, const float* x, float* y) {
+__global__ void GemvSwiGluKernel(const uint16_t* gate, const uint16_t* up, Fp8Weights gate_fp8, Fp8Weights up_fp8, int64_t rows,
+                                 int64_t cols, const float* x, float* y) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + threadIdx.x / 32;
   if (row >= rows) return;
-  const float g = WarpRowDot(gate + row * cols, x, cols, lane);
-  const float u = WarpRowDot(up + row * cols, x, cols, lane);
+  const float g = WarpRowDot(gate, gate_fp8, row, x, cols, lane);
+  const float u = WarpRowDot(up, up_fp8, row, x, cols, lane);
   if (lane == 0) y[row] = SiluOf(g) * u;
 }
 
@@ -626,13 +686,26 @@ void SumHalves(const float* halves, int64_t n, int64_t width, int64_t rows, floa
 }
 
 void Gemv(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s) {
-  if (n > 0 && rows > 0) ANCHORAGE_LAUNCH(GemvKernel, Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s)(w, rows, cols, x, n, y);
+  if (n > 0 && rows > 0) ANCHORAGE_LAUNCH(GemvKernel, Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s)(w, Fp8Weights{}, rows, cols, x, n, y);
+}
+
+void GemvFp8(const Fp8Weights& w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s) {
+  if (n > 0 && rows > 0) ANCHORAGE_LAUNCH(GemvKernel, Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s)(nullptr, w, rows, cols, x, n, y);
+}
+
+template <typename Weights>
+void LaunchGemmSimt(Weights w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride, Stream s) {
+  if (n <= 0 || N <= 0) return;
+  const dim3 grid(static_cast<unsigned>((N + kSimtTile - 1) / kSimtTile), static_cast<unsigned>((n + kSimtTile - 1) / kSimtTile));
+  ANCHORAGE_LAUNCH(GemmSimtKernel<Weights>, grid, 256, 0, s)(w, N, K, x, n, y, y_stride);
 }
 
 void GemmSimt(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride, Stream s) {
-  if (n <= 0 || N <= 0) return;
-  const dim3 grid(static_cast<unsigned>((N + kSimtTile - 1) / kSimtTile), static_cast<unsigned>((n + kSimtTile - 1) / kSimtTile));
-  ANCHORAGE_LAUNCH(GemmSimtKernel, grid, 256, 0, s)(w, N, K, x, n, y, y_stride);
+  LaunchGemmSimt(Bf16Rows{w}, N, K, x, n, y, y_stride, s);
+}
+
+void GemmSimtFp8(const Fp8Weights& w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride, Stream s) {
+  LaunchGemmSimt(Fp8Rows{w}, N, K, x, n, y, y_stride, s);
 }
 
 void JoinRows(const float* left, const float* right, int64_t n, int64_t width, float* out, Stream s) {
@@ -657,8 +730,10 @@ void GemvMany(const GemvSet& set, int64_t cols, const float* x, Stream s) {
   if (rows > 0) ANCHORAGE_LAUNCH(GemvSetKernel, Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s)(set, cols, x);
 }
 
-void GemvSwiGlu(const uint16_t* gate, const uint16_t* up, int64_t rows, int64_t cols, const float* x, float* y, Stream s) {
-  if (rows > 0) ANCHORAGE_LAUNCH(GemvSwiGluKernel, Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s)(gate, up, rows, cols, x, y);
+void GemvSwiGlu(const uint16_t* gate, const uint16_t* up, int64_t rows, int64_t cols, const float* x, float* y, Stream s,
+                const Fp8Weights& gate_fp8, const Fp8Weights& up_fp8) {
+  if (rows > 0)
+    ANCHORAGE_LAUNCH(GemvSwiGluKernel, Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s)(gate, up, gate_fp8, up_fp8, rows, cols, x, y);
 }
 
 void ConvNormGatesRows(const ConvNormGates& args, int64_t n, Stream s) {

@@ -25,6 +25,9 @@ using std::min;
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
 
 inline void __syncthreads() { simt::SyncThreads(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { simt::SyncWarp(); }
@@ -35,3 +38,4 @@ inline float __shfl_sync(unsigned, float v, int lane) {
   return std::bit_cast<float>(simt::ShuffleWord(std::bit_cast<uint32_t>(v), lane, false));
 }
 inline float __uint_as_float(uint32_t u) { return std::bit_cast<float>(u); }
+inline uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
