@@ -193,9 +193,10 @@ Result<std::vector<float>> CudaBackend::DraftWindow(SequenceState& state, std::s
   window_ = nullptr;
   DeviceState* device = nullptr;
   RETURN_IF_ERROR(Prepare(state, from + n, &device));
+  state.set_mirror_sync(std::min(state.mirror_rows(), from), state.newest_recurrent());  // the window writes the copy's rows from here
   auto logits = forward_->DraftWindow(*device, ids, mtp);
   if (!logits.ok()) {
-    Drop(state, true);
+    Drop(state, false);  // a window leaves the copy's recurrent part and its rows below `from` as they were
     return logits.status();
   }
   window_ = &state;

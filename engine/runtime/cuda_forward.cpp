@@ -538,7 +538,7 @@ Status CudaForward::Init(const ModelWeights& w) {
   for (const Layer& layer : layers_) product_layers.push_back(&layer);
   if (mtp_) {
     product_layers.push_back(&mtp_->layer);
-    RETURN_IF_ERROR(gemm_->Prepare(H, 2 * H, mtp_->fc.w));
+    if (mtp_->fc.w != nullptr) RETURN_IF_ERROR(gemm_->Prepare(H, 2 * H, mtp_->fc.w));  // FP8 matrices take no cuBLASLt product
   }
   for (const Layer* layer : product_layers)
     for (const Matrix* m : {&layer->gate, &layer->up, &layer->down, &layer->qkv, &layer->z, &layer->b, &layer->a, &layer->out,
@@ -1051,11 +1051,17 @@ Status CudaForward::AttendRows(const Layer& L, float* q, float* k, const float* 
   return Status::Ok();
 }
 
+bool CudaForward::HoldsMtpRows(const MtpState& mtp) const {
+  const auto* rows = dynamic_cast<const DeviceMtp*>(mtp.mirror.get());
+  return rows != nullptr && rows->owner == this;
+}
+
 CudaForward::DeviceMtp& CudaForward::MtpRowsOf(MtpState& mtp) {
   auto* rows = dynamic_cast<DeviceMtp*>(mtp.mirror.get());
-  if (rows == nullptr || rows->owner != this) {
-    auto made = std::make_shared<DeviceMtp>(this);
+  if (!HoldsMtpRows(mtp)) {  // no rows of this forward: the head starts anew
+    auto made = std::make_unique<DeviceMtp>(this);
     rows = made.get();
+    mtp = MtpState{};
     mtp.mirror = std::move(made);
   }
   return *rows;
@@ -1134,6 +1140,7 @@ Status CudaForward::MtpCommit(MtpState& mtp, std::span<const int32_t> next_ids) 
   RETURN_IF_ERROR(CheckMtpIds(mtp, next_ids, false, config_.vocab_size, "MtpCommit"));
   const int64_t n = static_cast<int64_t>(next_ids.size());
   if (n == 0) return Status::Ok();
+  if (!HoldsMtpRows(mtp)) return InvalidArgument("MtpCommit: the waiting rows are not on this device");
   DeviceMtp& rows = MtpRowsOf(mtp);
   RETURN_IF_ERROR(MtpRows(mtp, rows.pending.floats() + rows.first * config_.hidden_size, next_ids, mtp.rows, nullptr));
   rows.first += n;
@@ -1146,6 +1153,7 @@ Result<std::vector<int32_t>> CudaForward::MtpDraft(MtpState& mtp, std::span<cons
                                                    std::vector<float>* all_logits) {
   if (!mtp_) return Unsupported("the checkpoint has no MTP head");
   RETURN_IF_ERROR(CheckMtpIds(mtp, next_ids, true, config_.vocab_size, "MtpDraft"));
+  if (!HoldsMtpRows(mtp)) return InvalidArgument("MtpDraft: the waiting rows are not on this device");
   const int64_t n = static_cast<int64_t>(next_ids.size()), H = config_.hidden_size, V = std::min(vocab_limit, config_.vocab_size);
   DeviceMtp& rows = MtpRowsOf(mtp);
   float* out = ws_->mtp_out.floats();

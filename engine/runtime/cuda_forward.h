@@ -219,7 +219,8 @@ class CudaForward {
   // each query row attends keys 0..kv_row + t; the output to out.
   Status AttendRows(const Layer& layer, float* q, float* k, const float* v, int64_t n, int64_t rope_pos, int64_t kv_row,
                     float* k_all, float* v_all, float* out);
-  // mtp's device rows (made where it has none of this forward's).
+  // mtp's device rows (made, the head starting anew, where it has none of this forward's).
+  bool HoldsMtpRows(const MtpState& mtp) const;
   DeviceMtp& MtpRowsOf(MtpState& mtp);
   // Where n hidden rows at positions pos0.. join mtp's waiting rows (a gap starts mtp anew).
   Result<float*> MtpWait(MtpState& mtp, int64_t pos0, int64_t n);

@@ -72,7 +72,7 @@ struct MtpState {
   int64_t pending_rows = 0;    // hidden rows at positions begin + rows.. not yet made K/V rows
   std::vector<float> k, v;     // fp32 [capacity, Nkv*head_dim]
   std::vector<float> pending;  // fp32 [pending_rows, H]
-  std::shared_ptr<MtpMirror> mirror;  // the device's k, v and pending, where a device backend holds them
+  std::unique_ptr<MtpMirror> mirror;  // the device's k, v and pending, where a device backend holds them
 };
 
 // The CPU backend.

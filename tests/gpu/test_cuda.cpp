@@ -856,6 +856,21 @@ void BackendDraftWindowsKeepHostStates() {
   GPU_CHECK(!backend->KeepDraft(changed, 2).ok());
   GPU_CHECK(changed.BitEqual(before));
 
+  // A window from an earlier anchor of the state writes the copy's rows above it: after none of it is
+  // kept, the host's later anchor goes on from its own rows.
+  SequenceState rolled(c);
+  Must(backend->Prefill(rolled, std::span(prompt).first(128)), "prefill to 128");
+  const Anchor at_128 = rolled.SaveAnchor();
+  Must(backend->Prefill(rolled, std::span(prompt).subspan(128)), "prefill to 200");
+  const Anchor at_200 = rolled.SaveAnchor();
+  SequenceState reference = rolled;
+  const std::vector<float> went_on = Must(backend->Prefill(reference, ids), "going on from 200");
+  Must(rolled.RestoreAnchor(at_128), "back to 128");
+  Must(backend->DraftWindow(rolled, ids), "a window at 128");
+  Must(backend->KeepDraft(rolled, 0), "keeping none of it");
+  Must(rolled.RestoreAnchor(at_200), "on to 200 over the host's rows");
+  GPU_CHECK(SameBits(Must(backend->Prefill(rolled, ids), "going on from 200"), went_on));
+
   Generator generator(*backend, nullptr);
   std::vector<int32_t> block = testing::RandomIds(30, V, 21), copy = block;
   copy.insert(copy.end(), block.begin(), block.begin() + 5);
@@ -952,6 +967,12 @@ void MtpHeadMatchesTheCpus() {
     GPU_CHECK(drafts == cpu_drafts);
   }
   GPU_CHECK(SameBits(runs[0], runs[1]));
+  // Waiting rows that are not on this device (the CPU's) are refused, not read.
+  SequenceState other(c);
+  MtpState cpu_rows;
+  Must(p.cpu->Prefill(other, std::span(prompt).first(20), LogitsRows::kLast, &cpu_rows), "CPU prefill");
+  GPU_CHECK(cpu_rows.pending_rows == 1 && !p.gpu->MtpDraft(cpu_rows, std::span(prompt).subspan(20, 1), 2, V).ok());
+  GPU_CHECK(!p.gpu->MtpCommit(cpu_rows, std::span(prompt).subspan(20, 1)).ok());
 }
 
 // Bad ids (none, negative, past the vocabulary) are refused with the index named and change nothing.

@@ -51,16 +51,16 @@ struct Fp8Row {
   __device__ bool Wide(int64_t cols) const { return cols % 8 == 0 && block_cols % 8 == 0; }
   __device__ void Load8(int64_t c, float* wv) const {
     const uint2 packed = *reinterpret_cast<const uint2*>(q + c);
-    const float scale = scales[c / block_cols];
+    const float scale = scales[static_cast<uint32_t>(c) / static_cast<uint32_t>(block_cols)];
     for (int i = 0; i < 4; ++i) {
       wv[i] = Fp8ToFloat((packed.x >> (8 * i)) & 0xffu) * scale;
       wv[4 + i] = Fp8ToFloat((packed.y >> (8 * i)) & 0xffu) * scale;
     }
   }
-  __device__ float At(int64_t c) const { return Fp8ToFloat(q[c]) * scales[c / block_cols]; }
+  __device__ float At(int64_t c) const { return Fp8ToFloat(q[c]) * scales[static_cast<uint32_t>(c) / static_cast<uint32_t>(block_cols)]; }
 };
 __device__ Fp8Row Fp8RowOf(const Fp8Weights& w, int64_t j, int64_t cols) {
-  return {w.q + j * cols, w.scales + (j / w.block_rows) * w.scale_cols, w.block_cols};
+  return {w.q + j * cols, w.scales + static_cast<uint32_t>(j) / static_cast<uint32_t>(w.block_rows) * w.scale_cols, w.block_cols};
 }
 
 __device__ float SigmoidOf(float x) { return 1.0f / (1.0f + expf(-x)); }

@@ -28,7 +28,8 @@ Result<std::unique_ptr<LtGemm>> LtGemm::Create(int64_t max_rows, int64_t max_k, 
 
 LtGemm::~LtGemm() = default;
 
-Status LtGemm::Prepare(int64_t N, int64_t K, const uint16_t*) {
+Status LtGemm::Prepare(int64_t N, int64_t K, const uint16_t* w) {
+  if (w == nullptr) return InvalidArgument("LtGemm: no weights to prepare " + std::to_string(N) + " x " + std::to_string(K) + " with");
   if (K > max_k_ || N > max_n_)
     return InvalidArgument("LtGemm: shape " + std::to_string(N) + " x " + std::to_string(K) + " exceeds the scratch");
   auto plan = std::make_unique<Plan>();
