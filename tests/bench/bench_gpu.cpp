@@ -1,8 +1,8 @@
-// The CUDA backend's figures: prefill tok/s at 512 to 32k tokens, decode tok/s, draft windows,
-// branches and memory, beside the device's measured copy bandwidth and split-product rate, on a model
-// folder or on random weights of Qwen3.5-0.8B's or 4B's shapes. Also compares logits with a file of
-// reference logits (--compare), and greedy decoding with the CPU's (--greedy N: where the token
-// streams part, and the logits' distance).
+// The CUDA backend's figures: prefill tok/s at 512 to 32k tokens, decode tok/s, draft windows, the
+// MTP head, branches and memory, beside the device's measured copy bandwidth and split-product rate,
+// on a model folder or on random weights of Qwen3.5-0.8B's or 4B's shapes. Also compares logits with
+// a file of reference logits (--compare), and greedy decoding with the CPU's (--greedy N: where the
+// token streams part, and the logits' distance).
 //   anchorage-bench-gpu [--model-dir DIR | --shape tiny|small|0.8b|4b] [--max-tokens N] [--decode N] [--grid G]
 //   anchorage-bench-gpu --model-dir DIR --compare IDS_FILE LOGITS_FILE
 //   anchorage-bench-gpu --model-dir DIR --greedy N
@@ -388,6 +388,19 @@ int main(int argc, char** argv) {
       std::printf("draft window of %2lld rows: %.2f ms = %.2f decode steps; %.1f tok/s when every draft is kept\n",
                   static_cast<long long>(rows), 1e3 * window, window / step, static_cast<double>(rows) / window);
     }
+  }
+  if (f.has_mtp()) {  // the MTP head: a decode step that feeds it, then 4 drafts, against a plain step
+    auto state = f.NewState();
+    MtpState mtp;
+    if (!state.ok() || !f.Prefill(**state, bench::PromptIds(*config, 512), LogitsRows::kLast, &mtp).ok()) return 1;
+    const int64_t rounds = std::max<int64_t>(1, decode_tokens / 4);
+    const auto start = Clock::now();
+    for (int64_t i = 0; i < rounds; ++i) {
+      const int32_t id = static_cast<int32_t>(3 + i);
+      if (auto r = f.MtpDraft(mtp, std::span<const int32_t>(&id, 1), 4, config->vocab_size); !r.ok()) return bench::Fail(r.status());
+      if (auto r = f.Decode(**state, id, &mtp); !r.ok()) return bench::Fail(r.status());
+    }
+    std::printf("MTP head: 4 drafts and a step that feeds it %.2f ms a round\n", 1e3 * Seconds(start) / static_cast<double>(rounds));
   }
   {  // branches: 16 candidates of 32 ids after 512 tokens, in one forward and one at a time from a device anchor
     auto state = f.NewState();
