@@ -313,7 +313,8 @@ void MainWindow::onConnection(bool reachable, const QString& message) {
 void MainWindow::onStatus(const EngineStatusSnapshot& s) {
   const QString where = m_host->isRemote() ? tr(" · on %1").arg(QUrl(m_host->remote().url).authority()) : QString();
   const QString weights = s.weights.isEmpty() ? QString() : tr(" · %1 weights").arg(s.weights);
-  m_modelLabel->setText(tr("model: %1 · %2%3 · %4 threads%5").arg(s.modelId, s.kernelPath, weights).arg(s.threads).arg(where));
+  const QString threads = s.threads == 1 ? tr("1 thread") : tr("%1 threads").arg(s.threads);
+  m_modelLabel->setText(tr("model: %1 · %2%3 · %4%5").arg(s.modelId, s.kernelPath, weights, threads, where));
   setWindowTitle(tr("Anchorage — %1%2").arg(s.modelId, where));
   m_queueLabel->setText(tr("queue %1").arg(s.queueDepth));
   m_journalLabel->setVisible(s.journalErrors > 0);
