@@ -57,7 +57,7 @@ struct CudaForward::Workspace {
   DeviceBuffer z, core;             // [G, Nv*dv]
   DeviceBuffer bb, aa, beta, g;     // [G, Nv]
   DeviceBuffer qg;                  // [G, 2*Nh*hd]
-  DeviceBuffer krows, vrows;        // [G, Nkv*hd], branches' K/V rows before each goes above the state's length
+  DeviceBuffer krows, vrows;        // [G, Nkv*hd], K/V rows before they go to their place (branches, the MTP head)
   DeviceBuffer state_copy;          // one GDN layer's state, for rows that must not advance it (windows, branches)
   DeviceBuffer cat;                 // [G, 2H], the MTP head's [embedding | hidden] rows
   DeviceBuffer mtp_out;             // [H], the MTP head's last output
@@ -715,7 +715,7 @@ Result<std::vector<float>> CudaForward::Decode(DeviceState& state, int32_t id, M
 }
 
 Result<std::vector<float>> CudaForward::PrefillBranches(DeviceState& state, std::span<const PrefillBranch> branches) {
-  const int64_t G = options_.grid_tokens, H = config_.hidden_size, V = config_.vocab_size, pos0 = state.length();
+  const int64_t G = options_.grid_tokens, V = config_.vocab_size, pos0 = state.length();
   int64_t longest = 0, logits_rows = 0;
   for (const PrefillBranch& b : branches) {
     RETURN_IF_ERROR(CheckBranch(b, V, "CudaForward::PrefillBranches"));
@@ -744,13 +744,8 @@ Result<std::vector<float>> CudaForward::PrefillBranches(DeviceState& state, std:
     RETURN_IF_ERROR(EnqueueLayers(state, static_cast<const int32_t*>(ws.ids.data()), n, Mode::kBranches, pass));
     for (size_t i = first; i < end; ++i) {
       const Segment& b = pass[i - first];
-      for (int64_t t = b.row0 + branches[i].logits_from; t < b.row0 + b.n; t += kLogitRows) {
-        const int64_t run = std::min(kLogitRows, b.row0 + b.n - t);
-        cuda::RmsNormRows(ws.x.floats() + t * H, final_norm_, run, H, static_cast<float>(config_.rms_norm_eps), ws.a.floats(), stream_);
-        RETURN_IF_ERROR(logits_gemm_->Run(lm_head_.w, V, H, ws.a.floats(), run, ws.logits.floats(), V));
-        RETURN_IF_ERROR(cuda::CopyToHost(out, ws.logits.data(), static_cast<size_t>(Floats(run * V)), stream_));
-        out += run * V;
-      }
+      RETURN_IF_ERROR(LogitsOfRows(b.row0 + branches[i].logits_from, b.row0 + b.n, out));
+      out += (b.n - branches[i].logits_from) * V;
     }
     first = end;
   }
@@ -879,20 +874,23 @@ Status CudaForward::EnqueueLayers(DeviceState& state, const int32_t* ids, int64_
 }
 
 Status CudaForward::RunChunk(DeviceState& state, int64_t n, int64_t first_logit_row, float* logits) {
-  const int64_t H = config_.hidden_size, V = config_.vocab_size;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
   Workspace& ws = *ws_;
   RETURN_IF_ERROR(EnqueueLayers(state, static_cast<const int32_t*>(ws.ids.data()), n, Mode::kChunked));
   state.length_ += n;
-  if (logits == nullptr) return cuda::Synchronize(stream_, "a forward chunk");
-  // The rows that want logits, kLogitRows at a time.
-  for (int64_t t = first_logit_row; t < n; t += kLogitRows) {
-    const int64_t run = std::min(kLogitRows, n - t);
-    cuda::RmsNormRows(ws.x.floats() + t * H, final_norm_, run, H, eps, ws.a.floats(), stream_);
-    RETURN_IF_ERROR(logits_gemm_->Run(lm_head_.w, V, H, ws.a.floats(), run, ws.logits.floats(), V));
-    RETURN_IF_ERROR(cuda::CopyToHost(logits + (t - first_logit_row) * V, ws.logits.data(), static_cast<size_t>(Floats(run * V)), stream_));
-  }
+  if (logits != nullptr) RETURN_IF_ERROR(LogitsOfRows(first_logit_row, n, logits));
   return cuda::Synchronize(stream_, "a forward chunk");
+}
+
+Status CudaForward::LogitsOfRows(int64_t begin, int64_t end, float* logits) {
+  const int64_t H = config_.hidden_size, V = config_.vocab_size;
+  Workspace& ws = *ws_;
+  for (int64_t t = begin; t < end; t += kLogitRows) {
+    const int64_t run = std::min(kLogitRows, end - t);
+    cuda::RmsNormRows(ws.x.floats() + t * H, final_norm_, run, H, static_cast<float>(config_.rms_norm_eps), ws.a.floats(), stream_);
+    RETURN_IF_ERROR(logits_gemm_->Run(lm_head_.w, V, H, ws.a.floats(), run, ws.logits.floats(), V));
+    RETURN_IF_ERROR(cuda::CopyToHost(logits + (t - begin) * V, ws.logits.data(), static_cast<size_t>(Floats(run * V)), stream_));
+  }
+  return Status::Ok();
 }
 
 Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int64_t n, Mode mode, std::span<const Segment> branches) {
@@ -1020,16 +1018,16 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
     RETURN_IF_ERROR(Product(L.k, a, n, branched ? ws.krows.floats() : k_all + pos0 * KW, KW, mode));
     RETURN_IF_ERROR(Product(L.v, a, n, branched ? ws.vrows.floats() : v_all + pos0 * KW, KW, mode));
   }
-  const int64_t half = c.rotary_dim() / 2;
-  const cuda::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
   if (mode == Mode::kBranches) {  // each branch's K/V rows go above the state's length in turn, then its rows attend
     for (const Segment& b : branches)
       RETURN_IF_ERROR(AttendRows(L, ws.qg.floats() + b.row0 * QW, ws.krows.floats() + b.row0 * KW, ws.vrows.floats() + b.row0 * KW, b.n,
                                  pos0, pos0, k_all, v_all, ws.attn.floats() + b.row0 * Nh * hd));
     return Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode);
   }
+  const int64_t half = c.rotary_dim() / 2;
   cuda::NormRope(ws.qg.floats(), n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, position, false, stream_);
   cuda::NormRope(k_all, n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, position, true, stream_);
+  const cuda::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
   cuda::Attention(shape, ws.qg.floats(), QW, 2 * hd, n, position, k_all, v_all, KW, ws.qg.floats() + hd, ws.attn.floats(), Nh * hd,
                   stream_);
   return Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode);

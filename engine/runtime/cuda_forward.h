@@ -205,6 +205,8 @@ class CudaForward {
   // Enqueues every layer over n rows (ids on the device) at the state's length (decode: the step's
   // position in device memory); the final hidden rows are left in the workspace.
   Status EnqueueLayers(DeviceState& state, const int32_t* ids, int64_t n, Mode mode, std::span<const Segment> branches = {});
+  // Logits of the workspace's hidden rows [begin, end) (final norm, the lm_head's split product) to host.
+  Status LogitsOfRows(int64_t begin, int64_t end, float* logits);
   // Runs n ids already in the workspace at positions state.length()..; logits of rows [first, n) to host.
   Status RunChunk(DeviceState& state, int64_t n, int64_t first_logit_row, float* logits);
   // A decode step's launches, up to its logits in the workspace: no copy and no wait, so it can be captured.

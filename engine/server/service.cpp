@@ -242,10 +242,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   if (scheduler_options.resident.max_draft > 0 && !forward->has_draft_windows())
     s->notes_.push_back(std::string("speculative: no drafts on the ") + forward->device_name() + " backend yet; plain decoding (the same tokens)");
   else if (scheduler_options.resident.mtp_drafts && !forward->has_mtp())
-    s->notes_.push_back("speculative: no MTP drafts (" +
-                        (s->model_->weights.mtp_note.empty() ? std::string("not on the ") + forward->device_name() + " backend yet"
-                                                             : s->model_->weights.mtp_note) +
-                        ")" +
+    s->notes_.push_back("speculative: no MTP drafts (" + s->model_->weights.mtp_note + ")" +
                         (scheduler_options.resident.lookup_drafts ? "; lookup drafts only" : "; no drafts"));
   if (config.disk_cache_dir != "off") {
     const std::string dir = config.disk_cache_dir.empty() ? (fs::path(config.data_dir) / "cache" / "disk").string() : config.disk_cache_dir;

@@ -221,15 +221,21 @@ __device__ void WarpRowDots(const Row& weights, const float* x, int64_t cols, in
     if (r < rows) sums[r] = WarpSum(acc[r]);
 }
 
-// One warp a weight row: the dot product the GEMV takes, over row j of bf16 weights w (FP8 where fp8.q
-// is set) and an fp32 vector.
+// WarpRowDots over row j of bf16 weights w, or of FP8 weights where fp8.q is set.
+template <int R>
+__device__ void WarpRowDotsOf(const uint16_t* w, const Fp8Weights& fp8, int64_t j, const float* x, int64_t cols, int rows, int lane,
+                              float* sums) {
+  if (fp8.q != nullptr) {
+    WarpRowDots<R>(Fp8RowOf(fp8, j, cols), x, cols, rows, lane, sums);
+  } else {
+    WarpRowDots<R>(Bf16Row{w + j * cols}, x, cols, rows, lane, sums);
+  }
+}
+
+// One warp a weight row: the dot product the GEMV takes, over row j and an fp32 vector.
 __device__ float WarpRowDot(const uint16_t* w, const Fp8Weights& fp8, int64_t j, const float* xr, int64_t cols, int lane) {
   float sum;
-  if (fp8.q != nullptr) {
-    WarpRowDots<1>(Fp8RowOf(fp8, j, cols), xr, cols, 1, lane, &sum);
-  } else {
-    WarpRowDots<1>(Bf16Row{w + j * cols}, xr, cols, 1, lane, &sum);
-  }
+  WarpRowDotsOf<1>(w, fp8, j, xr, cols, 1, lane, &sum);
   return sum;
 }
 
@@ -243,11 +249,7 @@ __global__ void GemvKernel(const uint16_t* w, Fp8Weights fp8, int64_t rows, int6
   for (int64_t t = 0; t < n; t += kGemvRowsAtOnce) {
     const int count = n - t < kGemvRowsAtOnce ? static_cast<int>(n - t) : kGemvRowsAtOnce;
     float sums[kGemvRowsAtOnce];
-    if (fp8.q != nullptr) {
-      WarpRowDots<kGemvRowsAtOnce>(Fp8RowOf(fp8, row, cols), x + t * cols, cols, count, lane, sums);
-    } else {
-      WarpRowDots<kGemvRowsAtOnce>(Bf16Row{w + row * cols}, x + t * cols, cols, count, lane, sums);
-    }
+    WarpRowDotsOf<kGemvRowsAtOnce>(w, fp8, row, x + t * cols, cols, count, lane, sums);
     ANCHORAGE_UNROLL
     for (int r = 0; r < kGemvRowsAtOnce; ++r)
       if (lane == 0 && r < count) y[(t + r) * rows + row] = sums[r];
