@@ -167,7 +167,8 @@ class TestDeviceServer : public QObject {
     ServerProcess server;
     QVERIFY(server.Start(data.path(), {"--device", "cuda", "--grid", "64", "--shadow-model", "off", "--disk-cache", "off", "--test-replies",
                                        QString::fromStdString(replies)}));
-    QVERIFY2(server.startup_output().find("no drafts") == std::string::npos, server.startup_output().c_str());
+    const std::string notes = server.Log(false);  // start notes go to stderr
+    QVERIFY2(notes.find("anchorage-server: ") != std::string::npos && notes.find("no drafts") == std::string::npos, notes.c_str());
     auto ask = [&](const std::string& session) {
       return server.Chat({{"messages", {{{"role", "user"}, {"content", "Repeat the file exactly:\n" + file}}}}, {"max_tokens", 300},
                           {"temperature", 0}, {"logprobs", true}, {"session_id", session}});
@@ -196,9 +197,14 @@ class TestDeviceServer : public QObject {
     if (!std::filesystem::exists(kEmulatedPlugin.toStdString())) QSKIP("no emulated CUDA plugin in this build (not x86-64)");
     qputenv("ANCHORAGE_CUDA_PLUGIN", kEmulatedPlugin.toUtf8());
     QTemporaryDir data;
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(data.path()));
+    json start_settings = json::parse(*anchorage::ReadFile(data.filePath("settings.json").toStdString()));
+    start_settings["speculative"]["mode"] = "mtp";  // a backend without the head would say so at start
+    QVERIFY(anchorage::WriteFileAtomic(data.filePath("settings.json").toStdString(), start_settings.dump()).ok());
     ServerProcess server;
     QVERIFY(server.Start(data.path(), {"--device", "cuda", "--grid", "64", "--shadow-model", "off", "--disk-cache", "off"}));
-    QVERIFY2(server.startup_output().find("no MTP drafts") == std::string::npos, server.startup_output().c_str());
+    const std::string notes = server.Log(false);  // start notes go to stderr
+    QVERIFY2(notes.find("anchorage-server: ") != std::string::npos && notes.find("no MTP drafts") == std::string::npos, notes.c_str());
     std::map<std::string, json> replies;
     for (const char* mode : {"off", "mtp"}) {
       json settings = json::parse(server.Get("/v1/settings")->body);
