@@ -40,7 +40,9 @@ CudaBackend::~CudaBackend() = default;
 
 std::string CudaBackend::DeviceDescription() const { return "cuda, " + forward_->device().Describe(); }
 
-int64_t CudaBackend::DeviceBytes() const { return forward_->weight_bytes() + forward_->workspace_bytes() + mirrored_bytes_.load(); }
+int64_t CudaBackend::DeviceBytes() const {
+  return forward_->weight_bytes() + forward_->workspace_bytes() + mirrored_bytes_.load() + forward_->mtp_bytes();
+}
 
 int64_t CudaBackend::DeviceFreeBytes() const {
   if (!cuda::UseDevice(forward_->device().index).ok()) return 0;

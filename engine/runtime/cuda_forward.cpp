@@ -91,11 +91,33 @@ struct CudaForward::MtpHead {
 // rows [first, first + pending_rows) of [pending_capacity, H].
 class CudaForward::DeviceMtp final : public MtpMirror {
  public:
-  explicit DeviceMtp(const CudaForward* owner) : owner(owner) {}
+  DeviceMtp(const CudaForward* owner, std::atomic<int64_t>* counted) : owner(owner), counted_(counted) {}
+  ~DeviceMtp() override { *counted_ -= noted_; }
+  // Brings the forward's count of the head's device bytes up to this one's (after a buffer changed).
+  void NoteBytes() {
+    const int64_t now = static_cast<int64_t>(k.bytes() + v.bytes() + pending.bytes());
+    *counted_ += now - noted_;
+    noted_ = now;
+  }
   const CudaForward* owner;
   DeviceBuffer k, v, pending;
   int64_t capacity = 0, pending_capacity = 0, first = 0;
+
+ private:
+  std::atomic<int64_t>* counted_;
+  int64_t noted_ = 0;
 };
+
+namespace {
+
+// The head's rows only make drafts: where the device has no room for more of them they are given up.
+bool GaveUpMtpRows(const Status& why, MtpState& mtp) {
+  if (why.code() != StatusCode::kResourceExhausted) return false;
+  mtp = MtpState{};
+  return true;
+}
+
+}  // namespace
 
 // ---- DeviceState ----
 
@@ -445,6 +467,12 @@ Result<std::unique_ptr<CudaForward>> CudaForward::Create(const ModelConfig& c, c
     return Unsupported("CudaForward: attention needs " + std::to_string(cuda::AttentionSharedBytes(attention)) +
                        " bytes of shared memory; " + device.name + " allows " + std::to_string(device.shared_bytes_per_block));
   RETURN_IF_ERROR(cuda::CudaStatus(cudaSetDevice(options.device), "selecting the device"));
+  int attention_threads = 0;
+  RETURN_IF_ERROR(cuda::CudaStatus(cuda::AttentionMaxThreads(&attention_threads), "reading the attention kernel's limits"));
+  if (const int64_t group = c.num_attention_heads / c.num_key_value_heads; 32 * group > attention_threads)
+    return Unsupported("CudaForward: attention with " + std::to_string(group) + " query heads a kv head needs blocks of " +
+                       std::to_string(32 * group) + " threads; on " + device.name + " the kernel's registers allow " +
+                       std::to_string(attention_threads));
   std::unique_ptr<CudaForward> f(new CudaForward(c, options));
   f->device_ = device;
   cudaStream_t stream = nullptr;
@@ -653,11 +681,18 @@ Result<std::vector<float>> CudaForward::Prefill(DeviceState& state, std::span<co
     done += m;
     if (mtp == nullptr) continue;
     ASSIGN_OR_RETURN(float* waiting, MtpWait(*mtp, pos, m));
+    if (waiting == nullptr) {
+      mtp = nullptr;
+      continue;
+    }
     cuda::RmsNormRows(ws_->x.floats(), final_norm_, m, config_.hidden_size, static_cast<float>(config_.rms_norm_eps), waiting, stream_);
     // Every waiting row whose next id this call holds becomes a K/V row of the head.
     const int64_t first = mtp->begin + mtp->rows, start = state.length() - done;
     const int64_t known = std::min(mtp->pending_rows, start + n - 1 - first);
-    if (known > 0) RETURN_IF_ERROR(MtpCommit(*mtp, ids.subspan(static_cast<size_t>(first + 1 - start), static_cast<size_t>(known))));
+    if (known <= 0) continue;
+    const Status committed = MtpCommit(*mtp, ids.subspan(static_cast<size_t>(first + 1 - start), static_cast<size_t>(known)));
+    if (GaveUpMtpRows(committed, *mtp)) mtp = nullptr;
+    else RETURN_IF_ERROR(committed);
   }
   if (mtp != nullptr) RETURN_IF_ERROR(cuda::Synchronize(stream_, "the MTP head's rows"));
   return logits;
@@ -706,7 +741,7 @@ Result<std::vector<float>> CudaForward::Decode(DeviceState& state, int32_t id, M
   }
   if (mtp_ && mtp != nullptr) {  // the step's final-normed row waits for the head
     ASSIGN_OR_RETURN(float* waiting, MtpWait(*mtp, state.length(), 1));
-    RETURN_IF_ERROR(cuda::CopyOnDevice(waiting, ws_->a.data(), static_cast<size_t>(Floats(config_.hidden_size)), stream_));
+    if (waiting != nullptr) RETURN_IF_ERROR(cuda::CopyOnDevice(waiting, ws_->a.data(), static_cast<size_t>(Floats(config_.hidden_size)), stream_));
   }
   RETURN_IF_ERROR(cuda::CopyToHost(logits.data(), ws_->logits.data(), logits.size() * sizeof(float), stream_));
   RETURN_IF_ERROR(cuda::Synchronize(stream_, "a decode step"));
@@ -799,7 +834,8 @@ Status CudaForward::KeepDraft(DeviceState& state, int64_t rows) {
   }
   if (log.mtp != nullptr && rows > 0) {  // the kept rows' hidden rows wait for the head
     ASSIGN_OR_RETURN(float* waiting, MtpWait(*log.mtp, log.pos0, rows));
-    RETURN_IF_ERROR(cuda::CopyOnDevice(waiting, log.hidden.data(), static_cast<size_t>(Floats(rows * c.hidden_size)), stream_));
+    if (waiting != nullptr)
+      RETURN_IF_ERROR(cuda::CopyOnDevice(waiting, log.hidden.data(), static_cast<size_t>(Floats(rows * c.hidden_size)), stream_));
   }
   RETURN_IF_ERROR(cuda::Synchronize(stream_, "keeping a draft window's rows"));
   state.length_ = log.pos0 + rows;
@@ -1057,7 +1093,7 @@ bool CudaForward::HoldsMtpRows(const MtpState& mtp) const {
 CudaForward::DeviceMtp& CudaForward::MtpRowsOf(MtpState& mtp) {
   auto* rows = dynamic_cast<DeviceMtp*>(mtp.mirror.get());
   if (!HoldsMtpRows(mtp)) {  // no rows of this forward: the head starts anew
-    auto made = std::make_unique<DeviceMtp>(this);
+    auto made = std::make_unique<DeviceMtp>(this, &mtp_bytes_);
     rows = made.get();
     mtp = MtpState{};
     mtp.mirror = std::move(made);
@@ -1076,12 +1112,15 @@ Result<float*> CudaForward::MtpWait(MtpState& mtp, int64_t pos0, int64_t n) {
   }
   if (rows.first + mtp.pending_rows + n > rows.pending_capacity) {  // the waiting rows move to the front of a larger buffer
     const int64_t capacity = std::max(2 * rows.pending_capacity, mtp.pending_rows + n);
-    ASSIGN_OR_RETURN(DeviceBuffer grown, DeviceBuffer::Allocate(static_cast<size_t>(Floats(capacity * H)), "the MTP head's waiting rows"));
-    RETURN_IF_ERROR(cuda::CopyOnDevice(grown.data(), rows.pending.floats() + rows.first * H, static_cast<size_t>(Floats(mtp.pending_rows * H)), stream_));
+    auto grown = DeviceBuffer::Allocate(static_cast<size_t>(Floats(capacity * H)), "the MTP head's waiting rows");
+    if (!grown.ok() && GaveUpMtpRows(grown.status(), mtp)) return static_cast<float*>(nullptr);
+    RETURN_IF_ERROR(grown.status());
+    RETURN_IF_ERROR(cuda::CopyOnDevice(grown->data(), rows.pending.floats() + rows.first * H, static_cast<size_t>(Floats(mtp.pending_rows * H)), stream_));
     RETURN_IF_ERROR(cuda::Synchronize(stream_, "moving the MTP head's waiting rows"));
-    rows.pending = std::move(grown);
+    rows.pending = std::move(*grown);
     rows.pending_capacity = capacity;
     rows.first = 0;
+    rows.NoteBytes();
   }
   float* at = rows.pending.floats() + (rows.first + mtp.pending_rows) * H;
   mtp.pending_rows += n;
@@ -1096,15 +1135,19 @@ Status CudaForward::MtpRows(MtpState& mtp, const float* hidden, std::span<const 
   const float eps = static_cast<float>(c.rms_norm_eps);
   DeviceMtp& rows = MtpRowsOf(mtp);
   const int64_t total = static_cast<int64_t>(ids.size());
-  if (slot + total > rows.capacity) {  // the head's K/V rows grow, keeping rows below slot
-    const int64_t capacity = std::max(2 * rows.capacity, (slot + total + 255) / 256 * 256);
-    for (DeviceBuffer* b : {&rows.k, &rows.v}) {
-      ASSIGN_OR_RETURN(DeviceBuffer grown, DeviceBuffer::Allocate(static_cast<size_t>(Floats(capacity * KW)), "the MTP head's K/V rows"));
-      RETURN_IF_ERROR(cuda::CopyOnDevice(grown.data(), b->data(), static_cast<size_t>(Floats(std::min(slot, rows.capacity) * KW)), stream_));
-      RETURN_IF_ERROR(cuda::Synchronize(stream_, "growing the MTP head's K/V rows"));
-      *b = std::move(grown);
+  if (slot + total > rows.capacity) {  // the head's K/V rows grow in the trunk's steps, keeping rows below slot
+    const int64_t step = SequenceState::kKvRowStep, capacity = (slot + total + step - 1) / step * step;
+    DeviceBuffer grown[2];
+    for (int i = 0; i < 2; ++i) {
+      ASSIGN_OR_RETURN(grown[i], DeviceBuffer::Allocate(static_cast<size_t>(Floats(capacity * KW)), "the MTP head's K/V rows"));
+      const DeviceBuffer& from = i == 0 ? rows.k : rows.v;
+      RETURN_IF_ERROR(cuda::CopyOnDevice(grown[i].data(), from.data(), static_cast<size_t>(Floats(std::min(slot, rows.capacity) * KW)), stream_));
     }
+    RETURN_IF_ERROR(cuda::Synchronize(stream_, "growing the MTP head's K/V rows"));
+    rows.k = std::move(grown[0]);
+    rows.v = std::move(grown[1]);
     rows.capacity = capacity;
+    rows.NoteBytes();
   }
   Workspace& ws = *ws_;
   const int64_t piece_rows = options_.grid_tokens;

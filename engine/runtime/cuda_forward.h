@@ -5,6 +5,7 @@
 // backend, the device and the algorithms. Built only where a CUDA toolkit is found.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -166,6 +167,8 @@ class CudaForward {
   // Bytes a decoded token reads: every matrix but an untied embedding.
   int64_t decode_weight_bytes() const;
   int64_t workspace_bytes() const;
+  // The MTP head's rows on the device, over every MtpState that holds some.
+  int64_t mtp_bytes() const { return mtp_bytes_.load(); }
   // How decode launches its kernels: "one captured graph a token" or "launch by launch (why)".
   std::string DecodeLaunches() const;
   // Turns decode graphs on (they are tried again) or off.
@@ -224,7 +227,9 @@ class CudaForward {
   // mtp's device rows (made, the head starting anew, where it has none of this forward's).
   bool HoldsMtpRows(const MtpState& mtp) const;
   DeviceMtp& MtpRowsOf(MtpState& mtp);
-  // Where n hidden rows at positions pos0.. join mtp's waiting rows (a gap starts mtp anew).
+  // Where n hidden rows at positions pos0.. join mtp's waiting rows (a gap starts mtp anew). Where
+  // the device has no room for them, nullptr: the head's rows are given up (they only make drafts) and
+  // it starts anew later, so the trunk's forward goes on.
   Result<float*> MtpWait(MtpState& mtp, int64_t pos0, int64_t n);
   // The head over hidden rows (device) and the ids after them at K/V row slot.. (in pieces of the
   // workspace's rows); the last row's output after mtp.norm goes to out (device) when set.
@@ -248,6 +253,7 @@ class CudaForward {
   std::string graph_note_;  // why decode went launch by launch
   int64_t weight_bytes_ = 0;
   int64_t fp8_matrices_ = 0;
+  std::atomic<int64_t> mtp_bytes_{0};
 };
 
 }  // namespace anchorage

@@ -12,6 +12,8 @@
 #include <tuple>
 #include <vector>
 
+#include <unistd.h>
+
 #include "engine/compute/cpu/attention.h"
 #include "engine/compute/cpu/gated_delta.h"
 #include "engine/compute/cuda/device.h"
@@ -27,6 +29,10 @@
 #include "engine/runtime/generator.h"
 #include "gpu_check.h"
 #include "../engine/test_runtime_util.h"
+
+#ifdef ANCHORAGE_CUDA_EMULATED
+#include <cuda_runtime_api.h>
+#endif
 
 namespace {
 
@@ -84,8 +90,18 @@ DotReference Reference(const std::vector<uint16_t>& w, int64_t j, const float* x
   return r;
 }
 
+// This process's own folder (CTest runs the test's variants at once), removed when it ends.
+struct ProcessTempDir {
+  std::filesystem::path path = std::filesystem::temp_directory_path() / ("anchorage-test-cuda-" + std::to_string(getpid()));
+  ~ProcessTempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
+
 std::string TempDir(const std::string& name) {
-  const std::string dir = (std::filesystem::temp_directory_path() / ("anchorage-test-cuda-" + name)).string();
+  static ProcessTempDir process;
+  const std::string dir = (process.path / name).string();
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
@@ -975,6 +991,37 @@ void MtpHeadMatchesTheCpus() {
   GPU_CHECK(!p.gpu->MtpCommit(cpu_rows, std::span(prompt).subspan(20, 1)).ok());
 }
 
+#ifdef ANCHORAGE_CUDA_EMULATED
+// A device with no room for the MTP head's rows: prefill and decode go on with the bits of a run
+// without the head, which gives its rows up and starts anew once there is room; the forward counts
+// the head's device bytes while an MtpState holds them.
+void MtpRowsGiveWayOnAFullDevice() {
+  Pair p = Load(TinyModelSize::kTiny, 64);
+  const int64_t V = p.model->config.vocab_size;
+  const std::vector<int32_t> prompt = testing::RandomIds(300, V, 93);
+  auto plain = Must(p.gpu->NewState(), "a device state");
+  auto headed = Must(p.gpu->NewState(), "a device state");
+  Must(headed->Reserve(1024), "reserving");
+  const std::vector<float> want = Must(p.gpu->Prefill(*plain, prompt), "prefill");
+  const std::vector<float> want_next = Must(p.gpu->Decode(*plain, 7), "decode");
+  const int64_t counted = p.gpu->mtp_bytes();
+  size_t free = 0, total = 0;
+  Must(cuda::CudaStatus(cudaMemGetInfo(&free, &total), "reading"), "the device's memory");
+  const size_t size = simtSetDeviceBytes(total - free);  // full: every allocation fails
+  MtpState mtp;
+  auto got = p.gpu->Prefill(*headed, prompt, LogitsRows::kLast, &mtp);
+  auto next = p.gpu->Decode(*headed, 7, &mtp);
+  simtSetDeviceBytes(size);
+  GPU_CHECK_MSG(got.ok() && next.ok(), got.ok() ? next.status().message() : got.status().message());
+  GPU_CHECK(SameBits(*got, want) && SameBits(*next, want_next));
+  GPU_CHECK(mtp.begin == -1 && mtp.pending_rows == 0 && p.gpu->mtp_bytes() == counted);
+  Must(p.gpu->Decode(*headed, 8, &mtp), "decode with room");
+  GPU_CHECK(mtp.begin == 301 && mtp.pending_rows == 1 && p.gpu->mtp_bytes() > counted);
+  mtp = MtpState{};
+  GPU_CHECK(p.gpu->mtp_bytes() == counted);
+}
+#endif
+
 // Bad ids (none, negative, past the vocabulary) are refused with the index named and change nothing.
 void BadIdsChangeNothing() {
   Pair p = Load(TinyModelSize::kTiny);
@@ -1128,6 +1175,9 @@ int main() {
       {"fp8: draft window rows are decode steps; keeping k rows equals k decodes", [] { DraftWindowRowsAreDecodeSteps(GeneratedDtype::kFp8); }},
       {"branches in one forward give each branch alone's bits", BranchesGiveEachBranchAlonesBits},
       {"the MTP head matches the CPU's", MtpHeadMatchesTheCpus},
+#ifdef ANCHORAGE_CUDA_EMULATED
+      {"the MTP head's rows give way on a full device", MtpRowsGiveWayOnAFullDevice},
+#endif
       {"bad ids change nothing", BadIdsChangeNothing},
       {"the backend on host states gives CudaForward's bits and resumes exactly", BackendOnHostStatesResumesExactly},
       {"host writes reach a state's device copy", HostWritesReachTheDeviceCopy},

@@ -815,4 +815,11 @@ int64_t AttentionSharedBytes(const AttentionShape& shape) {
   return static_cast<int64_t>(sizeof(float)) * AttentionSharedFloats(shape.heads / shape.kv_heads, shape.head_dim);
 }
 
+int AttentionMaxThreads(int* threads) {
+  cudaFuncAttributes attributes{};
+  const cudaError_t read = cudaFuncGetAttributes(&attributes, AttentionKernel);
+  *threads = read == cudaSuccess ? attributes.maxThreadsPerBlock : 0;
+  return read;
+}
+
 }  // namespace anchorage::cuda

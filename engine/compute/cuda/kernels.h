@@ -144,5 +144,8 @@ void Attention(const AttentionShape& shape, const float* q, int64_t q_stride, in
                Stream s);
 // Dynamic shared memory the attention kernel needs, to check against the device's limit.
 int64_t AttentionSharedBytes(const AttentionShape& shape);
+// The most threads a block of the attention kernel can have on the current device (its registers
+// decide) in *threads; returns the query's CUDA error code.
+int AttentionMaxThreads(int* threads);
 
 }  // namespace anchorage::cuda

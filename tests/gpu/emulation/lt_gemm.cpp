@@ -9,6 +9,7 @@
 #include <string>
 
 #include "engine/compute/cuda/gemm.h"
+#include "simt.h"
 
 namespace anchorage::cuda {
 
@@ -56,16 +57,18 @@ Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int6
   auto* split = static_cast<uint16_t*>(split_.data());
   SplitBf16(x, n, K, rows, split, stream_);
   float* halves = halves_.floats();
-  const auto widen = [](uint16_t v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); };
-  for (int64_t col = 0; col < 2 * rows; ++col) {  // cuBLASLt's column-major view: column col is split row col
-    const uint16_t* b = split + col * K;
-    for (int64_t j = 0; j < N; ++j) {
-      const uint16_t* a = w + j * K;
-      float acc = 0.0f;
-      for (int64_t i = 0; i < K; ++i) acc = std::fma(widen(a[i]), widen(b[i]), acc);
-      halves[col * N + j] = acc;
+  simt::Submit([=] {  // on the stream, between the split and the sum
+    const auto widen = [](uint16_t v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); };
+    for (int64_t col = 0; col < 2 * rows; ++col) {  // cuBLASLt's column-major view: column col is split row col
+      const uint16_t* b = split + col * K;
+      for (int64_t j = 0; j < N; ++j) {
+        const uint16_t* a = w + j * K;
+        float acc = 0.0f;
+        for (int64_t i = 0; i < K; ++i) acc = std::fma(widen(a[i]), widen(b[i]), acc);
+        halves[col * N + j] = acc;
+      }
     }
-  }
+  });
   SumHalves(halves, n, N, rows, y, y_stride, stream_);
   return Status::Ok();
 }

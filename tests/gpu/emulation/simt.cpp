@@ -2,8 +2,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #if !defined(__x86_64__)
@@ -63,13 +66,41 @@ struct Machine {
   const std::function<void()>* body = nullptr;
   size_t current = 0;
   void* scheduler_sp = nullptr;
-  bool capturing = false;
-  std::vector<std::function<void()>> captured;
 };
 
 Machine machine;
 
 Machine& M() { return machine; }
+
+// The stream: every stream the host makes and the legacy one are this one queue.
+struct Stream {
+  std::mutex run_mutex;  // held while queued work runs, so it runs in the order it came
+  std::mutex mutex;      // guards the fields below
+  std::vector<std::function<void()>> pending;
+  bool capturing = false;
+  bool capture_failed = false;
+  std::thread::id capturer;
+  std::vector<std::function<void()>> captured;
+  std::map<const void*, int> max_dynamic_shared;  // cudaFuncSetAttribute's, per kernel
+};
+
+Stream& S() {
+  static Stream stream;
+  return stream;
+}
+
+bool LastFirst() {
+  static const bool reverse = [] {
+    const char* order = std::getenv("SIMT_ORDER");
+    return order != nullptr && std::strcmp(order, "reverse") == 0;
+  }();
+  return reverse;
+}
+
+[[noreturn]] void Refuse(const char* what) {
+  std::fprintf(stderr, "simt: %s\n", what);
+  std::abort();
+}
 
 void Yield(State state) {
   Machine& m = M();
@@ -106,7 +137,8 @@ void RunBlock(Machine& m, size_t threads) {
   std::fill(m.shared.begin(), m.shared.end(), ~uint64_t{0});
   for (;;) {
     bool ran = false;
-    for (size_t i = 0; i < threads; ++i) {
+    for (size_t k = 0; k < threads; ++k) {
+      const size_t i = LastFirst() ? threads - 1 - k : k;
       if (m.fibers[i].state != State::kReady) continue;
       m.current = i;
       simt_switch(&m.scheduler_sp, m.fibers[i].sp);
@@ -160,32 +192,95 @@ void RunGrid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<voi
   m.grid = grid;
   m.block = block;
   m.body = &body;
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        m.block_idx = dim3(x, y, z);
-        RunBlock(m, threads);
-      }
+  const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
+  for (uint64_t k = 0; k < blocks; ++k) {
+    const uint64_t b = LastFirst() ? blocks - 1 - k : k;
+    m.block_idx = dim3(static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
+                       static_cast<unsigned>(b / (uint64_t{grid.x} * grid.y)));
+    RunBlock(m, threads);
+  }
   m.body = nullptr;
 }
 
+void CheckLaunch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes) {
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.z > 64) Refuse("a block of more than 1024 threads (or none), which a GPU refuses");
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) Refuse("a launch of an empty grid, which a GPU refuses");
+  if (grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535) Refuse("a grid past 2^31 - 1 blocks in x or 65535 in y or z");
+  if (shared_bytes <= 48 * 1024) return;
+  Stream& s = S();
+  std::lock_guard lock(s.mutex);
+  auto it = s.max_dynamic_shared.find(kernel);
+  if (it == s.max_dynamic_shared.end() || static_cast<size_t>(it->second) < shared_bytes)
+    Refuse("dynamic shared memory past 48 KiB without cudaFuncSetAttribute(MaxDynamicSharedMemorySize) that high");
+}
+
+bool SetMaxDynamicShared(const void* kernel, int bytes) {
+  if (bytes < 0 || bytes > 227 * 1024) return false;
+  Stream& s = S();
+  std::lock_guard lock(s.mutex);
+  s.max_dynamic_shared[kernel] = bytes;
+  return true;
+}
+
 void Submit(std::function<void()> work) {
-  Machine& m = M();
-  if (m.capturing) {
-    m.captured.push_back(std::move(work));
-  } else {
-    work();
+  Stream& s = S();
+  std::lock_guard lock(s.mutex);
+  if (!s.capturing) {
+    s.pending.push_back(std::move(work));
+    return;
   }
+  if (s.capturer != std::this_thread::get_id()) Refuse("stream work from another host thread during a stream capture");
+  s.captured.push_back(std::move(work));
+}
+
+bool Flush() {
+  Stream& s = S();
+  std::lock_guard run(s.run_mutex);
+  std::vector<std::function<void()>> work;
+  {
+    std::lock_guard lock(s.mutex);
+    if (s.capturing) {
+      if (s.capturer != std::this_thread::get_id()) Refuse("a host thread waits for the stream during another's stream capture");
+      s.capture_failed = true;
+      return false;
+    }
+    work.swap(s.pending);
+  }
+  for (const auto& w : work) w();
+  return true;
+}
+
+bool Capturing() {
+  Stream& s = S();
+  std::lock_guard lock(s.mutex);
+  if (s.capturing && s.capturer != std::this_thread::get_id()) Refuse("a host thread uses the device during another's stream capture");
+  return s.capturing;
 }
 
 void BeginCapture() {
-  M().capturing = true;
-  M().captured.clear();
+  Stream& s = S();
+  std::lock_guard lock(s.mutex);
+  if (s.capturing) Refuse("a stream capture begun inside another");
+  s.capturing = true;
+  s.capture_failed = false;
+  s.capturer = std::this_thread::get_id();
+  s.captured.clear();
 }
 
-std::vector<std::function<void()>> EndCapture() {
-  M().capturing = false;
-  return std::move(M().captured);
+std::optional<std::vector<std::function<void()>>> EndCapture() {
+  Stream& s = S();
+  std::lock_guard lock(s.mutex);
+  if (!s.capturing || s.capturer != std::this_thread::get_id()) Refuse("a stream capture ended that this thread did not begin");
+  s.capturing = false;
+  if (s.capture_failed) return std::nullopt;
+  return std::move(s.captured);
+}
+
+void InvalidateCapture() {
+  Stream& s = S();
+  std::lock_guard lock(s.mutex);
+  s.capture_failed = true;
 }
 
 dim3 ThreadIdx() {

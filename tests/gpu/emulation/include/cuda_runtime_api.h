@@ -1,5 +1,5 @@
 // The part of the CUDA runtime API the backend's host code uses, served by the SIMT emulator
-// (tests/gpu/emulation/runtime.cpp): device memory is host memory, every call is synchronous.
+// (tests/gpu/emulation/runtime.cpp): device memory is host memory, work runs when the host waits.
 #pragma once
 
 #include <cstddef>
@@ -22,6 +22,8 @@ typedef enum cudaError {
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidDevice = 101,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
 } cudaError_t;
 
 enum cudaMemcpyKind {
@@ -55,6 +57,8 @@ cudaError_t cudaSetDevice(int device);
 cudaError_t cudaMalloc(void** p, size_t bytes);
 cudaError_t cudaFree(void* p);
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
+// The emulator's own: the device's size from now on (a test fills the device); returns the old size.
+size_t simtSetDeviceBytes(size_t total);
 #define cudaHostAllocDefault 0u
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned flags);
 cudaError_t cudaFreeHost(void* p);
@@ -72,7 +76,21 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
 cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 
+namespace simt {
+bool SetMaxDynamicShared(const void* kernel, int bytes);
+}  // namespace simt
+
+struct cudaFuncAttributes {
+  int maxThreadsPerBlock;
+};
+
 template <typename Kernel>
-cudaError_t cudaFuncSetAttribute(Kernel*, cudaFuncAttribute, int) {
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, Kernel*) {
+  attributes->maxThreadsPerBlock = 1024;  // registers are not emulated
   return cudaSuccess;
+}
+
+template <typename Kernel>
+cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute, int bytes) {
+  return simt::SetMaxDynamicShared(reinterpret_cast<const void*>(kernel), bytes) ? cudaSuccess : cudaErrorInvalidValue;
 }
