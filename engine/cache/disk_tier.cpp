@@ -246,8 +246,8 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
     const int64_t state_bytes = state.recurrent_floats() * static_cast<int64_t>(sizeof(float));
     const int64_t tail_bytes = state.tail_floats() * static_cast<int64_t>(sizeof(float));
     for (int64_t g = 0; g < state.num_gdn_layers(); ++g) {
-      out.ranges.push_back({offset, state_bytes, reinterpret_cast<char*>(state.recurrent(g))});
-      out.ranges.push_back({offset + state_bytes, tail_bytes, reinterpret_cast<char*>(state.conv_tail(g))});
+      out.ranges.push_back({offset, state_bytes, reinterpret_cast<char*>(state.recurrent_to_fill(g))});
+      out.ranges.push_back({offset + state_bytes, tail_bytes, reinterpret_cast<char*>(state.conv_tail_to_fill(g))});
       offset += state_bytes + tail_bytes;
     }
     out.status = env_.ReadRanges(PathOf(anchor_name), out.ranges);
@@ -285,8 +285,8 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
     if (std::memcmp(id_bytes.data(), prompt.data() + begin, id_bytes.size()) != 0) return bad("its token ids are not the prompt's");
     out.ranges.resize(static_cast<size_t>(2 * layers));
     for (int64_t a = 0; a < layers; ++a) {
-      out.ranges[static_cast<size_t>(2 * a)] = {kv->offset + 2 * a * block, block, reinterpret_cast<char*>(state.k_rows(a) + begin * width)};
-      out.ranges[static_cast<size_t>(2 * a + 1)] = {kv->offset + (2 * a + 1) * block, block, reinterpret_cast<char*>(state.v_rows(a) + begin * width)};
+      out.ranges[static_cast<size_t>(2 * a)] = {kv->offset + 2 * a * block, block, reinterpret_cast<char*>(state.k_rows_to_fill(a) + begin * width)};
+      out.ranges[static_cast<size_t>(2 * a + 1)] = {kv->offset + (2 * a + 1) * block, block, reinterpret_cast<char*>(state.v_rows_to_fill(a) + begin * width)};
     }
     out.status = env_.ReadRanges(PathOf(name), out.ranges);
     out.crc = kv->crc32c;
@@ -302,7 +302,7 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
     if (j >= reads) return;
     pending[j] = j == 0 ? std::async(std::launch::async, read_anchor) : std::async(std::launch::async, read_chunk, first + j - 1);
   };
-  state.PrepareHostWrites(true);  // the reads below write rows and the recurrent part from other threads
+  state.PrepareHostWrites(true, keep_rows);  // the reads below write rows from keep_rows and the recurrent part from other threads
   for (size_t j = 0; j < kReadsInFlight; ++j) launch(j);
   for (size_t j = 0; j < reads; ++j) {
     Read done = pending[j].get();

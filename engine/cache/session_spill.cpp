@@ -30,7 +30,10 @@ std::string AnchorName(const std::string& id, int64_t length) { return id + ".a"
 std::string EndName(const std::string& id) { return id + ".end"; }
 
 // The buffers of a block in file order: every attention layer's K, then its V.
-float* BufferRows(SequenceState& s, size_t b) { return b % 2 == 0 ? s.k_rows(static_cast<int64_t>(b / 2)) : s.v_rows(static_cast<int64_t>(b / 2)); }
+// For the pool's threads after PrepareHostWrites.
+float* BufferRowsToFill(SequenceState& s, size_t b) {
+  return b % 2 == 0 ? s.k_rows_to_fill(static_cast<int64_t>(b / 2)) : s.v_rows_to_fill(static_cast<int64_t>(b / 2));
+}
 const float* BufferRows(const SequenceState& s, size_t b) {
   return b % 2 == 0 ? s.k_rows(static_cast<int64_t>(b / 2)) : s.v_rows(static_cast<int64_t>(b / 2));
 }
@@ -367,6 +370,7 @@ Result<SpillEntry> SessionSpill::Restore(const std::string& id, SequenceState& s
   auto read_file = [this, &id](size_t k) { return env_.ReadFile(PathOf(BlockName(id, k))); };
   std::future<Result<std::string>> next;
   if (!to_read.empty()) next = std::async(std::launch::async, read_file, to_read[0]);
+  if (!to_read.empty()) state.PrepareHostWrites(false, static_cast<int64_t>(to_read[0]) * kSpillBlockRows);  // the pool's threads write the rows
   for (size_t i = 0; i < to_read.size(); ++i) {
     const size_t k = to_read[i];
     const BlockRecord& b = m.blocks[k];
@@ -385,9 +389,8 @@ Result<SpillEntry> SessionSpill::Restore(const std::string& id, SequenceState& s
     std::vector<int64_t> offsets(b.sums.size() + 1, 0);
     for (size_t buf = 0; buf < b.sums.size(); ++buf) offsets[buf + 1] = offsets[buf] + b.lengths[buf];
     std::vector<Status> checked(b.sums.size(), Status::Ok());
-    state.PrepareHostWrites(false);  // the pool's threads write the rows
     pool_.Run(b.sums.size(), [&](size_t buf) {
-      char* dest = reinterpret_cast<char*>(BufferRows(state, buf) + begin * width);
+      char* dest = reinterpret_cast<char*>(BufferRowsToFill(state, buf) + begin * width);
       const std::string_view payload = std::string_view(*data).substr(static_cast<size_t>(offsets[buf]), static_cast<size_t>(b.lengths[buf]));
       if (b.encoded) {
         if (Status s = DecodePlanes(payload, std::span(dest, static_cast<size_t>(bytes)), nullptr); !s.ok()) {

@@ -2,6 +2,7 @@
 // GDN layer, and the length. Not thread-safe; the engine thread owns it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <shared_mutex>
@@ -141,12 +142,17 @@ class SequenceState {
     mirror_rows_ = rows;
     newest_recurrent_ = newest;
   }
-  // Before threads fill rows and (with recurrent) the whole recurrent part through the writable
-  // pointers: the mirror is told here, on the owner's thread, so they only read its flags.
-  void PrepareHostWrites(bool recurrent) {
-    mirror_rows_ = 0;
+  // Before threads fill rows from from_row on and (with recurrent) the whole recurrent part: the
+  // mirror is told here, on the owner's thread, and keeps its rows below from_row. The threads then
+  // write through the *_to_fill pointers, which leave the flags alone.
+  void PrepareHostWrites(bool recurrent, int64_t from_row = 0) {
+    mirror_rows_ = std::min(mirror_rows_, std::max<int64_t>(from_row, 0));
     if (recurrent) newest_recurrent_ = NewestRecurrent::kHost;  // all of it is overwritten: nothing to pull
   }
+  float* k_rows_to_fill(int64_t a) { return k_[a].data(); }
+  float* v_rows_to_fill(int64_t a) { return v_[a].data(); }
+  float* recurrent_to_fill(int64_t g) { return recurrent_[g].data(); }
+  float* conv_tail_to_fill(int64_t g) { return tail_[g].data(); }
   // Gives up the mirror. Where the mirror held the newest recurrent part it is pulled first; where
   // that fails the state is reset (length 0) and the pull's error returned.
   Status DropMirror();

@@ -78,6 +78,12 @@ inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// A device copy holding nothing, for what a state tells its mirror (mirror_rows) without a GPU.
+struct NullMirror final : StateMirror {
+  const void* owner() const override { return this; }
+  Status PullRecurrent(SequenceState&) override { return Status::Ok(); }
+};
+
 inline std::vector<int32_t> Head(const std::vector<int32_t>& a, size_t n) { return {a.begin(), a.begin() + static_cast<long>(n)}; }
 
 // The greedy gate: "" when warm picks cold's tokens, or first parts from them where cold's top-2

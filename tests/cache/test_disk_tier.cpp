@@ -102,6 +102,25 @@ class TestDiskTier : public QObject {
     ExpectExactResume(*tier, b, 256);
   }
 
+  // A restore that keeps a state's first rows tells its device copy that only the rows above changed
+  // (a GPU then uploads those alone); the resume stays exact.
+  void restoreKeepsTheDeviceCopysRowsBelowTheKeptOnes() {
+    QTemporaryDir dir;
+    auto tier = Open(dir);
+    QVERIFY(tier);
+    const auto a = Tokens(3, 300, vocab_);
+    QVERIFY(tier->Put(a, Cold(a, 192)).ok());
+    const auto b = Concat(Head(a, 130), Tokens(4, 100, vocab_));
+    SequenceState s = Cold(b, 230);
+    s.set_mirror(std::make_unique<testing::NullMirror>());
+    s.set_mirror_sync(200, NewestRecurrent::kHost);
+    const Status restored = tier->Restore(a, 192, s, 128);
+    QVERIFY2(restored.ok(), restored.ToString().c_str());
+    QCOMPARE(s.mirror_rows(), int64_t(128));
+    (void)s.DropMirror();
+    QVERIFY(s.BitEqual(Cold(a, 192)));
+  }
+
   // A child process opens the tier the parent wrote and restores; its logits equal the parent's cold ones.
   void restoreInAnotherProcess() {
     QTemporaryDir dir;

@@ -175,14 +175,18 @@ class TestSessionSpill : public QObject {
     QCOMPARE(saved->anchors_kept, int64_t(2));
     QCOMPARE(saved->anchors_written, int64_t(1));
     ExpectRestores(*spill, c);
-    // With the first 2,100 rows in place, only the two blocks above 2,048 are read.
+    // With the first 2,100 rows in place, only the two blocks above 2,048 are read, and a device copy
+    // of the state keeps its rows below 2,048.
     SequenceState state(model_->config);
     QVERIFY(forward_->Prefill(state, std::span(c.tokens).subspan(0, 2100)).ok());
+    state.set_mirror(std::make_unique<testing::NullMirror>());
+    state.set_mirror_sync(2100, NewestRecurrent::kHost);
     SpillRestoreReport report;
     auto got = spill->Restore(SessionSpill::EntryId("s", c.tokens), state, std::span(c.tokens).subspan(0, 2100), &report);
     QVERIFY(got.ok());
     QCOMPARE(report.blocks_in_place, int64_t(2));
     QCOMPARE(report.blocks_read, int64_t(2));
+    QCOMPARE(state.mirror_rows(), int64_t(2048));
     QVERIFY(state.RestoreAnchor(got->end->anchor).ok());
     QVERIFY(state.BitEqual(*c.state));
   }

@@ -132,8 +132,8 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   DeviceMemory& m = Memory();
   std::lock_guard lock(m.mutex);
   if (m.used + rounded > m.total) return cudaErrorMemoryAllocation;
-  *p = std::aligned_alloc(256, rounded);
-  if (*p == nullptr) return cudaErrorMemoryAllocation;
+  *p = nullptr;
+  if (posix_memalign(p, 256, std::max<size_t>(bytes, 1)) != 0) return cudaErrorMemoryAllocation;  // the exact size: a sanitizer sees reads past it
   std::memset(*p, 0xff, bytes);  // device memory starts as garbage: NaN where read as floats
   m.sizes[*p] = rounded;
   m.used += rounded;

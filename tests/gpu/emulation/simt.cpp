@@ -9,6 +9,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 #if !defined(__x86_64__)
 #error "the SIMT emulator switches fibers with x86-64 code"
 #endif
@@ -120,6 +124,9 @@ extern "C" [[noreturn]] void simt_fiber_entry() {
 
 // A fresh fiber's stack: a frame simt_switch pops into simt_fiber_entry, entered as if called.
 void* FreshStack(char* stack) {
+#if defined(__SANITIZE_ADDRESS__)
+  __asan_unpoison_memory_region(stack, kStackBytes);  // a finished fiber's frames never returned to clear their redzones
+#endif
   auto top = (reinterpret_cast<uintptr_t>(stack + kStackBytes)) & ~uintptr_t{15};
   auto* sp = reinterpret_cast<uint64_t*>(top);
   *--sp = 0;  // so that simt_fiber_entry starts with rsp = 8 (mod 16), as after a call
