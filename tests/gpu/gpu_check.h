@@ -42,13 +42,23 @@ inline void Must(const anchorage::Status& s, const char* what) {
 
 using Case = std::pair<std::string, std::function<void()>>;
 
-// Runs every case (those whose names hold $GPU_CHECK_ONLY where it is set), printing PASS or FAIL with
-// the reason; returns the process's exit code.
+// Whether name holds one of the |-separated texts of filter.
+inline bool Selected(const std::string& name, const std::string& filter) {
+  for (size_t from = 0;;) {
+    const size_t bar = filter.find('|', from);
+    if (name.find(filter.substr(from, bar == std::string::npos ? std::string::npos : bar - from)) != std::string::npos) return true;
+    if (bar == std::string::npos) return false;
+    from = bar + 1;
+  }
+}
+
+// Runs every case (those whose names hold one of $GPU_CHECK_ONLY's |-separated texts where it is set),
+// printing PASS or FAIL with the reason; returns the process's exit code.
 inline int RunCases(const std::vector<Case>& cases) {
   const char* only = std::getenv("GPU_CHECK_ONLY");
   int failed = 0, run = 0;
   for (const auto& [name, body] : cases) {
-    if (only != nullptr && name.find(only) == std::string::npos) continue;
+    if (only != nullptr && !Selected(name, only)) continue;
     ++run;
     try {
       body();
