@@ -38,6 +38,12 @@ step configure 120 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DANCH
 step build 240 cmake --build "$B" -j "$(nproc)" || exit 1
 step gpu-tests 150 "$B/tests/gpu/anchorage-test-cuda"
 step gpu-tests-simt-gemm 150 env ANCHORAGE_CUDA_GEMM=simt "$B/tests/gpu/anchorage-test-cuda"
+# The kernels' cases and a forward under compute-sanitizer's memcheck (bad device accesses); on a
+# runtime whose sanitizer refuses the device it says so and counts as no failure.
+before_memcheck=$status
+step memcheck 90 env GPU_CHECK_ONLY="match|fused|same run twice" \
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/gpu/anchorage-test-cuda"
+grep -q "Device not supported" "$WORK/memcheck.log" && { echo "== memcheck: this runtime's sanitizer refuses the device"; status=$before_memcheck; }
 
 step make-small 60 "$B/anchorage-tool" make-model --size small --seed 1 "$WORK/small"
 before_hf=$status
