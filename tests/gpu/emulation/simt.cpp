@@ -165,6 +165,11 @@ void RunBlock(Machine& m, size_t threads) {
         waiting += m.fibers[i].state == State::kWarpWait;
       }
       if (live > 0 && waiting == live) {
+        if (live < 32) {  // every shuffle and __syncwarp here names the whole warp, which a GPU then waits for
+          std::fprintf(stderr, "simt: block (%u, %u): a warp-wide shuffle or __syncwarp reached by %zu lanes; the others exited\n",
+                       m.block_idx.x, m.block_idx.y, live);
+          std::abort();
+        }
         for (size_t i = w; i < w + 32; ++i)
           if (m.fibers[i].state == State::kWarpWait) m.fibers[i].state = State::kReady;
         released = true;

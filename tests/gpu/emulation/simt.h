@@ -3,7 +3,7 @@
 // warp shuffles. Slow, deterministic, and enough to check the kernels' logic where no GPU is.
 // Like a GPU's stream, work waits in a queue until the host synchronizes, so a host read that forgot
 // to wait sees stale bits; SIMT_ORDER=reverse runs threads and blocks last first, so a missing barrier
-// shows either way round; launches a GPU would refuse (too many threads, too large a grid, dynamic
+// shows either way round; a warp-wide shuffle some lanes exited before, and launches a GPU would refuse (too many threads, too large a grid, dynamic
 // shared memory past 48 KiB without the kernel's attribute) stop the process.
 #pragma once
 
