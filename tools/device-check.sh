@@ -4,7 +4,8 @@
 #  2. runs the GPU tests (kernels and forward against the CPU, resume bit-equality, determinism),
 #  3. compares the GPU and CPU logits with Hugging Face transformers' Qwen3.5 on the generated `small`,
 #     and greedy decoding on the GPU with the CPU's,
-#  4. runs the GPU benchmark on `small` (BF16 and FP8) and on random weights of Qwen3.5-0.8B's and 4B's shapes.
+#  4. runs the GPU benchmark on `small` (BF16 and FP8), on random weights of Qwen3.5-0.8B's and 4B's shapes,
+#     and on `small` with --weights int8.
 # Each step has its own time limit and the script goes on after a failure; the whole stays under 8
 # minutes. Every step's whole log goes to $OUT/check.log (one file: the device tool returns few), the
 # generated models to $WORK.
@@ -59,5 +60,6 @@ step make-small-fp8 60 "$B/anchorage-tool" make-model --size small --seed 1 --dt
 step bench-small-fp8 60 "$B/tests/gpu/anchorage-bench-gpu" --model-dir "$WORK/small-fp8" --max-tokens 8192
 step bench-0.8b 90 "$B/tests/gpu/anchorage-bench-gpu" --shape 0.8b --max-tokens 32768
 step bench-4b 120 "$B/tests/gpu/anchorage-bench-gpu" --shape 4b --max-tokens 32768
+step bench-small-int8 60 "$B/tests/gpu/anchorage-bench-gpu" --model-dir "$WORK/small" --weights int8 --max-tokens 8192
 echo "== done in $(( $(date +%s) - started ))s, status $status"
 exit $status

@@ -33,6 +33,8 @@ class ComputeBackend {
   virtual std::string DeviceDescription() const = 0;
   // What the matrices are held as, e.g. "bf16" or "fp8-e4m3 + bf16".
   virtual std::string WeightsDescription() const = 0;
+  // Bytes the matrices take where the backend holds them.
+  virtual int64_t WeightBytes() const = 0;
   virtual const ModelConfig& config() const = 0;
   int64_t vocab_size() const { return config().vocab_size; }
   virtual int64_t grid_tokens() const = 0;

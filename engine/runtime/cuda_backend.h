@@ -27,6 +27,7 @@ class CudaBackend final : public ComputeBackend {
   const char* device_name() const override { return "cuda"; }
   std::string DeviceDescription() const override;
   std::string WeightsDescription() const override { return forward_->WeightsDescription(); }
+  int64_t WeightBytes() const override { return forward_->weight_bytes(); }
   const ModelConfig& config() const override { return forward_->config(); }
   int64_t grid_tokens() const override { return forward_->grid_tokens(); }
   int threads() const override { return 1; }

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <thread>
 
+#include "engine/compute/cpu/packed_q8.h"
 #include "engine/compute/cuda/kernels.h"
 #include "engine/core/bf16.h"
 #include "engine/core/sha256.h"
@@ -410,12 +412,14 @@ Result<CudaForward::Matrix> CudaForward::Upload(const TensorView& t, int64_t row
     Matrix m;
     m.rows = rows;
     m.cols = cols;
-    m.fp8 = {static_cast<const uint8_t*>(codes.data()), scales_on_device, t.scale_block_rows, t.scale_block_cols,
+    m.q8 = {static_cast<const uint8_t*>(codes.data()), scales_on_device, t.scale_block_rows, t.scale_block_cols,
              (cols + t.scale_block_cols - 1) / t.scale_block_cols};
+    m.bytes = static_cast<int64_t>(codes.bytes() + scales.size() * sizeof(float));
     buffers_.push_back(std::move(codes));
     ++fp8_matrices_;
     return m;
   }
+  if (options_.int8_weights) return UploadInt8(t, rows, cols);
   ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(static_cast<size_t>(rows * cols) * 2, t.name));
   if (t.dtype == DType::kBF16) {
     RETURN_IF_ERROR(cuda::CopyToDevice(buffer.data(), t.data, t.bytes, stream_));
@@ -426,12 +430,64 @@ Result<CudaForward::Matrix> CudaForward::Upload(const TensorView& t, int64_t row
     RETURN_IF_ERROR(cuda::CopyToDevice(buffer.data(), rounded.data(), rounded.size() * 2, stream_));
   }
   weight_bytes_ += static_cast<int64_t>(buffer.bytes());
+  ++bf16_matrices_;
   Matrix m;
+  m.bytes = static_cast<int64_t>(buffer.bytes());
   m.w = static_cast<const uint16_t*>(buffer.data());
   m.rows = rows;
   m.cols = cols;
   buffers_.push_back(std::move(buffer));
   return m;
+}
+
+Result<CudaForward::Matrix> CudaForward::UploadInt8(const TensorView& t, int64_t rows, int64_t cols) {
+  constexpr int64_t kBlock = cpu::PackedQ8::kInt8Block;
+  const int64_t blocks = (cols + kBlock - 1) / kBlock;
+  std::vector<int8_t> codes(static_cast<size_t>(rows * cols));
+  std::vector<float> scales(static_cast<size_t>(rows * blocks));
+  // The CPU's quantization of each row, the rows shared among the host's threads.
+  const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::max<int64_t>(1, rows / 64));
+  std::vector<std::thread> workers;
+  for (int64_t w = 0; w < threads; ++w)
+    workers.emplace_back([&, w] {
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t j = rows * w / threads; j < rows * (w + 1) / threads; ++j) {
+        t.ToFloat(j * cols, cols, row.data());
+        cpu::QuantizeInt8Row(row.data(), cols, codes.data() + j * cols, scales.data() + j * blocks);
+      }
+    });
+  for (std::thread& worker : workers) worker.join();
+  ASSIGN_OR_RETURN(DeviceBuffer on_device, DeviceBuffer::Allocate(codes.size(), t.name));
+  RETURN_IF_ERROR(cuda::CopyToDevice(on_device.data(), codes.data(), codes.size(), stream_));
+  ASSIGN_OR_RETURN(const float* scales_on_device, UploadFloats(scales, t.name + " (int8 scales)"));
+  Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.q8 = {static_cast<const uint8_t*>(on_device.data()), scales_on_device, 1, kBlock, blocks, true};
+  m.bytes = static_cast<int64_t>(on_device.bytes() + scales.size() * sizeof(float));
+  weight_bytes_ += m.bytes;
+  buffers_.push_back(std::move(on_device));
+  ++int8_matrices_;
+  return m;
+}
+
+std::string CudaForward::WeightsDescription() const {
+  std::string out;
+  for (const auto& [count, name] : {std::pair{fp8_matrices_, "fp8-e4m3"}, std::pair{int8_matrices_, "int8"}, std::pair{bf16_matrices_, "bf16"}})
+    if (count > 0) out += (out.empty() ? "" : " + ") + std::string(name);
+  return out;
+}
+
+void CudaForward::EmbedRows(const int32_t* ids, int64_t n, float* x) {
+  cuda::EmbedRows(embed_.w, ids, n, config_.hidden_size, x, stream_, embed_.q8);
+}
+
+void CudaForward::LmHeadGemv(const float* x, int64_t n, float* logits) {
+  if (lm_head_.q8.q != nullptr) {
+    cuda::GemvQ8(lm_head_.q8, config_.vocab_size, config_.hidden_size, x, n, logits, stream_);
+  } else {
+    cuda::Gemv(lm_head_.w, config_.vocab_size, config_.hidden_size, x, n, logits, stream_);
+  }
 }
 
 Result<const float*> CudaForward::UploadFloats(const std::vector<float>& values, const std::string& what) {
@@ -561,12 +617,12 @@ Status CudaForward::Init(const ModelWeights& w) {
   const int64_t max_n = std::max({H, I, C, VD, 2 * Nh * hd, Nkv * hd});
   ASSIGN_OR_RETURN(gemm_, cuda::LtGemm::Create(G, max_k, max_n, stream_));
   ASSIGN_OR_RETURN(logits_gemm_, cuda::LtGemm::Create(kLogitRows, H, c.vocab_size, stream_));
-  RETURN_IF_ERROR(logits_gemm_->Prepare(c.vocab_size, H, lm_head_.w));
+  if (lm_head_.w != nullptr) RETURN_IF_ERROR(logits_gemm_->Prepare(c.vocab_size, H, lm_head_.w));
   std::vector<const Layer*> product_layers;
   for (const Layer& layer : layers_) product_layers.push_back(&layer);
   if (mtp_) {
     product_layers.push_back(&mtp_->layer);
-    if (mtp_->fc.w != nullptr) RETURN_IF_ERROR(gemm_->Prepare(H, 2 * H, mtp_->fc.w));  // FP8 matrices take no cuBLASLt product
+    if (mtp_->fc.w != nullptr) RETURN_IF_ERROR(gemm_->Prepare(H, 2 * H, mtp_->fc.w));  // 8-bit matrices take no cuBLASLt product
   }
   for (const Layer* layer : product_layers)
     for (const Matrix* m : {&layer->gate, &layer->up, &layer->down, &layer->qkv, &layer->z, &layer->b, &layer->a, &layer->out,
@@ -607,7 +663,8 @@ Status CudaForward::Init(const ModelWeights& w) {
 }
 
 int64_t CudaForward::decode_weight_bytes() const {
-  return weight_bytes_ - (embed_.w != lm_head_.w ? embed_.rows * embed_.cols * 2 : 0);
+  const bool tied = embed_.w == lm_head_.w && embed_.q8.q == lm_head_.q8.q;
+  return weight_bytes_ - (tied ? 0 : embed_.bytes);
 }
 
 int64_t CudaForward::workspace_bytes() const { return ws_->bytes; }
@@ -632,7 +689,8 @@ std::string CudaForward::KernelSet() const {
   return "cuda-kernels-v1 " + device_.name + " sm_" + std::to_string(device_.sm_major) + std::to_string(device_.sm_minor) +
          " runtime " + std::to_string(device_.runtime_version) + " cublasLt " + std::to_string(lt_version) + "\n" + gemm_->Describe() +
          logits_gemm_->Describe() +
-         (fp8_matrices_ > 0 ? std::to_string(fp8_matrices_) + " FP8 matrices: CUDA-core k-order products, fp8-gemv-v1\n" : "");
+         (fp8_matrices_ > 0 ? std::to_string(fp8_matrices_) + " FP8 matrices: CUDA-core k-order products, fp8-gemv-v1\n" : "") +
+         (int8_matrices_ > 0 ? std::to_string(int8_matrices_) + " int8 matrices (a scale a row and 32 inputs): CUDA-core k-order products\n" : "");
 }
 
 std::string CudaForward::StateFingerprint(const std::string& model_fingerprint) const {
@@ -805,7 +863,7 @@ Result<std::vector<float>> CudaForward::DraftWindow(DeviceState& state, std::spa
   if (log.mtp != nullptr) RETURN_IF_ERROR(cuda::CopyOnDevice(log.hidden.data(), ws.a.data(), static_cast<size_t>(Floats(n * H)), stream_));
   for (int64_t t = 0; t < n; t += kLogitRows) {  // decode's lm_head GEMV, kLogitRows rows a run
     const int64_t run = std::min(kLogitRows, n - t);
-    cuda::Gemv(lm_head_.w, V, H, ws.a.floats() + t * H, run, ws.logits.floats(), stream_);
+    LmHeadGemv(ws.a.floats() + t * H, run, ws.logits.floats());
     RETURN_IF_ERROR(cuda::CopyToHost(logits.data() + t * V, ws.logits.data(), static_cast<size_t>(Floats(run * V)), stream_));
   }
   RETURN_IF_ERROR(cuda::Synchronize(stream_, "a draft window"));
@@ -847,7 +905,7 @@ Status CudaForward::EnqueueDecode(DeviceState& state) {
   RETURN_IF_ERROR(EnqueueLayers(state, static_cast<const int32_t*>(ws_->step.data()), 1, Mode::kRecurrent));
   float* a = ws_->a.floats();
   cuda::RmsNormRows(ws_->x.floats(), final_norm_, 1, H, static_cast<float>(config_.rms_norm_eps), a, stream_);
-  cuda::Gemv(lm_head_.w, config_.vocab_size, H, a, 1, ws_->logits.floats(), stream_);
+  LmHeadGemv(a, 1, ws_->logits.floats());
   return Status::Ok();
 }
 
@@ -868,14 +926,14 @@ Result<std::unique_ptr<CudaForward::DecodeGraph>> CudaForward::CaptureDecode(Dev
 
 Status CudaForward::Product(const Matrix& m, const float* x, int64_t n, float* y, int64_t y_stride, Mode mode) {
   const bool rows_at_once = mode == Mode::kChunked || mode == Mode::kBranches;
-  if (rows_at_once && m.fp8.q != nullptr) {
-    cuda::GemmSimtFp8(m.fp8, m.rows, m.cols, x, n, y, y_stride, stream_);
+  if (rows_at_once && m.q8.q != nullptr) {
+    cuda::GemmSimtQ8(m.q8, m.rows, m.cols, x, n, y, y_stride, stream_);
     return Status::Ok();
   }
   if (rows_at_once) return gemm_->Run(m.w, m.rows, m.cols, x, n, y, y_stride);
   if (y_stride != m.rows) return Internal("CudaForward: the GEMV writes whole rows of " + std::to_string(m.rows) + " outputs");
-  if (m.fp8.q != nullptr) {
-    cuda::GemvFp8(m.fp8, m.rows, m.cols, x, n, y, stream_);
+  if (m.q8.q != nullptr) {
+    cuda::GemvQ8(m.q8, m.rows, m.cols, x, n, y, stream_);
   } else {
     cuda::Gemv(m.w, m.rows, m.cols, x, n, y, stream_);
   }
@@ -888,7 +946,7 @@ Status CudaForward::EnqueueLayers(DeviceState& state, const int32_t* ids, int64_
   Workspace& ws = *ws_;
   float* x = ws.x.floats();
   float* a = ws.a.floats();
-  cuda::EmbedRows(embed_.w, ids, n, H, x, stream_);
+  EmbedRows(ids, n, x);
   int64_t gi = 0, ai = 0;
   cuda::RmsNormRows(x, layers_.front().in_norm, n, H, eps, a, stream_);
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -923,7 +981,11 @@ Status CudaForward::LogitsOfRows(int64_t begin, int64_t end, float* logits) {
   for (int64_t t = begin; t < end; t += kLogitRows) {
     const int64_t run = std::min(kLogitRows, end - t);
     cuda::RmsNormRows(ws.x.floats() + t * H, final_norm_, run, H, static_cast<float>(config_.rms_norm_eps), ws.a.floats(), stream_);
-    RETURN_IF_ERROR(logits_gemm_->Run(lm_head_.w, V, H, ws.a.floats(), run, ws.logits.floats(), V));
+    if (lm_head_.q8.q != nullptr) {
+      cuda::GemmSimtQ8(lm_head_.q8, V, H, ws.a.floats(), run, ws.logits.floats(), V, stream_);
+    } else {
+      RETURN_IF_ERROR(logits_gemm_->Run(lm_head_.w, V, H, ws.a.floats(), run, ws.logits.floats(), V));
+    }
     RETURN_IF_ERROR(cuda::CopyToHost(logits + (t - begin) * V, ws.logits.data(), static_cast<size_t>(Floats(run * V)), stream_));
   }
   return Status::Ok();
@@ -952,7 +1014,7 @@ Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int
     float* outputs[4] = {qkv, ws.z.floats(), ws.bb.floats(), ws.aa.floats()};
     for (int m = 0; m < 4; ++m) {
       set.w[m] = matrices[m]->w;
-      set.fp8[m] = matrices[m]->fp8;
+      set.q8[m] = matrices[m]->q8;
       set.rows[m] = matrices[m]->rows;
       set.y[m] = outputs[m];
     }
@@ -1034,16 +1096,16 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
     set.count = 3;
     set.position = position;
     set.w[0] = L.q.w;
-    set.fp8[0] = L.q.fp8;
+    set.q8[0] = L.q.q8;
     set.rows[0] = L.q.rows;
     set.y[0] = ws.qg.floats();
     set.w[1] = L.k.w;
-    set.fp8[1] = L.k.fp8;
+    set.q8[1] = L.k.q8;
     set.rows[1] = L.k.rows;
     set.y[1] = k_all;
     set.position_stride[1] = KW;
     set.w[2] = L.v.w;
-    set.fp8[2] = L.v.fp8;
+    set.q8[2] = L.v.q8;
     set.rows[2] = L.v.rows;
     set.y[2] = v_all;
     set.position_stride[2] = KW;
@@ -1155,7 +1217,7 @@ Status CudaForward::MtpRows(MtpState& mtp, const float* hidden, std::span<const 
     const int64_t n = std::min(piece_rows, total - done);
     const Mode mode = n == 1 ? Mode::kRecurrent : Mode::kChunked;
     RETURN_IF_ERROR(cuda::CopyToDevice(ws.ids.data(), ids.data() + done, static_cast<size_t>(n) * 4, stream_));
-    cuda::EmbedRows(embed_.w, static_cast<const int32_t*>(ws.ids.data()), n, H, ws.x.floats(), stream_);
+    EmbedRows(static_cast<const int32_t*>(ws.ids.data()), n, ws.x.floats());
     cuda::RmsNormRows(ws.x.floats(), head.norm_embedding, n, H, eps, ws.a.floats(), stream_);
     cuda::RmsNormRows(hidden + done * H, head.norm_hidden, n, H, eps, ws.mix.floats(), stream_);
     cuda::JoinRows(ws.a.floats(), ws.mix.floats(), n, H, ws.cat.floats(), stream_);
@@ -1210,7 +1272,7 @@ Result<std::vector<int32_t>> CudaForward::MtpDraft(MtpState& mtp, std::span<cons
       const int32_t last = drafts.back();
       RETURN_IF_ERROR(MtpRows(mtp, out, std::span<const int32_t>(&last, 1), mtp.rows + j - 1, out));
     }
-    cuda::Gemv(lm_head_.w, config_.vocab_size, H, out, 1, ws_->logits.floats(), stream_);
+    LmHeadGemv(out, 1, ws_->logits.floats());
     RETURN_IF_ERROR(cuda::CopyToHost(logits.data(), ws_->logits.data(), logits.size() * sizeof(float), stream_));
     if (all_logits != nullptr) all_logits->insert(all_logits->end(), logits.begin(), logits.end());
     drafts.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + V) - logits.begin()));
@@ -1223,7 +1285,7 @@ Status CudaForward::Mlp(const Layer& L, int64_t n, Mode mode) {
   const int64_t H = config_.hidden_size, I = config_.intermediate_size;
   Workspace& ws = *ws_;
   if (mode == Mode::kRecurrent) {  // one row: gate, up and their product in one launch
-    cuda::GemvSwiGlu(L.gate.w, L.up.w, I, H, ws.a.floats(), ws.gate.floats(), stream_, L.gate.fp8, L.up.fp8);
+    cuda::GemvSwiGlu(L.gate.w, L.up.w, I, H, ws.a.floats(), ws.gate.floats(), stream_, L.gate.q8, L.up.q8);
   } else {
     RETURN_IF_ERROR(Product(L.gate, ws.a.floats(), n, ws.gate.floats(), I, mode));
     RETURN_IF_ERROR(Product(L.up, ws.a.floats(), n, ws.up.floats(), I, mode));

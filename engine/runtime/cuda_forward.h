@@ -30,6 +30,9 @@ struct CudaForwardOptions {
   bool decode_graphs = true;
   // Pinned host memory the host copies of states pass through (in pieces of this size); 0: none.
   int64_t staging_bytes = int64_t{32} << 20;
+  // BF16, F16 and F32 matrices made int8 at load as the CPU's --weights int8 makes them (a scale a
+  // row and 32 inputs); FP8 ones stay FP8.
+  bool int8_weights = false;
 };
 
 // The recurrent part of a device state at one length, kept in device memory: an anchor that does not
@@ -162,8 +165,8 @@ class CudaForward {
   const ModelConfig& config() const { return config_; }
   int64_t grid_tokens() const { return options_.grid_tokens; }
   int64_t weight_bytes() const { return weight_bytes_; }
-  // "bf16", or "fp8-e4m3 + bf16" where the checkpoint's matrices are FP8.
-  std::string WeightsDescription() const { return fp8_matrices_ > 0 ? "fp8-e4m3 + bf16" : "bf16"; }
+  // The formats the matrices are held in, as the CPU names them: "bf16", "fp8-e4m3 + bf16", "int8", ...
+  std::string WeightsDescription() const;
   // Bytes a decoded token reads: every matrix but an untied embedding.
   int64_t decode_weight_bytes() const;
   int64_t workspace_bytes() const;
@@ -176,9 +179,10 @@ class CudaForward {
 
  private:
   struct Matrix {
-    const uint16_t* w = nullptr;  // bf16 [rows, cols] row-major, device; null where fp8 holds it
+    const uint16_t* w = nullptr;  // bf16 [rows, cols] row-major, device; null where q8 holds it
     int64_t rows = 0, cols = 0;
-    cuda::Fp8Weights fp8;         // block-scaled F8_E4M3, as the checkpoint stores it
+    cuda::Q8Weights q8;  // block-scaled 8-bit codes: F8_E4M3 as the checkpoint stores them, or int8
+    int64_t bytes = 0;   // on the device, scales included
   };
   struct Layer;
   struct Workspace;
@@ -196,8 +200,14 @@ class CudaForward {
 
   CudaForward(const ModelConfig& config, const CudaForwardOptions& options);
   Status Init(const ModelWeights& weights);
-  // A matrix on the device: BF16 as it is, F16 and F32 rounded to BF16, F8_E4M3 as codes and block scales (where allowed).
+  // A matrix on the device: BF16 as it is, F16 and F32 rounded to BF16, F8_E4M3 as codes and block
+  // scales (where allowed); with int8_weights every one but F8_E4M3 made int8.
   Result<Matrix> Upload(const TensorView& t, int64_t rows, int64_t cols, const char* role, bool fp8_allowed = true);
+  // The CPU's int8 quantization of a matrix (a scale a row and 32 inputs), on the device.
+  Result<Matrix> UploadInt8(const TensorView& t, int64_t rows, int64_t cols);
+  // The embedding rows of ids, and the lm_head's logits of n rows (its GEMV: decode's arithmetic).
+  void EmbedRows(const int32_t* ids, int64_t n, float* x);
+  void LmHeadGemv(const float* x, int64_t n, float* logits);
   Result<Layer> UploadLayer(const LayerWeights& weights, LayerKind kind);
   Result<const float*> UploadVector(const TensorView& t, int64_t n, float add, const char* role);
   Result<const float*> UploadFloats(const std::vector<float>& values, const std::string& what);
@@ -252,7 +262,7 @@ class CudaForward {
   std::unique_ptr<MtpHead> mtp_;
   std::string graph_note_;  // why decode went launch by launch
   int64_t weight_bytes_ = 0;
-  int64_t fp8_matrices_ = 0;
+  int64_t fp8_matrices_ = 0, int8_matrices_ = 0, bf16_matrices_ = 0;
   std::atomic<int64_t> mtp_bytes_{0};
 };
 

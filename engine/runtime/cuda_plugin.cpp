@@ -13,6 +13,7 @@ extern "C" __attribute__((visibility("default"))) anchorage::ComputeBackend* anc
   options.grid_tokens = request->grid_tokens;
   options.device = request->device;
   options.decode_graphs = request->decode_graphs;
+  options.int8_weights = request->int8_weights;
   auto backend = CudaBackend::Create(*request->config, *request->weights, options);
   if (!backend.ok()) {
     *error = backend.status().message();

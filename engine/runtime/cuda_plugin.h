@@ -29,6 +29,7 @@ struct CudaPluginRequest {
   int64_t grid_tokens = 1024;
   int device = 0;
   bool decode_graphs = true;
+  bool int8_weights = false;  // --weights int8
 };
 
 // The plugin's entry point: the backend, or nullptr with error set.

@@ -93,6 +93,7 @@ class Forward final : public ComputeBackend {
   // What the matrices are held as, e.g. "bf16" or "fp8-e4m3 + bf16", and their bytes in memory.
   std::string WeightsDescription() const override;
   int64_t weight_bytes() const;
+  int64_t WeightBytes() const override { return weight_bytes(); }
   // The formats the matrices are held in: FP8, int8, BF16, those present in that order.
   std::vector<cpu::WeightFormat> FormatsHeld() const;
   // Bytes a decoded token reads: every matrix but an untied embedding (read a row at a time).

@@ -23,7 +23,7 @@ std::vector<int32_t> WeightsReportPromptIds(int64_t vocab_size, int64_t tokens) 
   return ids;
 }
 
-Result<std::vector<float>> WeightsReportLogits(Forward& forward, int64_t tokens) {
+Result<std::vector<float>> WeightsReportLogits(ComputeBackend& forward, int64_t tokens) {
   SequenceState state(forward.config());
   const std::vector<int32_t> ids = WeightsReportPromptIds(forward.vocab_size(), tokens);
   return forward.Prefill(state, ids, LogitsRows::kAll);
@@ -39,7 +39,7 @@ Result<WeightsBaseline> MeasureStoredWeights(const ModelConfig& config, const Mo
   return baseline;
 }
 
-Result<WeightsReport> CompareWithStoredWeights(const WeightsBaseline& baseline, Forward& quantized) {
+Result<WeightsReport> CompareWithStoredWeights(const WeightsBaseline& baseline, ComputeBackend& quantized) {
   WeightsReport report;
   ASSIGN_OR_RETURN(std::vector<float> logits, WeightsReportLogits(quantized));
   if (logits.size() != baseline.logits.size()) return InvalidArgument("the baseline is of another model");
@@ -52,7 +52,7 @@ Result<WeightsReport> CompareWithStoredWeights(const WeightsBaseline& baseline, 
   }
   report.logit_rms = std::sqrt(squares / static_cast<double>(logits.size()));
   report.format = quantized.WeightsDescription();
-  report.bytes = quantized.weight_bytes();
+  report.bytes = quantized.WeightBytes();
   report.stored_bytes = baseline.bytes;
   return report;
 }

@@ -13,7 +13,7 @@
 namespace anchorage {
 
 struct WeightsReport {
-  std::string format;            // Forward::WeightsDescription() of the quantized forward
+  std::string format;            // WeightsDescription() of the quantized backend
   int64_t bytes = 0;             // its matrices in memory
   int64_t stored_bytes = 0;      // the same matrices as the checkpoint stores them, packed
   int64_t prompt_tokens = 0;     // rows compared
@@ -26,7 +26,7 @@ struct WeightsReport {
 std::vector<int32_t> WeightsReportPromptIds(int64_t vocab_size, int64_t tokens = 64);
 
 // Logits of every row of the fixed prompt on forward, from an empty state.
-Result<std::vector<float>> WeightsReportLogits(Forward& forward, int64_t tokens = 64);
+Result<std::vector<float>> WeightsReportLogits(ComputeBackend& forward, int64_t tokens = 64);
 
 // The stored weights' side: their forward (options without int8_weights) built, run on the prompt and
 // dropped, so a caller that builds the quantized forward after it never holds both.
@@ -35,7 +35,8 @@ struct WeightsBaseline {
   int64_t bytes = 0;
 };
 Result<WeightsBaseline> MeasureStoredWeights(const ModelConfig& config, const ModelWeights& weights, ForwardOptions options);
-// quantized's logits on the same prompt against the baseline.
-Result<WeightsReport> CompareWithStoredWeights(const WeightsBaseline& baseline, Forward& quantized);
+// quantized's logits on the same prompt against the baseline (the CPU's stored weights: on a GPU
+// backend the distance holds the two backends' small difference too).
+Result<WeightsReport> CompareWithStoredWeights(const WeightsBaseline& baseline, ComputeBackend& quantized);
 
 }  // namespace anchorage

@@ -42,7 +42,6 @@ Result<std::unique_ptr<ComputeBackend>> OpenCudaBackend(const ServerConfig& conf
     fall_back(why);
     return std::unique_ptr<ComputeBackend>();
   };
-  if (config.int8_weights) return refuse("--weights int8 runs on the CPU only");
   // auto asks the plugin only where an NVIDIA driver is there, so a machine without one never loads the CUDA libraries.
   if (!asked && !std::getenv("ANCHORAGE_CUDA_PLUGIN") && !std::filesystem::exists("/dev/nvidiactl"))
     return refuse("no NVIDIA driver");
@@ -51,6 +50,7 @@ Result<std::unique_ptr<ComputeBackend>> OpenCudaBackend(const ServerConfig& conf
   request.weights = &model.weights;
   request.grid_tokens = config.grid_tokens;
   request.device = config.cuda_device;
+  request.int8_weights = config.int8_weights;
   auto backend = LoadCudaBackend(request);
   if (!backend.ok()) return refuse(backend.status().message());
   return std::move(backend).value();
@@ -226,11 +226,11 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   }
   if (!forward) {
     ASSIGN_OR_RETURN(std::unique_ptr<Forward> cpu, Forward::Create(s->model_->config, s->model_->weights, forward_options));
-    if (stored_weights) {
-      ASSIGN_OR_RETURN(WeightsReport report, CompareWithStoredWeights(*stored_weights, *cpu));
-      s->notes_.push_back(report.Describe());
-    }
     forward = std::move(cpu);
+  }
+  if (stored_weights) {
+    ASSIGN_OR_RETURN(WeightsReport report, CompareWithStoredWeights(*stored_weights, *forward));
+    s->notes_.push_back(report.Describe());
   }
   s->model_->weights_format = forward->WeightsDescription();
   s->model_->tensors->DropResidentPages();  // the backend holds its own copy of every matrix

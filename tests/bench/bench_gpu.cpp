@@ -3,7 +3,7 @@
 // on a model folder or on random weights of Qwen3.5-0.8B's or 4B's shapes. Also compares logits with
 // a file of reference logits (--compare), and greedy decoding with the CPU's (--greedy N: where the
 // token streams part, and the logits' distance).
-//   anchorage-bench-gpu [--model-dir DIR | --shape tiny|small|0.8b|4b] [--max-tokens N] [--decode N] [--grid G]
+//   anchorage-bench-gpu [--model-dir DIR | --shape tiny|small|0.8b|4b] [--max-tokens N] [--decode N] [--grid G] [--weights int8]
 //   anchorage-bench-gpu --model-dir DIR --compare IDS_FILE LOGITS_FILE
 //   anchorage-bench-gpu --model-dir DIR --greedy N
 #include <algorithm>
@@ -284,6 +284,7 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a run cut off by its time limit keeps every line it printed
   std::string model_dir, shape = "small", compare_ids, compare_logits;
   int64_t max_tokens = 32768, decode_tokens = 64, grid = 1024, greedy = 0;
+  bool int8 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const auto next = [&]() -> std::string {
@@ -299,6 +300,14 @@ int main(int argc, char** argv) {
     else if (arg == "--decode") decode_tokens = std::atoll(next().c_str());
     else if (arg == "--grid") grid = std::atoll(next().c_str());
     else if (arg == "--greedy") greedy = std::atoll(next().c_str());
+    else if (arg == "--weights") {
+      const std::string weights = next();
+      if (weights != "int8" && weights != "as-stored") {
+        std::fprintf(stderr, "--weights is as-stored or int8\n");
+        return 2;
+      }
+      int8 = weights == "int8";
+    }
     else if (arg == "--compare") {
       compare_ids = next();
       compare_logits = next();
@@ -342,13 +351,14 @@ int main(int argc, char** argv) {
               copy_rate / 1e9, product_rate / 1e12);
   CudaForwardOptions options;
   options.grid_tokens = grid;
+  options.int8_weights = int8;
   const auto t0 = Clock::now();
   auto forward = CudaForward::Create(*config, *weights, options);
   if (!forward.ok()) return bench::Fail(forward.status());
   CudaForward& f = **forward;
-  std::printf("loaded in %.2f s: weights %.1f MiB on the device, workspace %.1f MiB, grid %lld\n", Seconds(t0),
-              static_cast<double>(f.weight_bytes()) / (1 << 20), static_cast<double>(f.workspace_bytes()) / (1 << 20),
-              static_cast<long long>(grid));
+  std::printf("loaded in %.2f s: weights %.1f MiB on the device (%s), workspace %.1f MiB, grid %lld\n", Seconds(t0),
+              static_cast<double>(f.weight_bytes()) / (1 << 20), f.WeightsDescription().c_str(),
+              static_cast<double>(f.workspace_bytes()) / (1 << 20), static_cast<long long>(grid));
   {  // warm-up: the first launches load modules
     auto state = f.NewState();
     if (!state.ok() || !f.Prefill(**state, bench::PromptIds(*config, 128)).ok()) return 1;

@@ -363,15 +363,18 @@ struct Pair {
   std::unique_ptr<CudaForward> gpu;
 };
 
-Pair Load(TinyModelSize size, int64_t grid = 1024, GeneratedDtype dtype = GeneratedDtype::kBf16) {
+// int8: both forwards make the matrices int8 at load (--weights int8).
+Pair Load(TinyModelSize size, int64_t grid = 1024, GeneratedDtype dtype = GeneratedDtype::kBf16, bool int8 = false) {
   Pair p;
   const std::string name = std::string(TinyModelSizeName(size)) + (dtype == GeneratedDtype::kFp8 ? "-fp8" : "");
   p.model = Must(testing::MakeModel(size, 5, TempDir(name), dtype), "generating the model");
   ForwardOptions cpu_options;
   cpu_options.grid_tokens = grid;
+  cpu_options.int8_weights = int8;
   p.cpu = Must(Forward::Create(p.model->config, p.model->weights, cpu_options), "creating the CPU forward");
   CudaForwardOptions gpu_options;
   gpu_options.grid_tokens = grid;
+  gpu_options.int8_weights = int8;
   p.gpu = Must(CudaForward::Create(p.model->config, p.model->weights, gpu_options), "creating the CUDA forward");
   return p;
 }
@@ -379,8 +382,8 @@ Pair Load(TinyModelSize size, int64_t grid = 1024, GeneratedDtype dtype = Genera
 // Prefill and decode logits within `absolute` + `relative` x max |logit| of the CPU forward's. The
 // split products lose up to 2^-18 of each activation, which the tiny model's large logits (about 20)
 // carry into ~1e-3.
-void ForwardMatchesCpu(TinyModelSize size, float absolute, float relative, GeneratedDtype dtype = GeneratedDtype::kBf16) {
-  Pair p = Load(size, 1024, dtype);
+void ForwardMatchesCpu(TinyModelSize size, float absolute, float relative, GeneratedDtype dtype = GeneratedDtype::kBf16, bool int8 = false) {
+  Pair p = Load(size, 1024, dtype, int8);
   const std::vector<int32_t> ids = testing::RandomIds(300, p.model->config.vocab_size, 21);
   SequenceState cpu_state(p.model->config);
   auto gpu_state = Must(p.gpu->NewState(), "a device state");
@@ -399,14 +402,15 @@ void ForwardMatchesCpu(TinyModelSize size, float absolute, float relative, Gener
   }
   const float bound = absolute + relative * largest;
   std::printf("       %s%s: max |logit diff| vs CPU over a 300-token prefill and 4 decodes: %.3g (max |logit| %.3g, bound %.3g)\n",
-              TinyModelSizeName(size), dtype == GeneratedDtype::kFp8 ? " fp8" : "", worst, largest, bound);
+              TinyModelSizeName(size), dtype == GeneratedDtype::kFp8 ? " fp8" : int8 ? " int8" : "", worst, largest, bound);
   GPU_CHECK(worst <= bound);
+  GPU_CHECK(p.gpu->WeightsDescription() == p.cpu->WeightsDescription());
 }
 
 // Resumed at every 64-line of a 700-token prompt (through a host copy of the state, as an anchor
 // travels), the state and the last logits equal a cold prefill's bit for bit.
-void ResumeAtEvery64LineIsBitEqual(TinyModelSize size, int64_t grid, GeneratedDtype dtype = GeneratedDtype::kBf16) {
-  Pair p = Load(size, grid, dtype);
+void ResumeAtEvery64LineIsBitEqual(TinyModelSize size, int64_t grid, GeneratedDtype dtype = GeneratedDtype::kBf16, bool int8 = false) {
+  Pair p = Load(size, grid, dtype, int8);
   const ModelConfig& c = p.model->config;
   const std::vector<int32_t> ids = testing::RandomIds(700, c.vocab_size, 31);
   auto cold = Must(p.gpu->NewState(), "a device state");
@@ -1051,8 +1055,8 @@ void Fp8ProductsMatchTheReference() {
     const std::vector<float> one_scale(256, 1.0f), x = {1, 0, 0, 0, 0, 0, 0, 0};
     cuda::DeviceBuffer dq = ToDevice(codes), ds = ToDevice(one_scale), dx = ToDevice(x);
     auto dy = Must(cuda::DeviceBuffer::Allocate(256 * 4, "y"), "allocating");
-    const cuda::Fp8Weights w{static_cast<const uint8_t*>(dq.data()), ds.floats(), 1, 8, 1};
-    cuda::GemvFp8(w, 256, 8, dx.floats(), 1, dy.floats(), nullptr);
+    const cuda::Q8Weights w{static_cast<const uint8_t*>(dq.data()), ds.floats(), 1, 8, 1};
+    cuda::GemvQ8(w, 256, 8, dx.floats(), 1, dy.floats(), nullptr);
     const std::vector<float> y = ToHost(dy, 256);
     for (int j = 0; j < 256; ++j) {
       const float want = Fp8E4m3ToFloat(static_cast<uint8_t>(j)), got = y[static_cast<size_t>(j)];
@@ -1070,11 +1074,11 @@ void Fp8ProductsMatchTheReference() {
     const std::vector<float> scales = RandomFloats(static_cast<size_t>(scale_rows * scale_cols), 5, 1.0f / 512, 1.0f / 64);
     const std::vector<float> x = RandomFloats(static_cast<size_t>(n * K), 6, -2.0f, 2.0f);
     cuda::DeviceBuffer dq = ToDevice(codes), ds = ToDevice(scales), dx = ToDevice(x);
-    const cuda::Fp8Weights w{static_cast<const uint8_t*>(dq.data()), ds.floats(), block_rows, block_cols, scale_cols};
+    const cuda::Q8Weights w{static_cast<const uint8_t*>(dq.data()), ds.floats(), block_rows, block_cols, scale_cols};
     auto alloc = [](int64_t floats) { return Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(floats) * 4, "out"), "allocating"); };
     cuda::DeviceBuffer gemv = alloc(n * N), gemm = alloc(n * N), one = alloc(N), one_gemm = alloc(N);
-    cuda::GemvFp8(w, N, K, dx.floats(), n, gemv.floats(), nullptr);
-    cuda::GemmSimtFp8(w, N, K, dx.floats(), n, gemm.floats(), N, nullptr);
+    cuda::GemvQ8(w, N, K, dx.floats(), n, gemv.floats(), nullptr);
+    cuda::GemmSimtQ8(w, N, K, dx.floats(), n, gemm.floats(), N, nullptr);
     const std::vector<float> y = ToHost(gemv, static_cast<size_t>(n * N)), z = ToHost(gemm, static_cast<size_t>(n * N));
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t j = 0; j < N; ++j) {
@@ -1090,25 +1094,25 @@ void Fp8ProductsMatchTheReference() {
         GPU_CHECK_MSG(std::fabs(y[static_cast<size_t>(t * N + j)] - exact) <= bound, "gemv " + where);
         GPU_CHECK_MSG(std::fabs(z[static_cast<size_t>(t * N + j)] - exact) <= bound, "gemm " + where);
       }
-      cuda::GemvFp8(w, N, K, dx.floats() + t * K, 1, one.floats(), nullptr);
-      cuda::GemmSimtFp8(w, N, K, dx.floats() + t * K, 1, one_gemm.floats(), N, nullptr);
+      cuda::GemvQ8(w, N, K, dx.floats() + t * K, 1, one.floats(), nullptr);
+      cuda::GemmSimtQ8(w, N, K, dx.floats() + t * K, 1, one_gemm.floats(), N, nullptr);
       GPU_CHECK_MSG(std::memcmp(ToHost(one, static_cast<size_t>(N)).data(), y.data() + t * N, static_cast<size_t>(N) * 4) == 0,
                     "gemv row " + std::to_string(t) + " alone");
       GPU_CHECK_MSG(std::memcmp(ToHost(one_gemm, static_cast<size_t>(N)).data(), z.data() + t * N, static_cast<size_t>(N) * 4) == 0,
                     "gemm row " + std::to_string(t) + " alone");
     }
-    // The fused decode launches over FP8 weights: GemvMany and GemvSwiGlu give GemvFp8's bits.
+    // The fused decode launches over FP8 weights: GemvMany and GemvSwiGlu give GemvQ8's bits.
     cuda::DeviceBuffer set_out = alloc(N), swiglu = alloc(N), up = alloc(N);
     cuda::GemvSet set;
     set.count = 1;
-    set.fp8[0] = w;
+    set.q8[0] = w;
     set.rows[0] = N;
     set.y[0] = set_out.floats();
     cuda::GemvMany(set, K, dx.floats(), nullptr);
-    cuda::GemvFp8(w, N, K, dx.floats(), 1, one.floats(), nullptr);
+    cuda::GemvQ8(w, N, K, dx.floats(), 1, one.floats(), nullptr);
     GPU_CHECK(SameBits(ToHost(set_out, static_cast<size_t>(N)), ToHost(one, static_cast<size_t>(N))));
     cuda::GemvSwiGlu(nullptr, nullptr, N, K, dx.floats(), swiglu.floats(), nullptr, w, w);
-    cuda::GemvFp8(w, N, K, dx.floats(), 1, up.floats(), nullptr);
+    cuda::GemvQ8(w, N, K, dx.floats(), 1, up.floats(), nullptr);
     cuda::SwiGlu(one.floats(), up.floats(), N, nullptr);
     GPU_CHECK(SameBits(ToHost(swiglu, static_cast<size_t>(N)), ToHost(one, static_cast<size_t>(N))));
   }
@@ -1192,6 +1196,10 @@ int main() {
       {"fp8 products match the double reference; rows independent of the call", Fp8ProductsMatchTheReference},
       {"fp8 tiny forward within 1e-4 x max |logit| of the CPU's", [] { ForwardMatchesCpu(TinyModelSize::kTiny, 0.0f, 1e-4f, GeneratedDtype::kFp8); }},
       {"fp8 tiny: resume at every 64-line is bit-equal (grid 256)", [] { ResumeAtEvery64LineIsBitEqual(TinyModelSize::kTiny, 256, GeneratedDtype::kFp8); }},
+      {"int8 tiny forward within 1e-3 x max |logit| of the CPU's int8 forward",
+       [] { ForwardMatchesCpu(TinyModelSize::kTiny, 0.0f, 1e-3f, GeneratedDtype::kBf16, true); }},
+      {"int8 tiny: resume at every 64-line is bit-equal (grid 256)",
+       [] { ResumeAtEvery64LineIsBitEqual(TinyModelSize::kTiny, 256, GeneratedDtype::kBf16, true); }},
       {"the fingerprint names the backend", FingerprintNamesTheBackend},
   };
   if (kSmallCases) {

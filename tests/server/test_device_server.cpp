@@ -226,20 +226,35 @@ class TestDeviceServer : public QObject {
 
   // An FP8 checkpoint runs on the device as it is stored (codes and block scales): /health names the
   // weights, and a request resumed from the first's anchor answers with the logprobs of a cold server.
-  void anFp8CheckpointRunsOnTheDevice() {
+  // 8-bit weights on the device (an FP8 checkpoint, or --weights int8): a resumed turn has a cold one's bits.
+  void eightBitWeightsRunOnTheDevice_data() {
+    QTest::addColumn<QString>("dtype");
+    QTest::addColumn<QStringList>("extra");
+    QTest::addColumn<QString>("weights");
+    QTest::newRow("fp8 checkpoint") << "fp8" << QStringList{} << "fp8-e4m3 + bf16";
+    QTest::newRow("--weights int8") << "bf16" << QStringList{"--weights", "int8"} << "int8";
+  }
+  void eightBitWeightsRunOnTheDevice() {
+    QFETCH(QString, dtype);
+    QFETCH(QStringList, extra);
+    QFETCH(QString, weights);
     if (!std::filesystem::exists(kEmulatedPlugin.toStdString())) QSKIP("no emulated CUDA plugin in this build (not x86-64)");
     qputenv("ANCHORAGE_CUDA_PLUGIN", kEmulatedPlugin.toUtf8());
     QTemporaryDir data;
-    const QString fp8_dir = data.filePath("fp8");
-    QCOMPARE(QProcess::execute(QString(ANCHORAGE_BINARY_DIR) + "/app/anchorage-tool", {"make-model", "--size", "tiny", "--seed", "0", "--dtype", "fp8", fp8_dir}), 0);
-    const QStringList flags = {"--device", "cuda", "--model", fp8_dir, "--grid", "64", "--shadow-model", "off", "--disk-cache", "off"};
+    const QString model_dir = data.filePath("model");
+    QCOMPARE(QProcess::execute(QString(ANCHORAGE_BINARY_DIR) + "/app/anchorage-tool", {"make-model", "--size", "tiny", "--seed", "0", "--dtype", dtype, model_dir}), 0);
+    const QStringList flags = QStringList{"--device", "cuda", "--model", model_dir, "--grid", "64", "--shadow-model", "off", "--disk-cache", "off"} + extra;
     const json first = json::array({{{"role", "user"}, {"content", LongText() + " What does note 7 say?"}}});
     const json second = json::array({{{"role", "user"}, {"content", LongText() + " And which row is last?"}}});
     ServerProcess cached;
     QVERIFY(cached.Start(data.filePath("cached"), flags));
     const json health = json::parse(cached.Get("/health")->body);
     QCOMPARE(health["device"].get<std::string>(), std::string("cuda"));
-    QCOMPARE(health["weights"].get<std::string>(), std::string("fp8-e4m3 + bf16"));
+    QCOMPARE(QString::fromStdString(health["weights"].get<std::string>()), weights);
+    if (!extra.isEmpty()) {  // int8 at load: the server says what it costs against the stored weights
+      const std::string log = cached.Log(false);
+      QVERIFY2(log.find("weights int8:") != std::string::npos && log.find("fixed 64-token prompt") != std::string::npos, log.c_str());
+    }
     QVERIFY(cached.Chat(Turn(first)).contains("choices"));
     const json resumed = cached.Chat(Turn(second));
     QVERIFY2(resumed["usage"]["anchorage"]["cached_tokens"].get<int64_t>() >= 256, resumed["usage"].dump().c_str());

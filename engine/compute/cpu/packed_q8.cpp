@@ -76,24 +76,29 @@ Result<PackedQ8> PackedQ8::FromFp8Blocks(int64_t n, int64_t k, const uint8_t* co
   return m;
 }
 
+void QuantizeInt8Row(const float* row, int64_t k, int8_t* codes, float* scales) {
+  constexpr int64_t kBlock = PackedQ8::kInt8Block;
+  for (int64_t b = 0; b * kBlock < k; ++b) {
+    const int64_t i0 = b * kBlock, i1 = std::min(k, i0 + kBlock);
+    float largest = 0.0f;
+    for (int64_t i = i0; i < i1; ++i) largest = std::max(largest, std::fabs(row[i]));
+    const float scale = largest / 127.0f;
+    scales[b] = scale;
+    for (int64_t i = i0; i < i1; ++i)
+      codes[i] = scale == 0.0f ? 0 : static_cast<int8_t>(std::clamp(std::nearbyint(row[i] / scale), -127.0f, 127.0f));
+  }
+}
+
 PackedQ8 PackedQ8::QuantizeInt8(int64_t n, int64_t k, const std::function<void(int64_t, float*)>& row_of, ThreadPool* pool) {
   PackedQ8 m = Allocate(Q8Code::kInt8, n, k, kInt8Block);
   ForEachPanel(m.panels(), pool, [&](int64_t p) {
-    std::vector<float> row(static_cast<size_t>(k));
+    std::vector<float> row(static_cast<size_t>(k)), scales(static_cast<size_t>(m.k_blocks()));
+    std::vector<int8_t> codes(static_cast<size_t>(k));
     for (int64_t j = p * kPanelColumns; j < std::min(n, (p + 1) * kPanelColumns); ++j) {
       row_of(j, row.data());
-      for (int64_t b = 0; b < m.k_blocks(); ++b) {
-        const int64_t i0 = b * kInt8Block, i1 = std::min(k, i0 + kInt8Block);
-        float largest = 0.0f;
-        for (int64_t i = i0; i < i1; ++i) largest = std::max(largest, std::fabs(row[i]));
-        const float scale = largest / 127.0f;
-        m.ScaleAt(j, b) = scale;
-        if (scale == 0.0f) continue;
-        for (int64_t i = i0; i < i1; ++i) {
-          const float q = std::clamp(std::nearbyint(row[i] / scale), -127.0f, 127.0f);
-          m.CodeAt(j, i) = static_cast<uint8_t>(static_cast<int8_t>(q));
-        }
-      }
+      QuantizeInt8Row(row.data(), k, codes.data(), scales.data());
+      for (int64_t b = 0; b < m.k_blocks(); ++b) m.ScaleAt(j, b) = scales[static_cast<size_t>(b)];
+      for (int64_t i = 0; i < k; ++i) m.CodeAt(j, i) = static_cast<uint8_t>(codes[static_cast<size_t>(i)]);
     }
   });
   return m;

@@ -43,24 +43,29 @@ struct Bf16Row {
   }
   __device__ float At(int64_t c) const { return Bf16ToFloat(w[c]); }
 };
-// A weight row of FP8 weights with its blocks' scales: each weight the code's exact value times its scale, rounded once.
-struct Fp8Row {
+// A weight row of 8-bit weights with its blocks' scales: each weight the code's exact value times its scale, rounded once.
+struct Q8Row {
   const uint8_t* q;
   const float* scales;
   int64_t block_cols;
+  bool int8;
+  __device__ float Code(uint32_t byte) const {
+    return int8 ? static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(byte))) : Fp8ToFloat(byte);
+  }
   __device__ bool Wide(int64_t cols) const { return cols % 8 == 0 && block_cols % 8 == 0; }
   __device__ void Load8(int64_t c, float* wv) const {
     const uint2 packed = *reinterpret_cast<const uint2*>(q + c);
     const float scale = scales[static_cast<uint32_t>(c) / static_cast<uint32_t>(block_cols)];
     for (int i = 0; i < 4; ++i) {
-      wv[i] = Fp8ToFloat((packed.x >> (8 * i)) & 0xffu) * scale;
-      wv[4 + i] = Fp8ToFloat((packed.y >> (8 * i)) & 0xffu) * scale;
+      wv[i] = Code((packed.x >> (8 * i)) & 0xffu) * scale;
+      wv[4 + i] = Code((packed.y >> (8 * i)) & 0xffu) * scale;
     }
   }
-  __device__ float At(int64_t c) const { return Fp8ToFloat(q[c]) * scales[static_cast<uint32_t>(c) / static_cast<uint32_t>(block_cols)]; }
+  __device__ float At(int64_t c) const { return Code(q[c]) * scales[static_cast<uint32_t>(c) / static_cast<uint32_t>(block_cols)]; }
 };
-__device__ Fp8Row Fp8RowOf(const Fp8Weights& w, int64_t j, int64_t cols) {
-  return {w.q + j * cols, w.scales + static_cast<uint32_t>(j) / static_cast<uint32_t>(w.block_rows) * w.scale_cols, w.block_cols};
+__device__ Q8Row Q8RowOf(const Q8Weights& w, int64_t j, int64_t cols) {
+  return {w.q + j * cols, w.scales + static_cast<uint32_t>(j) / static_cast<uint32_t>(w.block_rows) * w.scale_cols, w.block_cols,
+          w.int8};
 }
 
 __device__ float SigmoidOf(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -96,9 +101,14 @@ __device__ float BlockSum(float v) {
   return out;
 }
 
-__global__ void EmbedRowsKernel(const uint16_t* table, const int32_t* ids, int64_t width, float* x) {
-  const int64_t t = blockIdx.x;
-  const uint16_t* row = table + static_cast<int64_t>(ids[t]) * width;
+__global__ void EmbedRowsKernel(const uint16_t* table, Q8Weights q8, const int32_t* ids, int64_t width, float* x) {
+  const int64_t t = blockIdx.x, id = ids[t];
+  if (q8.q != nullptr) {
+    const Q8Row row = Q8RowOf(q8, id, width);
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) x[t * width + i] = row.At(i);
+    return;
+  }
+  const uint16_t* row = table + id * width;
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) x[t * width + i] = Bf16ToFloat(row[i]);
 }
 
@@ -148,14 +158,14 @@ constexpr int kGemvWarps = 8;
 constexpr int kSimtTile = 64;   // output rows and columns a block of the CUDA-core GEMM
 constexpr int kSimtDepth = 32;  // k a step
 
-// Where GemmSimtKernel takes its weights from: bf16, or FP8 with block scales.
+// Where GemmSimtKernel takes its weights from: bf16, or 8-bit codes with block scales.
 struct Bf16Rows {
   const uint16_t* w;
   __device__ float operator()(int64_t j, int64_t k, int64_t K) const { return Bf16Row{w + j * K}.At(k); }
 };
-struct Fp8Rows {
-  Fp8Weights w;
-  __device__ float operator()(int64_t j, int64_t k, int64_t K) const { return Fp8RowOf(w, j, K).At(k); }
+struct Q8Rows {
+  Q8Weights w;
+  __device__ float operator()(int64_t j, int64_t k, int64_t K) const { return Q8RowOf(w, j, K).At(k); }
 };
 
 // y = x W^T on CUDA cores in fp32: a block 64 rows x 64 columns, a thread 4 x 4 of them; every output
@@ -221,35 +231,35 @@ __device__ void WarpRowDots(const Row& weights, const float* x, int64_t cols, in
     if (r < rows) sums[r] = WarpSum(acc[r]);
 }
 
-// WarpRowDots over row j of bf16 weights w, or of FP8 weights where fp8.q is set.
+// WarpRowDots over row j of bf16 weights w, or of 8-bit weights where q8.q is set.
 template <int R>
-__device__ void WarpRowDotsOf(const uint16_t* w, const Fp8Weights& fp8, int64_t j, const float* x, int64_t cols, int rows, int lane,
+__device__ void WarpRowDotsOf(const uint16_t* w, const Q8Weights& q8, int64_t j, const float* x, int64_t cols, int rows, int lane,
                               float* sums) {
-  if (fp8.q != nullptr) {
-    WarpRowDots<R>(Fp8RowOf(fp8, j, cols), x, cols, rows, lane, sums);
+  if (q8.q != nullptr) {
+    WarpRowDots<R>(Q8RowOf(q8, j, cols), x, cols, rows, lane, sums);
   } else {
     WarpRowDots<R>(Bf16Row{w + j * cols}, x, cols, rows, lane, sums);
   }
 }
 
 // One warp a weight row: the dot product the GEMV takes, over row j and an fp32 vector.
-__device__ float WarpRowDot(const uint16_t* w, const Fp8Weights& fp8, int64_t j, const float* xr, int64_t cols, int lane) {
+__device__ float WarpRowDot(const uint16_t* w, const Q8Weights& q8, int64_t j, const float* xr, int64_t cols, int lane) {
   float sum;
-  WarpRowDotsOf<1>(w, fp8, j, xr, cols, 1, lane, &sum);
+  WarpRowDotsOf<1>(w, q8, j, xr, cols, 1, lane, &sum);
   return sum;
 }
 
 // Input rows a GEMV warp takes against one read of its weight row.
 constexpr int kGemvRowsAtOnce = 8;
 
-__global__ void GemvKernel(const uint16_t* w, Fp8Weights fp8, int64_t rows, int64_t cols, const float* x, int64_t n, float* y) {
+__global__ void GemvKernel(const uint16_t* w, Q8Weights q8, int64_t rows, int64_t cols, const float* x, int64_t n, float* y) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + threadIdx.x / 32;
   if (row >= rows) return;
   for (int64_t t = 0; t < n; t += kGemvRowsAtOnce) {
     const int count = n - t < kGemvRowsAtOnce ? static_cast<int>(n - t) : kGemvRowsAtOnce;
     float sums[kGemvRowsAtOnce];
-    WarpRowDotsOf<kGemvRowsAtOnce>(w, fp8, row, x + t * cols, cols, count, lane, sums);
+    WarpRowDotsOf<kGemvRowsAtOnce>(w, q8, row, x + t * cols, cols, count, lane, sums);
     ANCHORAGE_UNROLL
     for (int r = 0; r < kGemvRowsAtOnce; ++r)
       if (lane == 0 && r < count) y[(t + r) * rows + row] = sums[r];
@@ -263,18 +273,18 @@ __global__ void GemvSetKernel(GemvSet set, int64_t cols, const float* x) {
   int m = 0;
   while (m < set.count && row >= set.rows[m]) row -= set.rows[m++];
   if (m == set.count) return;
-  const float acc = WarpRowDot(set.w[m], set.fp8[m], row, x, cols, lane);
+  const float acc = WarpRowDot(set.w[m], set.q8[m], row, x, cols, lane);
   if (lane == 0) set.y[m][At(set.position) * set.position_stride[m] + row] = acc;
 }
 
 // y[j] = silu(gate_j . x) * (up_j . x): the MLP's two GEMVs and its product in one launch.
-__global__ void GemvSwiGluKernel(const uint16_t* gate, const uint16_t* up, Fp8Weights gate_fp8, Fp8Weights up_fp8, int64_t rows,
+__global__ void GemvSwiGluKernel(const uint16_t* gate, const uint16_t* up, Q8Weights gate_q8, Q8Weights up_q8, int64_t rows,
                                  int64_t cols, const float* x, float* y) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * static_cast<int64_t>(kGemvWarps) + threadIdx.x / 32;
   if (row >= rows) return;
-  const float g = WarpRowDot(gate, gate_fp8, row, x, cols, lane);
-  const float u = WarpRowDot(up, up_fp8, row, x, cols, lane);
+  const float g = WarpRowDot(gate, gate_q8, row, x, cols, lane);
+  const float u = WarpRowDot(up, up_q8, row, x, cols, lane);
   if (lane == 0) y[row] = SiluOf(g) * u;
 }
 
@@ -671,8 +681,8 @@ __global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_
 
 }  // namespace
 
-void EmbedRows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t width, float* x, Stream s) {
-  if (n > 0) ANCHORAGE_LAUNCH(EmbedRowsKernel, static_cast<unsigned>(n), kBlock, 0, s)(table, ids, width, x);
+void EmbedRows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t width, float* x, Stream s, const Q8Weights& q8) {
+  if (n > 0) ANCHORAGE_LAUNCH(EmbedRowsKernel, static_cast<unsigned>(n), kBlock, 0, s)(table, q8, ids, width, x);
 }
 
 void RmsNormRows(const float* x, const float* w1, int64_t n, int64_t width, float eps, float* y, Stream s) {
@@ -688,10 +698,10 @@ void SumHalves(const float* halves, int64_t n, int64_t width, int64_t rows, floa
 }
 
 void Gemv(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s) {
-  if (n > 0 && rows > 0) ANCHORAGE_LAUNCH(GemvKernel, Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s)(w, Fp8Weights{}, rows, cols, x, n, y);
+  if (n > 0 && rows > 0) ANCHORAGE_LAUNCH(GemvKernel, Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s)(w, Q8Weights{}, rows, cols, x, n, y);
 }
 
-void GemvFp8(const Fp8Weights& w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s) {
+void GemvQ8(const Q8Weights& w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s) {
   if (n > 0 && rows > 0) ANCHORAGE_LAUNCH(GemvKernel, Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s)(nullptr, w, rows, cols, x, n, y);
 }
 
@@ -706,8 +716,8 @@ void GemmSimt(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n
   LaunchGemmSimt(Bf16Rows{w}, N, K, x, n, y, y_stride, s);
 }
 
-void GemmSimtFp8(const Fp8Weights& w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride, Stream s) {
-  LaunchGemmSimt(Fp8Rows{w}, N, K, x, n, y, y_stride, s);
+void GemmSimtQ8(const Q8Weights& w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride, Stream s) {
+  LaunchGemmSimt(Q8Rows{w}, N, K, x, n, y, y_stride, s);
 }
 
 void JoinRows(const float* left, const float* right, int64_t n, int64_t width, float* out, Stream s) {
@@ -733,9 +743,9 @@ void GemvMany(const GemvSet& set, int64_t cols, const float* x, Stream s) {
 }
 
 void GemvSwiGlu(const uint16_t* gate, const uint16_t* up, int64_t rows, int64_t cols, const float* x, float* y, Stream s,
-                const Fp8Weights& gate_fp8, const Fp8Weights& up_fp8) {
+                const Q8Weights& gate_q8, const Q8Weights& up_q8) {
   if (rows > 0)
-    ANCHORAGE_LAUNCH(GemvSwiGluKernel, Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s)(gate, up, gate_fp8, up_fp8, rows, cols, x, y);
+    ANCHORAGE_LAUNCH(GemvSwiGluKernel, Blocks(rows, kGemvWarps), 32 * kGemvWarps, 0, s)(gate, up, gate_q8, up_q8, rows, cols, x, y);
 }
 
 void ConvNormGatesRows(const ConvNormGates& args, int64_t n, Stream s) {

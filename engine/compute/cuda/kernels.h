@@ -16,8 +16,9 @@ inline constexpr int64_t kDeltaChunkTokens = 64;
 // The widest attention head the attention kernel holds in registers.
 inline constexpr int64_t kMaxHeadDim = 256;
 
-// x[t] = table[ids[t]] widened from bf16; x is [n, width].
-void EmbedRows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t width, float* x, Stream s);
+struct Q8Weights;
+// x[t] = table[ids[t]] widened from bf16 (from q8 where q8.q is set); x is [n, width].
+void EmbedRows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t width, float* x, Stream s, const Q8Weights& q8);
 // y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w1 (w1 already holds 1 + w).
 void RmsNormRows(const float* x, const float* w1, int64_t n, int64_t width, float eps, float* y, Stream s);
 // The split that keeps fp32 accuracy through bf16 products: rows [0, n) of out are bf16(x) (nearest
@@ -25,24 +26,27 @@ void RmsNormRows(const float* x, const float* w1, int64_t n, int64_t width, floa
 void SplitBf16(const float* x, int64_t n, int64_t width, int64_t rows, uint16_t* out, Stream s);
 // y[t] = halves[t] + halves[rows + t] for t < n, rows of width floats.
 void SumHalves(const float* halves, int64_t n, int64_t width, int64_t rows, float* y, int64_t y_stride, Stream s);
-// Block-scaled F8_E4M3 weights (Qwen's FP8 checkpoints): w[j, i] = e4m3(q[j, i]) x scales[j / block_rows,
-// i / block_cols], each weight widened in fp32 (the code exactly, times its scale rounded once).
-struct Fp8Weights {
+// Block-scaled 8-bit weights: w[j, i] = code(q[j, i]) x scales[j / block_rows, i / block_cols], each
+// weight widened in fp32 (the code exactly, times its scale rounded once). The codes are F8_E4M3
+// (Qwen's FP8 checkpoints) or, with int8, two's-complement integers (--weights int8: a scale a row
+// and 32 inputs, as the CPU's).
+struct Q8Weights {
   const uint8_t* q = nullptr;  // [rows, cols] row-major; null: the weights are bf16
   const float* scales = nullptr;
   int64_t block_rows = 0, block_cols = 0, scale_cols = 0;  // scale_cols = ceil(cols / block_cols)
+  bool int8 = false;
 };
 
 // y[t, j] = sum_i w[j, i] * x[t, i] in fp32, w bf16 [rows, cols] row-major: one warp a weight row,
 // read once for up to 8 rows of x. Every row gets a one-row call's bits (and GemvMany's and GemvSwiGlu's).
 void Gemv(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s);
-// The same over FP8 weights: each weight widened, then the fmas in the bf16 GEMV's order.
-void GemvFp8(const Fp8Weights& w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s);
+// The same over 8-bit weights: each weight widened, then the fmas in the bf16 GEMV's order.
+void GemvQ8(const Q8Weights& w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s);
 // y[t * y_stride + j] = sum_k x[t, k] w[j, k] on CUDA cores in fp32, each output over k in order: the
 // products' fallback where cuBLASLt's rows would depend on the call (slower; no split needed).
 void GemmSimt(const uint16_t* w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride, Stream s);
-// The same over FP8 weights (prefill's products for an FP8 checkpoint).
-void GemmSimtFp8(const Fp8Weights& w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride, Stream s);
+// The same over 8-bit weights (prefill's products for FP8 and int8 weights).
+void GemmSimtQ8(const Q8Weights& w, int64_t N, int64_t K, const float* x, int64_t n, float* y, int64_t y_stride, Stream s);
 // out[t] = [left[t] | right[t]], rows of width floats each side.
 void JoinRows(const float* left, const float* right, int64_t n, int64_t width, float* out, Stream s);
 // to[i] += from[i].
@@ -61,10 +65,10 @@ struct Position {
 };
 
 // Up to four matrices of the same width multiplied by one vector in one launch (decode): row j of
-// matrix m goes to y[m][position * position_stride[m] + j], with the bits of Gemv (GemvFp8 where fp8[m] is set).
+// matrix m goes to y[m][position * position_stride[m] + j], with the bits of Gemv (GemvQ8 where q8[m] is set).
 struct GemvSet {
   const uint16_t* w[4] = {};
-  Fp8Weights fp8[4];
+  Q8Weights q8[4];
   float* y[4] = {};
   int64_t rows[4] = {};
   int64_t position_stride[4] = {};
@@ -73,9 +77,9 @@ struct GemvSet {
 };
 void GemvMany(const GemvSet& set, int64_t cols, const float* x, Stream s);
 // y[j] = silu(gate_j . x) * (up_j . x) for one vector (decode): the bits of two Gemv calls and SwiGlu
-// (GemvFp8 calls where gate_fp8.q and up_fp8.q are set).
+// (GemvQ8 calls where gate_q8.q and up_q8.q are set).
 void GemvSwiGlu(const uint16_t* gate, const uint16_t* up, int64_t rows, int64_t cols, const float* x, float* y, Stream s,
-                const Fp8Weights& gate_fp8 = {}, const Fp8Weights& up_fp8 = {});
+                const Q8Weights& gate_q8 = {}, const Q8Weights& up_q8 = {});
 
 // The GDN layer's per-row work before the delta rule, in one launch: the causal depthwise conv over
 // [tail; qkv] (tail [taps-1, channels], oldest first; w tap-major [taps, channels]) and SiLU into out
