@@ -116,6 +116,7 @@ namespace {
 bool GaveUpMtpRows(const Status& why, MtpState& mtp) {
   if (why.code() != StatusCode::kResourceExhausted) return false;
   mtp = MtpState{};
+  mtp.gave_up = true;
   return true;
 }
 
@@ -616,8 +617,10 @@ Status CudaForward::Init(const ModelWeights& w) {
   const int64_t max_k = std::max({H, I, VD, Nh * hd, mtp_ ? 2 * H : 0});
   const int64_t max_n = std::max({H, I, C, VD, 2 * Nh * hd, Nkv * hd});
   ASSIGN_OR_RETURN(gemm_, cuda::LtGemm::Create(G, max_k, max_n, stream_));
-  ASSIGN_OR_RETURN(logits_gemm_, cuda::LtGemm::Create(kLogitRows, H, c.vocab_size, stream_));
-  if (lm_head_.w != nullptr) RETURN_IF_ERROR(logits_gemm_->Prepare(c.vocab_size, H, lm_head_.w));
+  if (lm_head_.w != nullptr) {  // an 8-bit lm_head takes the CUDA-core GEMM
+    ASSIGN_OR_RETURN(logits_gemm_, cuda::LtGemm::Create(kLogitRows, H, c.vocab_size, stream_));
+    RETURN_IF_ERROR(logits_gemm_->Prepare(c.vocab_size, H, lm_head_.w));
+  }
   std::vector<const Layer*> product_layers;
   for (const Layer& layer : layers_) product_layers.push_back(&layer);
   if (mtp_) {
@@ -688,7 +691,7 @@ std::string CudaForward::KernelSet() const {
   const int lt_version = static_cast<int>(cublasLtGetVersion());
   return "cuda-kernels-v1 " + device_.name + " sm_" + std::to_string(device_.sm_major) + std::to_string(device_.sm_minor) +
          " runtime " + std::to_string(device_.runtime_version) + " cublasLt " + std::to_string(lt_version) + "\n" + gemm_->Describe() +
-         logits_gemm_->Describe() +
+         (logits_gemm_ ? logits_gemm_->Describe() : "") +
          (fp8_matrices_ > 0 ? std::to_string(fp8_matrices_) + " FP8 matrices: CUDA-core k-order products, fp8-gemv-v1\n" : "") +
          (int8_matrices_ > 0 ? std::to_string(int8_matrices_) + " int8 matrices (a scale a row and 32 inputs): CUDA-core k-order products\n" : "");
 }
@@ -1164,6 +1167,7 @@ CudaForward::DeviceMtp& CudaForward::MtpRowsOf(MtpState& mtp) {
 }
 
 Result<float*> CudaForward::MtpWait(MtpState& mtp, int64_t pos0, int64_t n) {
+  if (mtp.gave_up) return static_cast<float*>(nullptr);
   const int64_t H = config_.hidden_size;
   DeviceMtp& rows = MtpRowsOf(mtp);
   if (mtp.begin < 0 || mtp.begin + mtp.rows + mtp.pending_rows != pos0) {

@@ -238,8 +238,8 @@ class CudaForward {
   bool HoldsMtpRows(const MtpState& mtp) const;
   DeviceMtp& MtpRowsOf(MtpState& mtp);
   // Where n hidden rows at positions pos0.. join mtp's waiting rows (a gap starts mtp anew). Where
-  // the device has no room for them, nullptr: the head's rows are given up (they only make drafts) and
-  // it starts anew later, so the trunk's forward goes on.
+  // the device has no room for them, nullptr: the head's rows are given up for good (mtp.gave_up;
+  // they only make drafts), so the trunk's forward goes on.
   Result<float*> MtpWait(MtpState& mtp, int64_t pos0, int64_t n);
   // The head over hidden rows (device) and the ids after them at K/V row slot.. (in pieces of the
   // workspace's rows); the last row's output after mtp.norm goes to out (device) when set.

@@ -73,6 +73,7 @@ struct MtpState {
   std::vector<float> k, v;     // fp32 [capacity, Nkv*head_dim]
   std::vector<float> pending;  // fp32 [pending_rows, H]
   std::unique_ptr<MtpMirror> mirror;  // the device's k, v and pending, where a device backend holds them
+  bool gave_up = false;  // the device had no room for its rows: the head makes no more rows or drafts
 };
 
 // The CPU backend.

@@ -103,7 +103,7 @@ Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<con
         }
         if (head_ran.code() == StatusCode::kResourceExhausted) {  // no device room for the head's rows: on without it
           *head = MtpState{};
-          head = nullptr;
+          head->gave_up = true;
         } else {
           RETURN_IF_ERROR(head_ran);
         }

@@ -316,6 +316,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (int8 && (greedy > 0 || !compare_ids.empty())) {
+    std::fprintf(stderr, "--weights int8 is for the benchmark; --greedy and --compare run the stored weights\n");
+    return 2;
+  }
   auto device = cuda::FindDevice(0);
   if (!device.ok()) return bench::Fail(device.status());
   std::printf("device: %s, CUDA runtime %d, driver %d\n", device->Describe().c_str(), device->runtime_version, device->driver_version);

@@ -997,8 +997,8 @@ void MtpHeadMatchesTheCpus() {
 
 #ifdef ANCHORAGE_CUDA_EMULATED
 // A device with no room for the MTP head's rows: prefill and decode go on with the bits of a run
-// without the head, which gives its rows up and starts anew once there is room; the forward counts
-// the head's device bytes while an MtpState holds them.
+// without the head, which gives its rows up for good (a new MtpState starts once there is room);
+// the forward counts the head's device bytes while an MtpState holds them.
 void MtpRowsGiveWayOnAFullDevice() {
   Pair p = Load(TinyModelSize::kTiny, 64);
   const int64_t V = p.model->config.vocab_size;
@@ -1018,10 +1018,13 @@ void MtpRowsGiveWayOnAFullDevice() {
   simtSetDeviceBytes(size);
   GPU_CHECK_MSG(got.ok() && next.ok(), got.ok() ? next.status().message() : got.status().message());
   GPU_CHECK(SameBits(*got, want) && SameBits(*next, want_next));
-  GPU_CHECK(mtp.begin == -1 && mtp.pending_rows == 0 && p.gpu->mtp_bytes() == counted);
+  GPU_CHECK(mtp.gave_up && mtp.begin == -1 && mtp.pending_rows == 0 && p.gpu->mtp_bytes() == counted);
   Must(p.gpu->Decode(*headed, 8, &mtp), "decode with room");
-  GPU_CHECK(mtp.begin == 301 && mtp.pending_rows == 1 && p.gpu->mtp_bytes() > counted);
-  mtp = MtpState{};
+  GPU_CHECK(mtp.gave_up && mtp.pending_rows == 0 && p.gpu->mtp_bytes() == counted);
+  MtpState fresh;
+  Must(p.gpu->Decode(*headed, 9, &fresh), "decode with a new head");
+  GPU_CHECK(fresh.begin == 302 && fresh.pending_rows == 1 && p.gpu->mtp_bytes() > counted);
+  fresh = MtpState{};
   GPU_CHECK(p.gpu->mtp_bytes() == counted);
 }
 #endif

@@ -20,16 +20,16 @@ enum class Q8Code {
   kInt8,     // two's complement, -127..127
 };
 
-// Super-panel p holds columns [32p, 32p + 32) and one row of 32 fp32 scales in column order for each block
-// of block_k inputs. FP8 codes: k rows of 32 bytes, columns 0..7, 16..23, 8..15, 24..31 (SlotOf), so 16 bytes
-// widen to one AVX-512 vector in the bf16 layout's lane order. int8 codes: a 64-byte row for each pair of
-// inputs, column c's two codes at bytes 2c, 2c + 1 (input 2t first), as VPDPWSSD pairs them. Columns past n,
-// and the input past an odd k, are zero.
 // One row of k weights made int8 as PackedQ8::QuantizeInt8 makes them: a block of kInt8Block inputs
 // at a time, scale = max |w| / 127 and code = w / scale rounded (0 where the scale is 0). codes [k],
 // scales [ceil(k / kInt8Block)].
 void QuantizeInt8Row(const float* row, int64_t k, int8_t* codes, float* scales);
 
+// Super-panel p holds columns [32p, 32p + 32) and one row of 32 fp32 scales in column order for each block
+// of block_k inputs. FP8 codes: k rows of 32 bytes, columns 0..7, 16..23, 8..15, 24..31 (SlotOf), so 16 bytes
+// widen to one AVX-512 vector in the bf16 layout's lane order. int8 codes: a 64-byte row for each pair of
+// inputs, column c's two codes at bytes 2c, 2c + 1 (input 2t first), as VPDPWSSD pairs them. Columns past n,
+// and the input past an odd k, are zero.
 class PackedQ8 {
  public:
   PackedQ8() = default;

@@ -131,9 +131,9 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   const size_t rounded = (bytes + 255) / 256 * 256;
   DeviceMemory& m = Memory();
   std::lock_guard lock(m.mutex);
-  if (m.used + rounded > m.total) return cudaErrorMemoryAllocation;
+  if (m.used + rounded > m.total) return Fail(cudaErrorMemoryAllocation);
   *p = nullptr;
-  if (posix_memalign(p, 256, std::max<size_t>(bytes, 1)) != 0) return cudaErrorMemoryAllocation;  // the exact size: a sanitizer sees reads past it
+  if (posix_memalign(p, 256, std::max<size_t>(bytes, 1)) != 0) return Fail(cudaErrorMemoryAllocation);  // the exact size: a sanitizer sees reads past it
   std::memset(*p, 0xff, bytes);  // device memory starts as garbage: NaN where read as floats
   m.sizes[*p] = rounded;
   m.used += rounded;

@@ -10,6 +10,13 @@
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
+#define SIMT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SIMT_ASAN 1
+#endif
+#endif
+#if defined(SIMT_ASAN)
 #include <sanitizer/asan_interface.h>
 #endif
 
@@ -124,7 +131,7 @@ extern "C" [[noreturn]] void simt_fiber_entry() {
 
 // A fresh fiber's stack: a frame simt_switch pops into simt_fiber_entry, entered as if called.
 void* FreshStack(char* stack) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(SIMT_ASAN)
   __asan_unpoison_memory_region(stack, kStackBytes);  // a finished fiber's frames never returned to clear their redzones
 #endif
   auto top = (reinterpret_cast<uintptr_t>(stack + kStackBytes)) & ~uintptr_t{15};
