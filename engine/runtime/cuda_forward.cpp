@@ -409,13 +409,13 @@ Result<CudaForward::Matrix> CudaForward::Upload(const TensorView& t, int64_t row
     ASSIGN_OR_RETURN(DeviceBuffer codes, DeviceBuffer::Allocate(static_cast<size_t>(rows * cols), t.name));
     RETURN_IF_ERROR(cuda::CopyToDevice(codes.data(), t.data, static_cast<size_t>(rows * cols), stream_));
     ASSIGN_OR_RETURN(const float* scales_on_device, UploadFloats(scales, t.scale_inv->name));
-    weight_bytes_ += static_cast<int64_t>(codes.bytes() + scales.size() * sizeof(float));
     Matrix m;
     m.rows = rows;
     m.cols = cols;
     m.q8 = {static_cast<const uint8_t*>(codes.data()), scales_on_device, t.scale_block_rows, t.scale_block_cols,
              (cols + t.scale_block_cols - 1) / t.scale_block_cols};
     m.bytes = static_cast<int64_t>(codes.bytes() + scales.size() * sizeof(float));
+    weight_bytes_ += m.bytes;
     buffers_.push_back(std::move(codes));
     ++fp8_matrices_;
     return m;
@@ -430,13 +430,13 @@ Result<CudaForward::Matrix> CudaForward::Upload(const TensorView& t, int64_t row
     for (int64_t i = 0; i < rows * cols; ++i) rounded[static_cast<size_t>(i)] = FloatToBf16(t.At(i));
     RETURN_IF_ERROR(cuda::CopyToDevice(buffer.data(), rounded.data(), rounded.size() * 2, stream_));
   }
-  weight_bytes_ += static_cast<int64_t>(buffer.bytes());
   ++bf16_matrices_;
   Matrix m;
-  m.bytes = static_cast<int64_t>(buffer.bytes());
   m.w = static_cast<const uint16_t*>(buffer.data());
   m.rows = rows;
   m.cols = cols;
+  m.bytes = static_cast<int64_t>(buffer.bytes());
+  weight_bytes_ += m.bytes;
   buffers_.push_back(std::move(buffer));
   return m;
 }
@@ -481,14 +481,6 @@ std::string CudaForward::WeightsDescription() const {
 
 void CudaForward::EmbedRows(const int32_t* ids, int64_t n, float* x) {
   cuda::EmbedRows(embed_.w, ids, n, config_.hidden_size, x, stream_, embed_.q8);
-}
-
-void CudaForward::LmHeadGemv(const float* x, int64_t n, float* logits) {
-  if (lm_head_.q8.q != nullptr) {
-    cuda::GemvQ8(lm_head_.q8, config_.vocab_size, config_.hidden_size, x, n, logits, stream_);
-  } else {
-    cuda::Gemv(lm_head_.w, config_.vocab_size, config_.hidden_size, x, n, logits, stream_);
-  }
 }
 
 Result<const float*> CudaForward::UploadFloats(const std::vector<float>& values, const std::string& what) {
@@ -750,10 +742,7 @@ Result<std::vector<float>> CudaForward::Prefill(DeviceState& state, std::span<co
     // Every waiting row whose next id this call holds becomes a K/V row of the head.
     const int64_t first = mtp->begin + mtp->rows, start = state.length() - done;
     const int64_t known = std::min(mtp->pending_rows, start + n - 1 - first);
-    if (known <= 0) continue;
-    const Status committed = MtpCommit(*mtp, ids.subspan(static_cast<size_t>(first + 1 - start), static_cast<size_t>(known)));
-    if (GaveUpMtpRows(committed, *mtp)) mtp = nullptr;
-    else RETURN_IF_ERROR(committed);
+    if (known > 0) RETURN_IF_ERROR(MtpCommit(*mtp, ids.subspan(static_cast<size_t>(first + 1 - start), static_cast<size_t>(known))));
   }
   if (mtp != nullptr) RETURN_IF_ERROR(cuda::Synchronize(stream_, "the MTP head's rows"));
   return logits;
@@ -866,7 +855,7 @@ Result<std::vector<float>> CudaForward::DraftWindow(DeviceState& state, std::spa
   if (log.mtp != nullptr) RETURN_IF_ERROR(cuda::CopyOnDevice(log.hidden.data(), ws.a.data(), static_cast<size_t>(Floats(n * H)), stream_));
   for (int64_t t = 0; t < n; t += kLogitRows) {  // decode's lm_head GEMV, kLogitRows rows a run
     const int64_t run = std::min(kLogitRows, n - t);
-    LmHeadGemv(ws.a.floats() + t * H, run, ws.logits.floats());
+    GemvOf(lm_head_, ws.a.floats() + t * H, run, ws.logits.floats());
     RETURN_IF_ERROR(cuda::CopyToHost(logits.data() + t * V, ws.logits.data(), static_cast<size_t>(Floats(run * V)), stream_));
   }
   RETURN_IF_ERROR(cuda::Synchronize(stream_, "a draft window"));
@@ -908,7 +897,7 @@ Status CudaForward::EnqueueDecode(DeviceState& state) {
   RETURN_IF_ERROR(EnqueueLayers(state, static_cast<const int32_t*>(ws_->step.data()), 1, Mode::kRecurrent));
   float* a = ws_->a.floats();
   cuda::RmsNormRows(ws_->x.floats(), final_norm_, 1, H, static_cast<float>(config_.rms_norm_eps), a, stream_);
-  LmHeadGemv(a, 1, ws_->logits.floats());
+  GemvOf(lm_head_, a, 1, ws_->logits.floats());
   return Status::Ok();
 }
 
@@ -928,18 +917,23 @@ Result<std::unique_ptr<CudaForward::DecodeGraph>> CudaForward::CaptureDecode(Dev
 }
 
 Status CudaForward::Product(const Matrix& m, const float* x, int64_t n, float* y, int64_t y_stride, Mode mode) {
-  const bool rows_at_once = mode == Mode::kChunked || mode == Mode::kBranches;
-  if (rows_at_once && m.q8.q != nullptr) {
-    cuda::GemmSimtQ8(m.q8, m.rows, m.cols, x, n, y, y_stride, stream_);
-    return Status::Ok();
-  }
-  if (rows_at_once) return gemm_->Run(m.w, m.rows, m.cols, x, n, y, y_stride);
+  if (mode == Mode::kChunked || mode == Mode::kBranches) return GemmOf(m, gemm_.get(), x, n, y, y_stride);
   if (y_stride != m.rows) return Internal("CudaForward: the GEMV writes whole rows of " + std::to_string(m.rows) + " outputs");
+  GemvOf(m, x, n, y);
+  return Status::Ok();
+}
+
+void CudaForward::GemvOf(const Matrix& m, const float* x, int64_t n, float* y) {
   if (m.q8.q != nullptr) {
     cuda::GemvQ8(m.q8, m.rows, m.cols, x, n, y, stream_);
   } else {
     cuda::Gemv(m.w, m.rows, m.cols, x, n, y, stream_);
   }
+}
+
+Status CudaForward::GemmOf(const Matrix& m, cuda::LtGemm* gemm, const float* x, int64_t n, float* y, int64_t y_stride) {
+  if (m.q8.q == nullptr) return gemm->Run(m.w, m.rows, m.cols, x, n, y, y_stride);
+  cuda::GemmSimtQ8(m.q8, m.rows, m.cols, x, n, y, y_stride, stream_);
   return Status::Ok();
 }
 
@@ -984,11 +978,7 @@ Status CudaForward::LogitsOfRows(int64_t begin, int64_t end, float* logits) {
   for (int64_t t = begin; t < end; t += kLogitRows) {
     const int64_t run = std::min(kLogitRows, end - t);
     cuda::RmsNormRows(ws.x.floats() + t * H, final_norm_, run, H, static_cast<float>(config_.rms_norm_eps), ws.a.floats(), stream_);
-    if (lm_head_.q8.q != nullptr) {
-      cuda::GemmSimtQ8(lm_head_.q8, V, H, ws.a.floats(), run, ws.logits.floats(), V, stream_);
-    } else {
-      RETURN_IF_ERROR(logits_gemm_->Run(lm_head_.w, V, H, ws.a.floats(), run, ws.logits.floats(), V));
-    }
+    RETURN_IF_ERROR(GemmOf(lm_head_, logits_gemm_.get(), ws.a.floats(), run, ws.logits.floats(), V));
     RETURN_IF_ERROR(cuda::CopyToHost(logits + (t - begin) * V, ws.logits.data(), static_cast<size_t>(Floats(run * V)), stream_));
   }
   return Status::Ok();
@@ -1249,7 +1239,9 @@ Status CudaForward::MtpCommit(MtpState& mtp, std::span<const int32_t> next_ids) 
   if (n == 0) return Status::Ok();
   if (!HoldsMtpRows(mtp)) return InvalidArgument("MtpCommit: the waiting rows are not on this device");
   DeviceMtp& rows = MtpRowsOf(mtp);
-  RETURN_IF_ERROR(MtpRows(mtp, rows.pending.floats() + rows.first * config_.hidden_size, next_ids, mtp.rows, nullptr));
+  const Status made = MtpRows(mtp, rows.pending.floats() + rows.first * config_.hidden_size, next_ids, mtp.rows, nullptr);
+  if (GaveUpMtpRows(made, mtp)) return Status::Ok();
+  RETURN_IF_ERROR(made);
   rows.first += n;
   mtp.pending_rows -= n;
   mtp.rows += n;
@@ -1264,7 +1256,9 @@ Result<std::vector<int32_t>> CudaForward::MtpDraft(MtpState& mtp, std::span<cons
   const int64_t n = static_cast<int64_t>(next_ids.size()), H = config_.hidden_size, V = std::min(vocab_limit, config_.vocab_size);
   DeviceMtp& rows = MtpRowsOf(mtp);
   float* out = ws_->mtp_out.floats();
-  RETURN_IF_ERROR(MtpRows(mtp, rows.pending.floats() + rows.first * H, next_ids, mtp.rows, out));
+  const Status made = MtpRows(mtp, rows.pending.floats() + rows.first * H, next_ids, mtp.rows, out);
+  if (GaveUpMtpRows(made, mtp)) return std::vector<int32_t>();
+  RETURN_IF_ERROR(made);
   rows.first = 0;
   mtp.pending_rows = 0;
   mtp.rows += n;
@@ -1274,9 +1268,11 @@ Result<std::vector<int32_t>> CudaForward::MtpDraft(MtpState& mtp, std::span<cons
   for (int j = 0; j < max_draft; ++j) {
     if (j > 0) {  // the head's own output and its last draft, one position on
       const int32_t last = drafts.back();
-      RETURN_IF_ERROR(MtpRows(mtp, out, std::span<const int32_t>(&last, 1), mtp.rows + j - 1, out));
+      const Status made_next = MtpRows(mtp, out, std::span<const int32_t>(&last, 1), mtp.rows + j - 1, out);
+      if (GaveUpMtpRows(made_next, mtp)) break;  // the drafts so far stand
+      RETURN_IF_ERROR(made_next);
     }
-    LmHeadGemv(out, 1, ws_->logits.floats());
+    GemvOf(lm_head_, out, 1, ws_->logits.floats());
     RETURN_IF_ERROR(cuda::CopyToHost(logits.data(), ws_->logits.data(), logits.size() * sizeof(float), stream_));
     if (all_logits != nullptr) all_logits->insert(all_logits->end(), logits.begin(), logits.end());
     drafts.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + V) - logits.begin()));

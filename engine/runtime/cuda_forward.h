@@ -151,7 +151,9 @@ class CudaForward {
 
   // The checkpoint's multi-token-prediction head, as Forward's (MtpCommit, MtpDraft), on the device:
   // the head's K/V rows and the waiting hidden rows live in mtp.mirror. Its bits are this backend's
-  // (drafts only decide which rows a window forwards, so tokens never depend on them).
+  // (drafts only decide which rows a window forwards, so tokens never depend on them). Where the device
+  // has no room for the head's rows they are given up (mtp.gave_up): the commit does nothing and the
+  // draft returns the drafts made so far, perhaps none.
   bool has_mtp() const { return mtp_ != nullptr; }
   Status MtpCommit(MtpState& mtp, std::span<const int32_t> next_ids);
   Result<std::vector<int32_t>> MtpDraft(MtpState& mtp, std::span<const int32_t> next_ids, int max_draft, int64_t vocab_limit,
@@ -205,9 +207,8 @@ class CudaForward {
   Result<Matrix> Upload(const TensorView& t, int64_t rows, int64_t cols, const char* role, bool fp8_allowed = true);
   // The CPU's int8 quantization of a matrix (a scale a row and 32 inputs), on the device.
   Result<Matrix> UploadInt8(const TensorView& t, int64_t rows, int64_t cols);
-  // The embedding rows of ids, and the lm_head's logits of n rows (its GEMV: decode's arithmetic).
+  // The embedding rows of ids.
   void EmbedRows(const int32_t* ids, int64_t n, float* x);
-  void LmHeadGemv(const float* x, int64_t n, float* logits);
   Result<Layer> UploadLayer(const LayerWeights& weights, LayerKind kind);
   Result<const float*> UploadVector(const TensorView& t, int64_t n, float add, const char* role);
   Result<const float*> UploadFloats(const std::vector<float>& values, const std::string& what);
@@ -215,6 +216,10 @@ class CudaForward {
 
   // y = x m^T for n rows: cuBLASLt split products for prefill rows and branches, the warp-a-row GEMV otherwise.
   Status Product(const Matrix& m, const float* x, int64_t n, float* y, int64_t y_stride, Mode mode);
+  // The two kinds of product: the warp-a-row GEMV (decode's arithmetic, y [n, m.rows]), and the rows'
+  // product through gemm's split products (8-bit weights: the CUDA-core k-order GEMM).
+  void GemvOf(const Matrix& m, const float* x, int64_t n, float* y);
+  Status GemmOf(const Matrix& m, cuda::LtGemm* gemm, const float* x, int64_t n, float* y, int64_t y_stride);
   // Enqueues every layer over n rows (ids on the device) at the state's length (decode: the step's
   // position in device memory); the final hidden rows are left in the workspace.
   Status EnqueueLayers(DeviceState& state, const int32_t* ids, int64_t n, Mode mode, std::span<const Segment> branches = {});

@@ -91,21 +91,12 @@ Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<con
         // The head's waiting rows take the ids after them; the last one is id, about to be forwarded.
         const auto next = std::span<const int32_t>(sequence).subspan(
             static_cast<size_t>(head->begin + head->rows + 1 - sequence_start), static_cast<size_t>(head->pending_rows));
-        Status head_ran;
         if (draft.empty() && length > 0 && head_wait == 0) {
-          auto drafted = forward_.MtpDraft(*head, next, length, vocab_limit);
-          head_ran = drafted.status();
-          if (drafted.ok()) draft = std::move(drafted).value();
-          window_from_head = drafted.ok();
+          ASSIGN_OR_RETURN(draft, forward_.MtpDraft(*head, next, length, vocab_limit));
+          window_from_head = true;
         } else {
           if (head_wait > 0 && draft.empty()) --head_wait;
-          head_ran = forward_.MtpCommit(*head, next);
-        }
-        if (head_ran.code() == StatusCode::kResourceExhausted) {  // no device room for the head's rows: on without it
-          *head = MtpState{};
-          head->gave_up = true;
-        } else {
-          RETURN_IF_ERROR(head_ran);
+          RETURN_IF_ERROR(forward_.MtpCommit(*head, next));
         }
       }
       if (!draft.empty()) {

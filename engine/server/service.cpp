@@ -225,8 +225,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     if (forward) RETURN_IF_ERROR(say(0.8, "the model is on " + forward->DeviceDescription()));
   }
   if (!forward) {
-    ASSIGN_OR_RETURN(std::unique_ptr<Forward> cpu, Forward::Create(s->model_->config, s->model_->weights, forward_options));
-    forward = std::move(cpu);
+    ASSIGN_OR_RETURN(forward, Forward::Create(s->model_->config, s->model_->weights, forward_options));
   }
   if (stored_weights) {
     ASSIGN_OR_RETURN(WeightsReport report, CompareWithStoredWeights(*stored_weights, *forward));

@@ -997,8 +997,8 @@ void MtpHeadMatchesTheCpus() {
 
 #ifdef ANCHORAGE_CUDA_EMULATED
 // A device with no room for the MTP head's rows: prefill and decode go on with the bits of a run
-// without the head, which gives its rows up for good (a new MtpState starts once there is room);
-// the forward counts the head's device bytes while an MtpState holds them.
+// without the head, which gives its rows up for good (a new MtpState starts once there is room), and
+// so does a draft; the forward counts the head's device bytes while an MtpState holds them.
 void MtpRowsGiveWayOnAFullDevice() {
   Pair p = Load(TinyModelSize::kTiny, 64);
   const int64_t V = p.model->config.vocab_size;
@@ -1024,8 +1024,14 @@ void MtpRowsGiveWayOnAFullDevice() {
   MtpState fresh;
   Must(p.gpu->Decode(*headed, 9, &fresh), "decode with a new head");
   GPU_CHECK(fresh.begin == 302 && fresh.pending_rows == 1 && p.gpu->mtp_bytes() > counted);
-  fresh = MtpState{};
-  GPU_CHECK(p.gpu->mtp_bytes() == counted);
+  // A draft whose K/V rows find no room gives the head up too, and returns no drafts.
+  Must(cuda::CudaStatus(cudaMemGetInfo(&free, &total), "reading"), "the device's memory");
+  simtSetDeviceBytes(total - free);
+  const std::vector<int32_t> next_id = {11};
+  auto drafts = p.gpu->MtpDraft(fresh, next_id, 2, V);
+  simtSetDeviceBytes(size);
+  GPU_CHECK_MSG(drafts.ok(), drafts.status().message());
+  GPU_CHECK(drafts->empty() && fresh.gave_up && fresh.pending_rows == 0 && p.gpu->mtp_bytes() == counted);
 }
 #endif
 
