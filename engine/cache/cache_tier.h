@@ -14,6 +14,7 @@
 #include "engine/cache/end_anchor.h"
 #include "engine/core/common_prefix.h"
 #include "engine/core/status.h"
+#include "engine/runtime/forward.h"
 #include "engine/runtime/sequence_state.h"
 
 namespace anchorage {
@@ -75,6 +76,25 @@ class CacheTier {
   // Gives back its cheapest unit (an entry, or the whole tier); {0, 0} when it holds nothing.
   virtual ShedUnit ShedOne() = 0;
 };
+
+// Whether a state at length, computed on rows the prompt shares up to common, may serve it. At or below
+// the taint row it is a cold prefill's. Above it (a decode or an off-line resume wrote rows below it),
+// only a prompt that holds a whole generation region below length continues text this engine
+// generated, which the greedy gate covers; any other prompt would get bits no cold prefill computes.
+inline bool MayResumeAt(int64_t length, int64_t common, int64_t taint_row, const std::vector<TokenRegion>& regions) {
+  if (length <= taint_row) return true;
+  const int64_t covered = std::min(common, length);
+  return std::any_of(regions.begin(), regions.end(), [&](const TokenRegion& r) { return r.first < r.second && r.second <= covered; });
+}
+
+// Whether an end anchor (a state where a generation stopped) may serve a prompt that holds it whole.
+// A cold prefill's own state off a 64-line (the generation forwarded nothing) is not offered: a prefill
+// resumed there runs other delta-rule chunks than a cold one, and the anchor at the 64-line below
+// serves the same prompt exactly. A decode-written one is held to MayResumeAt.
+inline bool MayResumeAtEnd(int64_t length, int64_t common, int64_t taint_row, const std::vector<TokenRegion>& regions) {
+  if (length <= taint_row) return length % kExactLineTokens == 0;
+  return MayResumeAt(length, common, taint_row, regions);
+}
 
 // Drops the regions at or above limit and cuts the one that straddles it.
 inline void ClipTokenRegions(std::vector<TokenRegion>& regions, int64_t limit) {

@@ -21,6 +21,7 @@ struct ParkedSession {
   std::vector<Anchor> anchors;   // lengths in (head, tokens.size()]
   std::optional<EndAnchor> end;  // kept when the rows up to it fit
   int64_t taint_row = 0;
+  std::vector<TokenRegion> regions;  // the generation regions below tokens.size()
   int64_t parks = 0;
   int64_t hits = 0;
   bool empty() const { return tokens.empty(); }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/cache/end_anchor.h"
 #include "engine/runtime/sequence_state.h"
 
 namespace anchorage {
@@ -15,6 +16,7 @@ struct PinnedHead {
   KvRows rows;
   std::vector<Anchor> anchors;   // ascending by length, all <= tokens.size()
   int64_t taint_row = 0;
+  std::vector<TokenRegion> regions;  // the generation regions below tokens.size()
   int64_t hits = 0;
   bool empty() const { return tokens.empty(); }
   int64_t bytes() const;

@@ -7,7 +7,11 @@ namespace anchorage {
 TierOffer AnchorsTier::Find(std::span<const int32_t> prompt, const ResidentRows& resident, int64_t limit) const {
   const int64_t common = CommonPrefixLength(prompt, resident.rows);
   TierOffer offer;
-  if (const Anchor* a = anchors_.LargestAtOrBelow(std::min(common, limit)); a != nullptr && a->length > 0) offer.resume_length = a->length;
+  const int64_t reach = std::min(common, limit);
+  const Anchor* a = anchors_.LargestAtOrBelow(reach);
+  if (a != nullptr && !MayResumeAt(a->length, common, resident.taint_row, resident.regions))
+    a = anchors_.LargestAtOrBelow(std::min(reach, resident.taint_row));
+  if (a != nullptr && a->length > 0) offer.resume_length = a->length;
   return offer;
 }
 
@@ -34,6 +38,7 @@ TierOffer EndTier::Find(std::span<const int32_t> prompt, const ResidentRows& res
   const int64_t e = end_->anchor.length;
   if (e > static_cast<int64_t>(resident.rows.size())) return offer;
   const int64_t common = CommonPrefixLength(prompt, resident.rows);
+  if (!MayResumeAtEnd(e, std::max(common, e), end_->taint_row, end_->regions)) return offer;
   if (common >= e) {
     if (e <= limit) {
       offer.resume_length = e;
@@ -79,7 +84,7 @@ TierOffer PinTier::Find(std::span<const int32_t> prompt, const ResidentRows& res
   const int64_t cp = CommonPrefixLength(prompt, pin_.tokens);
   if (cp <= CommonPrefixLength(prompt, resident.rows)) return offer;  // the rows in place serve as much
   for (auto it = pin_.anchors.rbegin(); it != pin_.anchors.rend(); ++it) {
-    if (it->length <= std::min(cp, limit)) {
+    if (it->length <= std::min(cp, limit) && MayResumeAt(it->length, cp, pin_.taint_row, pin_.regions)) {
       offer.resume_length = it->length;
       offer.restore_bytes = pin_.bytes();
       break;
@@ -91,7 +96,7 @@ TierOffer PinTier::Find(std::span<const int32_t> prompt, const ResidentRows& res
 Status PinTier::Restore(std::span<const int32_t>, const TierOffer&, ResidentRows& resident) {
   RETURN_IF_ERROR(resident.state.WriteRows(pin_.rows));
   resident.rows = pin_.tokens;
-  resident.regions.clear();
+  resident.regions = pin_.regions;
   resident.anchors.Clear();
   for (const Anchor& a : pin_.anchors) resident.anchors.Put(a);
   resident.end.reset();
@@ -114,8 +119,9 @@ TierOffer ParkTier::Find(std::span<const int32_t> prompt, const ResidentRows& re
   if (cq <= CommonPrefixLength(prompt, resident.rows)) return offer;
   const int64_t reach = std::min(cq, limit);
   for (const Anchor& a : park_.anchors)
-    if (a.length <= reach) offer.resume_length = std::max(offer.resume_length, a.length);
-  if (park_.end && park_.end->anchor.length <= reach && park_.end->anchor.length > offer.resume_length) {
+    if (a.length <= reach && MayResumeAt(a.length, cq, park_.taint_row, park_.regions)) offer.resume_length = std::max(offer.resume_length, a.length);
+  if (park_.end && park_.end->anchor.length <= reach && park_.end->anchor.length > offer.resume_length &&
+      MayResumeAtEnd(park_.end->anchor.length, cq, park_.end->taint_row, park_.end->regions)) {
     offer.resume_length = park_.end->anchor.length;
     offer.resume_from_end = true;
   }
@@ -160,6 +166,8 @@ std::optional<ParkedSession> ParkTier::CopyAside(const ResidentRows& resident, i
   parked.anchors = std::move(anchors);
   parked.end = std::move(end);
   parked.taint_row = resident.taint_row;
+  parked.regions = resident.regions;
+  ClipTokenRegions(parked.regions, top);
   return parked;
 }
 
@@ -179,7 +187,7 @@ Status ParkTier::Restore(std::span<const int32_t>, const TierOffer& offer, Resid
   resident.anchors.DropAbove(back.head);
   for (const Anchor& a : back.anchors) resident.anchors.Put(a);
   resident.end = back.end;
-  resident.regions = back.end ? back.end->regions : std::vector<TokenRegion>{};
+  resident.regions = back.regions;
   resident.taint_row = back.taint_row;
   resident.session = back.session;
   return Status::Ok();
@@ -192,10 +200,15 @@ ShedUnit ParkTier::ShedOne() {
   return unit;
 }
 
+bool StoreTier::Usable(const StoreEntry& e) {
+  const int64_t length = static_cast<int64_t>(e.tokens.size());
+  return !e.session || MayResumeAtEnd(length, length, e.taint_row, e.regions);
+}
+
 TierOffer StoreTier::Find(std::span<const int32_t> prompt, const ResidentRows&, int64_t limit) const {
   TierOffer offer;
   if (!enabled_) return offer;
-  if (const StoreEntry* e = store_.Peek(prompt, limit)) {
+  if (const StoreEntry* e = store_.Peek(prompt, limit, Usable)) {
     offer.resume_length = static_cast<int64_t>(e->tokens.size());
     offer.resume_from_end = e->session;
     offer.restore_bytes = e->bytes();
@@ -204,15 +217,15 @@ TierOffer StoreTier::Find(std::span<const int32_t> prompt, const ResidentRows&, 
 }
 
 Status StoreTier::Restore(std::span<const int32_t> prompt, const TierOffer& offer, ResidentRows& resident) {
-  const StoreEntry* e = store_.Lookup(prompt, offer.resume_length);
+  const StoreEntry* e = store_.Lookup(prompt, offer.resume_length, Usable);
   if (e == nullptr || static_cast<int64_t>(e->tokens.size()) != offer.resume_length)
     return Internal("state store: the entry of " + std::to_string(offer.resume_length) + " tokens went missing");
   RETURN_IF_ERROR(resident.state.WriteRows(e->rows));
   resident.rows = e->tokens;
   resident.anchors.Clear();
   resident.end.reset();
-  resident.regions.clear();
-  if (e->session) resident.end = EndAnchor{e->anchor, e->taint_row, {}};
+  resident.regions = e->regions;
+  if (e->session) resident.end = EndAnchor{e->anchor, e->taint_row, e->regions};
   else resident.anchors.Put(e->anchor);
   resident.taint_row = e->session ? e->taint_row : kNoTaintRow;
   return Status::Ok();

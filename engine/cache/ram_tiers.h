@@ -116,6 +116,8 @@ class StoreTier : public CacheTier {
   Status Restore(std::span<const int32_t> prompt, const TierOffer& offer, ResidentRows& resident) override;
   int64_t bytes() const override { return store_.bytes(); }
   ShedUnit ShedOne() override;
+  // Whether an entry may serve: a session snapshot only where MayResumeAtEnd allows its end.
+  static bool Usable(const StoreEntry& e);
 
  private:
   StateStore& store_;

@@ -147,7 +147,7 @@ Status ResidentPrefix::SpillParked(const std::string& reason) {
   entry.tokens = park_.tokens;
   entry.taint_row = park_.taint_row;
   entry.end = park_.end;
-  if (park_.end) entry.regions = park_.end->regions;
+  entry.regions = park_.regions;
   entry.anchors = park_.anchors;
   if (entry.anchors.empty() && !entry.end) return Status::Ok();
   return SaveToSpill(entry, whole, reason, true);
@@ -389,6 +389,8 @@ void ResidentPrefix::PinHead() {
   pin_.rows = std::move(rows).value();
   pin_.anchors = std::move(anchors);
   pin_.taint_row = taint_row_;
+  pin_.regions = regions_;
+  ClipTokenRegions(pin_.regions, h);
   ++counters_.pins;
   Emit("write", "pin", h, pin_.bytes(), "a request of the same session replaced the prompt");
   if (park_.session == session_ && !session_.empty()) park_ = ParkedSession{};  // a compaction drops its own park
@@ -663,6 +665,7 @@ void ResidentPrefix::PutPrefixSnapshot(int64_t prompt_tokens) {
 void ResidentPrefix::PutSessionSnapshot() {
   if (!options_.enabled || !options_.store_enabled || !end_) return;
   const int64_t len = end_->anchor.length;
+  if (!MayResumeAtEnd(len, len, end_->taint_row, end_->regions)) return;  // the prefix snapshot serves it
   if (len != static_cast<int64_t>(rows_.size()) || len > state_.length()) {
     ++store_.declined;  // the engine is ahead of (or behind) the committed tokens: nothing is cloned
     return;
@@ -675,7 +678,7 @@ void ResidentPrefix::PutSessionSnapshot() {
   store_.MakeRoom(bytes);
   auto rows = state_.CopyRows(0, len);
   if (!rows.ok()) return;
-  store_.Put(StoreEntry{rows_, end_->anchor, std::move(rows).value(), end_->taint_row, true});
+  store_.Put(StoreEntry{rows_, end_->anchor, std::move(rows).value(), end_->taint_row, true, end_->regions});
   Emit("write", "store", len, bytes, "session snapshot");
 }
 

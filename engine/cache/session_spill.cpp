@@ -508,11 +508,12 @@ std::optional<SpillOffer> SessionSpill::Offer(std::span<const int32_t> prompt, s
   std::lock_guard lock(mu_);
   std::optional<SpillOffer> best;
   for (const auto& [id, m] : index_) {
-    const int64_t reach = std::min(CommonPrefixLength(prompt, m.tokens), limit);
+    const int64_t common = CommonPrefixLength(prompt, m.tokens);
+    const int64_t reach = std::min(common, limit);
     SpillOffer o{id, 0, false, 0};
     for (const AnchorRecord& a : m.anchors)
-      if (a.length <= reach) o.resume_length = std::max(o.resume_length, a.length);
-    if (m.end && m.end->length <= reach && m.end->length > o.resume_length) {
+      if (a.length <= reach && MayResumeAt(a.length, common, m.taint_row, m.regions)) o.resume_length = std::max(o.resume_length, a.length);
+    if (m.end && m.end->length <= reach && m.end->length > o.resume_length && MayResumeAtEnd(m.end->length, common, m.end_taint_row, m.end_regions)) {
       o.resume_length = m.end->length;
       o.from_end = true;
     }

@@ -43,18 +43,18 @@ bool StateStore::Contains(std::span<const int32_t> tokens) const {
   return false;
 }
 
-const StoreEntry* StateStore::Peek(std::span<const int32_t> prompt, int64_t max_length) const {
+const StoreEntry* StateStore::Peek(std::span<const int32_t> prompt, int64_t max_length, const Usable& usable) const {
   const StoreEntry* best = nullptr;
   for (const StoreEntry& e : entries_) {
     const int64_t len = static_cast<int64_t>(e.tokens.size());
     if (len == 0 || len > max_length || (best && len <= static_cast<int64_t>(best->tokens.size()))) continue;
-    if (IsPrefix(e.tokens, prompt)) best = &e;
+    if (IsPrefix(e.tokens, prompt) && (!usable || usable(e))) best = &e;
   }
   return best;
 }
 
-const StoreEntry* StateStore::Lookup(std::span<const int32_t> prompt, int64_t max_length) {
-  const StoreEntry* found = Peek(prompt, max_length);
+const StoreEntry* StateStore::Lookup(std::span<const int32_t> prompt, int64_t max_length, const Usable& usable) {
+  const StoreEntry* found = Peek(prompt, max_length, usable);
   if (found == nullptr) {
     ++misses;
     return nullptr;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <span>
 #include <string>
@@ -19,6 +20,7 @@ struct StoreEntry {
   KvRows rows;
   int64_t taint_row = 0;        // lowest decode-written row; tokens.size() or more for a prefix snapshot
   bool session = false;         // a session snapshot (end of a turn), else a prefix snapshot
+  std::vector<std::pair<int64_t, int64_t>> regions;  // a session snapshot's generation regions
   int64_t bytes() const { return anchor.bytes() + static_cast<int64_t>(rows.data.size() * sizeof(float)); }
 };
 
@@ -35,9 +37,10 @@ class StateStore {
   bool Contains(std::span<const int32_t> tokens) const;
 
   // The longest entry whose tokens are a prefix of prompt and no longer than max_length, compared
-  // element by element; null when none. Marks it used.
-  const StoreEntry* Lookup(std::span<const int32_t> prompt, int64_t max_length);
-  const StoreEntry* Peek(std::span<const int32_t> prompt, int64_t max_length) const;
+  // element by element, that usable (where given) accepts; null when none. Marks it used.
+  using Usable = std::function<bool(const StoreEntry&)>;
+  const StoreEntry* Lookup(std::span<const int32_t> prompt, int64_t max_length, const Usable& usable = nullptr);
+  const StoreEntry* Peek(std::span<const int32_t> prompt, int64_t max_length, const Usable& usable = nullptr) const;
 
   // Drops the least recently used entry; false when empty.
   bool DropOldest();

@@ -293,21 +293,52 @@ std::string SessionOfBody(const nlohmann::ordered_json& body) {
   return "";
 }
 
-size_t JsonNestingDepth(std::string_view text, size_t limit) {
-  size_t depth = 0, deepest = 0;
-  bool in_string = false;
+size_t JsonNestingDepth(std::string_view text, size_t limit, std::string* field) {
+  // Per open container: an object's current key, or an array's current index.
+  struct Level {
+    bool object = false;
+    bool expects_key = false;
+    std::string key;
+    size_t index = 0;
+  };
+  std::vector<Level> open;
+  size_t deepest = 0;
+  // Where the nesting went too deep, from the root: keys and indices down to the first array of arrays.
+  auto path = [&] {
+    std::string out;
+    for (size_t l = 0; l + 1 < open.size() && l < 12; ++l) {
+      if (open[l].object) {
+        out += (out.empty() ? "" : ".") + open[l].key;
+      } else {
+        if (!open[l + 1].object) break;
+        out += "[" + std::to_string(open[l].index) + "]";
+      }
+    }
+    return out;
+  };
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
+    if (c == '"') {
+      const size_t start = i + 1;
+      for (++i; i < text.size() && text[i] != '"'; ++i)
+        if (text[i] == '\\') ++i;
+      if (!open.empty() && open.back().expects_key) open.back().key = std::string(text.substr(start, std::min<size_t>(i - start, 64)));
+    } else if (c == ':') {
+      if (!open.empty()) open.back().expects_key = false;
+    } else if (c == ',') {
+      if (!open.empty()) {
+        open.back().expects_key = open.back().object;
+        ++open.back().index;
+      }
     } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > limit) return deepest;
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
+      open.push_back({c == '{', c == '{', "", 0});
+      deepest = std::max(deepest, open.size());
+      if (deepest > limit) {
+        if (field != nullptr) *field = path();
+        return deepest;
+      }
+    } else if ((c == ']' || c == '}') && !open.empty()) {
+      open.pop_back();
     }
   }
   return deepest;
@@ -322,8 +353,9 @@ bool ParseJsonBody(std::string_view body_text, ojson* body, ApiError* error) {
     *error = {400, "the request body is not valid UTF-8 (first bad byte at offset " + std::to_string(bad) + ")", "invalid_request_error", "", "invalid_utf8"};
     return false;
   }
-  if (JsonNestingDepth(body_text, kMaxJsonDepth) > kMaxJsonDepth) {
-    *error = {400, "the request body nests arrays and objects deeper than " + std::to_string(kMaxJsonDepth) + " levels", "invalid_request_error", "", "json_too_deep"};
+  if (std::string field; JsonNestingDepth(body_text, kMaxJsonDepth, &field) > kMaxJsonDepth) {
+    *error = {400, "the request body nests arrays and objects deeper than " + std::to_string(kMaxJsonDepth) + " levels" + (field.empty() ? "" : " in '" + field + "'"),
+              "invalid_request_error", field, "json_too_deep"};
     return false;
   }
   *body = ojson::parse(body_text, nullptr, false);

@@ -46,8 +46,9 @@ struct CompletionRequest {
 // Request bodies nest at most this deep (the body's own object is level 1).
 inline constexpr size_t kMaxJsonDepth = 128;
 
-// The deepest nesting of arrays and objects in JSON text (strings skipped); stops counting past limit.
-size_t JsonNestingDepth(std::string_view text, size_t limit);
+// The deepest nesting of arrays and objects in JSON text (strings skipped); stops counting past limit,
+// naming in field (where given) the keys and indices leading to where it passed it ("messages[0].extra").
+size_t JsonNestingDepth(std::string_view text, size_t limit, std::string* field = nullptr);
 
 // A request body as a JSON object: valid UTF-8, nested at most kMaxJsonDepth deep, an object.
 bool ParseJsonBody(std::string_view body, nlohmann::ordered_json* out, ApiError* error);

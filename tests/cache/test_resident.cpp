@@ -274,9 +274,11 @@ class TestResident : public QObject {
     expect("<|im_start|>user\nWhat is a grid  line?<|im_end|>\n<|im_start|>assistant\nA grid line is a chunk boundary." + next, false, false);
   }
 
-  // A generation that forwards nothing keeps its end off the grid; what a later prefill writes after
-  // resuming there is tainted, and no snapshot above it is stored as a cold prefill's.
-  void offGridResumeTaintsWhatFollows() {
+  // A generation that forwards nothing keeps its end off the 64-lines, a cold prefill's own state: a
+  // longer prompt resumes at the line below it instead (a resume there would run other delta-rule
+  // chunks), so nothing is tainted, and another prompt sharing the longer one's head resumes above
+  // the old end with a cold prefill's bits.
+  void offLineEndIsNotResumedOffTheLine() {
     ResidentPrefix rp(*forward1_, &model_->tokenizer, ResidentOptions{});
     SamplingParams one;
     one.temperature = 0;
@@ -290,20 +292,15 @@ class TestResident : public QObject {
     ResumeInfo info;
     auto l = rp.Prefill({longer, "t", 0}, &info);
     QVERIFY(l.ok());
-    QCOMPARE(info.source, CacheSource::kEnd);
-    QCOMPARE(info.cached_tokens, int64_t(100));
-    QCOMPARE(rp.taint_row(), int64_t(100));
-    // The store's prefix snapshot may only be one a cold prefill wrote: at or below the taint.
-    QVERIFY(rp.Clear("anchors").ok());
-    QVERIFY(rp.Clear("end").ok());
-    auto again = rp.Prefill({Concat(longer, Tokens(52, 5, vocab_)), "u", 0}, &info);
-    QVERIFY(again.ok());
-    QVERIFY2(info.cached_tokens <= 100, std::to_string(info.cached_tokens).c_str());
-    QVERIFY(rp.Clear("all").ok());
-    const auto cold_again = Concat(longer, Tokens(52, 5, vocab_));
-    auto fresh = rp.Prefill({cold_again, "u", 0}, &info);
-    QVERIFY(fresh.ok());
-    ExpectColdEqual(*forward1_, rp, *fresh, cold_again);
+    QCOMPARE(info.source, CacheSource::kResident);
+    QCOMPARE(info.cached_tokens, int64_t(64));
+    QCOMPARE(rp.taint_row(), std::numeric_limits<int64_t>::max());
+    ExpectColdEqual(*forward1_, rp, *l, longer);
+    const auto branch = Concat(std::vector<int32_t>(longer.begin(), longer.begin() + 300), Tokens(53, 20, vocab_));
+    auto b = rp.Prefill({branch, "u", 0}, &info);
+    QVERIFY(b.ok());
+    QVERIFY2(info.cached_tokens > 100, std::to_string(info.cached_tokens).c_str());
+    ExpectColdEqual(*forward1_, rp, *b, branch);
   }
 
   // A request refused for memory leaves every tier as it was: nothing pinned, parked or dropped.

@@ -188,13 +188,14 @@ class TestHostileRequests : public QObject {
     row("utf-16 surrogate in utf-8", Post(chat, "{\"a\": \"\xed\xa0\x80\"}"), 400, "invalid_utf8", "", "not valid UTF-8");
     row("truncated utf-8", Post(chat, "{\"a\": \"\xe2\x82\"}"), 400, "invalid_utf8", "", "not valid UTF-8");
     row("lone continuation byte", Post(chat, "{\"a\": \"\x80\"}"), 400, "invalid_utf8", "", "not valid UTF-8");
-    row("nesting 30000 deep in temperature", Post(chat, "{\"temperature\": " + NestedArray(30000) + "}"), 400, "json_too_deep", "", "deeper than 128 levels");
-    row("nesting 30000 deep in tool parameters", ToolWithParams("{\"x\": " + NestedArray(30000) + "}"), 400, "json_too_deep", "", "deeper than 128 levels");
-    row("nesting 30000 deep in a message field", Messages("[{\"role\": \"user\", \"content\": \"hi\", \"extra\": " + NestedArray(30000) + "}]"), 400, "json_too_deep", "", "deeper than 128");
-    row("nesting 30000 deep in template kwargs", Chat("\"chat_template_kwargs\": {\"x\": " + NestedArray(30000) + "}"), 400, "json_too_deep", "", "deeper than 128");
-    row("nesting of objects 5000 deep", Post(chat, [] { std::string s; for (int i = 0; i < 5000; ++i) s += "{\"a\":"; s += "1"; s += std::string(5000, '}'); return s; }()), 400, "json_too_deep", "", "deeper than 128");
-    row("nesting 129 deep", Post(chat, "{\"x\": " + NestedArray(128) + "}"), 400, "json_too_deep", "", "deeper than 128");
-    row("nesting of the limit in settings", RawRequest("PUT", "/v1/settings", "{\"x\": " + NestedArray(200) + "}"), 400, "json_too_deep", "", "deeper than 128");
+    row("nesting 30000 deep in temperature", Post(chat, "{\"temperature\": " + NestedArray(30000) + "}"), 400, "json_too_deep", "temperature", "deeper than 128 levels in 'temperature'");
+    row("nesting 30000 deep in tool parameters", ToolWithParams("{\"x\": " + NestedArray(30000) + "}"), 400, "json_too_deep", "tools[0].function.parameters.x", "deeper than 128 levels in 'tools[0].function.parameters.x'");
+    row("nesting 30000 deep in a message field", Messages("[{\"role\": \"user\", \"content\": \"hi\", \"extra\": " + NestedArray(30000) + "}]"), 400, "json_too_deep", "messages[0].extra", "deeper than 128 levels in 'messages[0].extra'");
+    row("nesting 30000 deep in template kwargs", Chat("\"chat_template_kwargs\": {\"x\": " + NestedArray(30000) + "}"), 400, "json_too_deep", "chat_template_kwargs.x", "deeper than 128");
+    row("nesting of objects 5000 deep", Post(chat, [] { std::string s; for (int i = 0; i < 5000; ++i) s += "{\"a\":"; s += "1"; s += std::string(5000, '}'); return s; }()), 400, "json_too_deep", "a.a.a.a.a.a.a.a.a.a.a.a", "deeper than 128");
+    row("nesting 129 deep", Post(chat, "{\"x\": " + NestedArray(128) + "}"), 400, "json_too_deep", "x", "deeper than 128");
+    row("nesting of the limit in settings", RawRequest("PUT", "/v1/settings", "{\"x\": " + NestedArray(200) + "}"), 400, "json_too_deep", "x", "deeper than 128 levels in 'x'");
+    row("nesting deep in a settings field", RawRequest("PUT", "/v1/settings", "{\"memory\": {\"ceiling_gb\": " + NestedArray(10000) + "}}"), 400, "json_too_deep", "memory.ceiling_gb", "in 'memory.ceiling_gb'");
 
     // Chat fields.
     row("model not a string", Chat("\"model\": 5"), 400, "", "model", "'model' must be a string");

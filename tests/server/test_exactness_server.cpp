@@ -1,0 +1,82 @@
+// The resident prefix's promises seen from outside, through anchorage-server on the tiny model
+// (64-token grid): a resume is a cold prefill's bits (logprobs equal a cold server's), a refused
+// request leaves every tier as it was, and prompts over the context are refused at once.
+#include <QtTest>
+
+#include <random>
+
+#include "tests/server/server_fixture.h"
+
+using anchorage::testing::ServerProcess;
+using json = nlohmann::json;
+
+namespace {
+
+std::vector<int32_t> Ids(uint32_t seed, size_t n) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> id(20, 600);
+  std::vector<int32_t> out(n);
+  for (int32_t& x : out) x = id(gen);
+  return out;
+}
+
+std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+json Completion(const std::vector<int32_t>& ids, int max_tokens, const std::string& session) {
+  return {{"prompt", ids}, {"max_tokens", max_tokens}, {"temperature", 0}, {"logprobs", 1}, {"session_id", session}};
+}
+
+}  // namespace
+
+class TestExactnessServer : public QObject {
+  Q_OBJECT
+
+  QTemporaryDir data_, cold_data_;
+  ServerProcess server_, cold_;
+
+  json Post(ServerProcess& s, const std::string& path, const json& body) {
+    auto r = s.Post(path, body.dump());
+    if (!r) return {{"status", 0}};
+    json out = json::parse(r->body, nullptr, false);
+    if (out.is_object()) out["status"] = r->status;
+    return out;
+  }
+  // The answer's tokens and logprobs, which a cold server's must equal bit for bit.
+  static json Logprobs(const json& reply) { return reply["choices"][0]["logprobs"]; }
+  static int64_t Cached(const json& reply) { return reply["usage"]["anchorage"]["cached_tokens"].get<int64_t>(); }
+
+ private slots:
+  void initTestCase() {
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(data_.path()));
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(cold_data_.path()));
+    QVERIFY(server_.Start(data_.path(), {"--grid", "64", "--ctx", "8192"}));
+    QVERIFY(cold_.Start(cold_data_.path(), {"--grid", "64", "--ctx", "8192"}));
+  }
+
+  // Session A's end anchor at 501 forwarded nothing; its longer prompt must not resume off the
+  // 64-lines there, or the lines it computes would be offered to B as a cold prefill's.
+  void noStateAboveAnOffLineResumeIsServedAsExact() {
+    QVERIFY(server_.Post("/v1/cache/clear?tier=all", "")->status == 200);
+    const std::vector<int32_t> head = Ids(1, 501), more = Ids(2, 1200), others = Ids(3, 150);
+    const json a1 = Post(server_, "/v1/completions", Completion(head, 1, "A"));
+    QCOMPARE(a1["status"].get<int>(), 200);
+    const std::vector<int32_t> a2_ids = Concat(head, more);
+    const json a2 = Post(server_, "/v1/completions", Completion(a2_ids, 1, "A"));
+    QCOMPARE(a2["status"].get<int>(), 200);
+    QCOMPARE(Logprobs(a2), Logprobs(Post(cold_, "/v1/completions", Completion(a2_ids, 1, "cold-a2"))));
+    const std::vector<int32_t> b_ids = Concat(Concat(head, std::vector<int32_t>(more.begin(), more.begin() + 1000)), others);
+    const json b = Post(server_, "/v1/completions", Completion(b_ids, 4, "B"));
+    QCOMPARE(b["status"].get<int>(), 200);
+    QVERIFY2(Cached(b) > 501, b["usage"].dump().c_str());  // it still resumes above the old end, on a cold prefill's line
+    QVERIFY(cold_.Post("/v1/cache/clear?tier=all", "")->status == 200);
+    const json cold_b = Post(cold_, "/v1/completions", Completion(b_ids, 4, "cold-b"));
+    QCOMPARE(Cached(cold_b), int64_t(0));
+    QCOMPARE(Logprobs(b), Logprobs(cold_b));
+  }
+};
+
+QTEST_MAIN(TestExactnessServer)
+#include "test_exactness_server.moc"
