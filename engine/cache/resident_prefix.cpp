@@ -263,7 +263,7 @@ void ResidentPrefix::set_options(const ResidentOptions& options) {
   store_.set_limits(options.store_budget_bytes, options.store_entry_cap_bytes);
   if (!options_.store_enabled) store_.Clear();
   if (!options_.enabled) (void)Clear("ram");
-  Shed(0, options_.memory_ceiling_bytes - options_.memory_slack_bytes, "the memory ceiling was lowered");
+  // A lowered ceiling is kept from the next request's end on: a request it refuses changes no tier.
 }
 
 SpeculativeOptions ResidentPrefix::Speculative(std::span<const int32_t> history) const {
@@ -682,6 +682,13 @@ void ResidentPrefix::PutSessionSnapshot() {
   Emit("write", "store", len, bytes, "session snapshot");
 }
 
+int64_t ResidentPrefix::ShedFloorBytes() const {
+  int64_t bytes = EngineBytes();
+  for (const CacheTier* tier : std::initializer_list<const CacheTier*>{&anchors_tier_, &end_tier_, &stash_tier_, &pin_tier_, &park_tier_, &store_tier_})
+    bytes -= tier->bytes();
+  return bytes;
+}
+
 int64_t ResidentPrefix::EngineBytes() const {
   int64_t bytes = state_.allocated_bytes();
   for (const CacheTier* tier : std::initializer_list<const CacheTier*>{&anchors_tier_, &end_tier_, &stash_tier_, &pin_tier_, &park_tier_, &store_tier_})
@@ -810,9 +817,10 @@ Status ResidentPrefix::Admit(const CacheRequest& request, Plan& plan, int64_t ma
   int64_t need = need_of(plan);
   if (EngineBytes() + need <= limit) return Status::Ok();
   const std::string reason = "a prefill needs " + std::to_string(need) + " bytes";
-  // A request that cannot fit even cold, with every cache given back and nothing copied, is refused before any tier changes.
+  // Shedding goes ahead only where it is sure to fit the request, even where it takes what the plan
+  // resumes from (planned again, cold at worst): otherwise the request is refused before any tier changes.
   const int64_t cold_need = PrefillPeakBytes(n, 0, max_new);
-  if (state_.allocated_bytes() + std::min(need - plan.copy_bytes, cold_need) <= limit) {
+  if (ShedFloorBytes() + std::max(need - plan.copy_bytes, cold_need) <= limit) {
     if (Shed(need, limit, reason, &plan)) {
       // Shedding may have taken what the plan resumes from: plan again, keeping a given-up copy given up.
       Plan again = MakePlan(request);

@@ -144,6 +144,7 @@ class ResidentPrefix {
   // request; returns where the request would then resume.
   Result<ResumeInfo> Prewarm(const CacheRequest& request);
   // Bytes the engine holds now: its state buffers, every cache tier and the outside bytes.
+  int64_t ShedFloorBytes() const;  // EngineBytes with every tier shed
   int64_t EngineBytes() const;
   // Bytes held beside the engine that count in its memory budget (the shadow reader's states).
   void set_outside_bytes(std::function<int64_t()> bytes) { outside_bytes_ = std::move(bytes); }

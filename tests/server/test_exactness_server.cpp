@@ -29,6 +29,13 @@ json Completion(const std::vector<int32_t>& ids, int max_tokens, const std::stri
   return {{"prompt", ids}, {"max_tokens", max_tokens}, {"temperature", 0}, {"logprobs", 1}, {"session_id", session}};
 }
 
+std::string Words(int n, int seed) {
+  static const char* kWords[] = {"alpha", "beta", "gamma", "delta", "grid", "state", "anchor", "rows"};
+  std::string s;
+  for (int i = 0; i < n; ++i) s += std::string(kWords[(i * 7 + seed) % 8]) + " ";
+  return s;
+}
+
 }  // namespace
 
 class TestExactnessServer : public QObject {
@@ -75,6 +82,43 @@ class TestExactnessServer : public QObject {
     const json cold_b = Post(cold_, "/v1/completions", Completion(b_ids, 4, "cold-b"));
     QCOMPARE(Cached(cold_b), int64_t(0));
     QCOMPARE(Logprobs(b), Logprobs(cold_b));
+  }
+  // A request refused for memory (the ceiling and the prefill peak lowered through the settings)
+  // leaves every tier as it was, and the next turn, with the settings restored, resumes at its end.
+  void aRefusalChangesNoTier() {
+    QVERIFY(server_.Post("/v1/cache/clear?tier=all", "")->status == 200);
+    json messages = json::array({{{"role", "user"}, {"content", Words(800, 1)}}});
+    const json first = server_.Chat({{"messages", messages}, {"max_tokens", 20}, {"temperature", 0}, {"session_id", "s"}});
+    QVERIFY(!first.empty());
+    messages.push_back({{"role", "assistant"}, {"content", first["choices"][0]["message"]["content"]}});
+    const json settings = json::parse(server_.Get("/v1/settings")->body);
+    json low = settings;
+    low["memory"]["ceiling_gb"] = 0.0001;
+    low["memory"]["prefill_peak_gb"] = 0.0001;
+    auto put = server_.Put("/v1/settings", low.dump());
+    QVERIFY2(put && put->status == 200, put ? put->body.c_str() : "no answer");
+    auto tiers = [&] {
+      const json stats = json::parse(server_.Get("/v1/cache/stats")->body);
+      json out;
+      for (const char* tier : {"anchors", "end", "park", "pin", "store", "resident"}) out[tier] = stats[tier];
+      return out;
+    };
+    const json before = tiers();
+    json big = messages;
+    big.push_back({{"role", "user"}, {"content", Words(1500, 2)}});
+    auto refused = server_.Post("/v1/chat/completions", json{{"messages", big}, {"max_tokens", 5}, {"session_id", "s"}}.dump());
+    QVERIFY(refused);
+    QCOMPARE(refused->status, 503);
+    QCOMPARE(json::parse(refused->body)["error"]["code"].get<std::string>(), std::string("memory_exhausted"));
+    QCOMPARE(tiers(), before);
+    json restored = json::parse(server_.Get("/v1/settings")->body);
+    restored["memory"] = settings["memory"];
+    put = server_.Put("/v1/settings", restored.dump());
+    QVERIFY2(put && put->status == 200, put ? put->body.c_str() : "no answer");
+    messages.push_back({{"role", "user"}, {"content", "and then?"}});
+    const json next = server_.Chat({{"messages", messages}, {"max_tokens", 5}, {"temperature", 0}, {"session_id", "s"}});
+    QCOMPARE(next["usage"]["anchorage"]["cache_source"].get<std::string>(), std::string("end"));
+    QCOMPARE(next["usage"]["anchorage"]["cached_tokens"].get<int64_t>(), before["end"]["length"].get<int64_t>());
   }
 };
 
