@@ -224,6 +224,16 @@ std::optional<BackendSpec> Backends::Route(const std::string& model) const {
   return std::nullopt;
 }
 
+std::vector<std::string> Backends::NotUp() const {
+  std::vector<std::string> out;
+  for (const auto& e : Entries()) {
+    std::lock_guard lock(e->mu);
+    if (e->state == "up") continue;
+    out.push_back("'" + e->spec.name + "' at " + e->spec.url + " (" + e->state + (e->last_error.empty() ? "" : ": " + e->last_error) + ")");
+  }
+  return out;
+}
+
 nlohmann::ordered_json Backends::ModelEntries() const {
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (const auto& e : Entries()) {

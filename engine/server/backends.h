@@ -56,6 +56,9 @@ class Backends {
   bool empty() const;
   // The backend that serves model: its name, or a model its /v1/models listed.
   std::optional<BackendSpec> Route(const std::string& model) const;
+  // The backends not known to be up (down, or not reached yet): their model lists may be missing
+  // names they serve. Each as "NAME at URL (state: last error)".
+  std::vector<std::string> NotUp() const;
   // Every backend's models as /v1/models entries (the name when none was listed yet).
   nlohmann::ordered_json ModelEntries() const;
   // [{name, url, state: up|down|unknown, down_since_ms, last_error, models, requests, errors}]

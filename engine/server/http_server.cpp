@@ -537,6 +537,21 @@ std::optional<BackendSpec> HttpServer::BackendOf(const std::string& body, ojson*
   return options_.backends->Route((*parsed)["model"].get<std::string>());
 }
 
+std::optional<ApiError> HttpServer::UnroutedModel(const ojson& parsed) const {
+  if (options_.backends == nullptr || options_.backends->empty() || !parsed.is_object() || !parsed.contains("model") || !parsed["model"].is_string())
+    return std::nullopt;
+  const std::string model = parsed["model"].get<std::string>();
+  const auto& aliases = options_.model_aliases;
+  if (model.empty() || model == options_.model_id || std::find(aliases.begin(), aliases.end(), model) != aliases.end()) return std::nullopt;
+  const std::vector<std::string> not_up = options_.backends->NotUp();
+  if (not_up.empty()) return std::nullopt;  // every list is known: the embedded model serves any other name
+  std::string names;
+  for (const std::string& b : not_up) names += (names.empty() ? "" : ", ") + b;
+  return ApiError{503, "the model '" + model + "' is neither '" + options_.model_id + "' nor listed by a backend that is up; backend " + names +
+                           " is not up, so its models are unknown",
+                  "server_error", "model", "backend_unavailable"};
+}
+
 void HttpServer::Forwarded(const BackendSpec& backend, const ojson& body, const HttpRequest& req, HttpResponse& res) {
   const bool stream = body.contains("stream") && body["stream"].is_boolean() && body["stream"].get<bool>();
   std::string session = SessionOfBody(body);  // as the embedded model's requests: the body's, else the header's
@@ -562,7 +577,8 @@ void HttpServer::Forwarded(const BackendSpec& backend, const ojson& body, const 
 }
 
 void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpResponse& res) {
-  if (ojson body; auto backend = BackendOf(req.body, &body)) return Forwarded(*backend, body, req, res);
+  ojson routed;
+  if (auto backend = BackendOf(req.body, &routed)) return Forwarded(*backend, routed, req, res);
   // Answers an error and journals the rejected request.
   auto reject = [&](const ApiError& e) {
     SendError(res, e);
@@ -576,6 +592,10 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
     row.figures.cache_source.clear();  // refused before any tier was asked
     journal_->RecordRequest(std::move(row));
   };
+  if (std::optional<ApiError> unrouted = UnroutedModel(routed)) {
+    if (unrouted->status == 503) res.SetHeader("Retry-After", "5");
+    return reject(*unrouted);
+  }
   ApiError error;
   const ParseOptions parse_options = ParseOptionsOf();
   auto request = ParseCompletionRequest(kind, req.body, parse_options, &error);

@@ -61,6 +61,9 @@ class HttpServer {
   void Completion(RequestKind kind, const HttpRequest& req, HttpResponse& res);
   // The backend serving the model a JSON body names, when one does; *parsed holds the body then.
   std::optional<BackendSpec> BackendOf(const std::string& body, nlohmann::ordered_json* parsed) const;
+  // Where backends are configured, a model named in parsed that neither the embedded model nor a
+  // backend that is up serves, while a backend is not up (it may serve it): 503 naming those backends.
+  std::optional<ApiError> UnroutedModel(const nlohmann::ordered_json& parsed) const;
   // Forwards a completion (body as parsed) to a backend and journals it.
   void Forwarded(const BackendSpec& backend, const nlohmann::ordered_json& body, const HttpRequest& req, HttpResponse& res);
   // Parses a chat body for peek and prewarm: its prompt ids and session (body "session", else x-session-id).

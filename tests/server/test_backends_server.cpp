@@ -217,9 +217,17 @@ class TestBackendsServer : public QObject {
     settings["backends"]["upstreams"] = "";
     QVERIFY(front_.Put("/v1/settings", settings.dump())->status == 200);
     QTRY_COMPARE_WITH_TIMEOUT(state_of("extra"), std::string("absent"), 10000);
-    auto local = front_.Post("/v1/chat/completions", Chat("extra", "hi", 4).dump());
+    // While a backend is down ("gone"), a name no backend that is up lists may be its: 503 naming it.
+    auto unrouted = front_.Post("/v1/chat/completions", Chat("extra", "hi", 4).dump());
+    QVERIFY(unrouted);
+    QCOMPARE(unrouted->status, 503);
+    const json error = json::parse(unrouted->body)["error"];
+    QCOMPARE(error["code"], json("backend_unavailable"));
+    QVERIFY2(error["message"].get<std::string>().find("'gone' at http://127.0.0.1:9") != std::string::npos, unrouted->body.c_str());
+    QVERIFY(unrouted->has_header("Retry-After"));
+    auto local = front_.Post("/v1/chat/completions", Chat("local", "hi", 4).dump());
     QVERIFY(local && local->status == 200);
-    QCOMPARE(json::parse(local->body)["model"], json("local"));  // the embedded model answers any other name
+    QCOMPARE(json::parse(local->body)["model"], json("local"));
   }
 
   void theJournalHasARowPerForwardAndTheKeyIsNowhere() {
