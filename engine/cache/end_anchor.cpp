@@ -37,6 +37,12 @@ class Aligner {
       size_t k = b;
       while (k > 0 && IsSpace(rows[k - 1])) --k;
       if (k >= kOpen.size() && rows.compare(k - kOpen.size(), kOpen.size(), kOpen) == 0) b = k - kOpen.size();
+      // So does the empty block a prompt with thinking off closed ("<think>\n\n</think>\n\n").
+      if (k >= kClose.size() && rows.compare(k - kClose.size(), kClose.size(), kClose) == 0) {
+        size_t m = k - kClose.size();
+        while (m > 0 && IsSpace(rows[m - 1])) --m;
+        if (m >= kOpen.size() && rows.compare(m - kOpen.size(), kOpen.size(), kOpen) == 0) b = m - kOpen.size();
+      }
     }
   }
 

@@ -46,6 +46,11 @@ class TestEndAlignment : public QObject {
                                                  << QByteArray("<|im_start|>assistant\n<|im_end|>\n") << 30 << true << 22;
     QTest::newRow("unclosed reasoning without the pass") << QByteArray("<|im_start|>assistant\n<think>\nI was thinking and")
                                                          << QByteArray("<|im_start|>assistant\n<|im_end|>\n") << 30 << false << -1;
+    QTest::newRow("thinking off: the prompt's empty block left out") << QByteArray("<|im_start|>assistant\n<think>\n\n</think>\n\nDone.")
+                                                                   << QByteArray("<|im_start|>assistant\nDone.<|im_end|>") << 41 << true << 27;
+    QTest::newRow("thinking off: not without the pass") << QByteArray("<|im_start|>assistant\n<think>\n\n</think>\n\nDone.")
+                                                        << QByteArray("<|im_start|>assistant\nDone.<|im_end|>") << 41 << false << -1;
+    QTest::newRow("a prompt's closed block with reasoning is not the region's") << QByteArray("<think>\nx\n</think>\n\nA") << QByteArray("A<|im_end|>") << 20 << true << -1;
     QTest::newRow("a prompt's block is not the region's") << QByteArray("<think>\nx\n</think>\n\nQ?A") << QByteArray("Q?A") << 23 << true << -1;
   }
 
