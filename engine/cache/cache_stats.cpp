@@ -103,6 +103,7 @@ nlohmann::json ToJson(const DiskCacheStats& d) {
           {"expired_files", t.expired_files},
           {"swept_temporaries", t.swept_temporaries},
           {"swept_foreign", t.swept_foreign},
+          {"swept_corrupt", t.swept_corrupt},
           {"top_prefixes", top},
           {"recent_events", recent}};
 }

@@ -66,7 +66,11 @@ Result<std::unique_ptr<DiskCache>> DiskCache::Open(DiskEnv& env, const ModelConf
   options.min_free_bytes = settings.min_free_bytes;
   ASSIGN_OR_RETURN(std::unique_ptr<DiskTier> tier, DiskTier::Open(env, config, std::move(fingerprint), options));
   DiskAdmission admission = DiskAdmission::Open(env, dir + "/counts.json", AdmissionOf(line_tokens, settings));
-  return std::unique_ptr<DiskCache>(new DiskCache(env, std::move(tier), std::move(admission), line_tokens, settings));
+  std::unique_ptr<DiskCache> cache(new DiskCache(env, std::move(tier), std::move(admission), line_tokens, settings));
+  // A file that could not be read is named in the journal, with its line served cold.
+  for (const std::string& problem : cache->tier_->corrupt_at_open())
+    cache->Record(DiskEvent("failed_restore", 0, 0, problem + "; deleted at start, its prefix is read cold"));
+  return cache;
 }
 
 DiskCache::~DiskCache() {
@@ -125,8 +129,13 @@ bool DiskCache::reads() const { return settings().mode != DiskMode::kOff; }
 bool DiskCache::writes() const { return settings().mode == DiskMode::kReadWrite; }
 
 void DiskCache::set_event_sink(CacheEventSink sink) {
-  std::lock_guard lock(mu_);
-  sink_ = std::move(sink);
+  std::deque<CacheEvent> unsent;
+  {
+    std::lock_guard lock(mu_);
+    sink_ = sink;
+    if (sink) unsent.swap(unsent_);
+  }
+  for (const CacheEvent& e : unsent) sink(e);  // what happened before there was a journal to tell
 }
 
 void DiskCache::Record(CacheEvent event) {
@@ -138,6 +147,7 @@ void DiskCache::Record(CacheEvent event) {
     recent_.push_back(event);
     while (recent_.size() > kRecentEvents) recent_.pop_front();
     sink = sink_;
+    if (!sink && unsent_.size() < kRecentEvents) unsent_.push_back(event);
   }
   if (sink) sink(event);
 }

@@ -141,6 +141,7 @@ class DiskCache : public CacheTier {
   bool counts_dirty_ = false;
   CacheEventSink sink_;
   std::deque<CacheEvent> recent_;
+  std::deque<CacheEvent> unsent_;  // recorded before any sink was set
   std::deque<Pending> queue_;
   bool writing_ = false;
   bool stop_ = false;

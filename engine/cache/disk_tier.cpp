@@ -52,7 +52,13 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(DiskEnv& env, const ModelConfig
     ASSIGN_OR_RETURN(std::string head, env.ReadFilePrefix(t->PathOf(name), kHeaderPeekBytes));
     auto header = PeekCacheFileHeader(head);
     const bool is_anchor = name.ends_with(".anchor");
-    if (!header.ok() || header->fingerprint != t->fingerprint_ || header->kind != (is_anchor ? "anchor" : "chunk")) {
+    if (!header.ok()) {
+      RETURN_IF_ERROR(env.Remove(t->PathOf(name)));
+      ++t->stats_.swept_corrupt;
+      t->corrupt_at_open_.push_back(name + ": " + header.status().message());
+      continue;
+    }
+    if (header->fingerprint != t->fingerprint_ || header->kind != (is_anchor ? "anchor" : "chunk")) {
       RETURN_IF_ERROR(env.Remove(t->PathOf(name)));
       ++t->stats_.swept_foreign;
       continue;

@@ -35,6 +35,7 @@ struct DiskTierStats {
   int64_t bytes_read = 0;
   double read_seconds = 0;
   int64_t swept_temporaries = 0, swept_foreign = 0;  // at open: cut-short writes, other fingerprints
+  int64_t swept_corrupt = 0;                          // at open: files whose header does not read
   double read_bytes_per_s() const { return read_seconds > 0 ? static_cast<double>(bytes_read) / read_seconds : 0.0; }
 };
 
@@ -54,6 +55,8 @@ class DiskTier {
   // The bytes a restore of line reads when rows below keep_rows are in place already.
   int64_t RestoreBytes(std::span<const int32_t> prompt, int64_t line, int64_t keep_rows) const;
   bool HasFile(const std::string& name) const;
+  // The files Open removed because their header did not read, each as "NAME: why".
+  const std::vector<std::string>& corrupt_at_open() const { return corrupt_at_open_; }
 
   // Writes one chunk (rows.begin, rows.end on a line; the prompt's ids there) unless it is on disk.
   Status PutChunk(std::span<const int32_t> prompt, const KvRows& rows);
@@ -109,6 +112,7 @@ class DiskTier {
   DiskEnv& env_;
   ModelConfig config_;
   std::string fingerprint_;
+  std::vector<std::string> corrupt_at_open_;  // written by Open only
   mutable std::mutex mu_;  // guards everything below
   DiskTierOptions options_;
   std::map<std::string, Entry> files_;

@@ -256,6 +256,8 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
       s->write_guard_ = WriteGuard::Open(DiskEnv::Posix(), (fs::path(dir) / "writes.json").string(), scheduler_options.resident.disk.write_budget_bytes);
       s->disk_->set_write_guard(s->write_guard_.get());
       const DiskTierStats t = s->disk_->tier().stats();
+      if (t.swept_corrupt > 0)
+        s->notes_.push_back("warning: disk tier: deleted " + std::to_string(t.swept_corrupt) + " unreadable files (the journal names them)");
       if (t.swept_foreign > 0 || t.swept_temporaries > 0)
         s->notes_.push_back("disk tier: swept " + std::to_string(t.swept_foreign) + " files of another fingerprint and " +
                             std::to_string(t.swept_temporaries) + " cut-short writes");

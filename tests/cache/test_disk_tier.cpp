@@ -223,7 +223,10 @@ class TestDiskTier : public QObject {
     auto same = Open(dir);
     QVERIFY(same);
     QCOMPARE(same->stats().swept_temporaries, 1);
-    QCOMPARE(same->stats().swept_foreign, int64_t(1));
+    QCOMPARE(same->stats().swept_foreign, int64_t(0));
+    QCOMPARE(same->stats().swept_corrupt, int64_t(1));
+    QCOMPARE(same->corrupt_at_open().size(), size_t(1));
+    QVERIFY(same->corrupt_at_open()[0].starts_with("junk.anchor: "));
     QCOMPARE(same->Find(a, 200), int64_t(128));
     auto other = Open(dir, int64_t(1) << 40, "another-fingerprint");
     QVERIFY(other);

@@ -113,6 +113,37 @@ class TestDiskCacheServer : public QObject {
     QCOMPARE(json::parse(cleared->body)["stats"]["disk"]["files"].get<int64_t>(), int64_t(0));
     QVERIFY(!Ask(b).empty());
   }
+  // A file whose header no longer reads is deleted when the next process opens the tier: the
+  // journal names it, the start says so, and the request it would have served reads cold.
+  void anUnreadableFileIsNamedInTheJournal() {
+    WriteSettings();
+    std::string cold_text;
+    {
+      ServerProcess a;
+      QVERIFY(a.Start(data_.path(), {"--grid", "64"}));
+      QVERIFY(a.Post("/v1/cache/clear?tier=disk", "").value().status == 200);
+      const json cold = Ask(a);
+      cold_text = cold["choices"][0]["message"]["content"].get<std::string>();
+      QTRY_VERIFY_WITH_TIMEOUT(Stats(a)["disk"].value("anchors_written", 0) >= 1, 20000);
+      a.Kill();
+    }
+    std::string victim;
+    for (const auto& e : std::filesystem::directory_iterator(DiskDir()))
+      if (e.path().string().ends_with(".anchor")) victim = e.path().filename().string();
+    QVERIFY(!victim.empty());
+    const std::string path = DiskDir() + "/" + victim;
+    std::string bytes = *anchorage::ReadFile(path);
+    bytes[0] ^= 0x20;  // the magic
+    QVERIFY(anchorage::WriteFileAtomic(path, bytes).ok());
+    ServerProcess b;
+    QVERIFY(b.Start(data_.path(), {"--grid", "64"}));
+    QVERIFY2(b.startup_output().find("unreadable") != std::string::npos || b.Log(false).find("unreadable") != std::string::npos, b.startup_output().c_str());
+    QTRY_VERIFY_WITH_TIMEOUT(b.Get("/v1/journal?kind=failed_restore&limit=10").value().body.find(victim) != std::string::npos, 10000);
+    QCOMPARE(Stats(b)["disk"]["swept_corrupt"].get<int64_t>(), int64_t(1));
+    const json fallback = Ask(b);
+    QCOMPARE(fallback["usage"]["anchorage"]["cache_source"].get<std::string>(), std::string("cold"));
+    QCOMPARE(fallback["choices"][0]["message"]["content"].get<std::string>(), cold_text);
+  }
 };
 
 QTEST_MAIN(TestDiskCacheServer)
