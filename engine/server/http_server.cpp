@@ -672,7 +672,7 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
                {"total_tokens", s.prompt_tokens + s.completion_tokens},
                {"prompt_tokens_details", {{"cached_tokens", std::max<int64_t>(0, s.prompt_tokens - s.reread_tokens)}}},
                {"anchorage", FiguresJson(s)}};
-    metrics_.CountTokens(s.prompt_tokens, s.cached_tokens, s.completion_tokens);
+    metrics_.CountTokens(s.prompt_tokens, std::max<int64_t>(0, s.prompt_tokens - s.reread_tokens), s.completion_tokens);
     metrics_.CountDrafts(s.drafted_tokens, s.accepted_tokens);
     if (s.ttft_ms > 0) metrics_.ObserveTtftMs(s.ttft_ms);
     if (s.prefill_ms > 0) metrics_.ObservePrefillTokensPerS(1000.0 * static_cast<double>(s.reread_tokens) / s.prefill_ms);

@@ -447,9 +447,8 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
   stats.reread_tokens = result->resume.reread_tokens;
   stats.served_prompt_tokens = static_cast<int64_t>(result->resume.served_prompt.size());
   stats.cache_source = CacheSourceName(result->resume.source);
-  if (job.client_prompt_tokens() > 0) {  // usage speaks of the client's prompt
+  if (job.client_prompt_tokens() > 0) {  // usage speaks of the client's prompt; the anchorage block of the served one
     stats.prompt_tokens = job.client_prompt_tokens();
-    stats.cached_tokens = std::max<int64_t>(0, stats.prompt_tokens - stats.reread_tokens);
     if (result->resume.source != CacheSource::kPrepared) stats.cache_source = "continuation";
   }
   if (have_first) {

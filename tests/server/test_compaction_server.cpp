@@ -28,6 +28,7 @@ class TestCompactionServer : public QObject {
   Q_OBJECT
   QTemporaryDir data_;
   ServerProcess server_;
+  int64_t conversation_end_ = 0;  // the end anchor's length after the last Converse
 
   json Post(const json& body) {
     auto r = server_.Post("/v1/chat/completions", body.dump());
@@ -42,6 +43,7 @@ class TestCompactionServer : public QObject {
     messages.push_back(one["choices"][0]["message"]);
     messages.push_back({{"role", "user"}, {"content", kSecond}});
     QVERIFY(!Post({{"messages", messages}, {"max_tokens", 12}, {"temperature", 0}, {"session_id", session}}).is_null());
+    conversation_end_ = json::parse(server_.Get("/v1/cache/stats")->body)["end"]["length"].get<int64_t>();
   }
   static std::string Source(const json& reply) { return reply["usage"]["anchorage"]["cache_source"].get<std::string>(); }
 
@@ -58,7 +60,12 @@ class TestCompactionServer : public QObject {
     QCOMPARE(usage["prompt_tokens"], as_sent["usage"]["prompt_tokens"]);  // the client's prompt
     const int64_t reread = usage["anchorage"]["reread_tokens"].get<int64_t>();
     QVERIFY2(reread > 0 && reread < as_sent["usage"]["anchorage"]["reread_tokens"].get<int64_t>() / 2, usage.dump().c_str());
-    QCOMPARE(usage["anchorage"]["cached_tokens"].get<int64_t>(), usage["prompt_tokens"].get<int64_t>() - reread);
+    // usage's cached_tokens is the client's prompt less what was forwarded; the anchorage block counts
+    // the served prompt (the conversation's record and the instruction turn), resumed at its end anchor.
+    QCOMPARE(usage["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), usage["prompt_tokens"].get<int64_t>() - reread);
+    const int64_t served = usage["anchorage"]["served_prompt_tokens"].get<int64_t>();
+    QCOMPARE(usage["anchorage"]["cached_tokens"].get<int64_t>() + reread, served);
+    QCOMPARE(usage["anchorage"]["cached_tokens"].get<int64_t>(), conversation_end_);
     QVERIFY(!cont["choices"][0]["message"]["content"].is_null());
     // The record now holds these instructions: a second compaction is served as sent.
     QVERIFY(Source(Post(Compaction("c1", kFirst, kSecond))) != "continuation");
