@@ -41,6 +41,7 @@ struct Turn {
   int64_t reread;
   int64_t cached;
   std::string source;
+  int64_t prompt;  // the client's prompt
 };
 
 Result<std::vector<int32_t>> Render(const Model& model, const ojson& body) {
@@ -85,7 +86,7 @@ std::vector<Turn> Replay(Model& model, Forward& forward, bool caches, int turns)
         return true;
       });
       if (!r.ok()) { std::fprintf(stderr, "generate: %s\n", r.status().ToString().c_str()); std::exit(1); }
-      out.push_back({first - start, r->resume.reread_tokens, r->resume.cached_tokens, CacheSourceName(r->resume.source)});
+      out.push_back({first - start, r->resume.reread_tokens, r->resume.cached_tokens, CacheSourceName(r->resume.source), static_cast<int64_t>(prompt->size())});
       std::fprintf(stderr, "  caches %s turn %d.%d: prompt %zu, source %s, cached %lld, re-read %lld, TTFT %.0f ms\n", caches ? "on" : "off",
                    turn + 1, step + 1, prompt->size(), CacheSourceName(r->resume.source), (long long)r->resume.cached_tokens,
                    (long long)r->resume.reread_tokens, first - start);
@@ -103,16 +104,20 @@ std::vector<Turn> Replay(Model& model, Forward& forward, bool caches, int turns)
 }
 
 void Summarise(const char* label, const std::vector<Turn>& turns) {
-  std::vector<double> reread, ttft;
+  std::vector<double> reread, ttft, beyond;
   int64_t total = 0;
-  for (const Turn& t : turns) {
+  for (size_t i = 0; i < turns.size(); ++i) {
+    const Turn& t = turns[i];
     reread.push_back(static_cast<double>(t.reread));
     ttft.push_back(t.ttft_ms);
     total += t.reread;
+    // What a follow-up re-reads beyond what the client's prompt grew since the request before.
+    if (i > 0) beyond.push_back(static_cast<double>(t.reread - (t.prompt - turns[i - 1].prompt)));
   }
-  std::printf("%-12s requests %zu  re-read per request: median %.0f p90 %.0f total %lld  TTFT ms: median %.0f p90 %.0f max %.0f\n", label,
-              turns.size(), bench::Percentile(reread, 0.5), bench::Percentile(reread, 0.9), (long long)total, bench::Percentile(ttft, 0.5),
-              bench::Percentile(ttft, 0.9), bench::Percentile(ttft, 1.0));
+  std::printf("%-12s requests %zu  re-read per request: median %.0f p90 %.0f total %lld  beyond the growth: median %.0f p90 %.0f  TTFT ms: median %.0f p90 %.0f max %.0f\n",
+              label, turns.size(), bench::Percentile(reread, 0.5), bench::Percentile(reread, 0.9), (long long)total,
+              beyond.empty() ? 0.0 : bench::Percentile(beyond, 0.5), beyond.empty() ? 0.0 : bench::Percentile(beyond, 0.9),
+              bench::Percentile(ttft, 0.5), bench::Percentile(ttft, 0.9), bench::Percentile(ttft, 1.0));
 }
 
 double StoreTtft(Model& model, Forward& forward, bool store, int64_t prefix_tokens) {
