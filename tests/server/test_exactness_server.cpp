@@ -120,6 +120,40 @@ class TestExactnessServer : public QObject {
     QCOMPARE(next["usage"]["anchorage"]["cache_source"].get<std::string>(), std::string("end"));
     QCOMPARE(next["usage"]["anchorage"]["cached_tokens"].get<int64_t>(), before["end"]["length"].get<int64_t>());
   }
+  // A prompt over the context is an immediate 400 in the OpenAI shape naming its length and the
+  // context, on both routes, streamed or not; the server serves on.
+  void promptsOverTheContextAreRefusedAtOnce() {
+    auto check = [&](const std::string& path, const json& body, const std::string& param) {
+      QElapsedTimer timer;
+      timer.start();
+      auto r = server_.Post(path, body.dump());
+      QVERIFY(r);
+      QVERIFY2(timer.elapsed() < 10000, "the refusal took long");
+      QCOMPARE(r->status, 400);
+      const json error = json::parse(r->body)["error"];
+      QCOMPARE(error["code"].get<std::string>(), std::string("context_length_exceeded"));
+      QCOMPARE(error["type"].get<std::string>(), std::string("invalid_request_error"));
+      QCOMPARE(error["param"].get<std::string>(), param);
+      const std::string message = error["message"].get<std::string>();
+      QVERIFY2(message.find("8192 tokens") != std::string::npos && message.find("holds") != std::string::npos, message.c_str());
+    };
+    const json messages = json::array({{{"role", "user"}, {"content", Words(6000, 3)}}});
+    check("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 4}}, "messages");
+    check("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 4}, {"stream", true}}, "messages");
+    check("/v1/completions", {{"prompt", Ids(4, 9000)}, {"max_tokens", 200}}, "prompt");
+    check("/v1/completions", {{"prompt", Ids(4, 8192)}, {"max_tokens", 1}, {"stream", true}}, "prompt");
+    QVERIFY(!server_.Chat({{"messages", json::array({{{"role", "user"}, {"content", "still there?"}}})}, {"max_tokens", 2}}).empty());
+  }
+
+  // A context past the model's positions is refused at start, naming both.
+  void aContextPastTheModelIsRefusedAtStart() {
+    QProcess p;
+    p.start(QString(ANCHORAGE_BINARY_DIR) + "/app/anchorage-server", {"--data-dir", data_.path(), "--port", "0", "--ctx", "300000"});
+    QVERIFY(p.waitForFinished(60000));
+    QVERIFY(p.exitCode() != 0);
+    const QString err = QString::fromUtf8(p.readAllStandardError());
+    QVERIFY2(err.contains("--ctx 300000") && err.contains("max_position_embeddings is 262144"), qPrintable(err));
+  }
 };
 
 QTEST_MAIN(TestExactnessServer)
