@@ -100,14 +100,16 @@ class Aligner {
     size_t open, inside_end, end;  // <think> at open; </think> (or the region's end) at inside_end
   };
 
-  // The think block of a generation region around offset i; one cut at the region's end counts.
+  // The closed think block of a generation region around offset i. One cut at the region's end (by
+  // max_tokens) does not count: rows holding an unclosed block inside an earlier turn are a context
+  // no template renders, so a copy that left it out is not served them.
   std::optional<Block> BlockAt(size_t i) const {
     for (const auto& [b, e] : regions_) {
       if (i < b || i >= e) continue;
       const size_t open = rows_.rfind(kOpen, i);
       if (open == std::string_view::npos || open < b) return std::nullopt;
       const size_t close = rows_.find(kClose, open);
-      if (close == std::string_view::npos || close + kClose.size() > e) return Block{open, e, e};
+      if (close == std::string_view::npos || close + kClose.size() > e) return std::nullopt;
       if (i >= close + kClose.size()) return std::nullopt;
       return Block{open, close, close + kClose.size()};
     }

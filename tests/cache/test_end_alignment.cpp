@@ -42,8 +42,8 @@ class TestEndAlignment : public QObject {
     QTest::newRow("cut character as U+FFFD") << QByteArray("Caf\xC3") << QByteArray("Caf\xEF\xBF\xBD<|im_end|>") << 0 << true << 6;
     QTest::newRow("decoded cut held back") << QByteArray("Caf\xEF\xBF\xBD") << QByteArray("Caf<|im_end|>") << 0 << true << 3;
     QTest::newRow("a wrong character is no cut") << QByteArray("Caf\xC3") << QByteArray("Cafe<|im_end|>") << 0 << true << -1;
-    QTest::newRow("unclosed reasoning left out") << QByteArray("<|im_start|>assistant\n<think>\nI was thinking and")
-                                                 << QByteArray("<|im_start|>assistant\n<|im_end|>\n") << 30 << true << 22;
+    QTest::newRow("unclosed reasoning is not left out") << QByteArray("<|im_start|>assistant\n<think>\nI was thinking and")
+                                                        << QByteArray("<|im_start|>assistant\n<|im_end|>\n") << 30 << true << -1;
     QTest::newRow("unclosed reasoning without the pass") << QByteArray("<|im_start|>assistant\n<think>\nI was thinking and")
                                                          << QByteArray("<|im_start|>assistant\n<|im_end|>\n") << 30 << false << -1;
     QTest::newRow("thinking off: the prompt's empty block left out") << QByteArray("<|im_start|>assistant\n<think>\n\n</think>\n\nDone.")

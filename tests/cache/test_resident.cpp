@@ -453,7 +453,6 @@ class TestResident : public QObject {
     QTest::addColumn<QString>("reasoning_sent");  // reasoning_content of the copy
     QTest::addColumn<QString>("content_sent");    // content of the copy
     QTest::newRow("same text, other tokens") << "\n</think>\n\nHello grid." << true << false << "" << "Hello grid.";
-    QTest::newRow("cut inside the reasoning") << "I think about chunks and" << false << false << "I think about chunks and" << "";
     QTest::newRow("held-back UTF-8") << "\n</think>\n\nCaf" << false << true << "" << "Caf";
     QTest::newRow("U+FFFD for the cut character") << "\n</think>\n\nCaf" << false << true << "" << "Caf\xEF\xBF\xBD";
   }
@@ -519,6 +518,38 @@ class TestResident : public QObject {
       rp.set_options(strict);
       QVERIFY(rp.Peek({*copy, "", 16}).source != CacheSource::kEnd);
     }
+  }
+
+  // A reply cut by max_tokens inside its reasoning: a copy that leaves the unclosed block out is not
+  // served the rows (no template renders an unclosed block in an earlier turn); it resumes below
+  // the reply with a cold prefill's bits.
+  void aCutReasoningIsNotServedToACopyWithoutIt() {
+    using ojson = nlohmann::ordered_json;
+    ResidentPrefix rp(*forward2_, &model_->tokenizer, ResidentOptions{});
+    ojson first_turn = {{"messages", ojson::array({{{"role", "user"}, {"content", "What is a grid line?"}}})}};
+    auto prompt = model_->tokenizer.Encode(*model_->chat_template.RenderChatBody(first_turn));
+    QVERIFY(prompt.ok());
+    SamplingParams params;
+    params.temperature = 0;
+    params.forced_ids = *model_->tokenizer.Encode("I think about chunks and");
+    params.max_tokens = static_cast<int64_t>(params.forced_ids.size()) + 1;
+    QVERIFY(rp.Generate({*prompt, "", 64}, params, nullptr).ok());
+    for (const bool sent : {false, true}) {
+      ojson assistant = {{"role", "assistant"}, {"content", ""}};
+      if (sent) assistant["reasoning_content"] = "I think about chunks and";
+      ojson copy_body = {{"messages", ojson::array({first_turn["messages"][0], assistant, {{"role", "user"}, {"content", "And a row?"}}})}};
+      auto copy = model_->tokenizer.Encode(*model_->chat_template.RenderChatBody(copy_body));
+      QVERIFY(copy.ok());
+      const ResumeInfo peek = rp.Peek({*copy, "", 16});
+      QVERIFY2(peek.source != CacheSource::kEnd && !peek.aligned, CacheSourceName(peek.source));
+      QVERIFY(peek.served_prompt == *copy);
+    }
+    ojson copy_body = {{"messages", ojson::array({first_turn["messages"][0], {{"role", "assistant"}, {"content", ""}}, {{"role", "user"}, {"content", "And a row?"}}})}};
+    const std::vector<int32_t> copy = *model_->tokenizer.Encode(*model_->chat_template.RenderChatBody(copy_body));
+    ResumeInfo info;
+    auto logits = rp.Prefill({copy, "", 0}, &info);
+    QVERIFY(logits.ok());
+    ExpectColdEqual(*forward2_, rp, *logits, copy);
   }
 
   void budgetEvictionKeepsTheNewestFourAndClearServesCold() {

@@ -88,7 +88,8 @@ class TestExactnessServer : public QObject {
   void aRefusalChangesNoTier() {
     QVERIFY(server_.Post("/v1/cache/clear?tier=all", "")->status == 200);
     json messages = json::array({{{"role", "user"}, {"content", Words(800, 1)}}});
-    const json first = server_.Chat({{"messages", messages}, {"max_tokens", 20}, {"temperature", 0}, {"session_id", "s"}});
+    const json no_thinking = {{"enable_thinking", false}};  // a reply cut inside its reasoning would not resume at its end
+    const json first = server_.Chat({{"messages", messages}, {"max_tokens", 20}, {"temperature", 0}, {"session_id", "s"}, {"chat_template_kwargs", no_thinking}});
     QVERIFY(!first.empty());
     messages.push_back({{"role", "assistant"}, {"content", first["choices"][0]["message"]["content"]}});
     const json settings = json::parse(server_.Get("/v1/settings")->body);
@@ -116,7 +117,7 @@ class TestExactnessServer : public QObject {
     put = server_.Put("/v1/settings", restored.dump());
     QVERIFY2(put && put->status == 200, put ? put->body.c_str() : "no answer");
     messages.push_back({{"role", "user"}, {"content", "and then?"}});
-    const json next = server_.Chat({{"messages", messages}, {"max_tokens", 5}, {"temperature", 0}, {"session_id", "s"}});
+    const json next = server_.Chat({{"messages", messages}, {"max_tokens", 5}, {"temperature", 0}, {"session_id", "s"}, {"chat_template_kwargs", no_thinking}});
     QCOMPARE(next["usage"]["anchorage"]["cache_source"].get<std::string>(), std::string("end"));
     QCOMPARE(next["usage"]["anchorage"]["cached_tokens"].get<int64_t>(), before["end"]["length"].get<int64_t>());
   }
@@ -153,6 +154,27 @@ class TestExactnessServer : public QObject {
     QVERIFY(p.exitCode() != 0);
     const QString err = QString::fromUtf8(p.readAllStandardError());
     QVERIFY2(err.contains("--ctx 300000") && err.contains("max_position_embeddings is 262144"), qPrintable(err));
+  }
+  // A short greedy reply is cut inside its reasoning; the follow-up (the reply sent back as the
+  // server gave it) is served the client's own tokens and answers a cold server's logprobs.
+  void aFollowUpAfterACutReasoningAnswersAsCold() {
+    QVERIFY(server_.Post("/v1/cache/clear?tier=all", "")->status == 200);
+    json messages = json::array({{{"role", "user"}, {"content", Words(400, 5)}}});
+    const json first = server_.Chat({{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}, {"session_id", "r"}});
+    QCOMPARE(first["choices"][0]["finish_reason"].get<std::string>(), std::string("length"));
+    json reply = first["choices"][0]["message"];
+    QVERIFY2(reply.contains("reasoning_content"), reply.dump().c_str());  // the tiny model thinks first
+    messages.push_back(reply);
+    messages.push_back({{"role", "user"}, {"content", "and then?"}});
+    const json body = {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}, {"logprobs", true}};
+    json with_session = body;
+    with_session["session_id"] = "r";
+    const json follow = server_.Chat(with_session);
+    QCOMPARE(follow["usage"]["anchorage"]["served_prompt_tokens"], follow["usage"]["prompt_tokens"]);
+    QVERIFY(cold_.Post("/v1/cache/clear?tier=all", "")->status == 200);
+    const json cold = cold_.Chat(body);
+    QCOMPARE(cold["usage"]["anchorage"]["cached_tokens"].get<int64_t>(), int64_t(0));
+    QCOMPARE(Logprobs(follow), Logprobs(cold));
   }
 };
 
