@@ -1,10 +1,13 @@
 // The resident prefix's promises seen from outside, through anchorage-server on the tiny model
 // (64-token grid): a resume is a cold prefill's bits (logprobs equal a cold server's), a refused
-// request leaves every tier as it was, and prompts over the context are refused at once.
+// request leaves every tier as it was, prompts over the context are refused at once, and an agent
+// session's follow-ups resume at the end anchor re-reading no more than the prompt grew.
 #include <QtTest>
 
+#include <algorithm>
 #include <random>
 
+#include "engine/core/file_util.h"
 #include "tests/server/server_fixture.h"
 
 using anchorage::testing::ServerProcess;
@@ -175,6 +178,59 @@ class TestExactnessServer : public QObject {
     const json cold = cold_.Chat(body);
     QCOMPARE(cold["usage"]["anchorage"]["cached_tokens"].get<int64_t>(), int64_t(0));
     QCOMPARE(Logprobs(follow), Logprobs(cold));
+  }
+  // An agent-shaped session (a tool call with reasoning, its result, an answer; the template drops
+  // earlier reasoning): every follow-up resumes at the end anchor and re-reads, at the median, no
+  // more than the client's prompt grew.
+  void anAgentReplayReReadsNoMoreThanThePromptGrew() {
+    QTemporaryDir dir;
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(dir.path()));
+    json replies = json::array();
+    const int turns = 5;
+    for (int t = 0; t < turns; ++t) {
+      replies.push_back({{"match", "RESULT" + std::to_string(t) + "X"}, {"reply", Words(25, 300 + t) + "\n</think>\n\n" + Words(20, 400 + t)}});
+      replies.push_back({{"match", "TASK" + std::to_string(t) + "X"},
+                         {"reply", Words(25, 600 + t) + "\n</think>\n\n<tool_call>\n<function=read_file>\n<parameter=path>\nsrc/f" +
+                                       std::to_string(t) + ".cpp\n</parameter>\n</function>\n</tool_call>"}});
+    }
+    QVERIFY(anchorage::WriteFileAtomic(dir.filePath("replies.json").toStdString(), replies.dump()).ok());
+    ServerProcess agent;
+    QVERIFY(agent.Start(dir.path(), {"--grid", "64", "--test-replies", dir.filePath("replies.json")}));
+    const json tools = json::array({{{"type", "function"},
+                                     {"function", {{"name", "read_file"}, {"description", Words(40, 100)},
+                                                   {"parameters", {{"type", "object"}, {"properties", {{"path", {{"type", "string"}}}}}}}}}}});
+    json messages = json::array({{{"role", "system"}, {"content", Words(300, 1)}}});
+    std::vector<int64_t> beyond;
+    int64_t previous = -1;
+    for (int t = 0; t < turns; ++t) {
+      messages.push_back({{"role", "user"}, {"content", "TASK" + std::to_string(t) + "X " + Words(30, 200 + t)}});
+      for (int step = 0; step < 2; ++step) {
+        const json reply = agent.Chat({{"messages", messages}, {"tools", tools}, {"session_id", "agent"}, {"max_tokens", 200}});
+        QVERIFY(!reply.empty());
+        const json& usage = reply["usage"];
+        const int64_t prompt = usage["prompt_tokens"].get<int64_t>();
+        if (previous >= 0) {
+          QCOMPARE(usage["anchorage"]["cache_source"].get<std::string>(), std::string("end"));
+          beyond.push_back(usage["anchorage"]["reread_tokens"].get<int64_t>() - (prompt - previous));
+        }
+        previous = prompt;
+        const json& m = reply["choices"][0]["message"];
+        json assistant = {{"role", "assistant"}, {"content", m.value("content", json("")).is_null() ? json("") : m["content"]}};
+        if (m.contains("reasoning_content")) assistant["reasoning_content"] = m["reasoning_content"];
+        if (step == 0) {
+          QVERIFY2(m.contains("tool_calls"), m.dump().c_str());
+          assistant["tool_calls"] = m["tool_calls"];
+          messages.push_back(assistant);
+          messages.push_back({{"role", "tool"}, {"tool_call_id", m["tool_calls"][0]["id"]}, {"content", "RESULT" + std::to_string(t) + "X " + Words(60, 500 + t)}});
+        } else {
+          messages.push_back(assistant);
+        }
+      }
+    }
+    std::sort(beyond.begin(), beyond.end());
+    const int64_t median = beyond[beyond.size() / 2];
+    qInfo("re-read beyond the growth: median %lld of %zu follow-ups", static_cast<long long>(median), beyond.size());
+    QVERIFY2(median <= 0, ("median re-read beyond the growth " + std::to_string(median)).c_str());
   }
 };
 
