@@ -46,10 +46,17 @@ class Aligner {
     }
   }
 
-  std::optional<size_t> Run() {
+  // With checkpoints, the first client offset at which i stood on each of them is kept in reached.
+  std::optional<size_t> Run(const std::vector<size_t>* checkpoints = nullptr, std::vector<std::pair<size_t, size_t>>* reached = nullptr) {
     size_t i = 0, j = 0;
-    size_t skips = 0;
+    size_t skips = 0, next = 0;
+    auto note = [&] {
+      if (checkpoints == nullptr) return;
+      while (next < checkpoints->size() && (*checkpoints)[next] < i) ++next;  // stepped over (a left-out block)
+      if (next < checkpoints->size() && (*checkpoints)[next] == i) reached->emplace_back((*checkpoints)[next++], j);
+    };
     while (i < rows_.size()) {
+      note();
       if (++skips > 4 * (rows_.size() + client_.size()) + 16) return std::nullopt;
       if (reasoning_pass_ && rows_.compare(i, kOpen.size(), kOpen) == 0 && client_.compare(j, kOpen.size(), kOpen) != 0) {
         // A region's think block that the copy does not open here was left out whole.
@@ -92,6 +99,7 @@ class Aligner {
       else if (i < block->inside_end) i = block->inside_end;
       else return std::nullopt;  // inside the closing tag itself
     }
+    note();
     return j;
   }
 
@@ -167,6 +175,15 @@ std::optional<size_t> AlignCopyWithRows(std::string_view rows, std::string_view 
   if (auto first = Aligner(rows, client, options, false).Run()) return first;
   if (!options.reasoning_pass) return std::nullopt;
   return Aligner(rows, client, options, true).Run();
+}
+
+std::vector<std::pair<size_t, size_t>> AlignedCheckpoints(std::string_view rows, std::string_view client, const AlignOptions& options,
+                                                          const std::vector<size_t>& checkpoints) {
+  std::vector<std::pair<size_t, size_t>> plain, reasoning;
+  Aligner(rows, client, options, false).Run(&checkpoints, &plain);
+  if (!options.reasoning_pass) return plain;
+  Aligner(rows, client, options, true).Run(&checkpoints, &reasoning);
+  return reasoning.size() > plain.size() ? reasoning : plain;
 }
 
 }  // namespace anchorage

@@ -36,4 +36,10 @@ struct AlignOptions {
 // where the copy goes past the rows' end, or nullopt when they part.
 std::optional<size_t> AlignCopyWithRows(std::string_view rows_text, std::string_view client_text, const AlignOptions& options = {});
 
+// The same rules, for a copy that parts from the rows before their end (an edited reply): of the rows'
+// offsets in checkpoints (ascending), those the alignment stood on before the two parted, each with
+// the client offset there. The second pass is used when options allow it and it reaches further.
+std::vector<std::pair<size_t, size_t>> AlignedCheckpoints(std::string_view rows_text, std::string_view client_text,
+                                                          const AlignOptions& options, const std::vector<size_t>& checkpoints);
+
 }  // namespace anchorage

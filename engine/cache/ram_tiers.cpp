@@ -12,7 +12,58 @@ TierOffer AnchorsTier::Find(std::span<const int32_t> prompt, const ResidentRows&
   if (a != nullptr && !MayResumeAt(a->length, common, resident.taint_row, resident.regions))
     a = anchors_.LargestAtOrBelow(std::min(reach, resident.taint_row));
   if (a != nullptr && a->length > 0) offer.resume_length = a->length;
+  if (std::optional<TierOffer> aligned = FindAligned(prompt, resident, limit, offer.resume_length)) return std::move(*aligned);
   return offer;
+}
+
+std::optional<TierOffer> AnchorsTier::FindAligned(std::span<const int32_t> prompt, const ResidentRows& resident, int64_t limit, int64_t plain) const {
+  // Only generated text is re-rendered: the anchors above a whole generation region, past the common prefix.
+  if (!options_.alignment || tokenizer_ == nullptr || resident.regions.empty()) return std::nullopt;
+  const int64_t common = CommonPrefixLength(prompt, resident.rows);
+  std::vector<int64_t> lines;
+  for (int64_t length : anchors_.lengths())
+    if (length > std::max(plain, common) && length <= std::min<int64_t>(limit, resident.rows.size()) && MayResumeAt(length, length, resident.taint_row, resident.regions))
+      lines.push_back(length);
+  if (lines.empty()) return std::nullopt;
+  std::sort(lines.begin(), lines.end());
+  // The rows' text decoded a piece at a time between region bounds and anchor lines, so each is a byte offset.
+  std::vector<int64_t> cuts = lines;
+  for (const auto& [begin, end] : resident.regions) cuts.insert(cuts.end(), {begin, end});
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  std::string rows_text;
+  AlignOptions align;
+  align.reasoning_pass = options_.reasoning_pass;
+  std::vector<size_t> checkpoints;
+  std::vector<std::pair<size_t, size_t>> byte_regions(resident.regions.size());
+  int64_t at = 0;
+  for (int64_t cut : cuts) {
+    if (cut > lines.back()) break;
+    rows_text += tokenizer_->Decode(std::vector<int32_t>(resident.rows.begin() + at, resident.rows.begin() + cut));
+    at = cut;
+    for (size_t r = 0; r < resident.regions.size(); ++r) {
+      if (resident.regions[r].first == cut) byte_regions[r].first = rows_text.size();
+      if (resident.regions[r].second == cut) byte_regions[r].second = rows_text.size();
+    }
+    if (std::binary_search(lines.begin(), lines.end(), cut)) checkpoints.push_back(rows_text.size());
+  }
+  for (size_t r = 0; r < resident.regions.size(); ++r)
+    if (resident.regions[r].second <= lines.back()) align.regions.push_back(byte_regions[r]);
+  if (align.regions.empty()) return std::nullopt;  // an empty list would make the whole text one region
+  const std::string client_text = tokenizer_->Decode(std::vector<int32_t>(prompt.begin(), prompt.end()));
+  const auto reached = AlignedCheckpoints(rows_text, client_text, align, checkpoints);
+  for (auto it = reached.rbegin(); it != reached.rend(); ++it) {
+    const int64_t line = lines[static_cast<size_t>(std::find(checkpoints.begin(), checkpoints.end(), it->first) - checkpoints.begin())];
+    auto tail = tokenizer_->Encode(std::string_view(client_text).substr(it->second), /*parse_special=*/true);
+    if (!tail.ok() || tail->empty()) continue;
+    TierOffer offer;
+    offer.served_prompt.assign(resident.rows.begin(), resident.rows.begin() + line);
+    offer.served_prompt.insert(offer.served_prompt.end(), tail->begin(), tail->end());
+    offer.resume_length = line;
+    offer.aligned = true;
+    return offer;
+  }
+  return std::nullopt;
 }
 
 std::string EndTier::RowsText(const std::vector<int32_t>& rows, int64_t length, std::vector<std::pair<size_t, size_t>>* byte_regions) const {

@@ -16,10 +16,17 @@
 namespace anchorage {
 
 // Grid anchors of the rows in place: the request keeps its common prefix and resumes at the
-// largest anchor within it.
+// largest anchor within it. A copy that re-rendered generated text and then parts from the rows (an
+// edited reply) is aligned as the end anchor's copies are, and resumes at the largest anchor the
+// alignment reached, served with the rows' own tokens up to there.
 class AnchorsTier : public CacheTier {
  public:
-  explicit AnchorsTier(AnchorSet& anchors) : anchors_(anchors) {}
+  struct Options {
+    bool alignment = true;
+    bool reasoning_pass = true;
+  };
+  AnchorsTier(AnchorSet& anchors, const Tokenizer* tokenizer) : anchors_(anchors), tokenizer_(tokenizer) {}
+  void set_options(Options options) { options_ = options; }
   const char* name() const override { return "anchors"; }
   TierOffer Find(std::span<const int32_t> prompt, const ResidentRows& resident, int64_t limit) const override;
   Status Restore(std::span<const int32_t>, const TierOffer&, ResidentRows&) override { return Status::Ok(); }  // already in place
@@ -27,7 +34,12 @@ class AnchorsTier : public CacheTier {
   ShedUnit ShedOne() override { return {anchors_.size() > 0 ? anchors_.DropOldest() : 0, 0}; }
 
  private:
+  // The aligned offer above `plain` (a resume point), or none.
+  std::optional<TierOffer> FindAligned(std::span<const int32_t> prompt, const ResidentRows& resident, int64_t limit, int64_t plain) const;
+
   AnchorSet& anchors_;
+  const Tokenizer* tokenizer_;
+  Options options_;
 };
 
 // The end anchor of the rows in place; a copy that re-rendered the conversation is served by

@@ -52,7 +52,7 @@ ResidentPrefix::ResidentPrefix(ComputeBackend& forward, const Tokenizer* tokeniz
       taint_row_(kNoTaintRow),
       anchors_(options.anchor_budget_bytes),
       store_(options.store_budget_bytes, options.store_entry_cap_bytes),
-      anchors_tier_(anchors_),
+      anchors_tier_(anchors_, tokenizer),
       end_tier_(end_, tokenizer),
       stash_tier_(stash_, stash_shed_),
       pin_tier_(pin_),
@@ -242,6 +242,7 @@ void ResidentPrefix::ConfigureTiers() {
   responses_.set_enabled(options_.response_cache);
   responses_.set_max_bytes(options_.response_cache_bytes);
   end_tier_.set_options({options_.end_anchor, options_.end_alignment, options_.end_align_reasoning});
+  anchors_tier_.set_options({options_.end_alignment, options_.end_align_reasoning});
   if (spill_tier_) {
     spill_tier_->set_cost_check(options_.spill.cost_check);
     spill_tier_->set_alignment({options_.end_anchor, options_.end_alignment, options_.end_align_reasoning});

@@ -72,6 +72,29 @@ class TestEndAlignment : public QObject {
     }
   }
 
+  // An edited reply: the copy left the first answer's reasoning out and parts inside the second
+  // answer. The checkpoints before the parting are reached, each with the copy's offset there; one
+  // inside the left-out block and one past the parting are not.
+  void checkpointsBeforeTheCopyParts() {
+    const std::string first = "<|im_start|>assistant\n<think>\nplan\n</think>\n\nOne.<|im_end|>\n";
+    const std::string user = "<|im_start|>user\nnext question<|im_end|>\n<|im_start|>assistant\n";
+    const std::string rows = "<|im_start|>user\nhi<|im_end|>\n" + first + user + "Two answers.";
+    const size_t region1 = rows.find("<think>"), region1_end = rows.find("<|im_end|>", region1);
+    const size_t region2 = rows.find("Two");
+    anchorage::AlignOptions options;
+    options.regions = {{region1 + 8, region1_end}, {region2, rows.size()}};
+    const std::string copy = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nOne.<|im_end|>\n" + user + "Two edits.<|im_end|>";
+    const size_t in_block = rows.find("plan"), in_user = rows.find("next"), in_reply = rows.find("answers"), before_reply = region2 + 4;
+    const auto reached = anchorage::AlignedCheckpoints(rows, copy, options, {in_block, in_user, before_reply, in_reply});
+    QCOMPARE(reached.size(), size_t(2));
+    QCOMPARE(reached[0].first, in_user);
+    QCOMPARE(reached[0].second, copy.find("next"));
+    QCOMPARE(reached[1].first, before_reply);
+    QCOMPARE(reached[1].second, copy.find("Two") + 4);
+    options.reasoning_pass = false;  // without the second pass the copy parts at the left-out block
+    QVERIFY(anchorage::AlignedCheckpoints(rows, copy, options, {in_block, in_user}).empty());
+  }
+
   void cases() {
     QFETCH(QString, rows);
     QFETCH(QString, copy);

@@ -179,6 +179,32 @@ class TestExactnessServer : public QObject {
     QCOMPARE(cold["usage"]["anchorage"]["cached_tokens"].get<int64_t>(), int64_t(0));
     QCOMPARE(Logprobs(follow), Logprobs(cold));
   }
+  // With thinking off the rows keep each answer's empty think block, which the client's copy leaves
+  // out. A client that rewrote the last reply parts from the rows inside it: it resumes at the last
+  // line below the second prompt's end (aligned past the first answer), not below the first answer.
+  void anEditedReplyResumesBelowWhereItParts() {
+    QVERIFY(server_.Post("/v1/cache/clear?tier=all", "")->status == 200);
+    const json no_thinking = {{"enable_thinking", false}};
+    auto turn = [&](const json& messages, int max_tokens) {
+      return server_.Chat({{"messages", messages}, {"max_tokens", max_tokens}, {"temperature", 0}, {"session_id", "edit"}, {"chat_template_kwargs", no_thinking}});
+    };
+    json messages = json::array({{{"role", "user"}, {"content", Words(300, 1)}}});
+    const json first = turn(messages, 40);
+    messages.push_back({{"role", "assistant"}, {"content", first["choices"][0]["message"]["content"]}});
+    messages.push_back({{"role", "user"}, {"content", Words(30, 5)}});
+    const json second = turn(messages, 40);
+    QCOMPARE(second["usage"]["anchorage"]["cache_source"].get<std::string>(), std::string("end"));
+    const int64_t served = second["usage"]["anchorage"]["served_prompt_tokens"].get<int64_t>();
+    const int64_t line = (served - 1) / 64 * 64;
+    QVERIFY2(served - line > 8 && line > first["usage"]["prompt_tokens"].get<int64_t>(), "the sizes no longer make the case");
+    messages.push_back({{"role", "assistant"}, {"content", "Edited answer here."}});
+    messages.push_back({{"role", "user"}, {"content", "ok"}});
+    const json copy = turn(messages, 2);
+    const json& usage = copy["usage"]["anchorage"];
+    QCOMPARE(usage["cache_source"].get<std::string>(), std::string("resident"));
+    QCOMPARE(usage["cached_tokens"].get<int64_t>(), line);
+    QCOMPARE(usage["served_prompt_tokens"].get<int64_t>(), line + usage["reread_tokens"].get<int64_t>());
+  }
   // An agent-shaped session (a tool call with reasoning, its result, an answer; the template drops
   // earlier reasoning): every follow-up resumes at the end anchor and re-reads, at the median, no
   // more than the client's prompt grew.
