@@ -128,7 +128,7 @@ Result<GenerationResult> Generator::Generate(SequenceState& state, std::span<con
     const bool at_limit = static_cast<int64_t>(result.tokens.size()) >= params.max_tokens;
     bool stop_text = false;
     if (tokenizer_ && !stop_id) {
-      raw += tokenizer_->Decode({id});
+      raw += tokenizer_->TokenBytes(id);  // raw bytes: a character split across tokens is whole once its last byte comes
       // A finished generation flushes an unfinished character as U+FFFD; else it waits for more bytes.
       const size_t complete = at_limit ? raw.size() : unicode::CompleteUtf8Prefix(raw);
       if (complete > sanitized_bytes) {

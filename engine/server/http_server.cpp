@@ -682,8 +682,8 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
   auto token_logprob = [this](const SampledToken& t, int top) {
     auto entry = [this](int32_t tid, float lp) {
       std::string text = model_.tokenizer.Decode({tid});
-      ojson bytes = ojson::array();
-      for (unsigned char c : text) bytes.push_back(c);
+      ojson bytes = ojson::array();  // the token's own bytes, part of a character where it holds one
+      for (unsigned char c : model_.tokenizer.TokenBytes(tid)) bytes.push_back(c);
       return ojson{{"token", text}, {"logprob", lp}, {"bytes", bytes}};
     };
     ojson e = entry(t.id, t.logprob);

@@ -7,6 +7,7 @@
 #include "engine/model/model.h"
 #include "engine/model/tiny_model.h"
 #include "engine/runtime/generator.h"
+#include "engine/text/unicode_text.h"
 
 using namespace anchorage;
 
@@ -57,6 +58,30 @@ class TestGenerator : public QObject {
     auto again = Run(p);
     QVERIFY(again.ok());
     QCOMPARE(again->tokens, r->tokens);
+  }
+
+  // A character whose bytes come in two tokens is whole in the text, never U+FFFD: across seeds
+  // some run samples such a token, and every run's text is the decoded tokens.
+  void aCharacterSplitAcrossTokensIsWhole() {
+    int split_runs = 0;
+    for (uint64_t seed = 1; seed <= 40; ++seed) {
+      SamplingParams p;
+      p.temperature = 1.0f;
+      p.seed = seed;
+      p.max_tokens = 32;
+      std::string streamed;
+      auto r = Run(p, [&](const GeneratedToken& t) { streamed += t.text; return true; });
+      QVERIFY(r.ok());
+      bool split = false;
+      for (int32_t id : r->tokens) {
+        const std::string bytes(model_->tokenizer.TokenBytes(id));
+        split |= !model_->tokenizer.IsAdded(id) && unicode::SanitizeUtf8(bytes) != bytes;
+      }
+      split_runs += split;
+      QCOMPARE(r->text, model_->tokenizer.Decode(r->tokens));
+      QCOMPARE(streamed, r->text);
+    }
+    QVERIFY2(split_runs > 0, "no run sampled a token holding part of a character");
   }
 
   void stopTokenIdEndsWithStop() {

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 
+#include "engine/core/file_util.h"
 #include "tests/server/server_fixture.h"
 
 using anchorage::testing::ServerProcess;
@@ -79,6 +80,60 @@ class TestSpillServer : public QObject {
     QVERIFY(cleared && cleared->status == 200);
     QCOMPARE(json::parse(cleared->body)["stats"]["spill"]["entries"].get<int64_t>(), int64_t(0));
     QVERIFY(!b.Chat(Turn(first)).empty());
+  }
+
+  // A conversation is drained with its end anchor; after the restart its next turn resumes at that
+  // end, as on a server that never stopped, and answers the same logprobs: answers that close their
+  // reasoning (the copies leave it out), and answers with thinking off (the copies leave the empty
+  // think block out).
+  void aDrainedConversationResumesAtItsEnd_data() {
+    QTest::addColumn<bool>("thinking");
+    QTest::newRow("reasoning closed") << true;
+    QTest::newRow("thinking off") << false;
+  }
+  void aDrainedConversationResumesAtItsEnd() {
+    QFETCH(bool, thinking);
+    QTemporaryDir data, never;
+    json replies = json::array();
+    for (int t = 0; t < 4; ++t)
+      replies.push_back({{"match", "TURN" + std::to_string(t) + "X"}, {"reply", LongText().substr(0, 200) + "\n</think>\n\nAnswer " + std::to_string(t)}});
+    for (const QTemporaryDir* dir : {&data, &never}) {
+      QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(dir->path()));
+      QVERIFY(anchorage::WriteFileAtomic(dir->filePath("replies.json").toStdString(), replies.dump()).ok());
+    }
+    auto flags = [](const QTemporaryDir& dir) { return QStringList{"--grid", "64", "--test-replies", dir.filePath("replies.json")}; };
+    auto turn = [&](ServerProcess& s, const json& messages) {
+      json body = {{"messages", messages}, {"max_tokens", thinking ? 200 : 20}, {"temperature", 0}, {"logprobs", true}, {"session_id", "c"}};
+      if (!thinking) body["chat_template_kwargs"] = {{"enable_thinking", false}};
+      return s.Chat(body);
+    };
+    const std::string tag = thinking ? "TURN" : "PLAIN";  // only TURN<n>X is answered from the replies
+    json messages = json::array({{{"role", "user"}, {"content", tag + "0X " + LongText() + LongText()}}});
+    ServerProcess reference, a;
+    QVERIFY(reference.Start(never.path(), flags(never)));
+    QVERIFY(a.Start(data.path(), flags(data)));
+    for (int t = 0; t < 3; ++t) {
+      const json reply = turn(a, messages);
+      if (thinking) QCOMPARE(reply["choices"][0]["finish_reason"].get<std::string>(), std::string("stop"));
+      QCOMPARE(turn(reference, messages)["choices"][0]["message"], reply["choices"][0]["message"]);
+      const json& assistant = reply["choices"][0]["message"];
+      QCOMPARE(assistant.contains("reasoning_content"), thinking);
+      messages.push_back(assistant);
+      messages.push_back({{"role", "user"}, {"content", tag + std::to_string(t + 1) + "X " + LongText().substr(0, 400)}});
+    }
+    const int64_t end = json::parse(a.Get("/v1/cache/stats")->body)["end"]["length"].get<int64_t>();
+    ::kill(static_cast<pid_t>(a.process().processId()), SIGTERM);
+    QVERIFY(a.process().waitForFinished(20000));
+    QCOMPARE(a.process().exitCode(), 0);
+    ServerProcess b;
+    QVERIFY(b.Start(data.path(), flags(data)));
+    const json got = turn(b, messages), expected = turn(reference, messages);
+    QCOMPARE(expected["usage"]["anchorage"]["cache_source"].get<std::string>(), std::string("end"));
+    QCOMPARE(got["usage"]["anchorage"]["cache_source"].get<std::string>(), std::string("end"));
+    QCOMPARE(got["usage"]["anchorage"]["cached_tokens"].get<int64_t>(), end);
+    QCOMPARE(got["usage"]["anchorage"]["cached_tokens"], expected["usage"]["anchorage"]["cached_tokens"]);
+    QVERIFY(got["choices"][0]["logprobs"]["content"].size() > 0);
+    QCOMPARE(got["choices"][0]["logprobs"], expected["choices"][0]["logprobs"]);
   }
 };
 
