@@ -167,14 +167,26 @@ TierOffer ParkTier::Find(std::span<const int32_t> prompt, const ResidentRows& re
   TierOffer offer;
   if (park_.empty() || CommonPrefixLength(resident.rows, park_.tokens) < park_.head) return offer;  // the shared head must be in place
   const int64_t cq = CommonPrefixLength(prompt, park_.tokens);
-  if (cq <= CommonPrefixLength(prompt, resident.rows)) return offer;
   const int64_t reach = std::min(cq, limit);
-  for (const Anchor& a : park_.anchors)
-    if (a.length <= reach && MayResumeAt(a.length, cq, park_.taint_row, park_.regions)) offer.resume_length = std::max(offer.resume_length, a.length);
-  if (park_.end && park_.end->anchor.length <= reach && park_.end->anchor.length > offer.resume_length &&
-      MayResumeAtEnd(park_.end->anchor.length, cq, park_.end->taint_row, park_.end->regions)) {
-    offer.resume_length = park_.end->anchor.length;
-    offer.resume_from_end = true;
+  if (cq > CommonPrefixLength(prompt, resident.rows)) {
+    for (const Anchor& a : park_.anchors)
+      if (a.length <= reach && MayResumeAt(a.length, cq, park_.taint_row, park_.regions)) offer.resume_length = std::max(offer.resume_length, a.length);
+    if (park_.end && park_.end->anchor.length <= reach && park_.end->anchor.length > offer.resume_length &&
+        MayResumeAtEnd(park_.end->anchor.length, cq, park_.end->taint_row, park_.end->regions)) {
+      offer.resume_length = park_.end->anchor.length;
+      offer.resume_from_end = true;
+    }
+  }
+  // A copy that re-rendered the parked conversation (earlier reasoning left out) reaches the end by alignment.
+  if (park_.end && park_.end->anchor.length > std::max(cq, offer.resume_length) && alignment_.enabled && alignment_.alignment && tokenizer_ != nullptr) {
+    std::optional<EndAnchor> end = park_.end;
+    EndTier aligner(end, tokenizer_);
+    aligner.set_options(alignment_);
+    std::vector<TokenRegion> regions = park_.regions;
+    int64_t taint = park_.taint_row;
+    std::string session;
+    const ResidentRows view{resident.state, park_.tokens, resident.anchors, end, regions, taint, session};
+    if (TierOffer aligned = aligner.Find(prompt, view, limit); aligned.aligned && aligned.resume_length == end->anchor.length) offer = std::move(aligned);
   }
   if (offer.resume_length > 0) offer.restore_bytes = park_.bytes();
   return offer;

@@ -100,8 +100,11 @@ class PinTier : public CacheTier {
 // Another session's rows above the head it shares with the rows in place; restoring swaps them.
 class ParkTier : public CacheTier {
  public:
-  ParkTier(ParkedSession& park, std::function<void(ParkedSession)> install) : park_(park), install_(std::move(install)) {}
+  ParkTier(ParkedSession& park, const Tokenizer* tokenizer, std::function<void(ParkedSession)> install)
+      : park_(park), tokenizer_(tokenizer), install_(std::move(install)) {}
   void set_budget_bytes(int64_t bytes) { budget_bytes_ = bytes; }
+  // The parked end serves a re-rendered copy by end alignment on the parked tokens, as the end tier does.
+  void set_alignment(EndTier::Options options) { alignment_ = options; }
   const char* name() const override { return "park"; }
   TierOffer Find(std::span<const int32_t> prompt, const ResidentRows& resident, int64_t limit) const override;
   // Copies the rows in place aside (when the offer allows), writes the parked rows over them, then
@@ -114,8 +117,10 @@ class ParkTier : public CacheTier {
 
  private:
   ParkedSession& park_;
+  const Tokenizer* tokenizer_;
   std::function<void(ParkedSession)> install_;  // makes a copy the park (counts and journals it)
   int64_t budget_bytes_ = 0;
+  EndTier::Options alignment_;
 };
 
 // The state store's snapshots: prefix snapshots (a cold prefill's rows) and session snapshots.

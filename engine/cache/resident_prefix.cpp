@@ -56,7 +56,7 @@ ResidentPrefix::ResidentPrefix(ComputeBackend& forward, const Tokenizer* tokeniz
       end_tier_(end_, tokenizer),
       stash_tier_(stash_, stash_shed_),
       pin_tier_(pin_),
-      park_tier_(park_, [this](ParkedSession parked) { InstallPark(std::move(parked)); }),
+      park_tier_(park_, tokenizer, [this](ParkedSession parked) { InstallPark(std::move(parked)); }),
       store_tier_(store_) {
   ConfigureTiers();
   if (tokenizer_ != nullptr)
@@ -248,6 +248,7 @@ void ResidentPrefix::ConfigureTiers() {
     spill_tier_->set_alignment({options_.end_anchor, options_.end_alignment, options_.end_align_reasoning});
   }
   park_tier_.set_budget_bytes(options_.park_budget_bytes);
+  park_tier_.set_alignment({options_.end_anchor, options_.end_alignment, options_.end_align_reasoning});
   store_tier_.set_enabled(options_.store_enabled);
 }
 

@@ -475,6 +475,8 @@ void Scheduler::RecordJob(const Job& job, const RequestFigures& s, int status, c
   row.status = status;
   row.error = error;
   row.figures = s;
+  // Of the client's prompt, as usage's prompt_tokens_details.cached_tokens (the engine's resume point counts the served one).
+  row.figures.cached_tokens = std::max<int64_t>(0, s.prompt_tokens - s.reread_tokens);
   row.cache_tier = s.cache_source == "disk" || s.cache_source == "spill" ? s.cache_source : s.cached_tokens > 0 ? "ram" : "none";
   row.finish_reason = finish;
   options_.journal->RecordRequest(std::move(row));

@@ -205,6 +205,47 @@ class TestExactnessServer : public QObject {
     QCOMPARE(usage["cached_tokens"].get<int64_t>(), line);
     QCOMPARE(usage["served_prompt_tokens"].get<int64_t>(), line + usage["reread_tokens"].get<int64_t>());
   }
+  // A-B-A: session A's rows are parked with their end when B takes the rows; A's next turn (its
+  // earlier reasoning left out, so it reaches the parked end only by alignment) resumes at that end
+  // and re-reads what the same turn re-reads on a server that served A alone.
+  void aParkedEndServesAnAlignedCopy() {
+    QTemporaryDir dir, solo_dir;
+    const json replies = json::array({{{"match", "TASKA"}, {"reply", Words(30, 7) + "\n</think>\n\n" + Words(20, 8)}},
+                                      {{"match", "TASKB"}, {"reply", Words(10, 9) + "\n</think>\n\n" + Words(10, 3)}}});
+    for (const QTemporaryDir* d : {&dir, &solo_dir}) {
+      QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(d->path()));
+      QVERIFY(anchorage::WriteFileAtomic(d->filePath("replies.json").toStdString(), replies.dump()).ok());
+    }
+    ServerProcess shared, solo;
+    QVERIFY(shared.Start(dir.path(), {"--grid", "64", "--test-replies", dir.filePath("replies.json")}));
+    QVERIFY(solo.Start(solo_dir.path(), {"--grid", "64", "--test-replies", solo_dir.filePath("replies.json")}));
+    auto turn = [](ServerProcess& s, const json& messages, const std::string& session) {
+      return s.Chat({{"messages", messages}, {"max_tokens", 400}, {"session_id", session}});
+    };
+    json a = json::array({{{"role", "system"}, {"content", Words(400, 1)}}, {{"role", "user"}, {"content", "TASKA " + Words(50, 2)}}});
+    const json a1 = turn(shared, a, "A");
+    QCOMPARE(turn(solo, a, "A")["choices"][0]["message"], a1["choices"][0]["message"]);
+    QVERIFY2(a1["choices"][0]["message"].contains("reasoning_content"), a1.dump().c_str());
+    a.push_back(a1["choices"][0]["message"]);
+    a.push_back({{"role", "user"}, {"content", "TASKA again " + Words(20, 4)}});
+    const json b = json::array({{{"role", "system"}, {"content", Words(450, 5)}}, {{"role", "user"}, {"content", "TASKB " + Words(40, 6)}}});
+    QVERIFY(!turn(shared, b, "B").empty());
+    const json stats = json::parse(shared.Get("/v1/cache/stats")->body);
+    QVERIFY2(stats["park"]["entries"].get<int64_t>() == 1, stats["park"].dump().c_str());
+    const json back = turn(shared, a, "A"), alone = turn(solo, a, "A");
+    QCOMPARE(alone["usage"]["anchorage"]["cache_source"].get<std::string>(), std::string("end"));
+    QCOMPARE(back["usage"]["anchorage"]["cache_source"].get<std::string>(), std::string("park"));
+    QCOMPARE(back["usage"]["anchorage"]["cached_tokens"], alone["usage"]["anchorage"]["cached_tokens"]);
+    QCOMPARE(back["usage"]["anchorage"]["reread_tokens"], alone["usage"]["anchorage"]["reread_tokens"]);
+    QCOMPARE(back["choices"][0]["message"], alone["choices"][0]["message"]);
+    // The journal's cached_tokens is the client's, as usage says, though the served prompt is longer.
+    const json& usage = back["usage"];
+    QVERIFY(usage["anchorage"]["served_prompt_tokens"].get<int64_t>() > usage["prompt_tokens"].get<int64_t>());
+    json row;
+    QTRY_VERIFY_WITH_TIMEOUT((row = json::parse(shared.Get("/v1/journal?kind=request&limit=1")->body)["rows"][0], row["session"] == "A"), 5000);
+    QCOMPARE(row["prompt_tokens"], usage["prompt_tokens"]);
+    QCOMPARE(row["cached_tokens"], usage["prompt_tokens_details"]["cached_tokens"]);
+  }
   // An agent-shaped session (a tool call with reasoning, its result, an answer; the template drops
   // earlier reasoning): every follow-up resumes at the end anchor and re-reads, at the median, no
   // more than the client's prompt grew.

@@ -80,7 +80,11 @@ class TestOperationsRoutes : public QObject {
     QCOMPARE(hits["rows"][0]["session"].get<std::string>(), std::string("s1"));
     QCOMPARE(hits["rows"][0]["tier"].get<std::string>(), std::string("end"));
     QCOMPARE(hits["rows"][0]["reason"].get<std::string>(), std::string("end alignment"));
-    QCOMPARE(hits["rows"][0]["tokens"].get<int>(), rows[1]["cached_tokens"].get<int>());
+    // The hit counts the engine's resume point; the request row the client's cached tokens, as usage does.
+    const json usage = json::parse(second->body)["usage"];
+    QCOMPARE(hits["rows"][0]["tokens"].get<int>(), usage["anchorage"]["cached_tokens"].get<int>());
+    QCOMPARE(rows[1]["cached_tokens"].get<int>(), usage["prompt_tokens_details"]["cached_tokens"].get<int>());
+    QCOMPARE(rows[1]["cached_tokens"].get<int>(), rows[1]["prompt_tokens"].get<int>() - rows[1]["reread_tokens"].get<int>());
     json ends = PollJson(s, "/v1/journal?kind=write&tier=end", [](const json& b) { return b.value("total", 0) >= 2; });
     QCOMPARE(ends["total"].get<int>(), 2);
     for (const json& e : ends["rows"]) {
