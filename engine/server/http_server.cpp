@@ -18,6 +18,9 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
+constexpr int kQueuedStreamHeadersMs = 250;  // a stream still queued after this gets its headers
+constexpr int kQueuedCommentMs = 1000;       // and an SSE comment this often while it waits
+
 int64_t NowSeconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -579,18 +582,21 @@ void HttpServer::Forwarded(const BackendSpec& backend, const ojson& body, const 
 void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpResponse& res) {
   ojson routed;
   if (auto backend = BackendOf(req.body, &routed)) return Forwarded(*backend, routed, req, res);
-  // Answers an error and journals the rejected request.
-  auto reject = [&](const ApiError& e) {
-    SendError(res, e);
+  // Journals a rejected request; reject answers it too.
+  auto journal_refusal = [this, session = req.HeaderValue("x-session-id"), route = req.path](const ApiError& e) {
     if (journal_ == nullptr) return;
     RequestRow row;
-    row.session = req.HeaderValue("x-session-id");
+    row.session = session;
     row.model = options_.model_id;
-    row.route = req.path;
+    row.route = route;
     row.status = e.status;
     row.error = e.message;
     row.figures.cache_source.clear();  // refused before any tier was asked
     journal_->RecordRequest(std::move(row));
+  };
+  auto reject = [&](const ApiError& e) {
+    SendError(res, e);
+    journal_refusal(e);
   };
   if (std::optional<ApiError> unrouted = UnroutedModel(routed)) {
     if (unrouted->status == 503) res.SetHeader("Retry-After", "5");
@@ -653,14 +659,17 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
     return reject({503, submitted.message(), "server_error", "", submitted.code() == StatusCode::kCancelled ? "shutting_down" : "queue_full"});
   }
 
-  if (Status admitted = job->WaitAdmitted(); !admitted.ok()) {
-    if (admitted.code() == StatusCode::kResourceExhausted) {
-      res.SetHeader("Retry-After", "2");
-      return reject({503, admitted.message(), "server_error", "", "memory_exhausted"});
-    }
+  auto refusal = [kind](const Status& admitted) -> ApiError {
+    if (admitted.code() == StatusCode::kResourceExhausted) return {503, admitted.message(), "server_error", "", "memory_exhausted"};
     if (admitted.code() == StatusCode::kOutOfRange)
-      return reject({400, admitted.message(), "invalid_request_error", kind == RequestKind::kChat ? "messages" : "prompt", "context_length_exceeded"});
-    return reject({500, admitted.ToString(), "server_error", "", "engine_error"});
+      return {400, admitted.message(), "invalid_request_error", kind == RequestKind::kChat ? "messages" : "prompt", "context_length_exceeded"};
+    return {500, admitted.ToString(), "server_error", "", "engine_error"};
+  };
+  // A stream still queued after a moment gets its headers at once and SSE comments while it waits.
+  const std::optional<Status> admitted = r.stream ? job->WaitAdmittedFor(std::chrono::milliseconds(kQueuedStreamHeadersMs)) : job->WaitAdmitted();
+  if (admitted && !admitted->ok()) {
+    if (admitted->code() == StatusCode::kResourceExhausted) res.SetHeader("Retry-After", "2");
+    return reject(refusal(*admitted));
   }
   const std::string id = (kind == RequestKind::kChat ? "chatcmpl-" : "cmpl-") + RandomHex(24);
   const int64_t created = NowSeconds();
@@ -738,7 +747,7 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
   const std::string chunk_object = kind == RequestKind::kChat ? "chat.completion.chunk" : "text_completion";
   res.SetHeader("Cache-Control", "no-cache");
   res.content_type = "text/event-stream";
-  res.stream = [this, job, prepared, id, created, chunk_object, kind, usage_json, token_logprob](HttpStream& sink) {
+  res.stream = [this, job, prepared, id, created, chunk_object, kind, usage_json, token_logprob, queued = !admitted, refusal, journal_refusal](HttpStream& sink) {
         const CompletionRequest& r = prepared->request;
         auto chunk = [&](ojson choice_delta, ojson finish, ojson logprobs) {
           ojson choice = {{"index", 0}};
@@ -770,6 +779,17 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
           }
           return true;
         };
+        while (queued) {
+          const size_t position = scheduler_.QueuePosition(job.get());
+          if (!send(": queued" + (position > 0 ? ", position " + std::to_string(position) : std::string()) + "\n\n")) return;
+          if (const std::optional<Status> a = job->WaitAdmittedFor(std::chrono::milliseconds(kQueuedCommentMs))) {
+            if (a->ok()) break;
+            const ApiError e = refusal(*a);  // the headers went: the refusal is the stream's one event
+            send(SseEvent(e.ToJson()));
+            journal_refusal(e);
+            return;
+          }
+        }
         if (kind == RequestKind::kChat && !send(SseEvent(chunk({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)))) return;
         bool done = false;
         while (!done) {

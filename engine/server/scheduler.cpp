@@ -26,6 +26,13 @@ Status Job::WaitAdmitted() {
   return status_.ok() ? Status::Ok() : status_;
 }
 
+std::optional<Status> Job::WaitAdmittedFor(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return admitted_ || done_; })) return std::nullopt;
+  if (admitted_) return admission_;
+  return status_.ok() ? Status::Ok() : status_;
+}
+
 void Job::Admit(Status status) {
   {
     std::lock_guard lock(mu_);
@@ -117,6 +124,13 @@ void Scheduler::WaitIdle() {
 size_t Scheduler::queue_depth() const {
   std::lock_guard lock(mu_);
   return queue_.size();
+}
+
+size_t Scheduler::QueuePosition(const Job* job) const {
+  std::lock_guard lock(mu_);
+  for (size_t i = 0; i < queue_.size(); ++i)
+    if (queue_[i].first.get() == job) return i + 1;
+  return 0;
 }
 
 bool Scheduler::busy() const {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -60,6 +61,8 @@ class Job {
   // Waits until the engine took the job and it fit the memory budget (ok), or it failed before
   // its prefill (the error: ResourceExhausted when it cannot fit).
   Status WaitAdmitted();
+  // The same for at most timeout: nullopt while the job still waits.
+  std::optional<Status> WaitAdmittedFor(std::chrono::milliseconds timeout);
   // Engine side: the job passed (or failed) admission.
   void Admit(Status status);
 
@@ -121,6 +124,8 @@ class Scheduler {
   void WaitIdle();
 
   size_t queue_depth() const;
+  // Where job waits in the queue (1: next); 0 once the engine took it (or it is not queued).
+  size_t QueuePosition(const Job* job) const;
   bool busy() const;
   bool draining() const;
   EngineLock& engine_lock() { return lock_; }

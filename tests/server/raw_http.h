@@ -142,6 +142,22 @@ class RawConnection {
     return r;
   }
 
+  // Everything received so far once it holds marker, or at timeout_ms (a stream read as it comes).
+  const std::string& ReceiveUntil(std::string_view marker, int timeout_ms) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (buffer_.find(marker) == std::string::npos) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) break;
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count())) <= 0) break;
+      char buf[65536];
+      const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      buffer_.append(buf, static_cast<size_t>(n));
+    }
+    return buffer_;
+  }
+
   // Whether the server closes the connection within timeout_ms.
   bool WaitClosed(int timeout_ms) {
     pollfd p{fd_, POLLIN, 0};

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <thread>
 
+#include "tests/server/raw_http.h"
 #include "tests/server/server_fixture.h"
 
 using anchorage::testing::ServerProcess;
@@ -213,6 +214,34 @@ class TestServer : public QObject {
     const int64_t generated = json::parse(health->body)["last_request"]["completion_tokens"];
     qInfo() << "engine idle" << idle_ms << "ms after the hang-up; it generated" << generated << "of 30000 tokens";
     QVERIFY2(generated < 3000, std::to_string(generated).c_str());
+  }
+
+  // A stream queued behind a long answer gets its headers and a queued comment (with its place)
+  // before the engine starts it, then its answer once the engine is free.
+  void aQueuedStreamGetsItsHeadersAtOnce() {
+    std::atomic<bool> started = false, release = false;
+    std::thread busy([&] {
+      (void)server_.Stream("/v1/chat/completions", Chat("Tell me a very long story", 30000, true), [&](const json&) {
+        started = true;
+        return !release.load();
+      });
+    });
+    QTRY_VERIFY_WITH_TIMEOUT(started.load(), 20000);
+    anchorage::testing::RawConnection c(server_.port());
+    QVERIFY(c.ok());
+    QVERIFY(c.Send(anchorage::testing::RawRequest("POST", "/v1/chat/completions", Chat("Queued behind the story", 8, true).dump())));
+    const std::string early = c.ReceiveUntil(": queued, position 1\n\n", 5000);
+    const bool still_busy = !release.load() && started.load();
+    release = true;  // the long answer's client hangs up; the engine takes the queued stream
+    busy.join();
+    QVERIFY2(still_busy, "the long answer ended before the queued stream was checked");
+    QVERIFY2(early.rfind("HTTP/1.1 200", 0) == 0, early.c_str());
+    QVERIFY2(early.find("text/event-stream") != std::string::npos, early.c_str());
+    QVERIFY2(early.find(": queued, position 1\n\n") != std::string::npos, early.c_str());
+    QVERIFY2(early.find("data: {") == std::string::npos, early.c_str());  // nothing of the answer before the engine took it
+    const std::string all = c.ReceiveUntil("data: [DONE]", 30000);
+    QVERIFY2(all.find("data: [DONE]") != std::string::npos, all.c_str());
+    QVERIFY(all.find("\"finish_reason\":\"") != std::string::npos);
   }
 
   void greedyTwiceSameTokens() {
