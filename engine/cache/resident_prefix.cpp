@@ -233,6 +233,17 @@ bool ResidentPrefix::EditsLastUserMessage(const CacheRequest& request, int64_t c
   return LastUserStart(std::span<const int32_t>(request.prompt.data(), static_cast<size_t>(last_user))) >= 0;
 }
 
+bool ResidentPrefix::RewritesALaterTurn(const CacheRequest& request, std::span<const int32_t> served, int64_t common) const {
+  if (!request.session.empty() || !session_.empty() || user_turn_ids_.empty()) return false;
+  const auto user_at = [&](size_t from) {
+    return std::search(served.begin() + static_cast<long>(std::min(from, served.size())), served.end(), user_turn_ids_.begin(), user_turn_ids_.end());
+  };
+  const auto first = user_at(0);
+  if (first == served.end()) return false;
+  const auto second = user_at(static_cast<size_t>(first - served.begin()) + user_turn_ids_.size());
+  return second != served.end() && common >= second - served.begin();
+}
+
 bool ResidentPrefix::SameConversation(const CacheRequest& request, int64_t common) const {
   if (!request.session.empty()) return request.session == session_;
   return EditsLastUserMessage(request, common);
@@ -795,7 +806,7 @@ void ResidentPrefix::PlanCopy(const CacheRequest& request, Plan& plan) const {
   if (plan.info.source == CacheSource::kPark) return park(park_.head);
   if (plan.info.source == CacheSource::kPin) return;
   const int64_t c = CommonPrefixLength(plan.info.served_prompt, rows_);
-  if (c >= resident || EditsLastUserMessage(request, c)) return;
+  if (c >= resident || EditsLastUserMessage(request, c) || RewritesALaterTurn(request, plan.info.served_prompt, c)) return;
   if (SameConversation(request, c)) {
     plan.copy = Plan::Copy::kPin;
     plan.copy_bytes = std::min(options_.pin_budget_bytes, RowBytes(resident) + PinnedHead::kMaxAnchors * anchor_bytes);

@@ -269,6 +269,9 @@ class ResidentPrefix {
   bool SameConversation(const CacheRequest& request, int64_t common) const;
   // A cut inside the request's last user message (a client rewriting its newest turn): nothing to pin or park.
   bool EditsLastUserMessage(const CacheRequest& request, int64_t common) const;
+  // An id-less request of the id-less resident conversation that keeps its opening (every row up to
+  // its second user turn) and rewrote a later turn (Qwen Code moves its reminder): nothing to pin or park.
+  bool RewritesALaterTurn(const CacheRequest& request, std::span<const int32_t> served, int64_t common) const;
 
   ComputeBackend& forward_;
   const Tokenizer* tokenizer_;

@@ -246,6 +246,45 @@ class TestExactnessServer : public QObject {
     QCOMPARE(row["prompt_tokens"], usage["prompt_tokens"]);
     QCOMPARE(row["cached_tokens"], usage["prompt_tokens_details"]["cached_tokens"]);
   }
+  // An id-less client that moves its date reminder from the previous user message into the new one
+  // each turn, and leaves earlier reasoning out: each turn resumes at a line below the rewritten
+  // message, and once it keeps the conversation's opening it parks nothing, being the same one.
+  void anIdlessClientMovingItsReminderKeepsItsConversation() {
+    QTemporaryDir dir;
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(dir.path()));
+    json replies = json::array();
+    for (int t = 0; t < 4; ++t)
+      replies.push_back({{"match", "TASK" + std::to_string(t) + "X"}, {"reply", Words(30, 20 + t) + "\n</think>\n\n" + Words(25, 30 + t)}});
+    QVERIFY(anchorage::WriteFileAtomic(dir.filePath("replies.json").toStdString(), replies.dump()).ok());
+    ServerProcess qwen_code;
+    QVERIFY(qwen_code.Start(dir.path(), {"--grid", "64", "--test-replies", dir.filePath("replies.json")}));
+    const std::string reminder = "<system-reminder>Today's date is day %d.</system-reminder>\n";
+    json answers = json::array();
+    int64_t previous_prompt = 0, previous_cached = -1;
+    for (int t = 0; t < 4; ++t) {
+      json messages = json::array({{{"role", "system"}, {"content", Words(300, 1)}}});
+      for (int k = 0; k <= t; ++k) {
+        std::string text = "TASK" + std::to_string(k) + "X " + Words(20, 40 + k);
+        if (k == t) text = QString::asprintf(reminder.c_str(), t).toStdString() + text;
+        messages.push_back({{"role", "user"}, {"content", text}});
+        if (k < t) messages.push_back(answers[k]);
+      }
+      const json reply = qwen_code.Chat({{"messages", messages}, {"max_tokens", 300}});
+      QCOMPARE(reply["choices"][0]["finish_reason"].get<std::string>(), std::string("stop"));
+      answers.push_back(reply["choices"][0]["message"]);
+      QVERIFY(answers.back().contains("reasoning_content"));
+      const int64_t cached = reply["usage"]["anchorage"]["cached_tokens"].get<int64_t>();
+      // Each turn resumes above where the turn before did: at the line below the message it rewrote.
+      if (t >= 1) QVERIFY2(cached > previous_cached && cached < previous_prompt, (std::to_string(cached) + " cached; the turn before " + std::to_string(previous_cached) + " of " + std::to_string(previous_prompt)).c_str());
+      if (t >= 1) QCOMPARE(reply["usage"]["anchorage"]["cache_source"].get<std::string>(), std::string("resident"));
+      previous_cached = cached;
+      previous_prompt = reply["usage"]["prompt_tokens"].get<int64_t>();
+    }
+    const json park = json::parse(qwen_code.Get("/v1/cache/stats")->body)["park"];
+    // The second turn rewrote the first user message, which another conversation's first turn would
+    // differ in too: that one parks; the later turns keep the opening and park nothing.
+    QCOMPARE(park["parks"].get<int64_t>(), int64_t(1));
+  }
   // An agent-shaped session (a tool call with reasoning, its result, an answer; the template drops
   // earlier reasoning): every follow-up resumes at the end anchor and re-reads, at the median, no
   // more than the client's prompt grew.
