@@ -393,13 +393,6 @@ void Scheduler::EngineLoop() {
     lock_.LockForRequest();
     ApplyPendingOptions();
     RunJob(*job, queue_ms);
-    {
-      // Published before the engine lock is released, so a command that follows never sees older stats.
-      anchorage::CacheStats stats = resident_.Stats();
-      std::lock_guard lock(mu_);
-      cache_stats_ = std::move(stats);
-      last_stats_ = job->stats();
-    }
     lock_.UnlockRequest();
     {
       std::lock_guard lock(mu_);
@@ -417,7 +410,7 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
   stats.prompt_tokens = static_cast<int64_t>(job.prompt_ids().size());
   if (job.cancel_flag().load()) {
     job.Admit(Cancelled("cancelled before it started"));
-    job.Finish(Cancelled("cancelled before it started"), {}, stats);
+    FinishJob(job, Cancelled("cancelled before it started"), {}, stats);
     return;
   }
   const auto start = std::chrono::steady_clock::now();
@@ -451,7 +444,7 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
   if (!result.ok()) {
     job.Admit(result.status());
     RecordJob(job, stats, 500, result.status().ToString(), "error");
-    job.Finish(result.status(), {}, stats);
+    FinishJob(job, result.status(), {}, stats);
     return;
   }
   stats.completion_tokens = static_cast<int64_t>(result->generation.tokens.size());
@@ -477,7 +470,18 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
     }
   }
   RecordJob(job, stats, 200, "", job.FinishReasonOf(result->generation));
-  job.Finish(Status::Ok(), std::move(result->generation), stats);
+  FinishJob(job, Status::Ok(), std::move(result->generation), stats);
+}
+
+void Scheduler::FinishJob(Job& job, Status status, GenerationResult result, const RequestFigures& figures) {
+  // Published before the client is answered, so a stats read that follows its response never sees older tiers.
+  anchorage::CacheStats stats = resident_.Stats();
+  {
+    std::lock_guard lock(mu_);
+    cache_stats_ = std::move(stats);
+    last_stats_ = figures;
+  }
+  job.Finish(std::move(status), std::move(result), figures);
 }
 
 void Scheduler::RecordJob(const Job& job, const RequestFigures& s, int status, const std::string& error, const std::string& finish) {

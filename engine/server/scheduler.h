@@ -181,6 +181,7 @@ class Scheduler {
   template <typename Fn>
   auto BetweenRequests(const std::string& session, Fn&& fn);
   void RecordJob(const Job& job, const RequestFigures& stats, int status, const std::string& error, const std::string& finish);
+  void FinishJob(Job& job, Status status, GenerationResult result, const RequestFigures& figures);
 
   Model& model_;
   std::unique_ptr<ComputeBackend> forward_;
