@@ -62,7 +62,7 @@ nlohmann::json SpillJson(const SessionSpillStats& s, const std::vector<SpillEntr
   return {{"open", true},          {"entries", s.entries},       {"bytes", s.bytes},
           {"raw_bytes", s.raw_bytes}, {"codec_saved_fraction", saved}, {"saves", s.saves},
           {"restores", s.restores}, {"failed_restores", s.failed_restores}, {"evictions", s.evictions},
-          {"expired", s.expired},   {"bytes_written", s.bytes_written}, {"bytes_read", s.bytes_read},
+          {"expired", s.expired},   {"swept", s.swept}, {"bytes_written", s.bytes_written}, {"bytes_read", s.bytes_read},
           {"save_seconds", s.save_seconds}, {"restore_seconds", s.restore_seconds}, {"list", list},
           {"recent_events", recent}, {"refused", refused}};
 }

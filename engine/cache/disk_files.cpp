@@ -9,6 +9,7 @@ namespace {
 
 int64_t KvWidth(const ModelConfig& c) { return c.num_key_value_heads * c.head_dim; }
 
+
 std::string_view BytesOf(const void* p, size_t bytes) { return {static_cast<const char*>(p), bytes}; }
 
 template <typename T>
@@ -51,8 +52,8 @@ Result<EncodedCacheFile> EncodeChunk(const ModelConfig& c, const std::string& fi
   CacheFileHeader header{"chunk", fingerprint, chunk.rows.end, {}};
   const std::vector<SectionSpec> sections = {
       {"tokens", SectionDType::kI32, {rows}, BytesOf(chunk.tokens.data(), chunk.tokens.size() * 4)},
-      {"kv", SectionDType::kF32, {c.num_full_attention_layers(), 2, rows, KvWidth(c)},
-       BytesOf(chunk.rows.data.data(), chunk.rows.data.size() * 4)}};
+      {"kv", KvSectionDType(chunk.rows.dtype), {c.num_full_attention_layers(), 2, rows, KvWidth(c)},
+       BytesOf(chunk.rows.data.data(), chunk.rows.data.size())}};
   return EncodeCacheFile(header, sections);
 }
 
@@ -70,12 +71,13 @@ Result<ChunkFile> DecodeChunk(const ModelConfig& c, const std::string& fingerpri
   const int64_t rows = tokens->shape[0];
   if (rows <= 0 || rows > f.header.tokens) return Corrupt("cache file: chunk of " + std::to_string(rows) + " rows ending at " + std::to_string(f.header.tokens));
   ASSIGN_OR_RETURN(const DecodedSection* ids, Section(f, "tokens", SectionDType::kI32, {rows}));
-  ASSIGN_OR_RETURN(const DecodedSection* kv, Section(f, "kv", SectionDType::kF32, {c.num_full_attention_layers(), 2, rows, KvWidth(c)}));
+  ASSIGN_OR_RETURN(const DecodedSection* kv, Section(f, "kv", KvSectionDType(c.kv_dtype), {c.num_full_attention_layers(), 2, rows, KvWidth(c)}));
   ChunkFile out;
   out.tokens = Copy<int32_t>(ids->bytes);
   out.rows.begin = f.header.tokens - rows;
   out.rows.end = f.header.tokens;
-  out.rows.data = Copy<float>(kv->bytes);
+  out.rows.dtype = c.kv_dtype;
+  out.rows.data = Copy<uint8_t>(kv->bytes);
   return out;
 }
 

@@ -12,7 +12,7 @@ namespace {
 // Fixed prefix: magic, version, header JSON length, crc32c of everything before it and the JSON.
 constexpr size_t kPrefixBytes = 8 + 4 + 4;
 
-int64_t DTypeSize(SectionDType d) { return d == SectionDType::kF32 ? 4 : 4; }
+int64_t DTypeSize(SectionDType d) { return d == SectionDType::kBf16 ? 2 : 4; }
 
 int64_t Elements(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -39,7 +39,14 @@ uint32_t GetU32(const char* p) {
 
 }  // namespace
 
-const char* SectionDTypeName(SectionDType d) { return d == SectionDType::kF32 ? "f32" : "i32"; }
+const char* SectionDTypeName(SectionDType d) {
+  switch (d) {
+    case SectionDType::kF32: return "f32";
+    case SectionDType::kI32: return "i32";
+    case SectionDType::kBf16: return "bf16";
+  }
+  return "?";
+}
 
 const DecodedSection* DecodedCacheFile::Find(std::string_view name) const {
   for (const DecodedSection& s : sections)
@@ -148,8 +155,10 @@ Result<CacheFileLayout> DecodeCacheFileHeader(std::string_view d, std::string_vi
       SectionLayout sec;
       sec.name = s.at("name").get<std::string>();
       const std::string dtype = s.at("dtype").get<std::string>();
-      if (dtype != "f32" && dtype != "i32") return Corrupt("cache file: section " + sec.name + " has dtype " + dtype);
-      sec.dtype = dtype == "f32" ? SectionDType::kF32 : SectionDType::kI32;
+      if (dtype == "f32") sec.dtype = SectionDType::kF32;
+      else if (dtype == "i32") sec.dtype = SectionDType::kI32;
+      else if (dtype == "bf16") sec.dtype = SectionDType::kBf16;
+      else return Corrupt("cache file: section " + sec.name + " has dtype " + dtype);
       sec.shape = s.at("shape").get<std::vector<int64_t>>();
       sec.offset = s.at("offset").get<int64_t>();
       sec.bytes = s.at("bytes").get<int64_t>();

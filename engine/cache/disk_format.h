@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/core/status.h"
+#include "engine/model/model_config.h"
 
 namespace anchorage {
 
@@ -17,8 +18,10 @@ inline constexpr char kCacheFileMagic[8] = {'A', 'N', 'C', 'H', 'C', 'A', 'C', '
 inline constexpr uint32_t kCacheFileVersion = 1;
 inline constexpr int64_t kCacheSectionAlign = 4096;
 
-enum class SectionDType { kF32, kI32 };
+enum class SectionDType { kF32, kI32, kBf16 };
 const char* SectionDTypeName(SectionDType dtype);
+// The section dtype of a state's K/V rows.
+inline SectionDType KvSectionDType(KvDtype dtype) { return dtype == KvDtype::kBf16 ? SectionDType::kBf16 : SectionDType::kF32; }
 
 struct SectionSpec {
   std::string name;

@@ -261,8 +261,9 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
     out.bytes = static_cast<int64_t>(anchor_head->size()) + recurrent->bytes;
     return out;
   };
-  const int64_t layers = state.num_attention_layers(), width = state.kv_width();
-  const int64_t block = G * width * static_cast<int64_t>(sizeof(float));  // one layer's K (or V) rows of a chunk
+  const int64_t layers = state.num_attention_layers(), width = state.kv_width(), row_bytes = state.kv_row_bytes();
+  const SectionDType kv_dtype = KvSectionDType(state.kv_dtype());
+  const int64_t block = G * row_bytes;  // one layer's K (or V) rows of a chunk
   // A chunk's header and token ids are read and checked before its rows are.
   auto read_chunk = [&](size_t c) {
     Read out;
@@ -283,7 +284,7 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
     const SectionLayout* ids = layout->Find("tokens");
     const SectionLayout* kv = layout->Find("kv");
     if (ids == nullptr || kv == nullptr || layout->header.tokens != begin + G || ids->shape != std::vector<int64_t>{G} ||
-        kv->shape != std::vector<int64_t>{layers, 2, G, width})
+        kv->dtype != kv_dtype || kv->shape != std::vector<int64_t>{layers, 2, G, width})
       return bad("not a chunk of this model's rows " + std::to_string(begin) + " to " + std::to_string(begin + G));
     if (ids->offset + ids->bytes > static_cast<int64_t>(head->size())) return bad("its token ids lie past the header's read (truncated?)");
     const std::string_view id_bytes = std::string_view(*head).substr(static_cast<size_t>(ids->offset), static_cast<size_t>(ids->bytes));
@@ -291,8 +292,8 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
     if (std::memcmp(id_bytes.data(), prompt.data() + begin, id_bytes.size()) != 0) return bad("its token ids are not the prompt's");
     out.ranges.resize(static_cast<size_t>(2 * layers));
     for (int64_t a = 0; a < layers; ++a) {
-      out.ranges[static_cast<size_t>(2 * a)] = {kv->offset + 2 * a * block, block, reinterpret_cast<char*>(state.k_rows_to_fill(a) + begin * width)};
-      out.ranges[static_cast<size_t>(2 * a + 1)] = {kv->offset + (2 * a + 1) * block, block, reinterpret_cast<char*>(state.v_rows_to_fill(a) + begin * width)};
+      out.ranges[static_cast<size_t>(2 * a)] = {kv->offset + 2 * a * block, block, reinterpret_cast<char*>(state.k_bytes_to_fill(a) + begin * row_bytes)};
+      out.ranges[static_cast<size_t>(2 * a + 1)] = {kv->offset + (2 * a + 1) * block, block, reinterpret_cast<char*>(state.v_bytes_to_fill(a) + begin * row_bytes)};
     }
     out.status = env_.ReadRanges(PathOf(name), out.ranges);
     out.crc = kv->crc32c;

@@ -12,7 +12,7 @@ struct GuestStash {
   std::optional<KvRows> rows;  // set while a guest runs
   int64_t uses = 0;
   int64_t declined = 0;        // guests whose rows did not fit the stash budget
-  int64_t bytes() const { return rows ? static_cast<int64_t>(rows->data.size() * sizeof(float)) : 0; }
+  int64_t bytes() const { return rows ? rows->bytes() : 0; }
 };
 
 }  // namespace anchorage

@@ -31,11 +31,11 @@ std::string EndName(const std::string& id) { return id + ".end"; }
 
 // The buffers of a block in file order: every attention layer's K, then its V.
 // For the pool's threads after PrepareHostWrites.
-float* BufferRowsToFill(SequenceState& s, size_t b) {
-  return b % 2 == 0 ? s.k_rows_to_fill(static_cast<int64_t>(b / 2)) : s.v_rows_to_fill(static_cast<int64_t>(b / 2));
+uint8_t* BufferRowsToFill(SequenceState& s, size_t b) {
+  return b % 2 == 0 ? s.k_bytes_to_fill(static_cast<int64_t>(b / 2)) : s.v_bytes_to_fill(static_cast<int64_t>(b / 2));
 }
-const float* BufferRows(const SequenceState& s, size_t b) {
-  return b % 2 == 0 ? s.k_rows(static_cast<int64_t>(b / 2)) : s.v_rows(static_cast<int64_t>(b / 2));
+const uint8_t* BufferRows(const SequenceState& s, size_t b) {
+  return b % 2 == 0 ? s.k_bytes(static_cast<int64_t>(b / 2)) : s.v_bytes(static_cast<int64_t>(b / 2));
 }
 
 nlohmann::json SumsJson(const std::pair<uint64_t, uint64_t>& s) { return nlohmann::json::array({s.first, s.second}); }
@@ -138,6 +138,7 @@ std::string SessionSpill::EncodeManifest(const Manifest& m) const {
   nlohmann::json j = {{"version", kManifestVersion},
                       {"fingerprint", fingerprint_},
                       {"kv_width", config_.num_key_value_heads * config_.head_dim},
+                      {"kv_dtype", KvDtypeName(config_.kv_dtype)},
                       {"attention_layers", config_.num_full_attention_layers()},
                       {"anchor_bytes", SequenceState::AnchorBytes(config_)},
                       {"session_hex", Hex(m.session)},
@@ -158,6 +159,8 @@ Result<SessionSpill::Manifest> SessionSpill::DecodeManifest(const std::string& d
     const nlohmann::json j = nlohmann::json::parse(data);
     if (j.at("version").get<int>() != kManifestVersion) return Corrupt("spill manifest: version " + j.at("version").dump());
     if (j.at("fingerprint").get<std::string>() != fingerprint_) return Corrupt("spill manifest: another fingerprint");
+    if (const std::string dtype = j.value("kv_dtype", "f32"); dtype != KvDtypeName(config_.kv_dtype))
+      return Corrupt("spill manifest: " + dtype + " K/V rows, this engine keeps " + KvDtypeName(config_.kv_dtype));
     if (j.at("kv_width").get<int64_t>() != config_.num_key_value_heads * config_.head_dim ||
         j.at("attention_layers").get<int64_t>() != config_.num_full_attention_layers() ||
         j.at("anchor_bytes").get<int64_t>() != SequenceState::AnchorBytes(config_))
@@ -210,8 +213,8 @@ Result<SessionSpill::Manifest> SessionSpill::DecodeManifest(const std::string& d
 }
 
 Result<std::string> SessionSpill::EncodeBlock(const SequenceState& state, int64_t begin, const BlockRecord& sums, BlockRecord* record) {
-  const int64_t width = state.kv_width();
-  const int64_t bytes = sums.rows * width * static_cast<int64_t>(sizeof(float));
+  const int64_t width = state.kv_row_bytes();
+  const int64_t bytes = sums.rows * width;
   *record = sums;
   record->encoded = options_.compress;
   record->lengths.clear();
@@ -222,7 +225,7 @@ Result<std::string> SessionSpill::EncodeBlock(const SequenceState& state, int64_
   if (options_.compress) {
     // One buffer a task: each plane codec runs alone on its thread.
     std::vector<Result<std::string>> encoded(sums.sums.size(), Result<std::string>(std::string()));
-    pool_.Run(encoded.size(), [&](size_t b) { encoded[b] = EncodePlanes(raw_of(b), PlaneCodecOptions{4, options_.level, nullptr}); });
+    pool_.Run(encoded.size(), [&](size_t b) { encoded[b] = EncodePlanes(raw_of(b), PlaneCodecOptions{static_cast<int>(KvDtypeBytes(state.kv_dtype())), options_.level, nullptr}); });
     for (auto& e : encoded) {
       if (!e.ok()) return e.status();
       record->lengths.push_back(static_cast<int64_t>(e->size()));
@@ -245,7 +248,7 @@ Result<SpillSaveReport> SessionSpill::Save(const SpillEntry& entry, const Sequen
   if (valid == 0 || valid > state.length())
     return InvalidArgument("session spill: " + std::to_string(valid) + " tokens for a state of " + std::to_string(state.length()) + " rows");
   const std::string id = EntryId(entry.session, entry.tokens);
-  const int64_t width = state.kv_width();
+  const int64_t width = state.kv_row_bytes();
   const size_t buffers = static_cast<size_t>(2 * state.num_attention_layers());
   std::lock_guard lock(mu_);
   // The rows as they are, at most: what the save could add to the file system.
@@ -278,7 +281,7 @@ Result<SpillSaveReport> SessionSpill::Save(const SpillEntry& entry, const Sequen
     BlockRecord sums;
     sums.rows = std::min(kSpillBlockRows, valid - begin);
     sums.sums.resize(buffers);
-    pool_.Run(buffers, [&](size_t b) { sums.sums[b] = WordSums(BufferRows(state, b) + begin * width, sums.rows * width * 4); });
+    pool_.Run(buffers, [&](size_t b) { sums.sums[b] = WordSums(BufferRows(state, b) + begin * width, sums.rows * width); });
     const bool same_tokens = old && static_cast<size_t>(k) < old->blocks.size() && old->blocks[k].rows == sums.rows &&
                              std::equal(entry.tokens.begin() + begin, entry.tokens.begin() + begin + sums.rows, old->tokens.begin() + begin);
     if (same_tokens && old->blocks[k].sums == sums.sums) {
@@ -359,7 +362,7 @@ Result<SpillEntry> SessionSpill::Restore(const std::string& id, SequenceState& s
   const int64_t blocks = (valid + kSpillBlockRows - 1) / kSpillBlockRows;  // whole blocks: the sums are a block's
   if (Status s = state.Reserve(std::min<int64_t>(blocks * kSpillBlockRows, static_cast<int64_t>(m.tokens.size()))); !s.ok()) return s;
   const int64_t common = std::min<int64_t>(CommonPrefixLength(in_place, m.tokens), state.length());
-  const int64_t width = state.kv_width();
+  const int64_t width = state.kv_row_bytes();
   std::vector<size_t> to_read;
   for (size_t k = 0; k < static_cast<size_t>(blocks); ++k) {
     if (static_cast<int64_t>(k) * kSpillBlockRows + m.blocks[k].rows <= common) ++r.blocks_in_place;
@@ -385,7 +388,7 @@ Result<SpillEntry> SessionSpill::Restore(const std::string& id, SequenceState& s
     if (!data.ok()) return failed(data.status());
     if (static_cast<int64_t>(data->size()) != b.bytes)
       return failed(Corrupt(name + ": " + std::to_string(data->size()) + " bytes, the manifest says " + std::to_string(b.bytes)));
-    const int64_t bytes = b.rows * width * static_cast<int64_t>(sizeof(float));
+    const int64_t bytes = b.rows * width;
     std::vector<int64_t> offsets(b.sums.size() + 1, 0);
     for (size_t buf = 0; buf < b.sums.size(); ++buf) offsets[buf + 1] = offsets[buf] + b.lengths[buf];
     std::vector<Status> checked(b.sums.size(), Status::Ok());

@@ -21,7 +21,7 @@ struct StoreEntry {
   int64_t taint_row = 0;        // lowest decode-written row; tokens.size() or more for a prefix snapshot
   bool session = false;         // a session snapshot (end of a turn), else a prefix snapshot
   std::vector<std::pair<int64_t, int64_t>> regions;  // a session snapshot's generation regions
-  int64_t bytes() const { return anchor.bytes() + static_cast<int64_t>(rows.data.size() * sizeof(float)); }
+  int64_t bytes() const { return anchor.bytes() + rows.bytes(); }
 };
 
 class StateStore {

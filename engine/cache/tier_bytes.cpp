@@ -4,13 +4,13 @@
 namespace anchorage {
 
 int64_t PinnedHead::bytes() const {
-  int64_t b = static_cast<int64_t>(rows.data.size() * sizeof(float));
+  int64_t b = rows.bytes();
   for (const Anchor& a : anchors) b += a.bytes();
   return b;
 }
 
 int64_t ParkedSession::bytes() const {
-  int64_t b = static_cast<int64_t>(rows.data.size() * sizeof(float));
+  int64_t b = rows.bytes();
   for (const Anchor& a : anchors) b += a.bytes();
   if (end) b += end->anchor.bytes();
   return b;

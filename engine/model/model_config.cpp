@@ -91,6 +91,12 @@ int64_t ModelConfig::anchor_bytes() const {
   return num_linear_attention_layers() * (state + tail);
 }
 
+Result<KvDtype> ParseKvDtype(const std::string& name) {
+  if (name == "f32") return KvDtype::kF32;
+  if (name == "bf16") return KvDtype::kBf16;
+  return InvalidArgument("kv dtype must be f32 or bf16, got '" + name + "'");
+}
+
 int64_t ModelConfig::kv_bytes_per_token() const {
   return num_full_attention_layers() * 2 * num_key_value_heads * head_dim * 2;
 }

@@ -7,11 +7,14 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "engine/core/kv_dtype.h"
 #include "engine/core/status.h"
 
 namespace anchorage {
 
 enum class LayerKind { kLinearAttention, kFullAttention };
+
+Result<KvDtype> ParseKvDtype(const std::string& name);
 
 struct ModelConfig {
   std::string model_type;               // "qwen3_5" or "qwen3_5_text"
@@ -37,6 +40,8 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;
   // quantization_config's weight_block_size in an FP8 checkpoint (quant_method fp8, fmt e4m3); 0: not FP8.
   int64_t fp8_block_n = 0, fp8_block_k = 0;
+  // Not in config.json: the server's --kv-dtype, which every state of this model follows.
+  KvDtype kv_dtype = KvDtype::kF32;
 
   // Derived sizes.
   int64_t rotary_dim() const;            // rotated dims per attention head

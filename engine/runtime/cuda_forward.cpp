@@ -161,7 +161,7 @@ Status DeviceState::Reserve(int64_t tokens) {
 
 bool DeviceState::Matches(const SequenceState& host) const {
   return host.num_attention_layers() == static_cast<int64_t>(k_.size()) &&
-         host.num_gdn_layers() == static_cast<int64_t>(recurrent_.size()) && host.kv_width() == kv_width_ &&
+         host.num_gdn_layers() == static_cast<int64_t>(recurrent_.size()) && host.kv_width() == kv_width_ && host.kv_dtype() == KvDtype::kF32 &&
          host.recurrent_floats() == recurrent_floats_ && host.tail_floats() == tail_floats_;
 }
 
@@ -346,9 +346,9 @@ std::vector<DeviceState::HostPiece> DeviceState::HostRowPieces(const SequenceSta
   return pieces;
 }
 
-std::vector<DeviceState::HostPiece> DeviceState::RowPieces(int64_t begin, int64_t floats, const float* data) const {
+std::vector<DeviceState::HostPiece> DeviceState::RowPieces(int64_t begin, int64_t floats, const void* data) const {
   std::vector<HostPiece> pieces;
-  char* host = reinterpret_cast<char*>(const_cast<float*>(data));
+  char* host = static_cast<char*>(const_cast<void*>(data));
   const size_t bytes = static_cast<size_t>(Floats(floats));
   for (size_t a = 0; a < k_.size(); ++a) {
     pieces.push_back({k_[a].floats() + begin * kv_width_, host, bytes});
@@ -372,16 +372,17 @@ Result<KvRows> DeviceState::CopyRows(int64_t begin, int64_t end) const {
   rows.begin = begin;
   rows.end = end;
   const int64_t n = (end - begin) * kv_width_;
-  rows.data.resize(static_cast<size_t>(2 * n) * k_.size());
+  rows.data.resize(static_cast<size_t>(Floats(2 * n)) * k_.size());
   RETURN_IF_ERROR(CopyStaged(RowPieces(begin, n, rows.data.data()), true));
   return rows;
 }
 
 Status DeviceState::WriteRows(const KvRows& rows) {
   const int64_t n = (rows.end - rows.begin) * kv_width_;
-  if (rows.begin < 0 || rows.end < rows.begin || static_cast<int64_t>(rows.data.size()) != 2 * n * static_cast<int64_t>(k_.size()))
+  if (rows.dtype != KvDtype::kF32) return InvalidArgument(std::string("DeviceState: keeps f32 K/V rows, not ") + KvDtypeName(rows.dtype));
+  if (rows.begin < 0 || rows.end < rows.begin || rows.bytes() != Floats(2 * n) * static_cast<int64_t>(k_.size()))
     return InvalidArgument("DeviceState: rows [" + std::to_string(rows.begin) + ", " + std::to_string(rows.end) + ") with " +
-                           std::to_string(rows.data.size()) + " floats do not fit this model");
+                           std::to_string(rows.data.size()) + " bytes do not fit this model");
   RETURN_IF_ERROR(Reserve(rows.end));
   return CopyStaged(RowPieces(rows.begin, n, rows.data.data()), false);
 }

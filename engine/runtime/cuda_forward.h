@@ -95,7 +95,7 @@ class DeviceState {
   Status CopyStagedPieces(std::span<const HostPiece> pieces, bool to_host) const;
   // The recurrent part laid out as Anchor::data at floats; K/V rows [begin, begin + floats / kv_width) as KvRows::data at data.
   std::vector<HostPiece> RecurrentPieces(const float* floats) const;
-  std::vector<HostPiece> RowPieces(int64_t begin, int64_t floats, const float* data) const;
+  std::vector<HostPiece> RowPieces(int64_t begin, int64_t floats, const void* data) const;
   // K/V rows [begin, end) of every attention layer and their places in host's rows.
   std::vector<HostPiece> HostRowPieces(const SequenceState& host, int64_t begin, int64_t end) const;
   // Copies the recurrent part to or from `floats` (device or host memory, as kind says).

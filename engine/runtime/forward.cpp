@@ -135,10 +135,11 @@ Forward::Forward(const ModelConfig& config, const ForwardOptions& options)
 
 Forward::~Forward() = default;
 
-std::string Forward::StateFingerprint(const std::string& model_fingerprint, const std::string& weights) {
+std::string Forward::StateFingerprint(const std::string& model_fingerprint, const std::string& weights, KvDtype kv_dtype) {
   Sha256 h;
   h.Update("anchorage-state-fingerprint-v3\n" + model_fingerprint + "\n" + cpu::ArithmeticName() + "\n");
   if (!weights.empty()) h.Update("weights " + weights + "\n");
+  if (kv_dtype != KvDtype::kF32) h.Update(std::string("kv ") + KvDtypeName(kv_dtype) + "\n");
   return h.FinishHex();
 }
 
@@ -371,7 +372,8 @@ Result<std::vector<float>> Forward::PrefillBranches(const SequenceState& prefix,
   const int64_t KW = prefix.kv_width();
   // Each branch's own recurrent part (from the prefix's) and K/V rows; the prefix's rows are read in place.
   struct BranchScratch {
-    std::vector<std::vector<float>> recurrent, tails, k, v;
+    std::vector<std::vector<float>> recurrent, tails;
+    std::vector<std::vector<uint8_t>> k, v;
   };
   std::vector<BranchScratch> own(branches.size());
   std::vector<Segment> segments(branches.size());
@@ -392,15 +394,15 @@ Result<std::vector<float>> Forward::PrefillBranches(const SequenceState& prefix,
       o.tails.emplace_back(prefix.conv_tail(g), prefix.conv_tail(g) + prefix.tail_floats());
     }
     for (int64_t a = 0; a < prefix.num_attention_layers(); ++a) {
-      o.k.emplace_back(static_cast<size_t>(n * KW));
-      o.v.emplace_back(static_cast<size_t>(n * KW));
+      o.k.emplace_back(static_cast<size_t>(n * prefix.kv_row_bytes()));
+      o.v.emplace_back(static_cast<size_t>(n * prefix.kv_row_bytes()));
     }
     for (auto& r : o.recurrent) seg.recurrent.push_back(r.data());
     for (auto& t : o.tails) seg.tails.push_back(t.data());
     for (int64_t a = 0; a < prefix.num_attention_layers(); ++a) {
-      float* k = o.k[static_cast<size_t>(a)].data();
-      float* v = o.v[static_cast<size_t>(a)].data();
-      seg.kv.push_back(cpu::KvSource{prefix.k_rows(a), prefix.v_rows(a), KW, pos0, k, v});
+      uint8_t* k = o.k[static_cast<size_t>(a)].data();
+      uint8_t* v = o.v[static_cast<size_t>(a)].data();
+      seg.kv.push_back(cpu::KvSource{prefix.kv_dtype(), prefix.k_bytes(a), prefix.v_bytes(a), KW, pos0, k, v});
       seg.k_out.push_back(k);
       seg.v_out.push_back(v);
     }
@@ -539,9 +541,9 @@ Forward::Segment Forward::SegmentOf(SequenceState& state, int64_t n) {
     seg.tails.push_back(state.conv_tail(g));
   }
   for (int64_t a = 0; a < state.num_attention_layers(); ++a) {
-    seg.kv.push_back(cpu::KvSource{state.k_rows(a), state.v_rows(a), KW});
-    seg.k_out.push_back(state.k_rows(a) + seg.pos0 * KW);
-    seg.v_out.push_back(state.v_rows(a) + seg.pos0 * KW);
+    seg.kv.push_back(cpu::KvSource{state.kv_dtype(), state.k_bytes(a), state.v_bytes(a), KW});
+    seg.k_out.push_back(state.k_bytes(a) + seg.pos0 * state.kv_row_bytes());
+    seg.v_out.push_back(state.v_bytes(a) + seg.pos0 * state.kv_row_bytes());
   }
   return seg;
 }
@@ -712,8 +714,8 @@ void Forward::AttentionMixer(const Layer& L, float* k_all, float* v_all, int64_t
   seg.n = n;
   seg.pos0 = pos0;
   seg.kv = {cpu::KvSource{k_all, v_all, KW}};
-  seg.k_out = {k_all + pos0 * KW};
-  seg.v_out = {v_all + pos0 * KW};
+  seg.k_out = {reinterpret_cast<uint8_t*>(k_all + pos0 * KW)};
+  seg.v_out = {reinterpret_cast<uint8_t*>(v_all + pos0 * KW)};
   AttentionMixer(L, std::span(&seg, 1), 0, n, mode);
 }
 
@@ -750,8 +752,8 @@ void Forward::AttentionMixer(const Layer& L, std::span<const Segment> segments, 
   cpu::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
   for (const Segment& seg : segments) {
     const size_t i = static_cast<size_t>(ai);
-    std::copy_n(krows + seg.row0 * KW, seg.n * KW, seg.k_out[i]);
-    std::copy_n(vrows + seg.row0 * KW, seg.n * KW, seg.v_out[i]);
+    cpu::StoreKvValues(krows + seg.row0 * KW, seg.n * KW, seg.kv[i].dtype, seg.k_out[i]);
+    cpu::StoreKvValues(vrows + seg.row0 * KW, seg.n * KW, seg.kv[i].dtype, seg.v_out[i]);
     const float* q = qg + seg.row0 * QW;
     float* out = attn + seg.row0 * Nh * hd;
     if (mode == Mode::kRecurrent && seg.n == 1) {

@@ -85,10 +85,10 @@ class Forward final : public ComputeBackend {
                                                  const ForwardOptions& options);
   ~Forward() override;
 
-  // What a cache must match to reuse states: the model's fingerprint and the kernels' arithmetic
-  // (paths that round differently give different bits). Hex sha256.
+  // What a cache must match to reuse states: the model's fingerprint, the kernels' arithmetic
+  // (paths that round differently give different bits) and the K/V rows' dtype. Hex sha256.
   // weights: WeightsArithmetic() of the Forward that computes the states.
-  static std::string StateFingerprint(const std::string& model_fingerprint, const std::string& weights = "");
+  static std::string StateFingerprint(const std::string& model_fingerprint, const std::string& weights = "", KvDtype kv_dtype = KvDtype::kF32);
   // How 8-bit matrices are multiplied ("" when every matrix is bf16): part of the state fingerprint.
   std::string WeightsArithmetic() const;
   // What the matrices are held as, e.g. "bf16" or "fp8-e4m3 + bf16", and their bytes in memory.
@@ -151,7 +151,7 @@ class Forward final : public ComputeBackend {
   // The kernel path and the threads.
   std::string DeviceDescription() const override;
   std::string StateKey(const std::string& model_fingerprint) const override {
-    return StateFingerprint(model_fingerprint, WeightsArithmetic());
+    return StateFingerprint(model_fingerprint, WeightsArithmetic(), config_.kv_dtype);
   }
   const ModelConfig& config() const override { return config_; }
   int64_t grid_tokens() const override { return options_.grid_tokens; }
@@ -183,7 +183,7 @@ class Forward final : public ComputeBackend {
     int64_t row0 = 0, n = 0, pos0 = 0;
     std::vector<float*> recurrent, tails;  // per GDN layer: the state and conv tail it advances
     std::vector<cpu::KvSource> kv;         // per attention layer: K/V rows 0..pos0 + n
-    std::vector<float*> k_out, v_out;      // per attention layer: where its rows pos0.. go
+    std::vector<uint8_t*> k_out, v_out;    // per attention layer: where its rows pos0.. go, in kv's dtype
   };
   // The segment of a whole state: its rows at positions state.length().., K/V rows in the state.
   static Segment SegmentOf(SequenceState& state, int64_t n);

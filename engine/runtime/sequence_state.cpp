@@ -12,6 +12,7 @@ namespace anchorage {
 
 SequenceState::SequenceState(const ModelConfig& config) {
   kv_width_ = config.num_key_value_heads * config.head_dim;
+  kv_dtype_ = config.kv_dtype;
   recurrent_floats_ = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim;
   tail_floats_ = (config.linear_conv_kernel_dim - 1) * config.conv_dim();
   for (LayerKind kind : config.layer_types) {
@@ -26,7 +27,7 @@ SequenceState::SequenceState(const ModelConfig& config) {
 }
 
 SequenceState::SequenceState(const SequenceState& other)
-    : kv_width_(other.kv_width_), recurrent_floats_(other.recurrent_floats_), tail_floats_(other.tail_floats_),
+    : kv_width_(other.kv_width_), kv_dtype_(other.kv_dtype_), recurrent_floats_(other.recurrent_floats_), tail_floats_(other.tail_floats_),
       length_(other.length_), capacity_(other.capacity_), growth_lock_(other.growth_lock_) {
   other.PullFromMirror();
   k_ = other.k_;
@@ -72,19 +73,19 @@ void SequenceState::PullFromMirror() const {
 Status SequenceState::Reserve(int64_t tokens) {
   if (tokens <= capacity_) return Status::Ok();
   const int64_t rows = (tokens + kKvRowStep - 1) / kKvRowStep * kKvRowStep;
-  const size_t floats = static_cast<size_t>(rows * kv_width_);
+  const size_t bytes = static_cast<size_t>(rows * kv_row_bytes());
   // Allocate everything first so a failure leaves the state unchanged.
-  std::vector<PageArray<float>> nk(k_.size()), nv(v_.size());
+  std::vector<PageArray<uint8_t>> nk(k_.size()), nv(v_.size());
   try {
     for (size_t a = 0; a < k_.size(); ++a) {
-      nk[a] = PageArray<float>(floats);
-      nv[a] = PageArray<float>(floats);
+      nk[a] = PageArray<uint8_t>(bytes);
+      nv[a] = PageArray<uint8_t>(bytes);
     }
   } catch (const std::bad_alloc&) {
     return ResourceExhausted("SequenceState::Reserve: cannot allocate " + std::to_string(rows) + " K/V rows (" +
                              std::to_string(rows * kv_bytes_per_token()) + " bytes)");
   }
-  const size_t used = static_cast<size_t>(length_ * kv_width_);
+  const size_t used = static_cast<size_t>(length_ * kv_row_bytes());
   std::unique_lock<std::shared_mutex> moving;
   if (growth_lock_ != nullptr) moving = std::unique_lock(*growth_lock_);
   for (size_t a = 0; a < k_.size(); ++a) {
@@ -120,11 +121,11 @@ int64_t SequenceState::anchor_bytes() const {
 }
 
 int64_t SequenceState::KvBytesPerToken(const ModelConfig& config) {
-  return config.num_full_attention_layers() * 2 * config.num_key_value_heads * config.head_dim * static_cast<int64_t>(sizeof(float));
+  return config.num_full_attention_layers() * 2 * config.num_key_value_heads * config.head_dim * KvDtypeBytes(config.kv_dtype);
 }
 
 int64_t SequenceState::kv_bytes_per_token() const {
-  return num_attention_layers() * 2 * kv_width_ * static_cast<int64_t>(sizeof(float));
+  return num_attention_layers() * 2 * kv_row_bytes();
 }
 
 int64_t SequenceState::allocated_bytes() const {
@@ -172,11 +173,12 @@ KvRows SequenceState::CopyRowsFromReader(int64_t begin, int64_t end) const {
   KvRows rows;
   rows.begin = begin;
   rows.end = end;
-  const size_t n = static_cast<size_t>((end - begin) * kv_width_);
+  rows.dtype = kv_dtype_;
+  const size_t n = static_cast<size_t>((end - begin) * kv_row_bytes());
   rows.data.reserve(n * 2 * k_.size());
   for (size_t a = 0; a < k_.size(); ++a) {
-    const float* k = k_[a].data() + begin * kv_width_;
-    const float* v = v_[a].data() + begin * kv_width_;
+    const uint8_t* k = k_[a].data() + begin * kv_row_bytes();
+    const uint8_t* v = v_[a].data() + begin * kv_row_bytes();
     rows.data.insert(rows.data.end(), k, k + n);
     rows.data.insert(rows.data.end(), v, v + n);
   }
@@ -184,28 +186,30 @@ KvRows SequenceState::CopyRowsFromReader(int64_t begin, int64_t end) const {
 }
 
 Status SequenceState::WriteRows(const KvRows& rows) {
-  const size_t n = static_cast<size_t>((rows.end - rows.begin) * kv_width_);
+  const size_t n = static_cast<size_t>((rows.end - rows.begin) * kv_row_bytes());
+  if (rows.dtype != kv_dtype_)
+    return InvalidArgument(std::string("WriteRows: ") + KvDtypeName(rows.dtype) + " rows do not fit a state of " + KvDtypeName(kv_dtype_) + " rows");
   if (rows.begin < 0 || rows.end < rows.begin || rows.data.size() != n * 2 * k_.size())
     return InvalidArgument("WriteRows: rows [" + std::to_string(rows.begin) + ", " + std::to_string(rows.end) +
-                           ") with " + std::to_string(rows.data.size()) + " floats do not fit this model");
+                           ") with " + std::to_string(rows.data.size()) + " bytes do not fit this model");
   RETURN_IF_ERROR(Reserve(rows.end));
   mirror_rows_ = std::min(mirror_rows_, rows.begin);
-  const float* p = rows.data.data();
+  const uint8_t* p = rows.data.data();
   for (size_t a = 0; a < k_.size(); ++a) {
-    std::copy_n(p, n, k_[a].begin() + rows.begin * kv_width_);
+    std::copy_n(p, n, k_[a].begin() + rows.begin * kv_row_bytes());
     p += n;
-    std::copy_n(p, n, v_[a].begin() + rows.begin * kv_width_);
+    std::copy_n(p, n, v_[a].begin() + rows.begin * kv_row_bytes());
     p += n;
   }
   return Status::Ok();
 }
 
 bool SequenceState::BitEqual(const SequenceState& other) const {
-  if (length_ != other.length_ || k_.size() != other.k_.size() || recurrent_.size() != other.recurrent_.size())
+  if (length_ != other.length_ || kv_dtype_ != other.kv_dtype_ || k_.size() != other.k_.size() || recurrent_.size() != other.recurrent_.size())
     return false;
   PullFromMirror();
   other.PullFromMirror();
-  const size_t used = static_cast<size_t>(length_ * kv_width_) * sizeof(float);
+  const size_t used = static_cast<size_t>(length_ * kv_row_bytes());
   for (size_t a = 0; a < k_.size(); ++a) {
     if (used && (std::memcmp(k_[a].data(), other.k_[a].data(), used) != 0 ||
                  std::memcmp(v_[a].data(), other.v_[a].data(), used) != 0))

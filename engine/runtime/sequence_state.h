@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cassert>
 #include <cstdint>
 #include <memory>
 #include <shared_mutex>
@@ -21,11 +22,13 @@ struct Anchor {
   int64_t bytes() const { return static_cast<int64_t>(data.size() * sizeof(float)); }
 };
 
-// K and V rows [begin, end) of every attention layer (for stash and park).
+// K and V rows [begin, end) of every attention layer (for stash and park), in the state's dtype.
 struct KvRows {
   int64_t begin = 0;
   int64_t end = 0;
-  std::vector<float> data;  // per attention layer: K fp32 [end-begin, Nkv*hd] then V the same
+  KvDtype dtype = KvDtype::kF32;
+  std::vector<uint8_t> data;  // per attention layer: K [end-begin, Nkv*hd] then V the same
+  int64_t bytes() const { return static_cast<int64_t>(data.size()); }
 };
 
 class SequenceState;
@@ -62,20 +65,27 @@ class SequenceState {
   int64_t capacity() const { return capacity_; }
   int64_t num_attention_layers() const { return static_cast<int64_t>(k_.size()); }
   int64_t num_gdn_layers() const { return static_cast<int64_t>(recurrent_.size()); }
-  int64_t kv_width() const { return kv_width_; }  // Nkv*head_dim floats per K (or V) row
+  int64_t kv_width() const { return kv_width_; }  // Nkv*head_dim values per K (or V) row
+  KvDtype kv_dtype() const { return kv_dtype_; }
+  int64_t kv_row_bytes() const { return kv_width_ * KvDtypeBytes(kv_dtype_); }
 
-  // fp32 [capacity, Nkv*head_dim] K (V) rows of attention layer a (0-based among attention layers).
+  // [capacity, Nkv*head_dim] K (V) rows of attention layer a (0-based among attention layers), in kv_dtype().
   // The writable ones tell a mirror that every row may change.
-  float* k_rows(int64_t a) {
+  uint8_t* k_bytes(int64_t a) {
     HostWritesRows();
     return k_[a].data();
   }
-  float* v_rows(int64_t a) {
+  uint8_t* v_bytes(int64_t a) {
     HostWritesRows();
     return v_[a].data();
   }
-  const float* k_rows(int64_t a) const { return k_[a].data(); }
-  const float* v_rows(int64_t a) const { return v_[a].data(); }
+  const uint8_t* k_bytes(int64_t a) const { return k_[a].data(); }
+  const uint8_t* v_bytes(int64_t a) const { return v_[a].data(); }
+  // The same as fp32 rows, for a state whose kv_dtype() is f32.
+  float* k_rows(int64_t a) { return AsF32(k_bytes(a)); }
+  float* v_rows(int64_t a) { return AsF32(v_bytes(a)); }
+  const float* k_rows(int64_t a) const { return AsF32(k_bytes(a)); }
+  const float* v_rows(int64_t a) const { return AsF32(v_bytes(a)); }
   // fp32 [Nv, dk, dv] recurrent state of GDN layer g (0-based among GDN layers).
   float* recurrent(int64_t g) {
     HostWritesRecurrent();
@@ -104,7 +114,7 @@ class SequenceState {
   // Back to length 0 with zero recurrent state and tails; keeps capacity.
   void Reset();
 
-  // Bytes of one anchor and of one token's K/V rows over all attention layers (fp32 storage).
+  // Bytes of one anchor and of one token's K/V rows over all attention layers (in the config's kv_dtype).
   int64_t anchor_bytes() const;
   // The same for a model, without a state.
   static int64_t AnchorBytes(const ModelConfig& config);
@@ -149,8 +159,8 @@ class SequenceState {
     mirror_rows_ = std::min(mirror_rows_, std::max<int64_t>(from_row, 0));
     if (recurrent) newest_recurrent_ = NewestRecurrent::kHost;  // all of it is overwritten: nothing to pull
   }
-  float* k_rows_to_fill(int64_t a) { return k_[a].data(); }
-  float* v_rows_to_fill(int64_t a) { return v_[a].data(); }
+  uint8_t* k_bytes_to_fill(int64_t a) { return k_[a].data(); }
+  uint8_t* v_bytes_to_fill(int64_t a) { return v_[a].data(); }
   float* recurrent_to_fill(int64_t g) { return recurrent_[g].data(); }
   float* conv_tail_to_fill(int64_t g) { return tail_[g].data(); }
   // Gives up the mirror. Where the mirror held the newest recurrent part it is pulled first; where
@@ -162,6 +172,14 @@ class SequenceState {
   // cannot give it back has lost the state; the process stops rather than serve other bits.
   void PullFromMirror() const;
   // Both only read the flags when they are already so (threads filling a prepared state).
+  float* AsF32(uint8_t* rows) const {
+    assert(kv_dtype_ == KvDtype::kF32);
+    return reinterpret_cast<float*>(rows);
+  }
+  const float* AsF32(const uint8_t* rows) const {
+    assert(kv_dtype_ == KvDtype::kF32);
+    return reinterpret_cast<const float*>(rows);
+  }
   void HostWritesRows() {
     if (mirror_ && mirror_rows_ != 0) mirror_rows_ = 0;
   }
@@ -172,12 +190,13 @@ class SequenceState {
   }
 
   int64_t kv_width_ = 0;
+  KvDtype kv_dtype_ = KvDtype::kF32;
   int64_t recurrent_floats_ = 0;
   int64_t tail_floats_ = 0;
   int64_t length_ = 0;
   int64_t capacity_ = 0;
   std::shared_mutex* growth_lock_ = nullptr;
-  std::vector<PageArray<float>> k_, v_;  // page-aligned, so the disk tier reads rows straight in
+  std::vector<PageArray<uint8_t>> k_, v_;  // page-aligned, so the disk tier reads rows straight in
   std::vector<PageArray<float>> recurrent_, tail_;
   std::unique_ptr<StateMirror> mirror_;
   int64_t mirror_rows_ = 0;

@@ -185,6 +185,7 @@ void HttpServer::RouteOperations() {
                    {"state_fingerprint", model_.state_fingerprint},
                    {"kernel_path", cpu::PathName(cpu::ActivePath())},
                    {"weights", model_.weights_format},
+                   {"kv_dtype", KvDtypeName(model_.config.kv_dtype)},
                    {"connections", transport_.open_connections()},
                    {"journal", JournalHealthJson()},
                    {"backends", options_.backends != nullptr ? options_.backends->HealthJson() : ojson::array()},

@@ -182,6 +182,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   }
   RETURN_IF_ERROR(say(0.2, "loading " + model_dir));
   ASSIGN_OR_RETURN(s->model_, LoadModel(model_dir));
+  s->model_->config.kv_dtype = config.kv_dtype;
   if (const int64_t positions = s->model_->config.max_position_embeddings; config.context_tokens > positions)
     return InvalidArgument("--ctx " + std::to_string(config.context_tokens) + " is beyond what the model was made for: its max_position_embeddings is " +
                            std::to_string(positions) + " (leave --ctx out to serve that)");
@@ -221,7 +222,11 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     ASSIGN_OR_RETURN(stored_weights, MeasureStoredWeights(s->model_->config, s->model_->weights, forward_options));
   }
   std::unique_ptr<ComputeBackend> forward;
-  if (config.device != "cpu") {
+  if (config.kv_dtype != KvDtype::kF32 && config.device == "cuda")
+    return InvalidArgument(std::string("--kv-dtype ") + KvDtypeName(config.kv_dtype) + " runs on the CPU only for now: the CUDA backend keeps f32 K/V rows (use --kv-dtype f32 or --device cpu)");
+  if (config.kv_dtype != KvDtype::kF32 && config.device == "auto")
+    s->notes_.push_back(std::string("device: the CPU runs the model (--kv-dtype ") + KvDtypeName(config.kv_dtype) + ": the CUDA backend keeps f32 K/V rows)");
+  else if (config.device != "cpu") {
     ASSIGN_OR_RETURN(forward, OpenCudaBackend(config, *s->model_, [&](const std::string& why) {
       s->notes_.push_back("device: the CPU runs the model (" + why + ")");
     }));

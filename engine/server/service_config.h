@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/kv_dtype.h"
 #include "engine/core/status.h"
 #include "engine/server/backends.h"
 
@@ -30,6 +31,7 @@ struct ServerConfig {
   int threads = 0;                // 0: every core
   std::string device = "auto";   // --device cpu|cuda|auto: auto is the GPU where the CUDA plugin finds one
   int cuda_device = 0;            // --cuda-device N
+  KvDtype kv_dtype = KvDtype::kF32;  // --kv-dtype f32|bf16: how every state stores its attention K/V rows
   bool int8_weights = false;      // --weights int8: matrices made int8 at load; default: as the checkpoint stores them
   std::string test_replies_file;  // testing aid: scripted replies (engine/server/reply_script.h)
   std::vector<BackendSpec> backends;  // --backend NAME=URL[,key=ENVVAR] (repeatable)

@@ -54,9 +54,11 @@ Status SaveShadowFile(DiskEnv& env, const std::string& path, const std::string& 
       {"checkpoint_lengths", SectionDType::kI32, {static_cast<int64_t>(checkpoint_lengths.size()) * 2}, BytesOf(checkpoint_lengths.data(), checkpoint_lengths.size() * 8)},
       {"pending_lines", SectionDType::kI32, {static_cast<int64_t>(pending.size()) * 2}, BytesOf(pending.data(), pending.size() * 8)},
       {"recurrent", SectionDType::kF32, {static_cast<int64_t>(recurrent.data.size())}, BytesOf(recurrent.data.data(), recurrent.data.size() * 4)}};
+  const SectionDType kv = KvSectionDType(state.kv_dtype());
+  const size_t kv_bytes = static_cast<size_t>(rows * state.kv_row_bytes());
   for (int64_t a = 0; a < state.num_attention_layers(); ++a) {
-    sections.push_back({SectionName("k", static_cast<int64_t>(a)), SectionDType::kF32, {rows, width}, BytesOf(state.k_rows(a), static_cast<size_t>(rows * width) * 4)});
-    sections.push_back({SectionName("v", static_cast<int64_t>(a)), SectionDType::kF32, {rows, width}, BytesOf(state.v_rows(a), static_cast<size_t>(rows * width) * 4)});
+    sections.push_back({SectionName("k", static_cast<int64_t>(a)), kv, {rows, width}, BytesOf(state.k_bytes(a), kv_bytes)});
+    sections.push_back({SectionName("v", static_cast<int64_t>(a)), kv, {rows, width}, BytesOf(state.v_bytes(a), kv_bytes)});
   }
   for (size_t i = 0; i < s.checkpoints().size(); ++i) {
     const Anchor& c = s.checkpoints()[i];
@@ -88,10 +90,11 @@ Result<std::unique_ptr<ShadowSession>> LoadShadowFile(DiskEnv& env, const std::s
   ASSIGN_OR_RETURN(const DecodedSection* recurrent, Section(f, "recurrent", SectionDType::kF32, {anchor_floats}));
   RETURN_IF_ERROR(state.Reserve(rows));
   for (int64_t a = 0; a < state.num_attention_layers(); ++a) {
-    ASSIGN_OR_RETURN(const DecodedSection* k, Section(f, SectionName("k", static_cast<int64_t>(a)), SectionDType::kF32, {rows, width}));
-    ASSIGN_OR_RETURN(const DecodedSection* v, Section(f, SectionName("v", static_cast<int64_t>(a)), SectionDType::kF32, {rows, width}));
-    std::memcpy(state.k_rows(a), k->bytes.data(), k->bytes.size());
-    std::memcpy(state.v_rows(a), v->bytes.data(), v->bytes.size());
+    const SectionDType kv = KvSectionDType(state.kv_dtype());
+    ASSIGN_OR_RETURN(const DecodedSection* k, Section(f, SectionName("k", static_cast<int64_t>(a)), kv, {rows, width}));
+    ASSIGN_OR_RETURN(const DecodedSection* v, Section(f, SectionName("v", static_cast<int64_t>(a)), kv, {rows, width}));
+    std::memcpy(state.k_bytes(a), k->bytes.data(), k->bytes.size());
+    std::memcpy(state.v_bytes(a), v->bytes.data(), v->bytes.size());
   }
   state.SetLength(rows);
   RETURN_IF_ERROR(state.RestoreAnchor(Anchor{rows, Copy<float>(recurrent->bytes)}));

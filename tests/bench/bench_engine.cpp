@@ -53,7 +53,7 @@ std::vector<int32_t> Ids(int64_t n, int64_t vocab) {
 }  // namespace
 
 // Usage: anchorage-bench-engine [--json] [--no-accuracy] [--no-decode] [--max-tokens N] [--threads 1,2] [--model-dir DIR]
-//                               [--weights as-stored|int8] [--decode-steps N]
+//                               [--weights as-stored|int8] [--decode-steps N] [--kv-dtype f32|bf16]
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int64_t max_tokens = 8192;
@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
   std::string dir;
   bool accuracy = true, decode = true, as_json = false, int8_weights = false;
   int decode_steps = 32;  // tokens a decode figure times (16 after 8,192 tokens of context)
+  KvDtype kv_dtype = KvDtype::kF32;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--json") as_json = true;
     if (std::string(argv[i]) == "--no-accuracy") accuracy = false;
@@ -72,6 +73,11 @@ int main(int argc, char** argv) {
     else if (a == "--model-dir") dir = v;
     else if (a == "--weights") int8_weights = v == "int8";
     else if (a == "--decode-steps") decode_steps = std::max(1, std::atoi(v.c_str()));
+    else if (a == "--kv-dtype") {
+      auto parsed = ParseKvDtype(v);
+      if (!parsed.ok()) return bench::Fail(parsed.status());
+      kv_dtype = *parsed;
+    }
     else if (a == "--threads") {
       thread_counts.clear();
       for (size_t p = 0; p < v.size();) {
@@ -95,6 +101,7 @@ int main(int argc, char** argv) {
   }
   auto config = LoadModelConfig(dir + "/config.json");
   if (!config.ok()) return bench::Fail(config.status());
+  config->kv_dtype = kv_dtype;
   auto set = SafetensorsSet::OpenDirectory(dir);
   if (!set.ok()) return bench::Fail(set.status());
   auto weights = MapWeights(*config, *set);
@@ -107,8 +114,8 @@ int main(int argc, char** argv) {
               static_cast<double>(set->total_bytes()) / (1 << 20));
   {
     SequenceState s(c);
-    std::printf("anchor: %lld bytes; K/V per token: %lld bytes (fp32)\n", static_cast<long long>(s.anchor_bytes()),
-                static_cast<long long>(s.kv_bytes_per_token()));
+    std::printf("anchor: %lld bytes; K/V per token: %lld bytes (%s rows)\n", static_cast<long long>(s.anchor_bytes()),
+                static_cast<long long>(s.kv_bytes_per_token()), KvDtypeName(kv_dtype));
   }
   // The machine's measured limits, so figures from two machines compare as fractions of them.
   nlohmann::json report;

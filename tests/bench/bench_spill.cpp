@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
   int level = 1, threads = 2;
   bool as_json = false, restart = false;
   std::string dir = "/tmp/anchorage-bench/spill";
+  KvDtype kv_dtype = KvDtype::kF32;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const std::string v = i + 1 < argc ? argv[i + 1] : "";
@@ -128,15 +129,17 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = std::max(1, std::atoi(v.c_str())), ++i;
     else if (a == "--restart") restart = true;
     else if (a == "--dir") dir = v, ++i;
+    else if (a == "--kv-dtype" && ParseKvDtype(v).ok()) kv_dtype = *ParseKvDtype(v), ++i;
     else {
-      std::fprintf(stderr, "usage: anchorage-bench-spill [--model-dir DIR] [--tokens N] [--level L] [--threads T] [--restart] [--dir D] [--json]\n");
+      std::fprintf(stderr, "usage: anchorage-bench-spill [--model-dir DIR] [--tokens N] [--level L] [--threads T] [--restart] [--dir D] [--kv-dtype f32|bf16] [--json]\n");
       return 2;
     }
   }
   if (model_dir.empty()) model_dir = bench::ModelFolder("small");
   auto model = LoadModel(model_dir);
   if (!model.ok()) return bench::Fail(model.status());
-  const ModelConfig& c = (*model)->config;
+  ModelConfig c = (*model)->config;
+  c.kv_dtype = kv_dtype;
   auto forward = Forward::Create(c, (*model)->weights, ForwardOptions{1024, 0});
   if (!forward.ok()) return bench::Fail(forward.status());
   if (restart) return Restart(**forward, c, tokens, dir, as_json);
@@ -148,17 +151,18 @@ int main(int argc, char** argv) {
   const double prefill_ms = bench::NowMs() - t0;
 
   ThreadPool pool(threads);
-  const int64_t block_rows = 1024, width = state.kv_width();
+  const int64_t block_rows = 1024, row_bytes = state.kv_row_bytes();
+  const int word_bytes = static_cast<int>(KvDtypeBytes(kv_dtype));
   int64_t raw = 0, encoded_bytes = 0;
   double encode_ms = 0, decode_ms = 0;
   bool exact = true;
   std::vector<char> back;
   for (int64_t begin = 0; begin + block_rows <= state.length(); begin += block_rows) {
     for (int64_t a = 0; a < state.num_attention_layers(); ++a) {
-      for (const float* rows : {state.k_rows(a), state.v_rows(a)}) {
-        const std::span<const char> block(reinterpret_cast<const char*>(rows + begin * width), static_cast<size_t>(block_rows * width * 4));
+      for (const uint8_t* rows : {state.k_bytes(a), state.v_bytes(a)}) {
+        const std::span<const char> block(reinterpret_cast<const char*>(rows + begin * row_bytes), static_cast<size_t>(block_rows * row_bytes));
         double t = bench::NowMs();
-        auto enc = EncodePlanes(block, PlaneCodecOptions{4, level, &pool});
+        auto enc = EncodePlanes(block, PlaneCodecOptions{word_bytes, level, &pool});
         encode_ms += bench::NowMs() - t;
         if (!enc.ok()) return bench::Fail(enc.status());
         back.resize(block.size());
@@ -175,12 +179,12 @@ int main(int argc, char** argv) {
   const nlohmann::json report = {{"tokens", tokens}, {"prefill_ms", prefill_ms}, {"raw_bytes", raw}, {"encoded_bytes", encoded_bytes},
                                  {"saved_fraction", saved}, {"encode_gbs", raw / (encode_ms / 1e3) / 1e9},
                                  {"decode_gbs", raw / (decode_ms / 1e3) / 1e9}, {"level", level}, {"threads", pool.size()},
-                                 {"bit_equal", exact}, {"kernel_path", cpu::PathName(cpu::ActivePath())}};
+                                 {"bit_equal", exact}, {"kv_dtype", KvDtypeName(kv_dtype)}, {"kernel_path", cpu::PathName(cpu::ActivePath())}};
   if (as_json) {
     std::printf("%s\n", report.dump(2).c_str());
   } else {
-    std::printf("K/V rows of %lld tokens (prefill %.0f ms, kernel path %s): %.1f MiB raw, %.1f MiB encoded: %.1f %% saved (zstd level %d)\n",
-                static_cast<long long>(tokens), prefill_ms, cpu::PathName(cpu::ActivePath()), raw / 1048576.0, encoded_bytes / 1048576.0,
+    std::printf("%s K/V rows of %lld tokens (prefill %.0f ms, kernel path %s): %.1f MiB raw, %.1f MiB encoded: %.1f %% saved (zstd level %d)\n",
+                KvDtypeName(kv_dtype), static_cast<long long>(tokens), prefill_ms, cpu::PathName(cpu::ActivePath()), raw / 1048576.0, encoded_bytes / 1048576.0,
                 100 * saved, level);
     std::printf("encode %.2f GB/s, decode %.2f GB/s on %d threads; decoded rows bit-equal: %s\n", raw / (encode_ms / 1e3) / 1e9,
                 raw / (decode_ms / 1e3) / 1e9, pool.size(), exact ? "yes" : "NO");

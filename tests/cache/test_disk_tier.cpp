@@ -102,6 +102,47 @@ class TestDiskTier : public QObject {
     ExpectExactResume(*tier, b, 256);
   }
 
+  // bf16 K/V rows go to disk as bf16 (half the bytes) and restore exactly; a tier of f32 rows under
+  // the same fingerprint refuses them by their dtype rather than read them as its own.
+  void bf16RowsRestoreExactlyAndAreRefusedByAnF32Tier() {
+    ModelConfig config = model_->config;
+    config.kv_dtype = KvDtype::kBf16;
+    auto made = Forward::Create(config, model_->weights, ForwardOptions{kGrid, 2});
+    QVERIFY(made.ok());
+    Forward& forward = **made;
+    QTemporaryDir dir;
+    const auto a = Tokens(5, 300, vocab_);
+    const DiskTierOptions options{dir.filePath("disk").toStdString(), kGrid, int64_t(1) << 40, 7, 0, nullptr};
+    auto bf16_tier = DiskTier::Open(DiskEnv::Posix(), config, fp_, options);
+    QVERIFY(bf16_tier.ok());
+    SequenceState head(config);
+    QVERIFY(forward.Prefill(head, std::span(a.data(), size_t(192))).ok());
+    QVERIFY((*bf16_tier)->Put(a, head).ok());
+    {
+      QTemporaryDir f32_dir;
+      auto f32_tier = Open(f32_dir);
+      QVERIFY(f32_tier && f32_tier->Put(a, Cold(a, 192)).ok());
+      QVERIFY2((*bf16_tier)->stats().bytes_written < f32_tier->stats().bytes_written * 3 / 4,
+               qPrintable(QString("%1 bytes against f32's %2").arg((*bf16_tier)->stats().bytes_written).arg(f32_tier->stats().bytes_written)));
+    }
+    SequenceState warm(config);
+    QVERIFY((*bf16_tier)->Restore(a, 192, warm).ok());
+    auto warm_logits = forward.Prefill(warm, std::span(a.data() + 192, a.size() - 192));
+    SequenceState cold(config);
+    auto cold_logits = forward.Prefill(cold, a);
+    QVERIFY(warm_logits.ok() && cold_logits.ok());
+    QVERIFY(SameBits(*warm_logits, *cold_logits));
+    QVERIFY(warm.BitEqual(cold));
+    bf16_tier->reset();
+    auto f32_tier = Open(dir);
+    QVERIFY(f32_tier);
+    SequenceState f32_state(model_->config);
+    const Status refused = f32_tier->Restore(a, 192, f32_state);
+    QVERIFY2(!refused.ok() && refused.message().find("not a chunk of this model") != std::string::npos, refused.ToString().c_str());
+    QCOMPARE(f32_state.length(), int64_t(0));
+    QCOMPARE(f32_tier->stats().failed_restores, int64_t(1));
+  }
+
   // A restore that keeps a state's first rows tells its device copy that only the rows above changed
   // (a GPU then uploads those alone); the resume stays exact.
   void restoreKeepsTheDeviceCopysRowsBelowTheKeptOnes() {

@@ -11,6 +11,7 @@
 #include "engine/compute/cpu/attention.h"
 #include "engine/compute/cpu/fp32_block.h"
 #include "engine/compute/cpu/matmul.h"
+#include "engine/core/bf16.h"
 
 using namespace anchorage;
 
@@ -153,6 +154,44 @@ class TestAttention : public QObject {
         QVERIFY2(SameBits(whole.data() + t * p.q_stride, row.data(), row.size()),
                  qPrintable(QString("decode of row %1, split at %2").arg(t).arg(split)));
       }
+    }
+  }
+
+  // bf16 rows are read widened: the output equals, bit for bit, the fp32 kernel's over the same values
+  // widened beforehand, prefilled, decoded and split; StoreKvValues rounds each value to nearest even.
+  void bf16RowsReadAsTheirFp32Values_data() { AddPaths(); }
+  void bf16RowsReadAsTheirFp32Values() {
+    FETCH_PATH_OR_SKIP(kp);
+    QVERIFY(cpu::SetActivePath(kp).ok());
+    ThreadPool two(2);
+    Problem p = Make(8, 2, 72, 200, 13u);  // head_dim 72: columns past the whole 4- and 32-wide pieces
+    std::vector<uint8_t> k16(p.k.size() * 2), v16(p.v.size() * 2);
+    cpu::StoreKvValues(p.k.data(), int64_t(p.k.size()), KvDtype::kBf16, k16.data());
+    cpu::StoreKvValues(p.v.data(), int64_t(p.v.size()), KvDtype::kBf16, v16.data());
+    for (size_t i = 0; i < p.k.size(); ++i) {
+      uint16_t h;
+      std::memcpy(&h, k16.data() + 2 * i, 2);
+      QCOMPARE(h, FloatToBf16(p.k[i]));
+    }
+    for (size_t i = 0; i < p.k.size(); ++i) {
+      uint16_t hk, hv;
+      std::memcpy(&hk, k16.data() + 2 * i, 2);
+      std::memcpy(&hv, v16.data() + 2 * i, 2);
+      p.k[i] = Bf16ToFloat(hk);
+      p.v[i] = Bf16ToFloat(hv);
+    }
+    const auto widened = Prefill(two, p, 0, p.length);
+    const cpu::KvSource kv(KvDtype::kBf16, k16.data(), v16.data(), p.kv_stride);
+    std::vector<float> out(widened.size(), -9.0f);
+    cpu::AttentionPrefill(two, p.shape, p.q.data(), p.q_stride, p.shape.head_dim, p.length, 0, kv, out.data(), p.q_stride);
+    QVERIFY(SameBits(widened.data(), out.data(), out.size()));
+    const int64_t split = 128;
+    const cpu::KvSource two_buffers(KvDtype::kBf16, k16.data(), v16.data(), p.kv_stride, split, k16.data() + split * p.kv_stride * 2,
+                                    v16.data() + split * p.kv_stride * 2);
+    for (int64_t t : {0, 63, 127, 128, 199}) {
+      std::vector<float> row(size_t(p.q_stride), -9.0f);
+      cpu::AttentionDecode(two, p.shape, p.q.data() + t * p.q_stride, p.shape.head_dim, t + 1, t % 2 ? kv : two_buffers, row.data());
+      QVERIFY2(SameBits(widened.data() + t * p.q_stride, row.data(), row.size()), qPrintable(QString("decode of row %1").arg(t)));
     }
   }
 

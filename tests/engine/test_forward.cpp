@@ -133,6 +133,27 @@ class TestForward : public QObject {
     QVERIFY(std::equal(last->begin(), last->end(), logits->begin() + (n - 1) * V));
   }
 
+  // K/V rows kept in bf16 (each value rounded once, relative error <= 2^-9): the logits stay within
+  // the bound docs/engine.md names for them, 2e-3 of max(1, max |logit|).
+  void bf16RowsStayNearTheReference() {
+    const int64_t V = model_->config.vocab_size, n = 150;
+    ModelConfig config = model_->config;
+    config.kv_dtype = KvDtype::kBf16;
+    auto f = Forward::Create(config, model_->weights, ForwardOptions{64, 2});
+    QVERIFY(f.ok());
+    const auto ids = RandomIds(n, V, 91u);
+    const auto ref = reference::Logits(model_->config, model_->weights, ids);
+    SequenceState state(config);
+    QCOMPARE(state.kv_bytes_per_token(), SequenceState(model_->config).kv_bytes_per_token() / 2);
+    auto logits = (*f)->Prefill(state, ids, LogitsRows::kAll);
+    QVERIFY(logits.ok());
+    double worst = 0.0, max_ref = 0.0;
+    for (int64_t t = 0; t < n; ++t) worst = std::max(worst, RowDiff(&(*logits)[t * V], &ref[t * V], V, &max_ref));
+    qInfo("bf16 K/V rows, n=%lld: max |engine - reference| = %.3g (max |logit| %.3g)", static_cast<long long>(n), worst, max_ref);
+    QVERIFY2(worst < 2e-3 * std::max(1.0, max_ref), "bf16 K/V rows moved the logits past their bound");
+    QVERIFY2(worst > 0.0, "bf16 rows rounded nothing: the state kept fp32 rows");
+  }
+
   // Prefill some tokens, then decode one at a time; each decode row matches the reference row.
   void decodeMatchesReference() {
     const int64_t V = model_->config.vocab_size;

@@ -27,11 +27,13 @@ class TestGrid : public QObject {
   std::unique_ptr<testing::LoadedWeights> model_, fp8_model_;
 
   // weights: "bf16" (the generated model), "fp8" (its FP8 variant) or "int8" (the BF16 one made int8).
-  std::unique_ptr<Forward> Make(int64_t grid, int threads, const QString& weights = "bf16") {
+  std::unique_ptr<Forward> Make(int64_t grid, int threads, const QString& weights = "bf16", KvDtype kv = KvDtype::kF32) {
     ForwardOptions options{grid, threads};
     options.int8_weights = weights == "int8";
     const testing::LoadedWeights& m = weights == "fp8" ? *fp8_model_ : *model_;
-    auto f = Forward::Create(m.config, m.weights, options);
+    ModelConfig config = m.config;
+    config.kv_dtype = kv;
+    auto f = Forward::Create(config, m.weights, options);
     return f.ok() ? std::move(f).value() : nullptr;
   }
 
@@ -186,7 +188,7 @@ class TestGrid : public QObject {
     for (cpu::KernelPath path : {cpu::KernelPath::kPortable, cpu::KernelPath::kAvx2Fma, cpu::KernelPath::kAvx512F,
                                  cpu::KernelPath::kAvx512Bf16, cpu::KernelPath::kAmxBf16})
       for (int threads : {1, 2})
-        for (const char* weights : {"bf16", "fp8", "int8"})
+        for (const char* weights : {"bf16", "fp8", "int8", "bf16 weights, bf16 K/V rows"})
           QTest::addRow("%s, %d thread(s), %s", cpu::PathName(path), threads, weights) << int(path) << threads << QString(weights);
   }
   void resumeAtEvery64LineEqualsCold() {
@@ -197,18 +199,20 @@ class TestGrid : public QObject {
     if (!cpu::PathAvailable(kernel)) QSKIP(qPrintable(QString("this CPU cannot run the %1 kernels").arg(cpu::PathName(kernel))));
     const cpu::KernelPath before = cpu::ActivePath();
     QVERIFY(cpu::SetActivePath(kernel).ok());
-    auto f = Make(1024, threads, weights);
+    const bool bf16_rows = weights.contains("K/V");
+    auto f = Make(1024, threads, bf16_rows ? "bf16" : weights, bf16_rows ? KvDtype::kBf16 : KvDtype::kF32);
     QVERIFY(f);
+    const ModelConfig& config = f->config();
     const auto ids = RandomIds(700, model_->config.vocab_size, 23u);
-    SequenceState cold(model_->config);
+    SequenceState cold(config);
     auto cold_logits = f->Prefill(cold, ids);
     QVERIFY(cold_logits.ok());
     auto cold_next = f->Decode(cold, ids[5]);
     QVERIFY(cold_next.ok());
     for (int64_t line = 64; line < 700; line += 64) {
-      SequenceState head(model_->config);
+      SequenceState head(config);
       QVERIFY(f->Prefill(head, std::span(ids.data(), size_t(line))).ok());
-      SequenceState warm(model_->config);
+      SequenceState warm(config);
       auto rows = head.CopyRows(0, line);
       QVERIFY(rows.ok());
       QVERIFY(warm.WriteRows(*rows).ok());

@@ -72,8 +72,9 @@ float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+template <typename T>
+bool SameBits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
 // Row j of bf16 weights w [., K] times x in double: the exact product and the sum of |terms|.

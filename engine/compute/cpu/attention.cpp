@@ -1,12 +1,16 @@
 #include "engine/compute/cpu/attention.h"
 
+#include <emmintrin.h>
 #include <xmmintrin.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "engine/compute/cpu/fp32_block.h"
+#include "engine/core/bf16.h"
 #include "engine/compute/cpu/matmul.h"
 #include "engine/compute/cpu/vec.h"
 
@@ -24,18 +28,33 @@ void SoftmaxPrefix(float* p, int64_t valid) {
   for (int64_t l = 0; l < valid; ++l) p[l] *= inv;
 }
 
+// Value e of a row of K/V values of type T (float, or uint16_t holding bf16), and four from e on, as fp32.
+template <typename T>
+float ValueAt(const T* row, int64_t e) {
+  if constexpr (std::is_same_v<T, float>) return row[e];
+  else return Bf16ToFloat(row[e]);
+}
+template <typename T>
+__m128 Load4(const T* row, int64_t e) {
+  if constexpr (std::is_same_v<T, float>) return _mm_loadu_ps(row + e);
+  else return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + e))));
+}
+template <typename T>
+const T* RowAt(const uint8_t* row, int64_t c0) { return reinterpret_cast<const T*>(row) + c0; }
+
 // Keys [j0, j0 + width) (width <= kF32PanelColumns), dims [0, hd) from column c0 of each key row, into a
 // panel: dim e of key j0 + j at panel[e * kF32PanelColumns + j]. Whole 4 x 4 squares go through SSE registers.
-void TransposeKeys(const KvSource& kv, int64_t c0, int64_t j0, int64_t width, int64_t hd, float* panel) {
+template <typename T>
+void TransposeKeysOf(const KvSource& kv, int64_t c0, int64_t j0, int64_t width, int64_t hd, float* panel) {
   int64_t jb = 0;
   for (; jb + 4 <= width; jb += 4) {
-    const float* k0 = kv.key(j0 + jb) + c0;
-    const float* k1 = kv.key(j0 + jb + 1) + c0;
-    const float* k2 = kv.key(j0 + jb + 2) + c0;
-    const float* k3 = kv.key(j0 + jb + 3) + c0;
+    const T* k0 = RowAt<T>(kv.key(j0 + jb), c0);
+    const T* k1 = RowAt<T>(kv.key(j0 + jb + 1), c0);
+    const T* k2 = RowAt<T>(kv.key(j0 + jb + 2), c0);
+    const T* k3 = RowAt<T>(kv.key(j0 + jb + 3), c0);
     int64_t e = 0;
     for (; e + 4 <= hd; e += 4) {
-      __m128 r0 = _mm_loadu_ps(k0 + e), r1 = _mm_loadu_ps(k1 + e), r2 = _mm_loadu_ps(k2 + e), r3 = _mm_loadu_ps(k3 + e);
+      __m128 r0 = Load4(k0, e), r1 = Load4(k1, e), r2 = Load4(k2, e), r3 = Load4(k3, e);
       _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
       _mm_storeu_ps(panel + e * kF32PanelColumns + jb, r0);
       _mm_storeu_ps(panel + (e + 1) * kF32PanelColumns + jb, r1);
@@ -43,16 +62,33 @@ void TransposeKeys(const KvSource& kv, int64_t c0, int64_t j0, int64_t width, in
       _mm_storeu_ps(panel + (e + 3) * kF32PanelColumns + jb, r3);
     }
     for (; e < hd; ++e) {
-      panel[e * kF32PanelColumns + jb] = k0[e];
-      panel[e * kF32PanelColumns + jb + 1] = k1[e];
-      panel[e * kF32PanelColumns + jb + 2] = k2[e];
-      panel[e * kF32PanelColumns + jb + 3] = k3[e];
+      panel[e * kF32PanelColumns + jb] = ValueAt(k0, e);
+      panel[e * kF32PanelColumns + jb + 1] = ValueAt(k1, e);
+      panel[e * kF32PanelColumns + jb + 2] = ValueAt(k2, e);
+      panel[e * kF32PanelColumns + jb + 3] = ValueAt(k3, e);
     }
   }
   for (; jb < width; ++jb) {
-    const float* key = kv.key(j0 + jb) + c0;
-    for (int64_t e = 0; e < hd; ++e) panel[e * kF32PanelColumns + jb] = key[e];
+    const T* key = RowAt<T>(kv.key(j0 + jb), c0);
+    for (int64_t e = 0; e < hd; ++e) panel[e * kF32PanelColumns + jb] = ValueAt(key, e);
   }
+}
+
+void TransposeKeys(const KvSource& kv, int64_t c0, int64_t j0, int64_t width, int64_t hd, float* panel) {
+  if (kv.dtype == KvDtype::kBf16) TransposeKeysOf<uint16_t>(kv, c0, j0, width, hd, panel);
+  else TransposeKeysOf<float>(kv, c0, j0, width, hd, panel);
+}
+
+// Columns [c0, c0 + n) of a value row into out, as fp32.
+void CopyValues(const KvSource& kv, const uint8_t* row, int64_t c0, int64_t n, float* out) {
+  if (kv.dtype == KvDtype::kF32) {
+    std::copy_n(RowAt<float>(row, c0), n, out);
+    return;
+  }
+  const uint16_t* from = RowAt<uint16_t>(row, c0);
+  int64_t e = 0;
+  for (; e + 4 <= n; e += 4) _mm_storeu_ps(out + e, Load4(from, e));
+  for (; e < n; ++e) out[e] = Bf16ToFloat(from[e]);
 }
 
 // Query rows stacked per block: stacked row i = r * group + g is query row r of head g of the group.
@@ -112,15 +148,15 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
     const auto [band_row, full_row] = rows_of(l0, l1);
     // Many rows read each value row many times: the rows are copied into panels (a sequential read, then the tile
     // reads consecutive lines). One query row's heads read them once, in place, where the block has one source.
-    const bool in_place = m == 1 && (l1 <= kv.split || l0 >= kv.split);
-    const float* values_at = in_place ? kv.value(l0) + kvh * hd : vp;
+    const bool in_place = m == 1 && kv.dtype == KvDtype::kF32 && (l1 <= kv.split || l0 >= kv.split);
+    const float* values_at = in_place ? RowAt<float>(kv.value(l0), kvh * hd) : vp;
     const int64_t values_stride = in_place ? kv.stride : kF32PanelColumns;
     const int64_t values_panel_stride = in_place ? 0 : kAttentionKeyBlock * kF32PanelColumns;
     for (int64_t l = l0; l < l1 && !in_place; ++l) {
-      const float* value = kv.value(l) + kvh * hd;
+      const uint8_t* value = kv.value(l);
       for (int64_t c0 = 0; c0 < hd; c0 += kF32PanelColumns)
-        std::copy_n(value + c0, std::min(kF32PanelColumns, hd - c0),
-                    vp + (c0 / kF32PanelColumns) * kAttentionKeyBlock * kF32PanelColumns + (l - l0) * kF32PanelColumns);
+        CopyValues(kv, value, kvh * hd + c0, std::min(kF32PanelColumns, hd - c0),
+                   vp + (c0 / kF32PanelColumns) * kAttentionKeyBlock * kF32PanelColumns + (l - l0) * kF32PanelColumns);
     }
     const auto values = [&](int64_t i, int64_t rows, int64_t keys) {
       RowsTimes(kernels, scores + i * ld + l0, ld, rows, values_at, values_stride, values_panel_stride, keys, hd,
@@ -135,6 +171,15 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
 }
 
 }  // namespace
+
+void StoreKvValues(const float* values, int64_t n, KvDtype dtype, uint8_t* out) {
+  if (dtype == KvDtype::kF32) {
+    std::memcpy(out, values, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  uint16_t* to = reinterpret_cast<uint16_t*>(out);
+  for (int64_t i = 0; i < n; ++i) to[i] = FloatToBf16(values[i]);
+}
 
 void AttentionPrefill(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t q_stride,
                       int64_t q_head_stride, int64_t rows, int64_t pos0, const KvSource& kv, float* out, int64_t out_stride) {

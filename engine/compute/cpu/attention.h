@@ -1,9 +1,10 @@
-// Causal attention of query rows over cached fp32 K/V rows (GQA), softmax in fp32. A row's bits
+// Causal attention of query rows over cached K/V rows (fp32, or bf16 widened as read; GQA), softmax in fp32. A row's bits
 // depend only on its query, its position and its keys: not on the block, the call or decode vs prefill.
 #pragma once
 
 #include <cstdint>
 
+#include "engine/core/kv_dtype.h"
 #include "engine/core/thread_pool.h"
 
 namespace anchorage::cpu {
@@ -19,20 +20,35 @@ struct AttentionShape {
   float scale = 0.0f;        // score multiplier, 1/sqrt(head_dim)
 };
 
-// Where key and value row j live (row stride `stride`, kv head at kv_head*head_dim): rows below
-// split at k and v, the rows from split on at k_tail and v_tail (their row 0 is row split). A branch
-// of a batch reads its prefix's rows from the prefix and its own from its scratch.
+// Where key and value row j live (`stride` values a row, of dtype, kv head at kv_head*head_dim): rows
+// below split at k and v, the rows from split on at k_tail and v_tail (their row 0 is row split). A
+// branch of a batch reads its prefix's rows from the prefix and its own from its scratch.
 struct KvSource {
-  const float* k = nullptr;
-  const float* v = nullptr;
+  const uint8_t* k = nullptr;
+  const uint8_t* v = nullptr;
   int64_t stride = 0;
   int64_t split = INT64_MAX;
-  const float* k_tail = nullptr;
-  const float* v_tail = nullptr;
+  const uint8_t* k_tail = nullptr;
+  const uint8_t* v_tail = nullptr;
+  KvDtype dtype = KvDtype::kF32;
 
-  const float* key(int64_t j) const { return j < split ? k + j * stride : k_tail + (j - split) * stride; }
-  const float* value(int64_t j) const { return j < split ? v + j * stride : v_tail + (j - split) * stride; }
+  KvSource() = default;
+  KvSource(KvDtype dtype, const uint8_t* k, const uint8_t* v, int64_t stride, int64_t split = INT64_MAX, const uint8_t* k_tail = nullptr,
+           const uint8_t* v_tail = nullptr)
+      : k(k), v(v), stride(stride), split(split), k_tail(k_tail), v_tail(v_tail), dtype(dtype) {}
+  KvSource(const float* k, const float* v, int64_t stride, int64_t split = INT64_MAX, const float* k_tail = nullptr, const float* v_tail = nullptr)
+      : KvSource(KvDtype::kF32, Bytes(k), Bytes(v), stride, split, Bytes(k_tail), Bytes(v_tail)) {}
+
+  int64_t row_bytes() const { return stride * KvDtypeBytes(dtype); }
+  const uint8_t* key(int64_t j) const { return j < split ? k + j * row_bytes() : k_tail + (j - split) * row_bytes(); }
+  const uint8_t* value(int64_t j) const { return j < split ? v + j * row_bytes() : v_tail + (j - split) * row_bytes(); }
+
+ private:
+  static const uint8_t* Bytes(const float* p) { return reinterpret_cast<const uint8_t*>(p); }
 };
+
+// Stores n fp32 values as K/V row values of dtype (bf16: rounded to nearest even).
+void StoreKvValues(const float* values, int64_t n, KvDtype dtype, uint8_t* out);
 
 // Query row t (position pos0 + t) of head h is at q + t*q_stride + h*q_head_stride; it attends to
 // key rows 0..pos0+t of kv. Writes out fp32 [T, Nh*head_dim] (row stride out_stride). Tasks are

@@ -1,0 +1,130 @@
+// K/V rows in bf16 through anchorage-server on the tiny model (64-token grid): every resume (the end
+// anchor, another session's grid anchor, the spill after a restart) answers the tokens and logprobs
+// of a cold bf16 server, a token's rows take half the bytes of f32 ones, and a server of the other
+// dtype reads none of those files (another fingerprint: swept and counted) and answers as a cold f32 one.
+#include <QtTest>
+
+#include <signal.h>
+
+#include "tests/server/server_fixture.h"
+
+using anchorage::testing::ServerProcess;
+using json = nlohmann::json;
+
+namespace {
+
+std::string Notes(int seed) {
+  std::string text = "Keep these notes about rows and anchors in mind.";
+  for (int i = 0; i < 150; ++i) text += " note" + std::to_string((i * 7919 + seed) % 1000) + " says row " + std::to_string(i);
+  return text;
+}
+
+json Turn(const json& messages, const std::string& session) {
+  return {{"messages", messages}, {"max_tokens", 10}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}, {"session_id", session}};
+}
+
+json Logprobs(const json& reply) { return reply["choices"][0]["logprobs"]; }
+std::string Text(const json& reply) { return reply["choices"][0]["message"]["content"].get<std::string>(); }
+int64_t Cached(const json& reply) { return reply["usage"]["anchorage"]["cached_tokens"].get<int64_t>(); }
+
+void Terminate(ServerProcess& s) {
+  ::kill(static_cast<pid_t>(s.process().processId()), SIGTERM);
+  QVERIFY(s.process().waitForFinished(20000));
+  QCOMPARE(s.process().exitCode(), 0);
+}
+
+}  // namespace
+
+class TestKvDtypeServer : public QObject {
+  Q_OBJECT
+
+  QTemporaryDir data_, cold_data_, f32_cold_data_;
+  ServerProcess cold_, f32_cold_;  // no caches: every answer a cold prefill's
+
+  json Stats(ServerProcess& s) { return json::parse(s.Get("/v1/cache/stats")->body); }
+
+ private slots:
+  void initTestCase() {
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(data_.path()));
+    QVERIFY(cold_.Start(cold_data_.path(), {"--grid", "64", "--kv-dtype", "bf16", "--caches", "off"}));
+    QVERIFY(f32_cold_.Start(f32_cold_data_.path(), {"--grid", "64", "--caches", "off"}));
+  }
+
+  void everyResumeAnswersAsColdAndTheOtherDtypeReadsNothing() {
+    const json first = json::array({{{"role", "system"}, {"content", Notes(1)}}, {{"role", "user"}, {"content", "Which row comes first?"}}});
+    json second = first;
+    json third;
+    {
+      ServerProcess s;
+      QVERIFY(s.Start(data_.path(), {"--grid", "64", "--kv-dtype", "bf16"}));
+      const json health = json::parse(s.Get("/health")->body);
+      QCOMPARE(health["kv_dtype"].get<std::string>(), std::string("bf16"));
+      QVERIFY(health["state_fingerprint"] != json::parse(f32_cold_.Get("/health")->body)["state_fingerprint"]);
+      const json r1 = s.Chat(Turn(first, "A"));
+      QCOMPARE(Logprobs(r1), Logprobs(cold_.Chat(Turn(first, "cold"))));
+      QVERIFY2(Logprobs(r1) != Logprobs(f32_cold_.Chat(Turn(first, "cold"))), "bf16 rows answered f32 rows' logprobs: nothing was rounded");
+      // A follow-up resumes at A's end anchor.
+      second.push_back({{"role", "assistant"}, {"content", Text(r1)}});
+      second.push_back({{"role", "user"}, {"content", "And which comes last?"}});
+      const json r2 = s.Chat(Turn(second, "A"));
+      QVERIFY2(Cached(r2) > r1["usage"]["prompt_tokens"].get<int64_t>() - 64, r2["usage"].dump().c_str());
+      QCOMPARE(Logprobs(r2), Logprobs(cold_.Chat(Turn(second, "cold"))));
+      // Another session with the same notes resumes at a grid anchor of A's rows.
+      const json other = json::array({{{"role", "system"}, {"content", Notes(1)}}, {{"role", "user"}, {"content", "Name a middle row."}}});
+      const json rb = s.Chat(Turn(other, "B"));
+      QVERIFY2(Cached(rb) >= 512, rb["usage"].dump().c_str());
+      QCOMPARE(Logprobs(rb), Logprobs(cold_.Chat(Turn(other, "cold"))));
+      // A token's rows take half the bytes of f32 rows.
+      const auto bytes_a_row = [&](ServerProcess& server) {
+        const json resident = Stats(server)["resident"];
+        return resident["row_bytes"].get<int64_t>() / std::max<int64_t>(1, resident["rows"].get<int64_t>());
+      };
+      ServerProcess f32;
+      QTemporaryDir f32_data;
+      QVERIFY(f32.Start(f32_data.path(), {"--grid", "64"}));
+      QVERIFY(f32.Chat(Turn(first, "size")).is_object());
+      QVERIFY(bytes_a_row(s) > 0);
+      QCOMPARE(bytes_a_row(s) * 2, bytes_a_row(f32));
+      // Back to A, then a planned stop: the drain spills A's rows.
+      QVERIFY(s.Chat(Turn(second, "A")).is_object());
+      third = second;
+      third.push_back({{"role", "assistant"}, {"content", Text(r2)}});
+      third.push_back({{"role", "user"}, {"content", "Now count them."}});
+      Terminate(s);
+    }
+    {
+      ServerProcess s;
+      QVERIFY(s.Start(data_.path(), {"--grid", "64", "--kv-dtype", "bf16"}));
+      const json r3 = s.Chat(Turn(third, "A"));
+      QVERIFY2(Cached(r3) > 256, r3["usage"].dump().c_str());
+      QCOMPARE(Stats(s)["spill"]["restores"].get<int64_t>(), int64_t(1));
+      QCOMPARE(Logprobs(r3), Logprobs(cold_.Chat(Turn(third, "cold"))));
+      Terminate(s);
+    }
+    // An f32 server on the same folders: the bf16 files are another fingerprint's, never read.
+    ServerProcess s;
+    QVERIFY(s.Start(data_.path(), {"--grid", "64"}));
+    const json before = Stats(s);
+    QVERIFY2(before["spill"]["swept"].get<int64_t>() > 0, before["spill"].dump().c_str());
+    QCOMPARE(before["spill"]["entries"].get<int64_t>(), int64_t(0));
+    const json r = s.Chat(Turn(third, "A"));
+    QCOMPARE(Cached(r), int64_t(0));
+    QCOMPARE(Logprobs(r), Logprobs(f32_cold_.Chat(Turn(third, "cold"))));
+    const json after = Stats(s);
+    QCOMPARE(after["spill"]["restores"].get<int64_t>(), int64_t(0));
+    QCOMPARE(after["disk"]["restores"].get<int64_t>(), int64_t(0));
+  }
+
+  void anUnknownDtypeIsRefusedAtStart() {
+    QTemporaryDir dir;
+    QProcess p;
+    p.start(QString(ANCHORAGE_BINARY_DIR) + "/app/anchorage-server", {"--data-dir", dir.path(), "--port", "0", "--kv-dtype", "f16"});
+    QVERIFY(p.waitForFinished(30000));
+    QCOMPARE(p.exitCode(), 2);
+    const QString err = QString::fromUtf8(p.readAllStandardError());
+    QVERIFY2(err.contains("--kv-dtype: kv dtype must be f32 or bf16, got 'f16'"), qPrintable(err));
+  }
+};
+
+QTEST_APPLESS_MAIN(TestKvDtypeServer)
+#include "test_kv_dtype_server.moc"
