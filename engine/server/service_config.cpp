@@ -106,6 +106,7 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
     c.device = value;
   }
   else if (key == "cuda-device") { RETURN_IF_ERROR(integer(0, 255, &v)); c.cuda_device = static_cast<int>(v); }
+  else if (key == "kv-dtype" && value == "auto") { c.kv_dtype.reset(); }
   else if (key == "kv-dtype") {
     auto dtype = ParseKvDtype(value);
     if (!dtype.ok()) return InvalidArgument(source + ": " + dtype.status().message());
@@ -128,7 +129,7 @@ const char* ServerUsage() {
          "                        [--api-key KEY]... [--api-keys-file FILE] [--allowed-hosts H,H]\n"
          "                        [--cors-origins ORIGIN,ORIGIN] [--strict-model-names on|off]\n"
          "                        [--max-queue N] [--ctx TOKENS] [--threads N] [--weights as-stored|int8]\n"
-         "                        [--kv-dtype f32|bf16]\n"
+         "                        [--kv-dtype auto|f32|bf16]\n"
          "                        [--device cpu|cuda|auto] [--cuda-device N]\n"
          "                        [--caches on|off]\n"
          "                        [--resident-gb GB] [--resident-guest-max TOKENS] [--resident-stash-gb GB]\n"
@@ -149,7 +150,8 @@ const char* ServerUsage() {
          "--weights int8 makes the BF16 matrices int8 at load (a scale a row and 32 inputs: about half the bytes\n"
          "and faster decode, not exact); it prints the logits' measured distance from the stored weights'.\n"
          "--kv-dtype bf16 keeps attention K/V rows in bf16 (rounded once, when written: half the bytes a token in\n"
-         "every tier, every resume still equal to a cold prefill of the same dtype); f32 (the default) keeps fp32.\n"
+         "every tier, every resume still equal to a cold prefill of the same dtype); f32 keeps fp32 rows; auto (the\n"
+         "default) is bf16 on the CPU and f32 on the GPU, whose backend keeps f32 rows for now.\n"
          "--device picks what runs the model: cuda (the GPU, through the CUDA plugin anchorage-cuda.so; an error\n"
          "where none can be used), cpu, or auto (the default: the GPU where one is found, else the CPU).\n";
 }

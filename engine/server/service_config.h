@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,9 @@ struct ServerConfig {
   int threads = 0;                // 0: every core
   std::string device = "auto";   // --device cpu|cuda|auto: auto is the GPU where the CUDA plugin finds one
   int cuda_device = 0;            // --cuda-device N
-  KvDtype kv_dtype = KvDtype::kF32;  // --kv-dtype f32|bf16: how every state stores its attention K/V rows
+  // --kv-dtype auto|f32|bf16: how every state stores its attention K/V rows; auto (unset) is bf16 on
+  // the CPU backend and f32 on the CUDA one, which keeps f32 rows for now.
+  std::optional<KvDtype> kv_dtype;
   bool int8_weights = false;      // --weights int8: matrices made int8 at load; default: as the checkpoint stores them
   std::string test_replies_file;  // testing aid: scripted replies (engine/server/reply_script.h)
   std::vector<BackendSpec> backends;  // --backend NAME=URL[,key=ENVVAR] (repeatable)

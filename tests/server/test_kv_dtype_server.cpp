@@ -47,7 +47,7 @@ class TestKvDtypeServer : public QObject {
   void initTestCase() {
     QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(data_.path()));
     QVERIFY(cold_.Start(cold_data_.path(), {"--grid", "64", "--kv-dtype", "bf16", "--caches", "off"}));
-    QVERIFY(f32_cold_.Start(f32_cold_data_.path(), {"--grid", "64", "--caches", "off"}));
+    QVERIFY(f32_cold_.Start(f32_cold_data_.path(), {"--grid", "64", "--kv-dtype", "f32", "--caches", "off"}));
   }
 
   void everyResumeAnswersAsColdAndTheOtherDtypeReadsNothing() {
@@ -81,7 +81,7 @@ class TestKvDtypeServer : public QObject {
       };
       ServerProcess f32;
       QTemporaryDir f32_data;
-      QVERIFY(f32.Start(f32_data.path(), {"--grid", "64"}));
+      QVERIFY(f32.Start(f32_data.path(), {"--grid", "64", "--kv-dtype", "f32"}));
       QVERIFY(f32.Chat(Turn(first, "size")).is_object());
       QVERIFY(bytes_a_row(s) > 0);
       QCOMPARE(bytes_a_row(s) * 2, bytes_a_row(f32));
@@ -94,7 +94,8 @@ class TestKvDtypeServer : public QObject {
     }
     {
       ServerProcess s;
-      QVERIFY(s.Start(data_.path(), {"--grid", "64", "--kv-dtype", "bf16"}));
+      QVERIFY(s.Start(data_.path(), {"--grid", "64"}));  // the default on the CPU: bf16 rows
+      QCOMPARE(json::parse(s.Get("/health")->body)["kv_dtype"].get<std::string>(), std::string("bf16"));
       const json r3 = s.Chat(Turn(third, "A"));
       QVERIFY2(Cached(r3) > 256, r3["usage"].dump().c_str());
       QCOMPARE(Stats(s)["spill"]["restores"].get<int64_t>(), int64_t(1));
@@ -103,7 +104,7 @@ class TestKvDtypeServer : public QObject {
     }
     // An f32 server on the same folders: the bf16 files are another fingerprint's, never read.
     ServerProcess s;
-    QVERIFY(s.Start(data_.path(), {"--grid", "64"}));
+    QVERIFY(s.Start(data_.path(), {"--grid", "64", "--kv-dtype", "f32"}));
     const json before = Stats(s);
     QVERIFY2(before["spill"]["swept"].get<int64_t>() > 0, before["spill"].dump().c_str());
     QCOMPARE(before["spill"]["entries"].get<int64_t>(), int64_t(0));
