@@ -195,6 +195,36 @@ class TestAttention : public QObject {
     }
   }
 
+  // Decode reads keys in place, many lanes at a time, in spans of keys and columns over the pool: at model-sized heads,
+  // groups of one to sixteen heads, lengths past a span and rows of either dtype, its bits are a one-row prefill's.
+  void decodeAtModelShapesEqualsPrefill_data() { AddPaths(); }
+  void decodeAtModelShapesEqualsPrefill() {
+    FETCH_PATH_OR_SKIP(kp);
+    QVERIFY(cpu::SetActivePath(kp).ok());
+    ThreadPool one(1), three(3);
+    for (auto [heads, kv_heads, hd, length] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{8, 2, 256, 1100}, {12, 2, 128, 530},
+                                              {16, 1, 64, 77}, {3, 3, 32, 17}, {5, 1, 72, 40}, {2, 1, 36, 20}}) {
+      Problem p = Make(heads, kv_heads, hd, length, uint32_t(heads * 131 + length));
+      for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16}) {
+        std::vector<uint8_t> k(p.k.size() * 4), v(p.v.size() * 4);
+        cpu::StoreKvValues(p.k.data(), int64_t(p.k.size()), dtype, k.data());
+        cpu::StoreKvValues(p.v.data(), int64_t(p.v.size()), dtype, v.data());
+        const int64_t split = length / 2, row_bytes = p.kv_stride * KvDtypeBytes(dtype);
+        const cpu::KvSource whole(dtype, k.data(), v.data(), p.kv_stride);
+        const cpu::KvSource halves(dtype, k.data(), v.data(), p.kv_stride, split, k.data() + split * row_bytes, v.data() + split * row_bytes);
+        for (int64_t t : {int64_t{0}, length / 3, length - 1}) {
+          std::vector<float> want(size_t(p.q_stride), -9.0f), got(want), got_split(want);
+          cpu::AttentionPrefill(one, p.shape, p.q.data() + t * p.q_stride, p.q_stride, hd, 1, t, whole, want.data(), p.q_stride);
+          cpu::AttentionDecode(three, p.shape, p.q.data() + t * p.q_stride, hd, t + 1, whole, got.data());
+          cpu::AttentionDecode(one, p.shape, p.q.data() + t * p.q_stride, hd, t + 1, halves, got_split.data());
+          const QString what = QString("%1 heads, %2 kv heads, head_dim %3, row %4, %5").arg(heads).arg(kv_heads).arg(hd).arg(t).arg(KvDtypeName(dtype));
+          QVERIFY2(SameBits(want.data(), got.data(), want.size()), qPrintable(what));
+          QVERIFY2(SameBits(want.data(), got_split.data(), want.size()), qPrintable(what + ", split"));
+        }
+      }
+    }
+  }
+
   void matchesDoubleReference() {
     ThreadPool pool(2);
     const Problem p = Make(4, 2, 32, 90, 13u);

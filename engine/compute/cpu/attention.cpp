@@ -17,6 +17,10 @@
 namespace anchorage::cpu {
 namespace {
 
+// A decode step's tasks: keys a scores task reads, and the fewest output columns a values task writes.
+constexpr int64_t kDecodeKeySpan = 512;
+constexpr int64_t kDecodeMinColumns = 16;
+
 // Softmax of p[0..valid) in place (max, exp, sum, divide in index order).
 void SoftmaxPrefix(float* p, int64_t valid) {
   float mx = p[0];
@@ -195,7 +199,55 @@ void AttentionPrefill(ThreadPool& pool, const AttentionShape& shape, const float
 
 void AttentionDecode(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t q_head_stride,
                      int64_t length, const KvSource& kv, float* out) {
-  AttentionPrefill(pool, shape, q, 0, q_head_stride, 1, length - 1, kv, out, 0);
+  const Fp32Kernels& kernels = Fp32KernelsOf(ActivePath());
+  if (!kernels.decode_scores) return AttentionPrefill(pool, shape, q, 0, q_head_stride, 1, length - 1, kv, out, 0);
+  const int64_t group = shape.num_heads / shape.num_kv_heads, hd = shape.head_dim;
+  const int64_t ld = (length + 15) / 16 * 16;
+  thread_local std::vector<float> scores_buf;
+  thread_local std::vector<uint8_t> zero_row;
+  float* scores = Sized(scores_buf, shape.num_heads * ld);
+  if (static_cast<int64_t>(zero_row.size()) < hd * 4) zero_row.assign(static_cast<size_t>(hd * 4), 0);
+  const uint8_t* zeros = zero_row.data();  // the tasks run on other threads, each with thread_locals of its own
+  // Three passes, each spread over the pool: scores by spans of keys, the softmax by head, the values by columns.
+  const int64_t spans = (length + kDecodeKeySpan - 1) / kDecodeKeySpan;
+  pool.Run(static_cast<size_t>(shape.num_kv_heads * spans), [&](size_t task) {
+    const int64_t kvh = static_cast<int64_t>(task) / spans, j0 = static_cast<int64_t>(task) % spans * kDecodeKeySpan;
+    DecodeScoresArgs a;
+    a.q = q + kvh * group * q_head_stride;
+    a.q_head_stride = q_head_stride;
+    a.heads = group;
+    a.head_dim = hd;
+    a.kv = &kv;
+    a.column = kvh * hd;
+    a.j0 = j0;
+    a.j1 = std::min(length, j0 + kDecodeKeySpan);
+    a.zero_row = zeros;
+    a.scores = scores + kvh * group * ld;
+    a.ld = ld;
+    kernels.decode_scores(a);
+    for (int64_t g = 0; g < group; ++g)
+      for (int64_t l = a.j0; l < a.j1; ++l) a.scores[g * ld + l] *= shape.scale;
+  });
+  pool.Run(static_cast<size_t>(shape.num_heads), [&](size_t h) { SoftmaxPrefix(scores + static_cast<int64_t>(h) * ld, length); });
+  // Columns split only as far as the pool needs tasks: a task reads its kv head's rows in wider pieces.
+  const int64_t tasks_a_head = (pool.size() + shape.num_kv_heads - 1) / shape.num_kv_heads;
+  const int64_t span_columns = std::max(kDecodeMinColumns, (hd + tasks_a_head - 1) / tasks_a_head + kDecodeMinColumns - 1) / kDecodeMinColumns * kDecodeMinColumns;
+  const int64_t column_spans = (hd + span_columns - 1) / span_columns;
+  pool.Run(static_cast<size_t>(shape.num_kv_heads * column_spans), [&](size_t task) {
+    const int64_t kvh = static_cast<int64_t>(task) / column_spans, span = static_cast<int64_t>(task) % column_spans;
+    DecodeValuesArgs a;
+    a.p = scores + kvh * group * ld;
+    a.ld = ld;
+    a.heads = group;
+    a.length = length;
+    a.kv = &kv;
+    a.column = kvh * hd;
+    a.c0 = span * span_columns;
+    a.c1 = std::min(hd, a.c0 + span_columns);
+    a.out = out + kvh * group * hd;
+    a.out_head_stride = hd;
+    kernels.decode_values(a);
+  });
 }
 
 }  // namespace anchorage::cpu

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "engine/compute/cpu/attention.h"
+
 namespace anchorage::cpu {
 
 // Columns of a b panel: with b_panel_stride > 0, columns [32p, 32p + 32) of b are a [k, 32] block
@@ -28,8 +30,34 @@ inline int64_t SpreadStride(int64_t n) {
   return (lines % 2 == 0 ? lines + 1 : lines) * 16;
 }
 
+// A decode step's scores for one kv head's group of query rows: scores[h * ld + j] = q[h] · key j (from 0, e in
+// order, one fma each: RowsTimes' bits) for keys [j0, j1), reading the key rows in place from column `column`.
+struct DecodeScoresArgs {
+  const float* q = nullptr;
+  int64_t q_head_stride = 0, heads = 0, head_dim = 0;
+  const KvSource* kv = nullptr;
+  int64_t column = 0, j0 = 0, j1 = 0;
+  const uint8_t* zero_row = nullptr;  // head_dim zero values, read in place of keys past j1
+  float* scores = nullptr;
+  int64_t ld = 0;
+};
+
+// And its output columns [c0, c1) of the group's rows: out[h * out_head_stride + c] = Σ_j p[h * ld + j] · value j's
+// column + c, keys 0..length-1 in order from 0, one fma each (RowsTimes' bits), value rows read in place.
+struct DecodeValuesArgs {
+  const float* p = nullptr;
+  int64_t ld = 0, heads = 0, length = 0;
+  const KvSource* kv = nullptr;
+  int64_t column = 0, c0 = 0, c1 = 0;
+  float* out = nullptr;
+  int64_t out_head_stride = 0;
+};
+
+// A path's fp32 attention products; the decode pair may be null (then decode runs as a one-row prefill).
 struct Fp32Kernels {
   void (*rows_times)(const RowsTimesArgs&);
+  void (*decode_scores)(const DecodeScoresArgs&) = nullptr;
+  void (*decode_values)(const DecodeValuesArgs&) = nullptr;
 };
 
 // y [rows, cols] (=|+=) a [rows, k] · b [k, cols] (row stride ldb; in 32-column panels when panel_stride > 0).

@@ -1,6 +1,9 @@
 // The AVX2 + FMA GEMM path: 8 fp32 lanes; a 32-byte load of 16 bf16 slots gives two vectors.
 #include <immintrin.h>
 
+#include <cmath>
+#include <cstring>
+
 #include <cstring>
 
 // Everything included before the pragma keeps the baseline target; the tile below it takes the path's.
@@ -13,6 +16,7 @@
 #include "engine/compute/cpu/fp32_tile.h"
 #include "engine/compute/cpu/gemm_int8_tile.h"
 #include "engine/compute/cpu/gemm_tile.h"
+#include "engine/compute/cpu/attention_decode_tile.h"
 
 namespace anchorage::cpu {
 namespace {
@@ -113,17 +117,55 @@ struct Avx2Int8Lanes : Avx2Lanes {
   }
 };
 
+// Decode attention's vectors: 8 keys' dims transposed in registers, bf16 rows widened as loaded.
+struct Avx2Decode {
+  static constexpr int kLanes = 8;
+  using F = __m256;
+  static F Zero() { return _mm256_setzero_ps(); }
+  static F Broadcast(float s) { return _mm256_set1_ps(s); }
+  static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static void Store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static F LoadKv(const uint8_t* p, KvDtype dtype) {
+    if (dtype == KvDtype::kF32) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  // r[i] holds row i's 8 values; afterwards r[c] holds value c of rows 0..7.
+  static void Transpose(F (&r)[8]) {
+    F t[8];
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    const auto lo = [](F a, F b) { return _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a), _mm256_castps_pd(b))); };
+    const auto hi = [](F a, F b) { return _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a), _mm256_castps_pd(b))); };
+    for (int i = 0; i < 2; ++i) {  // r[4i + k]: in 128-bit block b, value 4b + k of rows 4i..4i+3
+      r[4 * i] = lo(t[4 * i], t[4 * i + 2]);
+      r[4 * i + 1] = hi(t[4 * i], t[4 * i + 2]);
+      r[4 * i + 2] = lo(t[4 * i + 1], t[4 * i + 3]);
+      r[4 * i + 3] = hi(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int k = 0; k < 4; ++k) {
+      t[k] = _mm256_permute2f128_ps(r[k], r[4 + k], 0x20);
+      t[4 + k] = _mm256_permute2f128_ps(r[k], r[4 + k], 0x31);
+    }
+    for (int i = 0; i < 8; ++i) r[i] = t[i];
+  }
+};
+
 void Run(const GemmBlock& b) { RunGemmBlock<Avx2Lanes>(b); }
 void RunFp8(const GemmBlock& b) { RunGemmBlock<Avx2Lanes, Fp8Weights>(b); }
 void RunInt8(const GemmBlock& b) { RunInt8Block<Avx2Int8Lanes>(b); }
 void RowsTimes(const RowsTimesArgs& p) { RunRowsTimes<Avx2Lanes>(p); }
+void DecodeScores(const DecodeScoresArgs& a) { RunDecodeScores<Avx2Decode>(a); }
+void DecodeValues(const DecodeValuesArgs& a) { RunDecodeValues<Avx2Decode>(a); }
 
 }  // namespace
 
 #pragma GCC pop_options
 
 void GemmBlockAvx2(const GemmBlock& b) { Run(b); }
-const Fp32Kernels kFp32Avx2{RowsTimes};
+const Fp32Kernels kFp32Avx2{RowsTimes, DecodeScores, DecodeValues};
 const Q8Kernels kQ8Avx2{RunFp8, RunInt8};
 
 }  // namespace anchorage::cpu

@@ -4,6 +4,9 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <cmath>
+#include <cstring>
+
 // Everything included before the pragma keeps the baseline target; the tile below it takes the path's.
 #include "engine/compute/cpu/fp32_block.h"
 #include "engine/compute/cpu/gemm_block.h"
@@ -16,21 +19,64 @@
 #include "engine/compute/cpu/fp32_tile.h"
 #include "engine/compute/cpu/gemm_int8_tile.h"
 #include "engine/compute/cpu/gemm_tile.h"
+#include "engine/compute/cpu/attention_decode_tile.h"
 
 namespace anchorage::cpu {
 namespace {
+
+// Decode attention's vectors: 16 keys' dims transposed in registers, bf16 rows widened as loaded.
+struct Avx512Decode {
+  static constexpr int kLanes = 16;
+  using F = __m512;
+  static F Zero() { return _mm512_setzero_ps(); }
+  static F Broadcast(float s) { return _mm512_set1_ps(s); }
+  static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static void Store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static F LoadKv(const uint8_t* p, KvDtype dtype) {
+    if (dtype == KvDtype::kF32) return _mm512_loadu_ps(p);
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  // r[i] holds row i's 16 values; afterwards r[c] holds value c of rows 0..15.
+  static void Transpose(F (&r)[16]) {
+    F t[16];
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    const auto lo = [](F a, F b) { return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))); };
+    const auto hi = [](F a, F b) { return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))); };
+    for (int i = 0; i < 4; ++i) {  // r[4i + k]: in 128-bit block b, value 4b + k of rows 4i..4i+3
+      r[4 * i] = lo(t[4 * i], t[4 * i + 2]);
+      r[4 * i + 1] = hi(t[4 * i], t[4 * i + 2]);
+      r[4 * i + 2] = lo(t[4 * i + 1], t[4 * i + 3]);
+      r[4 * i + 3] = hi(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int k = 0; k < 4; ++k) {
+      const F a_lo = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x44), a_hi = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xEE);
+      const F b_lo = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x44), b_hi = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xEE);
+      t[k] = _mm512_shuffle_f32x4(a_lo, b_lo, 0x88);
+      t[4 + k] = _mm512_shuffle_f32x4(a_lo, b_lo, 0xDD);
+      t[8 + k] = _mm512_shuffle_f32x4(a_hi, b_hi, 0x88);
+      t[12 + k] = _mm512_shuffle_f32x4(a_hi, b_hi, 0xDD);
+    }
+    for (int i = 0; i < 16; ++i) r[i] = t[i];
+  }
+};
 
 void Run(const GemmBlock& b) { RunGemmBlock<Avx512Lanes>(b); }
 void RunFp8(const GemmBlock& b) { RunGemmBlock<Avx512Lanes, Fp8Weights>(b); }
 void RunInt8(const GemmBlock& b) { RunInt8Block<Avx512Int8Lanes<false>>(b); }
 void RowsTimes(const RowsTimesArgs& p) { RunRowsTimes<Avx512Lanes>(p); }
+void DecodeScores(const DecodeScoresArgs& a) { RunDecodeScores<Avx512Decode>(a); }
+void DecodeValues(const DecodeValuesArgs& a) { RunDecodeValues<Avx512Decode>(a); }
 
 }  // namespace
 
 #pragma GCC pop_options
 
 void GemmBlockAvx512(const GemmBlock& b) { Run(b); }
-const Fp32Kernels kFp32Avx512{RowsTimes};
+const Fp32Kernels kFp32Avx512{RowsTimes, DecodeScores, DecodeValues};
 const Q8Kernels kQ8Avx512{RunFp8, RunInt8};
 
 }  // namespace anchorage::cpu

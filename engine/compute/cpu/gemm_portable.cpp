@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/compute/cpu/attention_decode_tile.h"
 #include "engine/compute/cpu/bf16_split.h"
 #include "engine/compute/cpu/fp32_tile.h"
 #include "engine/compute/cpu/gemm_int8_tile.h"
@@ -170,6 +171,37 @@ void RunEmulatedAmx(const GemmBlock& b) {
   }
 }
 
+// The vector paths' decode kernels on L lanes of arrays: the same chains, a transpose by index.
+template <int L>
+struct LaneArraysDecode {
+  static constexpr int kLanes = L;
+  struct F {
+    float v[L];
+  };
+  static F Zero() { return F{}; }
+  static F Broadcast(float s) {
+    F f;
+    for (int l = 0; l < L; ++l) f.v[l] = s;
+    return f;
+  }
+  static F Fma(const F& a, const F& b, F c) {
+    for (int l = 0; l < L; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
+    return c;
+  }
+  static void Store(float* p, const F& v) { std::memcpy(p, v.v, sizeof(v.v)); }
+  static F LoadKv(const uint8_t* p, KvDtype dtype) {
+    F f;
+    for (int l = 0; l < L; ++l) f.v[l] = KvValueAt(p, dtype, l);
+    return f;
+  }
+  static void Transpose(F (&r)[L]) {
+    F t[L];
+    for (int i = 0; i < L; ++i)
+      for (int c = 0; c < L; ++c) t[c].v[i] = r[i].v[c];
+    for (int i = 0; i < L; ++i) r[i] = t[i];
+  }
+};
+
 }  // namespace
 
 void GemmBlockPortable(const GemmBlock& b) { RunGemmBlock<Portable>(b); }
@@ -180,6 +212,6 @@ void GemmBlockEmulatedAmx(const GemmBlock& b) { RunEmulatedAmx(b); }
 const Fp32Kernels kFp32Portable{RunRowsTimes<Portable>};
 const Q8Kernels kQ8Portable{RunGemmBlock<Portable, Fp8Weights>, RunInt8Block<PortableInt8>};
 const Q8Kernels kQ8Emulated16{RunGemmBlock<Emulated16, Fp8Weights>, RunInt8Block<Int8Emulated16>};
-const Fp32Kernels kFp32Emulated16{RunRowsTimes<Emulated16>};
+const Fp32Kernels kFp32Emulated16{RunRowsTimes<Emulated16>, RunDecodeScores<LaneArraysDecode<16>>, RunDecodeValues<LaneArraysDecode<16>>};
 
 }  // namespace anchorage::cpu
