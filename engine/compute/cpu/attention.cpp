@@ -212,18 +212,9 @@ void AttentionDecode(ThreadPool& pool, const AttentionShape& shape, const float*
   const int64_t spans = (length + kDecodeKeySpan - 1) / kDecodeKeySpan;
   pool.Run(static_cast<size_t>(shape.num_kv_heads * spans), [&](size_t task) {
     const int64_t kvh = static_cast<int64_t>(task) / spans, j0 = static_cast<int64_t>(task) % spans * kDecodeKeySpan;
-    DecodeScoresArgs a;
-    a.q = q + kvh * group * q_head_stride;
-    a.q_head_stride = q_head_stride;
-    a.heads = group;
-    a.head_dim = hd;
-    a.kv = &kv;
-    a.column = kvh * hd;
-    a.j0 = j0;
-    a.j1 = std::min(length, j0 + kDecodeKeySpan);
-    a.zero_row = zeros;
-    a.scores = scores + kvh * group * ld;
-    a.ld = ld;
+    const DecodeScoresArgs a{.q = q + kvh * group * q_head_stride, .q_head_stride = q_head_stride, .heads = group, .head_dim = hd,
+                             .kv = &kv, .column = kvh * hd, .j0 = j0, .j1 = std::min(length, j0 + kDecodeKeySpan),
+                             .zero_row = zeros, .scores = scores + kvh * group * ld, .ld = ld};
     kernels.decode_scores(a);
     for (int64_t g = 0; g < group; ++g)
       for (int64_t l = a.j0; l < a.j1; ++l) a.scores[g * ld + l] *= shape.scale;
@@ -231,22 +222,14 @@ void AttentionDecode(ThreadPool& pool, const AttentionShape& shape, const float*
   pool.Run(static_cast<size_t>(shape.num_heads), [&](size_t h) { SoftmaxPrefix(scores + static_cast<int64_t>(h) * ld, length); });
   // Columns split only as far as the pool needs tasks: a task reads its kv head's rows in wider pieces.
   const int64_t tasks_a_head = (pool.size() + shape.num_kv_heads - 1) / shape.num_kv_heads;
-  const int64_t span_columns = std::max(kDecodeMinColumns, (hd + tasks_a_head - 1) / tasks_a_head + kDecodeMinColumns - 1) / kDecodeMinColumns * kDecodeMinColumns;
+  const int64_t columns_a_task = (hd + tasks_a_head - 1) / tasks_a_head;
+  const int64_t span_columns = (columns_a_task + kDecodeMinColumns - 1) / kDecodeMinColumns * kDecodeMinColumns;
   const int64_t column_spans = (hd + span_columns - 1) / span_columns;
   pool.Run(static_cast<size_t>(shape.num_kv_heads * column_spans), [&](size_t task) {
     const int64_t kvh = static_cast<int64_t>(task) / column_spans, span = static_cast<int64_t>(task) % column_spans;
-    DecodeValuesArgs a;
-    a.p = scores + kvh * group * ld;
-    a.ld = ld;
-    a.heads = group;
-    a.length = length;
-    a.kv = &kv;
-    a.column = kvh * hd;
-    a.c0 = span * span_columns;
-    a.c1 = std::min(hd, a.c0 + span_columns);
-    a.out = out + kvh * group * hd;
-    a.out_head_stride = hd;
-    kernels.decode_values(a);
+    const int64_t c0 = span * span_columns;
+    kernels.decode_values({.p = scores + kvh * group * ld, .ld = ld, .heads = group, .length = length, .kv = &kv, .column = kvh * hd,
+                           .c0 = c0, .c1 = std::min(hd, c0 + span_columns), .out = out + kvh * group * hd, .out_head_stride = hd});
   });
 }
 

@@ -173,21 +173,8 @@ void RunEmulatedAmx(const GemmBlock& b) {
 
 // The vector paths' decode kernels on L lanes of arrays: the same chains, a transpose by index.
 template <int L>
-struct LaneArraysDecode {
-  static constexpr int kLanes = L;
-  struct F {
-    float v[L];
-  };
-  static F Zero() { return F{}; }
-  static F Broadcast(float s) {
-    F f;
-    for (int l = 0; l < L; ++l) f.v[l] = s;
-    return f;
-  }
-  static F Fma(const F& a, const F& b, F c) {
-    for (int l = 0; l < L; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
-    return c;
-  }
+struct LaneArraysDecode : LaneArrays<L, 1, 1> {
+  using F = typename LaneArrays<L, 1, 1>::F;
   static void Store(float* p, const F& v) { std::memcpy(p, v.v, sizeof(v.v)); }
   static F LoadKv(const uint8_t* p, KvDtype dtype) {
     F f;
