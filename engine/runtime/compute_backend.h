@@ -23,6 +23,21 @@ struct PrefillBranch {
 
 struct MtpState;
 
+// That a decode batch names as many ids as states, at least one, each state once, each id in the vocabulary.
+inline Status CheckDecodeBatch(std::span<SequenceState* const> states, std::span<const int32_t> ids, int64_t vocab_size) {
+  if (states.empty() || states.size() != ids.size())
+    return InvalidArgument("DecodeBatch: " + std::to_string(ids.size()) + " ids for " + std::to_string(states.size()) + " states");
+  for (size_t i = 0; i < states.size(); ++i) {
+    if (states[i] == nullptr) return InvalidArgument("DecodeBatch: state " + std::to_string(i) + " is null");
+    for (size_t j = 0; j < i; ++j)
+      if (states[j] == states[i]) return InvalidArgument("DecodeBatch: states " + std::to_string(j) + " and " + std::to_string(i) + " are the same");
+    if (ids[i] < 0 || ids[i] >= vocab_size)
+      return InvalidArgument("DecodeBatch: token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) + " outside vocab " +
+                             std::to_string(vocab_size));
+  }
+  return Status::Ok();
+}
+
 class ComputeBackend {
  public:
   virtual ~ComputeBackend() = default;
@@ -58,6 +73,11 @@ class ComputeBackend {
                                              LogitsRows rows = LogitsRows::kLast, MtpState* mtp = nullptr) = 0;
   // Appends one token with the one-token recurrence; returns fp32 logits [vocab].
   virtual Result<std::vector<float>> Decode(SequenceState& state, int32_t id, MtpState* mtp = nullptr) = 0;
+  // Appends ids[i] to *states[i] for every i (distinct states); returns fp32 logits [states.size(), vocab], row i
+  // the bits Decode(*states[i], ids[i]) returns. A backend that batches reads each weight once for all of them.
+  // Bad arguments change no state; a backend that fails part way (a device without room) leaves the states
+  // before that one advanced, as that many Decode calls would.
+  virtual Result<std::vector<float>> DecodeBatch(std::span<SequenceState* const> states, std::span<const int32_t> ids);
   // The last row's logits of ids on a fork of state: state keeps its bits, rows above its length included.
   virtual Result<std::vector<float>> ForkLastLogits(const SequenceState& state, std::span<const int32_t> ids) = 0;
   // Host bytes a prefill call of chunk_tokens allocates at its peak (the state's growth is the caller's).
@@ -89,5 +109,17 @@ class ComputeBackend {
     return Unsupported(std::string("MtpDraft: not on the ") + device_name() + " backend");
   }
 };
+
+inline Result<std::vector<float>> ComputeBackend::DecodeBatch(std::span<SequenceState* const> states, std::span<const int32_t> ids) {
+  RETURN_IF_ERROR(CheckDecodeBatch(states, ids, config().vocab_size));
+  std::vector<float> logits;
+  logits.reserve(states.size() * static_cast<size_t>(config().vocab_size));
+  for (SequenceState* state : states) RETURN_IF_ERROR(FitsDevice(state, state->length() + 1));
+  for (size_t i = 0; i < states.size(); ++i) {
+    ASSIGN_OR_RETURN(std::vector<float> row, Decode(*states[i], ids[i]));
+    logits.insert(logits.end(), row.begin(), row.end());
+  }
+  return logits;
+}
 
 }  // namespace anchorage

@@ -436,6 +436,23 @@ Result<std::vector<float>> Forward::Decode(SequenceState& state, int32_t id, Mtp
   return logits;
 }
 
+Result<std::vector<float>> Forward::DecodeBatch(std::span<SequenceState* const> states, std::span<const int32_t> ids) {
+  RETURN_IF_ERROR(CheckDecodeBatch(states, ids, config_.vocab_size));
+  for (SequenceState* state : states) RETURN_IF_ERROR(state->Reserve(state->length() + 1));
+  const int64_t n = static_cast<int64_t>(states.size());
+  std::vector<Segment> segments;
+  std::vector<int64_t> rows;
+  for (int64_t i = 0; i < n; ++i) {
+    segments.push_back(SegmentOf(*states[static_cast<size_t>(i)], 1));
+    segments.back().row0 = i;
+    rows.push_back(i);
+  }
+  std::vector<float> logits(static_cast<size_t>(n * config_.vocab_size));
+  RunRows(segments, ids.data(), n, Mode::kRecurrent, rows, logits.data(), nullptr);
+  for (int64_t i = 0; i < n; ++i) states[static_cast<size_t>(i)]->SetLength(segments[static_cast<size_t>(i)].pos0 + 1);
+  return logits;
+}
+
 Result<std::vector<float>> Forward::Verify(SequenceState& state, std::span<const int32_t> ids) {
   RETURN_IF_ERROR(CheckIds(ids));
   const int64_t n = static_cast<int64_t>(ids.size());

@@ -122,6 +122,9 @@ class Forward final : public ComputeBackend {
   // Appends one token with the one-token recurrence; returns fp32 logits [vocab]. With mtp its
   // hidden state waits there.
   Result<std::vector<float>> Decode(SequenceState& state, int32_t id, MtpState* mtp = nullptr) override;
+  // One forward over every state's next row: each weight is read once for all of them, and row i's logits
+  // and state are the bits Decode(*states[i], ids[i]) gives (every kernel is row-invariant).
+  Result<std::vector<float>> DecodeBatch(std::span<SequenceState* const> states, std::span<const int32_t> ids) override;
   // Appends ids in one forward (no grid split) and returns fp32 logits [ids.size(), vocab].
   Result<std::vector<float>> Verify(SequenceState& state, std::span<const int32_t> ids);
 

@@ -53,7 +53,7 @@ std::vector<int32_t> Ids(int64_t n, int64_t vocab) {
 }  // namespace
 
 // Usage: anchorage-bench-engine [--json] [--no-accuracy] [--no-decode] [--max-tokens N] [--threads 1,2] [--model-dir DIR]
-//                               [--weights as-stored|int8] [--decode-steps N] [--kv-dtype f32|bf16]
+//                               [--weights as-stored|int8] [--decode-steps N] [--kv-dtype f32|bf16] [--batches 1,2,4,8,16]
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int64_t max_tokens = 8192;
@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
   bool accuracy = true, decode = true, as_json = false, int8_weights = false;
   int decode_steps = 32;  // tokens a decode figure times (16 after 8,192 tokens of context)
   KvDtype kv_dtype = KvDtype::kF32;
+  std::vector<int64_t> batch_sizes = {1, 2, 4, 8, 16};
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--json") as_json = true;
     if (std::string(argv[i]) == "--no-accuracy") accuracy = false;
@@ -73,6 +74,15 @@ int main(int argc, char** argv) {
     else if (a == "--model-dir") dir = v;
     else if (a == "--weights") int8_weights = v == "int8";
     else if (a == "--decode-steps") decode_steps = std::max(1, std::atoi(v.c_str()));
+    else if (a == "--batches") {
+      batch_sizes.clear();
+      for (size_t p = 0; p < v.size();) {
+        batch_sizes.push_back(std::max<int64_t>(1, std::atoll(v.c_str() + p)));
+        p = v.find(',', p);
+        if (p == std::string::npos) break;
+        ++p;
+      }
+    }
     else if (a == "--kv-dtype") {
       auto parsed = ParseKvDtype(v);
       if (!parsed.ok()) return bench::Fail(parsed.status());
@@ -167,7 +177,8 @@ int main(int argc, char** argv) {
   for (const auto& [t, gbs] : stream) report["limits"]["stream_gbs"][std::to_string(t)] = gbs;
   for (const auto& [t, gbs] : weights_stream) report["limits"]["weights_stream_gbs"][std::to_string(t)] = gbs;
   report["per_token"] = {{"prefill_gemm_flops", prefill_flops_per_token}, {"decode_weight_bytes", decode_bytes_per_token}};
-  const auto ids = Ids(std::max<int64_t>(max_tokens, 64) + std::max(64, decode_steps), c.vocab_size);
+  const int64_t widest = *std::max_element(batch_sizes.begin(), batch_sizes.end());
+  const auto ids = Ids(std::max<int64_t>(max_tokens, 64 * widest) + std::max<int64_t>(64, decode_steps * widest), c.vocab_size);
 
   std::optional<WeightsBaseline> stored_weights;
   if (int8_weights) {
@@ -244,6 +255,31 @@ int main(int argc, char** argv) {
       std::printf("decode at     0 context: %7.1f tok/s (%.1f ms/token, %.0f%% of the stream rate)\n", steps / dsecs, dsecs / steps * 1e3,
                   100 * decode_fraction);
       report["decode"][std::to_string(fw.threads())]["0"] = {{"tokens_per_s", steps / dsecs}, {"fraction_of_stream", decode_fraction}};
+    }
+    // Several sequences decoded as one forward (DecodeBatch), each after its own 64-token prompt.
+    double one_stream = 0;
+    for (int64_t batch : decode ? batch_sizes : std::vector<int64_t>{}) {
+      std::vector<std::unique_ptr<SequenceState>> states;
+      std::vector<SequenceState*> pointers;
+      for (int64_t b = 0; b < batch; ++b) {
+        states.push_back(std::make_unique<SequenceState>(c));
+        auto r = fw.Prefill(*states.back(), std::span(ids.data() + b * 64, 64));
+        if (!r.ok()) return bench::Fail(r.status());
+        pointers.push_back(states.back().get());
+      }
+      const int steps = decode_steps;
+      const double d0 = Now();
+      for (int i = 0; i < steps; ++i) {
+        auto r = fw.DecodeBatch(pointers, std::span(ids.data() + i * batch, static_cast<size_t>(batch)));
+        if (!r.ok()) return bench::Fail(r.status());
+      }
+      const double dsecs = Now() - d0;
+      const double aggregate = static_cast<double>(steps * batch) / dsecs;
+      if (batch == 1) one_stream = aggregate;
+      std::printf("decode batch %2lld at 64 context: %7.1f tok/s in all, %6.1f a sequence (%.1f ms a step%s)\n", static_cast<long long>(batch),
+                  aggregate, aggregate / static_cast<double>(batch), dsecs / steps * 1e3,
+                  one_stream > 0 && batch > 1 ? (", " + std::to_string(aggregate / one_stream).substr(0, 4) + "x one sequence's").c_str() : "");
+      report["decode_batch"][std::to_string(fw.threads())][std::to_string(batch)] = {{"tokens_per_s", aggregate}};
     }
   }
   if (accuracy) {  // Accuracy against the double reference at a short length, prefill and decode.

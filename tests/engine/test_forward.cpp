@@ -235,6 +235,54 @@ class TestForward : public QObject {
     }
   }
 
+  // A decode batch over states of several lengths gives each logits row and each state the bits of its own
+  // Decode, step after step, with either K/V dtype; a bad batch changes no state.
+  void decodeBatchEqualsDecodeAlone() {
+    const int64_t V = model_->config.vocab_size;
+    for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16}) {
+      ModelConfig config = model_->config;
+      config.kv_dtype = dtype;
+      auto created = Forward::Create(config, model_->weights, ForwardOptions{64, 2});
+      QVERIFY(created.ok());
+      Forward& forward = **created;
+      std::vector<std::unique_ptr<SequenceState>> batched, alone;
+      std::vector<SequenceState*> batch;
+      for (int64_t length : {7, 1, 64, 130, 63}) {
+        const auto prompt = RandomIds(length, V, uint32_t(length));
+        batched.push_back(std::make_unique<SequenceState>(config));
+        alone.push_back(std::make_unique<SequenceState>(config));
+        QVERIFY(forward.Prefill(*batched.back(), prompt).ok());
+        QVERIFY(forward.Prefill(*alone.back(), prompt).ok());
+        batch.push_back(batched.back().get());
+      }
+      const auto state_bits = [](const SequenceState& s) {
+        auto rows = s.CopyRows(0, s.length());
+        return std::make_pair(s.SaveAnchor().data, rows.ok() ? rows->data : std::vector<uint8_t>());
+      };
+      for (int step = 0; step < 3; ++step) {
+        const auto ids = RandomIds(int64_t(batch.size()), V, uint32_t(100 + step));
+        auto logits = forward.DecodeBatch(batch, ids);
+        QVERIFY2(logits.ok(), logits.ok() ? "" : logits.status().ToString().c_str());
+        for (size_t i = 0; i < batch.size(); ++i) {
+          auto own = forward.Decode(*alone[i], ids[i]);
+          QVERIFY(own.ok());
+          QVERIFY2(std::memcmp(logits->data() + i * V, own->data(), size_t(V) * 4) == 0,
+                   qPrintable(QString("%1 rows: logits of state %2 at step %3").arg(KvDtypeName(dtype)).arg(i).arg(step)));
+          QCOMPARE(batched[i]->length(), alone[i]->length());
+          QVERIFY2(state_bits(*batched[i]) == state_bits(*alone[i]), qPrintable(QString("state %1 at step %2").arg(i).arg(step)));
+        }
+      }
+      const auto before = state_bits(*batch[0]);
+      const int64_t length = batch[0]->length();
+      const std::vector<SequenceState*> twice = {batch[0], batch[1], batch[0]};
+      QVERIFY(!forward.DecodeBatch(twice, std::vector<int32_t>{1, 2, 3}).ok());
+      QVERIFY(!forward.DecodeBatch(std::span(batch.data(), 2), std::vector<int32_t>{1, int32_t(V)}).ok());
+      QVERIFY(!forward.DecodeBatch(std::span(batch.data(), 2), std::vector<int32_t>{1}).ok());
+      QCOMPARE(batch[0]->length(), length);
+      QVERIFY(state_bits(*batch[0]) == before);
+    }
+  }
+
   void rejectsBadIdsWithoutChangingState() {
     SequenceState state(model_->config);
     const std::vector<int32_t> ids = {1, 2, 3};
