@@ -39,7 +39,8 @@ void SettingsScreen::build() {
     const QString area = key.section('.', 0, 0), name = key.section('.', 1);
     SettingsPanel* panel = m_panels.value(area);
     if (panel == nullptr) {
-      panel = new SettingsPanel(m_settings, "apply_" + area, "message_" + area, tr("the engine uses it from the next request"), this);
+      const QString when = area == "engine" ? tr("the engine uses it from its next start") : tr("the engine uses it from the next request");
+      panel = new SettingsPanel(m_settings, "apply_" + area, "message_" + area, when, this);
       panel->setTitle(area);
       m_panels[area] = panel;
       order << area;

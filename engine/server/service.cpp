@@ -182,8 +182,6 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   }
   RETURN_IF_ERROR(say(0.2, "loading " + model_dir));
   ASSIGN_OR_RETURN(s->model_, LoadModel(model_dir));
-  // auto: bf16 where the CPU runs the model, settled with the backend below.
-  s->model_->config.kv_dtype = config.kv_dtype.value_or(config.device == "cpu" ? KvDtype::kBf16 : KvDtype::kF32);
   if (const int64_t positions = s->model_->config.max_position_embeddings; config.context_tokens > positions)
     return InvalidArgument("--ctx " + std::to_string(config.context_tokens) + " is beyond what the model was made for: its max_position_embeddings is " +
                            std::to_string(positions) + " (leave --ctx out to serve that)");
@@ -202,6 +200,13 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     s->notes_.push_back("--" + flag + " " + value + " overrides the settings document's " + key + " for this run");
   }
   const nlohmann::json effective = s->settings_->Effective();
+  // The K/V dtype: --kv-dtype, else the settings' engine.kv_dtype; unset (auto) is bf16 where the CPU runs the model.
+  std::optional<KvDtype> kv_dtype = config.kv_dtype;
+  const std::string kv_dtype_source = config.kv_dtype ? "--kv-dtype" : "the settings' engine.kv_dtype";
+  if (const std::string named = effective["engine"].value("kv_dtype", "auto"); !kv_dtype && named != "auto") {
+    ASSIGN_OR_RETURN(kv_dtype, ParseKvDtype(named));
+  }
+  s->model_->config.kv_dtype = kv_dtype.value_or(config.device == "cpu" ? KvDtype::kBf16 : KvDtype::kF32);
   JournalOptions journal_options;
   journal_options.data_dir = config.data_dir;
   journal_options.retention_days = effective["journal"].value("retention_days", int64_t(30));
@@ -223,11 +228,11 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     ASSIGN_OR_RETURN(stored_weights, MeasureStoredWeights(s->model_->config, s->model_->weights, forward_options));
   }
   std::unique_ptr<ComputeBackend> forward;
-  const bool bf16_asked = config.kv_dtype == KvDtype::kBf16;
+  const bool bf16_asked = kv_dtype == KvDtype::kBf16;
   if (bf16_asked && config.device == "cuda")
-    return InvalidArgument("--kv-dtype bf16 runs on the CPU only for now: the CUDA backend keeps f32 K/V rows (use --kv-dtype f32 or auto, or --device cpu)");
+    return InvalidArgument(kv_dtype_source + " bf16 runs on the CPU only for now: the CUDA backend keeps f32 K/V rows (use --kv-dtype f32 or auto, or --device cpu)");
   if (bf16_asked && config.device == "auto")
-    s->notes_.push_back("device: the CPU runs the model (--kv-dtype bf16: the CUDA backend keeps f32 K/V rows)");
+    s->notes_.push_back("device: the CPU runs the model (" + kv_dtype_source + " bf16: the CUDA backend keeps f32 K/V rows)");
   else if (config.device != "cpu") {
     ASSIGN_OR_RETURN(forward, OpenCudaBackend(config, *s->model_, [&](const std::string& why) {
       s->notes_.push_back("device: the CPU runs the model (" + why + ")");
@@ -235,7 +240,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     if (forward) RETURN_IF_ERROR(say(0.8, "the model is on " + forward->DeviceDescription()));
   }
   if (!forward) {
-    if (!config.kv_dtype) s->model_->config.kv_dtype = KvDtype::kBf16;
+    if (!kv_dtype) s->model_->config.kv_dtype = KvDtype::kBf16;
     ASSIGN_OR_RETURN(forward, Forward::Create(s->model_->config, s->model_->weights, forward_options));
   }
   if (stored_weights) {

@@ -109,7 +109,7 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
   else if (key == "kv-dtype" && value == "auto") { c.kv_dtype.reset(); }
   else if (key == "kv-dtype") {
     auto dtype = ParseKvDtype(value);
-    if (!dtype.ok()) return InvalidArgument(source + ": " + dtype.status().message());
+    if (!dtype.ok()) return InvalidArgument(source + ": kv-dtype must be auto, f32 or bf16, got '" + value + "'");
     c.kv_dtype = *dtype;
   }
   else if (key == "weights") {

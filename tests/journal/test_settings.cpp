@@ -68,7 +68,8 @@ class TestSettings : public QObject {
     QVERIFY(!doc.contains("overrides"));
     std::vector<std::string> areas;
     for (const auto& [k, v] : doc.items()) areas.push_back(k);
-    QCOMPARE(areas.size(), size_t{12});  // version and eleven areas
+    QCOMPARE(areas.size(), size_t{13});  // version and twelve areas
+    QCOMPARE(doc["engine"]["kv_dtype"].get<std::string>(), std::string("auto"));
     QCOMPARE(doc["backends"]["upstreams"].get<std::string>(), std::string());  // none unless asked for
     QCOMPARE(doc["compaction"]["mode"].get<std::string>(), std::string("continuation"));
     QCOMPARE(doc["response_cache"]["enabled"].get<bool>(), false);  // off unless asked for

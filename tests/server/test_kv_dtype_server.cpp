@@ -123,7 +123,26 @@ class TestKvDtypeServer : public QObject {
     QVERIFY(p.waitForFinished(30000));
     QCOMPARE(p.exitCode(), 2);
     const QString err = QString::fromUtf8(p.readAllStandardError());
-    QVERIFY2(err.contains("--kv-dtype: kv dtype must be f32 or bf16, got 'f16'"), qPrintable(err));
+    QVERIFY2(err.contains("--kv-dtype: kv-dtype must be auto, f32 or bf16, got 'f16'"), qPrintable(err));
+  }
+
+  // The settings document's engine.kv_dtype picks the dtype at start; --kv-dtype overrides it for the run.
+  void theSettingsPickTheDtypeAndTheFlagOverridesIt() {
+    QTemporaryDir dir;
+    nlohmann::json doc = anchorage::DefaultSettingsDocument(anchorage::MachineTotalRamBytes());
+    doc["disk_cache"]["min_free_gb"] = 0;
+    doc["engine"]["kv_dtype"] = "f32";
+    QVERIFY(anchorage::WriteFileAtomic((dir.path() + "/settings.json").toStdString(), doc.dump()).ok());
+    const auto dtype_of = [](ServerProcess& s) { return json::parse(s.Get("/health")->body)["kv_dtype"].get<std::string>(); };
+    {
+      ServerProcess s;
+      QVERIFY(s.Start(dir.path(), {"--grid", "64"}));
+      QCOMPARE(dtype_of(s), std::string("f32"));
+      QCOMPARE(json::parse(s.Get("/v1/settings")->body)["engine"]["kv_dtype"].get<std::string>(), std::string("f32"));
+    }
+    ServerProcess s;
+    QVERIFY(s.Start(dir.path(), {"--grid", "64", "--kv-dtype", "bf16"}));
+    QCOMPARE(dtype_of(s), std::string("bf16"));
   }
 };
 
