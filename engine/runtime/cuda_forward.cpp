@@ -125,12 +125,12 @@ bool GaveUpMtpRows(const Status& why, MtpState& mtp) {
 // ---- DeviceState ----
 
 DeviceState::DeviceState(const ModelConfig& c, cuda::Stream stream)
-    : DeviceState(stream, c.num_key_value_heads * c.head_dim,
+    : DeviceState(stream, c.num_key_value_heads * c.head_dim, c.kv_dtype,
                   c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim,
                   (c.linear_conv_kernel_dim - 1) * c.conv_dim()) {}
 
-DeviceState::DeviceState(cuda::Stream stream, int64_t kv_width, int64_t recurrent_floats, int64_t tail_floats)
-    : stream_(stream), kv_width_(kv_width), recurrent_floats_(recurrent_floats), tail_floats_(tail_floats) {}
+DeviceState::DeviceState(cuda::Stream stream, int64_t kv_width, KvDtype kv_dtype, int64_t recurrent_floats, int64_t tail_floats)
+    : stream_(stream), kv_width_(kv_width), recurrent_floats_(recurrent_floats), tail_floats_(tail_floats), kv_dtype_(kv_dtype) {}
 
 int64_t DeviceState::allocated_bytes() const {
   int64_t n = 0;
@@ -145,10 +145,10 @@ Status DeviceState::Reserve(int64_t tokens) {
   const int64_t capacity = (tokens + step - 1) / step * step;
   std::vector<DeviceBuffer> k, v;
   for (size_t a = 0; a < k_.size(); ++a) {
-    ASSIGN_OR_RETURN(DeviceBuffer kb, DeviceBuffer::Allocate(static_cast<size_t>(Floats(capacity * kv_width_)), "K rows"));
-    ASSIGN_OR_RETURN(DeviceBuffer vb, DeviceBuffer::Allocate(static_cast<size_t>(Floats(capacity * kv_width_)), "V rows"));
-    RETURN_IF_ERROR(cuda::CopyOnDevice(kb.data(), k_[a].data(), static_cast<size_t>(Floats(length_ * kv_width_)), stream_));
-    RETURN_IF_ERROR(cuda::CopyOnDevice(vb.data(), v_[a].data(), static_cast<size_t>(Floats(length_ * kv_width_)), stream_));
+    ASSIGN_OR_RETURN(DeviceBuffer kb, DeviceBuffer::Allocate(static_cast<size_t>(capacity * row_bytes()), "K rows"));
+    ASSIGN_OR_RETURN(DeviceBuffer vb, DeviceBuffer::Allocate(static_cast<size_t>(capacity * row_bytes()), "V rows"));
+    RETURN_IF_ERROR(cuda::CopyOnDevice(kb.data(), k_[a].data(), static_cast<size_t>(length_ * row_bytes()), stream_));
+    RETURN_IF_ERROR(cuda::CopyOnDevice(vb.data(), v_[a].data(), static_cast<size_t>(length_ * row_bytes()), stream_));
     k.push_back(std::move(kb));
     v.push_back(std::move(vb));
   }
@@ -161,7 +161,7 @@ Status DeviceState::Reserve(int64_t tokens) {
 
 bool DeviceState::Matches(const SequenceState& host) const {
   return host.num_attention_layers() == static_cast<int64_t>(k_.size()) &&
-         host.num_gdn_layers() == static_cast<int64_t>(recurrent_.size()) && host.kv_width() == kv_width_ && host.kv_dtype() == KvDtype::kF32 &&
+         host.num_gdn_layers() == static_cast<int64_t>(recurrent_.size()) && host.kv_width() == kv_width_ && host.kv_dtype() == kv_dtype_ &&
          host.recurrent_floats() == recurrent_floats_ && host.tail_floats() == tail_floats_;
 }
 
@@ -181,7 +181,7 @@ Status DeviceState::Upload(const SequenceState& host) {
 }
 
 Result<std::unique_ptr<DeviceState>> DeviceState::Clone() const {
-  std::unique_ptr<DeviceState> copy(new DeviceState(stream_, kv_width_, recurrent_floats_, tail_floats_));
+  std::unique_ptr<DeviceState> copy(new DeviceState(stream_, kv_width_, kv_dtype_, recurrent_floats_, tail_floats_));
   copy->staging_ = staging_;
   const auto duplicate = [this](const std::vector<DeviceBuffer>& from, size_t used, std::vector<DeviceBuffer>& to,
                                 const char* what) -> Status {
@@ -192,7 +192,7 @@ Result<std::unique_ptr<DeviceState>> DeviceState::Clone() const {
     }
     return Status::Ok();
   };
-  const size_t rows = static_cast<size_t>(Floats(length_ * kv_width_));
+  const size_t rows = static_cast<size_t>(length_ * row_bytes());
   RETURN_IF_ERROR(duplicate(k_, rows, copy->k_, "K rows"));
   RETURN_IF_ERROR(duplicate(v_, rows, copy->v_, "V rows"));
   RETURN_IF_ERROR(duplicate(recurrent_, static_cast<size_t>(Floats(recurrent_floats_)), copy->recurrent_, "a recurrent state"));
@@ -337,22 +337,24 @@ Status DeviceState::DownloadRows(SequenceState& host, int64_t begin, int64_t end
 
 std::vector<DeviceState::HostPiece> DeviceState::HostRowPieces(const SequenceState& host, int64_t begin, int64_t end) const {
   std::vector<HostPiece> pieces;
-  const size_t bytes = static_cast<size_t>(Floats((end - begin) * kv_width_));
+  const int64_t at = begin * row_bytes();
+  const size_t bytes = static_cast<size_t>((end - begin) * row_bytes());
   for (size_t a = 0; a < k_.size(); ++a) {
     const int64_t layer = static_cast<int64_t>(a);
-    pieces.push_back({k_[a].floats() + begin * kv_width_, const_cast<float*>(host.k_rows(layer) + begin * kv_width_), bytes});
-    pieces.push_back({v_[a].floats() + begin * kv_width_, const_cast<float*>(host.v_rows(layer) + begin * kv_width_), bytes});
+    pieces.push_back({static_cast<char*>(k_[a].data()) + at, const_cast<uint8_t*>(host.k_bytes(layer)) + at, bytes});
+    pieces.push_back({static_cast<char*>(v_[a].data()) + at, const_cast<uint8_t*>(host.v_bytes(layer)) + at, bytes});
   }
   return pieces;
 }
 
-std::vector<DeviceState::HostPiece> DeviceState::RowPieces(int64_t begin, int64_t floats, const void* data) const {
+std::vector<DeviceState::HostPiece> DeviceState::RowPieces(int64_t begin, int64_t rows, const void* data) const {
   std::vector<HostPiece> pieces;
   char* host = static_cast<char*>(const_cast<void*>(data));
-  const size_t bytes = static_cast<size_t>(Floats(floats));
+  const int64_t at = begin * row_bytes();
+  const size_t bytes = static_cast<size_t>(rows * row_bytes());
   for (size_t a = 0; a < k_.size(); ++a) {
-    pieces.push_back({k_[a].floats() + begin * kv_width_, host, bytes});
-    pieces.push_back({v_[a].floats() + begin * kv_width_, host + bytes, bytes});
+    pieces.push_back({static_cast<char*>(k_[a].data()) + at, host, bytes});
+    pieces.push_back({static_cast<char*>(v_[a].data()) + at, host + bytes, bytes});
     host += 2 * bytes;
   }
   return pieces;
@@ -371,16 +373,17 @@ Result<KvRows> DeviceState::CopyRows(int64_t begin, int64_t end) const {
   KvRows rows;
   rows.begin = begin;
   rows.end = end;
-  const int64_t n = (end - begin) * kv_width_;
-  rows.data.resize(static_cast<size_t>(Floats(2 * n)) * k_.size());
-  RETURN_IF_ERROR(CopyStaged(RowPieces(begin, n, rows.data.data()), true));
+  rows.dtype = kv_dtype_;
+  rows.data.resize(static_cast<size_t>(2 * (end - begin) * row_bytes()) * k_.size());
+  RETURN_IF_ERROR(CopyStaged(RowPieces(begin, end - begin, rows.data.data()), true));
   return rows;
 }
 
 Status DeviceState::WriteRows(const KvRows& rows) {
-  const int64_t n = (rows.end - rows.begin) * kv_width_;
-  if (rows.dtype != KvDtype::kF32) return InvalidArgument(std::string("DeviceState: keeps f32 K/V rows, not ") + KvDtypeName(rows.dtype));
-  if (rows.begin < 0 || rows.end < rows.begin || rows.bytes() != Floats(2 * n) * static_cast<int64_t>(k_.size()))
+  if (rows.dtype != kv_dtype_)
+    return InvalidArgument(std::string("DeviceState: keeps ") + KvDtypeName(kv_dtype_) + " K/V rows, not " + KvDtypeName(rows.dtype));
+  const int64_t n = rows.end - rows.begin;
+  if (rows.begin < 0 || rows.end < rows.begin || rows.bytes() != 2 * n * row_bytes() * static_cast<int64_t>(k_.size()))
     return InvalidArgument("DeviceState: rows [" + std::to_string(rows.begin) + ", " + std::to_string(rows.end) + ") with " +
                            std::to_string(rows.data.size()) + " bytes do not fit this model");
   RETURN_IF_ERROR(Reserve(rows.end));
@@ -692,6 +695,7 @@ std::string CudaForward::KernelSet() const {
 std::string CudaForward::StateFingerprint(const std::string& model_fingerprint) const {
   Sha256 h;
   h.Update("anchorage-state-fingerprint-v1\n" + model_fingerprint + "\n" + KernelSet() + "\n");
+  if (config_.kv_dtype != KvDtype::kF32) h.Update(std::string("kv ") + KvDtypeName(config_.kv_dtype) + "\n");
   return h.FinishHex();
 }
 
@@ -1081,11 +1085,11 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
   const float eps = static_cast<float>(c.rms_norm_eps);
   Workspace& ws = *ws_;
   const float* a = ws.a.floats();
-  float* k_all = state.k_[static_cast<size_t>(ai)].floats();
-  float* v_all = state.v_[static_cast<size_t>(ai)].floats();
+  const cuda::KvBuffers rows = state.kv_buffers(ai);
   // Decode reads its position from the step in device memory (one captured graph serves every step).
   const cuda::Position position = mode == Mode::kRecurrent ? cuda::Position{0, StepPosition()} : cuda::Position{pos0, nullptr};
-  if (mode == Mode::kRecurrent) {  // one row: q, k and v in one launch, K and V into the position's rows
+  // K and V go to the workspace in fp32, are normed there and then stored in the state's rows in its dtype.
+  if (mode == Mode::kRecurrent) {  // one row: q, k and v in one launch
     cuda::GemvSet set;
     set.count = 3;
     set.position = position;
@@ -1096,48 +1100,42 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
     set.w[1] = L.k.w;
     set.q8[1] = L.k.q8;
     set.rows[1] = L.k.rows;
-    set.y[1] = k_all;
-    set.position_stride[1] = KW;
+    set.y[1] = ws.krows.floats();
     set.w[2] = L.v.w;
     set.q8[2] = L.v.q8;
     set.rows[2] = L.v.rows;
-    set.y[2] = v_all;
-    set.position_stride[2] = KW;
+    set.y[2] = ws.vrows.floats();
     cuda::GemvMany(set, H, a, stream_);
   } else {
-    const bool branched = mode == Mode::kBranches;  // K/V rows in the workspace: each branch writes above the length in turn
     RETURN_IF_ERROR(Product(L.q, a, n, ws.qg.floats(), QW, mode));
-    RETURN_IF_ERROR(Product(L.k, a, n, branched ? ws.krows.floats() : k_all + pos0 * KW, KW, mode));
-    RETURN_IF_ERROR(Product(L.v, a, n, branched ? ws.vrows.floats() : v_all + pos0 * KW, KW, mode));
+    RETURN_IF_ERROR(Product(L.k, a, n, ws.krows.floats(), KW, mode));
+    RETURN_IF_ERROR(Product(L.v, a, n, ws.vrows.floats(), KW, mode));
   }
   if (mode == Mode::kBranches) {  // each branch's K/V rows go above the state's length in turn, then its rows attend
     for (const Segment& b : branches)
       RETURN_IF_ERROR(AttendRows(L, ws.qg.floats() + b.row0 * QW, ws.krows.floats() + b.row0 * KW, ws.vrows.floats() + b.row0 * KW, b.n,
-                                 pos0, pos0, k_all, v_all, ws.attn.floats() + b.row0 * Nh * hd));
+                                 pos0, pos0, rows, ws.attn.floats() + b.row0 * Nh * hd));
     return Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode);
   }
   const int64_t half = c.rotary_dim() / 2;
   cuda::NormRope(ws.qg.floats(), n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, position, false, stream_);
-  cuda::NormRope(k_all, n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, position, true, stream_);
+  cuda::NormRope(ws.krows.floats(), n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, position, false, stream_);
+  cuda::StoreKvRows(ws.krows.floats(), ws.vrows.floats(), n, KW, position, rows, stream_);
   const cuda::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
-  cuda::Attention(shape, ws.qg.floats(), QW, 2 * hd, n, position, k_all, v_all, KW, ws.qg.floats() + hd, ws.attn.floats(), Nh * hd,
-                  stream_);
+  cuda::Attention(shape, ws.qg.floats(), QW, 2 * hd, n, position, rows, KW, ws.qg.floats() + hd, ws.attn.floats(), Nh * hd, stream_);
   return Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode);
 }
-
 Status CudaForward::AttendRows(const Layer& L, float* q, float* k, const float* v, int64_t n, int64_t rope_pos, int64_t kv_row,
-                               float* k_all, float* v_all, float* out) {
+                               const cuda::KvBuffers& rows, float* out) {
   const ModelConfig& c = config_;
   const int64_t Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, hd = c.head_dim, QW = 2 * Nh * hd, KW = Nkv * hd;
   const int64_t half = c.rotary_dim() / 2;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const size_t bytes = static_cast<size_t>(Floats(n * KW));
   cuda::NormRope(q, n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, cuda::Position{rope_pos, nullptr}, false, stream_);
   cuda::NormRope(k, n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, cuda::Position{rope_pos, nullptr}, false, stream_);
-  RETURN_IF_ERROR(cuda::CopyOnDevice(k_all + kv_row * KW, k, bytes, stream_));
-  RETURN_IF_ERROR(cuda::CopyOnDevice(v_all + kv_row * KW, v, bytes, stream_));
+  cuda::StoreKvRows(k, v, n, KW, cuda::Position{kv_row, nullptr}, rows, stream_);
   const cuda::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
-  cuda::Attention(shape, q, QW, 2 * hd, n, cuda::Position{kv_row, nullptr}, k_all, v_all, KW, q + hd, out, Nh * hd, stream_);
+  cuda::Attention(shape, q, QW, 2 * hd, n, cuda::Position{kv_row, nullptr}, rows, KW, q + hd, out, Nh * hd, stream_);
   return Status::Ok();
 }
 
@@ -1222,7 +1220,7 @@ Status CudaForward::MtpRows(MtpState& mtp, const float* hidden, std::span<const 
     RETURN_IF_ERROR(Product(L.k, ws.a.floats(), n, ws.krows.floats(), KW, mode));
     RETURN_IF_ERROR(Product(L.v, ws.a.floats(), n, ws.vrows.floats(), KW, mode));
     RETURN_IF_ERROR(AttendRows(L, ws.qg.floats(), ws.krows.floats(), ws.vrows.floats(), n, mtp.begin + slot + done, slot + done,
-                               rows.k.floats(), rows.v.floats(), ws.attn.floats()));
+                               cuda::KvBuffers{rows.k.data(), rows.v.data(), KvDtype::kF32}, ws.attn.floats()));
     RETURN_IF_ERROR(Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode));
     cuda::AddRmsNorm(ws.x.floats(), ws.mix.floats(), L.post_norm, n, H, eps, ws.a.floats(), stream_);
     RETURN_IF_ERROR(Mlp(L, n, mode));

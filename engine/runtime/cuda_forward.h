@@ -43,8 +43,8 @@ struct DeviceAnchor {
   int64_t bytes() const { return static_cast<int64_t>(data.bytes()); }
 };
 
-// One sequence's state in device memory, laid out as SequenceState's (K/V rows fp32 per attention
-// layer, recurrent state and conv tail per GDN layer). Made by CudaForward::NewState; it must not
+// One sequence's state in device memory, laid out as SequenceState's (K/V rows per attention layer in
+// the model's kv_dtype, recurrent state and conv tail per GDN layer). Made by CudaForward::NewState; it must not
 // outlive that CudaForward (it runs on its stream).
 class DeviceState {
  public:
@@ -79,7 +79,9 @@ class DeviceState {
  private:
   friend class CudaForward;
   DeviceState(const ModelConfig& config, cuda::Stream stream);
-  DeviceState(cuda::Stream stream, int64_t kv_width, int64_t recurrent_floats, int64_t tail_floats);
+  DeviceState(cuda::Stream stream, int64_t kv_width, KvDtype kv_dtype, int64_t recurrent_floats, int64_t tail_floats);
+  int64_t row_bytes() const { return kv_width_ * KvDtypeBytes(kv_dtype_); }
+  cuda::KvBuffers kv_buffers(int64_t a) const { return {k_[static_cast<size_t>(a)].data(), v_[static_cast<size_t>(a)].data(), kv_dtype_}; }
   bool Matches(const SequenceState& host) const;
   // Every buffer a forward writes into: what a captured decode step was made for.
   std::vector<const void*> Buffers() const;
@@ -93,9 +95,9 @@ class DeviceState {
   // Copies the pieces through the pinned staging buffer (directly where there is none), waiting for the stream.
   Status CopyStaged(std::span<const HostPiece> pieces, bool to_host) const;
   Status CopyStagedPieces(std::span<const HostPiece> pieces, bool to_host) const;
-  // The recurrent part laid out as Anchor::data at floats; K/V rows [begin, begin + floats / kv_width) as KvRows::data at data.
+  // The recurrent part laid out as Anchor::data at floats; K/V rows [begin, begin + rows) as KvRows::data at data.
   std::vector<HostPiece> RecurrentPieces(const float* floats) const;
-  std::vector<HostPiece> RowPieces(int64_t begin, int64_t floats, const void* data) const;
+  std::vector<HostPiece> RowPieces(int64_t begin, int64_t rows, const void* data) const;
   // K/V rows [begin, end) of every attention layer and their places in host's rows.
   std::vector<HostPiece> HostRowPieces(const SequenceState& host, int64_t begin, int64_t end) const;
   // Copies the recurrent part to or from `floats` (device or host memory, as kind says).
@@ -107,6 +109,7 @@ class DeviceState {
   cuda::Stream stream_ = nullptr;
   cuda::PinnedBuffer* staging_ = nullptr;  // the forward's; one copy at a time, on the engine thread
   int64_t kv_width_ = 0, recurrent_floats_ = 0, tail_floats_ = 0;
+  KvDtype kv_dtype_ = KvDtype::kF32;
   int64_t length_ = 0, capacity_ = 0;
   std::vector<cuda::DeviceBuffer> k_, v_, recurrent_, tail_;
 };
@@ -235,10 +238,10 @@ class CudaForward {
   Status AttentionMixer(const Layer& layer, DeviceState& state, int64_t ai, int64_t n, Mode mode, std::span<const Segment> branches);
   Status Mlp(const Layer& layer, int64_t n, Mode mode);
   // Query rows q (n of them, ws.qg's layout) and K/V rows k, v (workspace) of one sequence: RMSNorm
-  // and RoPE at positions rope_pos.., the K/V rows copied to rows kv_row.. of k_all and v_all, then
+  // and RoPE at positions rope_pos.., the K/V rows stored at rows kv_row.. of rows (in its dtype), then
   // each query row attends keys 0..kv_row + t; the output to out.
   Status AttendRows(const Layer& layer, float* q, float* k, const float* v, int64_t n, int64_t rope_pos, int64_t kv_row,
-                    float* k_all, float* v_all, float* out);
+                    const cuda::KvBuffers& rows, float* out);
   // mtp's device rows (made, the head starting anew, where it has none of this forward's).
   bool HoldsMtpRows(const MtpState& mtp) const;
   DeviceMtp& MtpRowsOf(MtpState& mtp);

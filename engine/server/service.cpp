@@ -200,13 +200,12 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     s->notes_.push_back("--" + flag + " " + value + " overrides the settings document's " + key + " for this run");
   }
   const nlohmann::json effective = s->settings_->Effective();
-  // The K/V dtype: --kv-dtype, else the settings' engine.kv_dtype; unset (auto) is bf16 where the CPU runs the model.
-  std::optional<KvDtype> kv_dtype = config.kv_dtype;
-  const std::string kv_dtype_source = config.kv_dtype ? "--kv-dtype" : "the settings' engine.kv_dtype";
-  if (const std::string named = effective["engine"].value("kv_dtype", "auto"); !kv_dtype && named != "auto") {
+  // The K/V dtype: --kv-dtype, else the settings' engine.kv_dtype; auto (neither) is bf16.
+  KvDtype kv_dtype = config.kv_dtype.value_or(KvDtype::kBf16);
+  if (const std::string named = effective["engine"].value("kv_dtype", "auto"); !config.kv_dtype && named != "auto") {
     ASSIGN_OR_RETURN(kv_dtype, ParseKvDtype(named));
   }
-  s->model_->config.kv_dtype = kv_dtype.value_or(config.device == "cpu" ? KvDtype::kBf16 : KvDtype::kF32);
+  s->model_->config.kv_dtype = kv_dtype;
   JournalOptions journal_options;
   journal_options.data_dir = config.data_dir;
   journal_options.retention_days = effective["journal"].value("retention_days", int64_t(30));
@@ -228,19 +227,13 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     ASSIGN_OR_RETURN(stored_weights, MeasureStoredWeights(s->model_->config, s->model_->weights, forward_options));
   }
   std::unique_ptr<ComputeBackend> forward;
-  const bool bf16_asked = kv_dtype == KvDtype::kBf16;
-  if (bf16_asked && config.device == "cuda")
-    return InvalidArgument(kv_dtype_source + " bf16 runs on the CPU only for now: the CUDA backend keeps f32 K/V rows (use --kv-dtype f32 or auto, or --device cpu)");
-  if (bf16_asked && config.device == "auto")
-    s->notes_.push_back("device: the CPU runs the model (" + kv_dtype_source + " bf16: the CUDA backend keeps f32 K/V rows)");
-  else if (config.device != "cpu") {
+  if (config.device != "cpu") {
     ASSIGN_OR_RETURN(forward, OpenCudaBackend(config, *s->model_, [&](const std::string& why) {
       s->notes_.push_back("device: the CPU runs the model (" + why + ")");
     }));
     if (forward) RETURN_IF_ERROR(say(0.8, "the model is on " + forward->DeviceDescription()));
   }
   if (!forward) {
-    if (!kv_dtype) s->model_->config.kv_dtype = KvDtype::kBf16;
     ASSIGN_OR_RETURN(forward, Forward::Create(s->model_->config, s->model_->weights, forward_options));
   }
   if (stored_weights) {

@@ -151,7 +151,7 @@ const char* ServerUsage() {
          "and faster decode, not exact); it prints the logits' measured distance from the stored weights'.\n"
          "--kv-dtype bf16 keeps attention K/V rows in bf16 (rounded once, when written: half the bytes a token in\n"
          "every tier, every resume still equal to a cold prefill of the same dtype); f32 keeps fp32 rows; auto (the\n"
-         "default) is bf16 on the CPU and f32 on the GPU, whose backend keeps f32 rows for now.\n"
+         "default) takes the settings' engine.kv_dtype, bf16 unless it says otherwise.\n"
          "--device picks what runs the model: cuda (the GPU, through the CUDA plugin anchorage-cuda.so; an error\n"
          "where none can be used), cpu, or auto (the default: the GPU where one is found, else the CPU).\n";
 }

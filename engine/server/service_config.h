@@ -32,8 +32,8 @@ struct ServerConfig {
   int threads = 0;                // 0: every core
   std::string device = "auto";   // --device cpu|cuda|auto: auto is the GPU where the CUDA plugin finds one
   int cuda_device = 0;            // --cuda-device N
-  // --kv-dtype auto|f32|bf16: how every state stores its attention K/V rows; auto (unset) is bf16 on
-  // the CPU backend and f32 on the CUDA one, which keeps f32 rows for now.
+  // --kv-dtype auto|f32|bf16: how every state stores its attention K/V rows; auto (unset) leaves it to the
+  // settings' engine.kv_dtype, whose auto is bf16.
   std::optional<KvDtype> kv_dtype;
   bool int8_weights = false;      // --weights int8: matrices made int8 at load; default: as the checkpoint stores them
   std::string test_replies_file;  // testing aid: scripted replies (engine/server/reply_script.h)

@@ -299,7 +299,7 @@ std::vector<SettingField> SettingsSchemaFields(int64_t total_ram_bytes) {
       Number("response_cache", "mb", 1, 65536, 64, "MiB of answers the response cache keeps; past it the least recently used go"),
       BackendList(),
       Enum("engine", "kv_dtype", {"auto", "f32", "bf16"}, "auto",
-           "how every state keeps its attention K/V rows, from the next start: bf16 (half the bytes a token in every tier), f32, or auto (bf16 on the CPU, f32 on the GPU); --kv-dtype overrides"),
+           "how every state keeps its attention K/V rows, from the next start: bf16 (half the bytes a token in every tier and on the GPU), f32, or auto (bf16); --kv-dtype overrides"),
       Integer("journal", "retention_days", 1, 3650, 30, "days journal rows are kept"),
       Integer("journal", "retention_rows", 1000, 1000000000, 1000000, "rows kept per journal table"),
   };

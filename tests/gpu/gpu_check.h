@@ -52,13 +52,16 @@ inline bool Selected(const std::string& name, const std::string& filter) {
   }
 }
 
-// Runs every case (those whose names hold one of $GPU_CHECK_ONLY's |-separated texts where it is set),
-// printing PASS or FAIL with the reason; returns the process's exit code.
+// Runs every case (those whose names hold one of $GPU_CHECK_ONLY's |-separated texts where it is set,
+// less those holding one of $GPU_CHECK_SKIP's), printing PASS or FAIL with the reason; returns the
+// process's exit code.
 inline int RunCases(const std::vector<Case>& cases) {
   const char* only = std::getenv("GPU_CHECK_ONLY");
+  const char* skip = std::getenv("GPU_CHECK_SKIP");
   int failed = 0, run = 0;
   for (const auto& [name, body] : cases) {
     if (only != nullptr && !Selected(name, only)) continue;
+    if (skip != nullptr && Selected(name, skip)) continue;
     ++run;
     try {
       body();

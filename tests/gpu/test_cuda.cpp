@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -342,8 +343,8 @@ void AttentionMatchesCpuAndRowsAreIndependent() {
                         cpu_out.data(), OW);
   cuda::DeviceBuffer dq = ToDevice(q), dk = ToDevice(k), dv = ToDevice(v);
   auto dout = Must(cuda::DeviceBuffer::Allocate(cpu_out.size() * 4, "out"), "allocating");
-  cuda::Attention(shape, dq.floats(), QW, 2 * shape.head_dim, n, cuda::Position{pos0}, dk.floats(), dv.floats(), KW, nullptr,
-                  dout.floats(), OW, nullptr);
+  const cuda::KvBuffers rows{dk.data(), dv.data(), KvDtype::kF32};
+  cuda::Attention(shape, dq.floats(), QW, 2 * shape.head_dim, n, cuda::Position{pos0}, rows, KW, nullptr, dout.floats(), OW, nullptr);
   Must(cuda::Synchronize(nullptr, "attention"), "synchronizing");
   const std::vector<float> out = ToHost(dout, cpu_out.size());
   const float diff = MaxAbsDiff(out, cpu_out);
@@ -351,11 +352,72 @@ void AttentionMatchesCpuAndRowsAreIndependent() {
   GPU_CHECK(diff <= 1e-5f);
   for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{31}, n - 1}) {
     auto drow = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(OW) * 4, "row"), "allocating");
-    cuda::Attention(shape, dq.floats() + t * QW, QW, 2 * shape.head_dim, 1, cuda::Position{pos0 + t}, dk.floats(), dv.floats(), KW,
-                    nullptr, drow.floats(), OW, nullptr);
+    cuda::Attention(shape, dq.floats() + t * QW, QW, 2 * shape.head_dim, 1, cuda::Position{pos0 + t}, rows, KW, nullptr, drow.floats(),
+                    OW, nullptr);
     const std::vector<float> row = ToHost(drow, static_cast<size_t>(OW));
     GPU_CHECK_MSG(std::memcmp(row.data(), out.data() + t * OW, static_cast<size_t>(OW) * 4) == 0, "query row " + std::to_string(t));
   }
+}
+
+// bf16 K/V rows: stored as the CPU rounds them (ties to even, NaN quieted, infinities and subnormals), at a
+// position read from device memory; attention over them gives the bits of fp32 rows holding the same values.
+void Bf16RowsMatchTheCpusRounding() {
+  std::vector<float> values = RandomFloats(2 * 3 * 40, 17, -3.0f, 3.0f);
+  const float specials[] = {1.00390625f, 1.01171875f, -1.00390625f, INFINITY, -INFINITY, NAN, 1e-40f, -3e-39f, 3.4e38f, 0.0f, -0.0f};
+  std::copy(std::begin(specials), std::end(specials), values.begin());
+  const int64_t width = 40, n = 3, offset = 2;
+  cuda::DeviceBuffer dk = ToDevice(std::vector<float>(values.begin(), values.begin() + n * width));
+  cuda::DeviceBuffer dv = ToDevice(std::vector<float>(values.begin() + n * width, values.end()));
+  auto k16 = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>((offset + n) * width * 2), "K rows"), "allocating");
+  auto v16 = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>((offset + n) * width * 2), "V rows"), "allocating");
+  cuda::DeviceBuffer step = ToDevice(std::vector<float>(2, 0.0f));  // an int64 position of 0
+  cuda::StoreKvRows(dk.floats(), dv.floats(), n, width, cuda::Position{offset, static_cast<const int64_t*>(step.data())},
+                    cuda::KvBuffers{k16.data(), v16.data(), KvDtype::kBf16}, nullptr);
+  Must(cuda::Synchronize(nullptr, "storing rows"), "synchronizing");
+  std::vector<uint16_t> k_bits(static_cast<size_t>((offset + n) * width)), v_bits(k_bits.size());
+  Must(cuda::CopyToHost(k_bits.data(), k16.data(), k_bits.size() * 2, nullptr), "reading K");
+  Must(cuda::CopyToHost(v_bits.data(), v16.data(), v_bits.size() * 2, nullptr), "reading V");
+  for (int64_t i = 0; i < n * width; ++i) {
+    GPU_CHECK_MSG(k_bits[static_cast<size_t>(offset * width + i)] == FloatToBf16(values[static_cast<size_t>(i)]), "K value " + std::to_string(i));
+    GPU_CHECK_MSG(v_bits[static_cast<size_t>(offset * width + i)] == FloatToBf16(values[static_cast<size_t>(n * width + i)]),
+                  "V value " + std::to_string(i));
+  }
+  const cuda::AttentionShape shape{4, 2, 64, 0.125f};
+  const int64_t pos0 = 40, rows = 50, KW = shape.kv_heads * shape.head_dim, QW = 2 * shape.heads * shape.head_dim, OW = shape.heads * shape.head_dim;
+  const std::vector<float> q = RandomFloats(static_cast<size_t>(rows * QW), 18, -2.0f, 2.0f);
+  std::vector<float> k = RandomFloats(static_cast<size_t>((pos0 + rows) * KW), 19, -2.0f, 2.0f), v = RandomFloats(k.size(), 20);
+  std::vector<uint16_t> k_rounded(k.size()), v_rounded(v.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k_rounded[i] = FloatToBf16(k[i]);
+    v_rounded[i] = FloatToBf16(v[i]);
+    k[i] = Bf16ToFloat(k_rounded[i]);
+    v[i] = Bf16ToFloat(v_rounded[i]);
+  }
+  cuda::DeviceBuffer dq = ToDevice(q), wide_k = ToDevice(k), wide_v = ToDevice(v);
+  auto narrow_k = Must(cuda::DeviceBuffer::Allocate(k_rounded.size() * 2, "bf16 K"), "allocating");
+  auto narrow_v = Must(cuda::DeviceBuffer::Allocate(v_rounded.size() * 2, "bf16 V"), "allocating");
+  Must(cuda::CopyToDevice(narrow_k.data(), k_rounded.data(), k_rounded.size() * 2, nullptr), "writing K");
+  Must(cuda::CopyToDevice(narrow_v.data(), v_rounded.data(), v_rounded.size() * 2, nullptr), "writing V");
+  auto wide_out = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(rows * OW) * 4, "out"), "allocating");
+  auto narrow_out = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(rows * OW) * 4, "out"), "allocating");
+  cuda::Attention(shape, dq.floats(), QW, 2 * shape.head_dim, rows, cuda::Position{pos0}, cuda::KvBuffers{wide_k.data(), wide_v.data(), KvDtype::kF32},
+                  KW, nullptr, wide_out.floats(), OW, nullptr);
+  cuda::Attention(shape, dq.floats(), QW, 2 * shape.head_dim, rows, cuda::Position{pos0},
+                  cuda::KvBuffers{narrow_k.data(), narrow_v.data(), KvDtype::kBf16}, KW, nullptr, narrow_out.floats(), OW, nullptr);
+  Must(cuda::Synchronize(nullptr, "attention"), "synchronizing");
+  GPU_CHECK(SameBits(ToHost(wide_out, static_cast<size_t>(rows * OW)), ToHost(narrow_out, static_cast<size_t>(rows * OW))));
+}
+
+// The K/V rows' dtype Load gives both forwards; a case sets it for its run with KvRowsOf.
+KvDtype g_kv_dtype = KvDtype::kF32;
+std::function<void()> KvRowsOf(KvDtype dtype, std::function<void()> run) {
+  return [dtype, run] {
+    struct Restore {
+      ~Restore() { g_kv_dtype = KvDtype::kF32; }
+    } restore;
+    g_kv_dtype = dtype;
+    run();
+  };
 }
 
 struct Pair {
@@ -369,6 +431,7 @@ Pair Load(TinyModelSize size, int64_t grid = 1024, GeneratedDtype dtype = Genera
   Pair p;
   const std::string name = std::string(TinyModelSizeName(size)) + (dtype == GeneratedDtype::kFp8 ? "-fp8" : "");
   p.model = Must(testing::MakeModel(size, 5, TempDir(name), dtype), "generating the model");
+  p.model->config.kv_dtype = g_kv_dtype;
   ForwardOptions cpu_options;
   cpu_options.grid_tokens = grid;
   cpu_options.int8_weights = int8;
@@ -402,8 +465,9 @@ void ForwardMatchesCpu(TinyModelSize size, float absolute, float relative, Gener
     note_largest(cpu_logits);
   }
   const float bound = absolute + relative * largest;
-  std::printf("       %s%s: max |logit diff| vs CPU over a 300-token prefill and 4 decodes: %.3g (max |logit| %.3g, bound %.3g)\n",
-              TinyModelSizeName(size), dtype == GeneratedDtype::kFp8 ? " fp8" : int8 ? " int8" : "", worst, largest, bound);
+  std::printf("       %s%s%s: max |logit diff| vs CPU over a 300-token prefill and 4 decodes: %.3g (max |logit| %.3g, bound %.3g)\n",
+              TinyModelSizeName(size), dtype == GeneratedDtype::kFp8 ? " fp8" : int8 ? " int8" : "",
+              g_kv_dtype == KvDtype::kBf16 ? " (bf16 K/V rows)" : "", worst, largest, bound);
   GPU_CHECK(worst <= bound);
   GPU_CHECK(p.gpu->WeightsDescription() == p.cpu->WeightsDescription());
 }
@@ -1211,6 +1275,33 @@ int main() {
       {"int8 tiny: resume at every 64-line is bit-equal (grid 256)",
        [] { ResumeAtEvery64LineIsBitEqual(TinyModelSize::kTiny, 256, GeneratedDtype::kBf16, true); }},
       {"the fingerprint names the backend", FingerprintNamesTheBackend},
+      {"bf16 K/V rows match the CPU's rounding; attention over them matches fp32 rows of their values", Bf16RowsMatchTheCpusRounding},
+      {"bf16 K/V rows: tiny forward within 1e-4 x max |logit| of the CPU's bf16 forward",
+       KvRowsOf(KvDtype::kBf16, [] { ForwardMatchesCpu(TinyModelSize::kTiny, 0.0f, 1e-4f); })},
+      {"bf16 K/V rows: tiny resume at every 64-line is bit-equal (grid 256)",
+       KvRowsOf(KvDtype::kBf16, [] { ResumeAtEvery64LineIsBitEqual(TinyModelSize::kTiny, 256); })},
+      {"bf16 K/V rows: anchors and K/V rows resume exactly, on the device and through the host", KvRowsOf(KvDtype::kBf16, AnchorsAndRowsResumeExactly)},
+      {"bf16 K/V rows: the backend on host states gives CudaForward's bits and resumes exactly",
+       KvRowsOf(KvDtype::kBf16, BackendOnHostStatesResumesExactly)},
+      {"bf16 K/V rows: decode through a captured graph gives the launches' bits", KvRowsOf(KvDtype::kBf16, DecodeGraphsGiveTheLaunchesBits)},
+      {"bf16 K/V rows: draft window rows are decode steps; keeping k rows equals k decodes",
+       KvRowsOf(KvDtype::kBf16, [] { DraftWindowRowsAreDecodeSteps(GeneratedDtype::kBf16); })},
+      {"bf16 K/V rows: branches in one forward give each branch alone's bits", KvRowsOf(KvDtype::kBf16, BranchesGiveEachBranchAlonesBits)},
+      {"bf16 K/V rows: the fingerprint names the dtype", KvRowsOf(KvDtype::kBf16, [] {
+         Pair bf16 = Load(TinyModelSize::kTiny);
+         g_kv_dtype = KvDtype::kF32;
+         Pair f32 = Load(TinyModelSize::kTiny);
+         GPU_CHECK(bf16.gpu->StateFingerprint("model") != f32.gpu->StateFingerprint("model"));
+         auto state = Must(bf16.gpu->NewState(), "a device state");
+         Must(state->Reserve(64), "reserving");
+         auto wide = Must(f32.gpu->NewState(), "a device state");
+         Must(wide->Reserve(64), "reserving");
+         GPU_CHECK(wide->allocated_bytes() - state->allocated_bytes() == wide->capacity() * SequenceState::KvBytesPerToken(bf16.model->config));
+         KvRows f32_rows;  // rows of the other dtype are refused
+         f32_rows.end = 1;
+         f32_rows.data.resize(static_cast<size_t>(4 * SequenceState::KvBytesPerToken(f32.model->config)));
+         GPU_CHECK(!state->WriteRows(f32_rows).ok());
+       })},
   };
   if (kSmallCases) {
     cases.push_back({"small forward within 1e-3 of the CPU's", [] { ForwardMatchesCpu(TinyModelSize::kSmall, 1e-3f, 0.0f); }});

@@ -22,6 +22,15 @@ constexpr unsigned kFullMask = 0xffffffffu;
 int Blocks(int64_t count, int per_block = kBlock) { return static_cast<int>((count + per_block - 1) / per_block); }
 
 __device__ float Bf16ToFloat(uint16_t v) { return __uint_as_float(static_cast<uint32_t>(v) << 16); }
+// Round to nearest even in integer steps, NaN quieted: the CPU's FloatToBf16 bits (the intrinsic's NaN differs).
+__device__ uint16_t Bf16Bits(float f) {
+  const uint32_t bits = __float_as_uint(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+// A K/V row value as fp32.
+__device__ float KvValue(float v) { return v; }
+__device__ float KvValue(uint16_t v) { return Bf16ToFloat(v); }
 // The exact value of an OCP e4m3 ("fn") byte: 0x7f and 0xff are NaN, exponent 0 is subnormal.
 __device__ float Fp8ToFloat(uint32_t byte) {
   const uint32_t sign = (byte & 0x80u) << 24, exponent = (byte >> 3) & 0xfu, mantissa = byte & 7u;
@@ -597,8 +606,9 @@ int64_t AttentionSharedFloats(int64_t group, int64_t hd) {
 // takes the tile's scores (a lane a key, dot over d in order), their max and sum by butterfly (online
 // softmax), and adds the values in key order (a lane 8 dims). A row uses only the keys up to its
 // position and runs the same steps in whatever block it sits, so its bits are its own.
+template <typename KvT>
 __global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
-                                Position pos, const float* k, const float* v, int64_t kv_width, const float* gate, float* out,
+                                Position pos, const KvT* k, const KvT* v, int64_t kv_width, const float* gate, float* out,
                                 int64_t out_stride) {
   ANCHORAGE_DYNAMIC_SHARED(float, smem);
   const int64_t pos0 = At(pos);
@@ -629,8 +639,8 @@ __global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_
     for (int64_t i = threadIdx.x; i < kKeyTile * hd; i += blockDim.x) {
       const int64_t j = i / hd, d = i % hd;
       const bool present = s0 + j <= last_key;
-      keys[j * kstride + d] = present ? k[(s0 + j) * kv_width + kvh * hd + d] : 0.0f;
-      values[j * hd + d] = present ? v[(s0 + j) * kv_width + kvh * hd + d] : 0.0f;
+      keys[j * kstride + d] = present ? KvValue(k[(s0 + j) * kv_width + kvh * hd + d]) : 0.0f;
+      values[j * hd + d] = present ? KvValue(v[(s0 + j) * kv_width + kvh * hd + d]) : 0.0f;
     }
     __syncthreads();
     float dots[kQueryRows];
@@ -679,7 +689,26 @@ __global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_
   }
 }
 
+__global__ void StoreKvRowsKernel(const float* k, const float* v, int64_t count, int64_t width, Position pos, void* k_rows,
+                                  void* v_rows, KvDtype dtype) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  const int64_t at = At(pos) * width + i;
+  if (dtype == KvDtype::kBf16) {
+    static_cast<uint16_t*>(k_rows)[at] = Bf16Bits(k[i]);
+    static_cast<uint16_t*>(v_rows)[at] = Bf16Bits(v[i]);
+  } else {
+    static_cast<float*>(k_rows)[at] = k[i];
+    static_cast<float*>(v_rows)[at] = v[i];
+  }
+}
+
 }  // namespace
+
+void StoreKvRows(const float* k, const float* v, int64_t n, int64_t width, Position pos, const KvBuffers& rows, Stream s) {
+  if (n > 0)
+    ANCHORAGE_LAUNCH(StoreKvRowsKernel, Blocks(n * width), kBlock, 0, s)(k, v, n * width, width, pos, rows.k, rows.v, rows.dtype);
+}
 
 void EmbedRows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t width, float* x, Stream s, const Q8Weights& q8) {
   if (n > 0) ANCHORAGE_LAUNCH(EmbedRowsKernel, static_cast<unsigned>(n), kBlock, 0, s)(table, q8, ids, width, x);
@@ -809,16 +838,31 @@ void NormRope(float* rows, int64_t n, int64_t row_stride, int64_t heads, int64_t
         rows, row_stride, head_stride, head_dim, w1, eps, inv_freq, half, pos, rows_at_position);
 }
 
-void Attention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
-               Position pos0, const float* k, const float* v, int64_t kv_width, const float* gate, float* out, int64_t out_stride,
-               Stream s) {
-  if (n <= 0) return;
+namespace {
+
+template <typename KvT>
+void LaunchAttention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
+                     Position pos0, const KvT* k, const KvT* v, int64_t kv_width, const float* gate, float* out, int64_t out_stride,
+                     Stream s) {
   const int64_t group = shape.heads / shape.kv_heads;
   const int bytes = static_cast<int>(AttentionSharedBytes(shape));
-  cudaFuncSetAttribute(AttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  cudaFuncSetAttribute(AttentionKernel<KvT>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   const dim3 grid(static_cast<unsigned>((n + kQueryRows - 1) / kQueryRows), static_cast<unsigned>(shape.kv_heads));
-  ANCHORAGE_LAUNCH(AttentionKernel, grid, static_cast<unsigned>(32 * group), bytes, s)(
+  ANCHORAGE_LAUNCH(AttentionKernel<KvT>, grid, static_cast<unsigned>(32 * group), bytes, s)(
       shape, q, q_stride, q_head_stride, n, pos0, k, v, kv_width, gate, out, out_stride);
+}
+
+}  // namespace
+
+void Attention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
+               Position pos0, const KvBuffers& rows, int64_t kv_width, const float* gate, float* out, int64_t out_stride, Stream s) {
+  if (n <= 0) return;
+  if (rows.dtype == KvDtype::kBf16)
+    LaunchAttention(shape, q, q_stride, q_head_stride, n, pos0, static_cast<const uint16_t*>(rows.k), static_cast<const uint16_t*>(rows.v),
+                    kv_width, gate, out, out_stride, s);
+  else
+    LaunchAttention(shape, q, q_stride, q_head_stride, n, pos0, static_cast<const float*>(rows.k), static_cast<const float*>(rows.v), kv_width,
+                    gate, out, out_stride, s);
 }
 
 int64_t AttentionSharedBytes(const AttentionShape& shape) {
@@ -827,9 +871,16 @@ int64_t AttentionSharedBytes(const AttentionShape& shape) {
 
 int AttentionMaxThreads(int* threads) {
   cudaFuncAttributes attributes{};
-  const cudaError_t read = cudaFuncGetAttributes(&attributes, AttentionKernel);
-  *threads = read == cudaSuccess ? attributes.maxThreadsPerBlock : 0;
-  return read;
+  const cudaError_t read = cudaFuncGetAttributes(&attributes, AttentionKernel<float>);
+  if (read != cudaSuccess) {
+    *threads = 0;
+    return read;
+  }
+  cudaFuncAttributes widened{};
+  const cudaError_t read_bf16 = cudaFuncGetAttributes(&widened, AttentionKernel<uint16_t>);
+  const int least = widened.maxThreadsPerBlock < attributes.maxThreadsPerBlock ? widened.maxThreadsPerBlock : attributes.maxThreadsPerBlock;
+  *threads = read_bf16 == cudaSuccess ? least : 0;
+  return read_bf16;
 }
 
 }  // namespace anchorage::cuda

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "engine/core/kv_dtype.h"
+
 struct CUstream_st;
 
 namespace anchorage::cuda {
@@ -134,22 +136,31 @@ void NormRope(float* rows, int64_t n, int64_t row_stride, int64_t heads, int64_t
               const float* w1, float eps, const double* inv_freq, int64_t half, Position pos, bool rows_at_position,
               Stream s);
 
+// An attention layer's K and V rows in a state's device memory: kv_width values a row, fp32 or bf16.
+struct KvBuffers {
+  void* k = nullptr;
+  void* v = nullptr;
+  KvDtype dtype = KvDtype::kF32;
+};
+// Rows [0, n) of k and v (fp32, width floats a row) into rows At(pos).. of rows, in its dtype: bf16
+// rounded to nearest even, the CPU's FloatToBf16 bits (NaN quieted as it does).
+void StoreKvRows(const float* k, const float* v, int64_t n, int64_t width, Position pos, const KvBuffers& rows, Stream s);
+
 struct AttentionShape {
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 1.0f;
 };
-// Causal attention of query rows [0, n) at positions pos0.. over K/V rows 0..pos0 + t (fp32, kv_width
-// floats a row): keys in index order, in tiles of 32 from key 0, so a row's bits depend only on its
+// Causal attention of query rows [0, n) at positions pos0.. over K/V rows 0..pos0 + t (kv_width values
+// a row, bf16 widened as loaded): keys in index order, in tiles of 32 from key 0, so a row's bits depend only on its
 // query, its position and the keys. out[t] at out + t*out_stride, heads side by side, each times
 // sigmoid(gate) when gate is set (laid out as q). A block takes 8 positions of every head of a kv group
 // (32 x heads/kv_heads threads).
 void Attention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
-               Position pos0, const float* k, const float* v, int64_t kv_width, const float* gate, float* out, int64_t out_stride,
-               Stream s);
+               Position pos0, const KvBuffers& rows, int64_t kv_width, const float* gate, float* out, int64_t out_stride, Stream s);
 // Dynamic shared memory the attention kernel needs, to check against the device's limit.
 int64_t AttentionSharedBytes(const AttentionShape& shape);
 // The most threads a block of the attention kernel can have on the current device (its registers
-// decide) in *threads; returns the query's CUDA error code.
+// decide; the least over both row dtypes) in *threads; returns the query's CUDA error code.
 int AttentionMaxThreads(int* threads);
 
 }  // namespace anchorage::cuda
