@@ -51,8 +51,13 @@ JournalRowSnapshot journalRowOf(const nlohmann::json& r) {
     row.tier = QString::fromStdString(str(r, "cache_source"));
     row.tokens = JsonInt(r, "prompt_tokens");
     row.status = static_cast<int>(JsonInt(r, "status"));
-    const std::string error = str(r, "error");
-    row.text = QString::fromStdString(error.empty() ? str(r, "route") + " " + str(r, "finish_reason") : error);
+    row.route = QString::fromStdString(str(r, "route"));
+    row.finishReason = QString::fromStdString(str(r, "finish_reason"));
+    row.outputTokens = JsonInt(r, "output_tokens");
+    const auto real = [&](const char* key) { return r.contains(key) && r[key].is_number() ? r[key].get<double>() : 0.0; };
+    row.ttftMs = real("ttft_ms");
+    row.decodeTokensPerS = real("decode_tokens_per_s");
+    row.text = QString::fromStdString(str(r, "error"));
   } else if (row.type == "shadow") {
     row.kind = "shadow";
     row.tokens = JsonInt(r, "insertion_tokens");

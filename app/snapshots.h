@@ -57,7 +57,12 @@ struct JournalRowSnapshot {
   QString session;
   qint64 tokens = 0;  // prompt tokens of a request, tokens of an event
   int status = 0;     // HTTP status of a request; 0 for events
-  QString text;       // error or finish reason of a request, reason of an event
+  QString route;          // a request's route ("/v1/chat/completions")
+  QString finishReason;   // a request's finish reason ("stop", "length", ...)
+  qint64 outputTokens = 0;
+  double ttftMs = 0;
+  double decodeTokensPerS = 0;
+  QString text;       // error of a request, reason of an event
   QByteArray json;    // the row as Journal::Query returns it
 };
 

@@ -18,4 +18,6 @@ QString bytes(qint64 bytes) {
 
 QString timeOfDay(qint64 epochMs) { return QDateTime::fromMSecsSinceEpoch(epochMs).toString("HH:mm:ss.zzz"); }
 
+QString dateAndTime(qint64 epochMs) { return QDateTime::fromMSecsSinceEpoch(epochMs).toString("yyyy-MM-dd HH:mm:ss"); }
+
 }  // namespace fmt

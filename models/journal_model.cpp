@@ -18,19 +18,32 @@ QVariant JournalModel::data(const QModelIndex& index, int role) const {
     case IdRole: return r.id;
     case KindRole: return r.kind;
     case StatusRole: return r.status;
-    case Qt::ToolTipRole: return index.column() == TextColumn ? QVariant(r.text) : QVariant();
+    case Qt::ToolTipRole:
+      if (index.column() == TextColumn) return r.text;
+      if (index.column() == TimeColumn) return fmt::dateAndTime(r.timeMs) + fmt::timeOfDay(r.timeMs).mid(8);
+      return {};
     case Qt::DisplayRole:
     case SortRole: break;
     default: return {};
   }
-  const bool raw = role == SortRole;
+  const bool raw = role == SortRole, request = r.type == "request";
+  // A request's figure: the number to sort by, shown with a decimal under 100 (blank for events and requests that have none).
+  const auto figure = [&](double value) -> QVariant {
+    if (raw) return request ? value : -1.0;
+    return request && value > 0 ? QVariant(QString::number(value, 'f', value < 100 ? 1 : 0)) : QVariant(QString());
+  };
   switch (index.column()) {
-    case TimeColumn: return raw ? QVariant(r.timeMs) : QVariant(fmt::timeOfDay(r.timeMs));
+    case TimeColumn: return raw ? QVariant(r.timeMs) : QVariant(fmt::dateAndTime(r.timeMs));
     case KindColumn: return r.kind;
+    case RouteColumn: return r.route;
     case TierColumn: return r.tier;
     case SessionColumn: return r.session;
     case TokensColumn: return r.tokens;
+    case OutputColumn: return raw ? QVariant(request ? r.outputTokens : qint64{-1}) : QVariant(request ? QString::number(r.outputTokens) : QString());
+    case TtftColumn: return figure(r.ttftMs);
+    case RateColumn: return figure(r.decodeTokensPerS);
     case StatusColumn: return raw ? QVariant(r.status) : QVariant(r.status ? QString::number(r.status) : QString());
+    case FinishColumn: return r.finishReason;
     case TextColumn: return r.text;
   }
   return {};
@@ -38,7 +51,8 @@ QVariant JournalModel::data(const QModelIndex& index, int role) const {
 
 QVariant JournalModel::headerData(int section, Qt::Orientation orientation, int role) const {
   if (orientation != Qt::Horizontal || role != Qt::DisplayRole) return QAbstractTableModel::headerData(section, orientation, role);
-  static const char* names[] = {"Time", "Kind", "Tier", "Session", "Tokens", "Status", "Text"};
+  static const char* names[] = {"Time", "Kind", "Route", "Tier", "Session", "Tokens", "Output", "TTFT (ms)", "tok/s", "Status", "Finish", "Text"};
+  static_assert(sizeof(names) / sizeof(names[0]) == ColumnCount, "a header a column");
   return section >= 0 && section < ColumnCount ? tr(names[section]) : QVariant();
 }
 

@@ -10,13 +10,28 @@ class JournalModel : public QAbstractTableModel {
   Q_OBJECT
 
  public:
-  enum Column { TimeColumn, KindColumn, TierColumn, SessionColumn, TokensColumn, StatusColumn, TextColumn, ColumnCount };
+  // Route, output, TTFT, tok/s and finish are a request's; an event leaves them empty.
+  enum Column {
+    TimeColumn,
+    KindColumn,
+    RouteColumn,
+    TierColumn,
+    SessionColumn,
+    TokensColumn,
+    OutputColumn,
+    TtftColumn,
+    RateColumn,
+    StatusColumn,
+    FinishColumn,
+    TextColumn,
+    ColumnCount
+  };
   enum Role {
     JsonRole = Qt::UserRole + 1,  // the row as the journal returns it, indented JSON text
     IdRole,
     KindRole,
     StatusRole,
-    SortRole,  // the raw value of the cell (numbers for time, tokens, status)
+    SortRole,  // the raw value of the cell (numbers for time, tokens, output, TTFT, tok/s, status)
   };
 
   explicit JournalModel(QObject* parent = nullptr);

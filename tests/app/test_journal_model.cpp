@@ -19,7 +19,12 @@ JournalRowSnapshot request(qint64 id, int status, const QString& session) {
   r.session = session;
   r.tokens = 100 + id;
   r.status = status;
-  r.text = status == 200 ? "/v1/chat/completions stop" : "no room for the prefill";
+  r.route = "/v1/chat/completions";
+  r.finishReason = status == 200 ? "stop" : "error";
+  r.outputTokens = status == 200 ? 10 * id : 0;
+  r.ttftMs = status == 200 ? 100.0 * double(id) + 0.4 : 0.0;  // shown without decimals from 100 on
+  r.decodeTokensPerS = status == 200 ? 40.0 + double(id) : 0.0;
+  r.text = status == 200 ? "" : "no room for the prefill";
   r.json = QJsonDocument(QJsonObject{{"id", id}, {"type", "request"}, {"status", status}}).toJson(QJsonDocument::Compact);
   return r;
 }
@@ -87,6 +92,38 @@ class TestJournalModel : public QObject {
     const QJsonObject raw = QJsonDocument::fromJson(model.index(2, 0).data(JournalModel::JsonRole).toString().toUtf8()).object();
     QCOMPARE(raw["kind"].toString(), QString("hit"));
     QCOMPARE(model.headerData(JournalModel::TextColumn, Qt::Horizontal).toString(), QString("Text"));
+    QCOMPARE(model.headerData(JournalModel::TtftColumn, Qt::Horizontal).toString(), QString("TTFT (ms)"));
+    // A request's own columns, and blanks for an event.
+    QCOMPARE(model.index(1, JournalModel::RouteColumn).data().toString(), QString("/v1/chat/completions"));
+    QCOMPARE(model.index(1, JournalModel::OutputColumn).data().toString(), QString("20"));
+    QCOMPARE(model.index(1, JournalModel::TtftColumn).data().toString(), QString("200"));
+    QCOMPARE(model.index(1, JournalModel::RateColumn).data().toString(), QString("42.0"));
+    QCOMPARE(model.index(1, JournalModel::FinishColumn).data().toString(), QString("stop"));
+    QCOMPARE(model.index(1, JournalModel::TextColumn).data().toString(), QString());
+    for (int column : {JournalModel::RouteColumn, JournalModel::OutputColumn, JournalModel::TtftColumn, JournalModel::RateColumn, JournalModel::FinishColumn})
+      QCOMPARE(model.index(0, column).data().toString(), QString());
+    // The date with the time, and the milliseconds in the tooltip.
+    const QString shown = model.index(0, JournalModel::TimeColumn).data().toString();
+    QCOMPARE(shown, QDateTime::fromMSecsSinceEpoch(1700000000003).toString("yyyy-MM-dd HH:mm:ss"));
+    QVERIFY(model.index(0, JournalModel::TimeColumn).data(Qt::ToolTipRole).toString().endsWith(".003"));
+  }
+
+  // Sorting by a request's figures: numbers, not text, and events below every request.
+  void sortsByTheRequestsFigures() {
+    JournalModel model;
+    JournalRowSnapshot slow = request(9, 200, "s1");
+    slow.ttftMs = 1500.0;  // "1500" sorts before "200" as text
+    model.setSnapshot({{slow, cacheEvent(3, "hit", "end"), request(2, 200, "s2"), request(1, 200, "s3")}, 4});
+    JournalFilterModel filter;
+    filter.setSourceModel(&model);
+    filter.sort(JournalModel::TtftColumn, Qt::DescendingOrder);
+    QCOMPARE(filter.index(0, JournalModel::TtftColumn).data().toString(), QString("1500"));
+    QCOMPARE(filter.index(1, JournalModel::TtftColumn).data().toString(), QString("200"));
+    QCOMPARE(filter.index(2, JournalModel::TtftColumn).data().toString(), QString("100"));
+    QCOMPARE(filter.index(3, JournalModel::KindColumn).data().toString(), QString("hit"));
+    filter.sort(JournalModel::OutputColumn, Qt::AscendingOrder);
+    QCOMPARE(filter.index(0, JournalModel::KindColumn).data().toString(), QString("hit"));
+    QCOMPARE(filter.index(1, JournalModel::OutputColumn).data().toString(), QString("10"));
   }
 
   void newRowsAreInsertedAtTheTop() {
