@@ -46,7 +46,7 @@ void DecodeScoresOfHeads(const DecodeScoresArgs& a, int64_t h0) {
     for (int64_t e0 = 0; e0 < hd_main; e0 += L) {
       F t[L];
       if (ahead >= 0 && (e0 * bytes) % 64 == 0)
-        for (int i = 0; i < L; ++i) __builtin_prefetch(kv.key(ahead + i) + (a.column + e0) * bytes);
+        for (int i = 0; i < L && ahead + i < a.j1; ++i) __builtin_prefetch(kv.key(ahead + i) + (a.column + e0) * bytes);
       for (int i = 0; i < L; ++i) t[i] = D::LoadKv(rows[i] + e0 * bytes, kv.dtype);
       D::Transpose(t);
       for (int e = 0; e < L; ++e)
