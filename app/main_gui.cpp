@@ -12,6 +12,7 @@
 
 #include "app/engine_host.h"
 #include "app/main_window.h"
+#include "widgets/sort_arrow_style.h"
 #include "widgets/chat_screen.h"
 #include "widgets/journal_screen.h"
 
@@ -104,6 +105,7 @@ int main(int argc, char** argv) {
     }
   }
   QApplication app(argc, argv);  // takes Qt's own flags (-platform, ...) out of argv
+  QApplication::setStyle(new SortArrowStyle);  // the platform's style, sort arrows the way the rows run
   QCoreApplication::setOrganizationName("Anchorage");
   QCoreApplication::setApplicationName("anchorage");
 
