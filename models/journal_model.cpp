@@ -1,8 +1,65 @@
 #include "models/journal_model.h"
 
 #include <QJsonDocument>
+#include <QJsonArray>
+#include <QJsonObject>
+#include <QSet>
 
 #include "models/format.h"
+
+namespace {
+
+QString ValueText(const QJsonValue& v) {
+  if (v.isDouble()) {
+    const double d = v.toDouble();
+    return d == static_cast<double>(static_cast<qint64>(d)) ? QString::number(static_cast<qint64>(d)) : QString::number(d, 'f', d < 100 ? 2 : 0);
+  }
+  if (v.isBool()) return v.toBool() ? "yes" : "no";
+  if (v.isString()) return v.toString();
+  return QString::fromUtf8((v.isObject() ? QJsonDocument(v.toObject()) : QJsonDocument(v.toArray())).toJson(QJsonDocument::Compact));
+}
+
+}  // namespace
+
+QString JournalRowSummary(const QJsonObject& row) {
+  static const std::pair<const char*, const char*> kLabels[] = {
+      {"time_ms", "Time"},           {"session", "Session"},         {"model", "Model"},
+      {"route", "Route"},            {"status", "Status"},           {"finish_reason", "Finish"},
+      {"error", "Error"},            {"prompt_tokens", "Prompt tokens"}, {"cached_tokens", "Cached tokens"},
+      {"reread_tokens", "Re-read tokens"}, {"cache_source", "Cache source"}, {"cache_tier", "Cache tier"},
+      {"output_tokens", "Output tokens"}, {"hidden_tokens", "Reasoning tokens"}, {"ttft_ms", "TTFT (ms)"},
+      {"prefill_tokens_per_s", "Prefill tok/s"}, {"decode_tokens_per_s", "Decode tok/s"}, {"drafted_tokens", "Drafted tokens"},
+      {"accepted_tokens", "Accepted drafts"}, {"kind", "Kind"},   {"tier", "Tier"},
+      {"tokens", "Tokens"},          {"bytes", "Bytes"},             {"reason", "Reason"},
+  };
+  const QString type = row["type"].toString();
+  QStringList lines;
+  if (type == "request")
+    lines << QObject::tr("Request %1: %2%3").arg(row["route"].toString(), ValueText(row["status"]),
+                                                  row["finish_reason"].toString().isEmpty() ? QString() : ", " + row["finish_reason"].toString());
+  else if (type == "cache_event")
+    lines << QObject::tr("Cache event: %1 in %2").arg(row["kind"].toString(), row["tier"].toString());
+  else
+    lines << QObject::tr("%1 row").arg(type.isEmpty() ? QString("journal") : type);
+  QSet<QString> shown = {"id", "type"};
+  QList<std::pair<QString, QString>> fields;  // label, value
+  const auto add = [&](const QString& key, const QString& label) {
+    shown.insert(key);
+    const QJsonValue v = row[key];
+    if (v.isUndefined() || v.isNull() || (v.isString() && v.toString().isEmpty())) return;
+    const qint64 ms = static_cast<qint64>(v.toDouble());
+    fields.append({label, key == "time_ms" ? fmt::dateAndTime(ms) + fmt::timeOfDay(ms).mid(8) : ValueText(v)});
+  };
+  for (const auto& [key, label] : kLabels) add(key, QObject::tr(label));
+  QStringList rest = row.keys();
+  rest.sort();
+  for (const QString& key : rest)
+    if (!shown.contains(key)) add(key, key);
+  qsizetype width = 0;
+  for (const auto& f : fields) width = std::max(width, f.first.size());
+  for (const auto& [label, value] : fields) lines << (label + ":").leftJustified(width + 2) + value;
+  return lines.join('\n');
+}
 
 JournalModel::JournalModel(QObject* parent) : QAbstractTableModel(parent) {}
 
@@ -15,6 +72,7 @@ QVariant JournalModel::data(const QModelIndex& index, int role) const {
   const JournalRowSnapshot& r = m_rows[index.row()];
   switch (role) {
     case JsonRole: return QString::fromUtf8(QJsonDocument::fromJson(r.json).toJson(QJsonDocument::Indented));
+    case SummaryRole: return JournalRowSummary(QJsonDocument::fromJson(r.json).object());
     case IdRole: return r.id;
     case KindRole: return r.kind;
     case StatusRole: return r.status;

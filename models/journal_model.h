@@ -5,6 +5,10 @@
 
 #include "app/snapshots.h"
 
+// The journal row (as the journal returns it) in words: a headline, then a "Label: value" line a field,
+// the known fields first in a fixed order, the rest by name; empty fields are left out.
+QString JournalRowSummary(const QJsonObject& row);
+
 // GUI thread only; changes only through setSnapshot, which inserts new rows at the top.
 class JournalModel : public QAbstractTableModel {
   Q_OBJECT
@@ -31,7 +35,8 @@ class JournalModel : public QAbstractTableModel {
     IdRole,
     KindRole,
     StatusRole,
-    SortRole,  // the raw value of the cell (numbers for time, tokens, output, TTFT, tok/s, status)
+    SortRole,     // the raw value of the cell (numbers for time, tokens, output, TTFT, tok/s, status)
+    SummaryRole,  // the row in words, a field a line: labelled and in a fixed order, then the rest
   };
 
   explicit JournalModel(QObject* parent = nullptr);

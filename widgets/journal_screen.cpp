@@ -2,6 +2,7 @@
 
 #include <QChart>
 #include <QChartView>
+#include <QCheckBox>
 #include <QComboBox>
 #include <QDateTime>
 #include <QDateTimeAxis>
@@ -100,10 +101,18 @@ JournalScreen::JournalScreen(JournalModel* journal, QWidget* parent) : QWidget(p
   m_detail->setReadOnly(true);
   m_detail->setFont(QFontDatabase::systemFont(QFontDatabase::FixedFont));
   m_detail->setPlaceholderText(tr("Select a row to see all its columns."));
+  m_raw = new QCheckBox(tr("Raw JSON"), this);
+  m_raw->setObjectName("journalRawJson");
+  m_raw->setToolTip(tr("The row as the journal stores it, instead of its summary"));
+  auto* detail = new QWidget(this);
+  auto* detailColumn = new QVBoxLayout(detail);
+  detailColumn->setContentsMargins(0, 0, 0, 0);
+  detailColumn->addWidget(m_detail, 1);
+  detailColumn->addWidget(m_raw);
 
   auto* split = new QSplitter(Qt::Horizontal, this);
   split->addWidget(m_table);
-  split->addWidget(m_detail);
+  split->addWidget(detail);
   split->setStretchFactor(0, 3);
   split->setStretchFactor(1, 1);
 
@@ -131,6 +140,7 @@ JournalScreen::JournalScreen(JournalModel* journal, QWidget* parent) : QWidget(p
   layout->addWidget(rowsAndCharts, 1);
 
   connect(m_table->selectionModel(), &QItemSelectionModel::currentRowChanged, this, &JournalScreen::showDetail);
+  connect(m_raw, &QCheckBox::toggled, this, &JournalScreen::showDetail);
   connect(m_filter, &QAbstractItemModel::rowsInserted, this, &JournalScreen::updateCount);
   connect(m_filter, &QAbstractItemModel::rowsRemoved, this, &JournalScreen::updateCount);
   connect(m_filter, &QAbstractItemModel::modelReset, this, &JournalScreen::updateCount);
@@ -201,5 +211,5 @@ void JournalScreen::updateCount() {
 
 void JournalScreen::showDetail() {
   const QModelIndex i = m_table->selectionModel()->currentIndex();
-  m_detail->setPlainText(i.isValid() ? i.data(JournalModel::JsonRole).toString() : QString());
+  m_detail->setPlainText(i.isValid() ? i.data(m_raw->isChecked() ? JournalModel::JsonRole : JournalModel::SummaryRole).toString() : QString());
 }

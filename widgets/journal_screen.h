@@ -11,6 +11,7 @@ class QChart;
 class QComboBox;
 class QLabel;
 class QLineEdit;
+class QCheckBox;
 class QPlainTextEdit;
 class QTableView;
 
@@ -41,6 +42,7 @@ class JournalScreen : public QWidget {
   QLabel* m_count;
   QTableView* m_table;
   QPlainTextEdit* m_detail;
+  QCheckBox* m_raw;  // the selected row's raw JSON instead of its summary
   QChart* m_ttft;
   QChart* m_reread;
   QChart* m_sources;

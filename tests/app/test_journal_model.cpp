@@ -108,6 +108,38 @@ class TestJournalModel : public QObject {
     QVERIFY(model.index(0, JournalModel::TimeColumn).data(Qt::ToolTipRole).toString().endsWith(".003"));
   }
 
+  // The detail pane's summary: a headline, labelled fields in a fixed order, the rest by name, empty ones left out.
+  void summariesReadAsWords() {
+    QJsonObject row{{"id", 7},
+                    {"type", "request"},
+                    {"route", "/v1/chat/completions"},
+                    {"status", 200},
+                    {"finish_reason", "stop"},
+                    {"error", ""},
+                    {"prompt_tokens", 131},
+                    {"cached_tokens", 100},
+                    {"ttft_ms", 2.6008},
+                    {"decode_tokens_per_s", 5297.95},
+                    {"zeta_unknown", "kept"},
+                    {"time_ms", 1700000000123.0}};
+    const QStringList lines = JournalRowSummary(row).split('\n');
+    QCOMPARE(lines[0], QString("Request /v1/chat/completions: 200, stop"));
+    QStringList words;  // each field's line with its padding collapsed
+    for (const QString& line : lines.mid(1)) words << line.simplified();
+    QVERIFY2(words.contains("Time: " + QDateTime::fromMSecsSinceEpoch(1700000000123).toString("yyyy-MM-dd HH:mm:ss") + ".123"),
+             qPrintable(lines.join(" | ")));
+    QVERIFY(words.contains("TTFT (ms): 2.60"));
+    QVERIFY(words.contains("Decode tok/s: 5298"));
+    QVERIFY(words.contains("Cached tokens: 100"));
+    QCOMPARE(words.last(), QString("zeta_unknown: kept"));
+    QVERIFY(std::none_of(words.begin(), words.end(), [](const QString& l) { return l.startsWith("Error") || l.startsWith("id"); }));
+    QVERIFY(words.indexOf(QRegularExpression("^Prompt tokens.*")) < words.indexOf(QRegularExpression("^TTFT.*")));
+    const qsizetype column = lines[1].indexOf(QRegularExpression("[^ ]", QRegularExpression::NoPatternOption), lines[1].indexOf(':') + 1);
+    for (const QString& line : lines.mid(1)) QCOMPARE(line.indexOf(QRegularExpression("[^ ]"), line.indexOf(':') + 1), column);  // values line up
+    const QStringList event = JournalRowSummary(QJsonObject{{"type", "cache_event"}, {"kind", "write"}, {"tier", "store"}, {"tokens", 211}}).split('\n');
+    QCOMPARE(event[0], QString("Cache event: write in store"));
+  }
+
   // Sorting by a request's figures: numbers, not text, and events below every request.
   void sortsByTheRequestsFigures() {
     JournalModel model;
