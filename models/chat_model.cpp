@@ -14,7 +14,7 @@ QVariant ChatModel::data(const QModelIndex& index, int role) const {
     case ContentRole: return m.content;
     case RoleRole: return m.role;
     case ReasoningRole: return m.reasoning;
-    case StatsRole: return m.hasStats ? statsLine(m.stats) : QString();
+    case StatsRole: return m.hasStats ? statsLine(m) : QString();
     case StreamingRole: return m.streaming;
     case ErrorRole: return m.hasStats && !m.stats.ok ? m.stats.error : QString();
   }
@@ -81,7 +81,8 @@ void ChatModel::finishTurn(const ChatTurnStats& stats) {
   emit dataChanged(i, i, {StreamingRole, StatsRole, ErrorRole});
 }
 
-QString ChatModel::statsLine(const ChatTurnStats& s) {
+QString ChatModel::statsLine(const Message& m) {
+  const ChatTurnStats& s = m.stats;
   if (!s.ok) return tr("failed: %1").arg(s.error);
   QString line = tr("%1 · %2 cached / %3 re-read tokens · TTFT %4 ms · %5 tok/s")
                      .arg(s.figures.cache_source.empty() ? QString("?") : QString::fromStdString(s.figures.cache_source))
@@ -89,6 +90,9 @@ QString ChatModel::statsLine(const ChatTurnStats& s) {
                      .arg(s.figures.reread_tokens)
                      .arg(s.figures.ttft_ms, 0, 'f', 1)
                      .arg(s.figures.decode_tokens_per_s, 0, 'f', 1);
+  if (s.figures.completion_tokens > 0) line += tr(" · %1 tokens").arg(s.figures.completion_tokens);
+  if (!s.finishReason.isEmpty()) line += (s.figures.completion_tokens > 0 ? ", " : " · ") + s.finishReason;
+  if (s.finishReason == "length" && !m.reasoning.isEmpty() && m.content.isEmpty()) line += tr(": ended inside its reasoning (raise max tokens)");
   if (s.stopped) line += tr(" · stopped");
   return line;
 }

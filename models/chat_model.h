@@ -15,7 +15,7 @@ class ChatModel : public QAbstractListModel {
     RoleRole = Qt::UserRole + 1,  // "user" or "assistant"
     ContentRole,
     ReasoningRole,
-    StatsRole,      // "source · cached/re-read tokens · TTFT · tok/s" of an answer
+    StatsRole,      // "source · cached/re-read tokens · TTFT · tok/s · output tokens, finish" of an answer
     StreamingRole,  // true while the answer streams
     ErrorRole,      // why the answer failed, or ""
   };
@@ -45,8 +45,9 @@ class ChatModel : public QAbstractListModel {
   void applyDelta(const ChatDelta& delta);
   void finishTurn(const ChatTurnStats& stats);
 
-  // "resident · 412 cached / 17 re-read · TTFT 35 ms · 41.2 tok/s".
-  static QString statsLine(const ChatTurnStats& stats);
+  // "resident · 412 cached / 17 re-read · TTFT 35 ms · 41.2 tok/s · 52 tokens, stop"; an answer cut by
+  // max_tokens before its reasoning closed says so.
+  static QString statsLine(const Message& message);
 
  private:
   QString m_conversation;

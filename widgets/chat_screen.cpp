@@ -190,7 +190,7 @@ void ChatScreen::render() {
     html += "</p>";
     if (m.hasStats) {
       const QString color = m.stats.ok ? "#2f6f3f" : "#b00020";
-      html += QString("<p style='color:%1; font-size:small'>%2</p>").arg(color, ChatModel::statsLine(m.stats).toHtmlEscaped());
+      html += QString("<p style='color:%1; font-size:small'>%2</p>").arg(color, ChatModel::statsLine(m).toHtmlEscaped());
     }
   }
   html += "</body></html>";

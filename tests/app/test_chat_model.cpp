@@ -76,6 +76,28 @@ class TestChatModel : public QObject {
     model.finishTurn(stopped);
     QVERIFY(model.index(3).data(ChatModel::StatsRole).toString().endsWith("stopped"));
   }
+
+  // Each answer names its output tokens and finish reason; one cut by max_tokens inside its reasoning says so.
+  void outputTokensFinishAndACutReasoning() {
+    ChatModel model("c3");
+    model.beginTurn("hi");
+    ChatTurnStats done;
+    done.conversation = "c3";
+    done.figures.cache_source = "cold";
+    done.figures.completion_tokens = 52;
+    done.finishReason = "stop";
+    model.applyDelta({"c3", "", "Hello."});
+    model.finishTurn(done);
+    QVERIFY2(model.index(1).data(ChatModel::StatsRole).toString().endsWith(" · 52 tokens, stop"), qPrintable(model.index(1).data(ChatModel::StatsRole).toString()));
+    model.beginTurn("think long");
+    model.applyDelta({"c3", "Let me see", ""});
+    ChatTurnStats cut = done;
+    cut.figures.completion_tokens = 64;
+    cut.finishReason = "length";
+    model.finishTurn(cut);
+    QVERIFY2(model.index(3).data(ChatModel::StatsRole).toString().endsWith(" · 64 tokens, length: ended inside its reasoning (raise max tokens)"),
+             qPrintable(model.index(3).data(ChatModel::StatsRole).toString()));
+  }
 };
 
 QTEST_MAIN(TestChatModel)
