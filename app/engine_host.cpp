@@ -76,6 +76,7 @@ class LocalWorker : public ConsoleWorker {
     const bool on_gpu = std::string(sched.forward().device_name()) == "cuda";
     s.kernelPath = on_gpu ? QStringLiteral("cuda") : QString::fromUtf8(anchorage::cpu::PathName(anchorage::cpu::ActivePath()));
     s.weights = QString::fromStdString(m_service->model().weights_format);
+    s.generatedModel = m_service->model().generated;
     s.threads = sched.forward().threads();
     s.url = endpointUrl();
     s.queueDepth = static_cast<int>(sched.queue_depth());

@@ -317,6 +317,7 @@ void MainWindow::onStatus(const EngineStatusSnapshot& s) {
   m_modelLabel->setText(tr("model: %1 · %2%3 · %4%5").arg(s.modelId, s.kernelPath, weights, threads, where));
   setWindowTitle(tr("Anchorage — %1%2").arg(s.modelId, where));
   m_queueLabel->setText(tr("queue %1").arg(s.queueDepth));
+  m_chat->setGeneratedModelNotice(s.ready && s.generatedModel);
   m_journalLabel->setVisible(s.journalErrors > 0);
   if (s.journalErrors > 0) {
     m_journalLabel->setText(tr("journal: %n write error(s)", nullptr, static_cast<int>(s.journalErrors)));

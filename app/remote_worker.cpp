@@ -123,6 +123,7 @@ void RemoteWorker::onHealth(int status, const nlohmann::json& body, const QStrin
   s.modelId = JsonText(body, "model");
   s.kernelPath = JsonText(body, "device") == "cuda" ? QStringLiteral("cuda") : JsonText(body, "kernel_path");
   s.weights = JsonText(body, "weights");
+  s.generatedModel = JsonField(body, "generated_model").is_boolean() && JsonField(body, "generated_model").get<bool>();
   s.threads = static_cast<int>(JsonInt(body, "threads"));
   s.url = endpointUrl();
   s.queueDepth = static_cast<int>(JsonInt(body, "queue"));

@@ -60,6 +60,14 @@ ChatScreen::ChatScreen(QWidget* parent) : QWidget(parent) {
   auto* right = new QWidget(this);
   auto* rightLayout = new QVBoxLayout(right);
   rightLayout->setContentsMargins(0, 0, 0, 0);
+  m_generatedNotice = new QLabel(tr("The embedded model is the generated tiny model: its weights are random, so its answers are noise. "
+                                    "File > Open model folder loads a real Qwen3.5 checkpoint; the caches and figures work the same."),
+                                 this);
+  m_generatedNotice->setObjectName("generatedModelNotice");
+  m_generatedNotice->setWordWrap(true);
+  m_generatedNotice->setStyleSheet("QLabel { background: #fff4ce; color: #5c4400; padding: 6px; border: 1px solid #e0c060; }");
+  m_generatedNotice->hide();
+  rightLayout->addWidget(m_generatedNotice);
   rightLayout->addWidget(m_transcript, 1);
   rightLayout->addWidget(m_input);
   rightLayout->addLayout(buttons);
@@ -135,6 +143,8 @@ void ChatScreen::setEngineReady(bool ready) {
   m_ready = ready;
   updateButtons();
 }
+
+void ChatScreen::setGeneratedModelNotice(bool generated) { m_generatedNotice->setVisible(generated); }
 
 void ChatScreen::updateButtons() {
   ChatModel* model = currentModel();

@@ -14,6 +14,7 @@ class QListWidget;
 class QPlainTextEdit;
 class QPushButton;
 class QSpinBox;
+class QLabel;
 class QTextBrowser;
 class QTimer;
 class QUrl;
@@ -30,6 +31,7 @@ class ChatScreen : public QWidget {
   QPlainTextEdit* input() const { return m_input; }
   QPushButton* sendButton() const { return m_send; }
   QTextBrowser* transcript() const { return m_transcript; }
+  QLabel* generatedModelNotice() const { return m_generatedNotice; }
   QComboBox* modelPicker() const { return m_model; }
   int conversationCount() const { return m_models.size(); }
   // Shows or hides the reasoning of message row of the current conversation.
@@ -49,6 +51,8 @@ class ChatScreen : public QWidget {
   void onDelta(const ChatDelta& delta);
   void onFinished(const ChatTurnStats& stats);
   void setEngineReady(bool ready);
+  // Shows, above the transcript, that the embedded model is the generated one (random weights) and how to load a real one.
+  void setGeneratedModelNotice(bool generated);
   // The models a conversation can talk to: the embedded one first, then every backend's.
   void setModels(const QStringList& models);
 
@@ -64,6 +68,7 @@ class ChatScreen : public QWidget {
   QSet<QString> m_expanded;  // "conversation/row" whose reasoning is shown
   QListWidget* m_list;
   QTextBrowser* m_transcript;
+  QLabel* m_generatedNotice;
   QPlainTextEdit* m_input;
   QSpinBox* m_maxTokens;
   QComboBox* m_model;

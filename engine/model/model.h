@@ -23,6 +23,7 @@ struct Model {
   std::string fingerprint;        // hex sha256 over weights, config and tokenizer
   std::string state_fingerprint;  // the fingerprint and the kernels' arithmetic: what caches match (set by the service)
   std::string weights_format;     // how the engine holds the matrices, e.g. "fp8-e4m3 + bf16" (set by the service)
+  bool generated = false;         // the random tiny model made when no folder was given (set by the service)
 };
 
 enum class ModelParts { kAll, kWeightsOnly };

@@ -186,6 +186,7 @@ void HttpServer::RouteOperations() {
                    {"kernel_path", cpu::PathName(cpu::ActivePath())},
                    {"weights", model_.weights_format},
                    {"kv_dtype", KvDtypeName(model_.config.kv_dtype)},
+                   {"generated_model", model_.generated},
                    {"connections", transport_.open_connections()},
                    {"journal", JournalHealthJson()},
                    {"backends", options_.backends != nullptr ? options_.backends->HealthJson() : ojson::array()},

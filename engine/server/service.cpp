@@ -182,6 +182,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   }
   RETURN_IF_ERROR(say(0.2, "loading " + model_dir));
   ASSIGN_OR_RETURN(s->model_, LoadModel(model_dir));
+  s->model_->generated = config.model_dir.empty();
   if (const int64_t positions = s->model_->config.max_position_embeddings; config.context_tokens > positions)
     return InvalidArgument("--ctx " + std::to_string(config.context_tokens) + " is beyond what the model was made for: its max_position_embeddings is " +
                            std::to_string(positions) + " (leave --ctx out to serve that)");

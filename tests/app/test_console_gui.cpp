@@ -135,6 +135,7 @@ class TestConsoleGui : public QObject {
     // A chat from the Chat tab, streamed.
     ChatScreen* chat = window.chatScreen();
     window.tabs()->setCurrentWidget(chat);
+    QTRY_VERIFY_WITH_TIMEOUT(chat->generatedModelNotice()->isVisible(), 5000);  // no model folder: the generated one, said so
     chat->input()->setPlainText("Hello, what is an anchor?");
     QSignalSpy deltas(&host, &EngineHost::chatDelta);
     QTest::mouseClick(chat->sendButton(), Qt::LeftButton);

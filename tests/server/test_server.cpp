@@ -124,6 +124,7 @@ class TestServer : public QObject {
     if (!code.isEmpty()) QCOMPARE(QString::fromStdString(err["code"].get<std::string>()), code);
     auto health = server_.Get("/health");
     QVERIFY(health && health->status == 200);
+    QCOMPARE(json::parse(health->body)["generated_model"], json(true));  // no --model: the generated tiny model
   }
 
   // A reply that looks like a tool call, to a request that sent no tools, is content; with tools it
