@@ -44,6 +44,7 @@ MemoryScreen::MemoryScreen(CacheTierModel* tiers, MemoryHistory* history, Settin
     spin->setSuffix(" GiB");
     spin->setSingleStep(0.5);
     spin->setMinimumWidth(120);
+    keepFullHeight(spin);
     connect(spin, &QDoubleSpinBox::valueChanged, this, [this] {
       m_dirty = true;
       m_apply->setEnabled(true);

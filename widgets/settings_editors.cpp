@@ -3,6 +3,7 @@
 #include <QDoubleSpinBox>
 #include <QLabel>
 #include <QSignalBlocker>
+#include <QWidget>
 
 #include "models/settings_model.h"
 
@@ -28,3 +29,5 @@ void showMessage(QLabel* label, const QString& text, bool error) {
   label->setText(text);
   label->setStyleSheet(error ? "color: #b00020;" : QString());
 }
+
+void keepFullHeight(QWidget* editor) { editor->setMinimumHeight(editor->sizeHint().height()); }

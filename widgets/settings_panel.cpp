@@ -46,6 +46,7 @@ QDoubleSpinBox* SettingsPanel::addNumber(const QString& key, const QString& labe
   spin->setDecimals(decimals);
   spin->setSuffix(suffix);
   spin->setMinimumWidth(140);
+  keepFullHeight(spin);
   connect(spin, &QDoubleSpinBox::valueChanged, this, &SettingsPanel::markDirty);
   m_numbers[key] = spin;
   m_form->addRow(label, spin);
@@ -60,6 +61,7 @@ QComboBox* SettingsPanel::addChoice(const QString& key, const QString& label, co
   auto* box = new QComboBox(this);
   box->setObjectName(ObjectName(key));
   box->addItems(values);
+  keepFullHeight(box);
   connect(box, &QComboBox::currentIndexChanged, this, &SettingsPanel::markDirty);
   m_choices[key] = box;
   m_form->addRow(label, box);
@@ -79,6 +81,7 @@ QLineEdit* SettingsPanel::addText(const QString& key, const QString& label, cons
   auto* edit = new QLineEdit(this);
   edit->setObjectName(ObjectName(key));
   if (!tooltip.isEmpty()) edit->setToolTip(tooltip);
+  keepFullHeight(edit);
   connect(edit, &QLineEdit::textEdited, this, &SettingsPanel::markDirty);
   m_texts[key] = edit;
   m_form->addRow(label, edit);

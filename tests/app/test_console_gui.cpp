@@ -3,9 +3,11 @@
 // screen shows the tier and edits and clears it, the Shadow screen shows the chat's session, edits
 // the ration and clears it, close drains.
 #include <QAbstractItemModelTester>
+#include <QApplication>
 #include <QFile>
 #include <QJsonDocument>
 #include <QLabel>
+#include <QLineEdit>
 #include <QPlainTextEdit>
 #include <QPushButton>
 #include <QDoubleSpinBox>
@@ -131,6 +133,20 @@ class TestConsoleGui : public QObject {
     QVERIFY(progress.count() >= 3);
     QCOMPARE(progress.last()[0].toDouble(), 1.0);
     QTRY_VERIFY_WITH_TIMEOUT(window.settingsModel()->version() >= 1, 10000);
+
+    // At the default window size every editor on every screen is at least as tall as its size hint (no clipped text).
+    window.resize(1280, 800);
+    for (int tab = 0; tab < window.tabs()->count(); ++tab) {
+      window.tabs()->setCurrentIndex(tab);
+      QApplication::processEvents();
+      for (QWidget* editor : window.tabs()->widget(tab)->findChildren<QWidget*>()) {
+        if (!editor->isVisible() || !(qobject_cast<QAbstractSpinBox*>(editor) || qobject_cast<QComboBox*>(editor) || qobject_cast<QLineEdit*>(editor)))
+          continue;
+        if (qobject_cast<QLineEdit*>(editor) && qobject_cast<QAbstractSpinBox*>(editor->parentWidget())) continue;  // a spin box's own line
+        QVERIFY2(editor->height() >= editor->sizeHint().height(),
+                 qPrintable(QString("%1 on tab %2: %3 px of %4").arg(editor->objectName(), window.tabs()->tabText(tab)).arg(editor->height()).arg(editor->sizeHint().height())));
+      }
+    }
 
     // A chat from the Chat tab, streamed.
     ChatScreen* chat = window.chatScreen();
