@@ -54,9 +54,8 @@ JournalRowSnapshot journalRowOf(const nlohmann::json& r) {
     row.route = QString::fromStdString(str(r, "route"));
     row.finishReason = QString::fromStdString(str(r, "finish_reason"));
     row.outputTokens = JsonInt(r, "output_tokens");
-    const auto real = [&](const char* key) { return r.contains(key) && r[key].is_number() ? r[key].get<double>() : 0.0; };
-    row.ttftMs = real("ttft_ms");
-    row.decodeTokensPerS = real("decode_tokens_per_s");
+    row.ttftMs = real(r, "ttft_ms");
+    row.decodeTokensPerS = real(r, "decode_tokens_per_s");
     row.text = QString::fromStdString(str(r, "error"));
   } else if (row.type == "shadow") {
     row.kind = "shadow";

@@ -123,7 +123,8 @@ void RemoteWorker::onHealth(int status, const nlohmann::json& body, const QStrin
   s.modelId = JsonText(body, "model");
   s.kernelPath = JsonText(body, "device") == "cuda" ? QStringLiteral("cuda") : JsonText(body, "kernel_path");
   s.weights = JsonText(body, "weights");
-  s.generatedModel = JsonField(body, "generated_model").is_boolean() && JsonField(body, "generated_model").get<bool>();
+  const nlohmann::json& generated = JsonField(body, "generated_model");
+  s.generatedModel = generated.is_boolean() && generated.get<bool>();
   s.threads = static_cast<int>(JsonInt(body, "threads"));
   s.url = endpointUrl();
   s.queueDepth = static_cast<int>(JsonInt(body, "queue"));

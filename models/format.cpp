@@ -18,6 +18,8 @@ QString bytes(qint64 bytes) {
 
 QString timeOfDay(qint64 epochMs) { return QDateTime::fromMSecsSinceEpoch(epochMs).toString("HH:mm:ss.zzz"); }
 
-QString dateAndTime(qint64 epochMs) { return QDateTime::fromMSecsSinceEpoch(epochMs).toString("yyyy-MM-dd HH:mm:ss"); }
+QString dateAndTime(qint64 epochMs, bool milliseconds) {
+  return QDateTime::fromMSecsSinceEpoch(epochMs).toString(milliseconds ? "yyyy-MM-dd HH:mm:ss.zzz" : "yyyy-MM-dd HH:mm:ss");
+}
 
 }  // namespace fmt

@@ -9,7 +9,7 @@ namespace fmt {
 QString bytes(qint64 bytes);
 // "10:42:07.123" in local time from Unix epoch milliseconds.
 QString timeOfDay(qint64 epochMs);
-// "2026-12-07 10:42:07" in local time from Unix epoch milliseconds.
-QString dateAndTime(qint64 epochMs);
+// "2026-12-07 10:42:07" (with milliseconds: "2026-12-07 10:42:07.123") in local time from Unix epoch milliseconds.
+QString dateAndTime(qint64 epochMs, bool milliseconds = false);
 
 }  // namespace fmt

@@ -47,8 +47,7 @@ QString JournalRowSummary(const QJsonObject& row) {
     shown.insert(key);
     const QJsonValue v = row[key];
     if (v.isUndefined() || v.isNull() || (v.isString() && v.toString().isEmpty())) return;
-    const qint64 ms = static_cast<qint64>(v.toDouble());
-    fields.append({label, key == "time_ms" ? fmt::dateAndTime(ms) + fmt::timeOfDay(ms).mid(8) : ValueText(v)});
+    fields.append({label, key == "time_ms" ? fmt::dateAndTime(static_cast<qint64>(v.toDouble()), true) : ValueText(v)});
   };
   for (const auto& [key, label] : kLabels) add(key, QObject::tr(label));
   QStringList rest = row.keys();
@@ -78,7 +77,7 @@ QVariant JournalModel::data(const QModelIndex& index, int role) const {
     case StatusRole: return r.status;
     case Qt::ToolTipRole:
       if (index.column() == TextColumn) return r.text;
-      if (index.column() == TimeColumn) return fmt::dateAndTime(r.timeMs) + fmt::timeOfDay(r.timeMs).mid(8);
+      if (index.column() == TimeColumn) return fmt::dateAndTime(r.timeMs, true);
       return {};
     case Qt::DisplayRole:
     case SortRole: break;

@@ -23,6 +23,9 @@ struct PrefillBranch {
 
 struct MtpState;
 
+// That ids are not empty and each is in the vocabulary; errors start with `who` (forward.cpp).
+Status CheckTokenIds(std::span<const int32_t> ids, int64_t vocab_size, const std::string& who);
+
 // That a decode batch names as many ids as states, at least one, each state once, each id in the vocabulary.
 inline Status CheckDecodeBatch(std::span<SequenceState* const> states, std::span<const int32_t> ids, int64_t vocab_size) {
   if (states.empty() || states.size() != ids.size())
@@ -31,11 +34,8 @@ inline Status CheckDecodeBatch(std::span<SequenceState* const> states, std::span
     if (states[i] == nullptr) return InvalidArgument("DecodeBatch: state " + std::to_string(i) + " is null");
     for (size_t j = 0; j < i; ++j)
       if (states[j] == states[i]) return InvalidArgument("DecodeBatch: states " + std::to_string(j) + " and " + std::to_string(i) + " are the same");
-    if (ids[i] < 0 || ids[i] >= vocab_size)
-      return InvalidArgument("DecodeBatch: token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) + " outside vocab " +
-                             std::to_string(vocab_size));
   }
-  return Status::Ok();
+  return CheckTokenIds(ids, vocab_size, "DecodeBatch");
 }
 
 class ComputeBackend {

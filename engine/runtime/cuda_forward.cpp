@@ -1082,7 +1082,6 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, hd = c.head_dim;
   const int64_t QW = 2 * Nh * hd, KW = Nkv * hd, pos0 = state.length();
-  const float eps = static_cast<float>(c.rms_norm_eps);
   Workspace& ws = *ws_;
   const float* a = ws.a.floats();
   const cuda::KvBuffers rows = state.kv_buffers(ai);
@@ -1112,30 +1111,26 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
     RETURN_IF_ERROR(Product(L.v, a, n, ws.vrows.floats(), KW, mode));
   }
   if (mode == Mode::kBranches) {  // each branch's K/V rows go above the state's length in turn, then its rows attend
+    const cuda::Position at{pos0, nullptr};
     for (const Segment& b : branches)
       RETURN_IF_ERROR(AttendRows(L, ws.qg.floats() + b.row0 * QW, ws.krows.floats() + b.row0 * KW, ws.vrows.floats() + b.row0 * KW, b.n,
-                                 pos0, pos0, rows, ws.attn.floats() + b.row0 * Nh * hd));
-    return Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode);
+                                 at, at, rows, ws.attn.floats() + b.row0 * Nh * hd));
+  } else {
+    RETURN_IF_ERROR(AttendRows(L, ws.qg.floats(), ws.krows.floats(), ws.vrows.floats(), n, position, position, rows, ws.attn.floats()));
   }
-  const int64_t half = c.rotary_dim() / 2;
-  cuda::NormRope(ws.qg.floats(), n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, position, false, stream_);
-  cuda::NormRope(ws.krows.floats(), n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, position, false, stream_);
-  cuda::StoreKvRows(ws.krows.floats(), ws.vrows.floats(), n, KW, position, rows, stream_);
-  const cuda::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
-  cuda::Attention(shape, ws.qg.floats(), QW, 2 * hd, n, position, rows, KW, ws.qg.floats() + hd, ws.attn.floats(), Nh * hd, stream_);
   return Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode);
 }
-Status CudaForward::AttendRows(const Layer& L, float* q, float* k, const float* v, int64_t n, int64_t rope_pos, int64_t kv_row,
-                               const cuda::KvBuffers& rows, float* out) {
+Status CudaForward::AttendRows(const Layer& L, float* q, float* k, const float* v, int64_t n, cuda::Position rope_pos,
+                               cuda::Position kv_row, const cuda::KvBuffers& rows, float* out) {
   const ModelConfig& c = config_;
   const int64_t Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, hd = c.head_dim, QW = 2 * Nh * hd, KW = Nkv * hd;
   const int64_t half = c.rotary_dim() / 2;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  cuda::NormRope(q, n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, cuda::Position{rope_pos, nullptr}, false, stream_);
-  cuda::NormRope(k, n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, cuda::Position{rope_pos, nullptr}, false, stream_);
-  cuda::StoreKvRows(k, v, n, KW, cuda::Position{kv_row, nullptr}, rows, stream_);
+  cuda::NormRope(q, n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, rope_pos, false, stream_);
+  cuda::NormRope(k, n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, rope_pos, false, stream_);
+  cuda::StoreKvRows(k, v, n, KW, kv_row, rows, stream_);
   const cuda::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
-  cuda::Attention(shape, q, QW, 2 * hd, n, cuda::Position{kv_row, nullptr}, rows, KW, q + hd, out, Nh * hd, stream_);
+  cuda::Attention(shape, q, QW, 2 * hd, n, kv_row, rows, KW, q + hd, out, Nh * hd, stream_);
   return Status::Ok();
 }
 
@@ -1219,8 +1214,9 @@ Status CudaForward::MtpRows(MtpState& mtp, const float* hidden, std::span<const 
     RETURN_IF_ERROR(Product(L.q, ws.a.floats(), n, ws.qg.floats(), QW, mode));
     RETURN_IF_ERROR(Product(L.k, ws.a.floats(), n, ws.krows.floats(), KW, mode));
     RETURN_IF_ERROR(Product(L.v, ws.a.floats(), n, ws.vrows.floats(), KW, mode));
-    RETURN_IF_ERROR(AttendRows(L, ws.qg.floats(), ws.krows.floats(), ws.vrows.floats(), n, mtp.begin + slot + done, slot + done,
-                               cuda::KvBuffers{rows.k.data(), rows.v.data(), KvDtype::kF32}, ws.attn.floats()));
+    RETURN_IF_ERROR(AttendRows(L, ws.qg.floats(), ws.krows.floats(), ws.vrows.floats(), n, cuda::Position{mtp.begin + slot + done, nullptr},
+                               cuda::Position{slot + done, nullptr}, cuda::KvBuffers{rows.k.data(), rows.v.data(), KvDtype::kF32},
+                               ws.attn.floats()));
     RETURN_IF_ERROR(Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode));
     cuda::AddRmsNorm(ws.x.floats(), ws.mix.floats(), L.post_norm, n, H, eps, ws.a.floats(), stream_);
     RETURN_IF_ERROR(Mlp(L, n, mode));

@@ -240,7 +240,7 @@ class CudaForward {
   // Query rows q (n of them, ws.qg's layout) and K/V rows k, v (workspace) of one sequence: RMSNorm
   // and RoPE at positions rope_pos.., the K/V rows stored at rows kv_row.. of rows (in its dtype), then
   // each query row attends keys 0..kv_row + t; the output to out.
-  Status AttendRows(const Layer& layer, float* q, float* k, const float* v, int64_t n, int64_t rope_pos, int64_t kv_row,
+  Status AttendRows(const Layer& layer, float* q, float* k, const float* v, int64_t n, cuda::Position rope_pos, cuda::Position kv_row,
                     const cuda::KvBuffers& rows, float* out);
   // mtp's device rows (made, the head starting anew, where it has none of this forward's).
   bool HoldsMtpRows(const MtpState& mtp) const;

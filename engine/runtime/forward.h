@@ -37,10 +37,9 @@ struct ForwardOptions {
   std::function<bool(int64_t packed, int64_t layers)> on_layer = nullptr;
 };
 
-// The checks every backend's forward makes at creation (grid, layer count, head grouping) and on ids
-// (not empty, each in the vocabulary); errors start with `who`.
+// The checks every backend's forward makes at creation (grid, layer count, head grouping; on ids:
+// CheckTokenIds in compute_backend.h); errors start with `who`.
 Status CheckForwardShape(const ModelConfig& config, const ModelWeights& weights, int64_t grid_tokens, const std::string& who);
-Status CheckTokenIds(std::span<const int32_t> ids, int64_t vocab_size, const std::string& who);
 // The ids an MTP commit (up to one a waiting row) or draft (one every waiting row) takes; errors start with `who`.
 Status CheckMtpIds(const MtpState& mtp, std::span<const int32_t> next_ids, bool every_row, int64_t vocab_size, const std::string& who);
 // A branch's ids and that its logits start inside them.

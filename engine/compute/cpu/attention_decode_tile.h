@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "engine/compute/cpu/fp32_block.h"
+#include "engine/core/bf16.h"
 
 namespace anchorage::cpu {
 namespace {
@@ -16,16 +17,13 @@ namespace {
 inline constexpr int kDecodeHeadsAPass = 8;
 
 inline float KvValueAt(const uint8_t* row, KvDtype dtype, int64_t e) {
-  if (dtype == KvDtype::kF32) {
-    float v;
-    std::memcpy(&v, row + e * 4, 4);
-    return v;
+  if (dtype == KvDtype::kBf16) {
+    uint16_t h;
+    std::memcpy(&h, row + e * 2, 2);
+    return Bf16ToFloat(h);
   }
-  uint16_t h;
-  std::memcpy(&h, row + e * 2, 2);
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
   float v;
-  std::memcpy(&v, &bits, 4);
+  std::memcpy(&v, row + e * 4, 4);
   return v;
 }
 

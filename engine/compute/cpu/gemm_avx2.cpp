@@ -9,6 +9,7 @@
 // Everything included before the pragma keeps the baseline target; the tile below it takes the path's.
 #include "engine/compute/cpu/fp32_block.h"
 #include "engine/compute/cpu/gemm_block.h"
+#include "engine/core/bf16.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
@@ -118,12 +119,7 @@ struct Avx2Int8Lanes : Avx2Lanes {
 };
 
 // Decode attention's vectors: 8 keys' dims transposed in registers, bf16 rows widened as loaded.
-struct Avx2Decode {
-  static constexpr int kLanes = 8;
-  using F = __m256;
-  static F Zero() { return _mm256_setzero_ps(); }
-  static F Broadcast(float s) { return _mm256_set1_ps(s); }
-  static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+struct Avx2Decode : Avx2Lanes {
   static void Store(float* p, F v) { _mm256_storeu_ps(p, v); }
   static F LoadKv(const uint8_t* p, KvDtype dtype) {
     if (dtype == KvDtype::kF32) return _mm256_loadu_ps(reinterpret_cast<const float*>(p));

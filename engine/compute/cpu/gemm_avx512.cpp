@@ -10,6 +10,7 @@
 // Everything included before the pragma keeps the baseline target; the tile below it takes the path's.
 #include "engine/compute/cpu/fp32_block.h"
 #include "engine/compute/cpu/gemm_block.h"
+#include "engine/core/bf16.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw")
@@ -25,12 +26,7 @@ namespace anchorage::cpu {
 namespace {
 
 // Decode attention's vectors: 16 keys' dims transposed in registers, bf16 rows widened as loaded.
-struct Avx512Decode {
-  static constexpr int kLanes = 16;
-  using F = __m512;
-  static F Zero() { return _mm512_setzero_ps(); }
-  static F Broadcast(float s) { return _mm512_set1_ps(s); }
-  static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+struct Avx512Decode : Avx512Lanes {
   static void Store(float* p, F v) { _mm512_storeu_ps(p, v); }
   static F LoadKv(const uint8_t* p, KvDtype dtype) {
     if (dtype == KvDtype::kF32) return _mm512_loadu_ps(p);
