@@ -126,6 +126,9 @@ struct Avx2Decode : Avx2Lanes {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
+  // Each 128-bit block's low (high) 64 bits of a, then of b.
+  static F Low64(F a, F b) { return _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a), _mm256_castps_pd(b))); }
+  static F High64(F a, F b) { return _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a), _mm256_castps_pd(b))); }
   // r[i] holds row i's 8 values; afterwards r[c] holds value c of rows 0..7.
   static void Transpose(F (&r)[8]) {
     F t[8];
@@ -133,13 +136,11 @@ struct Avx2Decode : Avx2Lanes {
       t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
       t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
     }
-    const auto lo = [](F a, F b) { return _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a), _mm256_castps_pd(b))); };
-    const auto hi = [](F a, F b) { return _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a), _mm256_castps_pd(b))); };
     for (int i = 0; i < 2; ++i) {  // r[4i + k]: in 128-bit block b, value 4b + k of rows 4i..4i+3
-      r[4 * i] = lo(t[4 * i], t[4 * i + 2]);
-      r[4 * i + 1] = hi(t[4 * i], t[4 * i + 2]);
-      r[4 * i + 2] = lo(t[4 * i + 1], t[4 * i + 3]);
-      r[4 * i + 3] = hi(t[4 * i + 1], t[4 * i + 3]);
+      r[4 * i] = Low64(t[4 * i], t[4 * i + 2]);
+      r[4 * i + 1] = High64(t[4 * i], t[4 * i + 2]);
+      r[4 * i + 2] = Low64(t[4 * i + 1], t[4 * i + 3]);
+      r[4 * i + 3] = High64(t[4 * i + 1], t[4 * i + 3]);
     }
     for (int k = 0; k < 4; ++k) {
       t[k] = _mm256_permute2f128_ps(r[k], r[4 + k], 0x20);

@@ -33,6 +33,9 @@ struct Avx512Decode : Avx512Lanes {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
+  // Each 128-bit block's low (high) 64 bits of a, then of b.
+  static F Low64(F a, F b) { return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))); }
+  static F High64(F a, F b) { return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))); }
   // r[i] holds row i's 16 values; afterwards r[c] holds value c of rows 0..15.
   static void Transpose(F (&r)[16]) {
     F t[16];
@@ -40,13 +43,11 @@ struct Avx512Decode : Avx512Lanes {
       t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
       t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
     }
-    const auto lo = [](F a, F b) { return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))); };
-    const auto hi = [](F a, F b) { return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))); };
     for (int i = 0; i < 4; ++i) {  // r[4i + k]: in 128-bit block b, value 4b + k of rows 4i..4i+3
-      r[4 * i] = lo(t[4 * i], t[4 * i + 2]);
-      r[4 * i + 1] = hi(t[4 * i], t[4 * i + 2]);
-      r[4 * i + 2] = lo(t[4 * i + 1], t[4 * i + 3]);
-      r[4 * i + 3] = hi(t[4 * i + 1], t[4 * i + 3]);
+      r[4 * i] = Low64(t[4 * i], t[4 * i + 2]);
+      r[4 * i + 1] = High64(t[4 * i], t[4 * i + 2]);
+      r[4 * i + 2] = Low64(t[4 * i + 1], t[4 * i + 3]);
+      r[4 * i + 3] = High64(t[4 * i + 1], t[4 * i + 3]);
     }
     for (int k = 0; k < 4; ++k) {
       const F a_lo = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x44), a_hi = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xEE);
