@@ -541,40 +541,54 @@ std::vector<int64_t> ResidentPrefix::AnchorLines(const std::vector<int32_t>& pro
   return lines;
 }
 
-Status ResidentPrefix::PrefillRange(ResumeInfo& info, int64_t upto, bool take_anchors) {
+PrefillCursor ResidentPrefix::StartPrefill(const ResumeInfo& info, int64_t upto, bool take_anchors) const {
+  PrefillCursor c;
+  c.upto = upto;
+  c.take_anchors = take_anchors;
+  if (take_anchors) c.lines = AnchorLines(info.served_prompt);
+  c.evictions_before = anchors_.evictions();
+  return c;
+}
+
+Status ResidentPrefix::PrefillStep(const ResumeInfo& info, PrefillCursor& c) {
   const int64_t G = forward_.grid_tokens();
-  const int64_t evictions_before = anchors_.evictions();
-  const std::vector<int64_t> lines = take_anchors ? AnchorLines(info.served_prompt) : std::vector<int64_t>{};
-  int64_t written = 0, last_line = 0;
-  while (state_.length() < upto) {
-    const int64_t at = state_.length();
-    int64_t next = std::min(upto, (at / G + 1) * G);
-    for (int64_t line : lines)
-      if (line > at && line < next) next = line;
-    for (int64_t line : disk_lines_)
-      if (line > at && line < next) next = line;
-    std::span<const int32_t> ids(info.served_prompt.data() + at, static_cast<size_t>(next - at));
-    const auto started = std::chrono::steady_clock::now();
-    auto logits = forward_.Prefill(state_, ids, LogitsRows::kLast);
-    if (!logits.ok()) return logits.status();
-    prefill_tokens_ += static_cast<double>(ids.size());
-    prefill_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    if (take_anchors) {
-      rows_.insert(rows_.end(), ids.begin(), ids.end());
-      const int64_t length = state_.length();
-      const bool for_disk = std::find(disk_lines_.begin(), disk_lines_.end(), length) != disk_lines_.end();
-      if (length % G == 0 || for_disk || std::find(lines.begin(), lines.end(), length) != lines.end()) {
-        anchors_.Put(state_.SaveAnchor());
-        if (for_disk) disk_staged_.push_back(state_.SaveAnchor());
-        ++written;
-        last_line = length;
-      }
+  const int64_t at = state_.length();
+  int64_t next = std::min(c.upto, (at / G + 1) * G);
+  for (int64_t line : c.lines)
+    if (line > at && line < next) next = line;
+  for (int64_t line : disk_lines_)
+    if (line > at && line < next) next = line;
+  std::span<const int32_t> ids(info.served_prompt.data() + at, static_cast<size_t>(next - at));
+  const auto started = std::chrono::steady_clock::now();
+  auto logits = forward_.Prefill(state_, ids, LogitsRows::kLast);
+  if (!logits.ok()) return logits.status();
+  prefill_tokens_ += static_cast<double>(ids.size());
+  prefill_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (c.take_anchors) {
+    rows_.insert(rows_.end(), ids.begin(), ids.end());
+    const int64_t length = state_.length();
+    const bool for_disk = std::find(disk_lines_.begin(), disk_lines_.end(), length) != disk_lines_.end();
+    if (length % G == 0 || for_disk || std::find(c.lines.begin(), c.lines.end(), length) != c.lines.end()) {
+      anchors_.Put(state_.SaveAnchor());
+      if (for_disk) disk_staged_.push_back(state_.SaveAnchor());
+      ++c.written;
+      c.last_line = length;
     }
   }
-  if (written > 0) Emit("write", "anchors", last_line, written * state_.anchor_bytes(), std::to_string(written) + " grid anchors");
-  if (anchors_.evictions() > evictions_before)
-    Emit("eviction", "anchors", 0, (anchors_.evictions() - evictions_before) * state_.anchor_bytes(),
-         std::to_string(anchors_.evictions() - evictions_before) + " anchors over the budget");
+  return Status::Ok();
+}
+
+void ResidentPrefix::EndPrefill(const PrefillCursor& c) {
+  if (c.written > 0) Emit("write", "anchors", c.last_line, c.written * state_.anchor_bytes(), std::to_string(c.written) + " grid anchors");
+  if (anchors_.evictions() > c.evictions_before)
+    Emit("eviction", "anchors", 0, (anchors_.evictions() - c.evictions_before) * state_.anchor_bytes(),
+         std::to_string(anchors_.evictions() - c.evictions_before) + " anchors over the budget");
+}
+
+Status ResidentPrefix::PrefillRange(ResumeInfo& info, int64_t upto, bool take_anchors) {
+  PrefillCursor cursor = StartPrefill(info, upto, take_anchors);
+  while (state_.length() < upto) RETURN_IF_ERROR(PrefillStep(info, cursor));
+  EndPrefill(cursor);
   return Status::Ok();
 }
 
@@ -855,55 +869,92 @@ Status ResidentPrefix::Admit(const CacheRequest& request, Plan& plan, int64_t ma
 Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, const SamplingParams& params,
                                                   const TokenCallback& on_token, const std::atomic<bool>* cancel,
                                                   const std::function<void(const ResumeInfo&)>& on_admitted) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ResidentTurn> turn, Begin(request, params, on_token, cancel, on_admitted));
+  while (true) {
+    ASSIGN_OR_RETURN(const bool more, PrefillPiece(*turn));
+    if (!more) break;
+  }
+  if (turn->task)
+    while (turn->task->Step()) turn->task->DecodeAlone();
+  return End(*turn);
+}
+
+Result<std::unique_ptr<ResidentTurn>> ResidentPrefix::Begin(const CacheRequest& request, const SamplingParams& params, TokenCallback on_token,
+                                                            const std::atomic<bool>* cancel,
+                                                            const std::function<void(const ResumeInfo&)>& on_admitted) {
+  auto turn = std::make_unique<ResidentTurn>();
+  turn->request = request;
+  turn->on_token = std::move(on_token);
+  turn->cancel = cancel;
   // The context holds the prompt as served (end alignment can make it longer than the client's) and the output.
   const int64_t context = request.context_tokens > 0 ? request.context_tokens : forward_.config().max_position_embeddings;
-  std::optional<std::string> response_key;
-  if (responses_.enabled()) response_key = ResponseCache::KeyOf(request.prompt, params, std::to_string(context));
+  if (responses_.enabled()) turn->response_key = ResponseCache::KeyOf(request.prompt, params, std::to_string(context));
   if (prepared_ && options_.compaction_prepare) {
     SamplingParams fitted = params;
     fitted.max_tokens = std::min<int64_t>(params.max_tokens, context - static_cast<int64_t>(request.prompt.size()));
     if (PreparedAnswerServes(*prepared_, request.prompt, fitted)) {
       ++prepared_counts_.served;
-      return Replay(request, prepared_->response, CacheSource::kPrepared, on_token, on_admitted);
+      ASSIGN_OR_RETURN(turn->replayed, Replay(request, prepared_->response, CacheSource::kPrepared, turn->on_token, on_admitted));
+      return turn;
     }
   }
-  if (response_key)
-    if (std::shared_ptr<const CachedResponse> hit = responses_.Find(*response_key))
-      return Replay(request, *hit, CacheSource::kResponse, on_token, on_admitted);
+  if (turn->response_key)
+    if (std::shared_ptr<const CachedResponse> hit = responses_.Find(*turn->response_key)) {
+      ASSIGN_OR_RETURN(turn->replayed, Replay(request, *hit, CacheSource::kResponse, turn->on_token, on_admitted));
+      return turn;
+    }
   Plan plan = MakePlan(request);
   const int64_t served = static_cast<int64_t>(plan.info.served_prompt.size());
   if (served >= context)
     return OutOfRange("the prompt holds " + std::to_string(served) + " tokens as served; this server's context limit is " + std::to_string(context) + " tokens");
-  SamplingParams fitted = params;
-  fitted.max_tokens = std::min(params.max_tokens, context - served);
-  RETURN_IF_ERROR(AdmitAndApply(request, plan, fitted.max_tokens));
-  ResumeInfo& info = plan.info;
-  if (on_admitted) on_admitted(info);
-  const int64_t n = static_cast<int64_t>(info.served_prompt.size());
-  PlanDiskWrites(request, info);
-  Status prefilled = PrefillRange(info, std::max(state_.length(), PrefillUpto(info)), !info.guest);
-  if (!prefilled.ok()) {
-    disk_lines_.clear();
-    disk_staged_.clear();
-    if (info.guest) FinishGuest();
-    return prefilled;
+  turn->params = params;
+  turn->params.max_tokens = std::min(params.max_tokens, context - served);
+  RETURN_IF_ERROR(AdmitAndApply(request, plan, turn->params.max_tokens));
+  turn->info = std::move(plan.info);
+  if (on_admitted) on_admitted(turn->info);
+  PlanDiskWrites(request, turn->info);
+  turn->cursor = StartPrefill(turn->info, std::max(state_.length(), PrefillUpto(turn->info)), !turn->info.guest);
+  return turn;
+}
+
+Result<bool> ResidentPrefix::PrefillPiece(ResidentTurn& turn) {
+  if (turn.replayed || turn.task) return false;
+  ResumeInfo& info = turn.info;
+  if (state_.length() < turn.cursor.upto) {
+    if (Status s = PrefillStep(info, turn.cursor); !s.ok()) {
+      disk_lines_.clear();
+      disk_staged_.clear();
+      if (info.guest) FinishGuest();
+      return s;
+    }
+    if (state_.length() < turn.cursor.upto) return true;
   }
-  SubmitDiskWrites(info, request.session);
-  Generator generator(forward_, tokenizer_);
+  EndPrefill(turn.cursor);
+  SubmitDiskWrites(info, turn.request.session);
+  const int64_t n = static_cast<int64_t>(info.served_prompt.size());
   const int64_t start = state_.length();
-  const SpeculativeOptions speculative = Speculative(std::span<const int32_t>(info.served_prompt.data(), static_cast<size_t>(start)));
-  CachedResponse written;
-  TokenCallback keep_token = on_token;
-  if (response_key)
-    keep_token = [&](const GeneratedToken& t) {
-      written.tokens.push_back(t);
-      return on_token ? on_token(t) : true;
+  TokenCallback keep_token = turn.on_token;
+  if (turn.response_key)
+    keep_token = [&turn](const GeneratedToken& t) {
+      turn.written.tokens.push_back(t);
+      return turn.on_token ? turn.on_token(t) : true;
     };
-  auto result = generator.Generate(state_, std::span<const int32_t>(info.served_prompt.data() + start, static_cast<size_t>(n - start)),
-                                   fitted, keep_token, cancel, speculative);
-  if (result.ok() && response_key && result->finish != FinishReason::kCancelled) {
-    written.result = *result;
-    responses_.Insert(*response_key, std::move(written));
+  turn.task = std::make_unique<GenerationTask>(
+      forward_, tokenizer_, state_, std::vector<int32_t>(info.served_prompt.begin() + start, info.served_prompt.begin() + n), turn.params,
+      std::move(keep_token), turn.cancel, Speculative(std::span<const int32_t>(info.served_prompt.data(), static_cast<size_t>(start))));
+  (void)turn.task->Prefill();  // a failure ends the task: End reports it
+  return false;
+}
+
+Result<CachedGeneration> ResidentPrefix::End(ResidentTurn& turn) {
+  if (turn.replayed) return std::move(*turn.replayed);
+  if (!turn.task) return Internal("the request's prefill did not finish");
+  ResumeInfo& info = turn.info;
+  const int64_t n = static_cast<int64_t>(info.served_prompt.size());
+  auto result = turn.task->Finish();
+  if (result.ok() && turn.response_key && result->finish != FinishReason::kCancelled) {
+    turn.written.result = *result;
+    responses_.Insert(*turn.response_key, std::move(turn.written));
   }
   if (result.ok() && suffix_store_ != nullptr && options_.suffix_store && !options_.suffix_store_read_only) {
     std::vector<int32_t> read_and_written = info.served_prompt;
@@ -991,12 +1042,13 @@ Status ResidentPrefix::WriteAhead(const std::string& session, std::span<const in
     if (!prefilled.ok()) {
       result = prefilled;
     } else if (!stopped) {
-      Generator generator(forward_, tokenizer_);
       const int64_t start = state_.length();
-      result = generator.Generate(state_, ids.subspan(static_cast<size_t>(start)), fitted, [&](const GeneratedToken& t) {
+      const auto rest = ids.subspan(static_cast<size_t>(start));
+      GenerationTask task(forward_, tokenizer_, state_, std::vector<int32_t>(rest.begin(), rest.end()), fitted, [&](const GeneratedToken& t) {
         written.tokens.push_back(t);
         return !(stopped = should_stop());
       }, nullptr, Speculative(ids.first(static_cast<size_t>(start))));
+      result = RunGeneration(task);
     }
   }));
   if (stopped || (result.ok() && result->finish == FinishReason::kCancelled)) {

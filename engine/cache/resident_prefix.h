@@ -107,6 +107,29 @@ struct CachedGeneration {
   GenerationResult generation;
 };
 
+// Where a grid prefill is: the lines it stops at besides the grid's, and what it wrote.
+struct PrefillCursor {
+  int64_t upto = 0;
+  bool take_anchors = false;
+  std::vector<int64_t> lines;
+  int64_t evictions_before = 0, written = 0, last_line = 0;
+};
+
+// One request on a resident prefix, in steps (Begin, PrefillPiece until it says done, the task's
+// Step and decodes, End), so an engine loop can run several prefixes' requests side by side.
+struct ResidentTurn {
+  CacheRequest request;
+  ResumeInfo info;
+  SamplingParams params;                      // fitted to the context
+  std::optional<CachedGeneration> replayed;   // answered from memory: nothing to run, End returns it
+  std::unique_ptr<GenerationTask> task;       // made once the grid prefill is done
+  TokenCallback on_token;
+  const std::atomic<bool>* cancel = nullptr;
+  std::optional<std::string> response_key;
+  CachedResponse written;                     // the tokens as released, for the response cache
+  PrefillCursor cursor;
+};
+
 class ResidentPrefix {
  public:
   ResidentPrefix(ComputeBackend& forward, const Tokenizer* tokenizer, ResidentOptions options);
@@ -140,6 +163,15 @@ class ResidentPrefix {
   Result<CachedGeneration> Generate(const CacheRequest& request, const SamplingParams& params, const TokenCallback& on_token,
                                     const std::atomic<bool>* cancel = nullptr,
                                     const std::function<void(const ResumeInfo&)>& on_admitted = nullptr);
+  // Generate in steps. Begin resumes and admits (a replayed answer comes back done); PrefillPiece
+  // forwards one piece of the grid prefill and returns false once the task is ready to Step (its
+  // prompt forwarded); End finishes the task and keeps the end. Nothing else may use this prefix
+  // between Begin and End.
+  Result<std::unique_ptr<ResidentTurn>> Begin(const CacheRequest& request, const SamplingParams& params, TokenCallback on_token,
+                                              const std::atomic<bool>* cancel = nullptr,
+                                              const std::function<void(const ResumeInfo&)>& on_admitted = nullptr);
+  Result<bool> PrefillPiece(ResidentTurn& turn);
+  Result<CachedGeneration> End(ResidentTurn& turn);
   // Brings a state held by the pin, the park or the store into the engine's buffer ahead of its
   // request; returns where the request would then resume.
   Result<ResumeInfo> Prewarm(const CacheRequest& request);
@@ -219,7 +251,11 @@ class ResidentPrefix {
   void SubmitDiskWrites(const ResumeInfo& info, const std::string& session);
   // Where the prompt's first answer starts (its <|im_start|>assistant), or -1.
   int64_t FirstAnswerStart(std::span<const int32_t> prompt) const;
-  // The grid-split prefill of served_prompt up to `upto`, with anchors at grid lines and AnchorLines.
+  // The grid-split prefill of served_prompt up to `upto`, with anchors at grid lines and AnchorLines:
+  // StartPrefill, then PrefillStep (one piece) until the state reaches upto, then EndPrefill.
+  PrefillCursor StartPrefill(const ResumeInfo& info, int64_t upto, bool take_anchors) const;
+  Status PrefillStep(const ResumeInfo& info, PrefillCursor& cursor);
+  void EndPrefill(const PrefillCursor& cursor);
   Status PrefillRange(ResumeInfo& info, int64_t upto, bool take_anchors);
   // Where the anchored prefill stops: the last exact line below the prompt's end (the grid line for a guest).
   int64_t PrefillUpto(const ResumeInfo& info) const;

@@ -1,10 +1,11 @@
 // Generation: prefill the prompt, then sample and decode token by token until a stop, the length
-// limit, or cancellation. Runs on the calling (engine) thread.
+// limit, or cancellation.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -49,17 +50,95 @@ struct SpeculativeOptions {
 // Called once per generated token; returning false cancels before the next token.
 using TokenCallback = std::function<bool(const GeneratedToken&)>;
 
+// One generation as steps, so an engine loop can run the plain decode steps of several in one
+// forward: Prefill forwards the prompt, Step samples and releases the next token and runs what it
+// needs on its own (a draft window, a decode with the MTP head), leaving a plain decode to the
+// caller (pending_decode, then Decoded). Runs on the calling (engine) thread. The tokens and the
+// state are the same bits however the plain decodes are run.
+class GenerationTask {
+ public:
+  // tokenizer may be null: then no text is produced and stop strings are ignored. The prompt continues
+  // what state holds; speculative.history and store must outlive the task. cancel (optional) is polled
+  // before each pick.
+  GenerationTask(ComputeBackend& forward, const Tokenizer* tokenizer, SequenceState& state, std::vector<int32_t> prompt_ids,
+                 const SamplingParams& params, TokenCallback on_token, const std::atomic<bool>* cancel = nullptr,
+                 const SpeculativeOptions& speculative = {});
+
+  // Forwards the prompt; its last row's logits are the first pick's. A failure ends the task (Finish returns it).
+  Status Prefill();
+  // Picks and releases one token; false when the generation ended (or failed: Finish says).
+  // Afterwards pending_decode() may name an id whose plain decode the caller runs.
+  bool Step();
+  // The id to decode before the next Step, when the caller runs it (alone or in a batch).
+  std::optional<int32_t> pending_decode() const { return pending_decode_; }
+  // The pending decode's logits (or its error).
+  void Decoded(Result<std::vector<float>> logits);
+  // Runs the pending decode on its own.
+  void DecodeAlone();
+  // After the last Step: closes an open draft window and returns the generation. On return the state
+  // holds the prompt and every generated token except the last (sampled, never forwarded).
+  Result<GenerationResult> Finish();
+
+  SequenceState& state() { return state_; }
+  int64_t generated() const { return static_cast<int64_t>(result_.tokens.size()); }
+
+ private:
+  // The logits after id: the open window's next row when id is its next draft, else a new window; a
+  // plain decode is left pending.
+  Status Advance(int32_t id);
+  Status CloseWindow();
+
+  ComputeBackend& forward_;
+  const Tokenizer* tokenizer_;
+  SequenceState& state_;
+  std::vector<int32_t> prompt_ids_;
+  SamplingParams params_;
+  TokenCallback on_token_;
+  const std::atomic<bool>* cancel_;
+  SpeculativeOptions speculative_;
+  GenerationResult result_;
+  bool drafting_ = false;
+  MtpState mtp_;
+  MtpState* head_ = nullptr;      // the MTP head's rows start at this prompt
+  int64_t sequence_start_ = 0;    // position of sequence_[0]
+  int64_t vocab_limit_ = 0;
+  Sampler sampler_;
+  std::vector<float> logits_;
+  size_t hold_ = 0;               // stop strings may straddle tokens: hold back their length minus one
+  std::string raw_;               // bytes of all generated tokens (byte-level BPE decodes token by token)
+  size_t sanitized_bytes_ = 0;    // bytes of raw_ already in full_; always a whole-character boundary
+  std::string full_;              // valid UTF-8 text of raw_[0, sanitized_bytes_): invalid bytes become U+FFFD
+  size_t emitted_ = 0;            // bytes of full_ already released
+  std::vector<int32_t> sequence_; // every id the state holds or will, for the drafter
+  std::vector<float> window_;     // logits [rows, vocab] of the open window
+  std::vector<int32_t> window_ids_;  // its ids: the token that opened it, then the drafts
+  int64_t window_used_ = 0;       // rows whose picks are made (their ids are kept)
+  bool window_from_head_ = false; // the MTP head drafted the open window
+  int draft_length_ = 0;
+  int head_backoff_ = 0, head_wait_ = 0;  // rounds the head sits out after a window it drafted all wrong
+  std::optional<int32_t> pending_decode_;
+  bool ended_ = false;
+  Status failed_;
+};
+
+// Prefills and generates to the end on the calling thread, every decode on its own.
+Result<GenerationResult> RunGeneration(GenerationTask& task);
+
+// A whole generation in one call, for callers that run one sequence at a time.
 class Generator {
  public:
   // tokenizer may be null: then no text is produced and stop strings are ignored.
-  Generator(ComputeBackend& forward, const Tokenizer* tokenizer);
+  Generator(ComputeBackend& forward, const Tokenizer* tokenizer) : forward_(forward), tokenizer_(tokenizer) {}
 
   // Prefills prompt_ids onto state (which may already hold a prefix: the prompt continues it) and
-  // generates. cancel (optional) is polled between tokens. Errors come from the forward. On return the
-  // state holds the prompt and every generated token except the last (sampled, never forwarded).
-  Result<GenerationResult> Generate(SequenceState& state, std::span<const int32_t> prompt_ids,
-                                    const SamplingParams& params, const TokenCallback& on_token,
-                                    const std::atomic<bool>* cancel = nullptr, const SpeculativeOptions& speculative = {});
+  // generates; as GenerationTask.
+  Result<GenerationResult> Generate(SequenceState& state, std::span<const int32_t> prompt_ids, const SamplingParams& params,
+                                    const TokenCallback& on_token, const std::atomic<bool>* cancel = nullptr,
+                                    const SpeculativeOptions& speculative = {}) {
+    GenerationTask task(forward_, tokenizer_, state, std::vector<int32_t>(prompt_ids.begin(), prompt_ids.end()), params, on_token, cancel,
+                        speculative);
+    return RunGeneration(task);
+  }
 
  private:
   ComputeBackend& forward_;
