@@ -251,16 +251,22 @@ void DiskCache::Submit(DiskWriteJob job, const SequenceState& state) {
   {
     std::lock_guard lock(mu_);
     for (const Anchor& a : job.anchors) staged_bytes_ += a.bytes();
-    queue_.push_back(Pending{std::move(job), &state, epoch_});
+    queue_.push_back(Pending{std::move(job), &state, EpochOf(&state)});
     ++jobs_;
   }
   cv_.notify_all();
 }
 
-void DiskCache::Fence() {
+uint64_t DiskCache::EpochOf(const SequenceState* state) const {
+  const auto it = state_epochs_.find(state);
+  return epoch_ + (it == state_epochs_.end() ? 0 : it->second);
+}
+
+void DiskCache::Fence(const SequenceState* state) {
   std::unique_lock moving(growth_lock_);  // waits for a chunk being copied
   std::lock_guard lock(mu_);
-  ++epoch_;
+  if (state == nullptr) ++epoch_;
+  else ++state_epochs_[state];
 }
 
 void DiskCache::WaitIdle() {
@@ -343,7 +349,7 @@ void DiskCache::Write(Pending& p) {
         bool open = false;
         {
           std::lock_guard lock(mu_);
-          open = p.epoch == epoch_;
+          open = p.epoch == EpochOf(p.state);
           if (open) staged_bytes_ += G * p.state->kv_bytes_per_token();
         }
         if (!open) {

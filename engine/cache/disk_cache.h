@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -102,8 +103,8 @@ class DiskCache : public CacheTier {
   bool FirstOfSession(const std::string& session);
   // Queues the job; the writer reads its rows out of state until the next Fence.
   void Submit(DiskWriteJob job, const SequenceState& state);
-  // Closes the window: no row is read out of the state after this returns.
-  void Fence();
+  // Closes the window of state's jobs (nullptr: every state's): no row is read out of it after this returns.
+  void Fence(const SequenceState* state = nullptr);
   // Blocks until no job is queued or running (tests, benchmarks, shutdown).
   void WaitIdle();
   // Fences, deletes every file and the counts.
@@ -145,7 +146,11 @@ class DiskCache : public CacheTier {
   std::deque<Pending> queue_;
   bool writing_ = false;
   bool stop_ = false;
-  uint64_t epoch_ = 0;           // bumps at every Fence: a job reads rows only in the epoch it was submitted in
+  // A job reads rows only while its state's epoch is the one it was submitted in: the sum of the
+  // epoch every Fence bumps and the state's own, which its fences bump.
+  uint64_t EpochOf(const SequenceState* state) const;
+  uint64_t epoch_ = 0;
+  std::unordered_map<const SequenceState*, uint64_t> state_epochs_;
   int64_t staged_bytes_ = 0;
   std::deque<std::string> sessions_order_;
   std::unordered_set<std::string> sessions_;

@@ -189,7 +189,7 @@ Result<bool> ResidentPrefix::ResumeSpilledResident() {
 void ResidentPrefix::set_disk_cache(DiskCache* disk) {
   if (disk_ != nullptr) {
     disk_->WaitIdle();  // the last request's lines are written before the state they come from goes
-    disk_->Fence();
+    disk_->Fence(&state_);
     disk_->set_event_sink(nullptr);
   }
   state_.set_growth_lock(nullptr);
@@ -250,8 +250,8 @@ bool ResidentPrefix::SameConversation(const CacheRequest& request, int64_t commo
 }
 
 void ResidentPrefix::ConfigureTiers() {
-  responses_.set_enabled(options_.response_cache);
-  responses_.set_max_bytes(options_.response_cache_bytes);
+  responses_->set_enabled(options_.response_cache);
+  responses_->set_max_bytes(options_.response_cache_bytes);
   end_tier_.set_options({options_.end_anchor, options_.end_alignment, options_.end_align_reasoning});
   anchors_tier_.set_options({options_.end_alignment, options_.end_align_reasoning});
   if (spill_tier_) {
@@ -265,7 +265,7 @@ void ResidentPrefix::ConfigureTiers() {
 
 void ResidentPrefix::set_options(const ResidentOptions& options) {
   if (disk_ != nullptr) {
-    disk_->Fence();
+    disk_->Fence(&state_);
     disk_->set_settings(options.disk);
   }
   options_ = options;
@@ -629,7 +629,7 @@ void ResidentPrefix::SubmitDiskWrites(const ResumeInfo& info, const std::string&
 }
 
 Status ResidentPrefix::AdmitAndApply(const CacheRequest& request, Plan& plan, int64_t max_new) {
-  if (disk_ != nullptr) disk_->Fence();  // the writer reads no more rows of the previous request
+  if (disk_ != nullptr) disk_->Fence(&state_);  // the writer reads no more rows of the previous request
   for (int attempt = 0;; ++attempt) {
     RETURN_IF_ERROR(Admit(request, plan, max_new));
     Status applied = Apply(request, plan);
@@ -717,12 +717,14 @@ int64_t ResidentPrefix::ShedFloorBytes() const {
 }
 
 int64_t ResidentPrefix::EngineBytes() const {
+  return OwnBytes() + (disk_ != nullptr ? disk_->staged_bytes() : 0) + (outside_bytes_ ? outside_bytes_() : 0);
+}
+
+int64_t ResidentPrefix::OwnBytes() const {
   int64_t bytes = state_.allocated_bytes();
   for (const CacheTier* tier : std::initializer_list<const CacheTier*>{&anchors_tier_, &end_tier_, &stash_tier_, &pin_tier_, &park_tier_, &store_tier_})
     bytes += tier->bytes();
-  if (disk_ != nullptr) bytes += disk_->staged_bytes();
   for (const Anchor& a : disk_staged_) bytes += a.bytes();
-  if (outside_bytes_) bytes += outside_bytes_();
   return bytes;
 }
 
@@ -744,7 +746,7 @@ Result<std::vector<float>> ResidentPrefix::ForkLogits(std::span<const int32_t> c
 }
 
 Status ResidentPrefix::OnFork(const Anchor& from, const std::function<void()>& fn) {
-  if (disk_ != nullptr) disk_->Fence();  // the writer reads no more rows of the previous request
+  if (disk_ != nullptr) disk_->Fence(&state_);  // the writer reads no more rows of the previous request
   ASSIGN_OR_RETURN(KvRows above, state_.CopyRows(from.length, state_.length()));
   const Anchor in_place = state_.SaveAnchor();
   RETURN_IF_ERROR(state_.RestoreAnchor(from));
@@ -866,6 +868,14 @@ Status ResidentPrefix::Admit(const CacheRequest& request, Plan& plan, int64_t ma
                            std::to_string(options_.memory_slack_bytes) + ")");
 }
 
+bool ResidentPrefix::PreparedAnswerFits(const CacheRequest& request, const SamplingParams& params) const {
+  if (!prepared_ || !options_.compaction_prepare) return false;
+  const int64_t context = request.context_tokens > 0 ? request.context_tokens : forward_.config().max_position_embeddings;
+  SamplingParams fitted = params;
+  fitted.max_tokens = std::min<int64_t>(params.max_tokens, context - static_cast<int64_t>(request.prompt.size()));
+  return PreparedAnswerServes(*prepared_, request.prompt, fitted);
+}
+
 Result<CachedGeneration> ResidentPrefix::Generate(const CacheRequest& request, const SamplingParams& params,
                                                   const TokenCallback& on_token, const std::atomic<bool>* cancel,
                                                   const std::function<void(const ResumeInfo&)>& on_admitted) {
@@ -888,18 +898,14 @@ Result<std::unique_ptr<ResidentTurn>> ResidentPrefix::Begin(const CacheRequest& 
   turn->cancel = cancel;
   // The context holds the prompt as served (end alignment can make it longer than the client's) and the output.
   const int64_t context = request.context_tokens > 0 ? request.context_tokens : forward_.config().max_position_embeddings;
-  if (responses_.enabled()) turn->response_key = ResponseCache::KeyOf(request.prompt, params, std::to_string(context));
-  if (prepared_ && options_.compaction_prepare) {
-    SamplingParams fitted = params;
-    fitted.max_tokens = std::min<int64_t>(params.max_tokens, context - static_cast<int64_t>(request.prompt.size()));
-    if (PreparedAnswerServes(*prepared_, request.prompt, fitted)) {
-      ++prepared_counts_.served;
-      ASSIGN_OR_RETURN(turn->replayed, Replay(request, prepared_->response, CacheSource::kPrepared, turn->on_token, on_admitted));
-      return turn;
-    }
+  if (responses_->enabled()) turn->response_key = ResponseCache::KeyOf(request.prompt, params, std::to_string(context));
+  if (PreparedAnswerFits(request, params)) {
+    ++prepared_counts_.served;
+    ASSIGN_OR_RETURN(turn->replayed, Replay(request, prepared_->response, CacheSource::kPrepared, turn->on_token, on_admitted));
+    return turn;
   }
   if (turn->response_key)
-    if (std::shared_ptr<const CachedResponse> hit = responses_.Find(*turn->response_key)) {
+    if (std::shared_ptr<const CachedResponse> hit = responses_->Find(*turn->response_key)) {
       ASSIGN_OR_RETURN(turn->replayed, Replay(request, *hit, CacheSource::kResponse, turn->on_token, on_admitted));
       return turn;
     }
@@ -954,7 +960,7 @@ Result<CachedGeneration> ResidentPrefix::End(ResidentTurn& turn) {
   auto result = turn.task->Finish();
   if (result.ok() && turn.response_key && result->finish != FinishReason::kCancelled) {
     turn.written.result = *result;
-    responses_.Insert(*turn.response_key, std::move(turn.written));
+    responses_->Insert(*turn.response_key, std::move(turn.written));
   }
   if (result.ok() && suffix_store_ != nullptr && options_.suffix_store && !options_.suffix_store_read_only) {
     std::vector<int32_t> read_and_written = info.served_prompt;
@@ -1116,7 +1122,7 @@ Status ResidentPrefix::Clear(const std::string& tier) {
     Emit("clear", "spill", 0, 0, "by request");
     return Status::Ok();
   }
-  if (disk_ != nullptr) disk_->Fence();
+  if (disk_ != nullptr) disk_->Fence(&state_);
   if (tier == "disk" && disk_ == nullptr) return InvalidArgument("this server runs without a disk tier (--disk-cache off)");
   if ((tier == "disk" || tier == "all") && disk_ != nullptr) RETURN_IF_ERROR(disk_->Clear());
   if (tier == "disk") return Status::Ok();
@@ -1126,7 +1132,7 @@ Status ResidentPrefix::Clear(const std::string& tier) {
   if (all || tier == "stash") stash_.rows.reset();
   if (all || tier == "pin") pin_ = PinnedHead{};
   if (all || tier == "park") park_ = ParkedSession{};
-  if (all || tier == "response") responses_.Clear();
+  if (all || tier == "response") responses_->Clear();
   if (all || tier == "prepared") prepared_.reset();
   Emit("clear", tier, static_cast<int64_t>(rows_.size()), 0, "by request");
   if (all) {
@@ -1143,7 +1149,7 @@ CacheStats ResidentPrefix::Stats() const {
   const auto& k = counters_;
   CacheStats s;
   s.spill_refused = k.spill_refused;
-  s.response = responses_.Stats();
+  s.response = responses_->Stats();
   s.prepared = prepared_counts_;
   s.prepared.enabled = options_.compaction_prepare;
   if (prepared_) {

@@ -163,6 +163,11 @@ class ResidentPrefix {
   Result<CachedGeneration> Generate(const CacheRequest& request, const SamplingParams& params, const TokenCallback& on_token,
                                     const std::atomic<bool>* cancel = nullptr,
                                     const std::function<void(const ResumeInfo&)>& on_admitted = nullptr);
+  // Whether the answer written ahead serves the request (Begin then replays it).
+  bool PreparedAnswerFits(const CacheRequest& request, const SamplingParams& params) const;
+  // The response cache it answers from and fills: its own, or one it shares with other prefixes (not owned).
+  ResponseCache& response_cache() { return *responses_; }
+  void share_response_cache(ResponseCache* cache) { responses_ = cache != nullptr ? cache : &own_responses_; }
   // Generate in steps. Begin resumes and admits (a replayed answer comes back done); PrefillPiece
   // forwards one piece of the grid prefill and returns false once the task is ready to Step (its
   // prompt forwarded); End finishes the task and keeps the end. Nothing else may use this prefix
@@ -178,7 +183,10 @@ class ResidentPrefix {
   // Bytes the engine holds now: its state buffers, every cache tier and the outside bytes.
   int64_t ShedFloorBytes() const;  // EngineBytes with every tier shed
   int64_t EngineBytes() const;
-  // Bytes held beside the engine that count in its memory budget (the shadow reader's states).
+  // Its own part of them: the state, its tiers and its anchors staged for the disk.
+  int64_t OwnBytes() const;
+  // Bytes held beside this prefix that count in the engine's memory budget (the shadow reader's
+  // states, the other slots).
   void set_outside_bytes(std::function<int64_t()> bytes) { outside_bytes_ = std::move(bytes); }
   // The last row's logits of context and then extra, on a fork of the state in place: from the rows
   // and an anchor this conversation shares with context, re-reading at most max_reread ids; the
@@ -337,7 +345,8 @@ class ResidentPrefix {
   DiskCache* disk_ = nullptr;
   SessionSpill* spill_ = nullptr;
   SuffixStore* suffix_store_ = nullptr;
-  ResponseCache responses_;
+  ResponseCache own_responses_;
+  ResponseCache* responses_ = &own_responses_;
   std::optional<PreparedAnswer> prepared_;
   PreparedStats prepared_counts_;  // its counters (the entry's own fields are filled by Stats)
   std::unique_ptr<SpillTier> spill_tier_;

@@ -78,7 +78,7 @@ Status GenerationTask::CloseWindow() {
 Status GenerationTask::Advance(int32_t id) {
   const int64_t vocab = forward_.vocab_size();
   if (!window_ids_.empty()) {
-    if (window_used_ < static_cast<int64_t>(window_ids_.size()) && window_ids_[static_cast<size_t>(window_used_)] == id) {
+    if (may_draft_ && window_used_ < static_cast<int64_t>(window_ids_.size()) && window_ids_[static_cast<size_t>(window_used_)] == id) {
       logits_.assign(window_.begin() + window_used_ * vocab, window_.begin() + (window_used_ + 1) * vocab);
       ++window_used_;
       return Status::Ok();
@@ -87,7 +87,7 @@ Status GenerationTask::Advance(int32_t id) {
   }
   if (drafting_) {
     const int64_t room = params_.max_tokens - generated() - 1;  // drafts past the last pick are wasted
-    const int length = static_cast<int>(std::min<int64_t>(draft_length_, room));
+    const int length = may_draft_ ? static_cast<int>(std::min<int64_t>(draft_length_, room)) : 0;
     std::vector<int32_t> draft;
     if (speculative_.lookup && length > 0) {
       draft = LookupDraft(sequence_, length);
@@ -185,6 +185,13 @@ bool GenerationTask::Step() {
   failed_ = Advance(id);
   if (!failed_.ok()) ended_ = true;
   return !ended_;
+}
+
+void GenerationTask::set_may_draft(bool may) {
+  may_draft_ = may;
+  if (may || window_ids_.empty() || ended_) return;
+  failed_ = CloseWindow();
+  if (!failed_.ok()) ended_ = true;
 }
 
 void GenerationTask::Decoded(Result<std::vector<float>> logits) {

@@ -75,6 +75,9 @@ class GenerationTask {
   void Decoded(Result<std::vector<float>> logits);
   // Runs the pending decode on its own.
   void DecodeAlone();
+  // Whether the task may open draft windows (the backend keeps one open window at a time: an engine
+  // running several tasks lets none draft). Closing the open window keeps the tokens the same.
+  void set_may_draft(bool may);
   // After the last Step: closes an open draft window and returns the generation. On return the state
   // holds the prompt and every generated token except the last (sampled, never forwarded).
   Result<GenerationResult> Finish();
@@ -115,6 +118,7 @@ class GenerationTask {
   int64_t window_used_ = 0;       // rows whose picks are made (their ids are kept)
   bool window_from_head_ = false; // the MTP head drafted the open window
   int draft_length_ = 0;
+  bool may_draft_ = true;
   int head_backoff_ = 0, head_wait_ = 0;  // rounds the head sits out after a window it drafted all wrong
   std::optional<int32_t> pending_decode_;
   bool ended_ = false;

@@ -167,6 +167,15 @@ bool HttpServer::Admit(const HttpRequest& req, HttpResponse& res) const {
   return true;
 }
 
+namespace {
+nlohmann::json SlotsJson(const std::vector<SlotSnapshot>& slots) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const SlotSnapshot& s : slots)
+    out.push_back({{"slot", s.index}, {"session", s.session}, {"tokens", s.tokens}, {"state", s.state}, {"requests", s.requests}});
+  return out;
+}
+}  // namespace
+
 void HttpServer::RouteOperations() {
   Route("GET", "/health", RouteClass::kControl, RouteAccess::kPublic, [this](const HttpRequest&, HttpResponse& res) {
     const RequestFigures last = scheduler_.last_stats();
@@ -181,6 +190,8 @@ void HttpServer::RouteOperations() {
                    {"model", options_.model_id},
                    {"state", scheduler_.busy() ? "busy" : "idle"},
                    {"queue", scheduler_.queue_depth()},
+                   {"slots", SlotsJson(scheduler_.Slots())},
+                   {"busy_slots", scheduler_.busy_slots()},
                    {"fingerprint", model_.fingerprint},
                    {"state_fingerprint", model_.state_fingerprint},
                    {"kernel_path", cpu::PathName(cpu::ActivePath())},
@@ -199,6 +210,9 @@ void HttpServer::RouteOperations() {
   });
   Route("GET", "/metrics", RouteClass::kControl, RouteAccess::kClient, [this](const HttpRequest&, HttpResponse& res) {
     std::string text = metrics_.Render(scheduler_.queue_depth(), scheduler_.busy());
+    text += "# HELP anchorage_slot_tokens Rows each slot's state holds, with its state (idle, prefill, decode).\n# TYPE anchorage_slot_tokens gauge\n";
+    for (const SlotSnapshot& slot : scheduler_.Slots())
+      text += "anchorage_slot_tokens{slot=\"" + std::to_string(slot.index) + "\",state=\"" + slot.state + "\"} " + std::to_string(slot.tokens) + "\n";
     const anchorage::CacheStats stats = scheduler_.CacheStats();
     if (stats.disk_enabled) text += RenderDiskMetrics(stats.disk);
     if (stats.spill_enabled) text += RenderSpillMetrics(stats.spill);
@@ -245,7 +259,11 @@ bool HttpServer::CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiEr
 
 void HttpServer::RouteCache() {
   Route("GET", "/v1/cache/stats", RouteClass::kControl, RouteAccess::kClient,
-                   [this](const HttpRequest&, HttpResponse& res) { SendJson(res, ToJson(scheduler_.CacheStats())); });
+                   [this](const HttpRequest&, HttpResponse& res) {
+    nlohmann::json stats = ToJson(scheduler_.CacheStats());
+    stats["slots"] = SlotsJson(scheduler_.Slots());
+    SendJson(res, stats);
+  });
 
   // The tier comes from ?tier= or the body's "tier"; a clear that does not say which tier clears nothing.
   Route("POST", "/v1/cache/clear", RouteClass::kWork, RouteAccess::kAdmin, [this](const HttpRequest& req, HttpResponse& res) {

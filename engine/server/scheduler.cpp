@@ -1,5 +1,6 @@
 #include "engine/server/scheduler.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace anchorage {
@@ -66,26 +67,56 @@ Scheduler::Scheduler(Model& model, std::unique_ptr<ComputeBackend> forward, Sche
       forward_(std::move(forward)),
       options_(options),
       resident_(*forward_, &model.tokenizer, options.resident),
-      cache_stats_(resident_.Stats()) {
-  if (options_.journal != nullptr) {
-    Journal* journal = options_.journal;
-    resident_.set_event_sink([journal, this](const CacheEvent& e) {
-      CacheEventRow row;
-      row.kind = ParseCacheEventKind(e.kind).value_or(CacheEventKind::kWrite);
-      row.tier = e.tier;
-      row.session = e.session ? *e.session : current_session_;
-      row.tokens = e.tokens;
-      row.bytes = e.bytes;
-      row.reason = e.reason;
-      journal->RecordCacheEvent(std::move(row));
-    });
+      applied_options_(options.resident) {
+  slots_.resize(static_cast<size_t>(std::max(1, options_.parallel)));
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    ResidentPrefix* cache = &resident_;
+    if (i > 0) cache = side_caches_.emplace_back(std::make_unique<ResidentPrefix>(*forward_, &model.tokenizer, options.resident)).get();
+    slots_[i].cache = cache;
+    if (options_.journal != nullptr) {
+      Journal* journal = options_.journal;
+      cache->set_event_sink([journal, this](const CacheEvent& e) {
+        CacheEventRow row;
+        row.kind = ParseCacheEventKind(e.kind).value_or(CacheEventKind::kWrite);
+        row.tier = e.tier;
+        row.session = e.session ? *e.session : current_session_;
+        row.tokens = e.tokens;
+        row.bytes = e.bytes;
+        row.reason = e.reason;
+        journal->RecordCacheEvent(std::move(row));
+      });
+    }
+    if (options_.disk != nullptr) cache->set_disk_cache(options_.disk);
+    if (options_.spill != nullptr) cache->set_session_spill(options_.spill);
+    if (i > 0) cache->share_response_cache(&resident_.response_cache());
+    cache->set_write_guard(options_.write_guard);
+    cache->set_suffix_store(options_.suffix_store);
+    cache->set_outside_bytes([this, i] { return OutsideBytes(i); });
   }
-  if (options_.disk != nullptr) resident_.set_disk_cache(options_.disk);
-  if (options_.spill != nullptr) resident_.set_session_spill(options_.spill);
-  resident_.set_write_guard(options_.write_guard);
-  resident_.set_suffix_store(options_.suffix_store);
-  if (options_.shadow != nullptr) resident_.set_outside_bytes([shadow = options_.shadow] { return shadow->resident_bytes(); });
+  cache_stats_ = CombinedStats();
+  PublishSlots();
   thread_ = std::thread([this] { EngineLoop(); });
+}
+
+anchorage::CacheStats Scheduler::CombinedStats() const {
+  anchorage::CacheStats stats = resident_.Stats();
+  for (const auto& side : side_caches_) {
+    const anchorage::CacheStats s = side->Stats();
+    const PreparedStats own = stats.prepared;
+    if (s.prepared.entries > 0) stats.prepared = s.prepared;
+    stats.prepared.written = own.written + s.prepared.written;
+    stats.prepared.served = own.served + s.prepared.served;
+    stats.prepared.stopped = own.stopped + s.prepared.stopped;
+    stats.prepared.refused = own.refused + s.prepared.refused;
+  }
+  return stats;
+}
+
+int64_t Scheduler::OutsideBytes(size_t slot) const {
+  int64_t bytes = options_.shadow != nullptr ? options_.shadow->resident_bytes() : 0;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (i != slot && slots_[i].cache != nullptr) bytes += slots_[i].cache->OwnBytes();
+  return bytes;
 }
 
 Scheduler::~Scheduler() {
@@ -102,7 +133,7 @@ Status Scheduler::Submit(std::shared_ptr<Job> job) {
   {
     std::lock_guard lock(mu_);
     if (draining_ || stop_) return Cancelled("the server is shutting down");
-    const bool engine_free = queue_.empty() && !running_job_;
+    const bool engine_free = queue_.empty() && running_slots_ < static_cast<int>(slots_.size());
     if (!engine_free && queue_.size() >= options_.max_queue)
       return ResourceExhausted("the queue is full (" + std::to_string(queue_.size()) + " requests waiting)");
     queue_.emplace_back(std::move(job), std::chrono::steady_clock::now());
@@ -118,7 +149,7 @@ void Scheduler::BeginDrain() {
 
 void Scheduler::WaitIdle() {
   std::unique_lock lock(mu_);
-  idle_cv_.wait(lock, [&] { return queue_.empty() && !running_job_; });
+  idle_cv_.wait(lock, [&] { return queue_.empty() && running_slots_ == 0; });
 }
 
 size_t Scheduler::queue_depth() const {
@@ -136,7 +167,7 @@ size_t Scheduler::QueuePosition(const Job* job) const {
 bool Scheduler::busy() const {
   {
     std::lock_guard lock(mu_);
-    if (running_job_) return true;
+    if (running_slots_ > 0) return true;
   }
   return lock_.held_for_request();
 }
@@ -163,7 +194,44 @@ void Scheduler::ApplyPendingOptions() {
     std::lock_guard lock(mu_);
     options.swap(pending_options_);
   }
-  if (options) resident_.set_options(*options);
+  if (options) {
+    applied_options_ = *options;
+    ++options_version_;
+  }
+  for (Slot& slot : slots_)
+    if (slot.job == nullptr) InstallOptions(slot);
+}
+
+void Scheduler::InstallOptions(Slot& slot) {
+  if (slot.options_version == options_version_) return;
+  slot.cache->set_options(applied_options_);
+  slot.options_version = options_version_;
+}
+
+std::vector<SlotSnapshot> Scheduler::Slots() const {
+  std::lock_guard lock(mu_);
+  return slot_snapshots_;
+}
+
+int Scheduler::busy_slots() const {
+  std::lock_guard lock(mu_);
+  return running_slots_;
+}
+
+void Scheduler::PublishSlots() {
+  std::vector<SlotSnapshot> snapshots;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& slot = slots_[i];
+    SlotSnapshot s;
+    s.index = static_cast<int>(i);
+    s.session = slot.job != nullptr ? slot.job->session() : slot.cache->session();
+    s.tokens = slot.cache->state().length();
+    s.state = slot.job == nullptr ? "idle" : slot.turn != nullptr && slot.turn->task == nullptr && !slot.turn->replayed ? "prefill" : "decode";
+    s.requests = slot.requests;
+    snapshots.push_back(std::move(s));
+  }
+  std::lock_guard lock(mu_);
+  slot_snapshots_ = std::move(snapshots);
 }
 
 CacheStats Scheduler::CacheStats() const {
@@ -197,7 +265,8 @@ auto Scheduler::BetweenRequests(const std::string& session, Fn&& fn) {
   ApplyPendingOptions();
   current_session_ = session;
   auto result = fn();
-  anchorage::CacheStats stats = resident_.Stats();
+  anchorage::CacheStats stats = CombinedStats();
+  PublishSlots();
   lock_.UnlockRequest();
   std::lock_guard lock(mu_);
   cache_stats_ = std::move(stats);
@@ -210,6 +279,10 @@ Status Scheduler::ClearCache(const std::string& tier) {
   return BetweenRequests("", [&] {
     if (tier == "shadow") return options_.shadow != nullptr ? options_.shadow->Clear() : InvalidArgument("no shadow model is loaded: tier shadow holds nothing");
     Status s = resident_.Clear(tier);
+    // The disk and the spill are shared: slot 0 cleared them; the other slots clear their own RAM tiers.
+    if (s.ok() && tier != "disk" && tier != "spill")
+      for (auto& side : side_caches_)
+        if (s.ok()) s = side->Clear(tier == "all" ? "ram" : tier);
     if (s.ok() && tier == "all" && options_.shadow != nullptr) s = options_.shadow->Clear();
     return s;
   });
@@ -226,7 +299,15 @@ Result<ShadowAnswer> Scheduler::AskShadow(const std::string& session, const std:
 }
 
 std::optional<std::vector<int32_t>> Scheduler::ConversationRecord(const std::string& session) {
-  return BetweenRequests(session, [&] { return resident_.EndRecord(session); });
+  return BetweenRequests(session, [&] {
+    // The slot the session ran on last: another may keep an older turn of it.
+    const Slot* last = nullptr;
+    for (const Slot& slot : slots_)
+      if (slot.cache->session() == session && (last == nullptr || slot.last_used > last->last_used)) last = &slot;
+    if (last != nullptr)
+      if (auto record = last->cache->EndRecord(session)) return record;
+    return resident_.EndRecord(session);
+  });
 }
 
 Result<DecideLayout> Scheduler::Decide(std::span<const DecideBranch> branches, int64_t groups, bool reuse, int64_t max_batch,
@@ -302,29 +383,31 @@ void Scheduler::PrepareIdle() {
   }
   if (!lock_.TryLockForIdle()) return;
   ApplyPendingOptions();
-  const ResidentOptions& o = resident_.options();
+  // The conversation of the slot used last: the one whose compaction is likely next.
+  ResidentPrefix& cache = *std::max_element(slots_.begin(), slots_.end(), [](const Slot& a, const Slot& b) { return a.last_used < b.last_used; })->cache;
+  const ResidentOptions& o = cache.options();
   if (!o.compaction_prepare || idle_ms < o.compaction_idle_s * 1000) {
     lock_.UnlockIdle();
     return;
   }
-  const std::string session = resident_.session();
-  const std::optional<std::vector<int32_t>> record = resident_.EndRecord(session);
+  const std::string session = cache.session();
+  const std::optional<std::vector<int32_t>> record = cache.EndRecord(session);
   std::vector<int32_t> ids;
   // A conversation that already ends in these instructions is a compaction itself: nothing to write.
   if (record && static_cast<int64_t>(record->size()) >= o.compaction_min_tokens &&
       model_.tokenizer.Decode(*record).find(noted->request.instructions) == std::string::npos)
     if (auto continuation = ContinuationIds(*record, noted->request, model_.chat_template, model_.tokenizer); continuation.ok())
       ids = std::move(continuation).value();
-  const std::vector<int32_t>* prepared = resident_.prepared_prompt();
+  const std::vector<int32_t>* prepared = cache.prepared_prompt();
   if (!ids.empty() && ids != prepare_failed_ && (prepared == nullptr || *prepared != ids)) {
     current_session_ = session;
     auto should_stop = [this] {
       std::lock_guard lock(mu_);
       return stop_ || draining_ || !queue_.empty() || lock_.ShouldYield();
     };
-    Status written = resident_.WriteAhead(session, ids, noted->sampling, noted->context_tokens, should_stop);
+    Status written = cache.WriteAhead(session, ids, noted->sampling, noted->context_tokens, should_stop);
     if (!written.ok() && written.code() != StatusCode::kCancelled) prepare_failed_ = ids;
-    anchorage::CacheStats stats = resident_.Stats();
+    anchorage::CacheStats stats = CombinedStats();
     std::lock_guard lock(mu_);
     cache_stats_ = std::move(stats);
     if (written.code() != StatusCode::kCancelled) prepare_looked_ = true;
@@ -336,7 +419,12 @@ void Scheduler::PrepareIdle() {
 }
 
 Status Scheduler::SpillForStop() {
-  return BetweenRequests("", [&] { return resident_.SpillForStop(); });
+  return BetweenRequests("", [&] {
+    Status s = resident_.SpillForStop();
+    for (auto& side : side_caches_)
+      if (Status side_spilled = side->SpillResident("stop"); s.ok()) s = side_spilled;
+    return s;
+  });
 }
 
 Result<bool> Scheduler::ResumeSpilled() {
@@ -357,7 +445,7 @@ Result<ResumeInfo> Scheduler::PeekCache(const CacheRequest& request, int wait_ms
   {
     std::unique_lock lock(mu_);
     while (true) {
-      if (!idle_cv_.wait_until(lock, deadline, [&] { return !running_job_ && queue_.empty(); })) return ResourceExhausted("the engine is busy");
+      if (!idle_cv_.wait_until(lock, deadline, [&] { return running_slots_ == 0 && queue_.empty(); })) return ResourceExhausted("the engine is busy");
       if (lock_.TryLockForIdle()) break;
       // Held between requests (a clear, a prewarm): those end without a signal here, so look again shortly.
       if (idle_cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(5))) == std::cv_status::timeout &&
@@ -371,80 +459,247 @@ Result<ResumeInfo> Scheduler::PeekCache(const CacheRequest& request, int wait_ms
 }
 
 void Scheduler::EngineLoop() {
+  bool holding = false;  // the engine lock, held while any slot runs
   while (true) {
-    std::shared_ptr<Job> job;
-    double queue_ms = 0;
     {
       std::unique_lock lock(mu_);
-      auto ready = [&] { return stop_ || !queue_.empty(); };
-      if (!cv_.wait_for(lock, std::chrono::milliseconds(200), ready)) {
-        lock.unlock();
-        // Idle work looks for something to do every 0.2 s while no request runs or waits.
-        if (options_.shadow != nullptr) ShadowIdle();
-        PrepareIdle();
-        continue;
+      if (running_slots_ == 0) {
+        auto ready = [&] { return stop_ || !queue_.empty(); };
+        if (!cv_.wait_for(lock, std::chrono::milliseconds(200), ready)) {
+          lock.unlock();
+          // Idle work looks for something to do every 0.2 s while no request runs or waits.
+          if (options_.shadow != nullptr) ShadowIdle();
+          PrepareIdle();
+          continue;
+        }
+        if (stop_ && queue_.empty()) return;
       }
-      if (stop_ && queue_.empty()) return;
-      job = queue_.front().first;
-      queue_ms = MsSince(queue_.front().second);
-      queue_.pop_front();
-      running_job_ = true;
     }
-    lock_.LockForRequest();
+    if (!holding) {
+      lock_.LockForRequest();
+      holding = true;
+    }
     ApplyPendingOptions();
-    RunJob(*job, queue_ms);
-    lock_.UnlockRequest();
+    // Free slots take queued jobs; while a command waits for the engine, the running ones finish first
+    // (the first job of a round starts: the engine had the lock first).
+    while (active_slots() == 0 || lock_.waiting_requests() == 0) {
+      std::pair<std::shared_ptr<Job>, std::chrono::steady_clock::time_point> next;
+      {
+        std::lock_guard lock(mu_);
+        if (queue_.empty()) break;
+        next = queue_.front();
+      }
+      Slot* slot = PickSlot(*next.first);
+      if (slot == nullptr) break;
+      {
+        std::lock_guard lock(mu_);
+        queue_.pop_front();
+        ++running_slots_;
+      }
+      if (!StartJob(*slot, next.first, MsSince(next.second))) {
+        std::lock_guard lock(mu_);
+        queue_.push_front(next);
+        break;
+      }
+    }
+    StepSlots();
+    PublishSlots();
+    bool idle = false;
     {
       std::lock_guard lock(mu_);
-      running_job_ = false;
-      last_request_ = std::chrono::steady_clock::now();
-      prepare_looked_ = false;
+      idle = running_slots_ == 0;
+      if (idle) {
+        last_request_ = std::chrono::steady_clock::now();
+        prepare_looked_ = false;
+      }
     }
-    idle_cv_.notify_all();
+    if (idle && holding) {
+      lock_.UnlockRequest();
+      holding = false;
+      idle_cv_.notify_all();
+    }
   }
 }
 
-void Scheduler::RunJob(Job& job, double queue_ms) {
-  RequestFigures stats;
-  stats.queue_ms = queue_ms;
-  stats.prompt_tokens = static_cast<int64_t>(job.prompt_ids().size());
-  if (job.cancel_flag().load()) {
-    job.Admit(Cancelled("cancelled before it started"));
-    FinishJob(job, Cancelled("cancelled before it started"), {}, stats);
+int Scheduler::active_slots() const {
+  int n = 0;
+  for (const Slot& slot : slots_) n += slot.job != nullptr ? 1 : 0;
+  return n;
+}
+
+Scheduler::Slot* Scheduler::PickSlot(const Job& job) {
+  std::vector<Slot*> idle;
+  for (Slot& slot : slots_)
+    if (slot.job == nullptr) idle.push_back(&slot);
+  if (idle.size() <= 1) return idle.empty() ? nullptr : idle.front();
+  for (Slot* slot : idle)
+    if (slot->cache->PreparedAnswerFits(CacheRequest{job.prompt_ids(), job.session(), job.sampling().max_tokens, job.context_tokens()}, job.sampling()))
+      return slot;
+  // The slot whose own RAM tiers serve the most of the prompt (the disk and the spill serve every
+  // slot alike), the session's own slot first among equals.
+  const CacheRequest request{job.prompt_ids(), job.session(), job.sampling().max_tokens, job.context_tokens()};
+  Slot* best = nullptr;
+  int64_t best_cached = 0;
+  bool best_session = false;
+  for (Slot* slot : idle) {
+    const ResumeInfo info = slot->cache->Peek(request);
+    const bool in_place = info.source != CacheSource::kDisk && info.source != CacheSource::kSpill && info.source != CacheSource::kCold;
+    const int64_t cached = in_place ? info.cached_tokens : 0;
+    const bool session = !job.session().empty() && slot->cache->session() == job.session();
+    if (best == nullptr || cached > best_cached || (cached == best_cached && session && !best_session)) {
+      best = slot;
+      best_cached = cached;
+      best_session = session;
+    }
+  }
+  if (best_cached > 0 || best_session) return best;
+  for (Slot* slot : idle)
+    if (slot->cache->rows().empty()) return slot;
+  return *std::min_element(idle.begin(), idle.end(), [](const Slot* a, const Slot* b) { return a->last_used < b->last_used; });
+}
+
+bool Scheduler::StartJob(Slot& slot, std::shared_ptr<Job> job, double queue_ms) {
+  InstallOptions(slot);
+  slot.job = job;
+  slot.stats = {};
+  slot.stats.queue_ms = queue_ms;
+  slot.stats.prompt_tokens = static_cast<int64_t>(job->prompt_ids().size());
+  slot.order = ++started_jobs_;
+  slot.have_first = false;
+  auto release = [&] {
+    slot.job.reset();
+    slot.turn.reset();
+    slot.last_used = std::chrono::steady_clock::now();
+    std::lock_guard lock(mu_);
+    --running_slots_;
+  };
+  if (job->cancel_flag().load()) {
+    job->Admit(Cancelled("cancelled before it started"));
+    FinishJob(*job, Cancelled("cancelled before it started"), {}, slot.stats);
+    release();
+    return true;
+  }
+  slot.start = std::chrono::steady_clock::now();
+  CacheRequest request{job->prompt_ids(), job->session(), job->sampling().max_tokens, job->context_tokens()};
+  current_session_ = job->session();
+  SamplingParams sampling = job->sampling();
+  if (options_.reply_script && sampling.forced_ids.empty())
+    if (auto scripted = options_.reply_script->ReplyFor(job->prompt_ids())) sampling.forced_ids = std::move(*scripted);
+  ShadowReader* shadow = options_.shadow;
+  Job* j = job.get();
+  auto turn = slot.cache->Begin(
+      request, sampling,
+      [this, &slot, j, shadow](const GeneratedToken& token) {
+        if (!slot.have_first) {
+          slot.first_token = std::chrono::steady_clock::now();
+          slot.have_first = true;
+        }
+        j->PushToken(token);
+        if (shadow != nullptr) {  // between two decode steps: the turn's output, then the reader's ration
+          shadow->NoteOutput(j->session(), std::span(&token.sampled.id, 1));
+          shadow->ReadRationed(j->session(), MsSince(slot.first_token));
+        }
+        return !j->cancel_flag().load();
+      },
+      &job->cancel_flag(), [j, shadow](const ResumeInfo& info) {
+        j->Admit(Status::Ok());
+        if (shadow != nullptr) shadow->BeginTurn(j->session(), info.served_prompt);
+      });
+  if (!turn.ok()) {
+    // Memory other slots hold comes back when they end: the job waits for it at the head of the queue.
+    if (turn.status().code() == StatusCode::kResourceExhausted && active_slots() > 1) {
+      slot.job.reset();
+      std::lock_guard lock(mu_);
+      --running_slots_;
+      return false;
+    }
+    job->Admit(turn.status());
+    RecordJob(*job, slot.stats, 500, turn.status().ToString(), "error");
+    FinishJob(*job, turn.status(), {}, slot.stats);
+    release();
+    return true;
+  }
+  slot.turn = std::move(turn).value();
+  if (slot.turn->replayed) EndJob(slot);
+  return true;
+}
+
+void Scheduler::StepSlots() {
+  const bool alone = active_slots() == 1;
+  for (Slot& slot : slots_)
+    if (slot.turn != nullptr && slot.turn->task != nullptr) slot.turn->task->set_may_draft(alone);
+  Slot* prefilling = nullptr;
+  for (Slot& slot : slots_)
+    if (slot.turn != nullptr && slot.turn->task == nullptr && (prefilling == nullptr || slot.order < prefilling->order)) prefilling = &slot;
+  if (prefilling != nullptr) {
+    current_session_ = prefilling->job->session();
+    if (Result<bool> more = prefilling->cache->PrefillPiece(*prefilling->turn); !more.ok()) {
+      Job& job = *prefilling->job;
+      RecordJob(job, prefilling->stats, 500, more.status().ToString(), "error");
+      FinishJob(job, more.status(), {}, prefilling->stats);
+      prefilling->job.reset();
+      prefilling->turn.reset();
+      prefilling->last_used = std::chrono::steady_clock::now();
+      std::lock_guard lock(mu_);
+      --running_slots_;
+    }
+  }
+  std::vector<Slot*> batch;
+  for (Slot& slot : slots_) {
+    if (slot.turn == nullptr || slot.turn->task == nullptr) continue;
+    current_session_ = slot.job->session();
+    if (!slot.turn->task->Step()) {
+      EndJob(slot);
+      continue;
+    }
+    if (slot.turn->task->pending_decode()) batch.push_back(&slot);
+  }
+  if (batch.size() == 1) batch.front()->turn->task->DecodeAlone();
+  if (batch.size() <= 1) return;
+  std::vector<SequenceState*> states;
+  std::vector<int32_t> ids;
+  std::vector<int64_t> lengths;
+  for (Slot* slot : batch) {
+    states.push_back(&slot->turn->task->state());
+    ids.push_back(*slot->turn->task->pending_decode());
+    lengths.push_back(states.back()->length());
+  }
+  Result<std::vector<float>> logits = forward_->DecodeBatch(states, ids);
+  if (logits.ok()) {
+    const size_t vocab = static_cast<size_t>(forward_->vocab_size());
+    for (size_t i = 0; i < batch.size(); ++i)
+      batch[i]->turn->task->Decoded(std::vector<float>(logits->begin() + static_cast<std::ptrdiff_t>(i * vocab),
+                                                       logits->begin() + static_cast<std::ptrdiff_t>((i + 1) * vocab)));
     return;
   }
-  const auto start = std::chrono::steady_clock::now();
-  std::chrono::steady_clock::time_point first_token;
-  bool have_first = false;
-  CacheRequest request{job.prompt_ids(), job.session(), job.sampling().max_tokens, job.context_tokens()};
+  // A refused batch (one state's rows did not fit) fails only the slots that fail alone.
+  bool untouched = true;
+  for (size_t i = 0; i < batch.size(); ++i) untouched = untouched && states[i]->length() == lengths[i];
+  for (Slot* slot : batch) {
+    if (untouched) slot->turn->task->DecodeAlone();
+    else slot->turn->task->Decoded(logits.status());
+  }
+}
+
+void Scheduler::EndJob(Slot& slot) {
+  Job& job = *slot.job;
+  RequestFigures& stats = slot.stats;
   current_session_ = job.session();
-  SamplingParams sampling = job.sampling();
-  if (options_.reply_script && sampling.forced_ids.empty())
-    if (auto scripted = options_.reply_script->ReplyFor(job.prompt_ids())) sampling.forced_ids = std::move(*scripted);
-  ShadowReader* shadow = options_.shadow;
-  auto result = resident_.Generate(
-      request, sampling,
-      [&](const GeneratedToken& token) {
-        if (!have_first) {
-          first_token = std::chrono::steady_clock::now();
-          have_first = true;
-        }
-        job.PushToken(token);
-        if (shadow != nullptr) {  // between two decode steps: the turn's output, then the reader's ration
-          shadow->NoteOutput(job.session(), std::span(&token.sampled.id, 1));
-          shadow->ReadRationed(job.session(), MsSince(first_token));
-        }
-        return !job.cancel_flag().load();
-      },
-      &job.cancel_flag(), [&](const ResumeInfo& info) {
-        job.Admit(Status::Ok());
-        if (shadow != nullptr) shadow->BeginTurn(job.session(), info.served_prompt);
-      });
+  auto result = slot.cache->End(*slot.turn);
   const auto end = std::chrono::steady_clock::now();
+  auto release = [&] {
+    ++slot.requests;
+    slot.job.reset();
+    slot.turn.reset();
+    slot.last_used = end;
+    std::lock_guard lock(mu_);
+    --running_slots_;
+  };
   if (!result.ok()) {
     job.Admit(result.status());
     RecordJob(job, stats, 500, result.status().ToString(), "error");
     FinishJob(job, result.status(), {}, stats);
+    release();
     return;
   }
   stats.completion_tokens = static_cast<int64_t>(result->generation.tokens.size());
@@ -458,10 +713,10 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
     stats.prompt_tokens = job.client_prompt_tokens();
     if (result->resume.source != CacheSource::kPrepared) stats.cache_source = "continuation";
   }
-  if (have_first) {
-    stats.ttft_ms = std::chrono::duration<double, std::milli>(first_token - start).count() + queue_ms;
-    stats.prefill_ms = std::chrono::duration<double, std::milli>(first_token - start).count();
-    double decode_s = std::chrono::duration<double>(end - first_token).count();
+  if (slot.have_first) {
+    stats.ttft_ms = std::chrono::duration<double, std::milli>(slot.first_token - slot.start).count() + stats.queue_ms;
+    stats.prefill_ms = std::chrono::duration<double, std::milli>(slot.first_token - slot.start).count();
+    double decode_s = std::chrono::duration<double>(end - slot.first_token).count();
     if (stats.completion_tokens > 1 && decode_s > 0) stats.decode_tokens_per_s = (stats.completion_tokens - 1) / decode_s;
     if (stats.reread_tokens > 0 && stats.prefill_ms > 0) {
       std::lock_guard lock(mu_);
@@ -471,11 +726,12 @@ void Scheduler::RunJob(Job& job, double queue_ms) {
   }
   RecordJob(job, stats, 200, "", job.FinishReasonOf(result->generation));
   FinishJob(job, Status::Ok(), std::move(result->generation), stats);
+  release();
 }
 
 void Scheduler::FinishJob(Job& job, Status status, GenerationResult result, const RequestFigures& figures) {
   // Published before the client is answered, so a stats read that follows its response never sees older tiers.
-  anchorage::CacheStats stats = resident_.Stats();
+  anchorage::CacheStats stats = CombinedStats();
   {
     std::lock_guard lock(mu_);
     cache_stats_ = std::move(stats);

@@ -97,8 +97,18 @@ class Job {
   RequestFigures stats_;
 };
 
+// What a slot is doing, as /health and the console show it.
+struct SlotSnapshot {
+  int index = 0;
+  std::string session;     // the conversation its rows hold ("" when unknown)
+  int64_t tokens = 0;      // rows in its state
+  std::string state = "idle";  // "idle", "prefill", "decode"
+  int64_t requests = 0;    // requests it ran
+};
+
 struct SchedulerOptions {
-  size_t max_queue = 16;  // jobs waiting while one runs; more are refused (a free engine always takes one)
+  size_t max_queue = 16;  // jobs waiting while every slot runs; more are refused (a free slot always takes one)
+  int parallel = 1;       // slots: sequences that run at once, each with its own state and tiers (slot 0 the resident one)
   ResidentOptions resident;
   Journal* journal = nullptr;  // optional: every job and cache event becomes a row
   std::string model_id;
@@ -124,6 +134,9 @@ class Scheduler {
   void WaitIdle();
 
   size_t queue_depth() const;
+  // Every slot, slot 0 first.
+  std::vector<SlotSnapshot> Slots() const;
+  int busy_slots() const;
   // Where job waits in the queue (1: next); 0 once the engine took it (or it is not queued).
   size_t QueuePosition(const Job* job) const;
   bool busy() const;
@@ -169,14 +182,41 @@ class Scheduler {
   double measured_prefill_rate() const;
 
  private:
+  struct Slot {
+    ResidentPrefix* cache = nullptr;
+    std::shared_ptr<Job> job;            // running, or null
+    std::unique_ptr<ResidentTurn> turn;
+    RequestFigures stats;
+    std::chrono::steady_clock::time_point start, first_token, last_used;
+    bool have_first = false;
+    uint64_t order = 0;                  // when it took its job: the earliest prefills first
+    uint64_t options_version = 0;        // the resident options it runs with
+    int64_t requests = 0;
+  };
   void EngineLoop();
-  void RunJob(Job& job, double queue_ms);
+  // The slot that takes job: the idle one holding its session or most of its prompt, else an empty
+  // one, else the least recently used; nullptr when every slot runs.
+  Slot* PickSlot(const Job& job);
+  // Begins job on slot; false when it must wait for memory another slot holds (it goes back to the queue).
+  bool StartJob(Slot& slot, std::shared_ptr<Job> job, double queue_ms);
+  // One engine step: a prefill piece of the earliest prefilling slot, then one token of every
+  // decoding slot, their plain decodes in one forward.
+  void StepSlots();
+  void EndJob(Slot& slot);
+  int active_slots() const;
+  // Bytes every slot but `slot` holds, and the shadow reader's, for slot's memory budget.
+  int64_t OutsideBytes(size_t slot) const;
+  void PublishSlots();
+  // Slot 0's tiers, the shared ones and the memory of all; the prepared answer of whichever slot wrote it.
+  anchorage::CacheStats CombinedStats() const;
   // The shadow reader's idle window, when the engine lock is free for idle work.
   void ShadowIdle();
   // Writes the resident conversation's compaction ahead when the engine has been idle long enough.
   void PrepareIdle();
-  // Installs options set by SetResidentOptions; the caller holds the engine lock.
+  // Takes options set by SetResidentOptions; each slot installs them before its next job (every idle
+  // slot at once where all are). The caller holds the engine lock.
   void ApplyPendingOptions();
+  void InstallOptions(Slot& slot);
   // Runs fn on the calling thread holding the engine lock like a request, then refreshes the stats.
   template <typename Fn>
   auto BetweenRequests(const std::string& session, Fn&& fn);
@@ -186,14 +226,20 @@ class Scheduler {
   Model& model_;
   std::unique_ptr<ComputeBackend> forward_;
   SchedulerOptions options_;
-  ResidentPrefix resident_;
+  ResidentPrefix resident_;  // slot 0's
+  std::vector<std::unique_ptr<ResidentPrefix>> side_caches_;
+  std::vector<Slot> slots_;   // engine thread
+  uint64_t started_jobs_ = 0;
+  ResidentOptions applied_options_;  // engine thread: the newest options, version options_version_
+  uint64_t options_version_ = 0;
   EngineLock lock_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::condition_variable idle_cv_;
   std::deque<std::pair<std::shared_ptr<Job>, std::chrono::steady_clock::time_point>> queue_;
-  bool running_job_ = false;
+  int running_slots_ = 0;
+  std::vector<SlotSnapshot> slot_snapshots_;
   bool draining_ = false;
   bool stop_ = false;
   RequestFigures last_stats_;

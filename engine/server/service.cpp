@@ -247,6 +247,9 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   s->device_ = forward->DeviceDescription();
   SchedulerOptions scheduler_options;
   scheduler_options.max_queue = config.max_queue;
+  // Slots: --parallel, else the settings' engine.parallel; auto (0) is 2 on the CPU and 4 on CUDA.
+  scheduler_options.parallel = config.parallel.value_or(static_cast<int>(effective["engine"].value("parallel", int64_t(0))));
+  if (scheduler_options.parallel <= 0) scheduler_options.parallel = std::string(forward->device_name()) == "cuda" ? 4 : 2;
   scheduler_options.resident = ResidentOptionsFromSettings(effective);
   if (scheduler_options.resident.max_draft > 0 && !forward->has_draft_windows())
     s->notes_.push_back(std::string("speculative: no drafts on the ") + forward->device_name() + " backend yet; plain decoding (the same tokens)");

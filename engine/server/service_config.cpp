@@ -106,6 +106,8 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
     c.device = value;
   }
   else if (key == "cuda-device") { RETURN_IF_ERROR(integer(0, 255, &v)); c.cuda_device = static_cast<int>(v); }
+  else if (key == "parallel" && value == "auto") { c.parallel.reset(); }
+  else if (key == "parallel") { RETURN_IF_ERROR(integer(1, 64, &v)); c.parallel = static_cast<int>(v); }
   else if (key == "kv-dtype" && value == "auto") { c.kv_dtype.reset(); }
   else if (key == "kv-dtype") {
     auto dtype = ParseKvDtype(value);
@@ -129,7 +131,7 @@ const char* ServerUsage() {
          "                        [--api-key KEY]... [--api-keys-file FILE] [--allowed-hosts H,H]\n"
          "                        [--cors-origins ORIGIN,ORIGIN] [--strict-model-names on|off]\n"
          "                        [--max-queue N] [--ctx TOKENS] [--threads N] [--weights as-stored|int8]\n"
-         "                        [--kv-dtype auto|f32|bf16]\n"
+         "                        [--kv-dtype auto|f32|bf16] [--parallel N|auto]\n"
          "                        [--device cpu|cuda|auto] [--cuda-device N]\n"
          "                        [--caches on|off]\n"
          "                        [--resident-gb GB] [--resident-guest-max TOKENS] [--resident-stash-gb GB]\n"
@@ -152,6 +154,8 @@ const char* ServerUsage() {
          "--kv-dtype bf16 keeps attention K/V rows in bf16 (rounded once, when written: half the bytes a token in\n"
          "every tier, every resume still equal to a cold prefill of the same dtype); f32 keeps fp32 rows; auto (the\n"
          "default) takes the settings' engine.kv_dtype, bf16 unless it says otherwise.\n"
+         "--parallel N runs up to N conversations at once (slots), their decode steps batched and each one's tokens\n"
+         "the same bits as alone; auto (the default) takes the settings' engine.parallel, else 2 on the CPU, 4 on CUDA.\n"
          "--device picks what runs the model: cuda (the GPU, through the CUDA plugin anchorage-cuda.so; an error\n"
          "where none can be used), cpu, or auto (the default: the GPU where one is found, else the CPU).\n";
 }

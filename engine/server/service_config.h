@@ -35,6 +35,8 @@ struct ServerConfig {
   // --kv-dtype auto|f32|bf16: how every state stores its attention K/V rows; auto (unset) leaves it to the
   // settings' engine.kv_dtype, whose auto is bf16.
   std::optional<KvDtype> kv_dtype;
+  // Slots (--parallel); unset: the settings' engine.parallel, whose 0 is 2 on the CPU and 4 on CUDA.
+  std::optional<int> parallel;
   bool int8_weights = false;      // --weights int8: matrices made int8 at load; default: as the checkpoint stores them
   std::string test_replies_file;  // testing aid: scripted replies (engine/server/reply_script.h)
   std::vector<BackendSpec> backends;  // --backend NAME=URL[,key=ENVVAR] (repeatable)

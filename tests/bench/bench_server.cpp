@@ -1,8 +1,8 @@
-// Endpoint benchmark on a generated model (default `small`): TTFT and decode tokens/s of one
-// streaming client and of 4 concurrent ones, and the server's overhead per token against the
-// engine's own generate loop on the same prompt; then the same stream through a second server that
-// forwards it (--backend) to this one, against the direct stream.
-// usage: anchorage-bench-server [--size small|tiny] [--tokens N] [--threads N]
+// Endpoint benchmark on a generated model (default `small`): TTFT (p50, p99) and decode tokens/s
+// (per stream and aggregate) of 1, 4 and 16 concurrent streaming clients on --parallel slots, and
+// the server's overhead per token against the engine's own generate loop on the same prompt; then
+// the same stream through a second server that forwards it (--backend) to this one.
+// usage: anchorage-bench-server [--size small|tiny] [--tokens N] [--threads N] [--parallel N] [--clients 1,4,16]
 #include <httplib.h>
 
 #include <cstdio>
@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
+#include "engine/compute/cpu/matmul.h"
 #include "engine/core/file_util.h"
 #include "engine/server/service.h"
 #include "engine/settings/settings.h"
@@ -63,12 +64,22 @@ ClientRun Stream(int port, const json& body) {
 
 int main(int argc, char** argv) {
   std::string size = "small";
-  int tokens = 64, threads = 0;
+  int tokens = 64, threads = 0, parallel = 4;
+  std::vector<int> client_counts = {1, 4, 16};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--size") size = v;
     else if (k == "--tokens") tokens = std::atoi(v.c_str());
     else if (k == "--threads") threads = std::atoi(v.c_str());
+    else if (k == "--parallel") parallel = std::atoi(v.c_str());
+    else if (k == "--clients") {
+      client_counts.clear();
+      for (size_t at = 0; at < v.size();) {
+        const size_t comma = std::min(v.find(',', at), v.size());
+        client_counts.push_back(std::atoi(v.substr(at, comma - at).c_str()));
+        at = comma + 1;
+      }
+    }
   }
   ServerConfig config;
   config.model_dir = bench::ModelFolder(size);
@@ -80,6 +91,7 @@ int main(int argc, char** argv) {
   if (!MakeDirectories(config.data_dir, 0700).ok() || !WriteFileAtomic(config.data_dir + "/settings.json", settings.dump()).ok()) return 1;
   config.port = 0;
   config.threads = threads;
+  config.parallel = parallel;
   config.run_time_knobs["caches"] = "off";  // every request prefills its prompt: the figures compare like with like
   auto service = Service::Start(config);
   if (!service.ok()) { std::fprintf(stderr, "%s\n", service.status().ToString().c_str()); return 1; }
@@ -93,26 +105,36 @@ int main(int argc, char** argv) {
   };
   Stream(port, body(99));  // warm-up
 
-  ClientRun one = Stream(port, body(0));
-  const double one_decode = one.tokens > 1 ? (one.tokens - 1) / ((one.total_ms - one.ttft_ms) / 1000.0) : 0;
-  std::printf("model %s, %d threads, %d tokens per request, caches and drafting off\n", size.c_str(), s.scheduler().forward().threads(), tokens);
-  std::printf("1 client:  TTFT %.0f ms, decode %.1f tokens/s\n", one.ttft_ms, one_decode);
-
-  std::vector<ClientRun> runs(4);
-  std::vector<std::thread> clients;
-  const double start = bench::NowMs();
-  for (int i = 0; i < 4; ++i) clients.emplace_back([&, i] { runs[i] = Stream(port, body(i + 1)); });
-  for (auto& t : clients) t.join();
-  const double wall = bench::NowMs() - start;
-  std::vector<double> ttfts, rates;
-  int total_tokens = 0;
-  for (const auto& r : runs) {
-    ttfts.push_back(r.ttft_ms);
-    rates.push_back(r.tokens > 1 ? (r.tokens - 1) / ((r.total_ms - r.ttft_ms) / 1000.0) : 0);
-    total_tokens += r.tokens;
+  std::printf("model %s, %d threads, %s, %d slots, %d tokens per request, caches and drafting off\n", size.c_str(),
+              s.scheduler().forward().threads(), cpu::PathName(cpu::ActivePath()), parallel, tokens);
+  double one_decode = 0, one_ttft = 0, one_aggregate = 0;
+  int request = 0;
+  for (const int n : client_counts) {
+    std::vector<ClientRun> runs(static_cast<size_t>(n));
+    std::vector<std::thread> clients;
+    const double start = bench::NowMs();
+    for (int i = 0; i < n; ++i) clients.emplace_back([&, i, first = request] { runs[static_cast<size_t>(i)] = Stream(port, body(first + i)); });
+    for (auto& t : clients) t.join();
+    request += n;
+    const double wall = bench::NowMs() - start;
+    std::vector<double> ttfts, rates;
+    int total_tokens = 0;
+    for (const auto& r : runs) {
+      ttfts.push_back(r.ttft_ms);
+      rates.push_back(r.tokens > 1 ? (r.tokens - 1) / ((r.total_ms - r.ttft_ms) / 1000.0) : 0);
+      total_tokens += r.tokens;
+    }
+    const double aggregate = total_tokens / (wall / 1000.0);
+    if (n == 1) {
+      one_decode = rates[0];
+      one_ttft = ttfts[0];
+      one_aggregate = aggregate;
+    }
+    std::printf("%2d clients: TTFT p50 %.0f ms, p99 %.0f ms; decode per stream p50 %.1f tokens/s; aggregate %.1f tokens/s over %.0f ms",
+                n, bench::Percentile(ttfts, 0.5), bench::Percentile(ttfts, 0.99), bench::Percentile(rates, 0.5), aggregate, wall);
+    if (n > 1 && one_aggregate > 0) std::printf(" (%.2fx one client's aggregate, TTFT p50 %.2fx)", aggregate / one_aggregate, bench::Percentile(ttfts, 0.5) / one_ttft);
+    std::printf("\n");
   }
-  std::printf("4 clients: TTFT median %.0f ms, max %.0f ms; per-client decode median %.1f tokens/s; aggregate %.1f tokens/s over %.0f ms\n",
-              bench::Percentile(ttfts, 0.5), bench::Percentile(ttfts, 1.0), bench::Percentile(rates, 0.5), total_tokens / (wall / 1000.0), wall);
 
   // The engine's own loop on the same prompt, on the same engine thread's forward (the server is idle).
   auto text = s.model().chat_template.RenderChatBody(nlohmann::ordered_json::parse(body(0).dump()));

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "engine/core/file_util.h"
 #include "tests/server/server_fixture.h"
@@ -135,6 +136,40 @@ class TestDeviceServer : public QObject {
 
   // Decide on the device: the reused observation (anchors saved and restored on host states, each
   // question's choices batched as branches) gives the bits of every branch run alone.
+  // Slots on the device: requests that run at once (greedy and seeded sampling, one prefilling while
+  // the others decode) answer the tokens and logprobs each gets alone on the same device.
+  void concurrentRequestsOnTheDeviceAnswerAsAlone() {
+    if (!std::filesystem::exists(kEmulatedPlugin.toStdString())) QSKIP("no emulated CUDA plugin in this build (not x86-64)");
+    qputenv("ANCHORAGE_CUDA_PLUGIN", kEmulatedPlugin.toUtf8());
+    const QStringList flags = {"--device", "cuda", "--grid", "64", "--shadow-model", "off", "--disk-cache", "off"};
+    QTemporaryDir dir, alone_dir;
+    ServerProcess server, alone;
+    QVERIFY(server.Start(dir.path(), flags + QStringList{"--parallel", "3"}));
+    QVERIFY(alone.Start(alone_dir.path(), flags + QStringList{"--parallel", "1", "--caches", "off"}));
+    QCOMPARE(json::parse(server.Get("/health")->body)["slots"].size(), size_t(3));
+    std::vector<json> bodies;
+    for (int i = 0; i < 3; ++i) {
+      json body = {{"messages", json::array({{{"role", "user"}, {"content", LongText(10 + 25 * i) + " Request " + std::to_string(i)}}})},
+                   {"max_tokens", 12}, {"temperature", i == 1 ? 0.8 : 0.0}, {"seed", 11}, {"logprobs", true}, {"session_id", "dev-" + std::to_string(i)}};
+      bodies.push_back(body);
+    }
+    std::vector<json> got(bodies.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < bodies.size(); ++i) clients.emplace_back([&, i] { got[i] = server.Chat(bodies[i]); });
+    for (auto& t : clients) t.join();
+    for (size_t i = 0; i < bodies.size(); ++i) {
+      const json reference = alone.Chat(bodies[i]);
+      QVERIFY2(got[i].contains("choices") && reference.contains("choices"), got[i].dump().c_str());
+      QCOMPARE(QString::fromStdString(Said(got[i])), QString::fromStdString(Said(reference)));
+      QCOMPARE(QString::fromStdString(got[i]["choices"][0]["logprobs"]["content"].dump()),
+               QString::fromStdString(reference["choices"][0]["logprobs"]["content"].dump()));
+    }
+    const json slot_list = json::parse(server.Get("/health")->body)["slots"];
+    int used = 0;
+    for (const json& slot : slot_list) used += slot["requests"].get<int>() > 0 ? 1 : 0;
+    QVERIFY2(used >= 2, slot_list.dump().c_str());
+  }
+
   void decideOnTheDeviceGivesTheIndependentBits() {
     if (!std::filesystem::exists(kEmulatedPlugin.toStdString())) QSKIP("no emulated CUDA plugin in this build (not x86-64)");
     qputenv("ANCHORAGE_CUDA_PLUGIN", kEmulatedPlugin.toUtf8());

@@ -217,7 +217,8 @@ class TestExactnessServer : public QObject {
       QVERIFY(anchorage::WriteFileAtomic(d->filePath("replies.json").toStdString(), replies.dump()).ok());
     }
     ServerProcess shared, solo;
-    QVERIFY(shared.Start(dir.path(), {"--grid", "64", "--test-replies", dir.filePath("replies.json")}));
+    // One slot: B takes A's, which parks (with a free side slot B would take that and nothing parks).
+    QVERIFY(shared.Start(dir.path(), {"--grid", "64", "--parallel", "1", "--test-replies", dir.filePath("replies.json")}));
     QVERIFY(solo.Start(solo_dir.path(), {"--grid", "64", "--test-replies", solo_dir.filePath("replies.json")}));
     auto turn = [](ServerProcess& s, const json& messages, const std::string& session) {
       return s.Chat({{"messages", messages}, {"max_tokens", 400}, {"session_id", session}});

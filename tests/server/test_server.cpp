@@ -218,17 +218,19 @@ class TestServer : public QObject {
   }
 
   // A stream queued behind a long answer gets its headers and a queued comment (with its place)
-  // before the engine starts it, then its answer once the engine is free.
+  // before the engine starts it, then its answer once the engine is free (one slot).
   void aQueuedStreamGetsItsHeadersAtOnce() {
+    ServerProcess one;
+    QVERIFY(one.Start(data_.path(), {"--parallel", "1"}));
     std::atomic<bool> started = false, release = false;
     std::thread busy([&] {
-      (void)server_.Stream("/v1/chat/completions", Chat("Tell me a very long story", 30000, true), [&](const json&) {
+      (void)one.Stream("/v1/chat/completions", Chat("Tell me a very long story", 30000, true), [&](const json&) {
         started = true;
         return !release.load();
       });
     });
     QTRY_VERIFY_WITH_TIMEOUT(started.load(), 20000);
-    anchorage::testing::RawConnection c(server_.port());
+    anchorage::testing::RawConnection c(one.port());
     QVERIFY(c.ok());
     QVERIFY(c.Send(anchorage::testing::RawRequest("POST", "/v1/chat/completions", Chat("Queued behind the story", 8, true).dump())));
     const std::string early = c.ReceiveUntil(": queued, position 1\n\n", 5000);
@@ -259,7 +261,7 @@ class TestServer : public QObject {
 
   void fullQueueAnswers503() {
     ServerProcess small;
-    QVERIFY(small.Start(data_.path(), {"--max-queue", "0"}));
+    QVERIFY(small.Start(data_.path(), {"--max-queue", "0", "--parallel", "1"}));
     std::atomic<bool> started{false};
     StreamResult first;
     std::thread t([&] { first = small.Stream("/v1/chat/completions", Chat("long", 2000, true), [&](const json&) { started = true; return true; }); });

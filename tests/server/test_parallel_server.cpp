@@ -1,0 +1,201 @@
+// Parallel serving through anchorage-server on the tiny model (64-token grid): requests that run at
+// once on several slots (one prefilling in pieces while others decode, greedy and sampled, drafts
+// on) answer the tokens and logprobs each one gets alone; a request that arrives while another
+// decodes streams before that one ends; a client that hangs up mid-batch frees its slot and leaves
+// the others' answers as they were; a guest on a side slot leaves the resident conversation's end
+// anchor to its next turn.
+#include <QtTest>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "tests/server/server_fixture.h"
+
+using anchorage::testing::ServerProcess;
+using anchorage::testing::StreamResult;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::string Notes(int seed, int lines) {
+  std::string text = "Keep these notes about rows and anchors in mind.";
+  for (int i = 0; i < lines; ++i) text += " note" + std::to_string((i * 7919 + seed) % 1000) + " says row " + std::to_string(i);
+  return text;
+}
+
+json Request(const std::string& system, const std::string& user, int max_tokens, double temperature, const std::string& session) {
+  json body = {{"messages", json::array({{{"role", "system"}, {"content", system}}, {{"role", "user"}, {"content", user}}})},
+               {"max_tokens", max_tokens},
+               {"temperature", temperature},
+               {"logprobs", true},
+               {"top_logprobs", 2},
+               {"stream", true},
+               {"session_id", session}};
+  if (temperature > 0) body["seed"] = 7;
+  return body;
+}
+
+// A stream's answer: its text, its logprob entries in order, its finish reason, and when its first and last events came.
+struct Answer {
+  int status = 0;
+  std::string text;
+  json logprobs = json::array();
+  std::string finish;
+  Clock::time_point first, last;
+  size_t events = 0;
+};
+
+Answer Collect(const StreamResult& r, const std::vector<Clock::time_point>& times) {
+  Answer a;
+  a.status = r.status;
+  a.events = r.events.size();
+  if (!times.empty()) {
+    a.first = times.front();
+    a.last = times.back();
+  }
+  for (const json& e : r.events) {
+    if (!e.is_object() || !e.contains("choices") || e["choices"].empty()) continue;
+    const json& choice = e["choices"][0];
+    const json& delta = choice["delta"];
+    for (const char* field : {"reasoning_content", "content"})
+      if (delta.contains(field) && delta[field].is_string()) a.text += delta[field].get<std::string>();
+    if (choice.contains("logprobs") && choice["logprobs"].is_object())
+      for (const json& entry : choice["logprobs"]["content"]) a.logprobs.push_back(entry);
+    if (!choice["finish_reason"].is_null()) a.finish = choice["finish_reason"].get<std::string>();
+  }
+  return a;
+}
+
+// Streams body; on_event (optional) sees each event's index and may return false to hang up.
+Answer StreamAnswer(ServerProcess& s, const json& body, const std::function<bool(size_t)>& on_event = nullptr) {
+  std::vector<Clock::time_point> times;
+  const StreamResult r = s.Stream("/v1/chat/completions", body, [&](const json&) {
+    times.push_back(Clock::now());
+    return on_event ? on_event(times.size()) : true;
+  });
+  return Collect(r, times);
+}
+
+void CompareAnswers(const Answer& got, const Answer& alone, const char* what) {
+  QVERIFY2(got.status == 200, what);
+  QVERIFY2(!alone.logprobs.empty(), what);
+  QVERIFY2(got.text == alone.text, (std::string(what) + ": the text differs from the request's alone").c_str());
+  QVERIFY2(got.logprobs == alone.logprobs, (std::string(what) + ": the logprobs differ from the request's alone").c_str());
+  QVERIFY2(got.finish == alone.finish, what);
+}
+
+int BusySlots(ServerProcess& s) { return json::parse(s.Get("/health")->body)["busy_slots"].get<int>(); }
+
+}  // namespace
+
+class TestParallelServer : public QObject {
+  Q_OBJECT
+
+  QTemporaryDir data_, alone_data_;
+  ServerProcess server_, alone_;  // three slots; one slot and no caches: every request alone and cold
+
+ private slots:
+  void initTestCase() {
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(data_.path()));
+    // A scripted long answer (its text tokenizes back to its ids, so the next turn can reach its end).
+    std::string recital = "Done.\n</think>\n\n";
+    for (int i = 0; i < 1500; ++i) recital += " row" + std::to_string(i % 97);
+    const json replies = json::array({{{"match", "RECITE"}, {"reply", recital}}});
+    QVERIFY(anchorage::WriteFileAtomic(data_.filePath("replies.json").toStdString(), replies.dump()).ok());
+    QVERIFY(server_.Start(data_.path(), {"--grid", "64", "--parallel", "3", "--test-replies", data_.filePath("replies.json")}));
+    QVERIFY(alone_.Start(alone_data_.path(), {"--grid", "64", "--parallel", "1", "--caches", "off"}));
+    const json health = json::parse(server_.Get("/health")->body);
+    QCOMPARE(health["slots"].size(), size_t(3));
+    QCOMPARE(json::parse(alone_.Get("/health")->body)["slots"].size(), size_t(1));
+  }
+
+  // A long greedy answer; once it streams, a sampled one and one whose long prompt prefills in pieces
+  // between the others' decode steps. Each answers as alone, and the later ones stream before the first ends.
+  void concurrentRequestsAnswerAsAlone() {
+    const json a = Request(Notes(1, 40), "Say the rows back, many times over.", 3000, 0, "A");
+    const json b = Request(Notes(2, 30), "Pick a row at random.", 200, 0.9, "B");
+    const json c = Request(Notes(3, 400), "Which note is the last?", 40, 0, "C");
+    Answer got_a, got_b, got_c;
+    std::atomic<bool> a_streams = false;
+    std::thread ta([&] { got_a = StreamAnswer(server_, a, [&](size_t) { return a_streams = true; }); });
+    QTRY_VERIFY_WITH_TIMEOUT(a_streams.load(), 30000);
+    std::thread tb([&] { got_b = StreamAnswer(server_, b); });
+    std::thread tc([&] { got_c = StreamAnswer(server_, c); });
+    tb.join();
+    tc.join();
+    ta.join();
+    CompareAnswers(got_a, StreamAnswer(alone_, a), "the long greedy answer");
+    CompareAnswers(got_b, StreamAnswer(alone_, b), "the sampled answer");
+    CompareAnswers(got_c, StreamAnswer(alone_, c), "the long prompt's answer");
+    QVERIFY2(got_a.events > 1000, std::to_string(got_a.events).c_str());  // long enough to overlap the others
+    QVERIFY2(got_b.first < got_a.last, "the sampled request waited for the long answer to end");
+    QVERIFY2(got_c.first < got_a.last, "the long prompt waited for the long answer to end");
+    const json slot_list = json::parse(server_.Get("/health")->body)["slots"];
+    int used = 0;
+    for (const json& slot : slot_list) used += slot["requests"].get<int>() > 0 ? 1 : 0;
+    QVERIFY2(used == 3, slot_list.dump().c_str());
+  }
+
+  // The long answer's client hangs up while another request decodes beside it: its slot is free at
+  // once and the other's answer is its alone answer.
+  void aHangUpMidBatchFreesItsSlot() {
+    const json a = Request(Notes(4, 20), "Tell me a very long story.", 30000, 0, "H1");
+    const json b = Request(Notes(5, 20), "Count the rows.", 600, 0, "H2");
+    std::atomic<bool> a_streams = false, b_streams = false;
+    Answer got_a, got_b;
+    std::thread ta([&] {
+      got_a = StreamAnswer(server_, a, [&](size_t) {
+        a_streams = true;
+        return !b_streams.load();
+      });
+    });
+    QTRY_VERIFY_WITH_TIMEOUT(a_streams.load(), 30000);
+    std::thread tb([&] { got_b = StreamAnswer(server_, b, [&](size_t n) { return (b_streams = n >= 5), true; }); });
+    tb.join();
+    ta.join();
+    QVERIFY2(got_a.events < 25000, std::to_string(got_a.events).c_str());  // it hung up
+    CompareAnswers(got_b, StreamAnswer(alone_, b), "the answer beside the hang-up");
+    QTRY_COMPARE_WITH_TIMEOUT(BusySlots(server_), 0, 10000);
+  }
+
+  // A conversation's turn decodes on slot 0 while a short side request of the same session (a title)
+  // runs on a side slot; the conversation's next turn still resumes at its end anchor.
+  void aGuestOnASideSlotLeavesTheEndAnchor() {
+    const std::string notes = Notes(6, 120);
+    json messages = json::array({{{"role", "system"}, {"content", notes}}, {{"role", "user"}, {"content", "Which row comes first?"}}});
+    json first = {{"messages", messages}, {"max_tokens", 16}, {"temperature", 0}, {"session_id", "G"}};
+    const json r1 = server_.Chat(first);
+    QVERIFY(!r1.empty());
+    messages.push_back(r1["choices"][0]["message"]);
+    messages.push_back({{"role", "user"}, {"content", "RECITE every row."}});
+    const json second = {{"messages", messages}, {"max_tokens", 3000}, {"temperature", 0}, {"session_id", "G"}};
+    json r2;
+    Clock::time_point second_done;
+    std::thread t([&] {
+      r2 = server_.Chat(second);
+      second_done = Clock::now();
+    });
+    QTRY_VERIFY_WITH_TIMEOUT(BusySlots(server_) == 1, 30000);
+    const json title = Request("Write a five-word title for the conversation.", "Which row comes first?", 12, 0, "G");
+    const Answer got_title = StreamAnswer(server_, title);
+    t.join();
+    QVERIFY(!r2.empty());
+    CompareAnswers(got_title, StreamAnswer(alone_, title), "the title");
+    QVERIFY2(got_title.last < second_done, "the title waited for the conversation's turn to end");
+    QVERIFY2(r2["usage"]["completion_tokens"].get<int64_t>() > 1000, r2["usage"].dump().c_str());
+    // The next turn resumes at the end anchor the long turn left.
+    messages.push_back(r2["choices"][0]["message"]);
+    messages.push_back({{"role", "user"}, {"content", "Thanks."}});
+    const json third = {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}, {"session_id", "G"}};
+    const json r3 = server_.Chat(third);
+    QVERIFY(!r3.empty());
+    const json& usage = r3["usage"];
+    QVERIFY2(usage["anchorage"]["cache_source"] == "end", usage.dump().c_str());
+    QVERIFY2(usage["anchorage"]["cached_tokens"].get<int64_t>() > usage["prompt_tokens"].get<int64_t>() - 64, usage.dump().c_str());
+  }
+};
+
+QTEST_GUILESS_MAIN(TestParallelServer)
+#include "test_parallel_server.moc"
