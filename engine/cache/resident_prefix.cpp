@@ -844,7 +844,10 @@ Status ResidentPrefix::Admit(const CacheRequest& request, Plan& plan, int64_t ma
     return PrefillPeakBytes(static_cast<int64_t>(p.info.served_prompt.size()), p.info.cached_tokens, max_new) + p.copy_bytes;
   };
   int64_t need = need_of(plan);
-  if (EngineBytes() + need <= limit) return Status::Ok();
+  if (EngineBytes() + need <= limit) {
+    committed_bytes_ = OwnBytes() + need;
+    return Status::Ok();
+  }
   const std::string reason = "a prefill needs " + std::to_string(need) + " bytes";
   // Shedding goes ahead only where it is sure to fit the request, even where it takes what the plan
   // resumes from (planned again, cold at worst): otherwise the request is refused before any tier changes.
@@ -857,6 +860,7 @@ Status ResidentPrefix::Admit(const CacheRequest& request, Plan& plan, int64_t ma
       again.skip_copy = plan.skip_copy && again.copy == plan.copy;
       if (EngineBytes() + again_need - (again.skip_copy ? again.copy_bytes : 0) <= limit || Shed(again_need, limit, reason, &again)) {
         plan = std::move(again);
+        committed_bytes_ = OwnBytes() + again_need;
         return Status::Ok();
       }
     }
@@ -915,7 +919,10 @@ Result<std::unique_ptr<ResidentTurn>> ResidentPrefix::Begin(const CacheRequest& 
     return OutOfRange("the prompt holds " + std::to_string(served) + " tokens as served; this server's context limit is " + std::to_string(context) + " tokens");
   turn->params = params;
   turn->params.max_tokens = std::min(params.max_tokens, context - served);
-  RETURN_IF_ERROR(AdmitAndApply(request, plan, turn->params.max_tokens));
+  if (Status admitted = AdmitAndApply(request, plan, turn->params.max_tokens); !admitted.ok()) {
+    committed_bytes_ = 0;
+    return admitted;
+  }
   turn->info = std::move(plan.info);
   if (on_admitted) on_admitted(turn->info);
   PlanDiskWrites(request, turn->info);
@@ -928,6 +935,7 @@ Result<bool> ResidentPrefix::PrefillPiece(ResidentTurn& turn) {
   ResumeInfo& info = turn.info;
   if (state_.length() < turn.cursor.upto) {
     if (Status s = PrefillStep(info, turn.cursor); !s.ok()) {
+      committed_bytes_ = 0;
       disk_lines_.clear();
       disk_staged_.clear();
       if (info.guest) FinishGuest();
@@ -977,6 +985,7 @@ Result<CachedGeneration> ResidentPrefix::End(ResidentTurn& turn) {
   } else {
     ForgetRows();
   }
+  committed_bytes_ = 0;
   Shed(0, options_.memory_ceiling_bytes - options_.memory_slack_bytes, "over the memory ceiling after a request");
   if (!result.ok()) return result.status();
   return CachedGeneration{std::move(info), std::move(result).value()};
@@ -1074,12 +1083,16 @@ Status ResidentPrefix::WriteAhead(const std::string& session, std::span<const in
 
 Result<std::vector<float>> ResidentPrefix::Prefill(const CacheRequest& request, ResumeInfo* info_out) {
   Plan plan = MakePlan(request);
-  RETURN_IF_ERROR(AdmitAndApply(request, plan, 0));
+  if (Status admitted = AdmitAndApply(request, plan, 0); !admitted.ok()) {
+    committed_bytes_ = 0;
+    return admitted;
+  }
   ResumeInfo& info = plan.info;
   const int64_t n = static_cast<int64_t>(info.served_prompt.size());
   const int64_t G = forward_.grid_tokens();
   PlanDiskWrites(request, info);
   if (Status s = PrefillRange(info, std::max(state_.length(), PrefillUpto(info)), !info.guest); !s.ok()) {
+    committed_bytes_ = 0;
     disk_lines_.clear();
     disk_staged_.clear();
     return s;
@@ -1094,6 +1107,7 @@ Result<std::vector<float>> ResidentPrefix::Prefill(const CacheRequest& request, 
     if (state_.length() % G == 0) anchors_.Put(state_.SaveAnchor());
     PutPrefixSnapshot(n);
   }
+  committed_bytes_ = 0;
   Shed(0, options_.memory_ceiling_bytes - options_.memory_slack_bytes, "over the memory ceiling after a request");
   if (info_out) *info_out = info;
   return logits;
@@ -1104,11 +1118,31 @@ Result<ResumeInfo> ResidentPrefix::Prewarm(const CacheRequest& request) {
   if (plan.info.guest || plan.info.source == CacheSource::kCold || plan.info.source == CacheSource::kResident ||
       plan.info.source == CacheSource::kEnd)
     return plan.info;  // nothing to bring: already in place, or no tier holds it
-  RETURN_IF_ERROR(AdmitAndApply(request, plan, 0));
+  Status admitted = AdmitAndApply(request, plan, 0);
+  committed_bytes_ = 0;
+  RETURN_IF_ERROR(admitted);
   // The rows and state are in place; the restored end stays the end, so the request resumes there.
   if (plan.resume_from_end) end_ = EndAnchor{state_.SaveAnchor(), taint_row_, regions_};
   plan.info.source = plan.resume_from_end ? CacheSource::kEnd : CacheSource::kResident;
   return plan.info;
+}
+
+void ResidentPrefix::GiveBack(const std::string& reason) {
+  if (!rows_.empty()) (void)SpillResident(reason);  // a failed save is journaled; the rows go either way
+  const int64_t bytes = OwnBytes(), tokens = static_cast<int64_t>(rows_.size());
+  if (disk_ != nullptr) disk_->Fence(&state_);
+  store_.Clear();
+  anchors_.Clear();
+  end_.reset();
+  stash_.rows.reset();
+  pin_ = PinnedHead{};
+  park_ = ParkedSession{};
+  prepared_.reset();
+  ForgetRows();
+  taint_row_ = kNoTaintRow;
+  session_.clear();
+  state_.Release();
+  Emit("shed", "slot", tokens, bytes - OwnBytes(), reason);
 }
 
 Status ResidentPrefix::Clear(const std::string& tier) {

@@ -185,6 +185,9 @@ class ResidentPrefix {
   int64_t EngineBytes() const;
   // Its own part of them: the state, its tiers and its anchors staged for the disk.
   int64_t OwnBytes() const;
+  // What it holds for the memory budget: its own bytes, or while a request of Begin runs, what that
+  // request was admitted with (its rows up to its last token, its prefill workspace) if more.
+  int64_t HeldBytes() const { return std::max(OwnBytes(), committed_bytes_); }
   // Bytes held beside this prefix that count in the engine's memory budget (the shadow reader's
   // states, the other slots).
   void set_outside_bytes(std::function<int64_t()> bytes) { outside_bytes_ = std::move(bytes); }
@@ -216,6 +219,9 @@ class ResidentPrefix {
   // Where a request would resume, without changing anything.
   ResumeInfo Peek(const CacheRequest& request) const;
 
+  // An idle slot gives its memory back for another's request: the conversation goes to the spill
+  // (where it is long enough), every RAM tier of its own empties and its state's rows are freed.
+  void GiveBack(const std::string& reason);
   // Empties one tier: "anchors", "end", "stash", "pin", "park", "store", "disk"; "resident" / "ram" for
   // every RAM tier; "all" for those and the disk.
   Status Clear(const std::string& tier);
@@ -354,6 +360,7 @@ class ResidentPrefix {
   std::vector<int64_t> disk_lines_;   // lines this prefill stages for the disk as it passes them
   std::vector<Anchor> disk_staged_;   // their anchors, waiting for the prefill to end
   double prefill_tokens_ = 0, prefill_seconds_ = 0;
+  int64_t committed_bytes_ = 0;   // what the running request was admitted with; 0 between requests
   bool stash_shed_ = false;       // the running guest's stash was given back: its rows are lost
   struct Counters {
     int64_t requests = 0, cold = 0, resident_hits = 0, end_hits = 0, aligned_hits = 0, pin_hits = 0, park_hits = 0;

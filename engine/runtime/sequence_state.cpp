@@ -110,6 +110,19 @@ void SequenceState::Reset() {
   for (auto& t : tail_) std::fill(t.begin(), t.end(), 0.0f);
 }
 
+void SequenceState::Release() {
+  mirror_.reset();
+  mirror_rows_ = 0;
+  Reset();
+  std::unique_lock<std::shared_mutex> moving;
+  if (growth_lock_ != nullptr) moving = std::unique_lock(*growth_lock_);
+  for (size_t a = 0; a < k_.size(); ++a) {
+    k_[a] = PageArray<uint8_t>(0);
+    v_[a] = PageArray<uint8_t>(0);
+  }
+  capacity_ = 0;
+}
+
 int64_t SequenceState::AnchorBytes(const ModelConfig& c) {
   const int64_t recurrent = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
   const int64_t tail = (c.linear_conv_kernel_dim - 1) * c.conv_dim();

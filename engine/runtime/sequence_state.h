@@ -113,6 +113,8 @@ class SequenceState {
   void SetLength(int64_t new_length);
   // Back to length 0 with zero recurrent state and tails; keeps capacity.
   void Reset();
+  // Reset, and gives back the K/V rows' memory and the mirror (the next Reserve allocates anew).
+  void Release();
 
   // Bytes of one anchor and of one token's K/V rows over all attention layers (in the config's kv_dtype).
   int64_t anchor_bytes() const;

@@ -171,7 +171,7 @@ namespace {
 nlohmann::json SlotsJson(const std::vector<SlotSnapshot>& slots) {
   nlohmann::json out = nlohmann::json::array();
   for (const SlotSnapshot& s : slots)
-    out.push_back({{"slot", s.index}, {"session", s.session}, {"tokens", s.tokens}, {"state", s.state}, {"requests", s.requests}});
+    out.push_back({{"slot", s.index}, {"session", s.session}, {"tokens", s.tokens}, {"bytes", s.bytes}, {"state", s.state}, {"requests", s.requests}});
   return out;
 }
 }  // namespace

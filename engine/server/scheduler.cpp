@@ -115,7 +115,7 @@ anchorage::CacheStats Scheduler::CombinedStats() const {
 int64_t Scheduler::OutsideBytes(size_t slot) const {
   int64_t bytes = options_.shadow != nullptr ? options_.shadow->resident_bytes() : 0;
   for (size_t i = 0; i < slots_.size(); ++i)
-    if (i != slot && slots_[i].cache != nullptr) bytes += slots_[i].cache->OwnBytes();
+    if (i != slot && slots_[i].cache != nullptr) bytes += slots_[i].cache->HeldBytes();
   return bytes;
 }
 
@@ -226,6 +226,7 @@ void Scheduler::PublishSlots() {
     s.index = static_cast<int>(i);
     s.session = slot.job != nullptr ? slot.job->session() : slot.cache->session();
     s.tokens = slot.cache->state().length();
+    s.bytes = slot.cache->HeldBytes();
     s.state = slot.job == nullptr ? "idle" : slot.turn != nullptr && slot.turn->task == nullptr && !slot.turn->replayed ? "prefill" : "decode";
     s.requests = slot.requests;
     snapshots.push_back(std::move(s));
@@ -482,7 +483,7 @@ void Scheduler::EngineLoop() {
     ApplyPendingOptions();
     // Free slots take queued jobs; while a command waits for the engine, the running ones finish first
     // (the first job of a round starts: the engine had the lock first).
-    while (active_slots() == 0 || lock_.waiting_requests() == 0) {
+    while (!waiting_for_memory_ && (active_slots() == 0 || lock_.waiting_requests() == 0)) {
       std::pair<std::shared_ptr<Job>, std::chrono::steady_clock::time_point> next;
       {
         std::lock_guard lock(mu_);
@@ -587,7 +588,8 @@ bool Scheduler::StartJob(Slot& slot, std::shared_ptr<Job> job, double queue_ms) 
     if (auto scripted = options_.reply_script->ReplyFor(job->prompt_ids())) sampling.forced_ids = std::move(*scripted);
   ShadowReader* shadow = options_.shadow;
   Job* j = job.get();
-  auto turn = slot.cache->Begin(
+  auto begin = [&] {
+    return slot.cache->Begin(
       request, sampling,
       [this, &slot, j, shadow](const GeneratedToken& token) {
         if (!slot.have_first) {
@@ -605,12 +607,25 @@ bool Scheduler::StartJob(Slot& slot, std::shared_ptr<Job> job, double queue_ms) 
         j->Admit(Status::Ok());
         if (shadow != nullptr) shadow->BeginTurn(j->session(), info.served_prompt);
       });
+  };
+  auto turn = begin();
+  if (!turn.ok() && turn.status().code() == StatusCode::kResourceExhausted) {
+    // Idle slots give their memory back first (their conversations to the spill), then it is tried again.
+    bool gave = false;
+    for (Slot& other : slots_)
+      if (&other != &slot && other.job == nullptr && other.cache->OwnBytes() > other.cache->state().anchor_bytes()) {
+        other.cache->GiveBack("slot " + std::to_string(&slot - slots_.data()) + "'s request needs the memory");
+        gave = true;
+      }
+    if (gave) turn = begin();
+  }
   if (!turn.ok()) {
     // Memory other slots hold comes back when they end: the job waits for it at the head of the queue.
     if (turn.status().code() == StatusCode::kResourceExhausted && active_slots() > 1) {
       slot.job.reset();
       std::lock_guard lock(mu_);
       --running_slots_;
+      waiting_for_memory_ = true;
       return false;
     }
     job->Admit(turn.status());
@@ -640,6 +655,7 @@ void Scheduler::StepSlots() {
       prefilling->job.reset();
       prefilling->turn.reset();
       prefilling->last_used = std::chrono::steady_clock::now();
+      waiting_for_memory_ = false;
       std::lock_guard lock(mu_);
       --running_slots_;
     }
@@ -692,6 +708,7 @@ void Scheduler::EndJob(Slot& slot) {
     slot.job.reset();
     slot.turn.reset();
     slot.last_used = end;
+    waiting_for_memory_ = false;
     std::lock_guard lock(mu_);
     --running_slots_;
   };

@@ -102,6 +102,7 @@ struct SlotSnapshot {
   int index = 0;
   std::string session;     // the conversation its rows hold ("" when unknown)
   int64_t tokens = 0;      // rows in its state
+  int64_t bytes = 0;       // what it holds for the memory budget (a running request: what it was admitted with)
   std::string state = "idle";  // "idle", "prefill", "decode"
   int64_t requests = 0;    // requests it ran
 };
@@ -230,6 +231,7 @@ class Scheduler {
   std::vector<std::unique_ptr<ResidentPrefix>> side_caches_;
   std::vector<Slot> slots_;   // engine thread
   uint64_t started_jobs_ = 0;
+  bool waiting_for_memory_ = false;  // the queue's head waits for a running slot to end
   ResidentOptions applied_options_;  // engine thread: the newest options, version options_version_
   uint64_t options_version_ = 0;
   EngineLock lock_;

@@ -160,6 +160,57 @@ class TestParallelServer : public QObject {
     QTRY_COMPARE_WITH_TIMEOUT(BusySlots(server_), 0, 10000);
   }
 
+  // A memory budget that holds two long requests but not three: the third waits at the head of the
+  // queue (nothing is refused) until one of the two ends, then runs.
+  void aBudgetForTwoRequestsQueuesTheThird() {
+    QTemporaryDir dir;
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(dir.path()));
+    ServerProcess s;
+    QVERIFY(s.Start(dir.path(), {"--grid", "64", "--parallel", "3", "--shadow-model", "off", "--disk-cache", "off"}));
+    auto health = [&] { return json::parse(s.Get("/health")->body); };
+    auto long_request = [](int i) { return Request(Notes(10 + i, 10), "Tell me a very long story.", 20000, 0, "M" + std::to_string(i)); };
+    // What one such request holds while it runs.
+    int64_t held = 0;
+    {
+      std::atomic<bool> streams = false, release = false;
+      std::thread t([&] { (void)StreamAnswer(s, long_request(0), [&](size_t) { return (streams = true), !release.load(); }); });
+      QTRY_VERIFY_WITH_TIMEOUT(streams.load(), 30000);
+      const json slot_list = health()["slots"];
+      for (const json& slot : slot_list) held = std::max(held, slot["bytes"].get<int64_t>());
+      release = true;
+      t.join();
+    }
+    QTRY_COMPARE_WITH_TIMEOUT(BusySlots(s), 0, 10000);
+    QVERIFY2(held > 20000 * 64, std::to_string(held).c_str());  // its rows to the last token
+    json settings = json::parse(s.Get("/v1/settings")->body);
+    const double budget_gb = 2.5 * static_cast<double>(held) / (1 << 30);
+    settings["memory"]["prefill_peak_gb"] = budget_gb;
+    settings["memory"]["ceiling_gb"] = budget_gb;
+    settings["memory"]["allocator_slack_gb"] = 0;
+    QVERIFY(s.Put("/v1/settings", settings.dump())->status == 200);
+    std::atomic<bool> release = false;
+    std::atomic<int> streaming = 0;
+    Answer got[3];
+    std::vector<std::thread> clients;
+    for (int i = 1; i <= 2; ++i)
+      clients.emplace_back([&, i] {
+        got[i - 1] = StreamAnswer(s, long_request(i), [&, first = true](size_t) mutable {
+          if (first) ++streaming;
+          first = false;
+          return !release.load();
+        });
+      });
+    QTRY_COMPARE_WITH_TIMEOUT(streaming.load(), 2, 30000);
+    std::atomic<bool> third_streams = false;
+    clients.emplace_back([&] { got[2] = StreamAnswer(s, long_request(3), [&](size_t n) { return (third_streams = true), n < 20; }); });
+    QTRY_COMPARE_WITH_TIMEOUT(health()["queue"].get<int>(), 1, 10000);  // waiting, not refused
+    QCOMPARE(BusySlots(s), 2);
+    QVERIFY(!third_streams.load());
+    release = true;  // the two hang up: the third gets their memory
+    for (auto& t : clients) t.join();
+    QVERIFY2(got[2].status == 200 && got[2].events >= 20, std::to_string(got[2].status).c_str());
+  }
+
   // A conversation's turn decodes on slot 0 while a short side request of the same session (a title)
   // runs on a side slot; the conversation's next turn still resumes at its end anchor.
   void aGuestOnASideSlotLeavesTheEndAnchor() {
