@@ -54,6 +54,8 @@ JournalRowSnapshot journalRowOf(const nlohmann::json& r) {
     row.route = QString::fromStdString(str(r, "route"));
     row.finishReason = QString::fromStdString(str(r, "finish_reason"));
     row.outputTokens = JsonInt(r, "output_tokens");
+    row.slot = static_cast<int>(JsonInt(r, "slot"));
+    row.queueMs = real(r, "queue_ms");
     row.ttftMs = real(r, "ttft_ms");
     row.decodeTokensPerS = real(r, "decode_tokens_per_s");
     row.text = QString::fromStdString(str(r, "error"));
@@ -250,7 +252,7 @@ void ConsoleWorker::publishStatus(EngineStatusSnapshot s, qint64 now) {
   } else if (s.busy) {
     s.phase = "busy";
   }
-  const QString key = QString("%1|%2|%3|%4|%5|%6|%7|%8|%9").arg(s.queueDepth).arg(s.busy).arg(s.phase).arg(s.liveTokensPerS, 0, 'f', 0)
+  const QString key = QString("%1/%2/%3|%4|%5|%6|%7|%8|%9|%10|%11").arg(s.queueDepth).arg(s.busySlots).arg(s.slotCount).arg(s.busy).arg(s.phase).arg(s.liveTokensPerS, 0, 'f', 0)
                           .arg(s.resumeHint).arg(s.last.completion_tokens).arg(s.last.ttft_ms).arg(s.journalErrors).arg(s.modelId);
   if (key == m_lastStatusKey) return;
   m_lastStatusKey = key;
@@ -288,6 +290,17 @@ void ConsoleWorker::publishCache(const nlohmann::json& stats, qint64 now) {
     for (const auto& [tier, count] : sheds.items())
       if (count.is_number()) c.sheds += count.get<int64_t>();
   c.refused = JsonInt(memory, "refused");
+  if (const nlohmann::json& rows = JsonField(stats, "slots"); rows.is_array())
+    for (const nlohmann::json& slot : rows) {
+      SlotRowSnapshot row;
+      row.slot = static_cast<int>(JsonInt(slot, "slot"));
+      row.session = JsonText(slot, "session");
+      row.tokens = JsonInt(slot, "tokens");
+      row.bytes = JsonInt(slot, "bytes");
+      row.state = JsonText(slot, "state");
+      row.requests = JsonInt(slot, "requests");
+      c.slotRows.append(row);
+    }
   c.deviceBytes = JsonInt(memory, "device_bytes");
   emit m_host->cacheChanged(c);
 }

@@ -60,7 +60,10 @@ class LocalWorker : public ConsoleWorker {
       q.limit = 500;
       if (auto page = journal->Query(q); page.ok()) publishJournal(page->rows, page->total);
     }
-    publishCache(anchorage::ToJson(sched.CacheStats()), now);
+    nlohmann::json stats = anchorage::ToJson(sched.CacheStats());
+    const std::vector<anchorage::SlotSnapshot> slot_list = sched.Slots();
+    stats["slots"] = anchorage::SlotsJson(slot_list);
+    publishCache(stats, now);
     anchorage::ShadowReader* shadow = sched.shadow();
     publishShadow(shadow != nullptr ? nlohmann::json(anchorage::ShadowStatusJson(shadow->Snapshot()))
                                     : nlohmann::json{{"loaded", false}, {"reason", "start with --shadow-model DIR (a small model of the same vocabulary)"}},
@@ -80,6 +83,8 @@ class LocalWorker : public ConsoleWorker {
     s.threads = sched.forward().threads();
     s.url = endpointUrl();
     s.queueDepth = static_cast<int>(sched.queue_depth());
+    s.slotCount = static_cast<int>(slot_list.size());
+    s.busySlots = sched.busy_slots();
     s.busy = sched.busy();
     s.last = sched.last_stats();
     if (m_service->journal()) {

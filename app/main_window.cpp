@@ -169,6 +169,7 @@ void MainWindow::buildStatusBar() {
   m_urlButton->setEnabled(false);
   connect(m_urlButton, &QToolButton::clicked, this, &MainWindow::copyEndpointUrl);
   m_queueLabel = new QLabel(tr("queue 0"), this);
+  m_queueLabel->setObjectName("queueLabel");
   m_queueLabel->setToolTip(tr("Requests waiting while one runs"));
   m_phaseLabel = new QLabel(tr("idle"), this);
   m_phaseLabel->setObjectName("phaseLabel");
@@ -316,7 +317,7 @@ void MainWindow::onStatus(const EngineStatusSnapshot& s) {
   const QString threads = s.threads == 1 ? tr("1 thread") : tr("%1 threads").arg(s.threads);
   m_modelLabel->setText(tr("model: %1 · %2%3 · %4%5").arg(s.modelId, s.kernelPath, weights, threads, where));
   setWindowTitle(tr("Anchorage — %1%2").arg(s.modelId, where));
-  m_queueLabel->setText(tr("queue %1").arg(s.queueDepth));
+  m_queueLabel->setText(s.slotCount > 1 ? tr("queue %1 · slots %2/%3 busy").arg(s.queueDepth).arg(s.busySlots).arg(s.slotCount) : tr("queue %1").arg(s.queueDepth));
   m_chat->setGeneratedModelNotice(s.ready && s.generatedModel);
   m_journalLabel->setVisible(s.journalErrors > 0);
   if (s.journalErrors > 0) {

@@ -128,6 +128,8 @@ void RemoteWorker::onHealth(int status, const nlohmann::json& body, const QStrin
   s.threads = static_cast<int>(JsonInt(body, "threads"));
   s.url = endpointUrl();
   s.queueDepth = static_cast<int>(JsonInt(body, "queue"));
+  if (const nlohmann::json& rows = JsonField(body, "slots"); rows.is_array() && !rows.empty()) s.slotCount = static_cast<int>(rows.size());
+  s.busySlots = static_cast<int>(JsonInt(body, "busy_slots"));
   s.busy = JsonText(body, "state") == "busy";
   s.last = FiguresOf(JsonField(body, "last_request"), JsonField(body, "last_request"));
   const nlohmann::json& journal = JsonField(body, "journal");

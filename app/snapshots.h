@@ -20,6 +20,16 @@ struct CacheTierSnapshot {
   qint64 evictions = 0;   // entries evicted by the budget
 };
 
+// One engine slot: a conversation that runs beside the others.
+struct SlotRowSnapshot {
+  int slot = 0;
+  QString session;
+  qint64 tokens = 0;  // rows its state holds
+  qint64 bytes = 0;   // what it holds for the memory budget
+  QString state;      // "idle", "prefill", "decode"
+  qint64 requests = 0;
+};
+
 // Every resident tier at one moment; timeMs is Unix epoch milliseconds.
 struct CacheSnapshot {
   qint64 timeMs = 0;
@@ -30,6 +40,7 @@ struct CacheSnapshot {
   qint64 sheds = 0;         // cache entries shed to fit the budget, since start
   qint64 refused = 0;       // prefills refused with 503, since start
   qint64 deviceBytes = 0;   // GPU memory the backend holds; 0 on the CPU
+  QList<SlotRowSnapshot> slotRows;
   QByteArray json;  // GET /v1/cache/stats as the engine reports it
 };
 
@@ -60,6 +71,8 @@ struct JournalRowSnapshot {
   QString route;          // a request's route ("/v1/chat/completions")
   QString finishReason;   // a request's finish reason ("stop", "length", ...)
   qint64 outputTokens = 0;
+  int slot = 0;           // a request's engine slot
+  double queueMs = 0;     // a request's wait in the queue
   double ttftMs = 0;
   double decodeTokensPerS = 0;
   QString text;       // error of a request, reason of an event
@@ -83,6 +96,8 @@ struct EngineStatusSnapshot {
   int threads = 0;     // the engine's worker threads
   QString url;      // the endpoint, http://HOST:PORT/v1
   int queueDepth = 0;
+  int slotCount = 1;  // sequences the engine runs at once
+  int busySlots = 0;
   bool busy = false;
   QString phase = "idle";     // "idle", "prefill", "decode" (the console's chat), "busy" (an endpoint request)
   double liveTokensPerS = 0;  // decode: tokens a second of the console's streaming answer so far

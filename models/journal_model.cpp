@@ -24,7 +24,8 @@ QString ValueText(const QJsonValue& v) {
 QString JournalRowSummary(const QJsonObject& row) {
   static const std::pair<const char*, const char*> kLabels[] = {
       {"time_ms", "Time"},           {"session", "Session"},         {"model", "Model"},
-      {"route", "Route"},            {"status", "Status"},           {"finish_reason", "Finish"},
+      {"route", "Route"},            {"slot", "Slot"},               {"queue_ms", "Waited (ms)"},
+      {"status", "Status"},          {"finish_reason", "Finish"},
       {"error", "Error"},            {"prompt_tokens", "Prompt tokens"}, {"cached_tokens", "Cached tokens"},
       {"reread_tokens", "Re-read tokens"}, {"cache_source", "Cache source"}, {"cache_tier", "Cache tier"},
       {"output_tokens", "Output tokens"}, {"hidden_tokens", "Reasoning tokens"}, {"ttft_ms", "TTFT (ms)"},
@@ -93,6 +94,8 @@ QVariant JournalModel::data(const QModelIndex& index, int role) const {
     case TimeColumn: return raw ? QVariant(r.timeMs) : QVariant(fmt::dateAndTime(r.timeMs));
     case KindColumn: return r.kind;
     case RouteColumn: return r.route;
+    case SlotColumn: return raw ? QVariant(request ? r.slot : -1) : QVariant(request ? QString::number(r.slot) : QString());
+    case WaitColumn: return raw ? QVariant(request ? r.queueMs : -1.0) : QVariant(request ? QString::number(r.queueMs, 'f', r.queueMs < 100 ? 1 : 0) : QString());
     case TierColumn: return r.tier;
     case SessionColumn: return r.session;
     case TokensColumn: return r.tokens;
@@ -108,7 +111,7 @@ QVariant JournalModel::data(const QModelIndex& index, int role) const {
 
 QVariant JournalModel::headerData(int section, Qt::Orientation orientation, int role) const {
   if (orientation != Qt::Horizontal || role != Qt::DisplayRole) return QAbstractTableModel::headerData(section, orientation, role);
-  static const char* names[] = {"Time", "Kind", "Route", "Tier", "Session", "Tokens", "Output", "TTFT (ms)", "tok/s", "Status", "Finish", "Text"};
+  static const char* names[] = {"Time", "Kind", "Route", "Slot", "Waited (ms)", "Tier", "Session", "Tokens", "Output", "TTFT (ms)", "tok/s", "Status", "Finish", "Text"};
   static_assert(sizeof(names) / sizeof(names[0]) == ColumnCount, "a header a column");
   return section >= 0 && section < ColumnCount ? tr(names[section]) : QVariant();
 }

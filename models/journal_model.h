@@ -14,11 +14,13 @@ class JournalModel : public QAbstractTableModel {
   Q_OBJECT
 
  public:
-  // Route, output, TTFT, tok/s and finish are a request's; an event leaves them empty.
+  // Route, slot, wait, output, TTFT, tok/s and finish are a request's; an event leaves them empty.
   enum Column {
     TimeColumn,
     KindColumn,
     RouteColumn,
+    SlotColumn,
+    WaitColumn,
     TierColumn,
     SessionColumn,
     TokensColumn,

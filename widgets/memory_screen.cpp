@@ -91,9 +91,14 @@ MemoryScreen::MemoryScreen(CacheTierModel* tiers, MemoryHistory* history, Settin
   m_totals = new QLabel(tierBox);
   m_totals->setObjectName("memoryTotals");
   m_totals->setWordWrap(true);
+  m_slots = new QLabel(tierBox);
+  m_slots->setObjectName("slotList");
+  m_slots->setTextFormat(Qt::PlainText);
+  m_slots->hide();
   auto* tierLayout = new QVBoxLayout(tierBox);
   tierLayout->addWidget(m_tierView);
   tierLayout->addWidget(m_totals);
+  tierLayout->addWidget(m_slots);
   connect(tiers, &QAbstractItemModel::dataChanged, this, &MemoryScreen::updateTotals);
   connect(tiers, &QAbstractItemModel::modelReset, this, &MemoryScreen::updateTotals);
   connect(tiers, &QAbstractItemModel::modelReset, this, &MemoryScreen::rebuildClearButtons);
@@ -266,6 +271,18 @@ void MemoryScreen::updateTotals() {
                        .arg(c.refused);
   if (c.deviceBytes > 0) totals += tr(" · GPU holds %1").arg(fmt::bytes(c.deviceBytes));
   m_totals->setText(totals);
+  // The slots (tiers above are slot 0's; the disk, spill and response cache serve every slot).
+  QStringList lines;
+  if (c.slotRows.size() > 1)
+    for (const SlotRowSnapshot& slot : c.slotRows)
+      lines << tr("Slot %1 · %2 · %3 · %4 tokens · %5 · %6 requests")
+                   .arg(slot.slot)
+                   .arg(slot.state, slot.session.isEmpty() ? tr("no session") : tr("session %1").arg(slot.session))
+                   .arg(slot.tokens)
+                   .arg(fmt::bytes(slot.bytes))
+                   .arg(slot.requests);
+  m_slots->setText(lines.join('\n'));
+  m_slots->setVisible(!lines.isEmpty());
 }
 
 void MemoryScreen::setMessage(const QString& text, bool error) { showMessage(m_message, text, error); }

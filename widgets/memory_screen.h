@@ -59,6 +59,7 @@ class MemoryScreen : public QWidget {
   QLabel* m_versionLabel;
   QLabel* m_message;
   QLabel* m_totals;
+  QLabel* m_slots;
   QPushButton* m_apply;
   QPushButton* m_revert;
   QTableView* m_tierView;

@@ -35,6 +35,7 @@ struct RequestRow {
   int64_t hidden_tokens = 0;
   std::string cache_tier;
   std::string finish_reason;
+  int slot = 0;  // the engine slot that ran it
 };
 
 enum class CacheEventKind { kHit, kWrite, kEviction, kShed, kDrop, kFailedRestore, kClear };
@@ -116,7 +117,7 @@ struct JournalStats {
 // Thread-safe. Record* never blocks on the disk; one writer thread commits rows in batches.
 class Journal {
  public:
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
 
   // Opens or creates data_dir/journal.db, migrates its schema and starts the writer.
   static Result<std::unique_ptr<Journal>> Open(const JournalOptions& options);

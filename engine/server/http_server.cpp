@@ -167,15 +167,6 @@ bool HttpServer::Admit(const HttpRequest& req, HttpResponse& res) const {
   return true;
 }
 
-namespace {
-nlohmann::json SlotsJson(const std::vector<SlotSnapshot>& slots) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const SlotSnapshot& s : slots)
-    out.push_back({{"slot", s.index}, {"session", s.session}, {"tokens", s.tokens}, {"bytes", s.bytes}, {"state", s.state}, {"requests", s.requests}});
-  return out;
-}
-}  // namespace
-
 void HttpServer::RouteOperations() {
   Route("GET", "/health", RouteClass::kControl, RouteAccess::kPublic, [this](const HttpRequest&, HttpResponse& res) {
     const RequestFigures last = scheduler_.last_stats();

@@ -11,6 +11,13 @@ double MsSince(std::chrono::steady_clock::time_point t) {
 }
 }  // namespace
 
+nlohmann::json SlotsJson(const std::vector<SlotSnapshot>& slots) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const SlotSnapshot& s : slots)
+    out.push_back({{"slot", s.index}, {"session", s.session}, {"tokens", s.tokens}, {"bytes", s.bytes}, {"state", s.state}, {"requests", s.requests}});
+  return out;
+}
+
 std::vector<GeneratedToken> Job::WaitTokens(bool* done) {
   std::unique_lock lock(mu_);
   cv_.wait(lock, [&] { return done_ || !tokens_.empty(); });
@@ -760,6 +767,8 @@ void Scheduler::FinishJob(Job& job, Status status, GenerationResult result, cons
 void Scheduler::RecordJob(const Job& job, const RequestFigures& s, int status, const std::string& error, const std::string& finish) {
   if (options_.journal == nullptr) return;
   RequestRow row;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].job.get() == &job) row.slot = static_cast<int>(i);
   row.session = job.session();
   row.model = options_.model_id;
   row.route = job.route();

@@ -107,6 +107,9 @@ struct SlotSnapshot {
   int64_t requests = 0;    // requests it ran
 };
 
+// /health's and /v1/cache/stats's "slots".
+nlohmann::json SlotsJson(const std::vector<SlotSnapshot>& slots);
+
 struct SchedulerOptions {
   size_t max_queue = 16;  // jobs waiting while every slot runs; more are refused (a free slot always takes one)
   int parallel = 1;       // slots: sequences that run at once, each with its own state and tiers (slot 0 the resident one)

@@ -214,6 +214,11 @@ class TestConsoleGui : public QObject {
     QCOMPARE(tierValue(tiers, "end", CacheTierModel::EntriesColumn), 1);
     QVERIFY(window.memoryHistory()->rowCount() >= 1);
     QVERIFY(window.findChild<QLabel*>("phaseLabel")->text().startsWith("idle · last: "));
+    // The slots (two on the CPU): the Memory screen lists them, the status bar counts the busy ones.
+    QLabel* slotList = window.memoryScreen()->findChild<QLabel*>("slotList");
+    QTRY_VERIFY_WITH_TIMEOUT(slotList->text().count("Slot ") == 2, 10000);
+    QVERIFY2(slotList->text().contains("Slot 0 · idle · session " + conversation->conversation()), qPrintable(slotList->text()));
+    QTRY_COMPARE_WITH_TIMEOUT(window.findChild<QLabel*>("queueLabel")->text(), QString("queue 0 · slots 0/2 busy"), 10000);
 
     // Edit a limit: applied as the next version, in the engine's document and on disk.
     MemoryScreen* memory = window.memoryScreen();

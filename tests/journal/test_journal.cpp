@@ -167,6 +167,8 @@ class TestJournal : public QObject {
     r.figures.drafted_tokens = 12;
     r.figures.accepted_tokens = 9;
     r.finish_reason = "length";
+    r.slot = 2;
+    r.figures.queue_ms = 31.5;
     j->RecordRequest(r);
     const std::vector<CacheEventKind> kinds = {CacheEventKind::kHit,  CacheEventKind::kWrite,
                                                CacheEventKind::kEviction, CacheEventKind::kShed,
@@ -210,7 +212,9 @@ class TestJournal : public QObject {
     QCOMPARE(req["finish_reason"].get<std::string>(), std::string("length"));
     QCOMPARE(req["drafted_tokens"].get<int64_t>(), int64_t{12});
     QCOMPARE(req["accepted_tokens"].get<int64_t>(), int64_t{9});
-    QCOMPARE(req.size(), size_t{21});  // 20 columns, id included, plus "type"
+    QCOMPARE(req["slot"].get<int>(), 2);
+    QCOMPARE(req["queue_ms"].get<double>(), 31.5);
+    QCOMPARE(req.size(), size_t{23});  // 22 columns, id included, plus "type"
 
     for (size_t i = 0; i < kinds.size(); ++i) {
       const nlohmann::json& e = page->rows[6 - i];
@@ -580,7 +584,8 @@ class TestJournal : public QObject {
     sqlite3* db = nullptr;
     sqlite3_open(path.c_str(), &db);
     const char* v1 =
-        "ALTER TABLE requests DROP COLUMN drafted_tokens; ALTER TABLE requests DROP COLUMN accepted_tokens; DROP TABLE shadow;"
+        "ALTER TABLE requests DROP COLUMN drafted_tokens; ALTER TABLE requests DROP COLUMN accepted_tokens;"
+        " ALTER TABLE requests DROP COLUMN slot; ALTER TABLE requests DROP COLUMN queue_ms; DROP TABLE shadow;"
         " CREATE TABLE shadow_answers(id INTEGER PRIMARY KEY, time_ms INTEGER NOT NULL, session TEXT NOT NULL, question TEXT NOT NULL,"
         " answer TEXT NOT NULL, agreement REAL); PRAGMA user_version=1;";
     QCOMPARE(sqlite3_exec(db, v1, nullptr, nullptr, nullptr), SQLITE_OK);
@@ -588,6 +593,7 @@ class TestJournal : public QObject {
     auto j = OpenOrFail(o);
     QCOMPARE(SqlInt(path, "PRAGMA user_version"), int64_t{Journal::kSchemaVersion});
     QCOMPARE(SqlInt(path, "SELECT drafted_tokens FROM requests WHERE session = 'old'"), int64_t{0});
+    QCOMPARE(SqlInt(path, "SELECT slot FROM requests WHERE session = 'old'"), int64_t{0});
     QCOMPARE(SqlInt(path, "SELECT count(*) FROM sqlite_master WHERE name = 'shadow_answers'"), int64_t{0});
     ShadowRow row;
     row.session = "new";

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <set>
 #include <thread>
 
 #include "tests/server/server_fixture.h"
@@ -136,6 +137,19 @@ class TestParallelServer : public QObject {
     int used = 0;
     for (const json& slot : slot_list) used += slot["requests"].get<int>() > 0 ? 1 : 0;
     QVERIFY2(used == 3, slot_list.dump().c_str());
+    // The journal names each request's slot: three that ran at once ran on three.
+    std::set<int> journal_slots;
+    for (const char* session : {"A", "B", "C"}) {
+      json row;
+      for (int attempt = 0; attempt < 50 && row.is_null(); ++attempt) {
+        const json rows = json::parse(server_.Get(std::string("/v1/journal?kind=request&session=") + session)->body)["rows"];
+        if (!rows.empty()) row = rows[0];
+        else QTest::qWait(50);
+      }
+      QVERIFY2(row.contains("slot") && row.contains("queue_ms"), row.dump().c_str());
+      journal_slots.insert(row["slot"].get<int>());
+    }
+    QCOMPARE(journal_slots.size(), size_t(3));
   }
 
   // The long answer's client hangs up while another request decodes beside it: its slot is free at
