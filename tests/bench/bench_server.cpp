@@ -2,11 +2,17 @@
 // (per stream and aggregate) of 1, 4 and 16 concurrent streaming clients on --parallel slots, and
 // the server's overhead per token against the engine's own generate loop on the same prompt; then
 // the same stream through a second server that forwards it (--backend) to this one.
-// usage: anchorage-bench-server [--size small|tiny] [--tokens N] [--threads N] [--parallel N] [--clients 1,4,16]
+// With --soak S it runs instead a soak: 16 clients in multi-turn conversations for S seconds on a
+// server with every cache on and small budgets (so they fill and shed), counting errors and
+// sampling the process's RSS; it prints whether the RSS of the last half stayed within 5 %.
+// usage: anchorage-bench-server [--size small|tiny] [--tokens N] [--threads N] [--parallel N] [--clients 1,4,16] [--soak S]
 #include <httplib.h>
 
 #include <cstdio>
+#include <atomic>
+#include <climits>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -60,11 +66,97 @@ ClientRun Stream(int port, const json& body) {
   return run;
 }
 
+int64_t RssBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+  return 0;
+}
+
+// 16 clients, each a conversation of up to 8 turns (then a new session), for seconds; errors and RSS.
+int Soak(const std::string& size, int threads, int parallel, int tokens, int seconds) {
+  ServerConfig config;
+  config.model_dir = bench::ModelFolder(size);
+  config.data_dir = "/tmp/anchorage-bench/soak-data";
+  std::filesystem::remove_all(config.data_dir);
+  nlohmann::json settings = DefaultSettingsDocument(MachineTotalRamBytes());
+  const double ceiling_gb = size == "tiny" ? 0.02 : 0.25;  // small budgets: the tiers fill and shed within minutes
+  settings["memory"]["ceiling_gb"] = ceiling_gb;
+  settings["memory"]["prefill_peak_gb"] = 2 * ceiling_gb;
+  settings["memory"]["allocator_slack_gb"] = 0;
+  settings["disk_cache"]["min_free_gb"] = 0;
+  settings["disk_cache"]["budget_gb"] = 0.5;
+  if (!MakeDirectories(config.data_dir, 0700).ok() || !WriteFileAtomic(config.data_dir + "/settings.json", settings.dump()).ok()) return 1;
+  config.port = 0;
+  config.threads = threads;
+  config.parallel = parallel;
+  auto service = Service::Start(config);
+  if (!service.ok()) { std::fprintf(stderr, "%s\n", service.status().ToString().c_str()); return 1; }
+  Service& s = **service;
+  s.ServeInBackground();
+  const int port = s.http().port();
+  std::printf("soak: model %s, %d threads, %s, %d slots, 16 clients, %d tokens an answer, %d s, caches on (ceiling %.2f GiB)\n", size.c_str(),
+              s.scheduler().forward().threads(), cpu::PathName(cpu::ActivePath()), parallel, tokens, seconds, ceiling_gb);
+  std::atomic<bool> stop = false;
+  std::atomic<int64_t> requests = 0, errors = 0, tokens_out = 0;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 16; ++c)
+    clients.emplace_back([&, c] {
+      for (int conversation = 0; !stop.load(); ++conversation) {
+        json messages = json::array();
+        const std::string session = "soak-" + std::to_string(c) + "-" + std::to_string(conversation);
+        for (int turn = 0; turn < 8 && !stop.load(); ++turn) {
+          messages.push_back({{"role", "user"}, {"content", "Client " + std::to_string(c) + " turn " + std::to_string(turn) +
+                                                                 ": say how anchors on grid lines keep a long conversation cheap, in other words than before."}});
+          httplib::Client client("127.0.0.1", port);
+          client.set_read_timeout(600, 0);
+          const json body = {{"messages", messages}, {"max_tokens", tokens}, {"temperature", 0.7}, {"seed", c}, {"session_id", session},
+                             {"chat_template_kwargs", {{"enable_thinking", false}}}};
+          auto r = client.Post("/v1/chat/completions", body.dump(), "application/json");
+          ++requests;
+          if (!r || r->status != 200) {
+            ++errors;
+            std::fprintf(stderr, "soak: client %d: %s\n", c, r ? (std::to_string(r->status) + " " + r->body.substr(0, 200)).c_str() : "no response");
+            break;
+          }
+          const json reply = json::parse(r->body, nullptr, false);
+          tokens_out += reply["usage"]["completion_tokens"].get<int64_t>();
+          messages.push_back(reply["choices"][0]["message"]);
+        }
+      }
+    });
+  std::vector<std::pair<double, int64_t>> rss;  // seconds, bytes
+  const double start = bench::NowMs();
+  while (bench::NowMs() - start < seconds * 1000.0) {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    rss.emplace_back((bench::NowMs() - start) / 1000.0, RssBytes());
+  }
+  stop = true;
+  for (auto& t : clients) t.join();
+  const double wall = (bench::NowMs() - start) / 1000.0;
+  int64_t low = INT64_MAX, high = 0;
+  for (const auto& [t, bytes] : rss)
+    if (t >= seconds / 2.0) {
+      low = std::min(low, bytes);
+      high = std::max(high, bytes);
+    }
+  for (size_t i = 0; i < rss.size(); i += std::max<size_t>(1, rss.size() / 8))
+    std::printf("  %5.0f s: RSS %.1f MiB\n", rss[i].first, rss[i].second / 1048576.0);
+  const CacheStats stats = s.scheduler().CacheStats();
+  std::printf("soak: %lld requests, %lld errors, %lld tokens (%.1f tokens/s) in %.0f s; %lld sheds; RSS over the last half %.1f to %.1f MiB (%.1f %%: %s)\n",
+              static_cast<long long>(requests.load()), static_cast<long long>(errors.load()), static_cast<long long>(tokens_out.load()),
+              tokens_out.load() / wall, wall, static_cast<long long>(stats.memory.shed_total()), low / 1048576.0, high / 1048576.0,
+              low > 0 ? 100.0 * (high - low) / low : 0.0, low > 0 && high <= low * 1.05 ? "flat within 5 %" : "NOT flat");
+  s.Drain();
+  return errors.load() == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string size = "small";
-  int tokens = 64, threads = 0, parallel = 4;
+  int tokens = 64, threads = 0, parallel = 4, soak_s = 0;
   std::vector<int> client_counts = {1, 4, 16};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -72,6 +164,7 @@ int main(int argc, char** argv) {
     else if (k == "--tokens") tokens = std::atoi(v.c_str());
     else if (k == "--threads") threads = std::atoi(v.c_str());
     else if (k == "--parallel") parallel = std::atoi(v.c_str());
+    else if (k == "--soak") soak_s = std::atoi(v.c_str());
     else if (k == "--clients") {
       client_counts.clear();
       for (size_t at = 0; at < v.size();) {
@@ -81,6 +174,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (soak_s > 0) return Soak(size, threads, parallel, tokens, soak_s);
   ServerConfig config;
   config.model_dir = bench::ModelFolder(size);
   config.data_dir = "/tmp/anchorage-bench/server-data";
