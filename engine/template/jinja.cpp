@@ -619,7 +619,8 @@ class Interpreter {
 
   Value MakeMacro(const Stmt& s, const std::string& name, const std::shared_ptr<Scope>& defining_scope) {
     const Stmt* stmt = &s;
-    std::shared_ptr<Scope> closure = defining_scope;
+    // Weak: the macro lives in its defining scope's variables, and a strong pointer back would keep both forever.
+    std::weak_ptr<Scope> closure = defining_scope;
     return Value::Function(MakeFn(name, [this, stmt, closure, name](const CallArgs& a) {
       if (++call_depth_ > limits_.max_call_depth) {
         --call_depth_;
@@ -631,7 +632,8 @@ class Interpreter {
         ~DepthRestore() { --*depth; }
       } restore{&call_depth_};
       auto local = std::make_shared<Scope>();
-      local->parent = closure;
+      local->parent = closure.lock();
+      if (local->parent == nullptr) Throw("macro '" + name + "' called after the block that defined it ended");
       if (a.positional.size() > stmt->params.size()) {
         Throw("macro '" + name + "' takes not more than " + std::to_string(stmt->params.size()) + " argument(s)");
       }

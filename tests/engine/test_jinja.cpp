@@ -4,6 +4,8 @@
 #include <QProcess>
 #include <QTemporaryDir>
 #include <QtTest>
+
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -227,6 +229,7 @@ class JinjaTest : public QObject {
   void unsupportedSyntaxNamesLine();
   void raiseExceptionCarriesMessage();
   void runawayRenderingIsBounded();
+  void macrosLeaveNothingBehind();
   void loadFindsTemplateAndSpecialTokens();
 
  private:
@@ -245,6 +248,39 @@ class JinjaTest : public QObject {
   std::vector<Conversation> conversations_;
   std::map<std::string, json> reference_;  // case id -> {ok, output|error}
 };
+
+namespace {
+int64_t ResidentBytes() {
+  std::ifstream in("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  in >> pages >> resident;
+  return resident * 4096;
+}
+}  // namespace
+
+// A template that defines macros (as the Qwen templates do) gives back everything a render held:
+// a server renders every request, so a render that kept its scope would grow without bound.
+void JinjaTest::macrosLeaveNothingBehind() {
+  auto t = anchorage::jinja::Template::Parse(
+      "{% macro shout(x) %}{{ x | upper }}{% endmacro %}{% for m in messages %}{% macro inner() %}{{ m }}{% endmacro %}"
+      "{{ shout(inner()) | length }}{% endfor %}",
+      "t.jinja");
+  QVERIFY2(t.ok(), t.status().ToString().c_str());
+  const json context = {{"messages", json::array({std::string(64 << 10, 'a'), std::string(64 << 10, 'b')})}};
+  QCOMPARE(*t->Render(context), std::string("6553665536"));
+  const int64_t before = ResidentBytes();
+  for (int i = 0; i < 1000; ++i) QVERIFY(t->Render(context).ok());
+  const int64_t grown = ResidentBytes() - before;
+  QVERIFY2(grown < (32 << 20), std::to_string(grown).c_str());  // a leak of the context would be 128 MiB and more
+  // A macro kept past the block that defined it cannot reach that block's variables: an error, not a crash.
+  auto escaped = anchorage::jinja::Template::Parse(
+      "{% set ns = namespace(f=none) %}{% for i in [1] %}{% macro g() %}{{ i }}{% endmacro %}{% set ns.f = g %}{% endfor %}{{ ns.f() }}",
+      "t.jinja");
+  QVERIFY2(escaped.ok(), escaped.status().ToString().c_str());
+  auto rendered = escaped->Render(json::object());
+  QVERIFY(!rendered.ok());
+  QVERIFY2(rendered.status().message().find("after the block that defined it ended") != std::string::npos, rendered.status().message().c_str());
+}
 
 void JinjaTest::initTestCase() {
   QVERIFY2(QFile::exists(QString::fromStdString(kQwen3Config)),
