@@ -1127,6 +1127,12 @@ Result<ResumeInfo> ResidentPrefix::Prewarm(const CacheRequest& request) {
   return plan.info;
 }
 
+bool ResidentPrefix::WouldFitBeside(const CacheRequest& request, int64_t max_new, int64_t outside) const {
+  const int64_t own_floor = ShedFloorBytes() - (outside_bytes_ ? outside_bytes_() : 0);
+  const int64_t cold_need = PrefillPeakBytes(static_cast<int64_t>(request.prompt.size()), 0, max_new);
+  return own_floor + outside + cold_need <= options_.memory_peak_bytes - options_.memory_slack_bytes;
+}
+
 void ResidentPrefix::GiveBack(const std::string& reason) {
   if (!rows_.empty()) (void)SpillResident(reason);  // a failed save is journaled; the rows go either way
   const int64_t bytes = OwnBytes(), tokens = static_cast<int64_t>(rows_.size());

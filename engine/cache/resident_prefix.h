@@ -219,6 +219,8 @@ class ResidentPrefix {
   // Where a request would resume, without changing anything.
   ResumeInfo Peek(const CacheRequest& request) const;
 
+  // Whether the request could fit cold with every tier of this prefix shed and `outside` bytes held beside it.
+  bool WouldFitBeside(const CacheRequest& request, int64_t max_new, int64_t outside) const;
   // An idle slot gives its memory back for another's request: the conversation goes to the spill
   // (where it is long enough), every RAM tier of its own empties and its state's rows are freed.
   void GiveBack(const std::string& reason);

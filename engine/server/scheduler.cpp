@@ -539,6 +539,11 @@ Scheduler::Slot* Scheduler::PickSlot(const Job& job) {
   std::vector<Slot*> idle;
   for (Slot& slot : slots_)
     if (slot.job == nullptr) idle.push_back(&slot);
+  // A long request of a session that runs on a busy slot waits for that slot, which holds its rows:
+  // elsewhere it would prefill what that slot resumes. A short one (a title, a guest) goes on.
+  if (!job.session().empty() && static_cast<int64_t>(job.prompt_ids().size()) > applied_options_.guest_max_tokens)
+    for (const Slot& slot : slots_)
+      if (slot.job != nullptr && (slot.job->session() == job.session() || slot.cache->session() == job.session())) return nullptr;
   if (idle.size() <= 1) return idle.empty() ? nullptr : idle.front();
   for (Slot* slot : idle)
     if (slot->cache->PreparedAnswerFits(CacheRequest{job.prompt_ids(), job.session(), job.sampling().max_tokens, job.context_tokens()}, job.sampling()))
@@ -617,14 +622,22 @@ bool Scheduler::StartJob(Slot& slot, std::shared_ptr<Job> job, double queue_ms) 
   };
   auto turn = begin();
   if (!turn.ok() && turn.status().code() == StatusCode::kResourceExhausted) {
-    // Idle slots give their memory back first (their conversations to the spill), then it is tried again.
-    bool gave = false;
-    for (Slot& other : slots_)
-      if (&other != &slot && other.job == nullptr && other.cache->OwnBytes() > other.cache->state().anchor_bytes()) {
-        other.cache->GiveBack("slot " + std::to_string(&slot - slots_.data()) + "'s request needs the memory");
-        gave = true;
-      }
-    if (gave) turn = begin();
+    // Idle slots give their memory back first (their conversations to the spill), then it is tried
+    // again; only where that makes room: a request that cannot fit takes nothing from them.
+    int64_t beside = options_.shadow != nullptr ? options_.shadow->resident_bytes() : 0;
+    std::vector<Slot*> givers;
+    for (Slot& other : slots_) {
+      if (&other == &slot) continue;
+      const bool gives = other.job == nullptr && other.cache->OwnBytes() > other.cache->state().anchor_bytes();
+      beside += gives ? other.cache->state().anchor_bytes() : other.cache->HeldBytes();
+      if (gives) givers.push_back(&other);
+    }
+    const int64_t context = job->context_tokens() > 0 ? job->context_tokens() : model_.config.max_position_embeddings;
+    const int64_t max_new = std::min<int64_t>(job->sampling().max_tokens, context - static_cast<int64_t>(job->prompt_ids().size()));
+    if (!givers.empty() && slot.cache->WouldFitBeside(request, std::max<int64_t>(0, max_new), beside)) {
+      for (Slot* other : givers) other->cache->GiveBack("slot " + std::to_string(&slot - slots_.data()) + "'s request needs the memory");
+      turn = begin();
+    }
   }
   if (!turn.ok()) {
     // Memory other slots hold comes back when they end: the job waits for it at the head of the queue.

@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "engine/core/file_util.h"
 #include "tests/server/server_fixture.h"
 
 using anchorage::testing::ServerProcess;
@@ -172,6 +173,39 @@ class TestParallelServer : public QObject {
     QVERIFY2(got_a.events < 25000, std::to_string(got_a.events).c_str());  // it hung up
     CompareAnswers(got_b, StreamAnswer(alone_, b), "the answer beside the hang-up");
     QTRY_COMPARE_WITH_TIMEOUT(BusySlots(server_), 0, 10000);
+  }
+
+  // A session's side request (a title, a guest through slot 0's stash) runs long on the slot that
+  // holds the session's rows; the session's next long turn waits for that slot and resumes from its
+  // rows, instead of prefilling the conversation again on a free slot.
+  void aLongTurnWaitsForItsSessionsSlot() {
+    QTemporaryDir dir;
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(dir.path()));
+    json settings = json::parse(*anchorage::ReadFile(dir.filePath("settings.json").toStdString()));
+    settings["resident"]["guest_max_tokens"] = 256;
+    QVERIFY(anchorage::WriteFileAtomic(dir.filePath("settings.json").toStdString(), settings.dump()).ok());
+    ServerProcess s;
+    QVERIFY(s.Start(dir.path(), {"--grid", "64", "--parallel", "2", "--shadow-model", "off"}));
+    json messages = json::array({{{"role", "system"}, {"content", Notes(20, 150)}}, {{"role", "user"}, {"content", "Which row comes first?"}}});
+    const json r1 = s.Chat({{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}, {"session_id", "W"}});
+    QVERIFY(!r1.empty());
+    std::atomic<bool> title_streams = false;
+    Answer title;
+    std::thread t([&] {
+      title = StreamAnswer(s, Request("Write a title.", "Rows.", 3000, 0, "W"), [&](size_t) { return (title_streams = true), true; });
+    });
+    QTRY_VERIFY_WITH_TIMEOUT(title_streams.load(), 30000);
+    messages.push_back(r1["choices"][0]["message"]);
+    messages.push_back({{"role", "user"}, {"content", "And the last?"}});
+    const json r2 = s.Chat({{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}, {"session_id", "W"}});
+    const Clock::time_point r2_done = Clock::now();
+    t.join();
+    QVERIFY(!r2.empty());
+    QVERIFY2(title.events > 1000, std::to_string(title.events).c_str());
+    QVERIFY2(title.last < r2_done, "the turn ran beside the title instead of waiting for its slot");
+    const json& usage = r2["usage"];  // from its rows in place: the end anchor, or the exact line below the new text
+    QVERIFY2(usage["anchorage"]["cache_source"] == "end" || usage["anchorage"]["cache_source"] == "resident", usage.dump().c_str());
+    QVERIFY2(usage["anchorage"]["cached_tokens"].get<int64_t>() > usage["prompt_tokens"].get<int64_t>() - 64, usage.dump().c_str());
   }
 
   // A memory budget that holds two long requests but not three: the third waits at the head of the
