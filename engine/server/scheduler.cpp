@@ -428,9 +428,11 @@ void Scheduler::PrepareIdle() {
 
 Status Scheduler::SpillForStop() {
   return BetweenRequests("", [&] {
-    Status s = resident_.SpillForStop();
+    // Every slot's conversations; slot 0's last, so it is the one the next start reads back.
+    Status s = Status::Ok();
     for (auto& side : side_caches_)
-      if (Status side_spilled = side->SpillResident("stop"); s.ok()) s = side_spilled;
+      if (Status side_spilled = side->SpillForStop(); s.ok()) s = side_spilled;
+    if (Status own = resident_.SpillForStop(); s.ok()) s = own;
     return s;
   });
 }
@@ -588,8 +590,8 @@ bool Scheduler::StartJob(Slot& slot, std::shared_ptr<Job> job, double queue_ms) 
   };
   if (job->cancel_flag().load()) {
     job->Admit(Cancelled("cancelled before it started"));
-    FinishJob(*job, Cancelled("cancelled before it started"), {}, slot.stats);
     release();
+    FinishJob(*job, Cancelled("cancelled before it started"), {}, slot.stats);
     return true;
   }
   slot.start = std::chrono::steady_clock::now();
@@ -650,8 +652,8 @@ bool Scheduler::StartJob(Slot& slot, std::shared_ptr<Job> job, double queue_ms) 
     }
     job->Admit(turn.status());
     RecordJob(*job, slot.stats, 500, turn.status().ToString(), "error");
-    FinishJob(*job, turn.status(), {}, slot.stats);
     release();
+    FinishJob(*job, turn.status(), {}, slot.stats);
     return true;
   }
   slot.turn = std::move(turn).value();
@@ -669,15 +671,17 @@ void Scheduler::StepSlots() {
   if (prefilling != nullptr) {
     current_session_ = prefilling->job->session();
     if (Result<bool> more = prefilling->cache->PrefillPiece(*prefilling->turn); !more.ok()) {
-      Job& job = *prefilling->job;
-      RecordJob(job, prefilling->stats, 500, more.status().ToString(), "error");
-      FinishJob(job, more.status(), {}, prefilling->stats);
+      const std::shared_ptr<Job> job = prefilling->job;
+      RecordJob(*job, prefilling->stats, 500, more.status().ToString(), "error");
       prefilling->job.reset();
       prefilling->turn.reset();
       prefilling->last_used = std::chrono::steady_clock::now();
       waiting_for_memory_ = false;
-      std::lock_guard lock(mu_);
-      --running_slots_;
+      {
+        std::lock_guard lock(mu_);
+        --running_slots_;
+      }
+      FinishJob(*job, more.status(), {}, prefilling->stats);
     }
   }
   std::vector<Slot*> batch;
@@ -718,7 +722,8 @@ void Scheduler::StepSlots() {
 }
 
 void Scheduler::EndJob(Slot& slot) {
-  Job& job = *slot.job;
+  const std::shared_ptr<Job> held = slot.job;  // the slot is free before the client is answered
+  Job& job = *held;
   RequestFigures& stats = slot.stats;
   current_session_ = job.session();
   auto result = slot.cache->End(*slot.turn);
@@ -735,8 +740,8 @@ void Scheduler::EndJob(Slot& slot) {
   if (!result.ok()) {
     job.Admit(result.status());
     RecordJob(job, stats, 500, result.status().ToString(), "error");
-    FinishJob(job, result.status(), {}, stats);
     release();
+    FinishJob(job, result.status(), {}, stats);
     return;
   }
   stats.completion_tokens = static_cast<int64_t>(result->generation.tokens.size());
@@ -762,13 +767,15 @@ void Scheduler::EndJob(Slot& slot) {
     }
   }
   RecordJob(job, stats, 200, "", job.FinishReasonOf(result->generation));
-  FinishJob(job, Status::Ok(), std::move(result->generation), stats);
   release();
+  FinishJob(job, Status::Ok(), std::move(result->generation), stats);
 }
 
 void Scheduler::FinishJob(Job& job, Status status, GenerationResult result, const RequestFigures& figures) {
-  // Published before the client is answered, so a stats read that follows its response never sees older tiers.
+  // Published before the client is answered, so a stats read that follows its response never sees
+  // older tiers or its slot still busy.
   anchorage::CacheStats stats = CombinedStats();
+  PublishSlots();
   {
     std::lock_guard lock(mu_);
     cache_stats_ = std::move(stats);

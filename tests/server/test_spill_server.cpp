@@ -82,6 +82,41 @@ class TestSpillServer : public QObject {
     QVERIFY(!b.Chat(Turn(first)).empty());
   }
 
+  // Two conversations on two slots when the server stops: the drain writes both, and after the
+  // restart each resumes most of its prompt (one read back at the start, the other from the spill).
+  void aDrainSpillsEverySlot() {
+    QTemporaryDir data;
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(data.path()));
+    auto turn = [](const json& messages, const std::string& session) {
+      return json{{"messages", messages}, {"max_tokens", 12}, {"temperature", 0}, {"session_id", session}};
+    };
+    const json a = json::array({{{"role", "user"}, {"content", LongText()}}});
+    const json b = json::array({{{"role", "user"}, {"content", "Other notes. " + LongText()}}});
+    json a2 = a, b2 = b;
+    {
+      ServerProcess s;
+      QVERIFY(s.Start(data.path(), {"--grid", "64", "--parallel", "2"}));
+      const json ra = s.Chat(turn(a, "A")), rb = s.Chat(turn(b, "B"));
+      QVERIFY(!ra.empty() && !rb.empty());
+      const json slot_list = json::parse(s.Get("/health")->body)["slots"];
+      QVERIFY2(slot_list[0]["requests"].get<int>() + slot_list[1]["requests"].get<int>() == 2, slot_list.dump().c_str());
+      QVERIFY2(slot_list[0]["requests"].get<int>() == 1, slot_list.dump().c_str());  // one a slot
+      a2.push_back({{"role", "assistant"}, {"content", Text(ra)}});
+      a2.push_back({{"role", "user"}, {"content", "And which block comes last?"}});
+      b2.push_back({{"role", "assistant"}, {"content", Text(rb)}});
+      b2.push_back({{"role", "user"}, {"content", "And which block comes first?"}});
+      ::kill(static_cast<pid_t>(s.process().processId()), SIGTERM);
+      QVERIFY(s.process().waitForFinished(20000));
+      QCOMPARE(s.process().exitCode(), 0);
+    }
+    ServerProcess s;
+    QVERIFY(s.Start(data.path(), {"--grid", "64", "--parallel", "2"}));
+    for (const auto& [messages, session] : {std::pair{a2, std::string("A")}, std::pair{b2, std::string("B")}}) {
+      const json got = s.Chat(turn(messages, session));
+      QVERIFY2(got["usage"]["anchorage"]["cached_tokens"].get<int64_t>() > 256, (session + ": " + got["usage"].dump()).c_str());
+    }
+  }
+
   // A conversation is drained with its end anchor; after the restart its next turn resumes at that
   // end, as on a server that never stopped, and answers the same logprobs: answers that close their
   // reasoning (the copies leave it out), and answers with thinking off (the copies leave the empty
