@@ -259,6 +259,25 @@ void MainWindow::buildMenus() {
     a->setShortcut(QKeySequence(Qt::CTRL | Qt::Key(Qt::Key_1 + i)));
     a->setShortcutContext(Qt::WidgetShortcut);  // the window's QShortcuts fire; the menu shows the keys
   }
+  QMenu* help = menuBar()->addMenu(tr("&Help"));
+  help->addAction(tr("&About Anchorage"), this, [this] { QMessageBox::about(this, tr("About Anchorage"), aboutText()); });
+}
+
+QString MainWindow::aboutText() const {
+  const EngineStatusSnapshot& s = m_lastStatus;
+  QStringList lines;
+  lines << tr("Anchorage %1").arg(QStringLiteral(ANCHORAGE_VERSION));
+  lines << tr("An operator console and OpenAI-compatible endpoint for Qwen3.5-family models, with exact caches.");
+  if (s.ready) {
+    lines << tr("Model: %1%2").arg(s.modelId, s.generatedModel ? tr(" (the generated tiny model: random weights)") : QString());
+    lines << tr("Runs on: %1 · %2 weights · %3 threads · %4 slots").arg(s.kernelPath, s.weights).arg(s.threads).arg(s.slotCount);
+  } else {
+    lines << tr("Model: not loaded yet");
+  }
+  if (!m_url.isEmpty()) lines << tr("Endpoint: %1").arg(m_url);
+  if (m_host->isRemote()) lines << tr("Server: %1 (over --connect; its data folder is its own)").arg(m_host->remote().url);
+  else lines << tr("Data folder: %1").arg(QString::fromStdString(m_host->config().data_dir));
+  return lines.join('\n');
 }
 
 void MainWindow::setPersistState(bool on) {
@@ -312,6 +331,7 @@ void MainWindow::onConnection(bool reachable, const QString& message) {
 }
 
 void MainWindow::onStatus(const EngineStatusSnapshot& s) {
+  m_lastStatus = s;
   const QString where = m_host->isRemote() ? tr(" · on %1").arg(QUrl(m_host->remote().url).authority()) : QString();
   const QString weights = s.weights.isEmpty() ? QString() : tr(" · %1 weights").arg(s.weights);
   const QString threads = s.threads == 1 ? tr("1 thread") : tr("%1 threads").arg(s.threads);

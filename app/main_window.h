@@ -52,6 +52,9 @@ class MainWindow : public QMainWindow {
   SettingsModel* settingsModel() const { return m_settingsModel; }
   MemoryHistory* memoryHistory() const { return m_history; }
   QString endpointUrl() const { return m_url; }
+  // Help > About's text: the version, the model and what runs it (kernel path or GPU, weights,
+  // threads, slots), the endpoint and the data folder (or the server over --connect).
+  QString aboutText() const;
   // Checks dir as a model folder; on success remembers it among the recent ones, drains the engine
   // and starts the console again on it (the same flags, --model DIR). False, saying why, otherwise.
   bool openModelFolder(const QString& dir);
@@ -72,6 +75,7 @@ class MainWindow : public QMainWindow {
   void onConnection(bool reachable, const QString& message);
   void onLoadCancelled();
   void onStatus(const EngineStatusSnapshot& status);
+  EngineStatusSnapshot m_lastStatus;
 
   EngineHost* m_host;
   CacheTierModel* m_cacheModel;

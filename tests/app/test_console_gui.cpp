@@ -219,6 +219,11 @@ class TestConsoleGui : public QObject {
     QTRY_VERIFY_WITH_TIMEOUT(slotList->text().count("Slot ") == 2, 10000);
     QVERIFY2(slotList->text().contains("Slot 0 · idle · session " + conversation->conversation()), qPrintable(slotList->text()));
     QTRY_COMPARE_WITH_TIMEOUT(window.findChild<QLabel*>("queueLabel")->text(), QString("queue 0 · slots 0/2 busy"), 10000);
+    // Help > About names the version, what runs the model and the data folder.
+    const QString about = window.aboutText();
+    QVERIFY2(about.startsWith("Anchorage 0.") && about.contains(" · 2 slots") && about.contains("generated tiny model") &&
+                 about.contains("Data folder: " + dir.path()) && about.contains(window.endpointUrl()),
+             qPrintable(about));
 
     // Edit a limit: applied as the next version, in the engine's document and on disk.
     MemoryScreen* memory = window.memoryScreen();
