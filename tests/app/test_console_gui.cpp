@@ -255,10 +255,12 @@ class TestConsoleGui : public QObject {
 
     // Clear a tier from its screen; a declined confirmation clears nothing.
     int asked = 0;
-    memory->setConfirmFunction([&](QWidget*, const QString&, const QString&) { return ++asked, false; });
+    QString asked_text;
+    memory->setConfirmFunction([&](QWidget*, const QString&, const QString& text) { return asked_text = text, ++asked, false; });
     QSignalSpy requested(memory, &MemoryScreen::clearTierRequested);
     QTest::mouseClick(memory->findChild<QPushButton*>("clear_end"), Qt::LeftButton);
     QCOMPARE(asked, 1);
+    QVERIFY2(asked_text.startsWith("Clear the end tier (1 entry, ") && asked_text.contains("KiB)"), qPrintable(asked_text));  // what will be lost
     QCOMPARE(requested.count(), 0);
     memory->setConfirmFunction([&](QWidget*, const QString&, const QString&) { return ++asked, true; });
     QSignalSpy cleared(&host, &EngineHost::tierCleared);

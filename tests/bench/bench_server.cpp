@@ -87,6 +87,7 @@ int Soak(const std::string& size, int threads, int parallel, int tokens, int sec
   settings["memory"]["allocator_slack_gb"] = 0;
   settings["disk_cache"]["min_free_gb"] = 0;
   settings["disk_cache"]["budget_gb"] = 0.5;
+  settings["speculative"]["suffix_store_mb"] = 1;  // full within the first minute, like the other budgets
   if (!MakeDirectories(config.data_dir, 0700).ok() || !WriteFileAtomic(config.data_dir + "/settings.json", settings.dump()).ok()) return 1;
   config.port = 0;
   config.threads = threads;
