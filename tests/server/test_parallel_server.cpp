@@ -259,6 +259,59 @@ class TestParallelServer : public QObject {
     QVERIFY2(got[2].status == 200 && got[2].events >= 20, std::to_string(got[2].status).c_str());
   }
 
+  // Both slots idle, each holding a long conversation; a request that fits only without the other
+  // slot's rows takes them: that slot gives its memory back (journaled as a shed of tier "slot")
+  // and the request runs instead of getting 503.
+  void anIdleSlotGivesBackItsMemory() {
+    const QStringList flags = {"--grid", "64", "--parallel", "2", "--shadow-model", "off", "--disk-cache", "off"};
+    const json z = Request("Short.", "Tell me a very long story.", 20000, 0, "Z");
+    auto held_while_streaming = [](ServerProcess& s, const json& body) {
+      int64_t held = 0;
+      std::atomic<bool> streams = false, release = false;
+      std::thread t([&] { (void)StreamAnswer(s, body, [&](size_t) { return (streams = true), !release.load(); }); });
+      for (int i = 0; i < 3000 && !streams.load(); ++i) QTest::qWait(10);
+      const json slot_list = json::parse(s.Get("/health")->body)["slots"];
+      for (const json& slot : slot_list) held = std::max(held, slot["bytes"].get<int64_t>());
+      release = true;
+      t.join();
+      return held;
+    };
+    // What the request holds on an empty slot of a fresh server.
+    QTemporaryDir fresh_dir;
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(fresh_dir.path()));
+    ServerProcess fresh;
+    QVERIFY(fresh.Start(fresh_dir.path(), flags));
+    const int64_t alone = held_while_streaming(fresh, z);
+    QVERIFY2(alone > 20000 * 64, std::to_string(alone).c_str());
+
+    QTemporaryDir dir;
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(dir.path()));
+    ServerProcess s;
+    QVERIFY(s.Start(dir.path(), flags));
+    QVERIFY(!s.Chat({{"messages", json::array({{{"role", "user"}, {"content", Notes(30, 300)}}})}, {"max_tokens", 8}, {"session_id", "X"}}).empty());
+    QVERIFY(!s.Chat({{"messages", json::array({{{"role", "user"}, {"content", Notes(31, 300)}}})}, {"max_tokens", 8}, {"session_id", "Y"}}).empty());
+    const json slot_list = json::parse(s.Get("/health")->body)["slots"];
+    const int64_t other = std::min(slot_list[0]["bytes"].get<int64_t>(), slot_list[1]["bytes"].get<int64_t>());
+    QVERIFY2(other > (1 << 20), slot_list.dump().c_str());
+    json settings = json::parse(s.Get("/v1/settings")->body);
+    const double budget_gb = static_cast<double>(alone + other / 2) / (1 << 30);
+    settings["memory"]["prefill_peak_gb"] = budget_gb;
+    settings["memory"]["ceiling_gb"] = budget_gb;
+    settings["memory"]["allocator_slack_gb"] = 0;
+    QVERIFY(s.Put("/v1/settings", settings.dump())->status == 200);
+    const Answer got = StreamAnswer(s, z, [](size_t n) { return n < 10; });
+    QVERIFY2(got.status == 200 && got.events >= 10, std::to_string(got.status).c_str());
+    json sheds;
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      sheds = json::parse(s.Get("/v1/journal?kind=shed")->body)["rows"];
+      bool found = false;
+      for (const json& row : sheds) found = found || row["tier"] == "slot";
+      if (found) return;
+      QTest::qWait(50);
+    }
+    QFAIL(("no shed of tier slot in the journal: " + sheds.dump()).c_str());
+  }
+
   // A conversation's turn decodes on slot 0 while a short side request of the same session (a title)
   // runs on a side slot; the conversation's next turn still resumes at its end anchor.
   void aGuestOnASideSlotLeavesTheEndAnchor() {
