@@ -60,10 +60,7 @@ class LocalWorker : public ConsoleWorker {
       q.limit = 500;
       if (auto page = journal->Query(q); page.ok()) publishJournal(page->rows, page->total);
     }
-    nlohmann::json stats = anchorage::ToJson(sched.CacheStats());
-    const std::vector<anchorage::SlotSnapshot> slot_list = sched.Slots();
-    stats["slots"] = anchorage::SlotsJson(slot_list);
-    publishCache(stats, now);
+    publishCache(sched.CacheStatsJson(), now);
     anchorage::ShadowReader* shadow = sched.shadow();
     publishShadow(shadow != nullptr ? nlohmann::json(anchorage::ShadowStatusJson(shadow->Snapshot()))
                                     : nlohmann::json{{"loaded", false}, {"reason", "start with --shadow-model DIR (a small model of the same vocabulary)"}},
@@ -83,7 +80,7 @@ class LocalWorker : public ConsoleWorker {
     s.threads = sched.forward().threads();
     s.url = endpointUrl();
     s.queueDepth = static_cast<int>(sched.queue_depth());
-    s.slotCount = static_cast<int>(slot_list.size());
+    s.slotCount = static_cast<int>(sched.Slots().size());
     s.busySlots = sched.busy_slots();
     s.busy = sched.busy();
     s.last = sched.last_stats();

@@ -196,19 +196,18 @@ void MemoryScreen::onTierCleared(const QString& tier, bool ok, const QString& me
 }
 
 void MemoryScreen::requestClear(const QString& tier) {
-  // What will be lost: the tier's entries and bytes (every RAM tier's, for "ram").
-  qint64 entries = 0, bytes = 0;
-  for (const CacheTierSnapshot& t : m_tiers->snapshot().tiers)
+  // What will be lost: the tier's entries and bytes (every RAM tier's and the resident rows, for "ram").
+  qint64 entries = 0, bytes = 0, rows = 0;
+  for (const CacheTierSnapshot& t : m_tiers->snapshot().tiers) {
+    if (t.tier == "resident") rows = t.entries;
     if (tier == "ram" ? t.tier != "resident" : t.tier == tier) {
       entries += t.entries;
       bytes += t.bytes;
     }
+  }
   const QString lost = (entries == 1 ? tr("1 entry, %1") : tr("%1 entries, %2").arg(entries)).arg(fmt::bytes(bytes));
   QString text;
   if (tier == "ram") {
-    qint64 rows = 0;
-    for (const CacheTierSnapshot& t : m_tiers->snapshot().tiers)
-      if (t.tier == "resident") rows = t.entries;
     text = tr("Clear the resident rows (%1 tokens) and every resident tier (%2)? The next request prefills cold.").arg(rows).arg(lost);
   } else {
     text = tr("Clear the %1 tier (%2)? Requests that would resume from it prefill from a colder tier.").arg(tier, lost);

@@ -631,9 +631,10 @@ void ResidentPrefix::SubmitDiskWrites(const ResumeInfo& info, const std::string&
 Status ResidentPrefix::AdmitAndApply(const CacheRequest& request, Plan& plan, int64_t max_new) {
   if (disk_ != nullptr) disk_->Fence(&state_);  // the writer reads no more rows of the previous request
   for (int attempt = 0;; ++attempt) {
-    RETURN_IF_ERROR(Admit(request, plan, max_new));
-    Status applied = Apply(request, plan);
-    if (applied.ok() || !plan.restore_failed || attempt >= 2) return applied;
+    Status admitted = Admit(request, plan, max_new);
+    Status applied = admitted.ok() ? Apply(request, plan) : admitted;
+    if (!applied.ok()) committed_bytes_ = 0;  // nothing runs on what was admitted
+    if (applied.ok() || !admitted.ok() || !plan.restore_failed || attempt >= 2) return applied;
     plan = MakePlan(request);  // the failed files are gone: resume from what is in place, or cold
   }
 }
@@ -872,9 +873,13 @@ Status ResidentPrefix::Admit(const CacheRequest& request, Plan& plan, int64_t ma
                            std::to_string(options_.memory_slack_bytes) + ")");
 }
 
+int64_t ResidentPrefix::ContextLimit(int64_t context_tokens) const {
+  return context_tokens > 0 ? context_tokens : forward_.config().max_position_embeddings;
+}
+
 bool ResidentPrefix::PreparedAnswerFits(const CacheRequest& request, const SamplingParams& params) const {
   if (!prepared_ || !options_.compaction_prepare) return false;
-  const int64_t context = request.context_tokens > 0 ? request.context_tokens : forward_.config().max_position_embeddings;
+  const int64_t context = ContextLimit(request.context_tokens);
   SamplingParams fitted = params;
   fitted.max_tokens = std::min<int64_t>(params.max_tokens, context - static_cast<int64_t>(request.prompt.size()));
   return PreparedAnswerServes(*prepared_, request.prompt, fitted);
@@ -901,7 +906,7 @@ Result<std::unique_ptr<ResidentTurn>> ResidentPrefix::Begin(const CacheRequest& 
   turn->on_token = std::move(on_token);
   turn->cancel = cancel;
   // The context holds the prompt as served (end alignment can make it longer than the client's) and the output.
-  const int64_t context = request.context_tokens > 0 ? request.context_tokens : forward_.config().max_position_embeddings;
+  const int64_t context = ContextLimit(request.context_tokens);
   if (responses_->enabled()) turn->response_key = ResponseCache::KeyOf(request.prompt, params, std::to_string(context));
   if (PreparedAnswerFits(request, params)) {
     ++prepared_counts_.served;
@@ -919,10 +924,7 @@ Result<std::unique_ptr<ResidentTurn>> ResidentPrefix::Begin(const CacheRequest& 
     return OutOfRange("the prompt holds " + std::to_string(served) + " tokens as served; this server's context limit is " + std::to_string(context) + " tokens");
   turn->params = params;
   turn->params.max_tokens = std::min(params.max_tokens, context - served);
-  if (Status admitted = AdmitAndApply(request, plan, turn->params.max_tokens); !admitted.ok()) {
-    committed_bytes_ = 0;
-    return admitted;
-  }
+  RETURN_IF_ERROR(AdmitAndApply(request, plan, turn->params.max_tokens));
   turn->info = std::move(plan.info);
   if (on_admitted) on_admitted(turn->info);
   PlanDiskWrites(request, turn->info);
@@ -1032,7 +1034,7 @@ Status ResidentPrefix::WriteAhead(const std::string& session, std::span<const in
     return NotFound("the rows in place are not session " + session + "'s conversation at its end anchor");
   const int64_t e = end_->anchor.length, n = static_cast<int64_t>(ids.size()), length = state_.length();
   if (n <= e || !std::equal(rows_.begin(), rows_.end(), ids.begin())) return InvalidArgument("the ids do not continue the conversation in place");
-  const int64_t context = context_tokens > 0 ? context_tokens : forward_.config().max_position_embeddings;
+  const int64_t context = ContextLimit(context_tokens);
   if (n >= context) return OutOfRange("the continuation holds " + std::to_string(n) + " tokens; the context limit is " + std::to_string(context));
   SamplingParams fitted = params;
   fitted.max_tokens = std::min(params.max_tokens, context - n);
@@ -1083,10 +1085,7 @@ Status ResidentPrefix::WriteAhead(const std::string& session, std::span<const in
 
 Result<std::vector<float>> ResidentPrefix::Prefill(const CacheRequest& request, ResumeInfo* info_out) {
   Plan plan = MakePlan(request);
-  if (Status admitted = AdmitAndApply(request, plan, 0); !admitted.ok()) {
-    committed_bytes_ = 0;
-    return admitted;
-  }
+  RETURN_IF_ERROR(AdmitAndApply(request, plan, 0));
   ResumeInfo& info = plan.info;
   const int64_t n = static_cast<int64_t>(info.served_prompt.size());
   const int64_t G = forward_.grid_tokens();
@@ -1118,18 +1117,19 @@ Result<ResumeInfo> ResidentPrefix::Prewarm(const CacheRequest& request) {
   if (plan.info.guest || plan.info.source == CacheSource::kCold || plan.info.source == CacheSource::kResident ||
       plan.info.source == CacheSource::kEnd)
     return plan.info;  // nothing to bring: already in place, or no tier holds it
-  Status admitted = AdmitAndApply(request, plan, 0);
-  committed_bytes_ = 0;
-  RETURN_IF_ERROR(admitted);
+  RETURN_IF_ERROR(AdmitAndApply(request, plan, 0));
+  committed_bytes_ = 0;  // nothing is forwarded
   // The rows and state are in place; the restored end stays the end, so the request resumes there.
   if (plan.resume_from_end) end_ = EndAnchor{state_.SaveAnchor(), taint_row_, regions_};
   plan.info.source = plan.resume_from_end ? CacheSource::kEnd : CacheSource::kResident;
   return plan.info;
 }
 
-bool ResidentPrefix::WouldFitBeside(const CacheRequest& request, int64_t max_new, int64_t outside) const {
+bool ResidentPrefix::WouldFitBeside(const CacheRequest& request, int64_t max_tokens, int64_t outside) const {
+  const int64_t n = static_cast<int64_t>(request.prompt.size());
+  const int64_t max_new = std::max<int64_t>(0, std::min(max_tokens, ContextLimit(request.context_tokens) - n));
   const int64_t own_floor = ShedFloorBytes() - (outside_bytes_ ? outside_bytes_() : 0);
-  const int64_t cold_need = PrefillPeakBytes(static_cast<int64_t>(request.prompt.size()), 0, max_new);
+  const int64_t cold_need = PrefillPeakBytes(n, 0, max_new);
   return own_floor + outside + cold_need <= options_.memory_peak_bytes - options_.memory_slack_bytes;
 }
 
@@ -1138,13 +1138,11 @@ void ResidentPrefix::GiveBack(const std::string& reason) {
   const int64_t bytes = OwnBytes(), tokens = static_cast<int64_t>(rows_.size());
   if (disk_ != nullptr) disk_->Fence(&state_);
   store_.Clear();
-  anchors_.Clear();
-  end_.reset();
   stash_.rows.reset();
   pin_ = PinnedHead{};
   park_ = ParkedSession{};
   prepared_.reset();
-  ForgetRows();
+  ForgetRows();  // the rows, regions, anchors and end anchor
   taint_row_ = kNoTaintRow;
   session_.clear();
   state_.Release();

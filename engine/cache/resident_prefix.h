@@ -219,8 +219,9 @@ class ResidentPrefix {
   // Where a request would resume, without changing anything.
   ResumeInfo Peek(const CacheRequest& request) const;
 
-  // Whether the request could fit cold with every tier of this prefix shed and `outside` bytes held beside it.
-  bool WouldFitBeside(const CacheRequest& request, int64_t max_new, int64_t outside) const;
+  // Whether the request (max_tokens fitted to its context) could fit cold with every tier of this
+  // prefix shed and `outside` bytes held beside it.
+  bool WouldFitBeside(const CacheRequest& request, int64_t max_tokens, int64_t outside) const;
   // An idle slot gives its memory back for another's request: the conversation goes to the spill
   // (where it is long enough), every RAM tier of its own empties and its state's rows are freed.
   void GiveBack(const std::string& reason);
@@ -256,6 +257,8 @@ class ResidentPrefix {
   };
   Plan MakePlan(const CacheRequest& request) const;
   Status Apply(const CacheRequest& request, Plan& plan);
+  // The context a request's prompt as served and its output must fit (context_tokens, else the model's).
+  int64_t ContextLimit(int64_t context_tokens) const;
   // Admit and Apply, planning again (without the file that failed) when a disk restore fails.
   Status AdmitAndApply(const CacheRequest& request, Plan& plan, int64_t max_new);
   // Rows in place a disk restore of line can keep: this prompt's, below the taint, on the disk's grid.

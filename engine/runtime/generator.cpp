@@ -51,11 +51,7 @@ GenerationTask::GenerationTask(ComputeBackend& forward, const Tokenizer* tokeniz
 Status GenerationTask::Prefill() {
   sequence_start_ = state_.length() - static_cast<int64_t>(speculative_.history.size());
   auto logits = forward_.Prefill(state_, prompt_ids_, LogitsRows::kLast, head_);
-  if (!logits.ok()) {
-    failed_ = logits.status();
-    ended_ = true;
-    return failed_;
-  }
+  if (!logits.ok()) return Fail(logits.status());
   logits_ = std::move(logits).value();
   return Status::Ok();
 }
@@ -182,26 +178,28 @@ bool GenerationTask::Step() {
     result_.finish = FinishReason::kCancelled;
     return !(ended_ = true);
   }
-  failed_ = Advance(id);
-  if (!failed_.ok()) ended_ = true;
+  Fail(Advance(id));
   return !ended_;
 }
 
 void GenerationTask::set_may_draft(bool may) {
   may_draft_ = may;
   if (may || window_ids_.empty() || ended_) return;
-  failed_ = CloseWindow();
-  if (!failed_.ok()) ended_ = true;
+  Fail(CloseWindow());
+}
+
+Status GenerationTask::Fail(Status status) {
+  if (!status.ok()) {
+    failed_ = status;
+    ended_ = true;
+  }
+  return status;
 }
 
 void GenerationTask::Decoded(Result<std::vector<float>> logits) {
   pending_decode_.reset();
-  if (logits.ok()) {
-    logits_ = std::move(logits).value();
-  } else {
-    failed_ = logits.status();
-    ended_ = true;
-  }
+  if (logits.ok()) logits_ = std::move(logits).value();
+  else Fail(logits.status());
 }
 
 void GenerationTask::DecodeAlone() {

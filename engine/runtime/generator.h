@@ -90,6 +90,8 @@ class GenerationTask {
   // plain decode is left pending.
   Status Advance(int32_t id);
   Status CloseWindow();
+  // A failed status ends the task (Finish returns it); returns status.
+  Status Fail(Status status);
 
   ComputeBackend& forward_;
   const Tokenizer* tokenizer_;

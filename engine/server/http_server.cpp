@@ -250,11 +250,7 @@ bool HttpServer::CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiEr
 
 void HttpServer::RouteCache() {
   Route("GET", "/v1/cache/stats", RouteClass::kControl, RouteAccess::kClient,
-                   [this](const HttpRequest&, HttpResponse& res) {
-    nlohmann::json stats = ToJson(scheduler_.CacheStats());
-    stats["slots"] = SlotsJson(scheduler_.Slots());
-    SendJson(res, stats);
-  });
+                   [this](const HttpRequest&, HttpResponse& res) { SendJson(res, scheduler_.CacheStatsJson()); });
 
   // The tier comes from ?tier= or the body's "tier"; a clear that does not say which tier clears nothing.
   Route("POST", "/v1/cache/clear", RouteClass::kWork, RouteAccess::kAdmin, [this](const HttpRequest& req, HttpResponse& res) {

@@ -9,6 +9,8 @@ namespace {
 double MsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
+
+CacheRequest RequestOf(const Job& job) { return {job.prompt_ids(), job.session(), job.sampling().max_tokens, job.context_tokens()}; }
 }  // namespace
 
 nlohmann::json SlotsJson(const std::vector<SlotSnapshot>& slots) {
@@ -264,6 +266,12 @@ CacheStats Scheduler::CacheStats() const {
     stats.memory.engine_bytes += shadow_bytes - stats.memory.shadow_bytes;
     stats.memory.shadow_bytes = shadow_bytes;
   }
+  return stats;
+}
+
+nlohmann::json Scheduler::CacheStatsJson() const {
+  nlohmann::json stats = ToJson(CacheStats());
+  stats["slots"] = SlotsJson(Slots());
   return stats;
 }
 
@@ -531,6 +539,15 @@ void Scheduler::EngineLoop() {
   }
 }
 
+void Scheduler::FreeSlot(Slot& slot) {
+  slot.job.reset();
+  slot.turn.reset();
+  slot.last_used = std::chrono::steady_clock::now();
+  waiting_for_memory_ = false;  // what it held is free: the queue's head may fit now
+  std::lock_guard lock(mu_);
+  --running_slots_;
+}
+
 int Scheduler::active_slots() const {
   int n = 0;
   for (const Slot& slot : slots_) n += slot.job != nullptr ? 1 : 0;
@@ -547,12 +564,11 @@ Scheduler::Slot* Scheduler::PickSlot(const Job& job) {
     for (const Slot& slot : slots_)
       if (slot.job != nullptr && (slot.job->session() == job.session() || slot.cache->session() == job.session())) return nullptr;
   if (idle.size() <= 1) return idle.empty() ? nullptr : idle.front();
+  const CacheRequest request = RequestOf(job);
   for (Slot* slot : idle)
-    if (slot->cache->PreparedAnswerFits(CacheRequest{job.prompt_ids(), job.session(), job.sampling().max_tokens, job.context_tokens()}, job.sampling()))
-      return slot;
+    if (slot->cache->PreparedAnswerFits(request, job.sampling())) return slot;
   // The slot whose own RAM tiers serve the most of the prompt (the disk and the spill serve every
   // slot alike), the session's own slot first among equals.
-  const CacheRequest request{job.prompt_ids(), job.session(), job.sampling().max_tokens, job.context_tokens()};
   Slot* best = nullptr;
   int64_t best_cached = 0;
   bool best_session = false;
@@ -581,21 +597,14 @@ bool Scheduler::StartJob(Slot& slot, std::shared_ptr<Job> job, double queue_ms) 
   slot.stats.prompt_tokens = static_cast<int64_t>(job->prompt_ids().size());
   slot.order = ++started_jobs_;
   slot.have_first = false;
-  auto release = [&] {
-    slot.job.reset();
-    slot.turn.reset();
-    slot.last_used = std::chrono::steady_clock::now();
-    std::lock_guard lock(mu_);
-    --running_slots_;
-  };
   if (job->cancel_flag().load()) {
     job->Admit(Cancelled("cancelled before it started"));
-    release();
+    FreeSlot(slot);
     FinishJob(*job, Cancelled("cancelled before it started"), {}, slot.stats);
     return true;
   }
   slot.start = std::chrono::steady_clock::now();
-  CacheRequest request{job->prompt_ids(), job->session(), job->sampling().max_tokens, job->context_tokens()};
+  const CacheRequest request = RequestOf(*job);
   current_session_ = job->session();
   SamplingParams sampling = job->sampling();
   if (options_.reply_script && sampling.forced_ids.empty())
@@ -625,34 +634,31 @@ bool Scheduler::StartJob(Slot& slot, std::shared_ptr<Job> job, double queue_ms) 
   auto turn = begin();
   if (!turn.ok() && turn.status().code() == StatusCode::kResourceExhausted) {
     // Idle slots give their memory back first (their conversations to the spill), then it is tried
-    // again; only where that makes room: a request that cannot fit takes nothing from them.
-    int64_t beside = options_.shadow != nullptr ? options_.shadow->resident_bytes() : 0;
+    // again; only where that makes room: a request that cannot fit takes nothing from them. A slot
+    // that gives keeps its state's anchor-sized part.
+    const size_t index = static_cast<size_t>(&slot - slots_.data());
+    int64_t beside = OutsideBytes(index);
     std::vector<Slot*> givers;
-    for (Slot& other : slots_) {
-      if (&other == &slot) continue;
-      const bool gives = other.job == nullptr && other.cache->OwnBytes() > other.cache->state().anchor_bytes();
-      beside += gives ? other.cache->state().anchor_bytes() : other.cache->HeldBytes();
-      if (gives) givers.push_back(&other);
-    }
-    const int64_t context = job->context_tokens() > 0 ? job->context_tokens() : model_.config.max_position_embeddings;
-    const int64_t max_new = std::min<int64_t>(job->sampling().max_tokens, context - static_cast<int64_t>(job->prompt_ids().size()));
-    if (!givers.empty() && slot.cache->WouldFitBeside(request, std::max<int64_t>(0, max_new), beside)) {
-      for (Slot* other : givers) other->cache->GiveBack("slot " + std::to_string(&slot - slots_.data()) + "'s request needs the memory");
+    for (Slot& other : slots_)
+      if (&other != &slot && other.job == nullptr && other.cache->OwnBytes() > other.cache->state().anchor_bytes()) {
+        beside -= other.cache->OwnBytes() - other.cache->state().anchor_bytes();
+        givers.push_back(&other);
+      }
+    if (!givers.empty() && slot.cache->WouldFitBeside(request, job->sampling().max_tokens, beside)) {
+      for (Slot* other : givers) other->cache->GiveBack("slot " + std::to_string(index) + "'s request needs the memory");
       turn = begin();
     }
   }
   if (!turn.ok()) {
     // Memory other slots hold comes back when they end: the job waits for it at the head of the queue.
     if (turn.status().code() == StatusCode::kResourceExhausted && active_slots() > 1) {
-      slot.job.reset();
-      std::lock_guard lock(mu_);
-      --running_slots_;
+      FreeSlot(slot);
       waiting_for_memory_ = true;
       return false;
     }
     job->Admit(turn.status());
     RecordJob(*job, slot.stats, 500, turn.status().ToString(), "error");
-    release();
+    FreeSlot(slot);
     FinishJob(*job, turn.status(), {}, slot.stats);
     return true;
   }
@@ -673,14 +679,7 @@ void Scheduler::StepSlots() {
     if (Result<bool> more = prefilling->cache->PrefillPiece(*prefilling->turn); !more.ok()) {
       const std::shared_ptr<Job> job = prefilling->job;
       RecordJob(*job, prefilling->stats, 500, more.status().ToString(), "error");
-      prefilling->job.reset();
-      prefilling->turn.reset();
-      prefilling->last_used = std::chrono::steady_clock::now();
-      waiting_for_memory_ = false;
-      {
-        std::lock_guard lock(mu_);
-        --running_slots_;
-      }
+      FreeSlot(*prefilling);
       FinishJob(*job, more.status(), {}, prefilling->stats);
     }
   }
@@ -730,12 +729,7 @@ void Scheduler::EndJob(Slot& slot) {
   const auto end = std::chrono::steady_clock::now();
   auto release = [&] {
     ++slot.requests;
-    slot.job.reset();
-    slot.turn.reset();
-    slot.last_used = end;
-    waiting_for_memory_ = false;
-    std::lock_guard lock(mu_);
-    --running_slots_;
+    FreeSlot(slot);
   };
   if (!result.ok()) {
     job.Admit(result.status());

@@ -154,6 +154,8 @@ class Scheduler {
 
   // Every cache tier's counters as of the last job or command.
   anchorage::CacheStats CacheStats() const;
+  // GET /v1/cache/stats's document: those counters and the slots.
+  nlohmann::json CacheStatsJson() const;
   // Empties a cache tier between requests (waits for the engine like a request does).
   Status ClearCache(const std::string& tier);
   // Where a prompt would resume, without running the model; ResourceExhausted when the engine stays
@@ -207,6 +209,8 @@ class Scheduler {
   // decoding slot, their plain decodes in one forward.
   void StepSlots();
   void EndJob(Slot& slot);
+  // The slot takes no job now; the caller answers the job (after this, so its client sees the slot free).
+  void FreeSlot(Slot& slot);
   int active_slots() const;
   // Bytes every slot but `slot` holds, and the shadow reader's, for slot's memory budget.
   int64_t OutsideBytes(size_t slot) const;
