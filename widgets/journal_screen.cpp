@@ -90,10 +90,11 @@ JournalScreen::JournalScreen(JournalModel* journal, QWidget* parent) : QWidget(p
   m_table->setAlternatingRowColors(true);
   // Widths in character cells, so every column but the text fits beside the detail pane at 1280 x 800.
   const int cell = m_table->fontMetrics().horizontalAdvance('0');
-  const std::pair<int, int> widths[] = {{JournalModel::TimeColumn, 19}, {JournalModel::KindColumn, 8},    {JournalModel::RouteColumn, 18},
-                                        {JournalModel::TierColumn, 7},  {JournalModel::SessionColumn, 18}, {JournalModel::TokensColumn, 7},
-                                        {JournalModel::OutputColumn, 7}, {JournalModel::TtftColumn, 10},  {JournalModel::RateColumn, 8},
-                                        {JournalModel::StatusColumn, 7}, {JournalModel::FinishColumn, 8}};
+  const std::pair<int, int> widths[] = {{JournalModel::TimeColumn, 19}, {JournalModel::KindColumn, 8},    {JournalModel::RouteColumn, 17},
+                                        {JournalModel::SlotColumn, 5},  {JournalModel::WaitColumn, 11},    {JournalModel::TierColumn, 6},
+                                        {JournalModel::SessionColumn, 8}, {JournalModel::TokensColumn, 7}, {JournalModel::OutputColumn, 7},
+                                        {JournalModel::TtftColumn, 9},  {JournalModel::RateColumn, 6},     {JournalModel::StatusColumn, 6},
+                                        {JournalModel::FinishColumn, 7}};
   for (auto [column, cells] : widths) m_table->setColumnWidth(column, cells * cell);
 
   m_detail = new QPlainTextEdit(this);
