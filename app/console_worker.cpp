@@ -56,6 +56,7 @@ JournalRowSnapshot journalRowOf(const nlohmann::json& r) {
     row.outputTokens = JsonInt(r, "output_tokens");
     row.slot = static_cast<int>(JsonInt(r, "slot"));
     row.queueMs = real(r, "queue_ms");
+    row.queuePosition = JsonInt(r, "queue_position");
     row.ttftMs = real(r, "ttft_ms");
     row.decodeTokensPerS = real(r, "decode_tokens_per_s");
     row.text = QString::fromStdString(str(r, "error"));

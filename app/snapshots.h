@@ -73,6 +73,7 @@ struct JournalRowSnapshot {
   qint64 outputTokens = 0;
   int slot = 0;           // a request's engine slot
   double queueMs = 0;     // a request's wait in the queue
+  qint64 queuePosition = 0;  // its place among the requests waiting for a slot when it came (1: next); 0: none waited
   double ttftMs = 0;
   double decodeTokensPerS = 0;
   QString text;       // error of a request, reason of an event

@@ -19,12 +19,18 @@ QString ValueText(const QJsonValue& v) {
   return QString::fromUtf8((v.isObject() ? QJsonDocument(v.toObject()) : QJsonDocument(v.toArray())).toJson(QJsonDocument::Compact));
 }
 
+// A request's wait: milliseconds, and its place in the queue when it came ("12.5 (#2)").
+QString WaitText(double ms, qint64 position) {
+  const QString wait = QString::number(ms, 'f', ms < 100 ? 1 : 0);
+  return position > 0 ? QString("%1 (#%2)").arg(wait).arg(position) : wait;
+}
+
 }  // namespace
 
 QString JournalRowSummary(const QJsonObject& row) {
   static const std::pair<const char*, const char*> kLabels[] = {
       {"time_ms", "Time"},           {"session", "Session"},         {"model", "Model"},
-      {"route", "Route"},            {"slot", "Slot"},               {"queue_ms", "Waited (ms)"},
+      {"route", "Route"},            {"slot", "Slot"},               {"queue_ms", "Waited (ms)"}, {"queue_position", "Queue position"},
       {"status", "Status"},          {"finish_reason", "Finish"},
       {"error", "Error"},            {"prompt_tokens", "Prompt tokens"}, {"cached_tokens", "Cached tokens"},
       {"reread_tokens", "Re-read tokens"}, {"cache_source", "Cache source"}, {"cache_tier", "Cache tier"},
@@ -95,7 +101,7 @@ QVariant JournalModel::data(const QModelIndex& index, int role) const {
     case KindColumn: return r.kind;
     case RouteColumn: return r.route;
     case SlotColumn: return raw ? QVariant(request ? r.slot : -1) : QVariant(request ? QString::number(r.slot) : QString());
-    case WaitColumn: return raw ? QVariant(request ? r.queueMs : -1.0) : QVariant(request ? QString::number(r.queueMs, 'f', r.queueMs < 100 ? 1 : 0) : QString());
+    case WaitColumn: return raw ? QVariant(request ? r.queueMs : -1.0) : QVariant(request ? WaitText(r.queueMs, r.queuePosition) : QString());
     case TierColumn: return r.tier;
     case SessionColumn: return r.session;
     case TokensColumn: return r.tokens;

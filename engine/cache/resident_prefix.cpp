@@ -550,17 +550,21 @@ PrefillCursor ResidentPrefix::StartPrefill(const ResumeInfo& info, int64_t upto,
   return c;
 }
 
-Status ResidentPrefix::PrefillStep(const ResumeInfo& info, PrefillCursor& c) {
+Status ResidentPrefix::PrefillStep(const ResumeInfo& info, PrefillCursor& c, DecodeRiders* riders) {
   const int64_t G = forward_.grid_tokens();
   const int64_t at = state_.length();
   int64_t next = std::min(c.upto, (at / G + 1) * G);
+  if (riders != nullptr) {  // others wait for their next tokens: a shorter piece, still ending on a 64-line
+    const int64_t piece = std::max(kExactLineTokens, forward_.piece_tokens_beside_decodes() / kExactLineTokens * kExactLineTokens);
+    next = std::min(next, (at / kExactLineTokens) * kExactLineTokens + piece);
+  }
   for (int64_t line : c.lines)
     if (line > at && line < next) next = line;
   for (int64_t line : disk_lines_)
     if (line > at && line < next) next = line;
   std::span<const int32_t> ids(info.served_prompt.data() + at, static_cast<size_t>(next - at));
   const auto started = std::chrono::steady_clock::now();
-  auto logits = forward_.Prefill(state_, ids, LogitsRows::kLast);
+  auto logits = riders != nullptr ? forward_.PrefillCarrying(state_, ids, nullptr, *riders) : forward_.Prefill(state_, ids, LogitsRows::kLast);
   if (!logits.ok()) return logits.status();
   prefill_tokens_ += static_cast<double>(ids.size());
   prefill_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -932,11 +936,11 @@ Result<std::unique_ptr<ResidentTurn>> ResidentPrefix::Begin(const CacheRequest& 
   return turn;
 }
 
-Result<bool> ResidentPrefix::PrefillPiece(ResidentTurn& turn) {
+Result<bool> ResidentPrefix::PrefillPiece(ResidentTurn& turn, DecodeRiders* riders) {
   if (turn.replayed || turn.task) return false;
   ResumeInfo& info = turn.info;
   if (state_.length() < turn.cursor.upto) {
-    if (Status s = PrefillStep(info, turn.cursor); !s.ok()) {
+    if (Status s = PrefillStep(info, turn.cursor, riders); !s.ok()) {
       committed_bytes_ = 0;
       disk_lines_.clear();
       disk_staged_.clear();
@@ -958,7 +962,7 @@ Result<bool> ResidentPrefix::PrefillPiece(ResidentTurn& turn) {
   turn.task = std::make_unique<GenerationTask>(
       forward_, tokenizer_, state_, std::vector<int32_t>(info.served_prompt.begin() + start, info.served_prompt.begin() + n), turn.params,
       std::move(keep_token), turn.cancel, Speculative(std::span<const int32_t>(info.served_prompt.data(), static_cast<size_t>(start))));
-  (void)turn.task->Prefill();  // a failure ends the task: End reports it
+  (void)turn.task->Prefill(riders != nullptr && !riders->taken ? riders : nullptr);  // a failure ends the task: End reports it
   return false;
 }
 

@@ -171,11 +171,12 @@ class ResidentPrefix {
   // Generate in steps. Begin resumes and admits (a replayed answer comes back done); PrefillPiece
   // forwards one piece of the grid prefill and returns false once the task is ready to Step (its
   // prompt forwarded); End finishes the task and keeps the end. Nothing else may use this prefix
-  // between Begin and End.
+  // between Begin and End. With riders (other slots' pending decodes) a piece is at most the
+  // backend's piece_tokens_beside_decodes, and its forward may carry them.
   Result<std::unique_ptr<ResidentTurn>> Begin(const CacheRequest& request, const SamplingParams& params, TokenCallback on_token,
                                               const std::atomic<bool>* cancel = nullptr,
                                               const std::function<void(const ResumeInfo&)>& on_admitted = nullptr);
-  Result<bool> PrefillPiece(ResidentTurn& turn);
+  Result<bool> PrefillPiece(ResidentTurn& turn, DecodeRiders* riders = nullptr);
   Result<CachedGeneration> End(ResidentTurn& turn);
   // Brings a state held by the pin, the park or the store into the engine's buffer ahead of its
   // request; returns where the request would then resume.
@@ -273,7 +274,7 @@ class ResidentPrefix {
   // The grid-split prefill of served_prompt up to `upto`, with anchors at grid lines and AnchorLines:
   // StartPrefill, then PrefillStep (one piece) until the state reaches upto, then EndPrefill.
   PrefillCursor StartPrefill(const ResumeInfo& info, int64_t upto, bool take_anchors) const;
-  Status PrefillStep(const ResumeInfo& info, PrefillCursor& cursor);
+  Status PrefillStep(const ResumeInfo& info, PrefillCursor& cursor, DecodeRiders* riders = nullptr);
   void EndPrefill(const PrefillCursor& cursor);
   Status PrefillRange(ResumeInfo& info, int64_t upto, bool take_anchors);
   // Where the anchored prefill stops: the last exact line below the prompt's end (the grid line for a guest).

@@ -14,6 +14,7 @@ struct RequestFigures {
   int64_t served_prompt_tokens = 0;  // what the engine ran: end alignment can serve more than the client sent
   int64_t completion_tokens = 0;
   double queue_ms = 0;
+  int64_t queue_position = 0;        // its place among the requests waiting for a slot when it came (1: next); 0: a slot was free
   double prefill_ms = 0;
   double ttft_ms = 0;
   double decode_tokens_per_s = 0;

@@ -38,6 +38,16 @@ inline Status CheckDecodeBatch(std::span<SequenceState* const> states, std::span
   return CheckTokenIds(ids, vocab_size, "DecodeBatch");
 }
 
+// Other states' next rows that may ride along a prefill's forward (a mixed step): one id a state.
+// The backend that carries them sets taken and their logits [states.size(), vocab], row i the bits
+// Decode(*states[i], ids[i]) returns; one that does not leaves them for the caller's DecodeBatch.
+struct DecodeRiders {
+  std::span<SequenceState* const> states;
+  std::span<const int32_t> ids;
+  bool taken = false;
+  std::vector<float> logits;
+};
+
 class ComputeBackend {
  public:
   virtual ~ComputeBackend() = default;
@@ -71,6 +81,14 @@ class ComputeBackend {
   // mtp: see Forward (only where has_mtp()).
   virtual Result<std::vector<float>> Prefill(SequenceState& state, std::span<const int32_t> ids,
                                              LogitsRows rows = LogitsRows::kLast, MtpState* mtp = nullptr) = 0;
+  // Prefill (logits of the last row) whose forward may carry riders; see DecodeRiders. The caller
+  // keeps ids inside one grid chunk for them to ride.
+  virtual Result<std::vector<float>> PrefillCarrying(SequenceState& state, std::span<const int32_t> ids, MtpState* mtp, DecodeRiders& riders) {
+    return Prefill(state, ids, LogitsRows::kLast, mtp);
+  }
+  // The most prompt rows a prefill piece forwards while other states decode: a long prefill holds
+  // their next tokens back for at most one piece. A multiple of 64 no larger than the grid.
+  virtual int64_t piece_tokens_beside_decodes() const { return grid_tokens(); }
   // Appends one token with the one-token recurrence; returns fp32 logits [vocab].
   virtual Result<std::vector<float>> Decode(SequenceState& state, int32_t id, MtpState* mtp = nullptr) = 0;
   // Appends ids[i] to *states[i] for every i (distinct states); returns fp32 logits [states.size(), vocab], row i

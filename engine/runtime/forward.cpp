@@ -349,15 +349,54 @@ Result<std::vector<float>> Forward::Prefill(SequenceState& state, std::span<cons
     float* hidden = mtp_ && mtp ? Sized(ws_->hidden, m * config_.hidden_size) : nullptr;
     RunChunk(state, ids.data() + done, m, Mode::kChunked, all, out, hidden);
     done += m;
-    if (hidden == nullptr) continue;
-    MtpWait(*mtp, pos, hidden, m);
-    // Every waiting row whose next id this call holds becomes a K/V row of the head.
-    const int64_t first = mtp->begin + mtp->rows, start = state.length() - done;
-    const int64_t known = std::min(mtp->pending_rows, start + n - 1 - first);
-    if (known > 0) RETURN_IF_ERROR(MtpCommit(*mtp, ids.subspan(static_cast<size_t>(first + 1 - start), static_cast<size_t>(known))));
+    if (hidden != nullptr) RETURN_IF_ERROR(MtpAfterChunk(*mtp, ids, state.length() - done, pos, hidden, m));
   }
   return logits;
 }
+
+Status Forward::MtpAfterChunk(MtpState& mtp, std::span<const int32_t> ids, int64_t start, int64_t pos, const float* hidden, int64_t m) {
+  MtpWait(mtp, pos, hidden, m);
+  const int64_t first = mtp.begin + mtp.rows;
+  const int64_t known = std::min(mtp.pending_rows, start + static_cast<int64_t>(ids.size()) - 1 - first);
+  if (known <= 0) return Status::Ok();
+  return MtpCommit(mtp, ids.subspan(static_cast<size_t>(first + 1 - start), static_cast<size_t>(known)));
+}
+
+Result<std::vector<float>> Forward::PrefillCarrying(SequenceState& state, std::span<const int32_t> ids, MtpState* mtp, DecodeRiders& riders) {
+  const int64_t n = static_cast<int64_t>(ids.size()), k = static_cast<int64_t>(riders.states.size());
+  const int64_t pos = state.length();
+  bool carry = k > 0 && !riders.taken && n > 0 && GridChunkRows(pos, n, options_.grid_tokens) == n &&
+               CheckDecodeBatch(riders.states, riders.ids, config_.vocab_size).ok();
+  for (SequenceState* rider : riders.states) carry = carry && rider != &state;
+  if (!carry) return Prefill(state, ids, LogitsRows::kLast, mtp);
+  RETURN_IF_ERROR(CheckIds(ids));
+  RETURN_IF_ERROR(state.Reserve(pos + n));
+  for (SequenceState* rider : riders.states)
+    if (!rider->Reserve(rider->length() + 1).ok()) return Prefill(state, ids, LogitsRows::kLast, mtp);
+  if (mtp != nullptr && mtp->pending_rows > 1) *mtp = MtpState{};  // as Prefill: their next ids are not here
+  std::vector<Segment> segments = {SegmentOf(state, n, Mode::kChunked)};
+  std::vector<int32_t> rows_ids(ids.begin(), ids.end());
+  std::vector<int64_t> logit_rows = {n - 1};
+  for (int64_t i = 0; i < k; ++i) {
+    segments.push_back(SegmentOf(*riders.states[static_cast<size_t>(i)], 1, Mode::kRecurrent));
+    segments.back().row0 = n + i;
+    rows_ids.push_back(riders.ids[static_cast<size_t>(i)]);
+    logit_rows.push_back(n + i);
+  }
+  const int64_t V = config_.vocab_size;
+  std::vector<float> logits(static_cast<size_t>((1 + k) * V));
+  float* hidden = mtp_ && mtp ? Sized(ws_->hidden, (n + k) * config_.hidden_size) : nullptr;
+  RunRows(segments, rows_ids.data(), n + k, logit_rows, logits.data(), hidden);
+  state.SetLength(pos + n);
+  for (int64_t i = 0; i < k; ++i) riders.states[static_cast<size_t>(i)]->SetLength(segments[static_cast<size_t>(i + 1)].pos0 + 1);
+  riders.logits.assign(logits.begin() + V, logits.end());
+  riders.taken = true;
+  logits.resize(static_cast<size_t>(V));
+  if (hidden != nullptr) RETURN_IF_ERROR(MtpAfterChunk(*mtp, ids, pos, pos, hidden, n));
+  return logits;
+}
+
+int64_t Forward::piece_tokens_beside_decodes() const { return std::min<int64_t>(options_.grid_tokens, 128); }
 
 Result<std::vector<float>> Forward::PrefillBranches(const SequenceState& prefix, std::span<const PrefillBranch> branches) {
   const int64_t pos0 = prefix.length();
@@ -411,7 +450,7 @@ Result<std::vector<float>> Forward::PrefillBranches(const SequenceState& prefix,
     row0 += n;
   }
   std::vector<float> logits(static_cast<size_t>(logits_rows * config_.vocab_size));
-  RunRows(segments, ids.data(), rows, Mode::kChunked, logit_rows, logits.data(), nullptr);
+  RunRows(segments, ids.data(), rows, logit_rows, logits.data(), nullptr);
   return logits;
 }
 
@@ -443,12 +482,12 @@ Result<std::vector<float>> Forward::DecodeBatch(std::span<SequenceState* const> 
   std::vector<Segment> segments;
   std::vector<int64_t> rows;
   for (int64_t i = 0; i < n; ++i) {
-    segments.push_back(SegmentOf(*states[static_cast<size_t>(i)], 1));
+    segments.push_back(SegmentOf(*states[static_cast<size_t>(i)], 1, Mode::kRecurrent));
     segments.back().row0 = i;
     rows.push_back(i);
   }
   std::vector<float> logits(static_cast<size_t>(n * config_.vocab_size));
-  RunRows(segments, ids.data(), n, Mode::kRecurrent, rows, logits.data(), nullptr);
+  RunRows(segments, ids.data(), n, rows, logits.data(), nullptr);
   for (int64_t i = 0; i < n; ++i) states[static_cast<size_t>(i)]->SetLength(segments[static_cast<size_t>(i)].pos0 + 1);
   return logits;
 }
@@ -548,9 +587,10 @@ void Forward::RopeTable(int64_t pos0, int64_t n, int64_t row0) {
     }
 }
 
-Forward::Segment Forward::SegmentOf(SequenceState& state, int64_t n) {
+Forward::Segment Forward::SegmentOf(SequenceState& state, int64_t n, Mode mode) {
   Segment seg;
   seg.n = n;
+  seg.mode = mode;
   seg.pos0 = state.length();
   const int64_t KW = state.kv_width();
   for (int64_t g = 0; g < state.num_gdn_layers(); ++g) {
@@ -567,16 +607,16 @@ Forward::Segment Forward::SegmentOf(SequenceState& state, int64_t n) {
 
 void Forward::RunChunk(SequenceState& state, const int32_t* ids, int64_t n, Mode mode, bool all_rows,
                        float* logits, float* hidden) {
-  const Segment seg = SegmentOf(state, n);
+  const Segment seg = SegmentOf(state, n, mode);
   std::vector<int64_t> rows;
   if (logits != nullptr)
     for (int64_t t = all_rows ? 0 : n - 1; t < n; ++t) rows.push_back(t);
-  RunRows(std::span(&seg, 1), ids, n, mode, rows, logits, hidden);
+  RunRows(std::span(&seg, 1), ids, n, rows, logits, hidden);
   state.SetLength(seg.pos0 + n);
 }
 
-void Forward::RunRows(std::span<const Segment> segments, const int32_t* ids, int64_t n, Mode mode, std::span<const int64_t> logit_rows,
-                      float* logits, float* hidden) {
+void Forward::RunRows(std::span<const Segment> segments, const int32_t* ids, int64_t n, std::span<const int64_t> logit_rows, float* logits,
+                      float* hidden) {
   const int64_t H = config_.hidden_size;
   Workspace& ws = *ws_;
   float* x = Sized(ws.x, n * H);
@@ -593,9 +633,9 @@ void Forward::RunRows(std::span<const Segment> segments, const int32_t* ids, int
   for (const Layer& layer : layers_) {
     RmsNormRows(x, layer.in_norm.data(), n, H, a);
     if (layer.kind == LayerKind::kLinearAttention) {
-      GdnMixer(layer, segments, gdn_index++, n, mode);
+      GdnMixer(layer, segments, gdn_index++, n);
     } else {
-      AttentionMixer(layer, segments, attn_index++, n, mode);
+      AttentionMixer(layer, segments, attn_index++, n);
     }
     AddRows(mix, n * H, x);
     RmsNormRows(x, layer.post_norm.data(), n, H, a);
@@ -618,7 +658,7 @@ void Forward::RunRows(std::span<const Segment> segments, const int32_t* ids, int
   MatMul(*pool_, a, m, H, *lm_head_, logits, config_.vocab_size);
 }
 
-void Forward::GdnMixer(const Layer& L, std::span<const Segment> segments, int64_t gi, int64_t n, Mode mode) {
+void Forward::GdnMixer(const Layer& L, std::span<const Segment> segments, int64_t gi, int64_t n) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, C = c.conv_dim(), K = c.linear_conv_kernel_dim;
   const int64_t Nv = c.linear_num_value_heads, Nk = c.linear_num_key_heads;
@@ -668,7 +708,7 @@ void Forward::GdnMixer(const Layer& L, std::span<const Segment> segments, int64_
       g[t * Nv + h] = -L.a_exp[h] * cpu::Softplus(aa[t * Nv + h] + L.dt_bias[h]);
     }
   });
-  if (mode == Mode::kDraft) {  // the tail and the state advance at KeepDraft, by the kept rows
+  if (segments.front().mode == Mode::kDraft) {  // the tail and the state advance at KeepDraft, by the kept rows (a window runs alone)
     DraftLog& log = *draft_;
     const size_t i = static_cast<size_t>(gi);
     log.qkv[i].assign(qkv, qkv + n * C);
@@ -684,6 +724,7 @@ void Forward::GdnMixer(const Layer& L, std::span<const Segment> segments, int64_
     const int64_t h = static_cast<int64_t>(task % static_cast<size_t>(Nv));
     const int64_t kh = h / r;
     const int64_t pos0 = seg.pos0;
+    const Mode mode = seg.mode;
     float* Sh = seg.recurrent[static_cast<size_t>(gi)] + h * dk * dv;
     int64_t t = seg.row0;
     const int64_t end = seg.row0 + seg.n;
@@ -730,13 +771,14 @@ void Forward::AttentionMixer(const Layer& L, float* k_all, float* v_all, int64_t
   Segment seg;
   seg.n = n;
   seg.pos0 = pos0;
+  seg.mode = mode;
   seg.kv = {cpu::KvSource{k_all, v_all, KW}};
   seg.k_out = {reinterpret_cast<uint8_t*>(k_all + pos0 * KW)};
   seg.v_out = {reinterpret_cast<uint8_t*>(v_all + pos0 * KW)};
-  AttentionMixer(L, std::span(&seg, 1), 0, n, mode);
+  AttentionMixer(L, std::span(&seg, 1), 0, n);
 }
 
-void Forward::AttentionMixer(const Layer& L, std::span<const Segment> segments, int64_t ai, int64_t n, Mode mode) {
+void Forward::AttentionMixer(const Layer& L, std::span<const Segment> segments, int64_t ai, int64_t n) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, hd = c.head_dim;
   const int64_t QW = 2 * Nh * hd, KW = Nkv * hd, half = c.rotary_dim() / 2;
@@ -773,9 +815,9 @@ void Forward::AttentionMixer(const Layer& L, std::span<const Segment> segments, 
     cpu::StoreKvValues(vrows + seg.row0 * KW, seg.n * KW, seg.kv[i].dtype, seg.v_out[i]);
     const float* q = qg + seg.row0 * QW;
     float* out = attn + seg.row0 * Nh * hd;
-    if (mode == Mode::kRecurrent && seg.n == 1) {
+    if (seg.mode == Mode::kRecurrent && seg.n == 1) {
       cpu::AttentionDecode(*pool_, shape, q, 2 * hd, seg.pos0 + 1, seg.kv[i], out);
-    } else if (mode == Mode::kDraft) {  // each row as its own decode step: the same kernel over the rows before it
+    } else if (seg.mode == Mode::kDraft) {  // each row as its own decode step: the same kernel over the rows before it
       for (int64_t t = 0; t < seg.n; ++t)
         cpu::AttentionDecode(*pool_, shape, q + t * QW, 2 * hd, seg.pos0 + t + 1, seg.kv[i], out + t * Nh * hd);
     } else {

@@ -105,6 +105,11 @@ class Forward final : public ComputeBackend {
   // K/V row of the head, the last waits in mtp for the id after it.
   Result<std::vector<float>> Prefill(SequenceState& state, std::span<const int32_t> ids,
                                      LogitsRows rows = LogitsRows::kLast, MtpState* mtp = nullptr) override;
+  // A prefill inside one grid chunk and the riders' next rows in one forward: every weight is read
+  // once for all rows, and each row's bits are what Prefill and Decode give it alone. Riders stay with
+  // the caller where the ids cross a grid line or a rider's state has no room.
+  Result<std::vector<float>> PrefillCarrying(SequenceState& state, std::span<const int32_t> ids, MtpState* mtp, DecodeRiders& riders) override;
+  int64_t piece_tokens_beside_decodes() const override;
   // Branches that all go on from prefix (at its length) in one forward over their stacked rows, each
   // with its own recurrent states, conv tails and K/V rows; prefix is not changed (a fork that never
   // writes its snapshot).
@@ -180,15 +185,17 @@ class Forward final : public ComputeBackend {
   // A [rows, cols] matrix repacked for the kernels (F16/F32 rounded to BF16, FP8 with its block scales, int8
   // when asked); tied tensors share one.
   Result<const cpu::PackedMatrix*> Matrix(const TensorView& t, int64_t rows, int64_t cols, const char* role);
-  // Rows of one sequence in a forward over stacked rows: rows [row0, row0 + n) at positions pos0..
+  // Rows of one sequence in a forward over stacked rows: rows [row0, row0 + n) at positions pos0..,
+  // run as a prefill chunk, one-token decode steps or a draft window (drafts run alone).
   struct Segment {
     int64_t row0 = 0, n = 0, pos0 = 0;
+    Mode mode = Mode::kChunked;
     std::vector<float*> recurrent, tails;  // per GDN layer: the state and conv tail it advances
     std::vector<cpu::KvSource> kv;         // per attention layer: K/V rows 0..pos0 + n
     std::vector<uint8_t*> k_out, v_out;    // per attention layer: where its rows pos0.. go, in kv's dtype
   };
   // The segment of a whole state: its rows at positions state.length().., K/V rows in the state.
-  static Segment SegmentOf(SequenceState& state, int64_t n);
+  static Segment SegmentOf(SequenceState& state, int64_t n, Mode mode);
 
   // Runs ids[0..n) at positions state.length()..; writes logits of the last row or all rows, and
   // (when hidden is set) every row's final-normed hidden state [n, H].
@@ -196,14 +203,17 @@ class Forward final : public ComputeBackend {
                 float* hidden = nullptr);
   // Runs the stacked ids of every segment in one forward; writes the logits of the stacked rows
   // logit_rows (in that order) and, when hidden is set, every row's final-normed hidden state.
-  void RunRows(std::span<const Segment> segments, const int32_t* ids, int64_t n, Mode mode, std::span<const int64_t> logit_rows,
-               float* logits, float* hidden);
+  void RunRows(std::span<const Segment> segments, const int32_t* ids, int64_t n, std::span<const int64_t> logit_rows, float* logits,
+               float* hidden);
   void RopeTable(int64_t pos0, int64_t n, int64_t row0 = 0);
-  void GdnMixer(const Layer& layer, std::span<const Segment> segments, int64_t gdn_index, int64_t n, Mode mode);
+  void GdnMixer(const Layer& layer, std::span<const Segment> segments, int64_t gdn_index, int64_t n);
   // Per segment: writes its K/V rows to k_out/v_out and attends its query row t over kv rows 0..pos0 + t.
-  void AttentionMixer(const Layer& layer, std::span<const Segment> segments, int64_t attn_index, int64_t n, Mode mode);
+  void AttentionMixer(const Layer& layer, std::span<const Segment> segments, int64_t attn_index, int64_t n);
   // One sequence's K/V rows: written at row pos0 of k and v, attended over rows 0..pos0 + t.
   void AttentionMixer(const Layer& layer, float* k, float* v, int64_t pos0, int64_t n, Mode mode);
+  // After a chunk of a prefill call whose ids start at position start: the chunk's hidden rows (m
+  // from position pos) wait in mtp, and each waiting row whose next id the call holds becomes a K/V row of the head.
+  Status MtpAfterChunk(MtpState& mtp, std::span<const int32_t> ids, int64_t start, int64_t pos, const float* hidden, int64_t m);
   // Hidden rows [n, H] at positions mtp.begin + mtp.rows.. join the waiting ones (a gap starts mtp anew).
   void MtpWait(MtpState& mtp, int64_t pos0, const float* hidden, int64_t n);
   // The head over n rows (trunk-or-head hidden rows and the ids after them) at K/V row `slot`;

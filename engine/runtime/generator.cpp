@@ -48,9 +48,10 @@ GenerationTask::GenerationTask(ComputeBackend& forward, const Tokenizer* tokeniz
   }
 }
 
-Status GenerationTask::Prefill() {
+Status GenerationTask::Prefill(DecodeRiders* riders) {
   sequence_start_ = state_.length() - static_cast<int64_t>(speculative_.history.size());
-  auto logits = forward_.Prefill(state_, prompt_ids_, LogitsRows::kLast, head_);
+  auto logits = riders != nullptr ? forward_.PrefillCarrying(state_, prompt_ids_, head_, *riders)
+                                  : forward_.Prefill(state_, prompt_ids_, LogitsRows::kLast, head_);
   if (!logits.ok()) return Fail(logits.status());
   logits_ = std::move(logits).value();
   return Status::Ok();

@@ -65,7 +65,8 @@ class GenerationTask {
                  const SpeculativeOptions& speculative = {});
 
   // Forwards the prompt; its last row's logits are the first pick's. A failure ends the task (Finish returns it).
-  Status Prefill();
+  // riders (optional): other tasks' decodes its forward may carry (ComputeBackend::PrefillCarrying).
+  Status Prefill(DecodeRiders* riders = nullptr);
   // Picks and releases one token; false when the generation ended (or failed: Finish says).
   // Afterwards pending_decode() may name an id whose plain decode the caller runs.
   bool Step();

@@ -145,6 +145,8 @@ Status Scheduler::Submit(std::shared_ptr<Job> job) {
     const bool engine_free = queue_.empty() && running_slots_ < static_cast<int>(slots_.size());
     if (!engine_free && queue_.size() >= options_.max_queue)
       return ResourceExhausted("the queue is full (" + std::to_string(queue_.size()) + " requests waiting)");
+    const int64_t free_slots = static_cast<int64_t>(slots_.size()) - running_slots_;  // the first that many queued find one
+    job->set_queue_position(std::max<int64_t>(0, static_cast<int64_t>(queue_.size()) + 1 - free_slots));
     queue_.emplace_back(std::move(job), std::chrono::steady_clock::now());
   }
   cv_.notify_all();
@@ -516,6 +518,7 @@ void Scheduler::EngineLoop() {
       }
       if (!StartJob(*slot, next.first, MsSince(next.second))) {
         std::lock_guard lock(mu_);
+        if (next.first->queue_position() == 0) next.first->set_queue_position(1);  // it waits for memory, next in line
         queue_.push_front(next);
         break;
       }
@@ -594,6 +597,7 @@ bool Scheduler::StartJob(Slot& slot, std::shared_ptr<Job> job, double queue_ms) 
   slot.job = job;
   slot.stats = {};
   slot.stats.queue_ms = queue_ms;
+  slot.stats.queue_position = job->queue_position();
   slot.stats.prompt_tokens = static_cast<int64_t>(job->prompt_ids().size());
   slot.order = ++started_jobs_;
   slot.have_first = false;
@@ -674,15 +678,8 @@ void Scheduler::StepSlots() {
   Slot* prefilling = nullptr;
   for (Slot& slot : slots_)
     if (slot.turn != nullptr && slot.turn->task == nullptr && (prefilling == nullptr || slot.order < prefilling->order)) prefilling = &slot;
-  if (prefilling != nullptr) {
-    current_session_ = prefilling->job->session();
-    if (Result<bool> more = prefilling->cache->PrefillPiece(*prefilling->turn); !more.ok()) {
-      const std::shared_ptr<Job> job = prefilling->job;
-      RecordJob(*job, prefilling->stats, 500, more.status().ToString(), "error");
-      FreeSlot(*prefilling);
-      FinishJob(*job, more.status(), {}, prefilling->stats);
-    }
-  }
+  // Every decoding slot picks its token; the plain decodes that follow ride the prefill piece's
+  // forward where the backend carries them, else they run as one batch.
   std::vector<Slot*> batch;
   for (Slot& slot : slots_) {
     if (slot.turn == nullptr || slot.turn->task == nullptr) continue;
@@ -693,8 +690,6 @@ void Scheduler::StepSlots() {
     }
     if (slot.turn->task->pending_decode()) batch.push_back(&slot);
   }
-  if (batch.size() == 1) batch.front()->turn->task->DecodeAlone();
-  if (batch.size() <= 1) return;
   std::vector<SequenceState*> states;
   std::vector<int32_t> ids;
   std::vector<int64_t> lengths;
@@ -703,14 +698,27 @@ void Scheduler::StepSlots() {
     ids.push_back(*slot->turn->task->pending_decode());
     lengths.push_back(states.back()->length());
   }
-  Result<std::vector<float>> logits = forward_->DecodeBatch(states, ids);
-  if (logits.ok()) {
-    const size_t vocab = static_cast<size_t>(forward_->vocab_size());
+  const size_t vocab = static_cast<size_t>(forward_->vocab_size());
+  auto hand_back = [&](const std::vector<float>& logits) {
     for (size_t i = 0; i < batch.size(); ++i)
-      batch[i]->turn->task->Decoded(std::vector<float>(logits->begin() + static_cast<std::ptrdiff_t>(i * vocab),
-                                                       logits->begin() + static_cast<std::ptrdiff_t>((i + 1) * vocab)));
-    return;
+      batch[i]->turn->task->Decoded(std::vector<float>(logits.begin() + static_cast<std::ptrdiff_t>(i * vocab),
+                                                       logits.begin() + static_cast<std::ptrdiff_t>((i + 1) * vocab)));
+  };
+  DecodeRiders riders{states, ids};
+  if (prefilling != nullptr) {
+    current_session_ = prefilling->job->session();
+    if (Result<bool> more = prefilling->cache->PrefillPiece(*prefilling->turn, batch.empty() ? nullptr : &riders); !more.ok()) {
+      const std::shared_ptr<Job> job = prefilling->job;
+      RecordJob(*job, prefilling->stats, 500, more.status().ToString(), "error");
+      FreeSlot(*prefilling);
+      FinishJob(*job, more.status(), {}, prefilling->stats);
+    }
   }
+  if (riders.taken) return hand_back(riders.logits);
+  if (batch.size() == 1) batch.front()->turn->task->DecodeAlone();
+  if (batch.size() <= 1) return;
+  Result<std::vector<float>> logits = forward_->DecodeBatch(states, ids);
+  if (logits.ok()) return hand_back(*logits);
   // A refused batch (one state's rows did not fit) fails only the slots that fail alone.
   bool untouched = true;
   for (size_t i = 0; i < batch.size(); ++i) untouched = untouched && states[i]->length() == lengths[i];

@@ -54,6 +54,10 @@ class Job {
     return finish_reason_namer_ ? finish_reason_namer_(result) : FinishReasonName(result.finish);
   }
 
+  // Its place among the requests waiting for a slot when it came (1: the next to get one); 0: a slot was free.
+  void set_queue_position(int64_t position) { queue_position_ = position; }
+  int64_t queue_position() const { return queue_position_; }
+
   // Asks the engine to stop before its next token (a client hung up).
   void Cancel() { cancel_.store(true); }
   const std::atomic<bool>& cancel_flag() const { return cancel_; }
@@ -84,6 +88,7 @@ class Job {
   std::string route_;
   int64_t context_tokens_ = 0;
   int64_t client_prompt_tokens_ = 0;  // set: a continuation
+  int64_t queue_position_ = 0;
   std::function<std::string(const GenerationResult&)> finish_reason_namer_;
   std::atomic<bool> cancel_{false};
   std::mutex mu_;

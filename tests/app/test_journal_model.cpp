@@ -24,6 +24,7 @@ JournalRowSnapshot request(qint64 id, int status, const QString& session) {
   r.outputTokens = status == 200 ? 10 * id : 0;
   r.slot = static_cast<int>(id % 2);
   r.queueMs = 12.5;
+  r.queuePosition = id == 2 ? 3 : 0;
   r.ttftMs = status == 200 ? 100.0 * double(id) + 0.4 : 0.0;  // shown without decimals from 100 on
   r.decodeTokensPerS = status == 200 ? 40.0 + double(id) : 0.0;
   r.text = status == 200 ? "" : "no room for the prefill";
@@ -103,7 +104,7 @@ class TestJournalModel : public QObject {
     QCOMPARE(model.index(1, JournalModel::FinishColumn).data().toString(), QString("stop"));
     QCOMPARE(model.index(1, JournalModel::TextColumn).data().toString(), QString());
     QCOMPARE(model.index(1, JournalModel::SlotColumn).data().toString(), QString("0"));
-    QCOMPARE(model.index(1, JournalModel::WaitColumn).data().toString(), QString("12.5"));
+    QCOMPARE(model.index(1, JournalModel::WaitColumn).data().toString(), QString("12.5 (#3)"));  // third in the queue when it came
     QCOMPARE(model.headerData(JournalModel::WaitColumn, Qt::Horizontal).toString(), QString("Waited (ms)"));
     for (int column : {JournalModel::RouteColumn, JournalModel::SlotColumn, JournalModel::WaitColumn, JournalModel::OutputColumn, JournalModel::TtftColumn, JournalModel::RateColumn, JournalModel::FinishColumn})
       QCOMPARE(model.index(0, column).data().toString(), QString());

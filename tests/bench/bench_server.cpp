@@ -194,13 +194,19 @@ int main(int argc, char** argv) {
   s.ServeInBackground();
   const int port = s.http().port();
 
+  // Every stream decodes all its tokens (the end-of-text ids biased away): an early stop would leave
+  // the others a smaller batch and the aggregate would compare unlike runs.
+  json no_end = json::object();
+  for (const int64_t id : s.model().config.eos_token_ids) no_end[std::to_string(id)] = -100;
+  for (const char* end : {"<|im_end|>", "<|endoftext|>"})
+    if (const auto id = s.model().tokenizer.TokenId(end)) no_end[std::to_string(*id)] = -100;
   auto body = [&](int i) {
     return json{{"messages", {{{"role", "user"}, {"content", "Request " + std::to_string(i) + ": explain how a resident prefix keeps the rows of a long conversation so each turn forwards only what is new, and why anchors sit on grid lines."}}}},
-                {"max_tokens", tokens}, {"temperature", 0}, {"stream", true}, {"chat_template_kwargs", {{"enable_thinking", false}}}};
+                {"max_tokens", tokens}, {"temperature", 0}, {"stream", true}, {"logit_bias", no_end}, {"chat_template_kwargs", {{"enable_thinking", false}}}};
   };
   Stream(port, body(99));  // warm-up
 
-  std::printf("model %s, %d threads, %s, %d slots, %d tokens per request, caches and drafting off\n", size.c_str(),
+  std::printf("model %s, %d threads, %s, %d slots, %d tokens per request (no early end), caches and drafting off\n", size.c_str(),
               s.scheduler().forward().threads(), cpu::PathName(cpu::ActivePath()), parallel, tokens);
   double one_decode = 0, one_ttft = 0, one_aggregate = 0;
   int request = 0;
@@ -239,6 +245,7 @@ int main(int argc, char** argv) {
   SamplingParams p;
   p.temperature = 0;
   p.max_tokens = tokens;
+  for (const auto& [id, bias] : no_end.items()) p.logit_bias.emplace_back(std::stoi(id), bias.get<float>());
   double first = 0;
   const double g0 = bench::NowMs();
   auto g = generator.Generate(state, *ids, p, [&](const GeneratedToken&) {

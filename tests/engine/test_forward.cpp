@@ -283,6 +283,64 @@ class TestForward : public QObject {
     }
   }
 
+  // A prefill piece that carries other states' decodes (a mixed step) gives the piece's logits, its
+  // state and its MTP head's rows, and every rider's logits and state, the bits each gets alone, with
+  // either K/V dtype; a piece across a grid line leaves the riders to the caller.
+  void prefillCarryingEqualsPrefillAndDecodes() {
+    const int64_t V = model_->config.vocab_size;
+    for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16}) {
+      ModelConfig config = model_->config;
+      config.kv_dtype = dtype;
+      auto created = Forward::Create(config, model_->weights, ForwardOptions{128, 2});
+      QVERIFY(created.ok());
+      Forward& forward = **created;
+      QVERIFY(forward.has_mtp());
+      const auto state_bits = [](const SequenceState& s) {
+        auto rows = s.CopyRows(0, s.length());
+        return std::make_pair(s.SaveAnchor().data, rows.ok() ? rows->data : std::vector<uint8_t>());
+      };
+      SequenceState carrier(config), carrier_alone(config);
+      MtpState head, head_alone;
+      const auto head_ids = RandomIds(64, V, 5);
+      QVERIFY(forward.Prefill(carrier, head_ids, LogitsRows::kLast, &head).ok());
+      QVERIFY(forward.Prefill(carrier_alone, head_ids, LogitsRows::kLast, &head_alone).ok());
+      std::vector<std::unique_ptr<SequenceState>> riding, alone;
+      std::vector<SequenceState*> riders_states;
+      for (int64_t length : {7, 130, 63}) {
+        const auto prompt = RandomIds(length, V, uint32_t(length));
+        riding.push_back(std::make_unique<SequenceState>(config));
+        alone.push_back(std::make_unique<SequenceState>(config));
+        QVERIFY(forward.Prefill(*riding.back(), prompt).ok());
+        QVERIFY(forward.Prefill(*alone.back(), prompt).ok());
+        riders_states.push_back(riding.back().get());
+      }
+      for (int piece = 0; piece < 2; ++piece) {  // rows 64..127, then 128..191 (a chunk the grid starts)
+        const auto ids = RandomIds(64, V, uint32_t(40 + piece));
+        const auto next = RandomIds(int64_t(riders_states.size()), V, uint32_t(200 + piece));
+        DecodeRiders riders{riders_states, next};
+        auto logits = forward.PrefillCarrying(carrier, ids, &head, riders);
+        QVERIFY2(logits.ok() && riders.taken, logits.ok() ? "not taken" : logits.status().ToString().c_str());
+        auto own = forward.Prefill(carrier_alone, ids, LogitsRows::kLast, &head_alone);
+        QVERIFY(own.ok());
+        QVERIFY2(*logits == *own, qPrintable(QString("%1 rows: the piece's logits").arg(KvDtypeName(dtype))));
+        QVERIFY(state_bits(carrier) == state_bits(carrier_alone));
+        QVERIFY(head.rows == head_alone.rows && head.pending_rows == head_alone.pending_rows && head.k == head_alone.k && head.v == head_alone.v && head.pending == head_alone.pending);
+        QCOMPARE(int64_t(riders.logits.size()), int64_t(riders_states.size()) * V);
+        for (size_t i = 0; i < riders_states.size(); ++i) {
+          auto decoded = forward.Decode(*alone[i], next[i]);
+          QVERIFY(decoded.ok());
+          QVERIFY2(std::memcmp(riders.logits.data() + i * V, decoded->data(), size_t(V) * 4) == 0, qPrintable(QString("rider %1's logits").arg(i)));
+          QVERIFY2(state_bits(*riding[i]) == state_bits(*alone[i]), qPrintable(QString("rider %1's state").arg(i)));
+        }
+      }
+      // Across a grid line (rows 192..319) the piece runs alone and the riders stay with the caller.
+      DecodeRiders across{riders_states, RandomIds(int64_t(riders_states.size()), V, 9)};
+      QVERIFY(forward.PrefillCarrying(carrier, RandomIds(128, V, 8), nullptr, across).ok());
+      QVERIFY(!across.taken);
+      QCOMPARE(riding[0]->length(), alone[0]->length());
+    }
+  }
+
   void rejectsBadIdsWithoutChangingState() {
     SequenceState state(model_->config);
     const std::vector<int32_t> ids = {1, 2, 3};

@@ -169,6 +169,7 @@ class TestJournal : public QObject {
     r.finish_reason = "length";
     r.slot = 2;
     r.figures.queue_ms = 31.5;
+    r.figures.queue_position = 3;
     j->RecordRequest(r);
     const std::vector<CacheEventKind> kinds = {CacheEventKind::kHit,  CacheEventKind::kWrite,
                                                CacheEventKind::kEviction, CacheEventKind::kShed,
@@ -214,7 +215,8 @@ class TestJournal : public QObject {
     QCOMPARE(req["accepted_tokens"].get<int64_t>(), int64_t{9});
     QCOMPARE(req["slot"].get<int>(), 2);
     QCOMPARE(req["queue_ms"].get<double>(), 31.5);
-    QCOMPARE(req.size(), size_t{23});  // 22 columns, id included, plus "type"
+    QCOMPARE(req["queue_position"].get<int>(), 3);
+    QCOMPARE(req.size(), size_t{24});  // 23 columns, id included, plus "type"
 
     for (size_t i = 0; i < kinds.size(); ++i) {
       const nlohmann::json& e = page->rows[6 - i];
@@ -585,7 +587,8 @@ class TestJournal : public QObject {
     sqlite3_open(path.c_str(), &db);
     const char* v1 =
         "ALTER TABLE requests DROP COLUMN drafted_tokens; ALTER TABLE requests DROP COLUMN accepted_tokens;"
-        " ALTER TABLE requests DROP COLUMN slot; ALTER TABLE requests DROP COLUMN queue_ms; DROP TABLE shadow;"
+        " ALTER TABLE requests DROP COLUMN slot; ALTER TABLE requests DROP COLUMN queue_ms;"
+        " ALTER TABLE requests DROP COLUMN queue_position; DROP TABLE shadow;"
         " CREATE TABLE shadow_answers(id INTEGER PRIMARY KEY, time_ms INTEGER NOT NULL, session TEXT NOT NULL, question TEXT NOT NULL,"
         " answer TEXT NOT NULL, agreement REAL); PRAGMA user_version=1;";
     QCOMPARE(sqlite3_exec(db, v1, nullptr, nullptr, nullptr), SQLITE_OK);
@@ -594,6 +597,7 @@ class TestJournal : public QObject {
     QCOMPARE(SqlInt(path, "PRAGMA user_version"), int64_t{Journal::kSchemaVersion});
     QCOMPARE(SqlInt(path, "SELECT drafted_tokens FROM requests WHERE session = 'old'"), int64_t{0});
     QCOMPARE(SqlInt(path, "SELECT slot FROM requests WHERE session = 'old'"), int64_t{0});
+    QCOMPARE(SqlInt(path, "SELECT queue_position FROM requests WHERE session = 'old'"), int64_t{0});
     QCOMPARE(SqlInt(path, "SELECT count(*) FROM sqlite_master WHERE name = 'shadow_answers'"), int64_t{0});
     ShadowRow row;
     row.session = "new";

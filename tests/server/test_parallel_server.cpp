@@ -88,6 +88,16 @@ void CompareAnswers(const Answer& got, const Answer& alone, const char* what) {
   QVERIFY2(got.finish == alone.finish, what);
 }
 
+// The newest request row of session in the journal, once its writer has it; null after 5 s without.
+json NewestRequestRow(ServerProcess& s, const std::string& session) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const json rows = json::parse(s.Get("/v1/journal?kind=request&session=" + session)->body)["rows"];
+    if (!rows.empty()) return rows[0];
+    QTest::qWait(50);
+  }
+  return nullptr;
+}
+
 int BusySlots(ServerProcess& s) { return json::parse(s.Get("/health")->body)["busy_slots"].get<int>(); }
 
 // DIR/replies.json: scripted answers forced through the real forward, so a long answer is long on
@@ -112,7 +122,12 @@ class TestParallelServer : public QObject {
 
  private slots:
   void initTestCase() {
-    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(data_.path()));
+    // The disk tier writes a head from its first cold read of 64 tokens or more.
+    json settings = anchorage::DefaultSettingsDocument(anchorage::MachineTotalRamBytes());
+    settings["disk_cache"]["min_free_gb"] = 0;
+    settings["disk_cache"]["admit_after"] = 1;
+    settings["disk_cache"]["min_tokens"] = 64;
+    QVERIFY(anchorage::WriteFileAtomic(data_.filePath("settings.json").toStdString(), settings.dump()).ok());
     const QString replies = WriteReplies(data_), alone_replies = WriteReplies(alone_data_);
     QVERIFY(!replies.isEmpty() && !alone_replies.isEmpty());
     QVERIFY(server_.Start(data_.path(), {"--grid", "64", "--parallel", "3", "--test-replies", replies}));
@@ -150,13 +165,8 @@ class TestParallelServer : public QObject {
     // The journal names each request's slot: three that ran at once ran on three.
     std::set<int> journal_slots;
     for (const char* session : {"A", "B", "C"}) {
-      json row;
-      for (int attempt = 0; attempt < 50 && row.is_null(); ++attempt) {
-        const json rows = json::parse(server_.Get(std::string("/v1/journal?kind=request&session=") + session)->body)["rows"];
-        if (!rows.empty()) row = rows[0];
-        else QTest::qWait(50);
-      }
-      QVERIFY2(row.contains("slot") && row.contains("queue_ms"), row.dump().c_str());
+      const json row = NewestRequestRow(server_, session);
+      QVERIFY2(row.contains("slot") && row.value("queue_position", -1) == 0, row.dump().c_str());  // each found a free slot
       journal_slots.insert(row["slot"].get<int>());
     }
     QCOMPARE(journal_slots.size(), size_t(3));
@@ -266,6 +276,10 @@ class TestParallelServer : public QObject {
     release = true;  // the two hang up: the third gets their memory
     for (auto& t : clients) t.join();
     QVERIFY2(got[2].status == 200 && got[2].events >= 20, std::to_string(got[2].status).c_str());
+    // The journal says the third waited, first in line; the two before it did not.
+    const json third = NewestRequestRow(s, "M3"), second = NewestRequestRow(s, "M2");
+    QVERIFY2(third.value("queue_position", -1) == 1 && third.value("queue_ms", 0.0) > 0, third.dump().c_str());
+    QVERIFY2(second.value("queue_position", -1) == 0, second.dump().c_str());
   }
 
   // Both slots idle, each holding a long conversation; a request that fits only without the other
@@ -319,6 +333,30 @@ class TestParallelServer : public QObject {
       QTest::qWait(50);
     }
     QFAIL(("no shed of tier slot in the journal: " + sheds.dump()).c_str());
+  }
+
+  // A conversation's head, written to the disk tier and gone from every slot's rows, is restored into
+  // a side slot's own buffers while another slot decodes: the answer is the cold server's.
+  void aSideSlotRestoredFromTheDiskAnswersAsCold() {
+    const std::string notes = Notes(9, 300);
+    QCOMPARE(StreamAnswer(server_, Request(notes, "Which note is the first?", 4, 0, "D")).status, 200);
+    auto disk_writes = [&] { return json::parse(server_.Get("/v1/journal?kind=write&tier=disk&session=D")->body)["total"].get<int64_t>(); };
+    QTRY_VERIFY_WITH_TIMEOUT(disk_writes() > 0, 30000);
+    QCOMPARE(server_.Post("/v1/cache/clear?tier=ram", "")->status, 200);
+    const json busy = Request(Notes(10, 40), "RECITE the rows back.", 3000, 0, "E");
+    Answer got_busy;
+    std::atomic<bool> busy_streams = false;
+    std::thread t([&] { got_busy = StreamAnswer(server_, busy, [&](size_t) { return busy_streams = true; }); });
+    QTRY_VERIFY_WITH_TIMEOUT(busy_streams.load(), 30000);
+    const json restored = Request(notes, "Which note is the last?", 24, 0, "D");
+    const Answer got = StreamAnswer(server_, restored);
+    t.join();
+    CompareAnswers(got, StreamAnswer(alone_, restored), "the answer restored from the disk");
+    QVERIFY2(got.last < got_busy.last, "the restored request waited for the busy slot's answer to end");
+    const json row = NewestRequestRow(server_, "D"), busy_row = NewestRequestRow(server_, "E");
+    QVERIFY(!row.is_null() && !busy_row.is_null());
+    QVERIFY2(row["cache_tier"] == "disk", row.dump().c_str());
+    QVERIFY2(row["slot"] != busy_row["slot"], row.dump().c_str());
   }
 
   // A conversation's turn decodes on slot 0 while a short side request of the same session (a title)
