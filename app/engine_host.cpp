@@ -131,6 +131,7 @@ void EngineHost::registerTypes() {
   qRegisterMetaType<EngineStatusSnapshot>();
   qRegisterMetaType<SettingsSnapshot>();
   qRegisterMetaType<SettingsOutcome>();
+  qRegisterMetaType<AvailabilitySnapshot>();
   qRegisterMetaType<ChatDelta>();
   qRegisterMetaType<ChatTurnStats>();
 }

@@ -67,6 +67,8 @@ class EngineHost : public QThread {
   // Remote mode: whether /health answers, and what the routes the screens read said when they failed
   // (one a line; empty when all is well).
   void connectionChanged(bool reachable, const QString& message);
+  // Over --connect: which routes answer and whether the admin ones will (see AvailabilitySnapshot).
+  void availabilityChanged(const AvailabilitySnapshot& availability);
   void statusChanged(const EngineStatusSnapshot& status);
   void cacheChanged(const CacheSnapshot& cache);
   void shadowChanged(const ShadowSnapshot& shadow);

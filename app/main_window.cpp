@@ -2,10 +2,13 @@
 
 #include <QAction>
 #include <QApplication>
+#include <QBoxLayout>
 #include <QClipboard>
 #include <QCloseEvent>
+#include <QDateTime>
 #include <QDir>
 #include <QFileDialog>
+#include <QGridLayout>
 #include <QHBoxLayout>
 #include <QLabel>
 #include <QMenuBar>
@@ -16,7 +19,9 @@
 #include <QSettings>
 #include <QShortcut>
 #include <QStatusBar>
+#include <QStyle>
 #include <QTabWidget>
+#include <QTimer>
 #include <QToolButton>
 #include <QUrl>
 #include <QVBoxLayout>
@@ -34,13 +39,26 @@
 #include "widgets/disk_screen.h"
 #include "widgets/journal_screen.h"
 #include "widgets/memory_screen.h"
+#include "widgets/screen_parts.h"
 #include "widgets/settings_screen.h"
 #include "widgets/shadow_screen.h"
 
 namespace {
 const char* kTabNames[] = {"memory", "disk-cache", "shadow", "journal", "chat", "backends", "settings"};
 constexpr int kTabCount = static_cast<int>(std::size(kTabNames));
+// The routes each tab's figures come from (over --connect), the server's own first.
+const QStringList kTabRoutes[] = {{"/health", "/v1/cache/stats"}, {"/health", "/v1/cache/stats"}, {"/health", "/v1/shadow/status"},
+                                  {"/health", "/v1/journal"},     {"/health"},                   {"/health"},
+                                  {"/health", "/v1/settings/schema", "/v1/settings"}};
+
+// "3 min ago" from a time in Unix ms.
+QString AgeText(qint64 thenMs, qint64 nowMs) {
+  const qint64 s = std::max<qint64>(0, (nowMs - thenMs) / 1000);
+  if (s < 60) return QObject::tr("%1 s ago").arg(s);
+  if (s < 3600) return QObject::tr("%1 min ago").arg(s / 60);
+  return QObject::tr("%1 h %2 min ago").arg(s / 3600).arg(s / 60 % 60);
 }
+}  // namespace
 
 MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent), m_host(host) {
   setWindowTitle(tr("Anchorage"));
@@ -68,6 +86,19 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   m_tabs->addTab(m_chat, tr("&Chat"));
   m_tabs->addTab(m_backends, tr("&Backends"));
   m_tabs->addTab(m_settingsScreen, tr("Se&ttings"));
+  // Each screen's first line says when the routes it shows do not answer (the screen is greyed then).
+  for (int i = 0; i < kTabCount; ++i) {
+    auto* line = new QLabel(m_tabs->widget(i));
+    line->setObjectName(QString("unavailable-") + kTabNames[i]);
+    line->setWordWrap(true);
+    line->setStyleSheet("background: #fdecea; color: #8a1c12; padding: 4px;");
+    line->hide();
+    if (auto* box = qobject_cast<QBoxLayout*>(m_tabs->widget(i)->layout())) box->insertWidget(0, line);
+    m_unavailableLines.append(line);
+  }
+  m_ageTimer = new QTimer(this);
+  m_ageTimer->setInterval(5000);
+  connect(m_ageTimer, &QTimer::timeout, this, &MainWindow::showAvailability);
 
   // The loading banner: shown until the engine is ready (or says why it is not).
   m_banner = new QWidget(this);
@@ -86,10 +117,26 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
     m_cancelLoadButton->setText(tr("Cancelling…"));
     m_host->cancelLoad();
   });
-  auto* bannerLayout = new QHBoxLayout(m_banner);
-  bannerLayout->addWidget(m_bannerText, 1);
-  bannerLayout->addWidget(m_loadBar, 1);
-  bannerLayout->addWidget(m_cancelLoadButton);
+  // Several notes at once show as the first and a count; Details lists them all (in the tooltip too).
+  m_bannerDetails = new QToolButton(m_banner);
+  m_bannerDetails->setObjectName("bannerDetails");
+  m_bannerDetails->setText(tr("Details"));
+  m_bannerDetails->setCheckable(true);
+  m_bannerDetails->hide();
+  m_bannerAll = new QLabel(m_banner);
+  m_bannerAll->setObjectName("bannerAll");
+  m_bannerAll->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  m_bannerAll->hide();
+  connect(m_bannerDetails, &QToolButton::toggled, m_bannerAll, &QWidget::setVisible);
+  auto* bannerLayout = new QGridLayout(m_banner);
+  bannerLayout->setContentsMargins(4, 0, 4, 0);
+  bannerLayout->addWidget(m_bannerText, 0, 0);
+  bannerLayout->addWidget(m_bannerDetails, 0, 1);
+  bannerLayout->addWidget(m_loadBar, 0, 2);
+  bannerLayout->addWidget(m_cancelLoadButton, 0, 3);
+  bannerLayout->addWidget(m_bannerAll, 1, 0, 1, 4);
+  bannerLayout->setColumnStretch(0, 1);
+  bannerLayout->setColumnStretch(2, 1);
   auto* central = new QWidget(this);
   auto* layout = new QVBoxLayout(central);
   layout->setContentsMargins(4, 4, 4, 4);
@@ -124,6 +171,11 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   connect(host, &EngineHost::ready, this, &MainWindow::onReady);
   connect(host, &EngineHost::startFailed, this, &MainWindow::onStartFailed);
   connect(host, &EngineHost::connectionChanged, this, &MainWindow::onConnection);
+  connect(host, &EngineHost::availabilityChanged, this, [this](const AvailabilitySnapshot& a) {
+    m_availability = a;
+    SetAdminRefusal(this, a.adminRefusal);
+    showAvailability();
+  });
   connect(host, &EngineHost::loadCancelled, this, &MainWindow::onLoadCancelled);
   connect(host, &EngineHost::statusChanged, this, &MainWindow::onStatus);
   connect(host, &EngineHost::cacheChanged, m_cacheModel, &CacheTierModel::setSnapshot);
@@ -161,6 +213,7 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
 
 void MainWindow::buildStatusBar() {
   m_modelLabel = new QLabel(tr("model: loading"), this);
+  m_modelLabel->setObjectName("modelLabel");
   m_urlButton = new QToolButton(this);
   m_urlButton->setObjectName("urlButton");
   m_urlButton->setAutoRaise(true);
@@ -326,12 +379,59 @@ void MainWindow::onStartFailed(const QString& error) {
 void MainWindow::onConnection(bool reachable, const QString& message) {
   m_banner->setVisible(!message.isEmpty() || m_url.isEmpty());
   m_loadBar->setVisible(m_url.isEmpty() && reachable);
-  if (!message.isEmpty()) m_bannerText->setText(message);
+  const QStringList lines = message.split('\n', Qt::SkipEmptyParts);
+  if (!lines.isEmpty()) {
+    m_bannerText->setWordWrap(false);
+    m_bannerText->setText(lines.size() == 1 ? lines[0] : tr("%1 (and %n more)", nullptr, static_cast<int>(lines.size() - 1)).arg(lines[0]));
+    m_bannerText->setToolTip(message);
+    m_bannerAll->setText(message);
+  }
+  m_bannerDetails->setVisible(lines.size() > 1);
+  if (lines.size() <= 1) m_bannerDetails->setChecked(false);
   m_bannerText->setStyleSheet(reachable ? QString() : QString("color: #b00020;"));
+}
+
+QString MainWindow::unavailableText(int tab) const {
+  const qint64 now = QDateTime::currentMSecsSinceEpoch();
+  for (const QString& route : kTabRoutes[tab]) {
+    const QString why = m_availability.failing.value(route);
+    if (why.isEmpty()) continue;
+    const qint64 ok = m_availability.lastOkMs.value(route);
+    const QString age = ok > 0 ? tr("What shows was read %1 (%2).").arg(AgeText(ok, now), QDateTime::fromMSecsSinceEpoch(ok).toString("HH:mm:ss"))
+                               : tr("Nothing has been read from it yet.");
+    return tr("Unavailable: %1 %2").arg(why.endsWith('.') ? why : why + '.', age);
+  }
+  return {};
+}
+
+void MainWindow::showAvailability() {
+  bool any = false;
+  for (int i = 0; i < kTabCount; ++i) {
+    const QString text = unavailableText(i);
+    any = any || !text.isEmpty();
+    QLabel* line = m_unavailableLines[i];
+    line->setText(text);
+    line->setVisible(!text.isEmpty());
+    for (QWidget* part : m_tabs->widget(i)->findChildren<QWidget*>(Qt::FindDirectChildrenOnly))
+      if (part != line) part->setEnabled(text.isEmpty());
+    m_tabs->setTabIcon(i, text.isEmpty() ? QIcon() : style()->standardIcon(QStyle::SP_MessageBoxWarning));
+    m_tabs->setTabToolTip(i, text);
+  }
+  m_memory->setJournalRefusal(m_availability.failing.value("/v1/journal"));
+  if (!m_availability.reachable && m_host->isRemote()) {
+    const qint64 ok = m_availability.lastOkMs.value("/health");
+    m_modelLabel->setText(ok > 0 ? tr("disconnected: no answer from %1 since %2").arg(m_host->remote().url, QDateTime::fromMSecsSinceEpoch(ok).toString("HH:mm:ss"))
+                                 : tr("disconnected: no answer from %1").arg(m_host->remote().url));
+    m_modelLabel->setStyleSheet("color: #b00020;");
+    m_queueLabel->setText(tr("queue ?"));
+  }
+  if (any && !m_ageTimer->isActive()) m_ageTimer->start();
+  if (!any) m_ageTimer->stop();
 }
 
 void MainWindow::onStatus(const EngineStatusSnapshot& s) {
   m_lastStatus = s;
+  m_modelLabel->setStyleSheet(QString());
   const QString where = m_host->isRemote() ? tr(" · on %1").arg(QUrl(m_host->remote().url).authority()) : QString();
   const QString weights = s.weights.isEmpty() ? QString() : tr(" · %1 weights").arg(s.weights);
   const QString threads = s.threads == 1 ? tr("1 thread") : tr("%1 threads").arg(s.threads);

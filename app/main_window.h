@@ -22,6 +22,7 @@ class QLabel;
 class QProgressBar;
 class QPushButton;
 class QTabWidget;
+class QTimer;
 class QToolButton;
 
 // GUI thread only. Closing the window drains the engine (like SIGTERM) before it is accepted.
@@ -75,7 +76,14 @@ class MainWindow : public QMainWindow {
   void onConnection(bool reachable, const QString& message);
   void onLoadCancelled();
   void onStatus(const EngineStatusSnapshot& status);
+  // The tab's routes that do not answer, in words with the age of what it shows; empty when they all answer.
+  QString unavailableText(int tab) const;
+  // Greys the screens whose routes fail, with their reason on their first line and tab.
+  void showAvailability();
   EngineStatusSnapshot m_lastStatus;
+  AvailabilitySnapshot m_availability;
+  QList<QLabel*> m_unavailableLines;  // a screen's first line, by tab
+  QTimer* m_ageTimer = nullptr;       // while a screen is unavailable: its age goes on
 
   EngineHost* m_host;
   CacheTierModel* m_cacheModel;
@@ -92,6 +100,8 @@ class MainWindow : public QMainWindow {
   SettingsScreen* m_settingsScreen;
   QWidget* m_banner;
   QLabel* m_bannerText;
+  QToolButton* m_bannerDetails;
+  QLabel* m_bannerAll;
   QProgressBar* m_loadBar;
   QPushButton* m_cancelLoadButton;
   QLabel* m_modelLabel;

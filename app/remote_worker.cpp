@@ -64,7 +64,7 @@ void RemoteWorker::pollRoutes() {
   auto reader = [this](const QString& path, std::function<void(const nlohmann::json&)> use) {
     read(path, [this, path, use = std::move(use)](int status, const nlohmann::json& body, const QString& error) {
       if (status != 200 || body.is_discarded()) return noteRouteError(path, status, body, error);
-      setNote(path, {});
+      noteRouteOk(path);
       use(body);
     });
   };
@@ -91,7 +91,7 @@ void RemoteWorker::pollSettings() {
   if (m_schema.is_null()) {
     read("/v1/settings/schema", [this](int status, const nlohmann::json& body, const QString& error) {
       if (status != 200 || !body.is_object()) return noteRouteError("/v1/settings/schema", status, body, error);
-      setNote("/v1/settings/schema", {});
+      noteRouteOk("/v1/settings/schema");
       m_schema = body;
       pollSettings();
     });
@@ -99,7 +99,7 @@ void RemoteWorker::pollSettings() {
   }
   read("/v1/settings", [this](int status, const nlohmann::json& body, const QString& error) {
     if (status != 200 || !body.is_object()) return noteRouteError("/v1/settings", status, body, error);
-    setNote("/v1/settings", {});
+    noteRouteOk("/v1/settings");
     publishSettings(body, m_schema);
   });
 }
@@ -115,8 +115,17 @@ void RemoteWorker::onHealth(int status, const nlohmann::json& body, const QStrin
     emit m_host->ready(endpointUrl());
     pollRoutes();
   }
+  const bool reached = !m_reachable;
   m_reachable = true;
+  m_lastOkMs["/health"] = nowMs();
+  const nlohmann::json& admin = JsonField(JsonField(body, "access"), "admin");
+  const QString refusal = !admin.is_boolean() || admin.get<bool>() ? QString()
+                          : m_target.adminToken.isEmpty() ? QString("The server needs its admin token for this: start the console with --admin-token TOKEN.")
+                                                          : QString("The server refuses this console's admin token.");
+  const bool changed = reached || refusal != m_adminRefusal;
+  m_adminRefusal = refusal;
   setNote("/health", JsonText(body, "status") == "draining" ? QString("The server is draining: it takes no new requests.") : QString());
+  if (changed) publishAvailability();
   const qint64 now = nowMs();
   EngineStatusSnapshot s;
   s.ready = true;
@@ -145,13 +154,31 @@ void RemoteWorker::noteRouteError(const QString& path, int status, const nlohman
                                                  : QString("%1: %2").arg(path.section('?', 0, 0), whyFailed(status, body, error)));
 }
 
-void RemoteWorker::setNote(const QString& key, const QString& note) {
+void RemoteWorker::noteRouteOk(const QString& path) {
+  m_lastOkMs[path.section('?', 0, 0)] = nowMs();
+  setNote(path, {});
+}
+
+void RemoteWorker::setNote(const QString& path, const QString& note) {
+  const QString key = path.section('?', 0, 0);
   if (m_notes.value(key) == note) return;
   if (note.isEmpty()) m_notes.remove(key);
   else m_notes[key] = note;
   QStringList lines = m_notes.values();
   lines.sort();
   emit m_host->connectionChanged(m_reachable, lines.join('\n'));
+  publishAvailability();
+}
+
+void RemoteWorker::publishAvailability() {
+  AvailabilitySnapshot a;
+  a.reachable = m_reachable;
+  a.failing = m_notes;
+  a.failing.remove("/health");
+  if (!m_reachable && m_notes.contains("/health")) a.failing["/health"] = m_notes["/health"];  // a draining note is no failure
+  a.lastOkMs = m_lastOkMs;
+  a.adminRefusal = m_adminRefusal;
+  emit m_host->availabilityChanged(a);
 }
 
 void RemoteWorker::clearTier(const QString& tier) {

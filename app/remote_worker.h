@@ -35,11 +35,16 @@ class RemoteWorker : public ConsoleWorker {
   void noteRouteError(const QString& path, int status, const nlohmann::json& body, const QString& error);
   // Puts a line on the banner under key, or takes it off when note is empty.
   void setNote(const QString& key, const QString& note);
+  // A read of path answered: its age starts again.
+  void noteRouteOk(const QString& path);
+  void publishAvailability();
   void pollSettings();
 
   RemoteTarget m_target;
   QSet<QString> m_inFlight;
-  QHash<QString, QString> m_notes;  // the banner's lines by route
+  QHash<QString, QString> m_notes;  // the banner's lines by route (path without the query)
+  QHash<QString, qint64> m_lastOkMs;
+  QString m_adminRefusal;
   nlohmann::json m_schema;
   nlohmann::json m_backendsHealth = nlohmann::json::array();
   QStringList m_models;

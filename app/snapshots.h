@@ -2,6 +2,7 @@
 #pragma once
 
 #include <QByteArray>
+#include <QHash>
 #include <QJsonObject>
 #include <QList>
 #include <QMetaType>
@@ -123,6 +124,15 @@ struct SettingsOutcome {
   QString message;  // the error's message and every bad field, one a line
 };
 
+// Whether the routes the screens read answer (over --connect): a screen fed by a failing route is
+// greyed with the reason. Routes by path without the query ("/v1/journal").
+struct AvailabilitySnapshot {
+  bool reachable = true;             // /health answered at its last read
+  QHash<QString, QString> failing;   // route -> why its last read failed
+  QHash<QString, qint64> lastOkMs;   // route -> when it last answered (Unix ms)
+  QString adminRefusal;              // why the admin routes (clears, settings edits) will be refused; empty: they pass
+};
+
 // One piece of a streamed chat answer.
 struct ChatDelta {
   QString conversation;
@@ -147,5 +157,6 @@ Q_DECLARE_METATYPE(JournalSnapshot)
 Q_DECLARE_METATYPE(EngineStatusSnapshot)
 Q_DECLARE_METATYPE(SettingsSnapshot)
 Q_DECLARE_METATYPE(SettingsOutcome)
+Q_DECLARE_METATYPE(AvailabilitySnapshot)
 Q_DECLARE_METATYPE(ChatDelta)
 Q_DECLARE_METATYPE(ChatTurnStats)

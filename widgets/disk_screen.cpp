@@ -127,7 +127,7 @@ void DiskScreen::setSnapshot(const CacheSnapshot& snapshot) {
   const QJsonObject doc = QJsonDocument::fromJson(snapshot.json).object();
   const QJsonObject d = doc.value("disk").toObject();
   m_open = d.value("open").toBool();
-  m_clear->setEnabled(m_open);
+  SetAdminButtonEnabled(m_clear, m_open);
   setSpill(doc.value("spill").toObject());
   if (!m_open) {
     m_summary->setText(tr("This engine runs without a disk tier (started with --disk-cache off)."));
@@ -176,7 +176,7 @@ void DiskScreen::setSnapshot(const CacheSnapshot& snapshot) {
 
 void DiskScreen::setSpill(const QJsonObject& sp) {
   const bool open = sp.value("open").toBool();
-  m_clearSpill->setEnabled(open);
+  SetAdminButtonEnabled(m_clearSpill, open);
   if (!open) {
     m_spillSummary->setText(tr("This engine runs without a session spill (it lives in the disk tier's folder)."));
     m_spillEntries->setRowCount(0);

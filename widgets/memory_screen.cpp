@@ -23,6 +23,7 @@
 #include "models/journal_model.h"
 #include "models/memory_history.h"
 #include "models/settings_model.h"
+#include "widgets/screen_parts.h"
 #include "widgets/settings_editors.h"
 
 namespace {
@@ -47,7 +48,7 @@ MemoryScreen::MemoryScreen(CacheTierModel* tiers, MemoryHistory* history, Settin
     keepFullHeight(spin);
     connect(spin, &QDoubleSpinBox::valueChanged, this, [this] {
       m_dirty = true;
-      m_apply->setEnabled(true);
+      SetAdminButtonEnabled(m_apply, true);
       m_revert->setEnabled(true);
     });
     m_editors[kLimitKeys[i]] = spin;
@@ -117,7 +118,7 @@ MemoryScreen::MemoryScreen(CacheTierModel* tiers, MemoryHistory* history, Settin
   m_chart->addAxis(m_axisY, Qt::AlignLeft);
   m_chartView = new QChartView(m_chart, this);
   m_chartView->setRenderHint(QPainter::Antialiasing);
-  m_chartView->setMinimumHeight(220);
+  m_chartView->setMinimumHeight(170);
   connect(history, &QAbstractItemModel::rowsInserted, this, &MemoryScreen::updateChart);
   connect(history, &QAbstractItemModel::modelReset, this, &MemoryScreen::updateChart);
 
@@ -132,14 +133,18 @@ MemoryScreen::MemoryScreen(CacheTierModel* tiers, MemoryHistory* history, Settin
   m_alertView->verticalHeader()->hide();
   m_alertView->horizontalHeader()->setStretchLastSection(true);
   m_alertView->setSelectionBehavior(QAbstractItemView::SelectRows);
-  m_alertEmpty = new QLabel(tr("None in the journal's newest rows: every prefill fitted its budget."), alertBox);
+  m_alertEmpty = new QLabel(alertBox);
+  m_alertEmpty->setObjectName("alertEmpty");
   auto* alertLayout = new QVBoxLayout(alertBox);
   alertLayout->addWidget(m_alertEmpty);
   alertLayout->addWidget(m_alertView);
   auto updateAlerts = [this, alerts] {
-    m_alertEmpty->setVisible(alerts->rowCount() == 0);
-    m_alertView->setVisible(alerts->rowCount() > 0);
+    m_alertEmpty->setText(m_journalRefusal.isEmpty() ? tr("None in the journal's newest rows: every prefill fitted its budget.")
+                                                     : tr("The journal cannot be read (%1): sheds and 503 answers are not known.").arg(m_journalRefusal));
+    m_alertEmpty->setVisible(alerts->rowCount() == 0 || !m_journalRefusal.isEmpty());
+    m_alertView->setVisible(alerts->rowCount() > 0 && m_journalRefusal.isEmpty());
   };
+  m_updateAlerts = updateAlerts;
   connect(alerts, &QAbstractItemModel::rowsInserted, this, updateAlerts);
   connect(alerts, &QAbstractItemModel::rowsRemoved, this, updateAlerts);
   connect(alerts, &QAbstractItemModel::modelReset, this, updateAlerts);
@@ -160,11 +165,16 @@ MemoryScreen::MemoryScreen(CacheTierModel* tiers, MemoryHistory* history, Settin
   rebuildClearButtons();
 }
 
+void MemoryScreen::setJournalRefusal(const QString& why) {
+  m_journalRefusal = why;
+  m_updateAlerts();
+}
+
 void MemoryScreen::loadLimits() {
   m_versionLabel->setText(m_settings->version() > 0 ? QString::number(m_settings->version()) : tr("(loading)"));
   if (m_dirty) return;  // keep the operator's edit
   loadEditors(m_editors, *m_settings);
-  m_apply->setEnabled(false);
+  SetAdminButtonEnabled(m_apply, false);
   m_revert->setEnabled(false);
 }
 
@@ -227,6 +237,7 @@ void MemoryScreen::rebuildClearButtons() {
     button->setObjectName("clear_" + tier);
     button->setToolTip(tier == "resident" ? tr("Empty the resident rows and every RAM tier") : tr("Empty the %1 tier").arg(tier));
     connect(button, &QPushButton::clicked, this, [this, command] { requestClear(command); });
+    SetAdminButtonEnabled(button, true);
     m_tierView->setIndexWidget(m_tiers->index(row, CacheTierModel::ActionColumn), button);
   }
 }

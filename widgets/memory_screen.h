@@ -6,6 +6,8 @@
 #include <QMap>
 #include <QWidget>
 
+#include <functional>
+
 #include "app/snapshots.h"
 #include "widgets/confirm.h"
 
@@ -32,6 +34,8 @@ class MemoryScreen : public QWidget {
   void setConfirmFunction(ConfirmFunction confirm) { m_confirm = std::move(confirm); }
   QDoubleSpinBox* limitEditor(const QString& key) const { return m_editors.value(key); }
   QTableView* tierView() const { return m_tierView; }
+  // Why the journal cannot be read (empty: it can): the sheds box says so instead of "none".
+  void setJournalRefusal(const QString& why);
 
  signals:
   void clearTierRequested(const QString& tier);
@@ -65,6 +69,8 @@ class MemoryScreen : public QWidget {
   QTableView* m_tierView;
   QTableView* m_alertView;
   QLabel* m_alertEmpty;
+  QString m_journalRefusal;
+  std::function<void()> m_updateAlerts;
   QChart* m_chart;
   QChartView* m_chartView;
   QValueAxis* m_axisX;

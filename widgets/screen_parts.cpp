@@ -26,6 +26,26 @@ QTableWidgetItem* tableCell(const QString& text, bool number) {
   return item;
 }
 
+namespace {
+constexpr char kWantsEnabled[] = "anchorageWantsEnabled";
+constexpr char kOwnToolTip[] = "anchorageOwnToolTip";
+constexpr char kAdminRefusal[] = "anchorageAdminRefusal";
+}  // namespace
+
+void SetAdminButtonEnabled(QPushButton* button, bool enabled) {
+  if (!button->property(kWantsEnabled).isValid()) button->setProperty(kOwnToolTip, button->toolTip());
+  button->setProperty(kWantsEnabled, enabled);
+  const QString why = button->window()->property(kAdminRefusal).toString();
+  button->setEnabled(enabled && why.isEmpty());
+  button->setToolTip(why.isEmpty() ? button->property(kOwnToolTip).toString() : why);
+}
+
+void SetAdminRefusal(QWidget* root, const QString& why) {
+  root->window()->setProperty(kAdminRefusal, why);
+  for (QPushButton* button : root->findChildren<QPushButton*>())
+    if (button->property(kWantsEnabled).isValid()) SetAdminButtonEnabled(button, button->property(kWantsEnabled).toBool());
+}
+
 QGroupBox* makeSummaryBox(const QString& title, const QString& summaryName, QLabel** summary, QPushButton* clear, QWidget* parent) {
   auto* box = new QGroupBox(title, parent);
   *summary = new QLabel(QObject::tr("Waiting for the engine…"), box);

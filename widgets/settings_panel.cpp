@@ -12,6 +12,7 @@
 #include <QVBoxLayout>
 
 #include "models/settings_model.h"
+#include "widgets/screen_parts.h"
 #include "widgets/settings_editors.h"
 
 namespace {
@@ -106,7 +107,7 @@ void SettingsPanel::finish() {
 
 void SettingsPanel::markDirty() {
   m_dirty = true;
-  m_apply->setEnabled(true);
+  SetAdminButtonEnabled(m_apply, true);
   m_revert->setEnabled(true);
 }
 
@@ -129,7 +130,7 @@ void SettingsPanel::load() {
     it.value()->setEnabled(loaded);
   }
   loadEditors(m_numbers, *m_settings);
-  m_apply->setEnabled(false);
+  SetAdminButtonEnabled(m_apply, false);
   m_revert->setEnabled(false);
 }
 

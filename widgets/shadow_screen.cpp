@@ -118,7 +118,7 @@ void ShadowScreen::requestClear() {
 void ShadowScreen::setSnapshot(const ShadowSnapshot& snapshot) {
   const QJsonObject s = QJsonDocument::fromJson(snapshot.json).object();
   const bool loaded = s.value("loaded").toBool();
-  m_clear->setEnabled(loaded);
+  SetAdminButtonEnabled(m_clear, loaded);
   if (!loaded) {
     m_summary->setText(tr("No shadow model is loaded: %1").arg(s.value("reason").toString().toHtmlEscaped()));
     m_sessions->setRowCount(0);

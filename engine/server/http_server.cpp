@@ -168,7 +168,7 @@ bool HttpServer::Admit(const HttpRequest& req, HttpResponse& res) const {
 }
 
 void HttpServer::RouteOperations() {
-  Route("GET", "/health", RouteClass::kControl, RouteAccess::kPublic, [this](const HttpRequest&, HttpResponse& res) {
+  Route("GET", "/health", RouteClass::kControl, RouteAccess::kPublic, [this](const HttpRequest& req, HttpResponse& res) {
     const RequestFigures last = scheduler_.last_stats();
     ojson last_request = FiguresJson(last);
     last_request["prompt_tokens"] = last.prompt_tokens;
@@ -189,6 +189,8 @@ void HttpServer::RouteOperations() {
                    {"weights", model_.weights_format},
                    {"kv_dtype", KvDtypeName(model_.config.kv_dtype)},
                    {"generated_model", model_.generated},
+                   // What this request's credentials pass: the client routes (chat, models) and the admin ones (clear, settings, journal).
+                   {"access", {{"client", !policy_.Authorize(RouteAccess::kClient, req).has_value()}, {"admin", !policy_.Authorize(RouteAccess::kAdmin, req).has_value()}}},
                    {"connections", transport_.open_connections()},
                    {"journal", JournalHealthJson()},
                    {"backends", options_.backends != nullptr ? options_.backends->HealthJson() : ojson::array()},

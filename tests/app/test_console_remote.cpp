@@ -40,6 +40,48 @@ class TestConsoleRemote : public QObject {
   Q_OBJECT
 
  private slots:
+  // Without the admin token the Journal screen (an admin route) is greyed with the server's 401 on its
+  // first line and tab, and the buttons that would be refused say why before they are pressed; the
+  // screens whose routes answer stay as they were. When the server stops, every screen says since
+  // when its figures are old and the status bar says disconnected.
+  void screensSayWhatIsUnavailable() {
+    QTemporaryDir dir;
+    QVERIFY(dir.isValid());
+    anchorage::testing::ServerProcess server;
+    QVERIFY(server.Start(dir.path(), {"--grid", "64", "--admin-token", "operator-secret"}));
+    EngineHost host(RemoteTarget{QString::fromStdString(server.base_url()), {}, {}});
+    host.setPollIntervalMs(100);
+    MainWindow window(&host);
+    window.show();
+    host.start();
+    QTRY_VERIFY_WITH_TIMEOUT(window.cacheModel()->rowOf("resident") >= 0, 20000);
+    auto line = [&](const char* tab) { return window.findChild<QLabel*>(QString("unavailable-") + tab); };
+    QTRY_VERIFY_WITH_TIMEOUT(!line("journal")->isHidden(), 10000);
+    QVERIFY2(line("journal")->text().contains("HTTP 401") && line("journal")->text().contains("Nothing has been read"), qPrintable(line("journal")->text()));
+    QVERIFY(!window.journalScreen()->findChild<QTableView*>()->isEnabled());
+    QCOMPARE(window.tabs()->tabToolTip(3), line("journal")->text());
+    QVERIFY(line("memory")->isHidden());
+    QVERIFY(window.memoryScreen()->findChild<QTableView*>()->isEnabled());
+    const QString sheds = window.memoryScreen()->findChild<QLabel*>("alertEmpty")->text();  // not "none": it cannot know
+    QVERIFY2(sheds.contains("journal cannot be read") && sheds.contains("HTTP 401"), qPrintable(sheds));
+    for (const char* name : {"clear_resident", "clear_disk", "clear_shadow"}) {
+      auto* button = window.findChild<QPushButton*>(name);
+      QVERIFY2(button != nullptr, name);
+      QTRY_VERIFY_WITH_TIMEOUT(!button->isEnabled(), 5000);
+      QVERIFY2(button->toolTip().contains("--admin-token"), qPrintable(button->toolTip()));
+    }
+
+    server.Kill();
+    QTRY_VERIFY_WITH_TIMEOUT(!line("memory")->isHidden(), 10000);
+    QVERIFY2(line("memory")->text().contains("What shows was read"), qPrintable(line("memory")->text()));
+    QVERIFY(!window.memoryScreen()->findChild<QTableView*>()->isEnabled());
+    QVERIFY(!line("chat")->isHidden());
+    const QString status = window.findChild<QLabel*>("modelLabel")->text();
+    QVERIFY2(status.startsWith("disconnected: no answer from " + QString::fromStdString(server.base_url()) + " since "), qPrintable(status));
+    host.drain();
+    QVERIFY(host.wait(10000));
+  }
+
   void serverUrlsAreCheckedBeforeConnecting() {
     QString error;
     QCOMPARE(ServerBaseUrl("http://127.0.0.1:8000/v1/", &error), QString("http://127.0.0.1:8000"));

@@ -257,6 +257,18 @@ class TestEndpointSecurity : public QObject {
     QCOMPARE(open.status, 200);
   }
 
+  // /health says what the caller's own credentials pass, so a console can grey what would be refused.
+  void healthSaysWhatTheCallerMayDo() {
+    const auto access = [&](ServerProcess& s, const std::string& headers) {
+      const RawResponse r = RawExchange(s.port(), Request("GET", "/health", "Host: localhost:8000\r\n" + headers));
+      return r.status == 200 ? json::parse(r.body)["access"] : json();
+    };
+    QCOMPARE(access(keyed_, ""), json({{"client", false}, {"admin", false}}));
+    QCOMPARE(access(keyed_, Bearer("key-1")), json({{"client", true}, {"admin", false}}));
+    QCOMPARE(access(keyed_, Bearer("admin-T")), json({{"client", true}, {"admin", true}}));
+    QCOMPARE(access(open_, ""), json({{"client", true}, {"admin", true}}));
+  }
+
   // On a non-loopback bind every route but /health needs a key or the admin token.
   void nonLoopbackBind() {
     ServerProcess exposed;
