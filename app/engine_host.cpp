@@ -162,6 +162,11 @@ void EngineHost::clearTier(const QString& tier) {
   post([tier](ConsoleWorker* w) { w->clearTier(tier); });
 }
 
+void EngineHost::setAdminToken(const QString& token) {
+  m_remote.adminToken = token;
+  post([token](ConsoleWorker* w) { w->setAdminToken(token); });
+}
+
 void EngineHost::replaceSettings(const QJsonObject& document) {
   post([document](ConsoleWorker* w) { w->replaceSettings(document); });
 }

@@ -46,6 +46,8 @@ class EngineHost : public QThread {
  public slots:
   // Empties a cache tier ("anchors", "end", "stash", "pin", "park", "store", "disk", "ram", "all"); answers tierCleared.
   void clearTier(const QString& tier);
+  // Over --connect: calls the server's routes with this admin token from now on.
+  void setAdminToken(const QString& token);
   // Replaces the settings document (it names the version it edits); answers settingsOutcome.
   void replaceSettings(const QJsonObject& document);
   // Streams a chat completion through the service's own endpoint; answers chatDelta and chatFinished.

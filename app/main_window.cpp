@@ -10,7 +10,9 @@
 #include <QFileDialog>
 #include <QGridLayout>
 #include <QHBoxLayout>
+#include <QInputDialog>
 #include <QLabel>
+#include <QLineEdit>
 #include <QMenuBar>
 #include <QMessageBox>
 #include <QProcess>
@@ -175,6 +177,7 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
     m_availability = a;
     SetAdminRefusal(this, a.adminRefusal);
     showAvailability();
+    if (!a.adminRefusal.isEmpty() && a.reachable && !m_askedForToken) askForAdminToken();
   });
   connect(host, &EngineHost::loadCancelled, this, &MainWindow::onLoadCancelled);
   connect(host, &EngineHost::statusChanged, this, &MainWindow::onStatus);
@@ -299,6 +302,7 @@ void MainWindow::buildMenus() {
     open->setEnabled(false);
     m_recentMenu->setEnabled(false);
   }
+  if (m_host->isRemote()) file->addAction(tr("Admin &token…"), this, &MainWindow::askForAdminToken);
   file->addSeparator();
   QAction* copy = file->addAction(tr("&Copy endpoint URL"), this, &MainWindow::copyEndpointUrl);
   copy->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_C));
@@ -389,6 +393,22 @@ void MainWindow::onConnection(bool reachable, const QString& message) {
   m_bannerDetails->setVisible(lines.size() > 1);
   if (lines.size() <= 1) m_bannerDetails->setChecked(false);
   m_bannerText->setStyleSheet(reachable ? QString() : QString("color: #b00020;"));
+}
+
+void MainWindow::askForAdminToken() {
+  m_askedForToken = true;
+  if (findChild<QInputDialog*>("adminTokenDialog") != nullptr) return;
+  auto* dialog = new QInputDialog(this);
+  dialog->setObjectName("adminTokenDialog");
+  dialog->setAttribute(Qt::WA_DeleteOnClose);
+  dialog->setWindowTitle(tr("Admin token"));
+  dialog->setLabelText(tr("%1 needs its admin token for the journal, clears and settings edits.\nAdmin token (kept for this session only):")
+                           .arg(m_host->remote().url));
+  dialog->setTextEchoMode(QLineEdit::Password);
+  connect(dialog, &QInputDialog::textValueSelected, this, [this](const QString& token) {
+    if (!token.trimmed().isEmpty()) m_host->setAdminToken(token.trimmed());
+  });
+  dialog->open();
 }
 
 QString MainWindow::unavailableText(int tab) const {

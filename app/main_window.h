@@ -80,6 +80,9 @@ class MainWindow : public QMainWindow {
   QString unavailableText(int tab) const;
   // Greys the screens whose routes fail, with their reason on their first line and tab.
   void showAvailability();
+  // Over --connect: asks for the server's admin token (once by itself, when a route first needs it; File > Admin token after).
+  void askForAdminToken();
+  bool m_askedForToken = false;
   EngineStatusSnapshot m_lastStatus;
   AvailabilitySnapshot m_availability;
   QList<QLabel*> m_unavailableLines;  // a screen's first line, by tab

@@ -181,6 +181,12 @@ void RemoteWorker::publishAvailability() {
   emit m_host->availabilityChanged(a);
 }
 
+void RemoteWorker::setAdminToken(const QString& token) {
+  m_target.adminToken = token;
+  m_schema = nlohmann::json();  // every route is read again with it
+  poll();
+}
+
 void RemoteWorker::clearTier(const QString& tier) {
   QUrlQuery query;
   query.addQueryItem("tier", tier);

@@ -16,6 +16,7 @@ class RemoteWorker : public ConsoleWorker {
 
   void clearTier(const QString& tier) override;
   void replaceSettings(const QJsonObject& document) override;
+  void setAdminToken(const QString& token) override;
 
  protected:
   void poll() override;

@@ -33,6 +33,7 @@ void FillEventTable(QTableWidget* table, const QJsonArray& events) {
 
 DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(parent) {
   m_clear = new QPushButton(tr("Clear the disk tier…"));
+  m_clear->setEnabled(false);  // until a snapshot says the tier is open
   m_clear->setObjectName("clear_disk");
   m_clear->setToolTip(tr("Delete every chunk and anchor file and the cold-read counts"));
   connect(m_clear, &QPushButton::clicked, this, &DiskScreen::requestClear);
@@ -68,6 +69,7 @@ DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(paren
   m_spillSummary->setWordWrap(true);
   m_spillSummary->setTextInteractionFlags(Qt::TextSelectableByMouse);
   m_clearSpill = new QPushButton(tr("Clear the spill…"), spillBox);
+  m_clearSpill->setEnabled(false);
   m_clearSpill->setObjectName("clear_spill");
   m_clearSpill->setToolTip(tr("Delete every saved conversation"));
   connect(m_clearSpill, &QPushButton::clicked, this, &DiskScreen::requestClearSpill);

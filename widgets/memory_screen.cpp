@@ -237,8 +237,8 @@ void MemoryScreen::rebuildClearButtons() {
     button->setObjectName("clear_" + tier);
     button->setToolTip(tier == "resident" ? tr("Empty the resident rows and every RAM tier") : tr("Empty the %1 tier").arg(tier));
     connect(button, &QPushButton::clicked, this, [this, command] { requestClear(command); });
-    SetAdminButtonEnabled(button, true);
     m_tierView->setIndexWidget(m_tiers->index(row, CacheTierModel::ActionColumn), button);
+    SetAdminButtonEnabled(button, true);  // in its window now, whose refusal it follows
   }
 }
 

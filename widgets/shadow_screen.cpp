@@ -39,6 +39,7 @@ QString AnswerText(const QJsonValue& v) {
 ShadowScreen::ShadowScreen(SettingsModel* settings, QWidget* parent) : QWidget(parent) {
   m_startMs = QDateTime::currentMSecsSinceEpoch();
   m_clear = new QPushButton(tr("Clear the shadow…"));
+  m_clear->setEnabled(false);  // until a snapshot says a shadow model is loaded
   m_clear->setObjectName("clear_shadow");
   m_clear->setToolTip(tr("Drop every session's shadow state, in memory and on disk"));
   connect(m_clear, &QPushButton::clicked, this, &ShadowScreen::requestClear);

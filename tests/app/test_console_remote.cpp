@@ -1,6 +1,7 @@
 // Remote mode (anchorage --connect URL): the console operates a running anchorage-server through its
 // documented routes: the screens fill, a chat streams, a settings edit and a clear round-trip with
 // the admin token and are refused without it, and leaving the console leaves the server running.
+#include <QInputDialog>
 #include <QLabel>
 #include <QPushButton>
 #include <QSignalSpy>
@@ -42,8 +43,9 @@ class TestConsoleRemote : public QObject {
  private slots:
   // Without the admin token the Journal screen (an admin route) is greyed with the server's 401 on its
   // first line and tab, and the buttons that would be refused say why before they are pressed; the
-  // screens whose routes answer stay as they were. When the server stops, every screen says since
-  // when its figures are old and the status bar says disconnected.
+  // screens whose routes answer stay as they were. The console asks for the token; given it, all
+  // works. When the server stops, every screen says since when its figures are old and the status
+  // bar says disconnected.
   void screensSayWhatIsUnavailable() {
     QTemporaryDir dir;
     QVERIFY(dir.isValid());
@@ -70,6 +72,15 @@ class TestConsoleRemote : public QObject {
       QTRY_VERIFY_WITH_TIMEOUT(!button->isEnabled(), 5000);
       QVERIFY2(button->toolTip().contains("--admin-token"), qPrintable(button->toolTip()));
     }
+    // The console asked for the token when the journal answered 401; given it, the journal reads and the buttons work.
+    QInputDialog* ask = nullptr;
+    QTRY_VERIFY_WITH_TIMEOUT((ask = window.findChild<QInputDialog*>("adminTokenDialog")) != nullptr, 5000);
+    QVERIFY(ask->isVisible());
+    ask->setTextValue("operator-secret");
+    ask->accept();
+    QTRY_VERIFY_WITH_TIMEOUT(line("journal")->isHidden(), 10000);
+    QTRY_VERIFY_WITH_TIMEOUT(window.findChild<QPushButton*>("clear_resident")->isEnabled(), 10000);
+    QVERIFY(window.journalScreen()->findChild<QTableView*>()->isEnabled());
 
     server.Kill();
     QTRY_VERIFY_WITH_TIMEOUT(!line("memory")->isHidden(), 10000);
