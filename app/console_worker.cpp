@@ -144,13 +144,13 @@ void ConsoleWorker::startPolling() {
   poll();
 }
 
-void ConsoleWorker::sendChat(const QString& conversation, const QJsonArray& messages, int maxTokens, const QString& model) {
+void ConsoleWorker::sendChat(const QString& conversation, const QJsonArray& messages, const QJsonObject& sampling, const QString& model) {
   if (m_chats.contains(conversation)) stopChat(conversation);
-  QJsonObject body{{"messages", messages},
-                   {"stream", true},
-                   {"stream_options", QJsonObject{{"include_usage", true}}},
-                   {"conversation_id", conversation}};
-  if (maxTokens > 0) body["max_tokens"] = maxTokens;
+  QJsonObject body = sampling;
+  body["messages"] = messages;
+  body["stream"] = true;
+  body["stream_options"] = QJsonObject{{"include_usage", true}};
+  body["conversation_id"] = conversation;
   if (!model.isEmpty()) body["model"] = model;
   QNetworkRequest request(QUrl(endpointUrl() + "/chat/completions"));
   request.setHeader(QNetworkRequest::ContentTypeHeader, "application/json");

@@ -42,7 +42,7 @@ class ConsoleWorker : public QObject {
   virtual void replaceSettings(const QJsonObject& document) = 0;
   // Over --connect: the token the routes are called with from now on (a hosted engine needs none).
   virtual void setAdminToken(const QString& token) {}
-  void sendChat(const QString& conversation, const QJsonArray& messages, int maxTokens, const QString& model);
+  void sendChat(const QString& conversation, const QJsonArray& messages, const QJsonObject& sampling, const QString& model);
   void stopChat(const QString& conversation);
   void stopAll();  // aborts every chat and stops polling
 

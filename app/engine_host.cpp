@@ -171,7 +171,7 @@ void EngineHost::replaceSettings(const QJsonObject& document) {
   post([document](ConsoleWorker* w) { w->replaceSettings(document); });
 }
 
-void EngineHost::sendChat(const QString& conversation, const QJsonArray& messages, int maxTokens, const QString& model) {
+void EngineHost::sendChat(const QString& conversation, const QJsonArray& messages, const QJsonObject& sampling, const QString& model) {
   {
     QMutexLocker lock(&m_mutex);
     if (!m_worker) {
@@ -183,7 +183,7 @@ void EngineHost::sendChat(const QString& conversation, const QJsonArray& message
       return;
     }
   }
-  post([=](ConsoleWorker* w) { w->sendChat(conversation, messages, maxTokens, model); });
+  post([=](ConsoleWorker* w) { w->sendChat(conversation, messages, sampling, model); });
 }
 
 void EngineHost::stopChat(const QString& conversation) {

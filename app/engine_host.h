@@ -51,7 +51,8 @@ class EngineHost : public QThread {
   // Replaces the settings document (it names the version it edits); answers settingsOutcome.
   void replaceSettings(const QJsonObject& document);
   // Streams a chat completion through the service's own endpoint; answers chatDelta and chatFinished.
-  void sendChat(const QString& conversation, const QJsonArray& messages, int maxTokens, const QString& model = QString());
+  // sampling: request fields merged into the body (max_tokens, temperature).
+  void sendChat(const QString& conversation, const QJsonArray& messages, const QJsonObject& sampling, const QString& model = QString());
   // Aborts the conversation's streaming request, if any (chatFinished follows with stopped=true).
   void stopChat(const QString& conversation);
   // Like SIGTERM: no new requests, waits for those in flight, stops the endpoint, ends the thread.

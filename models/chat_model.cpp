@@ -1,6 +1,7 @@
 #include "models/chat_model.h"
 
 #include <QJsonObject>
+#include <QRandomGenerator>
 
 ChatModel::ChatModel(const QString& conversation, QObject* parent) : QAbstractListModel(parent), m_conversation(conversation) {}
 
@@ -33,9 +34,18 @@ QHash<int, QByteArray> ChatModel::roleNames() const {
 }
 
 QString ChatModel::title() const {
+  if (!m_title.isEmpty()) return m_title;
   for (const Message& m : m_messages)
     if (m.role == "user") return m.content.simplified().left(40);
   return tr("New conversation");
+}
+
+void ChatModel::setTitle(const QString& title) { m_title = title.simplified(); }
+
+QJsonObject ChatModel::sampling() const {
+  QJsonObject out{{"max_tokens", m_options.maxTokens}, {"temperature", m_options.temperature}};
+  if (m_options.temperature > 0) out["seed"] = static_cast<qint64>(QRandomGenerator::global()->bounded(1u << 31));  // a new sample each turn
+  return out;
 }
 
 bool ChatModel::streaming() const { return !m_messages.isEmpty() && m_messages.last().streaming; }
@@ -51,7 +61,20 @@ QJsonArray ChatModel::beginTurn(const QString& userText) {
   answer.streaming = true;
   m_messages.append(answer);
   endInsertRows();
+  return messagesToSend();
+}
+
+QJsonArray ChatModel::regenerate() {
+  if (m_messages.size() < 2 || m_messages.last().role != "assistant" || m_messages.last().streaming) return {};
+  const int last = static_cast<int>(m_messages.size()) - 1;
+  m_messages[last] = Message{"assistant", {}, {}, true, false, {}};
+  emit dataChanged(index(last), index(last));
+  return messagesToSend();
+}
+
+QJsonArray ChatModel::messagesToSend() const {
   QJsonArray out;
+  if (!m_options.systemPrompt.trimmed().isEmpty()) out.append(QJsonObject{{"role", "system"}, {"content", m_options.systemPrompt}});
   for (int i = 0; i + 1 < m_messages.size(); ++i) {
     const Message& m = m_messages[i];
     if (m.role == "assistant" && m.hasStats && !m.stats.ok && m.content.isEmpty()) continue;

@@ -29,6 +29,13 @@ class ChatModel : public QAbstractListModel {
     ChatTurnStats stats;
   };
 
+  // What the conversation's turns are sent with.
+  struct Options {
+    QString systemPrompt;     // sent first when set
+    double temperature = 1.0;  // the endpoint's default; 0 is greedy
+    int maxTokens = 256;
+  };
+
   explicit ChatModel(const QString& conversation, QObject* parent = nullptr);
 
   int rowCount(const QModelIndex& parent = {}) const override;
@@ -36,12 +43,21 @@ class ChatModel : public QAbstractListModel {
   QHash<int, QByteArray> roleNames() const override;
 
   const QString& conversation() const { return m_conversation; }
-  QString title() const;  // the first user message, shortened
+  QString title() const;  // the name the operator gave it, else the first user message, shortened
+  void setTitle(const QString& title);  // empty: back to the first message
+  Options& options() { return m_options; }
+  const Options& options() const { return m_options; }
+  // The request fields of the options: {"max_tokens", "temperature"}, and a fresh "seed" when it
+  // samples (the endpoint's default seed would give every turn and regeneration the same sample).
+  QJsonObject sampling() const;
   bool streaming() const;
   const Message& message(int i) const { return m_messages[i]; }
 
   // Adds the operator's message and an empty streaming answer; returns the messages to send.
   QJsonArray beginTurn(const QString& userText);
+  // Drops the last answer and starts it again from the same messages; returns them (empty when
+  // there is no finished answer to take back).
+  QJsonArray regenerate();
   void applyDelta(const ChatDelta& delta);
   void finishTurn(const ChatTurnStats& stats);
 
@@ -50,6 +66,11 @@ class ChatModel : public QAbstractListModel {
   static QString statsLine(const Message& message);
 
  private:
+  // The messages before the streaming answer, the system prompt first, failed empty answers left out.
+  QJsonArray messagesToSend() const;
+
   QString m_conversation;
+  QString m_title;
+  Options m_options;
   QList<Message> m_messages;
 };

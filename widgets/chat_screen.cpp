@@ -1,13 +1,18 @@
 #include "widgets/chat_screen.h"
 
-#include <QDateTime>
+#include <QApplication>
+#include <QClipboard>
 #include <QComboBox>
+#include <QDateTime>
+#include <QDoubleSpinBox>
 #include <QHBoxLayout>
 #include <QLabel>
+#include <QLineEdit>
 #include <QListWidget>
 #include <QPlainTextEdit>
 #include <QPushButton>
 #include <QScrollBar>
+#include <QSignalBlocker>
 #include <QSpinBox>
 #include <QSplitter>
 #include <QTextBrowser>
@@ -23,10 +28,20 @@ ChatScreen::ChatScreen(QWidget* parent) : QWidget(parent) {
   m_list->setMinimumWidth(160);
   auto* newButton = new QPushButton(tr("New conversation"), this);
   newButton->setObjectName("newConversationButton");
+  m_rename = new QPushButton(tr("Rename"), this);
+  m_rename->setObjectName("renameConversationButton");
+  m_rename->setToolTip(tr("Name the conversation in the list (F2)"));
+  m_delete = new QPushButton(tr("Delete"), this);
+  m_delete->setObjectName("deleteConversationButton");
+  m_delete->setToolTip(tr("Forget the conversation's transcript (the server's caches keep what they hold)"));
+  auto* listButtons = new QHBoxLayout;
+  listButtons->addWidget(m_rename);
+  listButtons->addWidget(m_delete);
   auto* left = new QWidget(this);
   auto* leftLayout = new QVBoxLayout(left);
   leftLayout->setContentsMargins(0, 0, 0, 0);
   leftLayout->addWidget(m_list, 1);
+  leftLayout->addLayout(listButtons);
   leftLayout->addWidget(newButton);
 
   m_transcript = new QTextBrowser(this);
@@ -41,6 +56,18 @@ ChatScreen::ChatScreen(QWidget* parent) : QWidget(parent) {
   m_maxTokens->setValue(256);
   m_maxTokens->setPrefix(tr("max tokens "));
   m_maxTokens->setObjectName("maxTokens");
+  m_maxTokens->setToolTip(tr("The most tokens an answer of this conversation may have"));
+  m_temperature = new QDoubleSpinBox(this);
+  m_temperature->setObjectName("temperature");
+  m_temperature->setRange(0.0, 2.0);
+  m_temperature->setSingleStep(0.1);
+  m_temperature->setDecimals(2);
+  m_temperature->setPrefix(tr("temperature "));
+  m_temperature->setToolTip(tr("0 answers greedily (the same answer every time); higher samples more freely"));
+  m_systemPrompt = new QLineEdit(this);
+  m_systemPrompt->setObjectName("systemPrompt");
+  m_systemPrompt->setPlaceholderText(tr("System prompt of this conversation (none)"));
+  m_systemPrompt->setClearButtonEnabled(true);
   m_send = new QPushButton(tr("Send"), this);
   m_send->setObjectName("sendButton");
   m_send->setToolTip(tr("Ctrl+Return"));
@@ -53,6 +80,7 @@ ChatScreen::ChatScreen(QWidget* parent) : QWidget(parent) {
   m_model->setSizeAdjustPolicy(QComboBox::AdjustToContents);
   auto* buttons = new QHBoxLayout;
   buttons->addWidget(m_model);
+  buttons->addWidget(m_temperature);
   buttons->addWidget(m_maxTokens);
   buttons->addStretch();
   buttons->addWidget(m_stop);
@@ -68,6 +96,7 @@ ChatScreen::ChatScreen(QWidget* parent) : QWidget(parent) {
   m_generatedNotice->setStyleSheet("QLabel { background: #fff4ce; color: #5c4400; padding: 6px; border: 1px solid #e0c060; }");
   m_generatedNotice->hide();
   rightLayout->addWidget(m_generatedNotice);
+  rightLayout->addWidget(m_systemPrompt);
   rightLayout->addWidget(m_transcript, 1);
   rightLayout->addWidget(m_input);
   rightLayout->addLayout(buttons);
@@ -85,6 +114,19 @@ ChatScreen::ChatScreen(QWidget* parent) : QWidget(parent) {
   m_renderTimer->setInterval(40);
   connect(m_renderTimer, &QTimer::timeout, this, &ChatScreen::render);
   connect(newButton, &QPushButton::clicked, this, &ChatScreen::newConversation);
+  connect(m_rename, &QPushButton::clicked, this, &ChatScreen::renameConversation);
+  connect(m_delete, &QPushButton::clicked, this, &ChatScreen::deleteConversation);
+  connect(m_systemPrompt, &QLineEdit::textChanged, this, &ChatScreen::storeOptions);
+  connect(m_temperature, &QDoubleSpinBox::valueChanged, this, &ChatScreen::storeOptions);
+  connect(m_maxTokens, &QSpinBox::valueChanged, this, &ChatScreen::storeOptions);
+  m_list->setEditTriggers(QAbstractItemView::EditKeyPressed | QAbstractItemView::DoubleClicked);
+  connect(m_list, &QListWidget::itemChanged, this, [this](QListWidgetItem* item) {
+    ChatModel* model = m_models.value(item->data(Qt::UserRole).toString());
+    if (model == nullptr || item->text() == model->title()) return;
+    model->setTitle(item->text());
+    const QSignalBlocker block(m_list);
+    item->setText(model->title());
+  });
   connect(m_send, &QPushButton::clicked, this, &ChatScreen::send);
   connect(m_stop, &QPushButton::clicked, this, &ChatScreen::stop);
   connect(m_transcript, &QTextBrowser::anchorClicked, this, &ChatScreen::onAnchor);
@@ -99,20 +141,77 @@ ChatModel* ChatScreen::currentModel() const { return m_models.value(m_current); 
 void ChatScreen::newConversation() {
   const QString id = QString("console-%1-%2").arg(QDateTime::currentMSecsSinceEpoch()).arg(++m_counter);
   auto* model = new ChatModel(id, this);
+  if (ChatModel* previous = currentModel()) model->options() = previous->options();  // a new chat starts with the last one's options
   m_models[id] = model;
   connect(model, &QAbstractItemModel::dataChanged, this, &ChatScreen::scheduleRender);
   connect(model, &QAbstractItemModel::rowsInserted, this, &ChatScreen::scheduleRender);
+  addListItem(model);
+  m_input->setFocus();
+}
+
+void ChatScreen::addListItem(ChatModel* model) {
   auto* item = new QListWidgetItem(model->title());
-  item->setData(Qt::UserRole, id);
+  item->setData(Qt::UserRole, model->conversation());
+  item->setFlags(item->flags() | Qt::ItemIsEditable);
   m_list->insertItem(0, item);
   m_list->setCurrentItem(item);
-  m_input->setFocus();
+}
+
+void ChatScreen::renameConversation() {
+  if (QListWidgetItem* item = m_list->currentItem()) m_list->editItem(item);
+}
+
+void ChatScreen::deleteConversation() {
+  ChatModel* model = currentModel();
+  QListWidgetItem* item = m_list->currentItem();
+  if (model == nullptr || item == nullptr) return;
+  if (model->rowCount() > 0 && !m_confirm(this, tr("Delete the conversation"), tr("Forget \"%1\" and its %n message(s)?", nullptr, model->rowCount()).arg(model->title())))
+    return;
+  if (model->streaming()) emit stopRequested(model->conversation());
+  m_models.remove(model->conversation());
+  m_current.clear();
+  delete item;  // the list selects the next one
+  model->deleteLater();
+  if (m_models.isEmpty()) newConversation();
+}
+
+void ChatScreen::copyAnswer(int row) {
+  ChatModel* model = currentModel();
+  if (model == nullptr || row < 0 || row >= model->rowCount()) return;
+  QApplication::clipboard()->setText(model->message(row).content);
+}
+
+void ChatScreen::regenerate() {
+  ChatModel* model = currentModel();
+  if (model == nullptr || !m_ready) return;
+  const QJsonArray messages = model->regenerate();
+  if (messages.isEmpty()) return;
+  updateButtons();
+  emit sendRequested(model->conversation(), messages, model->sampling(), m_model->currentText());
 }
 
 void ChatScreen::selectConversation(const QString& id) {
   m_current = id;
+  loadOptions();
   render();
   updateButtons();
+}
+
+void ChatScreen::loadOptions() {
+  const ChatModel* model = currentModel();
+  if (model == nullptr) return;
+  const QSignalBlocker a(m_systemPrompt), b(m_temperature), c(m_maxTokens);
+  m_systemPrompt->setText(model->options().systemPrompt);
+  m_temperature->setValue(model->options().temperature);
+  m_maxTokens->setValue(model->options().maxTokens);
+}
+
+void ChatScreen::storeOptions() {
+  ChatModel* model = currentModel();
+  if (model == nullptr) return;
+  model->options().systemPrompt = m_systemPrompt->text();
+  model->options().temperature = m_temperature->value();
+  model->options().maxTokens = m_maxTokens->value();
 }
 
 void ChatScreen::send() {
@@ -121,9 +220,12 @@ void ChatScreen::send() {
   if (!model || text.isEmpty() || model->streaming() || !m_ready) return;
   const QJsonArray messages = model->beginTurn(text);
   m_input->clear();
-  if (QListWidgetItem* item = m_list->currentItem()) item->setText(model->title());
+  if (QListWidgetItem* item = m_list->currentItem()) {
+    const QSignalBlocker block(m_list);
+    item->setText(model->title());
+  }
   updateButtons();
-  emit sendRequested(model->conversation(), messages, m_maxTokens->value(), m_model->currentText());
+  emit sendRequested(model->conversation(), messages, model->sampling(), m_model->currentText());
 }
 
 void ChatScreen::stop() {
@@ -151,6 +253,8 @@ void ChatScreen::updateButtons() {
   const bool streaming = model && model->streaming();
   m_send->setEnabled(m_ready && !streaming);
   m_stop->setEnabled(streaming);
+  m_rename->setEnabled(model != nullptr);
+  m_delete->setEnabled(model != nullptr);
 }
 
 void ChatScreen::scheduleRender() {
@@ -158,6 +262,8 @@ void ChatScreen::scheduleRender() {
 }
 
 void ChatScreen::onAnchor(const QUrl& url) {
+  if (url.fragment() == "regenerate") return regenerate();
+  if (url.fragment().startsWith("copy-")) return copyAnswer(url.fragment().mid(5).toInt());
   const QString key = m_current + "/" + url.fragment();
   if (m_expanded.contains(key)) m_expanded.remove(key);
   else m_expanded.insert(key);
@@ -200,7 +306,9 @@ void ChatScreen::render() {
     html += "</p>";
     if (m.hasStats) {
       const QString color = m.stats.ok ? "#2f6f3f" : "#b00020";
-      html += QString("<p style='color:%1; font-size:small'>%2</p>").arg(color, ChatModel::statsLine(m).toHtmlEscaped());
+      QString actions = QString(" &nbsp; <a href='#copy-%1'>%2</a>").arg(i).arg(tr("Copy"));
+      if (i + 1 == model->rowCount()) actions += QString(" &nbsp; <a href='#regenerate'>%1</a>").arg(tr("Regenerate"));
+      html += QString("<p style='color:%1; font-size:small'>%2%3</p>").arg(color, ChatModel::statsLine(m).toHtmlEscaped(), actions);
     }
   }
   html += "</body></html>";

@@ -7,9 +7,12 @@
 #include <QWidget>
 
 #include "app/snapshots.h"
+#include "widgets/confirm.h"
 
 class ChatModel;
 class QComboBox;
+class QDoubleSpinBox;
+class QLineEdit;
 class QListWidget;
 class QPlainTextEdit;
 class QPushButton;
@@ -33,17 +36,31 @@ class ChatScreen : public QWidget {
   QTextBrowser* transcript() const { return m_transcript; }
   QLabel* generatedModelNotice() const { return m_generatedNotice; }
   QComboBox* modelPicker() const { return m_model; }
+  QLineEdit* systemPrompt() const { return m_systemPrompt; }
+  QDoubleSpinBox* temperature() const { return m_temperature; }
+  QSpinBox* maxTokens() const { return m_maxTokens; }
+  QListWidget* conversationList() const { return m_list; }
+  void setConfirmFunction(ConfirmFunction confirm) { m_confirm = std::move(confirm); }
   int conversationCount() const { return m_models.size(); }
   // Shows or hides the reasoning of message row of the current conversation.
   void setReasoningExpanded(int row, bool expanded);
 
  signals:
   // model: the id the request names (the embedded model's or a backend's).
-  void sendRequested(const QString& conversation, const QJsonArray& messages, int maxTokens, const QString& model);
+  // sampling: max_tokens and temperature, as the request body names them.
+  void sendRequested(const QString& conversation, const QJsonArray& messages, const QJsonObject& sampling, const QString& model);
   void stopRequested(const QString& conversation);
 
  public slots:
   void newConversation();
+  // Names the current conversation in the list (the list's editor; empty: its first message again).
+  void renameConversation();
+  // Asks, stops its answer if one streams, and forgets the current conversation.
+  void deleteConversation();
+  // Copies answer row's text (its reasoning left out) to the clipboard.
+  void copyAnswer(int row);
+  // Asks the last answer again from the same messages (the previous answer is dropped).
+  void regenerate();
   // Sends the input box's text in the current conversation (Ctrl+Return).
   void send();
   // Stops the current conversation's answer (Esc).
@@ -62,6 +79,10 @@ class ChatScreen : public QWidget {
   void render();
   void onAnchor(const QUrl& url);
   void updateButtons();
+  // The current conversation's options into the editors, and the editors' into it.
+  void loadOptions();
+  void storeOptions();
+  void addListItem(ChatModel* model);
 
   QHash<QString, ChatModel*> m_models;
   QString m_current;
@@ -71,6 +92,11 @@ class ChatScreen : public QWidget {
   QLabel* m_generatedNotice;
   QPlainTextEdit* m_input;
   QSpinBox* m_maxTokens;
+  QLineEdit* m_systemPrompt;
+  QDoubleSpinBox* m_temperature;
+  QPushButton* m_rename;
+  QPushButton* m_delete;
+  ConfirmFunction m_confirm = askConfirmation;
   QComboBox* m_model;
   QPushButton* m_send;
   QPushButton* m_stop;

@@ -56,6 +56,42 @@ class TestChatModel : public QObject {
     QCOMPARE(model.title(), QString("What is an anchor?"));
   }
 
+  // A conversation's options: its system prompt goes first in every turn's messages, its sampling in
+  // the request; a name replaces the first message as its title; regenerate takes back the last
+  // answer and sends the same messages again.
+  void optionsTitleAndRegenerate() {
+    ChatModel model("c3");
+    QAbstractItemModelTester tester(&model, QAbstractItemModelTester::FailureReportingMode::QtTest);
+    QVERIFY(model.regenerate().isEmpty());  // no answer yet
+    model.options().systemPrompt = "Answer in one line.";
+    model.options().temperature = 0.0;
+    model.options().maxTokens = 40;
+    QCOMPARE(model.sampling(), QJsonObject({{"max_tokens", 40}, {"temperature", 0.0}}));  // greedy: no seed
+    model.options().temperature = 0.8;
+    QVERIFY(model.sampling().contains("seed"));
+    model.options().temperature = 0.0;
+    const QJsonArray first = model.beginTurn("Where do anchors sit?");
+    QCOMPARE(first.size(), 2);
+    QCOMPARE(first[0].toObject(), QJsonObject({{"role", "system"}, {"content", "Answer in one line."}}));
+    QCOMPARE(first[1].toObject()["content"].toString(), QString("Where do anchors sit?"));
+    QVERIFY(model.regenerate().isEmpty());  // it still streams
+    model.applyDelta({"c3", "", "On grid lines."});
+    ChatTurnStats stats;
+    stats.conversation = "c3";
+    model.finishTurn(stats);
+    QCOMPARE(model.title(), QString("Where do anchors sit?"));
+    model.setTitle("  Anchors  ");
+    QCOMPARE(model.title(), QString("Anchors"));
+    model.setTitle("");
+    QCOMPARE(model.title(), QString("Where do anchors sit?"));
+    const QJsonArray again = model.regenerate();
+    QCOMPARE(again, first);
+    QCOMPARE(model.rowCount(), 2);
+    QVERIFY(model.streaming());
+    QCOMPARE(model.index(1).data(ChatModel::ContentRole).toString(), QString());
+    QCOMPARE(model.index(1).data(ChatModel::StatsRole).toString(), QString());
+  }
+
   void failedAndStoppedTurns() {
     ChatModel model("c2");
     QAbstractItemModelTester tester(&model, QAbstractItemModelTester::FailureReportingMode::QtTest);

@@ -4,10 +4,12 @@
 // the ration and clears it, close drains.
 #include <QAbstractItemModelTester>
 #include <QApplication>
+#include <QClipboard>
 #include <QFile>
 #include <QJsonDocument>
 #include <QLabel>
 #include <QLineEdit>
+#include <QListWidget>
 #include <QPlainTextEdit>
 #include <QPushButton>
 #include <QDoubleSpinBox>
@@ -187,6 +189,63 @@ class TestConsoleGui : public QObject {
              qPrintable(conversation->index(5).data(ChatModel::StatsRole).toString()));
     QCOMPARE(conversation->index(5).data(ChatModel::ErrorRole).toString(), QString());
 
+    // A second conversation with options of its own: a system prompt, greedy, 12 tokens at most.
+    QTest::mouseClick(chat->findChild<QPushButton*>("newConversationButton"), Qt::LeftButton);
+    ChatModel* second = chat->currentModel();
+    QVERIFY(second != conversation);
+    const QString secondId = second->conversation();
+    chat->systemPrompt()->setText("Answer in one line.");
+    chat->temperature()->setValue(0.0);
+    chat->maxTokens()->setValue(12);
+    QSignalSpy sent(chat, &ChatScreen::sendRequested);
+    chat->input()->setPlainText("Name a tier.");
+    QTest::mouseClick(chat->sendButton(), Qt::LeftButton);
+    QCOMPARE(sent.count(), 1);
+    QCOMPARE(sent[0][1].toJsonArray()[0].toObject(), QJsonObject({{"role", "system"}, {"content", "Answer in one line."}}));
+    QCOMPARE(sent[0][2].toJsonObject(), QJsonObject({{"max_tokens", 12}, {"temperature", 0.0}}));
+    QTRY_VERIFY_WITH_TIMEOUT(!second->streaming(), 120000);
+    auto answerText = [&] { return second->index(1).data(ChatModel::ReasoningRole).toString() + second->index(1).data(ChatModel::ContentRole).toString(); };
+    const QString greedy = answerText();
+    QVERIFY(!greedy.isEmpty());
+    QVERIFY2(second->index(1).data(ChatModel::StatsRole).toString().contains("12 tokens"), qPrintable(second->index(1).data(ChatModel::StatsRole).toString()));
+    chat->copyAnswer(1);
+    QCOMPARE(QApplication::clipboard()->text(), second->index(1).data(ChatModel::ContentRole).toString());
+    // Regenerate asks the same messages again in place of the answer; greedy, the same answer comes back.
+    QTRY_VERIFY_WITH_TIMEOUT(chat->transcript()->toHtml().contains("#regenerate"), 5000);
+    chat->regenerate();
+    QCOMPARE(sent.count(), 2);
+    QCOMPARE(sent[1][1].toJsonArray(), sent[0][1].toJsonArray());
+    QTRY_VERIFY_WITH_TIMEOUT(!second->streaming(), 120000);
+    QCOMPARE(second->rowCount(), 2);
+    QCOMPARE(answerText(), greedy);
+    // Sampling, each regeneration is a new sample (a fresh seed goes with it).
+    chat->temperature()->setValue(1.5);
+    chat->regenerate();
+    QCOMPARE(sent.count(), 3);
+    QVERIFY(sent[2][2].toJsonObject().contains("seed"));
+    QTRY_VERIFY_WITH_TIMEOUT(!second->streaming(), 120000);
+    const QString sampled = answerText();
+    chat->regenerate();
+    QTRY_VERIFY_WITH_TIMEOUT(!second->streaming(), 120000);
+    QVERIFY2(answerText() != sampled, qPrintable(sampled));
+    // Each conversation keeps its options: the first one's come back with it.
+    chat->conversationList()->setCurrentRow(1);
+    QCOMPARE(chat->currentModel(), conversation);
+    QCOMPARE(chat->maxTokens()->value(), 4000);
+    QVERIFY(chat->systemPrompt()->text().isEmpty());
+    // Renamed in the list; deleted after the question.
+    chat->conversationList()->item(0)->setText("Tiers");
+    QCOMPARE(second->title(), QString("Tiers"));
+    chat->conversationList()->setCurrentRow(0);
+    QCOMPARE(chat->systemPrompt()->text(), QString("Answer in one line."));
+    int deleteAsked = 0;
+    chat->setConfirmFunction([&](QWidget*, const QString&, const QString& text) { return ++deleteAsked, text.contains("Tiers"); });
+    const int conversations = chat->conversationCount();
+    QTest::mouseClick(chat->findChild<QPushButton*>("deleteConversationButton"), Qt::LeftButton);
+    QCOMPARE(deleteAsked, 1);
+    QCOMPARE(chat->conversationCount(), conversations - 1);
+    QCOMPARE(chat->currentModel(), conversation);
+
     // The journal got the request and its cache events; the memory screen's numbers moved.
     QTableView* journalTable = window.journalScreen()->table();
     QTRY_VERIFY_WITH_TIMEOUT(journalTable->model()->rowCount() >= 2, 10000);
@@ -196,7 +255,8 @@ class TestConsoleGui : public QObject {
       if (kind.data().toString() == "request") {
         sawRequest = true;
         QCOMPARE(kind.data(JournalModel::StatusRole).toInt(), 200);
-        QCOMPARE(journalTable->model()->index(r, JournalModel::SessionColumn).data().toString(), conversation->conversation());
+        const QString session = journalTable->model()->index(r, JournalModel::SessionColumn).data().toString();
+        QVERIFY2(session == conversation->conversation() || session == secondId, qPrintable(session));
       }
     }
     QVERIFY(sawRequest);
