@@ -11,6 +11,7 @@
 #include <QHeaderView>
 #include <QLabel>
 #include <QLineEdit>
+#include <QLogValueAxis>
 #include <QPieSeries>
 #include <QPlainTextEdit>
 #include <QScatterSeries>
@@ -20,7 +21,9 @@
 #include <QValueAxis>
 
 #include <algorithm>
+#include <cmath>
 
+#include "models/chart_scale.h"
 #include "models/journal_charts.h"
 #include "models/journal_filter_model.h"
 #include "models/journal_model.h"
@@ -73,10 +76,10 @@ JournalScreen::JournalScreen(JournalModel* journal, QWidget* parent) : QWidget(p
   filters->addWidget(m_session);
   filters->addWidget(m_text, 1);
   filters->addWidget(m_count);
-  connect(m_kind, &QComboBox::currentIndexChanged, this, [this] { m_filter->setKind(m_kind->currentData().toString()); updateCount(); });
-  connect(m_tier, &QLineEdit::textChanged, this, [this](const QString& t) { m_filter->setTier(t); updateCount(); });
-  connect(m_session, &QLineEdit::textChanged, this, [this](const QString& t) { m_filter->setSession(t); updateCount(); });
-  connect(m_text, &QLineEdit::textChanged, this, [this](const QString& t) { m_filter->setText(t); updateCount(); });
+  connect(m_kind, &QComboBox::currentIndexChanged, this, [this] { m_filter->setKind(m_kind->currentData().toString()); updateCount(), updateCharts(); });
+  connect(m_tier, &QLineEdit::textChanged, this, [this](const QString& t) { m_filter->setTier(t); updateCount(), updateCharts(); });
+  connect(m_session, &QLineEdit::textChanged, this, [this](const QString& t) { m_filter->setSession(t); updateCount(), updateCharts(); });
+  connect(m_text, &QLineEdit::textChanged, this, [this](const QString& t) { m_filter->setText(t); updateCount(), updateCharts(); });
 
   m_table = new QTableView(this);
   m_table->setObjectName("journalTable");
@@ -145,17 +148,21 @@ JournalScreen::JournalScreen(JournalModel* journal, QWidget* parent) : QWidget(p
   connect(m_filter, &QAbstractItemModel::rowsInserted, this, &JournalScreen::updateCount);
   connect(m_filter, &QAbstractItemModel::rowsRemoved, this, &JournalScreen::updateCount);
   connect(m_filter, &QAbstractItemModel::modelReset, this, &JournalScreen::updateCount);
-  connect(m_journal, &QAbstractItemModel::rowsInserted, this, &JournalScreen::updateCharts);
-  connect(m_journal, &QAbstractItemModel::rowsRemoved, this, &JournalScreen::updateCharts);
-  connect(m_journal, &QAbstractItemModel::modelReset, this, &JournalScreen::updateCharts);
+  connect(m_filter, &QAbstractItemModel::rowsInserted, this, &JournalScreen::updateCharts);  // the charts plot the rows shown
+  connect(m_filter, &QAbstractItemModel::rowsRemoved, this, &JournalScreen::updateCharts);
+  connect(m_filter, &QAbstractItemModel::modelReset, this, &JournalScreen::updateCharts);
   updateCount();
   updateCharts();
 }
 
 void JournalScreen::updateCharts() {
   QList<JournalRowSnapshot> rows;
-  for (int i = 0; i < m_journal->rowCount(); ++i) rows.append(m_journal->row(i));
+  for (int i = 0; i < m_filter->rowCount(); ++i) rows.append(m_journal->row(m_filter->mapToSource(m_filter->index(i, 0)).row()));
   const QList<RequestPoint> points = RequestPoints(rows);
+  const QString waiting = m_journal->rowCount() == 0 ? tr("waiting for the first request") : tr("no request among the rows shown");
+  m_ttft->setTitle(points.isEmpty() ? tr("Time to first token (ms): %1").arg(waiting) : tr("Time to first token (ms)"));
+  m_reread->setTitle(points.isEmpty() ? tr("Re-read tokens: %1").arg(waiting) : tr("Re-read tokens"));
+  m_sources->setTitle(points.isEmpty() ? tr("Requests per cache source: %1").arg(waiting) : tr("Requests per cache source"));
   for (QChart* chart : {m_ttft, m_reread, m_sources}) {
     chart->removeAllSeries();
     for (QAbstractAxis* axis : chart->axes()) {
@@ -167,12 +174,33 @@ void JournalScreen::updateCharts() {
   for (auto [chart, ttft] : {std::pair{m_ttft, true}, std::pair{m_reread, false}}) {
     auto* x = new QDateTimeAxis;
     x->setFormat("hh:mm:ss");
-    auto* y = new QValueAxis;
-    y->setLabelFormat(ttft ? "%.0f" : "%d");
+    double low = 0, top = 0;
+    for (const RequestPoint& p : points) {
+      const double value = ttft ? p.ttftMs : static_cast<double>(p.rereadTokens);
+      low = low == 0 ? value : std::min(low, value);
+      top = std::max(top, value);
+    }
+    QAbstractAxis* y = nullptr;
+    if (ttft && SpansDecades(low, top)) {  // a millisecond beside seconds: decades apart
+      auto* log = new QLogValueAxis;
+      log->setBase(10);
+      log->setLabelFormat("%g");
+      log->setRange(std::pow(10.0, std::floor(std::log10(low))), std::pow(10.0, std::ceil(std::log10(top))));
+      log->setMinorTickCount(-1);
+      y = log;
+    } else {
+      const ChartScale scale = RoundScale(0, std::max(top * 1.05, ttft ? 1.0 : 10.0), 5);
+      auto* axis = new QValueAxis;
+      axis->setRange(scale.min, scale.max);
+      axis->setTickType(QValueAxis::TicksDynamic);
+      axis->setTickAnchor(0);
+      axis->setTickInterval(scale.step);
+      axis->setLabelFormat(scale.labelFormat());
+      y = axis;
+    }
     chart->addAxis(x, Qt::AlignBottom);
     chart->addAxis(y, Qt::AlignLeft);
     QMap<QString, QScatterSeries*> bySource;
-    double top = 1;
     for (const RequestPoint& p : points) {
       QScatterSeries*& s = bySource[p.source];
       if (s == nullptr) {
@@ -183,7 +211,6 @@ void JournalScreen::updateCharts() {
       }
       const double value = ttft ? p.ttftMs : static_cast<double>(p.rereadTokens);
       s->append(static_cast<double>(p.timeMs), value);
-      top = std::max(top, value);
     }
     for (QScatterSeries* s : bySource) {
       chart->addSeries(s);
@@ -194,8 +221,6 @@ void JournalScreen::updateCharts() {
     const qint64 first = points.isEmpty() ? last - 60000 : points.front().timeMs;
     const qint64 pad = std::max<qint64>(2000, (last - first) / 20);  // no point on the frame
     x->setRange(QDateTime::fromMSecsSinceEpoch(first - pad), QDateTime::fromMSecsSinceEpoch(last + pad));
-    y->setRange(0, top * 1.15);
-    if (ttft && top < 10) y->setLabelFormat("%.1f");
   }
   auto* pie = new QPieSeries;
   const QMap<QString, int> shares = SourceShares(points);

@@ -17,6 +17,8 @@
 #include <QValueAxis>
 #include <QVBoxLayout>
 
+#include <iterator>
+
 #include "models/cache_tier_model.h"
 #include "models/format.h"
 #include "models/journal_filter_model.h"
@@ -247,12 +249,13 @@ void MemoryScreen::updateChart() {
   if (m_series.size() != names.size()) {
     for (QLineSeries* s : m_series) m_chart->removeSeries(s), delete s;
     m_series.clear();
-    static const QColor colors[] = {QColor("#1f77b4"), QColor("#2ca02c"), QColor("#ff7f0e"), QColor("#9467bd"),
-                                    QColor("#d62728"), QColor("#8c564b"), QColor("#17becf"), QColor("#7f7f7f")};
+    // One colour a tier, none repeated (the tiers are nine and may grow).
+    static const QColor colors[] = {QColor("#1f77b4"), QColor("#2ca02c"), QColor("#ff7f0e"), QColor("#9467bd"), QColor("#d62728"), QColor("#8c564b"),
+                                    QColor("#17becf"), QColor("#7f7f7f"), QColor("#bcbd22"), QColor("#e377c2"), QColor("#393b79"), QColor("#637939")};
     for (const QString& name : names) {
       auto* s = new QLineSeries;
       s->setName(name);
-      QPen pen(colors[m_series.size() % 8]);
+      QPen pen(colors[m_series.size() % std::size(colors)]);
       pen.setWidthF(2);
       s->setPen(pen);
       m_chart->addSeries(s);

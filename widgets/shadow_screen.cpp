@@ -3,6 +3,7 @@
 #include <QChart>
 #include <QChartView>
 #include <QDateTime>
+#include <QGraphicsLayout>
 #include <QGroupBox>
 #include <QHBoxLayout>
 #include <QHeaderView>
@@ -15,6 +16,7 @@
 #include <QValueAxis>
 #include <QVBoxLayout>
 
+#include "models/chart_scale.h"
 #include "models/format.h"
 #include "widgets/screen_parts.h"
 #include "widgets/settings_panel.h"
@@ -62,17 +64,28 @@ ShadowScreen::ShadowScreen(SettingsModel* settings, QWidget* parent) : QWidget(p
   m_sessions = makeTable({tr("Session"), tr("Read"), tr("Backlog"), tr("Bytes"), tr("Checkpoints"), tr("Where"), tr("Last used")}, "shadowSessionTable", sessionBox);
   (new QVBoxLayout(sessionBox))->addWidget(m_sessions);
 
-  auto* chartBox = new QGroupBox(tr("Agreement with the main model"), this);
+  auto* chartBox = new QGroupBox(tr("Agreement with the main model: waiting for the first compared turn"), this);
+  m_chartBox = chartBox;
   m_chart = new QChart;
   m_chart->legend()->hide();
   m_series = new QLineSeries;
   m_chart->addSeries(m_series);
+  m_chart->setMargins(QMargins(2, 2, 2, 2));
+  m_chart->layout()->setContentsMargins(0, 0, 0, 0);
   auto* x = new QValueAxis;
-  x->setTitleText(tr("minutes"));
+  x->setTitleText(tr("minutes since the console started"));
   x->setRange(0, 10);
+  x->setTickType(QValueAxis::TicksDynamic);
+  x->setTickAnchor(0);
+  x->setTickInterval(2);
+  x->setLabelFormat("%.0f");
   auto* y = new QValueAxis;
-  y->setRange(0, 1);
-  y->setTitleText(tr("rate"));
+  y->setRange(0, 105);  // a point at 100 % sits inside the frame, not on it
+  y->setTickType(QValueAxis::TicksDynamic);
+  y->setTickAnchor(0);
+  y->setTickInterval(25);
+  y->setLabelFormat("%.0f %%");
+  m_series->setPointsVisible(true);
   m_chart->addAxis(x, Qt::AlignBottom);
   m_chart->addAxis(y, Qt::AlignLeft);
   m_series->attachAxis(x);
@@ -180,9 +193,15 @@ void ShadowScreen::setSnapshot(const ShadowSnapshot& snapshot) {
 
   if (compared > 0 && compared != m_lastCompared) {
     const double minutes = static_cast<double>(snapshot.timeMs - m_startMs) / 60000.0;
-    m_points.append(QPointF(minutes, static_cast<double>(agreed) / static_cast<double>(compared)));
+    m_points.append(QPointF(minutes, 100.0 * static_cast<double>(agreed) / static_cast<double>(compared)));
     m_series->replace(m_points);
-    if (auto* x = qobject_cast<QValueAxis*>(m_chart->axes(Qt::Horizontal).value(0))) x->setRange(0, std::max(10.0, minutes * 1.1));
+    m_chartBox->setTitle(tr("Agreement with the main model"));
+    if (auto* x = qobject_cast<QValueAxis*>(m_chart->axes(Qt::Horizontal).value(0))) {
+      const ChartScale scale = RoundScale(0, std::max(10.0, minutes * 1.05), 5);
+      x->setRange(scale.min, scale.max);
+      x->setTickInterval(scale.step);
+      x->setLabelFormat(scale.labelFormat());
+    }
   }
   m_lastCompared = compared;
 }

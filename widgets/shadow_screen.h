@@ -17,6 +17,7 @@ class SettingsPanel;
 class QChart;
 class QChartView;
 class QDoubleSpinBox;
+class QGroupBox;
 class QLabel;
 class QLineSeries;
 class QPushButton;
@@ -58,6 +59,7 @@ class ShadowScreen : public QWidget {
   QChartView* m_chartView;
   QLineSeries* m_series;
   QList<QPointF> m_points;
+  QGroupBox* m_chartBox = nullptr;  // its title says what the empty chart waits for
   qint64 m_startMs = 0;
   qint64 m_lastCompared = -1;
   ConfirmFunction m_confirm = askConfirmation;

@@ -268,6 +268,17 @@ class TestConsoleGui : public QObject {
     QVERIFY(!window.journalScreen()->rereadChart()->series().isEmpty());
     auto* pie = qobject_cast<QPieSeries*>(window.journalScreen()->sourceChart()->series().first());
     QVERIFY(pie != nullptr && pie->sum() >= 1);
+    // The charts plot the rows the filter shows, and say so when none is a request.
+    auto* sessionFilter = window.journalScreen()->findChild<QLineEdit*>("sessionFilter");
+    sessionFilter->setText("no-such-session");
+    QVERIFY(ttft->series().isEmpty());
+    QVERIFY2(ttft->title().contains("no request among the rows shown"), qPrintable(ttft->title()));
+    sessionFilter->setText(secondId);
+    int plotted = 0;
+    for (QAbstractSeries* s : ttft->series()) plotted += qobject_cast<QScatterSeries*>(s)->count();
+    QCOMPARE(plotted, 4);  // the second conversation's turn and its three regenerations
+    sessionFilter->clear();
+    QCOMPARE(ttft->title(), QString("Time to first token (ms)"));
     CacheTierModel* tiers = window.cacheModel();
     QTRY_VERIFY_WITH_TIMEOUT(tierValue(tiers, "resident", CacheTierModel::BytesColumn) > 0, 10000);
     QVERIFY(tierValue(tiers, "resident", CacheTierModel::EntriesColumn) > 0);
