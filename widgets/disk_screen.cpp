@@ -10,28 +10,45 @@
 #include <QTableWidget>
 #include <QVBoxLayout>
 
+#include "models/cache_event_words.h"
 #include "models/format.h"
+#include "models/settings_model.h"
 #include "widgets/screen_parts.h"
 #include "widgets/settings_panel.h"
 
 namespace {
 
-// Events, newest first: time, kind, tokens, bytes, why.
+// Events, newest first: time, what happened, tokens, bytes, why; in words, the engine's own in the tooltips.
 void FillEventTable(QTableWidget* table, const QJsonArray& events) {
   table->setRowCount(static_cast<int>(events.size()));
   for (int i = 0; i < events.size(); ++i) {
     const QJsonObject e = events[events.size() - 1 - i].toObject();
+    const QString kind = e["kind"].toString(), reason = e["reason"].toString();
+    const CacheEventWords words = DescribeCacheEvent(kind, reason);
     table->setItem(i, 0, tableCell(fmt::timeOfDay(static_cast<qint64>(e["time_ms"].toDouble()))));
-    table->setItem(i, 1, tableCell(e["kind"].toString()));
+    table->setItem(i, 1, tableCell(words.what));
+    table->item(i, 1)->setToolTip(kind);
     table->setItem(i, 2, tableCell(QString::number(static_cast<qint64>(e["tokens"].toDouble())), true));
     table->setItem(i, 3, tableCell(fmt::bytes(static_cast<qint64>(e["bytes"].toDouble())), true));
-    table->setItem(i, 4, tableCell(e["reason"].toString()));
+    table->setItem(i, 4, tableCell(words.why));
+    table->item(i, 4)->setToolTip(reason);
   }
+}
+
+// A line over an empty table's rows (it takes no room of its own).
+QLabel* EmptyLine(const QString& name, QTableWidget* table) {
+  auto* line = new QLabel(table->viewport());
+  line->setObjectName(name);
+  line->setWordWrap(true);
+  line->setStyleSheet("color: gray;");
+  auto* over = new QVBoxLayout(table->viewport());
+  over->addWidget(line, 0, Qt::AlignTop);
+  return line;
 }
 
 }  // namespace
 
-DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(parent) {
+DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(parent), m_settings(settings) {
   m_clear = new QPushButton(tr("Clear the disk tier…"));
   m_clear->setEnabled(false);  // until a snapshot says the tier is open
   m_clear->setObjectName("clear_disk");
@@ -58,6 +75,7 @@ DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(paren
 
   auto* prefixBox = new QGroupBox(tr("Most-hit prefixes (token counts; no text is kept here)"), this);
   m_prefixes = makeTable({tr("Tokens"), tr("Bytes"), tr("Hits"), tr("Last used")}, "diskPrefixTable", prefixBox);
+  m_prefixesEmpty = EmptyLine("diskPrefixesEmpty", m_prefixes);
   (new QVBoxLayout(prefixBox))->addWidget(m_prefixes);
   auto* eventBox = new QGroupBox(tr("Last events"), this);
   m_events = makeTable({tr("Time"), tr("Event"), tr("Tokens"), tr("Bytes"), tr("Why")}, "diskEventTable", eventBox);
@@ -73,7 +91,8 @@ DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(paren
   m_clearSpill->setObjectName("clear_spill");
   m_clearSpill->setToolTip(tr("Delete every saved conversation"));
   connect(m_clearSpill, &QPushButton::clicked, this, &DiskScreen::requestClearSpill);
-  m_spillEntries = makeTable({tr("Tokens"), tr("Stored"), tr("Raw"), tr("End at"), tr("Last used")}, "spillEntryTable", spillBox);
+  m_spillEntries = makeTable({tr("Session"), tr("Tokens"), tr("Stored"), tr("Raw"), tr("End at"), tr("Last used")}, "spillEntryTable", spillBox);
+  m_spillEntriesEmpty = EmptyLine("spillEntriesEmpty", m_spillEntries);
   m_spillEvents = makeTable({tr("Time"), tr("Event"), tr("Tokens"), tr("Bytes"), tr("Why")}, "spillEventTable", spillBox);
   auto* spillHead = new QHBoxLayout;
   spillHead->addWidget(m_spillSummary, 1);
@@ -98,6 +117,13 @@ DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(paren
 }
 
 QString DiskScreen::summaryText() const { return m_summary->text(); }
+QString DiskScreen::prefixesEmptyText() const { return m_prefixesEmpty->isHidden() ? QString() : m_prefixesEmpty->text(); }
+QString DiskScreen::spillEntriesEmptyText() const { return m_spillEntriesEmpty->isHidden() ? QString() : m_spillEntriesEmpty->text(); }
+
+void DiskScreen::showEmpty(QLabel* line, const QTableWidget* table, const QString& why) {
+  line->setText(why);
+  line->setVisible(table->rowCount() == 0 && !why.isEmpty());
+}
 QString DiskScreen::spillSummaryText() const { return m_spillSummary->text(); }
 
 QDoubleSpinBox* DiskScreen::editor(const QString& key) const { return m_panel->number(key); }
@@ -135,6 +161,7 @@ void DiskScreen::setSnapshot(const CacheSnapshot& snapshot) {
     m_summary->setText(tr("This engine runs without a disk tier (started with --disk-cache off)."));
     m_prefixes->setRowCount(0);
     m_events->setRowCount(0);
+    showEmpty(m_prefixesEmpty, m_prefixes, tr("No disk tier: nothing is written."));
     return;
   }
   auto n = [&](const char* key) { return static_cast<qint64>(d.value(key).toDouble()); };
@@ -157,9 +184,9 @@ void DiskScreen::setSnapshot(const CacheSnapshot& snapshot) {
               .arg(n("expired_files"));
   if (rate > 0) text += tr("<br>Restores read at %1/s.").arg(fmt::bytes(static_cast<qint64>(rate)));
   if (const QJsonObject w = doc.value("disk_writes").toObject(); !w.isEmpty())
-    text += tr("<br>Written today (tier and spill): %1 of %2 GiB a day, level <b>%3</b>; %4 writes skipped for the budget.")
-                .arg(w.value("today_gb").toDouble(), 0, 'f', 2)
-                .arg(w.value("budget_gb").toDouble(), 0, 'f', 0)
+    text += tr("<br>Written today (tier and spill): %1 of %2 a day, level <b>%3</b>; %4 writes skipped for the budget.")
+                .arg(fmt::bytes(static_cast<qint64>(w.value("today_gb").toDouble() * 1073741824.0)))
+                .arg(fmt::bytes(static_cast<qint64>(w.value("budget_gb").toDouble() * 1073741824.0)))
                 .arg(w.value("level").toString())
                 .arg(static_cast<qint64>(w.value("skips").toDouble()));
   m_summary->setText(text);
@@ -174,6 +201,12 @@ void DiskScreen::setSnapshot(const CacheSnapshot& snapshot) {
     m_prefixes->setItem(i, 3, tableCell(fmt::timeOfDay(static_cast<qint64>(p["last_used_ms"].toDouble()))));
   }
   FillEventTable(m_events, d.value("recent_events").toArray());
+  const QString mode = d.value("mode").toString();
+  showEmpty(m_prefixesEmpty, m_prefixes,
+            mode == "readwrite" ? tr("No prefix on disk yet: a prompt's head of at least %1 tokens is written once it has been read cold %2 times (the settings at the right).")
+                                      .arg(m_settings->value("disk_cache.min_tokens").toInteger())
+                                      .arg(m_settings->value("disk_cache.admit_after").toInteger())
+                                : tr("No prefix on disk, and the tier in mode %1 writes none (readwrite writes).").arg(mode));
 }
 
 void DiskScreen::setSpill(const QJsonObject& sp) {
@@ -183,6 +216,7 @@ void DiskScreen::setSpill(const QJsonObject& sp) {
     m_spillSummary->setText(tr("This engine runs without a session spill (it lives in the disk tier's folder)."));
     m_spillEntries->setRowCount(0);
     m_spillEvents->setRowCount(0);
+    showEmpty(m_spillEntriesEmpty, m_spillEntries, tr("No session spill: nothing is saved."));
     return;
   }
   auto n = [&](const char* key) { return static_cast<qint64>(sp.value(key).toDouble()); };
@@ -200,12 +234,17 @@ void DiskScreen::setSpill(const QJsonObject& sp) {
   m_spillEntries->setRowCount(static_cast<int>(list.size()));
   for (int i = 0; i < list.size(); ++i) {
     const QJsonObject e = list[i].toObject();
-    m_spillEntries->setItem(i, 0, tableCell(QString::number(static_cast<qint64>(e["tokens"].toDouble())), true));
-    m_spillEntries->setItem(i, 1, tableCell(fmt::bytes(static_cast<qint64>(e["bytes"].toDouble())), true));
-    m_spillEntries->setItem(i, 2, tableCell(fmt::bytes(static_cast<qint64>(e["raw_bytes"].toDouble())), true));
-    m_spillEntries->setItem(i, 3, tableCell(QString::number(static_cast<qint64>(e["end_length"].toDouble())), true));
-    m_spillEntries->setItem(i, 4, tableCell(fmt::timeOfDay(static_cast<qint64>(e["used_ms"].toDouble()))));
+    const QString session = e["session"].toString();
+    m_spillEntries->setItem(i, 0, tableCell(session.isEmpty() ? tr("(none)") : session));
+    m_spillEntries->setItem(i, 1, tableCell(QString::number(static_cast<qint64>(e["tokens"].toDouble())), true));
+    m_spillEntries->setItem(i, 2, tableCell(fmt::bytes(static_cast<qint64>(e["bytes"].toDouble())), true));
+    m_spillEntries->setItem(i, 3, tableCell(fmt::bytes(static_cast<qint64>(e["raw_bytes"].toDouble())), true));
+    m_spillEntries->setItem(i, 4, tableCell(QString::number(static_cast<qint64>(e["end_length"].toDouble())), true));
+    m_spillEntries->setItem(i, 5, tableCell(fmt::timeOfDay(static_cast<qint64>(e["used_ms"].toDouble()))));
   }
   FillEventTable(m_spillEvents, sp.value("recent_events").toArray());
+  showEmpty(m_spillEntriesEmpty, m_spillEntries,
+            tr("No conversation saved yet: one of at least %1 tokens is written when it leaves memory (evicted, another session takes its slot, or a planned stop).")
+                .arg(m_settings->value("spill.min_tokens").toInteger()));
 }
 

@@ -34,6 +34,9 @@ class DiskScreen : public QWidget {
   QTableWidget* spillEventTable() const { return m_spillEvents; }
   QString summaryText() const;
   QString spillSummaryText() const;
+  // What an empty table says instead ("" while it has rows).
+  QString prefixesEmptyText() const;
+  QString spillEntriesEmptyText() const;
 
  signals:
   void clearTierRequested(const QString& tier);
@@ -51,6 +54,12 @@ class DiskScreen : public QWidget {
  private:
   void setSpill(const QJsonObject& spill);
 
+  // An empty table's line: why it is empty (the thresholds that fill it).
+  void showEmpty(QLabel* line, const QTableWidget* table, const QString& why);
+
+  SettingsModel* m_settings;
+  QLabel* m_prefixesEmpty;
+  QLabel* m_spillEntriesEmpty;
   SettingsPanel* m_panel;
   QLabel* m_summary;
   QLabel* m_spillSummary;

@@ -54,7 +54,7 @@ nlohmann::json SpillJson(const SessionSpillStats& s, const std::vector<SpillEntr
   nlohmann::json list = nlohmann::json::array();
   for (const SpillEntryInfo& e : entries)
     list.push_back({{"tokens", e.tokens}, {"bytes", e.bytes}, {"raw_bytes", e.raw_bytes}, {"end_length", e.end_length}, {"used_ms", e.used_ms},
-                    {"has_session", !e.session.empty()}});
+                    {"has_session", !e.session.empty()}, {"session", e.session}});
   const double saved = s.raw_bytes > 0 ? 1.0 - static_cast<double>(s.bytes) / static_cast<double>(s.raw_bytes) : 0.0;
   nlohmann::json recent = nlohmann::json::array();
   for (const CacheEvent& e : events)

@@ -3,6 +3,7 @@
 #include <QSignalSpy>
 #include <QtTest>
 
+#include "models/cache_event_words.h"
 #include "models/cache_tier_model.h"
 
 namespace {
@@ -54,6 +55,18 @@ class TestCacheTierModel : public QObject {
     model.setSnapshot(more);
     QCOMPARE(resets.count(), 1);
     QCOMPARE(model.rowCount(), 4);
+  }
+
+  // Cache events in words: what happened, and a spill refusal's cause as a sentence (its note stays in the tooltip).
+  void cacheEventsInWords() {
+    QCOMPARE(DescribeCacheEvent("write", "prefix snapshot").what, QString("written"));
+    QCOMPARE(DescribeCacheEvent("write", "prefix snapshot").why, QString("prefix snapshot"));
+    QCOMPARE(DescribeCacheEvent("failed_restore", "x").what, QString("not restored"));
+    const CacheEventWords refused = DescribeCacheEvent("refused", "no entry served: tokens=70000 shares=65536 offer=0 ram=4096 why=end_no_align");
+    QCOMPARE(refused.what, QString("not restored"));
+    QVERIFY2(refused.why.startsWith("the copy did not reach the saved end"), qPrintable(refused.why));
+    QCOMPARE(DescribeCacheEvent("refused", "why=unheard_of").why, QString("why=unheard_of"));  // unknown causes stay as they came
+    QCOMPARE(DescribeCacheEvent("new_kind", "r").what, QString("new_kind"));
   }
 };
 

@@ -371,6 +371,7 @@ class TestConsoleGui : public QObject {
     QVERIFY(disk_cleared[0][1].toBool());
     QTRY_VERIFY_WITH_TIMEOUT(disk->summaryText().contains("of its 3.00 GiB budget"), 10000);  // a command between requests applies the settings
     QVERIFY2(disk->summaryText().contains("Written today"), qPrintable(disk->summaryText()));
+    QVERIFY2(disk->prefixesEmptyText().contains("at least 4096 tokens"), qPrintable(disk->prefixesEmptyText()));  // empty, and why
     // The session spill beside it: open, editable, cleared only after a yes.
     QVERIFY2(disk->spillSummaryText().contains("conversations"), qPrintable(disk->spillSummaryText()));
     const qint64 before_spill = settings->version();
@@ -382,6 +383,10 @@ class TestConsoleGui : public QObject {
     QTRY_COMPARE_WITH_TIMEOUT(disk_cleared.count(), 2, 10000);
     QCOMPARE(disk_cleared[1][0].toString(), QString("spill"));
     QVERIFY(disk_cleared[1][1].toBool());
+    QTRY_VERIFY_WITH_TIMEOUT(disk->spillEntriesEmptyText().contains("at least 20000 tokens"), 10000);
+    QTRY_VERIFY_WITH_TIMEOUT(disk->spillEventTable()->rowCount() >= 1, 10000);
+    QCOMPARE(disk->spillEventTable()->item(0, 1)->text(), QString("cleared"));  // in words; the engine's kind in the tooltip
+    QCOMPARE(disk->spillEventTable()->item(0, 1)->toolTip(), QString("clear"));
 
     // The Shadow screen: the chat's conversation is read by the generated shadow model; a ration edit applies; a clear asks first.
     ShadowScreen* shadow = window.shadowScreen();

@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <set>
 
 #include "engine/core/file_util.h"
 #include "tests/server/server_fixture.h"
@@ -69,7 +70,10 @@ class TestSpillServer : public QObject {
     QVERIFY2(spill["open"].get<bool>() && spill["restores"].get<int64_t>() == 1, spill.dump().c_str());
     QCOMPARE(spill["entries"].get<int64_t>(), int64_t(1));
     QVERIFY(spill["list"][0]["tokens"].get<int64_t>() > 256);
-    QVERIFY(!spill["list"][0].contains("session"));  // token counts and sizes, never the conversation
+    // Its session id, token counts and sizes, never the conversation's tokens or text.
+    std::set<std::string> keys;
+    for (const auto& [key, value] : spill["list"][0].items()) keys.insert(key);
+    QCOMPARE(keys, std::set<std::string>({"tokens", "bytes", "raw_bytes", "end_length", "used_ms", "has_session", "session"}));
     QVERIFY(b.Get("/metrics")->body.find("anchorage_spill_restores_total 1\n") != std::string::npos);
     // The first server's drain counted toward the day's writes, kept across the restart.
     const json writes = json::parse(b.Get("/health")->body)["cache"]["disk_writes"];
