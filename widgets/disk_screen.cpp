@@ -13,6 +13,7 @@
 #include "models/cache_event_words.h"
 #include "models/format.h"
 #include "models/settings_model.h"
+#include "models/settings_words.h"
 #include "widgets/screen_parts.h"
 #include "widgets/settings_panel.h"
 
@@ -57,19 +58,10 @@ DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(paren
   auto* status = makeSummaryBox(tr("Disk tier"), "diskSummary", &m_summary, m_clear, this);
 
   m_panel = new SettingsPanel(settings, "applyDiskButton", "diskMessage", tr("the disk tier uses it from the next request"), this);
-  m_panel->addChoice("disk_cache.mode", tr("Mode"), {"off", "read", "readwrite"});
-  m_panel->addChoice("spill.mode", tr("Session spill"), {"off", "on"});
-  m_panel->addNumbers({
-    {"disk_cache.budget_gb", "Budget", " GiB", 1},
-    {"disk_cache.ttl_days", "Keep unused entries", " days", 0},
-    {"disk_cache.min_free_gb", "Leave free on the disk", " GiB", 1},
-    {"disk_cache.admit_after", "Write after cold reads", "", 0},
-    {"disk_cache.min_tokens", "Shortest prefix written", " tokens", 0},
-    {"disk_cache.write_budget_gb", "Writes a day (tier and spill)", " GiB", 0},
-    {"spill.budget_gb", "Spill budget", " GiB", 1},
-    {"spill.min_tokens", "Shortest conversation spilled", " tokens", 0},
-    {"spill.ttl_hours", "Keep unused conversations", " hours", 0},
-  });
+  m_panel->addChoice("disk_cache.mode", WordsForSetting("disk_cache.mode").label, {"off", "read", "readwrite"});
+  m_panel->addChoice("spill.mode", WordsForSetting("spill.mode").label, {"off", "on"});
+  m_panel->addNumbers({"disk_cache.budget_gb", "disk_cache.ttl_days", "disk_cache.min_free_gb", "disk_cache.admit_after", "disk_cache.min_tokens",
+                       "disk_cache.write_budget_gb", "spill.budget_gb", "spill.min_tokens", "spill.ttl_hours"});
   m_panel->finish();
   connect(m_panel, &SettingsPanel::settingsReplaceRequested, this, &DiskScreen::settingsReplaceRequested);
 

@@ -25,13 +25,13 @@
 #include "models/journal_model.h"
 #include "models/memory_history.h"
 #include "models/settings_model.h"
+#include "models/settings_words.h"
 #include "widgets/screen_parts.h"
 #include "widgets/settings_editors.h"
 
 namespace {
 
 const char* kLimitKeys[] = {"memory.ceiling_gb", "memory.prefill_peak_gb", "memory.allocator_slack_gb"};
-const char* kLimitLabels[] = {"Ceiling between requests", "Peak during prefill", "Allocator slack"};
 
 }  // namespace
 
@@ -43,8 +43,9 @@ MemoryScreen::MemoryScreen(CacheTierModel* tiers, MemoryHistory* history, Settin
   for (int i = 0; i < 3; ++i) {
     auto* spin = new QDoubleSpinBox(limits);
     spin->setObjectName(QString(kLimitKeys[i]).replace('.', '_'));
-    spin->setDecimals(2);
-    spin->setSuffix(" GiB");
+    const SettingWords words = WordsForSetting(kLimitKeys[i]);
+    spin->setDecimals(words.decimals);
+    spin->setSuffix(words.unit);
     spin->setSingleStep(0.5);
     spin->setMinimumWidth(120);
     keepFullHeight(spin);
@@ -54,7 +55,7 @@ MemoryScreen::MemoryScreen(CacheTierModel* tiers, MemoryHistory* history, Settin
       m_revert->setEnabled(true);
     });
     m_editors[kLimitKeys[i]] = spin;
-    form->addRow(tr(kLimitLabels[i]), spin);
+    form->addRow(words.label, spin);
   }
   m_versionLabel = new QLabel(limits);
   form->addRow(tr("Settings version"), m_versionLabel);

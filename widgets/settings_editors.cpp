@@ -13,7 +13,7 @@ void loadEditors(const QMap<QString, QDoubleSpinBox*>& editors, const SettingsMo
     QSignalBlocker block(it.value());
     if (f.contains("min")) it.value()->setRange(f["min"].toDouble(), f["max"].toDouble());
     it.value()->setValue(settings.value(it.key()).toDouble());
-    it.value()->setToolTip(f["description"].toString());
+    it.value()->setToolTip(QString("%1 (%2)").arg(f["description"].toString(), it.key()));  // the document's key too
     it.value()->setEnabled(settings.version() > 0);
   }
 }

@@ -11,7 +11,10 @@
 #include <QSignalBlocker>
 #include <QVBoxLayout>
 
+#include <cmath>
+
 #include "models/settings_model.h"
+#include "models/settings_words.h"
 #include "widgets/screen_parts.h"
 #include "widgets/settings_editors.h"
 
@@ -54,8 +57,11 @@ QDoubleSpinBox* SettingsPanel::addNumber(const QString& key, const QString& labe
   return spin;
 }
 
-void SettingsPanel::addNumbers(std::initializer_list<Number> numbers) {
-  for (const Number& n : numbers) addNumber(n.key, tr(n.label), n.suffix, n.decimals);
+void SettingsPanel::addNumbers(std::initializer_list<const char*> keys) {
+  for (const char* key : keys) {
+    const SettingWords w = WordsForSetting(key);
+    addNumber(key, w.label, w.unit, w.decimals);
+  }
 }
 
 QComboBox* SettingsPanel::addChoice(const QString& key, const QString& label, const QStringList& values) {
@@ -105,8 +111,28 @@ void SettingsPanel::finish() {
   load();
 }
 
+void SettingsPanel::markChanged() {
+  auto mark = [&](QWidget* editor, bool changed) {
+    auto* label = qobject_cast<QLabel*>(m_form->labelForField(editor));
+    if (label == nullptr) return;
+    QString text = label->text();
+    if (text.endsWith(" •")) text.chop(2);
+    label->setText(changed ? text + " •" : text);
+    QFont font = label->font();
+    font.setBold(changed);
+    label->setFont(font);
+    label->setToolTip(changed ? tr("Changed here, not applied yet") : QString());
+  };
+  for (auto it = m_numbers.begin(); it != m_numbers.end(); ++it)
+    mark(it.value(), m_dirty && std::abs(it.value()->value() - m_settings->value(it.key()).toDouble()) > 0.5 * std::pow(10.0, -it.value()->decimals()));
+  for (auto it = m_choices.begin(); it != m_choices.end(); ++it) mark(it.value(), m_dirty && it.value()->currentText() != m_settings->value(it.key()).toString());
+  for (auto it = m_switches.begin(); it != m_switches.end(); ++it) mark(it.value(), m_dirty && it.value()->isChecked() != m_settings->value(it.key()).toBool());
+  for (auto it = m_texts.begin(); it != m_texts.end(); ++it) mark(it.value(), m_dirty && it.value()->text() != m_settings->value(it.key()).toString());
+}
+
 void SettingsPanel::markDirty() {
   m_dirty = true;
+  markChanged();
   SetAdminButtonEnabled(m_apply, true);
   m_revert->setEnabled(true);
 }
@@ -126,11 +152,12 @@ void SettingsPanel::load() {
   }
   for (auto it = m_texts.begin(); it != m_texts.end(); ++it) {
     it.value()->setText(m_settings->value(it.key()).toString());
-    it.value()->setToolTip(m_settings->field(it.key())["description"].toString());
+    it.value()->setToolTip(tr("%1 (%2)").arg(m_settings->field(it.key())["description"].toString(), it.key()));
     it.value()->setEnabled(loaded);
   }
   loadEditors(m_numbers, *m_settings);
   SetAdminButtonEnabled(m_apply, false);
+  markChanged();
   m_revert->setEnabled(false);
 }
 

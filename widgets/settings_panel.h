@@ -29,14 +29,9 @@ class SettingsPanel : public QGroupBox {
   // change takes effect ("the disk tier uses it from the next request").
   SettingsPanel(SettingsModel* settings, const QString& applyName, const QString& messageName, const QString& appliedText, QWidget* parent);
 
-  struct Number {
-    const char* key;
-    const char* label;
-    const char* suffix;
-    int decimals;
-  };
   QDoubleSpinBox* addNumber(const QString& key, const QString& label, const QString& suffix, int decimals);
-  void addNumbers(std::initializer_list<Number> numbers);
+  // Numbers labelled in the settings vocabulary (WordsForSetting).
+  void addNumbers(std::initializer_list<const char*> keys);
   QComboBox* addChoice(const QString& key, const QString& label, const QStringList& values);
   QCheckBox* addSwitch(const QString& key, const QString& label, const QString& text);
   QLineEdit* addText(const QString& key, const QString& label, const QString& tooltip = {});
@@ -59,6 +54,8 @@ class SettingsPanel : public QGroupBox {
 
  private:
   void markDirty();
+  // A field's label says whether its editor holds a value not applied yet ("•" and bold).
+  void markChanged();
 
   SettingsModel* m_settings;
   QString m_appliedText;

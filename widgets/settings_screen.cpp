@@ -10,7 +10,10 @@
 #include <QScrollArea>
 #include <QVBoxLayout>
 
+#include <algorithm>
+
 #include "models/settings_model.h"
+#include "models/settings_words.h"
 #include "widgets/settings_panel.h"
 
 SettingsScreen::SettingsScreen(SettingsModel* settings, QWidget* parent) : QWidget(parent), m_settings(settings) {
@@ -32,35 +35,37 @@ SettingsScreen::SettingsScreen(SettingsModel* settings, QWidget* parent) : QWidg
 
 void SettingsScreen::build() {
   if (!m_panels.isEmpty() || m_settings->rowCount() == 0) return;
-  QStringList order;  // areas in the schema's order
+  QStringList order;  // areas in the schema's order, then grouped by the screen they belong to
   for (int row = 0; row < m_settings->rowCount(); ++row) {
     const QModelIndex index = m_settings->index(row, 0);
     const QString key = index.data(SettingsModel::KeyRole).toString();
-    const QString area = key.section('.', 0, 0), name = key.section('.', 1);
+    const QString area = key.section('.', 0, 0);
     SettingsPanel* panel = m_panels.value(area);
     if (panel == nullptr) {
       const QString when = area == "engine" ? tr("the engine uses it from its next start") : tr("the engine uses it from the next request");
       panel = new SettingsPanel(m_settings, "apply_" + area, "message_" + area, when, this);
-      panel->setTitle(area);
+      panel->setTitle(SettingsAreaTitle(area));
       m_panels[area] = panel;
       order << area;
     }
     const QJsonObject field = m_settings->field(key);
     const QString type = field["type"].toString(), description = field["description"].toString();
+    const SettingWords words = WordsForSetting(key);
     QWidget* editor = nullptr;
     if (type == "integer" || type == "number") {
-      editor = panel->addNumber(key, name, {}, type == "integer" ? 0 : 3);
+      editor = panel->addNumber(key, words.label, words.unit, type == "integer" ? 0 : std::max(words.decimals, 2));
     } else if (type == "enum") {
       QStringList values;
       for (const QJsonValue& v : field["values"].toArray()) values << v.toString();
-      editor = panel->addChoice(key, name, values);
+      editor = panel->addChoice(key, words.label, values);
     } else if (type == "boolean") {
-      editor = panel->addSwitch(key, name, tr("on"));
+      editor = panel->addSwitch(key, words.label, tr("on"));
     } else {
-      editor = panel->addText(key, name, description);
+      editor = panel->addText(key, words.label, description);
     }
-    editor->setToolTip(description);
+    editor->setToolTip(tr("%1 (%2)").arg(description, key));  // the document's key, for the API and the file
   }
+  std::stable_sort(order.begin(), order.end(), [](const QString& a, const QString& b) { return SettingsAreaRank(a) < SettingsAreaRank(b); });
   for (int i = 0; i < order.size(); ++i) {
     SettingsPanel* panel = m_panels[order[i]];
     panel->finish();

@@ -18,6 +18,7 @@
 
 #include "models/chart_scale.h"
 #include "models/format.h"
+#include "models/settings_words.h"
 #include "widgets/screen_parts.h"
 #include "widgets/settings_panel.h"
 
@@ -48,15 +49,10 @@ ShadowScreen::ShadowScreen(SettingsModel* settings, QWidget* parent) : QWidget(p
   auto* status = makeSummaryBox(tr("Shadow reader"), "shadowSummary", &m_summary, m_clear, this);
 
   m_panel = new SettingsPanel(settings, "applyShadowButton", "shadowMessage", tr("the reader uses it from its next read"), this);
-  m_panel->addSwitch("shadow.enabled", tr("Enabled"), tr("Read every session"));
-  m_panel->addNumbers({
-    {"shadow.ration", "Share of a turn", "", 3},
-    {"shadow.budget_gb", "Resident budget", " GiB", 1},
-    {"shadow.disk_gb", "Disk budget", " GiB", 1},
-    {"shadow.min_tokens", "Ask at turns from", " tokens", 0},
-  });
-  m_panel->addText("shadow.question", tr("Agreement question"));
-  m_panel->addText("shadow.choices", tr("Choices"));
+  m_panel->addSwitch("shadow.enabled", WordsForSetting("shadow.enabled").label, tr("Read every session"));
+  m_panel->addNumbers({"shadow.ration", "shadow.budget_gb", "shadow.disk_gb", "shadow.min_tokens"});
+  m_panel->addText("shadow.question", WordsForSetting("shadow.question").label);
+  m_panel->addText("shadow.choices", WordsForSetting("shadow.choices").label);
   m_panel->finish();
   connect(m_panel, &SettingsPanel::settingsReplaceRequested, this, &ShadowScreen::settingsReplaceRequested);
 

@@ -4,6 +4,7 @@
 #include <QCheckBox>
 #include <QComboBox>
 #include <QDoubleSpinBox>
+#include <QFormLayout>
 #include <QJsonDocument>
 #include <QLabel>
 #include <QLineEdit>
@@ -15,7 +16,9 @@
 #include "engine/settings/settings.h"
 #include "models/settings_model.h"
 #include "widgets/settings_panel.h"
+#include "widgets/disk_screen.h"
 #include "widgets/settings_screen.h"
+#include "widgets/shadow_screen.h"
 
 namespace {
 
@@ -81,9 +84,55 @@ class TestSettingsScreen : public QObject {
           QVERIFY2(qobject_cast<QLineEdit*>(editor) != nullptr, f.key().c_str());
           break;
       }
-      QCOMPARE(editor->toolTip().toStdString(), f.description);
+      QVERIFY2(editor->toolTip().toStdString() == f.description + " (" + f.key() + ")", (f.key() + ": " + editor->toolTip().toStdString()).c_str());  // the description, then the key
     }
     QCOMPARE(screen.areas().size(), areas.size());
+  }
+
+  // The Settings screen speaks as the screens it configures: their labels and units for the same
+  // keys, areas titled and grouped by screen; a field edited and not applied is marked until
+  // applied or reverted.
+  void oneVocabularyAndChangedFieldsMarked() {
+    anchorage::SettingsStore store = Store();
+    SettingsModel model;
+    SettingsScreen screen(&model);
+    DiskScreen disk(&model);
+    ShadowScreen shadow(&model);
+    model.setSnapshot(snapshotOf(store));
+    auto labelOf = [](QWidget* editor) {
+      auto* form = qobject_cast<QFormLayout*>(editor->parentWidget()->findChild<QFormLayout*>());
+      auto* label = form != nullptr ? qobject_cast<QLabel*>(form->labelForField(editor)) : nullptr;
+      return label != nullptr ? label->text() : QString();
+    };
+    int compared = 0;
+    for (QWidget* screenOf : {static_cast<QWidget*>(&disk), static_cast<QWidget*>(&shadow)})
+      for (auto* spin : screenOf->findChildren<QDoubleSpinBox*>()) {
+        const QString name = spin->objectName(), area = name.section('_', 0, 0);
+        SettingsPanel* panel = nullptr;
+        for (const QString& a : screen.areas())
+          if (name.startsWith(a + "_")) panel = screen.panel(a);
+        QVERIFY2(panel != nullptr, qPrintable(name));
+        auto* same = panel->findChild<QDoubleSpinBox*>(name);
+        QVERIFY2(same != nullptr, qPrintable(name));
+        QCOMPARE(labelOf(same), labelOf(spin));
+        QCOMPARE(same->suffix(), spin->suffix());
+        ++compared;
+      }
+    QVERIFY(compared >= 10);
+    QCOMPARE(screen.panel("memory")->title(), QString("Memory: limits"));
+    QCOMPARE(screen.panel("spill")->title(), QString("Disk cache: session spill"));
+    QCOMPARE(labelOf(screen.panel("memory")->findChild<QDoubleSpinBox*>("memory_ceiling_gb")), QString("Ceiling between requests"));
+    QCOMPARE(screen.panel("memory")->findChild<QDoubleSpinBox*>("memory_ceiling_gb")->suffix(), QString(" GiB"));
+    // Changed and not applied: marked; reverted: not.
+    SettingsPanel* journal = screen.panel("journal");
+    auto* days = journal->findChild<QDoubleSpinBox*>("journal_retention_days");
+    QCOMPARE(labelOf(days), QString("Keep rows"));
+    days->setValue(days->value() + 1);
+    QCOMPARE(labelOf(days), QString("Keep rows •"));
+    QVERIFY(labelOf(journal->findChild<QDoubleSpinBox*>("journal_retention_rows")).endsWith("table"));  // the untouched one is not marked
+    for (QPushButton* b : journal->findChildren<QPushButton*>())
+      if (b->text() == "Revert") b->click();
+    QCOMPARE(labelOf(days), QString("Keep rows"));
   }
 
   void applyRefusalAndReapply() {
