@@ -131,14 +131,19 @@ void DiskScreen::onTierCleared(const QString& tier, bool ok, const QString& mess
 
 void DiskScreen::requestClearSpill() {
   if (!m_confirm(this, tr("Clear the session spill"),
-                 tr("Delete every saved conversation? Their next turns read everything past the disk tier's heads again.")))
+                 tr("Delete %n saved conversation(s) (%1 on disk)? Their next turns read everything past the disk tier's heads again.", nullptr,
+                    static_cast<int>(m_spillCount))
+                     .arg(fmt::bytes(m_spillBytes))))
     return;
   emit clearTierRequested("spill");
 }
 
 void DiskScreen::requestClear() {
   if (!m_confirm(this, tr("Clear the disk tier"),
-                 tr("Delete every file of the disk tier and its cold-read counts? Sessions whose heads it holds prefill them cold again.")))
+                 tr("Delete the disk tier's %1 anchors and %2 chunks (%3) and its cold-read counts? Sessions whose heads it holds prefill them cold again.")
+                     .arg(m_diskAnchors)
+                     .arg(m_diskChunks)
+                     .arg(fmt::bytes(m_diskBytes))))
     return;
   emit clearTierRequested("disk");
 }
@@ -157,6 +162,9 @@ void DiskScreen::setSnapshot(const CacheSnapshot& snapshot) {
     return;
   }
   auto n = [&](const char* key) { return static_cast<qint64>(d.value(key).toDouble()); };
+  m_diskAnchors = n("anchors");
+  m_diskChunks = n("chunks");
+  m_diskBytes = n("bytes");
   const qint64 free = n("free_bytes");
   const double rate = d.value("read_bytes_per_s").toDouble();
   QString text = tr("<b>%1</b> in %2<br>").arg(d.value("mode").toString().toHtmlEscaped(), d.value("dir").toString().toHtmlEscaped());
@@ -212,6 +220,8 @@ void DiskScreen::setSpill(const QJsonObject& sp) {
     return;
   }
   auto n = [&](const char* key) { return static_cast<qint64>(sp.value(key).toDouble()); };
+  m_spillCount = n("entries");
+  m_spillBytes = n("bytes");
   m_spillSummary->setText(tr("%1 conversations, %2 stored for %3 of rows (the codec saves %4%).<br>"
                              "%5 saves, %6 restores, %7 failed restores; %8 evicted for the budget, %9 expired.")
                               .arg(n("entries"))

@@ -58,6 +58,8 @@ class DiskScreen : public QWidget {
   void showEmpty(QLabel* line, const QTableWidget* table, const QString& why);
 
   SettingsModel* m_settings;
+  qint64 m_diskAnchors = 0, m_diskChunks = 0, m_diskBytes = 0;  // what a clear deletes, as last shown
+  qint64 m_spillCount = 0, m_spillBytes = 0;
   QLabel* m_prefixesEmpty;
   QLabel* m_spillEntriesEmpty;
   SettingsPanel* m_panel;

@@ -120,7 +120,9 @@ void ShadowScreen::onTierCleared(const QString& tier, bool ok, const QString& me
 
 void ShadowScreen::requestClear() {
   if (!m_confirm(this, tr("Clear the shadow"),
-                 tr("Drop every session's shadow state, in memory and on disk? Questions about a session wait until its next turn is read again.")))
+                 tr("Drop %n session(s)' shadow states (%1 in memory, %2 on disk)? Questions about a session wait until its next turn is read again.", nullptr,
+                    m_sessions->rowCount())
+                     .arg(fmt::bytes(m_residentBytes), fmt::bytes(m_diskBytes))))
     return;
   emit clearTierRequested("shadow");
 }
@@ -135,6 +137,8 @@ void ShadowScreen::setSnapshot(const ShadowSnapshot& snapshot) {
     m_answers->setRowCount(0);
     return;
   }
+  m_residentBytes = N(s, "resident_bytes");
+  m_diskBytes = N(s, "disk_bytes");
   const QJsonObject agreement = s.value("agreement").toObject();
   const qint64 compared = N(agreement, "compared"), agreed = N(agreement, "agreed");
   QString text = tr("<b>%1</b> on %2 (grid %3)<br>")

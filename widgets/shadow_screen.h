@@ -59,6 +59,7 @@ class ShadowScreen : public QWidget {
   QChartView* m_chartView;
   QLineSeries* m_series;
   QList<QPointF> m_points;
+  qint64 m_residentBytes = 0, m_diskBytes = 0;  // what a clear drops, as last shown
   QGroupBox* m_chartBox = nullptr;  // its title says what the empty chart waits for
   qint64 m_startMs = 0;
   qint64 m_lastCompared = -1;

@@ -359,10 +359,13 @@ class TestConsoleGui : public QObject {
     QCOMPARE(settings->value("disk_cache.budget_gb").toDouble(), 3.0);
     QVERIFY(disk->findChild<QLabel*>("diskMessage")->text().startsWith("Applied"));
     int disk_asked = 0;
-    disk->setConfirmFunction([&](QWidget*, const QString&, const QString&) { return ++disk_asked, false; });
+    QString disk_question;
+    disk->setConfirmFunction([&](QWidget*, const QString&, const QString& text) { return disk_question = text, ++disk_asked, false; });
     QSignalSpy disk_cleared(&host, &EngineHost::tierCleared);
     QTest::mouseClick(disk->findChild<QPushButton*>("clear_disk"), Qt::LeftButton);
     QCOMPARE(disk_asked, 1);
+    QVERIFY2(QRegularExpression("^Delete the disk tier's \\d+ anchors and \\d+ chunks \\([0-9.]+ (B|KiB|MiB|GiB)\\)").match(disk_question).hasMatch(),
+             qPrintable(disk_question));  // what will be lost, before it is
     QCOMPARE(disk_cleared.count(), 0);
     disk->setConfirmFunction([&](QWidget*, const QString&, const QString&) { return ++disk_asked, true; });
     QTest::mouseClick(disk->findChild<QPushButton*>("clear_disk"), Qt::LeftButton);
@@ -400,9 +403,12 @@ class TestConsoleGui : public QObject {
     QTRY_COMPARE_WITH_TIMEOUT(settings->version(), before_shadow + 1, 10000);
     QCOMPARE(settings->value("shadow.ration").toDouble(), 0.05);
     int shadow_asked = 0;
-    shadow->setConfirmFunction([&](QWidget*, const QString&, const QString&) { return ++shadow_asked, true; });
+    QString shadow_question;
+    shadow->setConfirmFunction([&](QWidget*, const QString&, const QString& text) { return shadow_question = text, ++shadow_asked, true; });
     QTest::mouseClick(shadow->findChild<QPushButton*>("clear_shadow"), Qt::LeftButton);
     QCOMPARE(shadow_asked, 1);
+    QVERIFY2(QRegularExpression("^Drop [1-9]\\d* session\\(s\\)' shadow states \\([0-9.]+ \\w+ in memory, [0-9.]+ \\w+ on disk\\)").match(shadow_question).hasMatch(),
+             qPrintable(shadow_question));
     QTRY_COMPARE_WITH_TIMEOUT(disk_cleared.count(), 3, 10000);
     QCOMPARE(disk_cleared[2][0].toString(), QString("shadow"));
     QVERIFY(disk_cleared[2][1].toBool());
