@@ -77,7 +77,7 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   m_shadow = new ShadowScreen(m_settingsModel, this);
   m_journalScreen = new JournalScreen(m_journalModel, this);
   m_chat = new ChatScreen(this);
-  m_backends = new BackendsScreen(this);
+  m_backends = new BackendsScreen(m_settingsModel, this);
   m_settingsScreen = new SettingsScreen(m_settingsModel, this);
   m_tabs = new QTabWidget(this);
   m_tabs->setObjectName("tabs");
@@ -193,6 +193,8 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   connect(host, &EngineHost::chatDelta, m_chat, &ChatScreen::onDelta);
   connect(host, &EngineHost::chatFinished, m_chat, &ChatScreen::onFinished);
   connect(host, &EngineHost::backendsChanged, m_backends, &BackendsScreen::setSnapshot);
+  connect(m_backends, &BackendsScreen::settingsReplaceRequested, host, &EngineHost::replaceSettings);
+  connect(host, &EngineHost::settingsOutcome, m_backends, &BackendsScreen::onSettingsOutcome);
   connect(host, &EngineHost::backendsChanged, m_chat, [this](const BackendsSnapshot& b) { m_chat->setModels(b.models); });
   // Screens -> commands (EngineHost queues them to the host thread).
   connect(m_memory, &MemoryScreen::clearTierRequested, host, &EngineHost::clearTier);

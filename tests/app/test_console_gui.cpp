@@ -434,6 +434,31 @@ class TestConsoleGui : public QObject {
     picker->setCurrentIndex(0);
     QTest::keyClick(&window, Qt::Key_6, Qt::ControlModifier);
     QCOMPARE(window.tabs()->currentWidget(), static_cast<QWidget*>(backends));
+    // A backend added from the screen lands in the settings document and shows up beside the flag's;
+    // the flag's cannot be removed here, the added one can.
+    const qint64 before_backend = settings->version();
+    backends->findChild<QLineEdit*>("backendName")->setText("added");
+    backends->findChild<QLineEdit*>("backendUrl")->setText("http://127.0.0.1:10");
+    QTest::mouseClick(backends->findChild<QPushButton*>("addBackendButton"), Qt::LeftButton);
+    QTRY_COMPARE_WITH_TIMEOUT(settings->version(), before_backend + 1, 10000);
+    QCOMPARE(settings->value("backends.upstreams").toString(), QString("added=http://127.0.0.1:10"));
+    QTRY_COMPARE_WITH_TIMEOUT(backends->table()->rowCount(), 2, 10000);
+    auto* remove = backends->findChild<QPushButton*>("removeBackendButton");
+    auto rowOf = [&](const QString& name) {
+      for (int r = 0; r < backends->table()->rowCount(); ++r)
+        if (backends->table()->item(r, 0)->text() == name) return r;
+      return -1;
+    };
+    backends->table()->selectRow(rowOf("elsewhere"));
+    QVERIFY(!remove->isEnabled());
+    QVERIFY2(remove->toolTip().contains("--backend"), qPrintable(remove->toolTip()));
+    backends->table()->selectRow(rowOf("added"));
+    QVERIFY(remove->isEnabled());
+    QTest::mouseClick(remove, Qt::LeftButton);
+    QTRY_COMPARE_WITH_TIMEOUT(settings->version(), before_backend + 2, 10000);
+    QCOMPARE(settings->value("backends.upstreams").toString(), QString());
+    QTRY_COMPARE_WITH_TIMEOUT(backends->table()->rowCount(), 1, 10000);
+    QCOMPARE(backends->table()->item(0, 0)->text(), QString("elsewhere"));
 
     // Shortcuts switch tabs.
     QTest::keyClick(&window, Qt::Key_4, Qt::ControlModifier);
