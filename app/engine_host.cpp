@@ -77,6 +77,7 @@ class LocalWorker : public ConsoleWorker {
     s.kernelPath = on_gpu ? QStringLiteral("cuda") : QString::fromUtf8(anchorage::cpu::PathName(anchorage::cpu::ActivePath()));
     s.weights = QString::fromStdString(m_service->model().weights_format);
     s.generatedModel = m_service->model().generated;
+    for (const std::string& note : m_service->notes()) s.notes << QString::fromStdString(note);
     s.threads = sched.forward().threads();
     s.url = endpointUrl();
     s.queueDepth = static_cast<int>(sched.queue_depth());

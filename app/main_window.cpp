@@ -6,8 +6,10 @@
 #include <QClipboard>
 #include <QCloseEvent>
 #include <QDateTime>
+#include <QDialog>
 #include <QDir>
 #include <QFileDialog>
+#include <QFontDatabase>
 #include <QGridLayout>
 #include <QHBoxLayout>
 #include <QInputDialog>
@@ -15,6 +17,7 @@
 #include <QLineEdit>
 #include <QMenuBar>
 #include <QMessageBox>
+#include <QPlainTextEdit>
 #include <QProcess>
 #include <QProgressBar>
 #include <QPushButton>
@@ -173,6 +176,12 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   connect(host, &EngineHost::ready, this, &MainWindow::onReady);
   connect(host, &EngineHost::startFailed, this, &MainWindow::onStartFailed);
   connect(host, &EngineHost::connectionChanged, this, &MainWindow::onConnection);
+  connect(host, &EngineHost::tierCleared, this, [this](const QString& tier, bool ok, const QString& message) {
+    logLine(ok ? tr("cleared %1").arg(tier) : tr("warning: clearing %1 failed: %2").arg(tier, message));
+  });
+  connect(host, &EngineHost::settingsOutcome, this, [this](const SettingsOutcome& o) {
+    logLine(o.ok ? tr("settings version %1 applied").arg(o.version) : tr("warning: a settings change was refused (HTTP %1): %2").arg(o.httpStatus).arg(o.message));
+  });
   connect(host, &EngineHost::availabilityChanged, this, [this](const AvailabilitySnapshot& a) {
     m_availability = a;
     SetAdminRefusal(this, a.adminRefusal);
@@ -245,6 +254,14 @@ void MainWindow::buildStatusBar() {
   m_journalLabel->setStyleSheet("color: #b00020;");
   m_journalLabel->hide();
   statusBar()->addWidget(m_journalLabel);
+  m_warningsButton = new QToolButton(this);
+  m_warningsButton->setObjectName("warningsButton");
+  m_warningsButton->setAutoRaise(true);
+  m_warningsButton->setStyleSheet("color: #8a5a00;");
+  m_warningsButton->setToolTip(tr("Open the engine log (Ctrl+L)"));
+  m_warningsButton->hide();
+  connect(m_warningsButton, &QToolButton::clicked, this, &MainWindow::showLog);
+  statusBar()->addWidget(m_warningsButton);
   statusBar()->addPermanentWidget(m_phaseBar);
   statusBar()->addPermanentWidget(m_phaseLabel);
 }
@@ -318,6 +335,9 @@ void MainWindow::buildMenus() {
     a->setShortcut(QKeySequence(Qt::CTRL | Qt::Key(Qt::Key_1 + i)));
     a->setShortcutContext(Qt::WidgetShortcut);  // the window's QShortcuts fire; the menu shows the keys
   }
+  view->addSeparator();
+  QAction* log = view->addAction(tr("Engine &log"), this, &MainWindow::showLog);
+  log->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_L));
   QMenu* help = menuBar()->addMenu(tr("&Help"));
   help->addAction(tr("&About Anchorage"), this, [this] { QMessageBox::about(this, tr("About Anchorage"), aboutText()); });
 }
@@ -353,12 +373,50 @@ void MainWindow::copyEndpointUrl() {
   statusBar()->showMessage(tr("Copied %1").arg(m_url), 3000);
 }
 
+void MainWindow::logLine(const QString& text) {
+  const QString line = QDateTime::currentDateTime().toString("HH:mm:ss") + "  " + text;
+  if (!m_log.isEmpty() && m_log.last().mid(10) == text) return;  // the same line again (a retried route)
+  m_log.append(line);
+  while (m_log.size() > 2000) m_log.removeFirst();
+  if (text.contains("warning", Qt::CaseInsensitive) || text.startsWith(tr("did not start"))) ++m_warnings;
+  m_warningsButton->setVisible(m_warnings > 0);
+  m_warningsButton->setText(tr("%n warning(s)", nullptr, m_warnings));
+  if (m_logView != nullptr) m_logView->appendPlainText(line);
+}
+
+QString MainWindow::logText() const { return m_log.join('\n'); }
+
+void MainWindow::showLog() {
+  if (m_logDialog == nullptr) {
+    m_logDialog = new QDialog(this);
+    m_logDialog->setObjectName("engineLogDialog");
+    m_logDialog->setWindowTitle(tr("Engine log"));
+    m_logDialog->resize(900, 500);
+    m_logView = new QPlainTextEdit(m_logDialog);
+    m_logView->setObjectName("engineLog");
+    m_logView->setReadOnly(true);
+    m_logView->setFont(QFontDatabase::systemFont(QFontDatabase::FixedFont));
+    m_logView->setPlainText(logText());
+    auto* intro = new QLabel(tr("What the engine and the console said this session: the start's progress and notes (warnings, "
+                                "overrides), connection changes, settings and clears. The journal keeps requests and cache events."),
+                             m_logDialog);
+    intro->setWordWrap(true);
+    auto* layout = new QVBoxLayout(m_logDialog);
+    layout->addWidget(intro);
+    layout->addWidget(m_logView, 1);
+  }
+  m_logDialog->show();
+  m_logDialog->raise();
+}
+
 void MainWindow::onProgress(double fraction, const QString& what) {
+  logLine(tr("loading: %1").arg(what));
   m_loadBar->setValue(static_cast<int>(fraction * 100));
   m_bannerText->setText(tr("Loading the model: %1").arg(what));
 }
 
 void MainWindow::onReady(const QString& url) {
+  logLine(tr("serving on %1").arg(url));
   m_url = url;
   m_banner->hide();
   m_cancelLoadButton->hide();
@@ -375,6 +433,7 @@ void MainWindow::onLoadCancelled() {
 }
 
 void MainWindow::onStartFailed(const QString& error) {
+  logLine(tr("did not start: %1").arg(error));
   m_loadBar->hide();
   m_cancelLoadButton->hide();
   m_bannerText->setText(tr("The engine did not start: %1").arg(error));
@@ -383,6 +442,10 @@ void MainWindow::onStartFailed(const QString& error) {
 }
 
 void MainWindow::onConnection(bool reachable, const QString& message) {
+  if (message.isEmpty() && m_url.size() > 0 && !m_lastConnectionMessage.isEmpty()) logLine(tr("every route answers again"));
+  for (const QString& line : message.split('\n', Qt::SkipEmptyParts))
+    if (!m_lastConnectionMessage.contains(line)) logLine(line);
+  m_lastConnectionMessage = message;
   m_banner->setVisible(!message.isEmpty() || m_url.isEmpty());
   m_loadBar->setVisible(m_url.isEmpty() && reachable);
   const QStringList lines = message.split('\n', Qt::SkipEmptyParts);
@@ -453,6 +516,11 @@ void MainWindow::showAvailability() {
 
 void MainWindow::onStatus(const EngineStatusSnapshot& s) {
   m_lastStatus = s;
+  for (const QString& note : s.notes)
+    if (!m_loggedNotes.contains(note)) {
+      m_loggedNotes.insert(note);
+      logLine(tr("note: %1").arg(note));
+    }
   m_modelLabel->setStyleSheet(QString());
   const QString where = m_host->isRemote() ? tr(" · on %1").arg(QUrl(m_host->remote().url).authority()) : QString();
   const QString weights = s.weights.isEmpty() ? QString() : tr(" · %1 weights").arg(s.weights);

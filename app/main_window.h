@@ -3,6 +3,7 @@
 #pragma once
 
 #include <QMainWindow>
+#include <QSet>
 
 #include "app/snapshots.h"
 
@@ -18,7 +19,9 @@ class JournalScreen;
 class MemoryHistory;
 class MemoryScreen;
 class SettingsModel;
+class QDialog;
 class QLabel;
+class QPlainTextEdit;
 class QProgressBar;
 class QPushButton;
 class QTabWidget;
@@ -62,6 +65,13 @@ class MainWindow : public QMainWindow {
 
  public slots:
   void copyEndpointUrl();
+  // View > Engine log (Ctrl+L): the session's log in a window of its own.
+  void showLog();
+
+ public:
+  // The engine log's lines ("HH:mm:ss  text"): the start's progress and notes, connection changes,
+  // settings outcomes and clears.
+  QString logText() const;
 
  protected:
   void closeEvent(QCloseEvent* event) override;
@@ -83,6 +93,14 @@ class MainWindow : public QMainWindow {
   // Over --connect: asks for the server's admin token (once by itself, when a route first needs it; File > Admin token after).
   void askForAdminToken();
   bool m_askedForToken = false;
+  void logLine(const QString& text);
+  QStringList m_log;
+  QSet<QString> m_loggedNotes;
+  QString m_lastConnectionMessage;
+  int m_warnings = 0;
+  QToolButton* m_warningsButton = nullptr;
+  QDialog* m_logDialog = nullptr;
+  QPlainTextEdit* m_logView = nullptr;
   EngineStatusSnapshot m_lastStatus;
   AvailabilitySnapshot m_availability;
   QList<QLabel*> m_unavailableLines;  // a screen's first line, by tab

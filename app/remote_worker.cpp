@@ -134,6 +134,9 @@ void RemoteWorker::onHealth(int status, const nlohmann::json& body, const QStrin
   s.weights = JsonText(body, "weights");
   const nlohmann::json& generated = JsonField(body, "generated_model");
   s.generatedModel = generated.is_boolean() && generated.get<bool>();
+  if (const nlohmann::json& notes = JsonField(body, "notes"); notes.is_array())
+    for (const nlohmann::json& note : notes)
+      if (note.is_string()) s.notes << QString::fromStdString(note.get<std::string>());
   s.threads = static_cast<int>(JsonInt(body, "threads"));
   s.url = endpointUrl();
   s.queueDepth = static_cast<int>(JsonInt(body, "queue"));

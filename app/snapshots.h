@@ -105,6 +105,7 @@ struct EngineStatusSnapshot {
   double liveTokensPerS = 0;  // decode: tokens a second of the console's streaming answer so far
   QString resumeHint;         // prefill: where it resumed ("end at 412 tokens"), from the journal's hit row
   anchorage::RequestFigures last;  // the last finished job
+  QStringList notes;          // what the engine's start said besides its progress (warnings, overrides)
   qint64 journalErrors = 0;   // failed background writes of the journal so far
   QString journalLastError;
 };

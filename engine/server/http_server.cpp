@@ -191,6 +191,7 @@ void HttpServer::RouteOperations() {
                    {"generated_model", model_.generated},
                    // What this request's credentials pass: the client routes (chat, models) and the admin ones (clear, settings, journal).
                    {"access", {{"client", !policy_.Authorize(RouteAccess::kClient, req).has_value()}, {"admin", !policy_.Authorize(RouteAccess::kAdmin, req).has_value()}}},
+                   {"notes", options_.notes},
                    {"connections", transport_.open_connections()},
                    {"journal", JournalHealthJson()},
                    {"backends", options_.backends != nullptr ? options_.backends->HealthJson() : ojson::array()},

@@ -30,6 +30,7 @@ struct ServerOptions {
   int64_t context_tokens = 0;    // prompt plus output limit; 0 means the model's maximum
   HttpTransportOptions transport;  // limits, timeouts, pools and connection caps
   Backends* backends = nullptr;    // upstreams whose models are forwarded (not owned); nullptr: none
+  std::vector<std::string> notes;  // what the start said besides its progress (warnings, overrides), for /health
 };
 
 class HttpServer {

@@ -389,6 +389,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     Backends* backends = s->backends_.get();
     s->settings_->AddListener([backends, config](const nlohmann::json& effective, int64_t) { backends->SetSpecs(BackendSpecsOf(config, effective)); });
   }
+  options.notes = s->notes_;
   s->http_ = std::make_unique<HttpServer>(*s->model_, *s->scheduler_, options, s->journal_.get(), s->settings_.get());
   RETURN_IF_ERROR(say(0.9, "binding " + config.host + ":" + std::to_string(config.port)));
   RETURN_IF_ERROR(s->http_->Bind());

@@ -24,6 +24,7 @@
 #include <QPieSeries>
 #include <QScatterSeries>
 #include <QComboBox>
+#include <QDialog>
 #include <QtTest>
 
 #include "app/engine_host.h"
@@ -459,6 +460,16 @@ class TestConsoleGui : public QObject {
     QCOMPARE(settings->value("backends.upstreams").toString(), QString());
     QTRY_COMPARE_WITH_TIMEOUT(backends->table()->rowCount(), 1, 10000);
     QCOMPARE(backends->table()->item(0, 0)->text(), QString("elsewhere"));
+
+    // The engine log: the start's progress and notes, the settings applied and the clears, opened with Ctrl+L.
+    const QString log = window.logText();
+    for (const char* said : {"loading: packing layer 1 of", "note: backend elsewhere at http://127.0.0.1:9", "settings version", "cleared disk"})
+      QVERIFY2(log.contains(said), said);
+    QTest::keyClick(&window, Qt::Key_L, Qt::ControlModifier);
+    auto* logView = window.findChild<QPlainTextEdit*>("engineLog");
+    QVERIFY(logView != nullptr && logView->isVisible());
+    QCOMPARE(logView->toPlainText(), window.logText());
+    window.findChild<QDialog*>("engineLogDialog")->close();
 
     // Shortcuts switch tabs.
     QTest::keyClick(&window, Qt::Key_4, Qt::ControlModifier);
