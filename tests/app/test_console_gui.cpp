@@ -28,6 +28,7 @@
 #include <QtTest>
 
 #include "app/engine_host.h"
+#include "engine/core/file_util.h"
 #include "tests/app/console_steps.h"
 #include "engine/model/tiny_model.h"
 #include "engine/model/model.h"
@@ -46,10 +47,18 @@
 
 namespace {
 
+// The tiny model with one scripted reply: "a very long story" answers about 20,000 tokens (forced
+// through the real forward), so a stop always comes before its end.
 anchorage::ServerConfig tinyConfig(const QString& dataDir) {
   const std::string dir = dataDir.toStdString();
+  std::string story;
+  for (int i = 0; i < 20000; ++i) story += " once";
+  const std::string replies = dir + "/replies.json";
+  if (!anchorage::MakeDirectories(dir, 0700).ok() ||
+      !anchorage::WriteFileAtomic(replies, nlohmann::json::array({{{"match", "very long story"}, {"reply", story}}}).dump()).ok())
+    return anchorage::ServerConfig{};
   std::vector<std::string> words = {"anchorage", "--data-dir", dir, "--port", "0", "--grid", "64", "--threads", "1",
-                                    "--backend", "elsewhere=http://127.0.0.1:9"};
+                                    "--backend", "elsewhere=http://127.0.0.1:9", "--test-replies", replies};
   std::vector<char*> argv;
   for (auto& w : words) argv.push_back(w.data());
   auto parsed = anchorage::ParseServerCommandLine(static_cast<int>(argv.size()), argv.data());
@@ -178,7 +187,7 @@ class TestConsoleGui : public QObject {
     QCOMPARE(conversation->index(3).data(ChatModel::ErrorRole).toString(), QString());
 
     // Esc stops a streaming answer: the request is aborted and the turn says so.
-    chat->findChild<QSpinBox*>("maxTokens")->setValue(4000);
+    chat->findChild<QSpinBox*>("maxTokens")->setValue(20000);
     chat->input()->setPlainText("Write a very long story.");
     QMetaObject::Connection once = connect(&host, &EngineHost::chatDelta, &window, [&] {
       disconnect(once);
@@ -232,7 +241,7 @@ class TestConsoleGui : public QObject {
     // Each conversation keeps its options: the first one's come back with it.
     chat->conversationList()->setCurrentRow(1);
     QCOMPARE(chat->currentModel(), conversation);
-    QCOMPARE(chat->maxTokens()->value(), 4000);
+    QCOMPARE(chat->maxTokens()->value(), 20000);
     QVERIFY(chat->systemPrompt()->text().isEmpty());
     // Renamed in the list; deleted after the question.
     chat->conversationList()->item(0)->setText("Tiers");
