@@ -5,12 +5,15 @@
 // With --soak S it runs instead a soak: 16 clients in multi-turn conversations for S seconds on a
 // server with every cache on and small budgets (so they fill and shed), counting errors and
 // sampling the process's RSS; it prints whether the RSS of the last half stayed within 5 %.
-// usage: anchorage-bench-server [--size small|tiny] [--tokens N] [--threads N] [--parallel N] [--clients 1,4,16] [--soak S]
+// --prompt-words N pads each prompt with N words, so later clients prefill long prompts while earlier
+// ones decode; "longest pause in a stream" is the most a stream's next token waited meanwhile.
+// usage: anchorage-bench-server [--size small|tiny] [--tokens N] [--threads N] [--parallel N] [--clients 1,4,16] [--prompt-words N] [--soak S]
 #include <httplib.h>
 
-#include <cstdio>
+#include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -32,6 +35,7 @@ struct ClientRun {
   double ttft_ms = 0;
   double total_ms = 0;
   int tokens = 0;
+  double longest_pause_ms = 0;  // between two of its tokens: how long another request's prefill held it back
 };
 
 ClientRun Stream(int port, const json& body) {
@@ -44,6 +48,7 @@ ClientRun Stream(int port, const json& body) {
   req.body = body.dump();
   req.set_header("Content-Type", "application/json");
   const double start = bench::NowMs();
+  double last_token = 0;
   std::string buffer;
   req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
     buffer.append(d, n);
@@ -53,7 +58,10 @@ ClientRun Stream(int port, const json& body) {
       buffer.erase(0, sep + 2);
       if (ev.find("\"reasoning_content\"") != std::string::npos || ev.find("\"content\":\"") != std::string::npos) {
         if (ev.find("\"content\":\"\"") != std::string::npos && ev.find("reasoning_content") == std::string::npos) continue;
-        if (run.tokens == 0) run.ttft_ms = bench::NowMs() - start;
+        const double now = bench::NowMs() - start;
+        if (run.tokens == 0) run.ttft_ms = now;
+        else run.longest_pause_ms = std::max(run.longest_pause_ms, now - last_token);
+        last_token = now;
         ++run.tokens;
       }
     }
@@ -157,7 +165,7 @@ int Soak(const std::string& size, int threads, int parallel, int tokens, int sec
 
 int main(int argc, char** argv) {
   std::string size = "small";
-  int tokens = 64, threads = 0, parallel = 4, soak_s = 0;
+  int tokens = 64, threads = 0, parallel = 4, soak_s = 0, prompt_words = 0;
   std::vector<int> client_counts = {1, 4, 16};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -166,6 +174,7 @@ int main(int argc, char** argv) {
     else if (k == "--threads") threads = std::atoi(v.c_str());
     else if (k == "--parallel") parallel = std::atoi(v.c_str());
     else if (k == "--soak") soak_s = std::atoi(v.c_str());
+    else if (k == "--prompt-words") prompt_words = std::atoi(v.c_str());
     else if (k == "--clients") {
       client_counts.clear();
       for (size_t at = 0; at < v.size();) {
@@ -201,7 +210,9 @@ int main(int argc, char** argv) {
   for (const char* end : {"<|im_end|>", "<|endoftext|>"})
     if (const auto id = s.model().tokenizer.TokenId(end)) no_end[std::to_string(*id)] = -100;
   auto body = [&](int i) {
-    return json{{"messages", {{{"role", "user"}, {"content", "Request " + std::to_string(i) + ": explain how a resident prefix keeps the rows of a long conversation so each turn forwards only what is new, and why anchors sit on grid lines."}}}},
+    std::string notes;  // --prompt-words: a long prompt, so a later client's prefill runs while earlier ones decode
+    for (int w = 0; w < prompt_words; ++w) notes += " note" + std::to_string((w * 7919 + i) % 1000);
+    return json{{"messages", {{{"role", "user"}, {"content", "Request " + std::to_string(i) + ": explain how a resident prefix keeps the rows of a long conversation so each turn forwards only what is new, and why anchors sit on grid lines." + notes}}}},
                 {"max_tokens", tokens}, {"temperature", 0}, {"stream", true}, {"logit_bias", no_end}, {"chat_template_kwargs", {{"enable_thinking", false}}}};
   };
   Stream(port, body(99));  // warm-up
@@ -220,7 +231,9 @@ int main(int argc, char** argv) {
     const double wall = bench::NowMs() - start;
     std::vector<double> ttfts, rates;
     int total_tokens = 0;
+    double longest_pause = 0;
     for (const auto& r : runs) {
+      longest_pause = std::max(longest_pause, r.longest_pause_ms);
       ttfts.push_back(r.ttft_ms);
       rates.push_back(r.tokens > 1 ? (r.tokens - 1) / ((r.total_ms - r.ttft_ms) / 1000.0) : 0);
       total_tokens += r.tokens;
@@ -234,7 +247,7 @@ int main(int argc, char** argv) {
     std::printf("%2d clients: TTFT p50 %.0f ms, p99 %.0f ms; decode per stream p50 %.1f tokens/s; aggregate %.1f tokens/s over %.0f ms",
                 n, bench::Percentile(ttfts, 0.5), bench::Percentile(ttfts, 0.99), bench::Percentile(rates, 0.5), aggregate, wall);
     if (n > 1 && one_aggregate > 0) std::printf(" (%.2fx one client's aggregate, TTFT p50 %.2fx)", aggregate / one_aggregate, bench::Percentile(ttfts, 0.5) / one_ttft);
-    std::printf("\n");
+    std::printf("; longest pause in a stream %.0f ms\n", longest_pause);
   }
 
   // The engine's own loop on the same prompt, on the same engine thread's forward (the server is idle).
