@@ -36,6 +36,12 @@ double RowDiff(const float* a, const double* b, int64_t n, double* max_ref) {
 
 int32_t Argmax(const float* p, int64_t n) { return static_cast<int32_t>(std::max_element(p, p + n) - p); }
 
+// A state's recurrent part and its K/V rows, as bytes: two states with equal bits compare equal.
+std::pair<std::vector<float>, std::vector<uint8_t>> StateBits(const SequenceState& s) {
+  auto rows = s.CopyRows(0, s.length());
+  return {s.SaveAnchor().data, rows.ok() ? rows->data : std::vector<uint8_t>()};
+}
+
 }  // namespace
 
 class TestForward : public QObject {
@@ -255,10 +261,6 @@ class TestForward : public QObject {
         QVERIFY(forward.Prefill(*alone.back(), prompt).ok());
         batch.push_back(batched.back().get());
       }
-      const auto state_bits = [](const SequenceState& s) {
-        auto rows = s.CopyRows(0, s.length());
-        return std::make_pair(s.SaveAnchor().data, rows.ok() ? rows->data : std::vector<uint8_t>());
-      };
       for (int step = 0; step < 3; ++step) {
         const auto ids = RandomIds(int64_t(batch.size()), V, uint32_t(100 + step));
         auto logits = forward.DecodeBatch(batch, ids);
@@ -269,17 +271,17 @@ class TestForward : public QObject {
           QVERIFY2(std::memcmp(logits->data() + i * V, own->data(), size_t(V) * 4) == 0,
                    qPrintable(QString("%1 rows: logits of state %2 at step %3").arg(KvDtypeName(dtype)).arg(i).arg(step)));
           QCOMPARE(batched[i]->length(), alone[i]->length());
-          QVERIFY2(state_bits(*batched[i]) == state_bits(*alone[i]), qPrintable(QString("state %1 at step %2").arg(i).arg(step)));
+          QVERIFY2(StateBits(*batched[i]) == StateBits(*alone[i]), qPrintable(QString("state %1 at step %2").arg(i).arg(step)));
         }
       }
-      const auto before = state_bits(*batch[0]);
+      const auto before = StateBits(*batch[0]);
       const int64_t length = batch[0]->length();
       const std::vector<SequenceState*> twice = {batch[0], batch[1], batch[0]};
       QVERIFY(!forward.DecodeBatch(twice, std::vector<int32_t>{1, 2, 3}).ok());
       QVERIFY(!forward.DecodeBatch(std::span(batch.data(), 2), std::vector<int32_t>{1, int32_t(V)}).ok());
       QVERIFY(!forward.DecodeBatch(std::span(batch.data(), 2), std::vector<int32_t>{1}).ok());
       QCOMPARE(batch[0]->length(), length);
-      QVERIFY(state_bits(*batch[0]) == before);
+      QVERIFY(StateBits(*batch[0]) == before);
     }
   }
 
@@ -295,10 +297,6 @@ class TestForward : public QObject {
       QVERIFY(created.ok());
       Forward& forward = **created;
       QVERIFY(forward.has_mtp());
-      const auto state_bits = [](const SequenceState& s) {
-        auto rows = s.CopyRows(0, s.length());
-        return std::make_pair(s.SaveAnchor().data, rows.ok() ? rows->data : std::vector<uint8_t>());
-      };
       SequenceState carrier(config), carrier_alone(config);
       MtpState head, head_alone;
       const auto head_ids = RandomIds(64, V, 5);
@@ -323,14 +321,14 @@ class TestForward : public QObject {
         auto own = forward.Prefill(carrier_alone, ids, LogitsRows::kLast, &head_alone);
         QVERIFY(own.ok());
         QVERIFY2(*logits == *own, qPrintable(QString("%1 rows: the piece's logits").arg(KvDtypeName(dtype))));
-        QVERIFY(state_bits(carrier) == state_bits(carrier_alone));
+        QVERIFY(StateBits(carrier) == StateBits(carrier_alone));
         QVERIFY(head.rows == head_alone.rows && head.pending_rows == head_alone.pending_rows && head.k == head_alone.k && head.v == head_alone.v && head.pending == head_alone.pending);
         QCOMPARE(int64_t(riders.logits.size()), int64_t(riders_states.size()) * V);
         for (size_t i = 0; i < riders_states.size(); ++i) {
           auto decoded = forward.Decode(*alone[i], next[i]);
           QVERIFY(decoded.ok());
           QVERIFY2(std::memcmp(riders.logits.data() + i * V, decoded->data(), size_t(V) * 4) == 0, qPrintable(QString("rider %1's logits").arg(i)));
-          QVERIFY2(state_bits(*riding[i]) == state_bits(*alone[i]), qPrintable(QString("rider %1's state").arg(i)));
+          QVERIFY2(StateBits(*riding[i]) == StateBits(*alone[i]), qPrintable(QString("rider %1's state").arg(i)));
         }
       }
       // Across a grid line (rows 192..319) the piece runs alone and the riders stay with the caller.
