@@ -78,6 +78,7 @@ class LocalWorker : public ConsoleWorker {
     s.weights = QString::fromStdString(m_service->model().weights_format);
     s.generatedModel = m_service->model().generated;
     for (const std::string& note : m_service->notes()) s.notes << QString::fromStdString(note);
+    s.fingerprint = QString::fromStdString(m_service->model().fingerprint);
     s.threads = sched.forward().threads();
     s.url = endpointUrl();
     s.queueDepth = static_cast<int>(sched.queue_depth());

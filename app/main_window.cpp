@@ -44,6 +44,7 @@
 #include "widgets/disk_screen.h"
 #include "widgets/journal_screen.h"
 #include "widgets/memory_screen.h"
+#include "widgets/model_library.h"
 #include "widgets/screen_parts.h"
 #include "widgets/settings_screen.h"
 #include "widgets/shadow_screen.h"
@@ -300,6 +301,29 @@ bool MainWindow::openModelFolder(const QString& dir) {
   return true;
 }
 
+void MainWindow::showModelLibrary() {
+  QSettings s;
+  QHash<QString, QString> fingerprints;
+  const QVariantMap known = s.value("models/fingerprints").toMap();
+  for (auto it = known.begin(); it != known.end(); ++it) fingerprints[it.key()] = it.value().toString();
+  auto* dialog = new ModelLibraryDialog(s.value("models/recent").toStringList(), fingerprints, this);
+  dialog->setAttribute(Qt::WA_DeleteOnClose);
+  connect(dialog, &ModelLibraryDialog::openRequested, this, [this, dialog](const QString& dir) {
+    if (openModelFolder(dir)) dialog->accept();
+  });
+  connect(dialog, &ModelLibraryDialog::forgetRequested, this, [this](const QString& dir) {
+    QSettings settings;
+    QStringList recent = settings.value("models/recent").toStringList();
+    recent.removeAll(dir);
+    settings.setValue("models/recent", recent);
+    QVariantMap known = settings.value("models/fingerprints").toMap();
+    known.remove(dir);
+    settings.setValue("models/fingerprints", known);
+    rebuildRecentModels();
+  });
+  dialog->open();
+}
+
 void MainWindow::rebuildRecentModels() {
   if (m_recentMenu == nullptr) return;
   m_recentMenu->clear();
@@ -317,9 +341,11 @@ void MainWindow::buildMenus() {
   open->setShortcut(QKeySequence::Open);
   m_recentMenu = file->addMenu(tr("Recent &models"));
   rebuildRecentModels();
+  QAction* library = file->addAction(tr("Model &library…"), this, &MainWindow::showModelLibrary);
   if (m_host->isRemote()) {  // the server on the other end chose its model
     open->setEnabled(false);
     m_recentMenu->setEnabled(false);
+    library->setEnabled(false);
   }
   if (m_host->isRemote()) file->addAction(tr("Admin &token…"), this, &MainWindow::askForAdminToken);
   file->addSeparator();
@@ -516,6 +542,13 @@ void MainWindow::showAvailability() {
 
 void MainWindow::onStatus(const EngineStatusSnapshot& s) {
   m_lastStatus = s;
+  if (!m_host->isRemote() && !m_host->config().model_dir.empty() && !s.fingerprint.isEmpty() && !m_fingerprintKept) {
+    m_fingerprintKept = true;  // the model library names it beside the folder
+    QSettings settings;
+    QVariantMap known = settings.value("models/fingerprints").toMap();
+    known[QString::fromStdString(m_host->config().model_dir)] = s.fingerprint;
+    settings.setValue("models/fingerprints", known);
+  }
   for (const QString& note : s.notes)
     if (!m_loggedNotes.contains(note)) {
       m_loggedNotes.insert(note);

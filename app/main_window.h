@@ -80,6 +80,9 @@ class MainWindow : public QMainWindow {
   void buildStatusBar();
   void buildMenus();
   void rebuildRecentModels();
+  // File > Model library: the recent folders with their size, dtype and last fingerprint; open or forget one.
+  void showModelLibrary();
+  bool m_fingerprintKept = false;
   void onProgress(double fraction, const QString& what);
   void onReady(const QString& url);
   void onStartFailed(const QString& error);

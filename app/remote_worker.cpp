@@ -134,6 +134,7 @@ void RemoteWorker::onHealth(int status, const nlohmann::json& body, const QStrin
   s.weights = JsonText(body, "weights");
   const nlohmann::json& generated = JsonField(body, "generated_model");
   s.generatedModel = generated.is_boolean() && generated.get<bool>();
+  s.fingerprint = JsonText(body, "fingerprint");
   if (const nlohmann::json& notes = JsonField(body, "notes"); notes.is_array())
     for (const nlohmann::json& note : notes)
       if (note.is_string()) s.notes << QString::fromStdString(note.get<std::string>());

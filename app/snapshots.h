@@ -106,6 +106,7 @@ struct EngineStatusSnapshot {
   QString resumeHint;         // prefill: where it resumed ("end at 412 tokens"), from the journal's hit row
   anchorage::RequestFigures last;  // the last finished job
   QStringList notes;          // what the engine's start said besides its progress (warnings, overrides)
+  QString fingerprint;        // the model's (hex sha256 over weights, config and tokenizer)
   qint64 journalErrors = 0;   // failed background writes of the journal so far
   QString journalLastError;
 };
