@@ -614,15 +614,22 @@ void MainWindow::closeEvent(QCloseEvent* event) {
 
 QStringList MainWindow::grabScreens(const QString& dir) {
   QStringList files;
-  if (!QDir().mkpath(dir)) return files;
   const int current = m_tabs->currentIndex();
-  for (int i = 0; i < m_tabs->count(); ++i) {
-    m_tabs->setCurrentIndex(i);
-    for (int k = 0; k < 5; ++k) QApplication::processEvents();
-    const QString path = QDir(dir).filePath(QString("%1-%2.png").arg(i + 1).arg(kTabNames[i]));
-    if (!grab().save(path)) return {};
-    files << path;
+  const QSize before = size();
+  // The default window size first (the files docs/ links), then a large desktop's in a folder of its own.
+  for (const auto& [size, folder] : {std::pair{QSize(1280, 800), QString()}, std::pair{QSize(1920, 1080), QString("1920x1080")}}) {
+    const QDir out(folder.isEmpty() ? dir : QDir(dir).filePath(folder));
+    if (!QDir().mkpath(out.path())) return {};
+    resize(size);
+    for (int i = 0; i < m_tabs->count(); ++i) {
+      m_tabs->setCurrentIndex(i);
+      for (int k = 0; k < 5; ++k) QApplication::processEvents();
+      const QString path = out.filePath(QString("%1-%2.png").arg(i + 1).arg(kTabNames[i]));
+      if (!grab().save(path)) return {};
+      files << path;
+    }
   }
+  resize(before);
   m_tabs->setCurrentIndex(current);
   return files;
 }

@@ -40,7 +40,8 @@ class MainWindow : public QMainWindow {
 
   // Restores and saves geometry and the current tab with QSettings (off for tests and screenshots).
   void setPersistState(bool on);
-  // Renders every screen to DIR/NN-name.png; returns the files written, empty on failure.
+  // Renders every screen to DIR/NN-name.png at 1280 x 800 and to DIR/1920x1080/NN-name.png at
+  // 1920 x 1080; returns the files written, empty on failure.
   QStringList grabScreens(const QString& dir);
 
   QTabWidget* tabs() const { return m_tabs; }
