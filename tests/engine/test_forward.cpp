@@ -50,6 +50,14 @@ class TestForward : public QObject {
   std::unique_ptr<testing::LoadedWeights> model_;
   std::unique_ptr<Forward> forward_;
 
+  // A forward of the tiny model whose states keep K/V rows of dtype, on grid, with 2 threads; *config its config.
+  std::unique_ptr<Forward> ForwardWith(KvDtype dtype, int64_t grid, ModelConfig* config) {
+    *config = model_->config;
+    config->kv_dtype = dtype;
+    auto created = Forward::Create(*config, model_->weights, ForwardOptions{grid, 2});
+    return created.ok() ? std::move(created).value() : nullptr;
+  }
+
   // fp32 activations with bf16-exact weights: every op rounds at ~6e-8 relative; over 4 layers of
   // widths <= 128 the accumulated error stays below ~1e-5 relative to the largest logit. We allow
   // 1e-4 of max(1, max |logit|), ten times that, as the bound.
@@ -246,11 +254,10 @@ class TestForward : public QObject {
   void decodeBatchEqualsDecodeAlone() {
     const int64_t V = model_->config.vocab_size;
     for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16}) {
-      ModelConfig config = model_->config;
-      config.kv_dtype = dtype;
-      auto created = Forward::Create(config, model_->weights, ForwardOptions{64, 2});
-      QVERIFY(created.ok());
-      Forward& forward = **created;
+      ModelConfig config;
+      const std::unique_ptr<Forward> created = ForwardWith(dtype, 64, &config);
+      QVERIFY(created);
+      Forward& forward = *created;
       std::vector<std::unique_ptr<SequenceState>> batched, alone;
       std::vector<SequenceState*> batch;
       for (int64_t length : {7, 1, 64, 130, 63}) {
@@ -291,11 +298,10 @@ class TestForward : public QObject {
   void prefillCarryingEqualsPrefillAndDecodes() {
     const int64_t V = model_->config.vocab_size;
     for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16}) {
-      ModelConfig config = model_->config;
-      config.kv_dtype = dtype;
-      auto created = Forward::Create(config, model_->weights, ForwardOptions{128, 2});
-      QVERIFY(created.ok());
-      Forward& forward = **created;
+      ModelConfig config;
+      const std::unique_ptr<Forward> created = ForwardWith(dtype, 128, &config);
+      QVERIFY(created);
+      Forward& forward = *created;
       QVERIFY(forward.has_mtp());
       SequenceState carrier(config), carrier_alone(config);
       MtpState head, head_alone;
