@@ -688,7 +688,7 @@ void ResidentPrefix::PutPrefixSnapshot(int64_t prompt_tokens) {
     store_.MakeRoom(bytes);  // room before the clone, never after
     auto rows = state_.CopyRows(0, len);
     if (!rows.ok()) return;
-    store_.Put(StoreEntry{std::vector<int32_t>(key.begin(), key.end()), *a, std::move(rows).value(), kNoTaintRow, false});
+    store_.Put(StoreEntry{std::vector<int32_t>(key.begin(), key.end()), *a, std::move(rows).value(), kNoTaintRow, false, {}});
     Emit("write", "store", len, bytes, "prefix snapshot");
     return;
   }

@@ -42,6 +42,7 @@ inline Status CheckDecodeBatch(std::span<SequenceState* const> states, std::span
 // The backend that carries them sets taken and their logits [states.size(), vocab], row i the bits
 // Decode(*states[i], ids[i]) returns; one that does not leaves them for the caller's DecodeBatch.
 struct DecodeRiders {
+  DecodeRiders(std::span<SequenceState* const> states, std::span<const int32_t> ids) : states(states), ids(ids) {}
   std::span<SequenceState* const> states;
   std::span<const int32_t> ids;
   bool taken = false;

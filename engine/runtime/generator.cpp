@@ -179,14 +179,14 @@ bool GenerationTask::Step() {
     result_.finish = FinishReason::kCancelled;
     return !(ended_ = true);
   }
-  Fail(Advance(id));
+  (void)Fail(Advance(id));  // a failure ends the task: Finish reports it
   return !ended_;
 }
 
 void GenerationTask::set_may_draft(bool may) {
   may_draft_ = may;
   if (may || window_ids_.empty() || ended_) return;
-  Fail(CloseWindow());
+  (void)Fail(CloseWindow());
 }
 
 Status GenerationTask::Fail(Status status) {
@@ -200,7 +200,7 @@ Status GenerationTask::Fail(Status status) {
 void GenerationTask::Decoded(Result<std::vector<float>> logits) {
   pending_decode_.reset();
   if (logits.ok()) logits_ = std::move(logits).value();
-  else Fail(logits.status());
+  else (void)Fail(logits.status());
 }
 
 void GenerationTask::DecodeAlone() {
