@@ -346,8 +346,8 @@ void MainWindow::buildMenus() {
     open->setEnabled(false);
     m_recentMenu->setEnabled(false);
     library->setEnabled(false);
+    file->addAction(tr("Admin &token…"), this, &MainWindow::askForAdminToken);
   }
-  if (m_host->isRemote()) file->addAction(tr("Admin &token…"), this, &MainWindow::askForAdminToken);
   file->addSeparator();
   QAction* copy = file->addAction(tr("&Copy endpoint URL"), this, &MainWindow::copyEndpointUrl);
   copy->setShortcut(QKeySequence(Qt::CTRL | Qt::SHIFT | Qt::Key_C));
@@ -468,13 +468,13 @@ void MainWindow::onStartFailed(const QString& error) {
 }
 
 void MainWindow::onConnection(bool reachable, const QString& message) {
-  if (message.isEmpty() && m_url.size() > 0 && !m_lastConnectionMessage.isEmpty()) logLine(tr("every route answers again"));
-  for (const QString& line : message.split('\n', Qt::SkipEmptyParts))
+  const QStringList lines = message.split('\n', Qt::SkipEmptyParts);
+  if (lines.isEmpty() && !m_url.isEmpty() && !m_lastConnectionMessage.isEmpty()) logLine(tr("every route answers again"));
+  for (const QString& line : lines)
     if (!m_lastConnectionMessage.contains(line)) logLine(line);
   m_lastConnectionMessage = message;
   m_banner->setVisible(!message.isEmpty() || m_url.isEmpty());
   m_loadBar->setVisible(m_url.isEmpty() && reachable);
-  const QStringList lines = message.split('\n', Qt::SkipEmptyParts);
   if (!lines.isEmpty()) {
     m_bannerText->setWordWrap(false);
     m_bannerText->setText(lines.size() == 1 ? lines[0] : tr("%1 (and %n more)", nullptr, static_cast<int>(lines.size() - 1)).arg(lines[0]));

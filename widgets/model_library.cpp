@@ -28,6 +28,7 @@ ModelLibraryDialog::ModelLibraryDialog(const QStringList& folders, const QHash<Q
     const ModelFolderInfo info = DescribeModelFolder(dir);
     const QString fingerprint = fingerprints.value(dir);
     m_table->setItem(row, 0, tableCell(dir));
+    m_table->item(row, 0)->setData(Qt::UserRole, info.exists);  // read once: selecting a row reads no file
     m_table->setItem(row, 1, tableCell(info.exists ? fmt::bytes(info.weightBytes) : tr("missing"), info.exists));
     m_table->setItem(row, 2, tableCell(info.exists ? (info.dtype.isEmpty() ? tr("not said") : info.dtype) : QString()));
     m_table->setItem(row, 3, tableCell(info.modelType));
@@ -51,28 +52,29 @@ ModelLibraryDialog::ModelLibraryDialog(const QStringList& folders, const QHash<Q
   layout->addWidget(m_table, 1);
   layout->addLayout(buttons);
   auto update = [this] {
-    const QString dir = selectedFolder();
-    m_open->setEnabled(!dir.isEmpty() && DescribeModelFolder(dir).exists);
-    m_forget->setEnabled(!dir.isEmpty());
+    const QTableWidgetItem* folder = selectedFolder();
+    m_open->setEnabled(folder != nullptr && folder->data(Qt::UserRole).toBool());
+    m_forget->setEnabled(folder != nullptr);
   };
   connect(m_table, &QTableWidget::itemSelectionChanged, this, update);
   connect(m_open, &QPushButton::clicked, this, [this] {
-    if (const QString dir = selectedFolder(); !dir.isEmpty()) emit openRequested(dir);
+    if (const QTableWidgetItem* folder = selectedFolder()) emit openRequested(folder->text());
   });
   connect(m_table, &QTableWidget::cellDoubleClicked, this, [this](int row) {
-    if (const QString dir = m_table->item(row, 0)->text(); DescribeModelFolder(dir).exists) emit openRequested(dir);
+    if (m_table->item(row, 0)->data(Qt::UserRole).toBool()) emit openRequested(m_table->item(row, 0)->text());
   });
   connect(m_forget, &QPushButton::clicked, this, [this] {
-    const QString dir = selectedFolder();
-    if (dir.isEmpty()) return;
-    m_table->removeRow(m_table->currentRow());
+    const QTableWidgetItem* folder = selectedFolder();
+    if (folder == nullptr) return;
+    const QString dir = folder->text();
+    m_table->removeRow(folder->row());
     emit forgetRequested(dir);
   });
   connect(close, &QPushButton::clicked, this, &QDialog::reject);
   update();
 }
 
-QString ModelLibraryDialog::selectedFolder() const {
+QTableWidgetItem* ModelLibraryDialog::selectedFolder() const {
   const QList<QTableWidgetItem*> picked = m_table->selectedItems();
-  return picked.isEmpty() ? QString() : m_table->item(picked.first()->row(), 0)->text();
+  return picked.isEmpty() ? nullptr : m_table->item(picked.first()->row(), 0);
 }

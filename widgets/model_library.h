@@ -8,6 +8,7 @@
 
 class QPushButton;
 class QTableWidget;
+class QTableWidgetItem;
 
 // GUI thread only.
 class ModelLibraryDialog : public QDialog {
@@ -24,7 +25,8 @@ class ModelLibraryDialog : public QDialog {
   void forgetRequested(const QString& dir);
 
  private:
-  QString selectedFolder() const;
+  // The selected row's folder cell (its text the folder, UserRole whether it holds a model); nullptr: none.
+  QTableWidgetItem* selectedFolder() const;
 
   QTableWidget* m_table;
   QPushButton* m_open;

@@ -375,20 +375,16 @@ Result<std::vector<float>> Forward::PrefillCarrying(SequenceState& state, std::s
     if (!rider->Reserve(rider->length() + 1).ok()) return Prefill(state, ids, LogitsRows::kLast, mtp);
   if (mtp != nullptr && mtp->pending_rows > 1) *mtp = MtpState{};  // as Prefill: their next ids are not here
   std::vector<Segment> segments = {SegmentOf(state, n, Mode::kChunked)};
-  std::vector<int32_t> rows_ids(ids.begin(), ids.end());
   std::vector<int64_t> logit_rows = {n - 1};
-  for (int64_t i = 0; i < k; ++i) {
-    segments.push_back(SegmentOf(*riders.states[static_cast<size_t>(i)], 1, Mode::kRecurrent));
-    segments.back().row0 = n + i;
-    rows_ids.push_back(riders.ids[static_cast<size_t>(i)]);
-    logit_rows.push_back(n + i);
-  }
+  AppendDecodeRows(riders.states, n, &segments, &logit_rows);
+  std::vector<int32_t> rows_ids(ids.begin(), ids.end());
+  rows_ids.insert(rows_ids.end(), riders.ids.begin(), riders.ids.end());
   const int64_t V = config_.vocab_size;
   std::vector<float> logits(static_cast<size_t>((1 + k) * V));
   float* hidden = mtp_ && mtp ? Sized(ws_->hidden, (n + k) * config_.hidden_size) : nullptr;
   RunRows(segments, rows_ids.data(), n + k, logit_rows, logits.data(), hidden);
   state.SetLength(pos + n);
-  for (int64_t i = 0; i < k; ++i) riders.states[static_cast<size_t>(i)]->SetLength(segments[static_cast<size_t>(i + 1)].pos0 + 1);
+  for (SequenceState* rider : riders.states) rider->SetLength(rider->length() + 1);
   riders.logits.assign(logits.begin() + V, logits.end());
   riders.taken = true;
   logits.resize(static_cast<size_t>(V));
@@ -481,15 +477,20 @@ Result<std::vector<float>> Forward::DecodeBatch(std::span<SequenceState* const> 
   const int64_t n = static_cast<int64_t>(states.size());
   std::vector<Segment> segments;
   std::vector<int64_t> rows;
-  for (int64_t i = 0; i < n; ++i) {
-    segments.push_back(SegmentOf(*states[static_cast<size_t>(i)], 1, Mode::kRecurrent));
-    segments.back().row0 = i;
-    rows.push_back(i);
-  }
+  AppendDecodeRows(states, 0, &segments, &rows);
   std::vector<float> logits(static_cast<size_t>(n * config_.vocab_size));
   RunRows(segments, ids.data(), n, rows, logits.data(), nullptr);
-  for (int64_t i = 0; i < n; ++i) states[static_cast<size_t>(i)]->SetLength(segments[static_cast<size_t>(i)].pos0 + 1);
+  for (SequenceState* state : states) state->SetLength(state->length() + 1);
   return logits;
+}
+
+void Forward::AppendDecodeRows(std::span<SequenceState* const> states, int64_t row0, std::vector<Segment>* segments,
+                               std::vector<int64_t>* logit_rows) {
+  for (SequenceState* state : states) {
+    segments->push_back(SegmentOf(*state, 1, Mode::kRecurrent));
+    segments->back().row0 = row0;
+    logit_rows->push_back(row0++);
+  }
 }
 
 Result<std::vector<float>> Forward::Verify(SequenceState& state, std::span<const int32_t> ids) {

@@ -196,6 +196,9 @@ class Forward final : public ComputeBackend {
   };
   // The segment of a whole state: its rows at positions state.length().., K/V rows in the state.
   static Segment SegmentOf(SequenceState& state, int64_t n, Mode mode);
+  // Each state's next row as a one-token decode segment at stacked rows row0.., its logits wanted.
+  static void AppendDecodeRows(std::span<SequenceState* const> states, int64_t row0, std::vector<Segment>* segments,
+                               std::vector<int64_t>* logit_rows);
 
   // Runs ids[0..n) at positions state.length()..; writes logits of the last row or all rows, and
   // (when hidden is set) every row's final-normed hidden state [n, H].
