@@ -7,7 +7,7 @@
 namespace anchorage {
 namespace {
 
-int64_t KvWidth(const ModelConfig& c) { return c.num_key_value_heads * c.head_dim; }
+int64_t KvWidth(const ModelConfig& c) { return KvSectionWidth(c.kv_dtype, c.num_key_value_heads * c.head_dim); }
 
 
 std::string_view BytesOf(const void* p, size_t bytes) { return {static_cast<const char*>(p), bytes}; }

@@ -12,7 +12,7 @@ namespace {
 // Fixed prefix: magic, version, header JSON length, crc32c of everything before it and the JSON.
 constexpr size_t kPrefixBytes = 8 + 4 + 4;
 
-int64_t DTypeSize(SectionDType d) { return d == SectionDType::kBf16 ? 2 : 4; }
+int64_t DTypeSize(SectionDType d) { return d == SectionDType::kBf16 ? 2 : d == SectionDType::kFp8Rows ? 1 : 4; }
 
 int64_t Elements(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -44,6 +44,7 @@ const char* SectionDTypeName(SectionDType d) {
     case SectionDType::kF32: return "f32";
     case SectionDType::kI32: return "i32";
     case SectionDType::kBf16: return "bf16";
+    case SectionDType::kFp8Rows: return "fp8-rows";
   }
   return "?";
 }
@@ -158,6 +159,7 @@ Result<CacheFileLayout> DecodeCacheFileHeader(std::string_view d, std::string_vi
       if (dtype == "f32") sec.dtype = SectionDType::kF32;
       else if (dtype == "i32") sec.dtype = SectionDType::kI32;
       else if (dtype == "bf16") sec.dtype = SectionDType::kBf16;
+      else if (dtype == "fp8-rows") sec.dtype = SectionDType::kFp8Rows;
       else return Corrupt("cache file: section " + sec.name + " has dtype " + dtype);
       sec.shape = s.at("shape").get<std::vector<int64_t>>();
       sec.offset = s.at("offset").get<int64_t>();

@@ -18,10 +18,15 @@ inline constexpr char kCacheFileMagic[8] = {'A', 'N', 'C', 'H', 'C', 'A', 'C', '
 inline constexpr uint32_t kCacheFileVersion = 1;
 inline constexpr int64_t kCacheSectionAlign = 4096;
 
-enum class SectionDType { kF32, kI32, kBf16 };
+// kFp8Rows: the bytes of fp8 K/V rows as a state holds them (a row's codes, then its scales).
+enum class SectionDType { kF32, kI32, kBf16, kFp8Rows };
 const char* SectionDTypeName(SectionDType dtype);
 // The section dtype of a state's K/V rows.
-inline SectionDType KvSectionDType(KvDtype dtype) { return dtype == KvDtype::kBf16 ? SectionDType::kBf16 : SectionDType::kF32; }
+inline SectionDType KvSectionDType(KvDtype dtype) {
+  return dtype == KvDtype::kBf16 ? SectionDType::kBf16 : dtype == KvDtype::kFp8 ? SectionDType::kFp8Rows : SectionDType::kF32;
+}
+// The last dimension of a K/V section of rows of width values: the values, or the bytes of fp8 rows.
+inline int64_t KvSectionWidth(KvDtype dtype, int64_t width) { return dtype == KvDtype::kFp8 ? KvRowBytes(dtype, width) : width; }
 
 struct SectionSpec {
   std::string name;

@@ -284,7 +284,7 @@ Status DiskTier::Restore(std::span<const int32_t> prompt, int64_t line, Sequence
     const SectionLayout* ids = layout->Find("tokens");
     const SectionLayout* kv = layout->Find("kv");
     if (ids == nullptr || kv == nullptr || layout->header.tokens != begin + G || ids->shape != std::vector<int64_t>{G} ||
-        kv->dtype != kv_dtype || kv->shape != std::vector<int64_t>{layers, 2, G, width})
+        kv->dtype != kv_dtype || kv->shape != std::vector<int64_t>{layers, 2, G, KvSectionWidth(state.kv_dtype(), width)})
       return bad("not a chunk of this model's rows " + std::to_string(begin) + " to " + std::to_string(begin + G));
     if (ids->offset + ids->bytes > static_cast<int64_t>(head->size())) return bad("its token ids lie past the header's read (truncated?)");
     const std::string_view id_bytes = std::string_view(*head).substr(static_cast<size_t>(ids->offset), static_cast<size_t>(ids->bytes));

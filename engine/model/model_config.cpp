@@ -94,7 +94,8 @@ int64_t ModelConfig::anchor_bytes() const {
 Result<KvDtype> ParseKvDtype(const std::string& name) {
   if (name == "f32") return KvDtype::kF32;
   if (name == "bf16") return KvDtype::kBf16;
-  return InvalidArgument("kv dtype must be f32 or bf16, got '" + name + "'");
+  if (name == "fp8") return KvDtype::kFp8;
+  return InvalidArgument("kv dtype must be f32, bf16 or fp8, got '" + name + "'");
 }
 
 int64_t ModelConfig::kv_bytes_per_token() const {

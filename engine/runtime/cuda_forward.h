@@ -80,7 +80,7 @@ class DeviceState {
   friend class CudaForward;
   DeviceState(const ModelConfig& config, cuda::Stream stream);
   DeviceState(cuda::Stream stream, int64_t kv_width, KvDtype kv_dtype, int64_t recurrent_floats, int64_t tail_floats);
-  int64_t row_bytes() const { return kv_width_ * KvDtypeBytes(kv_dtype_); }
+  int64_t row_bytes() const { return KvRowBytes(kv_dtype_, kv_width_); }
   cuda::KvBuffers kv_buffers(int64_t a) const { return {k_[static_cast<size_t>(a)].data(), v_[static_cast<size_t>(a)].data(), kv_dtype_}; }
   bool Matches(const SequenceState& host) const;
   // Every buffer a forward writes into: what a captured decode step was made for.

@@ -812,8 +812,8 @@ void Forward::AttentionMixer(const Layer& L, std::span<const Segment> segments, 
   cpu::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
   for (const Segment& seg : segments) {
     const size_t i = static_cast<size_t>(ai);
-    cpu::StoreKvValues(krows + seg.row0 * KW, seg.n * KW, seg.kv[i].dtype, seg.k_out[i]);
-    cpu::StoreKvValues(vrows + seg.row0 * KW, seg.n * KW, seg.kv[i].dtype, seg.v_out[i]);
+    cpu::StoreKvRows(krows + seg.row0 * KW, seg.n, KW, seg.kv[i].dtype, seg.k_out[i]);
+    cpu::StoreKvRows(vrows + seg.row0 * KW, seg.n, KW, seg.kv[i].dtype, seg.v_out[i]);
     const float* q = qg + seg.row0 * QW;
     float* out = attn + seg.row0 * Nh * hd;
     if (seg.mode == Mode::kRecurrent && seg.n == 1) {

@@ -134,7 +134,7 @@ int64_t SequenceState::anchor_bytes() const {
 }
 
 int64_t SequenceState::KvBytesPerToken(const ModelConfig& config) {
-  return config.num_full_attention_layers() * 2 * config.num_key_value_heads * config.head_dim * KvDtypeBytes(config.kv_dtype);
+  return config.num_full_attention_layers() * 2 * KvRowBytes(config.kv_dtype, config.num_key_value_heads * config.head_dim);
 }
 
 int64_t SequenceState::kv_bytes_per_token() const {

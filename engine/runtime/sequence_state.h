@@ -67,7 +67,7 @@ class SequenceState {
   int64_t num_gdn_layers() const { return static_cast<int64_t>(recurrent_.size()); }
   int64_t kv_width() const { return kv_width_; }  // Nkv*head_dim values per K (or V) row
   KvDtype kv_dtype() const { return kv_dtype_; }
-  int64_t kv_row_bytes() const { return kv_width_ * KvDtypeBytes(kv_dtype_); }
+  int64_t kv_row_bytes() const { return KvRowBytes(kv_dtype_, kv_width_); }
 
   // [capacity, Nkv*head_dim] K (V) rows of attention layer a (0-based among attention layers), in kv_dtype().
   // The writable ones tell a mirror that every row may change.

@@ -206,6 +206,9 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   if (const std::string named = effective["engine"].value("kv_dtype", "auto"); !config.kv_dtype && named != "auto") {
     ASSIGN_OR_RETURN(kv_dtype, ParseKvDtype(named));
   }
+  if (kv_dtype == KvDtype::kFp8 && s->model_->config.head_dim % kKvFp8Block != 0)
+    return InvalidArgument("fp8 K/V rows take blocks of " + std::to_string(kKvFp8Block) + " values of a head; this model's head_dim is " +
+                           std::to_string(s->model_->config.head_dim) + " (use --kv-dtype bf16)");
   s->model_->config.kv_dtype = kv_dtype;
   JournalOptions journal_options;
   journal_options.data_dir = config.data_dir;

@@ -43,7 +43,7 @@ std::string ShadowFileName(const std::string& session) {
 
 Status SaveShadowFile(DiskEnv& env, const std::string& path, const std::string& fingerprint, const std::string& session, const ShadowSession& s) {
   const SequenceState& state = s.state();
-  const int64_t rows = s.committed(), width = state.kv_width();
+  const int64_t rows = s.committed(), width = KvSectionWidth(state.kv_dtype(), state.kv_width());
   const Anchor recurrent = state.SaveAnchor();
   std::vector<int64_t> checkpoint_lengths;
   for (const Anchor& c : s.checkpoints()) checkpoint_lengths.push_back(c.length);
@@ -77,7 +77,7 @@ Result<std::unique_ptr<ShadowSession>> LoadShadowFile(DiskEnv& env, const std::s
   if (f.header.links.size() != 1 || f.header.links[0] != Hex(session)) return Corrupt(path + ": the file holds another session");
   auto s = std::make_unique<ShadowSession>(config, grid_tokens);
   SequenceState& state = s->mutable_state();
-  const int64_t rows = f.header.tokens, width = state.kv_width();
+  const int64_t rows = f.header.tokens, width = KvSectionWidth(state.kv_dtype(), state.kv_width());
   if (rows < 0 || rows % grid_tokens != 0) return Corrupt(path + ": the state does not end on this grid");
   const DecodedSection* ids = f.Find("ids");
   const DecodedSection* lengths = f.Find("checkpoint_lengths");

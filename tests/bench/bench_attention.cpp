@@ -83,20 +83,20 @@ int main(int argc, char** argv) {
   for (float& x : q) x = d(rng);
   for (cpu::KernelPath path : cpu::AvailablePaths()) {
     if (cpu::ArithmeticOf(path) != cpu::Arithmetic::kFp32Fma || !cpu::SetActivePath(path).ok()) continue;
-    for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16}) {
+    for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16, KvDtype::kFp8}) {
       for (int64_t length : contexts) {
         std::vector<float> values(static_cast<size_t>(length * kv_stride));
         for (float& x : values) x = d(rng);
         std::vector<uint8_t> k(values.size() * 4), v(values.size() * 4);
-        cpu::StoreKvValues(values.data(), static_cast<int64_t>(values.size()), dtype, k.data());
+        cpu::StoreKvRows(values.data(), length, kv_stride, dtype, k.data());
         for (float& x : values) x = d(rng);
-        cpu::StoreKvValues(values.data(), static_cast<int64_t>(values.size()), dtype, v.data());
+        cpu::StoreKvRows(values.data(), length, kv_stride, dtype, v.data());
         const cpu::KvSource kv(dtype, k.data(), v.data(), kv_stride);
         const double decode = SecondsACall([&] { cpu::AttentionDecode(pool, shape, q.data(), shape.head_dim, length, kv, out.data()); });
         const double panels = SecondsACall([&] {
           cpu::AttentionPrefill(pool, shape, q.data(), q_size, shape.head_dim, 1, length - 1, kv, out.data(), q_size);
         });
-        const double bytes = 2.0 * static_cast<double>(length * kv_stride * KvDtypeBytes(dtype));
+        const double bytes = 2.0 * static_cast<double>(length * KvRowBytes(dtype, kv_stride));
         const double flops = 4.0 * static_cast<double>(length * q_size);
         std::printf("%-9s %-4s context %6lld: decode %8.1f us (%3.0f%% of the stream rate, %3.0f%% of the FMA peak); as a one-row prefill %8.1f us (%.2fx)\n",
                     cpu::PathName(path), KvDtypeName(dtype), static_cast<long long>(length), decode * 1e6,

@@ -53,7 +53,7 @@ std::vector<int32_t> Ids(int64_t n, int64_t vocab) {
 }  // namespace
 
 // Usage: anchorage-bench-engine [--json] [--no-accuracy] [--no-decode] [--max-tokens N] [--threads 1,2] [--model-dir DIR]
-//                               [--weights as-stored|int8] [--decode-steps N] [--kv-dtype f32|bf16] [--batches 1,2,4,8,16]
+//                               [--weights as-stored|int8] [--decode-steps N] [--kv-dtype f32|bf16|fp8] [--batches 1,2,4,8,16]
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int64_t max_tokens = 8192;

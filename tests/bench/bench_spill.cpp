@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
     else if (a == "--dir") dir = v, ++i;
     else if (a == "--kv-dtype" && ParseKvDtype(v).ok()) kv_dtype = *ParseKvDtype(v), ++i;
     else {
-      std::fprintf(stderr, "usage: anchorage-bench-spill [--model-dir DIR] [--tokens N] [--level L] [--threads T] [--restart] [--dir D] [--kv-dtype f32|bf16] [--json]\n");
+      std::fprintf(stderr, "usage: anchorage-bench-spill [--model-dir DIR] [--tokens N] [--level L] [--threads T] [--restart] [--dir D] [--kv-dtype f32|bf16|fp8] [--json]\n");
       return 2;
     }
   }

@@ -12,6 +12,7 @@
 #include "engine/compute/cpu/fp32_block.h"
 #include "engine/compute/cpu/matmul.h"
 #include "engine/core/bf16.h"
+#include "engine/core/fp8.h"
 
 using namespace anchorage;
 
@@ -158,7 +159,7 @@ class TestAttention : public QObject {
   }
 
   // bf16 rows are read widened: the output equals, bit for bit, the fp32 kernel's over the same values
-  // widened beforehand, prefilled, decoded and split; StoreKvValues rounds each value to nearest even.
+  // widened beforehand, prefilled, decoded and split; StoreKvRows rounds each value to nearest even.
   void bf16RowsReadAsTheirFp32Values_data() { AddPaths(); }
   void bf16RowsReadAsTheirFp32Values() {
     FETCH_PATH_OR_SKIP(kp);
@@ -166,8 +167,8 @@ class TestAttention : public QObject {
     ThreadPool two(2);
     Problem p = Make(8, 2, 72, 200, 13u);  // head_dim 72: columns past the whole 4- and 32-wide pieces
     std::vector<uint8_t> k16(p.k.size() * 2), v16(p.v.size() * 2);
-    cpu::StoreKvValues(p.k.data(), int64_t(p.k.size()), KvDtype::kBf16, k16.data());
-    cpu::StoreKvValues(p.v.data(), int64_t(p.v.size()), KvDtype::kBf16, v16.data());
+    cpu::StoreKvRows(p.k.data(), p.length, p.kv_stride, KvDtype::kBf16, k16.data());
+    cpu::StoreKvRows(p.v.data(), p.length, p.kv_stride, KvDtype::kBf16, v16.data());
     for (size_t i = 0; i < p.k.size(); ++i) {
       uint16_t h;
       std::memcpy(&h, k16.data() + 2 * i, 2);
@@ -195,6 +196,82 @@ class TestAttention : public QObject {
     }
   }
 
+  // fp8 rows: each block of 32 values keeps the least power of two that brings its largest magnitude to 448 or
+  // below, and each value over it as the nearest e4m3; read widened, the output equals the fp32 kernel's over
+  // code x scale, bit for bit, prefilled, decoded and split.
+  void fp8RowsReadAsTheirFp32Values_data() { AddPaths(); }
+  void fp8RowsReadAsTheirFp32Values() {
+    FETCH_PATH_OR_SKIP(kp);
+    QVERIFY(cpu::SetActivePath(kp).ok());
+    ThreadPool two(2);
+    Problem p = Make(8, 2, 96, 200, 17u);
+    for (size_t i = 0; i < p.k.size(); i += 97) p.k[i] *= 300.0f;  // blocks whose scale an outlier sets
+    const int64_t width = p.kv_stride, row_bytes = KvRowBytes(KvDtype::kFp8, width);
+    QCOMPARE(row_bytes, width + width / 32);
+    std::vector<uint8_t> k8(size_t(p.length * row_bytes)), v8(k8.size());
+    cpu::StoreKvRows(p.k.data(), p.length, width, KvDtype::kFp8, k8.data());
+    cpu::StoreKvRows(p.v.data(), p.length, width, KvDtype::kFp8, v8.data());
+    for (auto [values, rows] : {std::pair{&p.k, &k8}, std::pair{&p.v, &v8}})
+      for (int64_t r = 0; r < p.length; ++r)
+        for (int64_t b = 0; b < width / 32; ++b) {
+          const float* block = values->data() + r * width + b * 32;
+          const uint8_t* row = rows->data() + r * row_bytes;
+          float amax = 0.0f;
+          for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(block[i]));
+          const int e = int(row[width + b]) - 127;
+          QVERIFY2(std::ldexp(double(amax), -e) <= 448.0 && std::ldexp(double(amax), 1 - e) > 448.0, qPrintable(QString("row %1 block %2").arg(r).arg(b)));
+          for (int i = 0; i < 32; ++i) {
+            QCOMPARE(row[b * 32 + i], FloatToFp8E4m3(float(std::ldexp(double(block[i]), -e))));
+            QVERIFY(std::fabs(double(Fp8E4m3ToFloat(row[b * 32 + i])) * std::ldexp(1.0, e) - block[i]) <= std::ldexp(amax, -3));
+          }
+        }
+    const cpu::KvSource kv(KvDtype::kFp8, k8.data(), v8.data(), width);
+    for (int64_t i = 0; i < p.length * width; ++i) {
+      p.k[size_t(i)] = kv.ValueAt(k8.data() + i / width * row_bytes, i % width);
+      p.v[size_t(i)] = kv.ValueAt(v8.data() + i / width * row_bytes, i % width);
+    }
+    const auto widened = Prefill(two, p, 0, p.length);
+    std::vector<float> out(widened.size(), -9.0f);
+    cpu::AttentionPrefill(two, p.shape, p.q.data(), p.q_stride, p.shape.head_dim, p.length, 0, kv, out.data(), p.q_stride);
+    QVERIFY(SameBits(widened.data(), out.data(), out.size()));
+    const int64_t split = 128;
+    const cpu::KvSource two_buffers(KvDtype::kFp8, k8.data(), v8.data(), width, split, k8.data() + split * row_bytes, v8.data() + split * row_bytes);
+    for (int64_t t : {0, 63, 127, 128, 199}) {
+      std::vector<float> row(size_t(p.q_stride), -9.0f);
+      cpu::AttentionDecode(two, p.shape, p.q.data() + t * p.q_stride, p.shape.head_dim, t + 1, t % 2 ? kv : two_buffers, row.data());
+      QVERIFY2(SameBits(widened.data() + t * p.q_stride, row.data(), row.size()), qPrintable(QString("decode of row %1").arg(t)));
+    }
+  }
+
+  // The fp8 scale at its edges: zeros, tiny and huge magnitudes, 448 itself, NaN and infinity keep normal factors.
+  void fp8ScaleEdges() {
+    QCOMPARE(cpu::KvFp8Exponent(448.0f), 0);
+    QCOMPARE(cpu::KvFp8Exponent(448.5f), 1);
+    QCOMPARE(cpu::KvFp8Exponent(449.0f), 1);
+    QCOMPARE(cpu::KvFp8Exponent(224.0f), -1);
+    QCOMPARE(cpu::KvFp8Exponent(256.0f), 0);
+    QCOMPARE(cpu::KvFp8Exponent(1.0f), -8);
+    QCOMPARE(cpu::KvFp8Exponent(0.0f), -100);
+    QCOMPARE(cpu::KvFp8Exponent(1e-38f), -100);
+    QCOMPARE(cpu::KvFp8Exponent(3e38f), 119);
+    QCOMPARE(cpu::KvFp8Exponent(std::numeric_limits<float>::infinity()), 119);
+    QCOMPARE(cpu::KvFp8Exponent(std::nanf("")), 119);
+    for (float amax = 1e-27f; amax < 1e30f; amax *= 1.37f) {  // within the clamp
+      const int e = cpu::KvFp8Exponent(amax);
+      QVERIFY(std::ldexp(double(amax), -e) <= 448.0 && std::ldexp(double(amax), 1 - e) > 448.0);
+    }
+    std::vector<float> row(64, 0.0f);
+    row[32] = std::nanf("");
+    row[33] = 2.0f;
+    std::vector<uint8_t> out(size_t(KvRowBytes(KvDtype::kFp8, 64)));
+    cpu::StoreKvRows(row.data(), 1, 64, KvDtype::kFp8, out.data());
+    QCOMPARE(int(out[64]), 127 - 100);  // all zeros: the least factor, codes 0
+    QCOMPARE(int(out[0]), 0);
+    QCOMPARE(int(out[65]), 127 - 7);  // NaN leaves the scale to 2.0
+    QVERIFY(Fp8E4m3IsNan(out[32]));
+    QCOMPARE(Fp8E4m3ToFloat(out[33]) * KvFp8Scale(out[65]), 2.0f);
+  }
+
   // Decode reads keys in place, many lanes at a time, in spans of keys and columns over the pool: at model-sized heads,
   // groups of one to sixteen heads, lengths past a span and rows of either dtype, its bits are a one-row prefill's.
   void decodeAtModelShapesEqualsPrefill_data() { AddPaths(); }
@@ -205,11 +282,12 @@ class TestAttention : public QObject {
     for (auto [heads, kv_heads, hd, length] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{8, 2, 256, 1100}, {12, 2, 128, 530},
                                               {16, 1, 64, 77}, {3, 3, 32, 17}, {5, 1, 72, 40}, {2, 1, 36, 20}}) {
       Problem p = Make(heads, kv_heads, hd, length, uint32_t(heads * 131 + length));
-      for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16}) {
+      for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16, KvDtype::kFp8}) {
+        if (dtype == KvDtype::kFp8 && hd % kKvFp8Block != 0) continue;
         std::vector<uint8_t> k(p.k.size() * 4), v(p.v.size() * 4);
-        cpu::StoreKvValues(p.k.data(), int64_t(p.k.size()), dtype, k.data());
-        cpu::StoreKvValues(p.v.data(), int64_t(p.v.size()), dtype, v.data());
-        const int64_t split = length / 2, row_bytes = p.kv_stride * KvDtypeBytes(dtype);
+        cpu::StoreKvRows(p.k.data(), length, p.kv_stride, dtype, k.data());
+        cpu::StoreKvRows(p.v.data(), length, p.kv_stride, dtype, v.data());
+        const int64_t split = length / 2, row_bytes = KvRowBytes(dtype, p.kv_stride);
         const cpu::KvSource whole(dtype, k.data(), v.data(), p.kv_stride);
         const cpu::KvSource halves(dtype, k.data(), v.data(), p.kv_stride, split, k.data() + split * row_bytes, v.data() + split * row_bytes);
         for (int64_t t : {int64_t{0}, length / 3, length - 1}) {

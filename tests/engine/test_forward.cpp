@@ -147,25 +147,37 @@ class TestForward : public QObject {
     QVERIFY(std::equal(last->begin(), last->end(), logits->begin() + (n - 1) * V));
   }
 
-  // K/V rows kept in bf16 (each value rounded once, relative error <= 2^-9): the logits stay within
-  // the bound docs/engine.md names for them, 2e-3 of max(1, max |logit|).
-  void bf16RowsStayNearTheReference() {
+  // K/V rows kept in bf16 (each value rounded once, relative error <= 2^-9) or fp8 (e4m3 over a power-of-two
+  // scale a block of 32: relative error <= 2^-4 of the block's largest): the logits stay within the bounds
+  // docs/engine.md names for them, a fraction of max(1, max |logit|).
+  void narrowRowsStayNearTheReference_data() {
+    QTest::addColumn<int>("dtype");
+    QTest::addColumn<double>("bound");
+    QTest::addColumn<int64_t>("row_bytes_per_f32_kilobyte");
+    QTest::newRow("bf16") << int(KvDtype::kBf16) << 2e-3 << int64_t{512};
+    QTest::newRow("fp8") << int(KvDtype::kFp8) << 2e-2 << int64_t{264};
+  }
+  void narrowRowsStayNearTheReference() {
+    QFETCH(int, dtype);
+    QFETCH(double, bound);
+    QFETCH(int64_t, row_bytes_per_f32_kilobyte);
     const int64_t V = model_->config.vocab_size, n = 150;
     ModelConfig config = model_->config;
-    config.kv_dtype = KvDtype::kBf16;
+    config.kv_dtype = static_cast<KvDtype>(dtype);
     auto f = Forward::Create(config, model_->weights, ForwardOptions{64, 2});
     QVERIFY(f.ok());
     const auto ids = RandomIds(n, V, 91u);
     const auto ref = reference::Logits(model_->config, model_->weights, ids);
     SequenceState state(config);
-    QCOMPARE(state.kv_bytes_per_token(), SequenceState(model_->config).kv_bytes_per_token() / 2);
+    QCOMPARE(state.kv_bytes_per_token() * 1024, SequenceState(model_->config).kv_bytes_per_token() * row_bytes_per_f32_kilobyte);
     auto logits = (*f)->Prefill(state, ids, LogitsRows::kAll);
     QVERIFY(logits.ok());
     double worst = 0.0, max_ref = 0.0;
     for (int64_t t = 0; t < n; ++t) worst = std::max(worst, RowDiff(&(*logits)[t * V], &ref[t * V], V, &max_ref));
-    qInfo("bf16 K/V rows, n=%lld: max |engine - reference| = %.3g (max |logit| %.3g)", static_cast<long long>(n), worst, max_ref);
-    QVERIFY2(worst < 2e-3 * std::max(1.0, max_ref), "bf16 K/V rows moved the logits past their bound");
-    QVERIFY2(worst > 0.0, "bf16 rows rounded nothing: the state kept fp32 rows");
+    qInfo("%s K/V rows, n=%lld: max |engine - reference| = %.3g (max |logit| %.3g)", KvDtypeName(config.kv_dtype), static_cast<long long>(n),
+          worst, max_ref);
+    QVERIFY2(worst < bound * std::max(1.0, max_ref), "narrow K/V rows moved the logits past their bound");
+    QVERIFY2(worst > 0.0, "the rows rounded nothing: the state kept fp32 rows");
   }
 
   // Prefill some tokens, then decode one at a time; each decode row matches the reference row.
@@ -250,10 +262,10 @@ class TestForward : public QObject {
   }
 
   // A decode batch over states of several lengths gives each logits row and each state the bits of its own
-  // Decode, step after step, with either K/V dtype; a bad batch changes no state.
+  // Decode, step after step, with each K/V dtype; a bad batch changes no state.
   void decodeBatchEqualsDecodeAlone() {
     const int64_t V = model_->config.vocab_size;
-    for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16}) {
+    for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16, KvDtype::kFp8}) {
       ModelConfig config;
       const std::unique_ptr<Forward> created = ForwardWith(dtype, 64, &config);
       QVERIFY(created);
@@ -294,10 +306,10 @@ class TestForward : public QObject {
 
   // A prefill piece that carries other states' decodes (a mixed step) gives the piece's logits, its
   // state and its MTP head's rows, and every rider's logits and state, the bits each gets alone, with
-  // either K/V dtype; a piece across a grid line leaves the riders to the caller.
+  // each K/V dtype; a piece across a grid line leaves the riders to the caller.
   void prefillCarryingEqualsPrefillAndDecodes() {
     const int64_t V = model_->config.vocab_size;
-    for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16}) {
+    for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16, KvDtype::kFp8}) {
       ModelConfig config;
       const std::unique_ptr<Forward> created = ForwardWith(dtype, 128, &config);
       QVERIFY(created);

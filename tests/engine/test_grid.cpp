@@ -188,7 +188,7 @@ class TestGrid : public QObject {
     for (cpu::KernelPath path : {cpu::KernelPath::kPortable, cpu::KernelPath::kAvx2Fma, cpu::KernelPath::kAvx512F,
                                  cpu::KernelPath::kAvx512Bf16, cpu::KernelPath::kAmxBf16})
       for (int threads : {1, 2})
-        for (const char* weights : {"bf16", "fp8", "int8", "bf16 weights, bf16 K/V rows"})
+        for (const char* weights : {"bf16", "fp8", "int8", "bf16 weights, bf16 K/V rows", "bf16 weights, fp8 K/V rows"})
           QTest::addRow("%s, %d thread(s), %s", cpu::PathName(path), threads, weights) << int(path) << threads << QString(weights);
   }
   void resumeAtEvery64LineEqualsCold() {
@@ -199,8 +199,9 @@ class TestGrid : public QObject {
     if (!cpu::PathAvailable(kernel)) QSKIP(qPrintable(QString("this CPU cannot run the %1 kernels").arg(cpu::PathName(kernel))));
     const cpu::KernelPath before = cpu::ActivePath();
     QVERIFY(cpu::SetActivePath(kernel).ok());
-    const bool bf16_rows = weights.contains("K/V");
-    auto f = Make(1024, threads, bf16_rows ? "bf16" : weights, bf16_rows ? KvDtype::kBf16 : KvDtype::kF32);
+    const bool narrow_rows = weights.contains("K/V");
+    auto f = Make(1024, threads, narrow_rows ? "bf16" : weights,
+                  !narrow_rows ? KvDtype::kF32 : weights.contains("fp8 K/V") ? KvDtype::kFp8 : KvDtype::kBf16);
     QVERIFY(f);
     const ModelConfig& config = f->config();
     const auto ids = RandomIds(700, model_->config.vocab_size, 23u);

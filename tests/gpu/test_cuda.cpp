@@ -408,6 +408,65 @@ void Bf16RowsMatchTheCpusRounding() {
   GPU_CHECK(SameBits(ToHost(wide_out, static_cast<size_t>(rows * OW)), ToHost(narrow_out, static_cast<size_t>(rows * OW))));
 }
 
+// fp8 K/V rows: stored with the CPU's bytes (a block's power-of-two scale from its largest magnitude, NaN ignored,
+// infinity and subnormal maxima clamped; codes to nearest, ties to even); attention over them gives the bits of fp32
+// rows holding code x scale.
+void Fp8RowsMatchTheCpusQuantizer() {
+  const int64_t width = 64, n = 4, offset = 2, row_bytes = KvRowBytes(KvDtype::kFp8, width);
+  std::vector<float> values = RandomFloats(static_cast<size_t>(2 * n * width), 21, -3.0f, 3.0f);
+  const float ties[] = {448.0f, 1.0625f, 1.1875f, -1.0625f, 0.0029296875f, 432.0f, -0.0f, 0.0f, 0.0009765625f, -0.0048828125f};
+  std::copy(std::begin(ties), std::end(ties), values.begin());  // row 0, block 0: scale 1, halfway values
+  values[static_cast<size_t>(width + 40)] = INFINITY;           // row 1, block 1
+  values[static_cast<size_t>(2 * width + 3)] = NAN;             // row 2, block 0
+  for (int64_t i = 32; i < 64; ++i) values[static_cast<size_t>(2 * width + i)] = (i % 2 ? 1e-40f : -3e-39f);  // row 2, block 1: subnormal
+  for (int64_t i = 0; i < 32; ++i) values[static_cast<size_t>(3 * width + i)] = 3e38f * (i % 3 ? 1.0f : -0.5f);  // row 3, block 0: huge
+  cuda::DeviceBuffer dk = ToDevice(std::vector<float>(values.begin(), values.begin() + n * width));
+  cuda::DeviceBuffer dv = ToDevice(std::vector<float>(values.begin() + n * width, values.end()));
+  auto k8 = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>((offset + n) * row_bytes), "K rows"), "allocating");
+  auto v8 = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>((offset + n) * row_bytes), "V rows"), "allocating");
+  cuda::DeviceBuffer step = ToDevice(std::vector<float>(2, 0.0f));  // an int64 position of 0
+  cuda::StoreKvRows(dk.floats(), dv.floats(), n, width, cuda::Position{offset, static_cast<const int64_t*>(step.data())},
+                    cuda::KvBuffers{k8.data(), v8.data(), KvDtype::kFp8}, nullptr);
+  Must(cuda::Synchronize(nullptr, "storing rows"), "synchronizing");
+  std::vector<uint8_t> k_bytes(static_cast<size_t>((offset + n) * row_bytes)), v_bytes(k_bytes.size());
+  Must(cuda::CopyToHost(k_bytes.data(), k8.data(), k_bytes.size(), nullptr), "reading K");
+  Must(cuda::CopyToHost(v_bytes.data(), v8.data(), v_bytes.size(), nullptr), "reading V");
+  std::vector<uint8_t> k_cpu(static_cast<size_t>(n * row_bytes)), v_cpu(k_cpu.size());
+  cpu::StoreKvRows(values.data(), n, width, KvDtype::kFp8, k_cpu.data());
+  cpu::StoreKvRows(values.data() + n * width, n, width, KvDtype::kFp8, v_cpu.data());
+  for (int64_t i = 0; i < n * row_bytes; ++i) {
+    GPU_CHECK_MSG(k_bytes[static_cast<size_t>(offset * row_bytes + i)] == k_cpu[static_cast<size_t>(i)], "K byte " + std::to_string(i));
+    GPU_CHECK_MSG(v_bytes[static_cast<size_t>(offset * row_bytes + i)] == v_cpu[static_cast<size_t>(i)], "V byte " + std::to_string(i));
+  }
+  GPU_CHECK(k_cpu[1] == 0x38 && k_cpu[2] == 0x3a && k_cpu[4] == 0x02 && k_cpu[5] == 0x7e && k_cpu[8] == 0x00 && k_cpu[9] == 0x82);
+  const cuda::AttentionShape shape{4, 2, 64, 0.125f};
+  const int64_t pos0 = 40, rows = 50, KW = shape.kv_heads * shape.head_dim, QW = 2 * shape.heads * shape.head_dim, OW = shape.heads * shape.head_dim;
+  const int64_t kv_rows = pos0 + rows, kv_row_bytes = KvRowBytes(KvDtype::kFp8, KW);
+  const std::vector<float> q = RandomFloats(static_cast<size_t>(rows * QW), 22, -2.0f, 2.0f);
+  std::vector<float> k = RandomFloats(static_cast<size_t>(kv_rows * KW), 23, -2.0f, 2.0f), v = RandomFloats(k.size(), 24);
+  std::vector<uint8_t> k_coded(static_cast<size_t>(kv_rows * kv_row_bytes)), v_coded(k_coded.size());
+  cpu::StoreKvRows(k.data(), kv_rows, KW, KvDtype::kFp8, k_coded.data());
+  cpu::StoreKvRows(v.data(), kv_rows, KW, KvDtype::kFp8, v_coded.data());
+  const cpu::KvSource coded(KvDtype::kFp8, k_coded.data(), v_coded.data(), KW);
+  for (int64_t i = 0; i < kv_rows * KW; ++i) {
+    k[static_cast<size_t>(i)] = coded.ValueAt(coded.key(i / KW), i % KW);
+    v[static_cast<size_t>(i)] = coded.ValueAt(coded.value(i / KW), i % KW);
+  }
+  cuda::DeviceBuffer dq = ToDevice(q), wide_k = ToDevice(k), wide_v = ToDevice(v);
+  auto narrow_k = Must(cuda::DeviceBuffer::Allocate(k_coded.size(), "fp8 K"), "allocating");
+  auto narrow_v = Must(cuda::DeviceBuffer::Allocate(v_coded.size(), "fp8 V"), "allocating");
+  Must(cuda::CopyToDevice(narrow_k.data(), k_coded.data(), k_coded.size(), nullptr), "writing K");
+  Must(cuda::CopyToDevice(narrow_v.data(), v_coded.data(), v_coded.size(), nullptr), "writing V");
+  auto wide_out = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(rows * OW) * 4, "out"), "allocating");
+  auto narrow_out = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(rows * OW) * 4, "out"), "allocating");
+  cuda::Attention(shape, dq.floats(), QW, 2 * shape.head_dim, rows, cuda::Position{pos0}, cuda::KvBuffers{wide_k.data(), wide_v.data(), KvDtype::kF32},
+                  KW, nullptr, wide_out.floats(), OW, nullptr);
+  cuda::Attention(shape, dq.floats(), QW, 2 * shape.head_dim, rows, cuda::Position{pos0},
+                  cuda::KvBuffers{narrow_k.data(), narrow_v.data(), KvDtype::kFp8}, KW, nullptr, narrow_out.floats(), OW, nullptr);
+  Must(cuda::Synchronize(nullptr, "attention"), "synchronizing");
+  GPU_CHECK(SameBits(ToHost(wide_out, static_cast<size_t>(rows * OW)), ToHost(narrow_out, static_cast<size_t>(rows * OW))));
+}
+
 // The K/V rows' dtype Load gives both forwards; a case sets it for its run with KvRowsOf.
 KvDtype g_kv_dtype = KvDtype::kF32;
 std::function<void()> KvRowsOf(KvDtype dtype, std::function<void()> run) {
@@ -1287,6 +1346,19 @@ int main() {
       {"bf16 K/V rows: draft window rows are decode steps; keeping k rows equals k decodes",
        KvRowsOf(KvDtype::kBf16, [] { DraftWindowRowsAreDecodeSteps(GeneratedDtype::kBf16); })},
       {"bf16 K/V rows: branches in one forward give each branch alone's bits", KvRowsOf(KvDtype::kBf16, BranchesGiveEachBranchAlonesBits)},
+      {"fp8 K/V rows match the CPU's quantizer; attention over them matches fp32 rows of their values", Fp8RowsMatchTheCpusQuantizer},
+      // The backends' K values differ in their last bits; one at a code's rounding boundary takes the next code.
+      {"fp8 K/V rows: tiny forward within 1e-3 x max |logit| of the CPU's fp8 forward",
+       KvRowsOf(KvDtype::kFp8, [] { ForwardMatchesCpu(TinyModelSize::kTiny, 0.0f, 1e-3f); })},
+      {"fp8 K/V rows: tiny resume at every 64-line is bit-equal (grid 256)",
+       KvRowsOf(KvDtype::kFp8, [] { ResumeAtEvery64LineIsBitEqual(TinyModelSize::kTiny, 256); })},
+      {"fp8 K/V rows: anchors and K/V rows resume exactly, on the device and through the host", KvRowsOf(KvDtype::kFp8, AnchorsAndRowsResumeExactly)},
+      {"fp8 K/V rows: the backend on host states gives CudaForward's bits and resumes exactly",
+       KvRowsOf(KvDtype::kFp8, BackendOnHostStatesResumesExactly)},
+      {"fp8 K/V rows: decode through a captured graph gives the launches' bits", KvRowsOf(KvDtype::kFp8, DecodeGraphsGiveTheLaunchesBits)},
+      {"fp8 K/V rows: draft window rows are decode steps; keeping k rows equals k decodes",
+       KvRowsOf(KvDtype::kFp8, [] { DraftWindowRowsAreDecodeSteps(GeneratedDtype::kBf16); })},
+      {"fp8 K/V rows: branches in one forward give each branch alone's bits", KvRowsOf(KvDtype::kFp8, BranchesGiveEachBranchAlonesBits)},
       {"bf16 K/V rows: the fingerprint names the dtype", KvRowsOf(KvDtype::kBf16, [] {
          Pair bf16 = Load(TinyModelSize::kTiny);
          g_kv_dtype = KvDtype::kF32;

@@ -1,10 +1,13 @@
-// K/V rows in bf16 through anchorage-server on the tiny model (64-token grid): every resume (the end
-// anchor, another session's grid anchor, the spill after a restart) answers the tokens and logprobs
-// of a cold bf16 server, a token's rows take half the bytes of f32 ones, and a server of the other
-// dtype reads none of those files (another fingerprint: swept and counted) and answers as a cold f32 one.
+// K/V rows in bf16 and in fp8 through anchorage-server on the tiny model (64-token grid): every resume
+// (the end anchor, another session's grid anchor, the spill after a restart) answers the tokens and
+// logprobs of a cold server of the same dtype, a token's rows take the dtype's share of f32's bytes, and
+// a server of another dtype reads none of those files (another fingerprint: swept and counted) and
+// answers as a cold one of its own dtype.
 #include <QtTest>
 
 #include <signal.h>
+
+#include <map>
 
 #include "tests/server/server_fixture.h"
 
@@ -38,43 +41,57 @@ void Terminate(ServerProcess& s) {
 class TestKvDtypeServer : public QObject {
   Q_OBJECT
 
-  QTemporaryDir data_, cold_data_, f32_cold_data_;
-  ServerProcess cold_, f32_cold_;  // no caches: every answer a cold prefill's
+  QTemporaryDir cold_data_[3];
+  std::map<std::string, ServerProcess> cold_;  // a server a dtype without caches: every answer a cold prefill's
 
   json Stats(ServerProcess& s) { return json::parse(s.Get("/v1/cache/stats")->body); }
 
  private slots:
   void initTestCase() {
-    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(data_.path()));
-    QVERIFY(cold_.Start(cold_data_.path(), {"--grid", "64", "--kv-dtype", "bf16", "--caches", "off"}));
-    QVERIFY(f32_cold_.Start(f32_cold_data_.path(), {"--grid", "64", "--kv-dtype", "f32", "--caches", "off"}));
+    int i = 0;
+    for (const char* dtype : {"f32", "bf16", "fp8"})
+      QVERIFY(cold_[dtype].Start(cold_data_[i++].path(), {"--grid", "64", "--kv-dtype", QString(dtype), "--caches", "off"}));
   }
 
+  void everyResumeAnswersAsColdAndTheOtherDtypeReadsNothing_data() {
+    QTest::addColumn<QString>("dtype");
+    QTest::addColumn<QString>("other");           // what the next start on the same folders keeps
+    QTest::addColumn<int64_t>("bytes_in_128");  // a row's bytes for 128 of an f32 row's
+    QTest::newRow("bf16, then f32") << "bf16" << "f32" << int64_t{64};
+    QTest::newRow("fp8, then bf16") << "fp8" << "bf16" << int64_t{33};  // 64 codes and 2 scales for 256 bytes
+  }
   void everyResumeAnswersAsColdAndTheOtherDtypeReadsNothing() {
+    QFETCH(QString, dtype);
+    QFETCH(QString, other);
+    QFETCH(int64_t, bytes_in_128);
+    QTemporaryDir data;
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(data.path()));
+    ServerProcess& cold = cold_[dtype.toStdString()];
+    ServerProcess& other_cold = cold_[other.toStdString()];
     const json first = json::array({{{"role", "system"}, {"content", Notes(1)}}, {{"role", "user"}, {"content", "Which row comes first?"}}});
     json second = first;
     json third;
     {
       ServerProcess s;
-      QVERIFY(s.Start(data_.path(), {"--grid", "64", "--kv-dtype", "bf16"}));
+      QVERIFY(s.Start(data.path(), {"--grid", "64", "--kv-dtype", dtype}));
       const json health = json::parse(s.Get("/health")->body);
-      QCOMPARE(health["kv_dtype"].get<std::string>(), std::string("bf16"));
-      QVERIFY(health["state_fingerprint"] != json::parse(f32_cold_.Get("/health")->body)["state_fingerprint"]);
+      QCOMPARE(health["kv_dtype"].get<std::string>(), dtype.toStdString());
+      QVERIFY(health["state_fingerprint"] != json::parse(other_cold.Get("/health")->body)["state_fingerprint"]);
       const json r1 = s.Chat(Turn(first, "A"));
-      QCOMPARE(Logprobs(r1), Logprobs(cold_.Chat(Turn(first, "cold"))));
-      QVERIFY2(Logprobs(r1) != Logprobs(f32_cold_.Chat(Turn(first, "cold"))), "bf16 rows answered f32 rows' logprobs: nothing was rounded");
+      QCOMPARE(Logprobs(r1), Logprobs(cold.Chat(Turn(first, "cold"))));
+      QVERIFY2(Logprobs(r1) != Logprobs(other_cold.Chat(Turn(first, "cold"))), "the rows answered another dtype's logprobs");
       // A follow-up resumes at A's end anchor.
       second.push_back({{"role", "assistant"}, {"content", Text(r1)}});
       second.push_back({{"role", "user"}, {"content", "And which comes last?"}});
       const json r2 = s.Chat(Turn(second, "A"));
       QVERIFY2(Cached(r2) > r1["usage"]["prompt_tokens"].get<int64_t>() - 64, r2["usage"].dump().c_str());
-      QCOMPARE(Logprobs(r2), Logprobs(cold_.Chat(Turn(second, "cold"))));
+      QCOMPARE(Logprobs(r2), Logprobs(cold.Chat(Turn(second, "cold"))));
       // Another session with the same notes resumes at a grid anchor of A's rows.
       const json other = json::array({{{"role", "system"}, {"content", Notes(1)}}, {{"role", "user"}, {"content", "Name a middle row."}}});
       const json rb = s.Chat(Turn(other, "B"));
       QVERIFY2(Cached(rb) >= 512, rb["usage"].dump().c_str());
-      QCOMPARE(Logprobs(rb), Logprobs(cold_.Chat(Turn(other, "cold"))));
-      // A token's rows take half the bytes of f32 rows.
+      QCOMPARE(Logprobs(rb), Logprobs(cold.Chat(Turn(other, "cold"))));
+      // A token's rows take the dtype's share of f32 rows' bytes.
       const auto bytes_a_row = [&](ServerProcess& server) {
         const json resident = Stats(server)["resident"];
         return resident["row_bytes"].get<int64_t>() / std::max<int64_t>(1, resident["rows"].get<int64_t>());
@@ -84,7 +101,7 @@ class TestKvDtypeServer : public QObject {
       QVERIFY(f32.Start(f32_data.path(), {"--grid", "64", "--kv-dtype", "f32"}));
       QVERIFY(f32.Chat(Turn(first, "size")).is_object());
       QVERIFY(bytes_a_row(s) > 0);
-      QCOMPARE(bytes_a_row(s) * 2, bytes_a_row(f32));
+      QCOMPARE(bytes_a_row(s) * 128, bytes_a_row(f32) * bytes_in_128);
       // Back to A, then a planned stop: the drain spills A's rows.
       QVERIFY(s.Chat(Turn(second, "A")).is_object());
       third = second;
@@ -94,23 +111,23 @@ class TestKvDtypeServer : public QObject {
     }
     {
       ServerProcess s;
-      QVERIFY(s.Start(data_.path(), {"--grid", "64"}));  // the default on the CPU: bf16 rows
-      QCOMPARE(json::parse(s.Get("/health")->body)["kv_dtype"].get<std::string>(), std::string("bf16"));
+      QVERIFY(s.Start(data.path(), dtype == "bf16" ? QStringList{"--grid", "64"} : QStringList{"--grid", "64", "--kv-dtype", dtype}));  // bf16: the default
+      QCOMPARE(json::parse(s.Get("/health")->body)["kv_dtype"].get<std::string>(), dtype.toStdString());
       const json r3 = s.Chat(Turn(third, "A"));
       QVERIFY2(Cached(r3) > 256, r3["usage"].dump().c_str());
       QCOMPARE(Stats(s)["spill"]["restores"].get<int64_t>(), int64_t(1));
-      QCOMPARE(Logprobs(r3), Logprobs(cold_.Chat(Turn(third, "cold"))));
+      QCOMPARE(Logprobs(r3), Logprobs(cold.Chat(Turn(third, "cold"))));
       Terminate(s);
     }
-    // An f32 server on the same folders: the bf16 files are another fingerprint's, never read.
+    // A server of the other dtype on the same folders: the files are another fingerprint's, never read.
     ServerProcess s;
-    QVERIFY(s.Start(data_.path(), {"--grid", "64", "--kv-dtype", "f32"}));
+    QVERIFY(s.Start(data.path(), {"--grid", "64", "--kv-dtype", other}));
     const json before = Stats(s);
     QVERIFY2(before["spill"]["swept"].get<int64_t>() > 0, before["spill"].dump().c_str());
     QCOMPARE(before["spill"]["entries"].get<int64_t>(), int64_t(0));
     const json r = s.Chat(Turn(third, "A"));
     QCOMPARE(Cached(r), int64_t(0));
-    QCOMPARE(Logprobs(r), Logprobs(f32_cold_.Chat(Turn(third, "cold"))));
+    QCOMPARE(Logprobs(r), Logprobs(other_cold.Chat(Turn(third, "cold"))));
     const json after = Stats(s);
     QCOMPARE(after["spill"]["restores"].get<int64_t>(), int64_t(0));
     QCOMPARE(after["disk"]["restores"].get<int64_t>(), int64_t(0));
@@ -123,7 +140,7 @@ class TestKvDtypeServer : public QObject {
     QVERIFY(p.waitForFinished(30000));
     QCOMPARE(p.exitCode(), 2);
     const QString err = QString::fromUtf8(p.readAllStandardError());
-    QVERIFY2(err.contains("--kv-dtype: kv-dtype must be auto, f32 or bf16, got 'f16'"), qPrintable(err));
+    QVERIFY2(err.contains("--kv-dtype: kv-dtype must be auto, f32, bf16 or fp8, got 'f16'"), qPrintable(err));
   }
 
   // The settings document's engine.kv_dtype picks the dtype at start; --kv-dtype overrides it for the run.

@@ -135,10 +135,27 @@ class TestShadowSession : public QObject {
     QVERIFY(testing::SameBits(*a, *logits));
   }
 
+  void diskRoundTrip_data() {
+    QTest::addColumn<int>("dtype");
+    for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16, KvDtype::kFp8}) QTest::newRow(KvDtypeName(dtype)) << int(dtype);
+  }
+  // Each K/V dtype's rows go to the file as the state holds them and come back with the same bits.
   void diskRoundTrip() {
+    QFETCH(int, dtype);
+    ModelConfig config = shadow_->config;
+    config.kv_dtype = static_cast<KvDtype>(dtype);
+    auto made = Forward::Create(config, shadow_->weights, ForwardOptions{kGrid, 2});
+    QVERIFY(made.ok());
+    std::unique_ptr<Forward> of_dtype = std::move(made).value();
+    std::swap(forward_, of_dtype);  // ReadAll and EqualsFresh read forward_
+    struct SwapBack {
+      std::unique_ptr<Forward>& a;
+      std::unique_ptr<Forward>& b;
+      ~SwapBack() { std::swap(a, b); }
+    } swap_back{forward_, of_dtype};
     QTemporaryDir dir;
     const std::string fp = "shadow-fingerprint/grid-512";
-    ShadowSession s(shadow_->config, kGrid);
+    ShadowSession s(config, kGrid);
     const std::vector<int32_t> p1 = Tokens(30, 1400, vocab_);
     s.Feed(p1, true);
     ReadAll(s);
@@ -147,7 +164,7 @@ class TestShadowSession : public QObject {
     const std::string path = dir.filePath("s.shadow").toStdString();
     Status saved = SaveShadowFile(DiskEnv::Posix(), path, fp, "session \xff key", s);
     QVERIFY2(saved.ok(), saved.ToString().c_str());
-    auto loaded = LoadShadowFile(DiskEnv::Posix(), path, shadow_->config, kGrid, fp, "session \xff key");
+    auto loaded = LoadShadowFile(DiskEnv::Posix(), path, config, kGrid, fp, "session \xff key");
     QVERIFY2(loaded.ok(), loaded.status().ToString().c_str());
     ShadowSession& l = **loaded;
     QVERIFY(l.state().BitEqual(s.state()));
@@ -161,8 +178,8 @@ class TestShadowSession : public QObject {
     QCOMPARE(l.checkpoints().back().length, int64_t{2048});
     QVERIFY(EqualsFresh(l));
 
-    QVERIFY(!LoadShadowFile(DiskEnv::Posix(), path, shadow_->config, kGrid, fp, "another session").ok());
-    QVERIFY(!LoadShadowFile(DiskEnv::Posix(), path, shadow_->config, kGrid, "another model/grid-512", "session \xff key").ok());
+    QVERIFY(!LoadShadowFile(DiskEnv::Posix(), path, config, kGrid, fp, "another session").ok());
+    QVERIFY(!LoadShadowFile(DiskEnv::Posix(), path, config, kGrid, "another model/grid-512", "session \xff key").ok());
     auto bytes = ReadFile(path);
     QVERIFY(bytes.ok());
     std::string damaged = *bytes;
@@ -170,11 +187,11 @@ class TestShadowSession : public QObject {
     QVERIFY(ids_at != std::string::npos);
     damaged[ids_at + 10] ^= 0x40;  // inside the ids section, which its crc covers
     QVERIFY(WriteFileAtomic(path, damaged).ok());
-    auto corrupt = LoadShadowFile(DiskEnv::Posix(), path, shadow_->config, kGrid, fp, "session \xff key");
+    auto corrupt = LoadShadowFile(DiskEnv::Posix(), path, config, kGrid, fp, "session \xff key");
     QVERIFY(!corrupt.ok());
     QCOMPARE(corrupt.status().code(), StatusCode::kCorrupt);
     QVERIFY(WriteFileAtomic(path, bytes->substr(0, bytes->size() / 2)).ok());
-    QVERIFY(!LoadShadowFile(DiskEnv::Posix(), path, shadow_->config, kGrid, fp, "session \xff key").ok());
+    QVERIFY(!LoadShadowFile(DiskEnv::Posix(), path, config, kGrid, fp, "session \xff key").ok());
   }
 };
 

@@ -4,6 +4,7 @@
 #include <xmmintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -11,6 +12,7 @@
 
 #include "engine/compute/cpu/fp32_block.h"
 #include "engine/core/bf16.h"
+#include "engine/core/fp8.h"
 #include "engine/compute/cpu/matmul.h"
 #include "engine/compute/cpu/vec.h"
 
@@ -78,21 +80,38 @@ void TransposeKeysOf(const KvSource& kv, int64_t c0, int64_t j0, int64_t width, 
   }
 }
 
-void TransposeKeys(const KvSource& kv, int64_t c0, int64_t j0, int64_t width, int64_t hd, float* panel) {
-  if (kv.dtype == KvDtype::kBf16) TransposeKeysOf<uint16_t>(kv, c0, j0, width, hd, panel);
-  else TransposeKeysOf<float>(kv, c0, j0, width, hd, panel);
+// Every e4m3 code's exact value.
+const float* Fp8Values() {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[static_cast<size_t>(c)] = Fp8E4m3ToFloat(static_cast<uint8_t>(c));
+    return t;
+  }();
+  return table.data();
 }
 
-// Columns [c0, c0 + n) of a value row into out, as fp32.
-void CopyValues(const KvSource& kv, const uint8_t* row, int64_t c0, int64_t n, float* out) {
+// Columns [c0, c0 + n) of a K/V row into out, as fp32.
+void WidenValues(const KvSource& kv, const uint8_t* row, int64_t c0, int64_t n, float* out) {
   if (kv.dtype == KvDtype::kF32) {
     std::copy_n(RowAt<float>(row, c0), n, out);
-    return;
+  } else if (kv.dtype == KvDtype::kBf16) {
+    const uint16_t* from = RowAt<uint16_t>(row, c0);
+    int64_t e = 0;
+    for (; e + 4 <= n; e += 4) _mm_storeu_ps(out + e, Load4(from, e));
+    for (; e < n; ++e) out[e] = Bf16ToFloat(from[e]);
+  } else {
+    const float* values = Fp8Values();
+    for (int64_t e = 0; e < n; ++e) out[e] = values[row[c0 + e]] * kv.fp8_scale(row, c0 + e);
   }
-  const uint16_t* from = RowAt<uint16_t>(row, c0);
-  int64_t e = 0;
-  for (; e + 4 <= n; e += 4) _mm_storeu_ps(out + e, Load4(from, e));
-  for (; e < n; ++e) out[e] = Bf16ToFloat(from[e]);
+}
+
+void TransposeKeys(const KvSource& kv, int64_t c0, int64_t j0, int64_t width, int64_t hd, float* panel) {
+  if (kv.dtype == KvDtype::kBf16) return TransposeKeysOf<uint16_t>(kv, c0, j0, width, hd, panel);
+  if (kv.dtype == KvDtype::kF32) return TransposeKeysOf<float>(kv, c0, j0, width, hd, panel);
+  thread_local std::vector<float> widened_buf;  // fp8 keys widened first, then transposed as fp32 rows
+  float* widened = Sized(widened_buf, width * hd);
+  for (int64_t j = 0; j < width; ++j) WidenValues(kv, kv.key(j0 + j), c0, hd, widened + j * hd);
+  TransposeKeysOf<float>(KvSource(widened, widened, hd), 0, 0, width, hd, panel);
 }
 
 // Query rows stacked per block: stacked row i = r * group + g is query row r of head g of the group.
@@ -159,7 +178,7 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
     for (int64_t l = l0; l < l1 && !in_place; ++l) {
       const uint8_t* value = kv.value(l);
       for (int64_t c0 = 0; c0 < hd; c0 += kF32PanelColumns)
-        CopyValues(kv, value, kvh * hd + c0, std::min(kF32PanelColumns, hd - c0),
+        WidenValues(kv, value, kvh * hd + c0, std::min(kF32PanelColumns, hd - c0),
                    vp + (c0 / kF32PanelColumns) * kAttentionKeyBlock * kF32PanelColumns + (l - l0) * kF32PanelColumns);
     }
     const auto values = [&](int64_t i, int64_t rows, int64_t keys) {
@@ -176,13 +195,47 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
 
 }  // namespace
 
-void StoreKvValues(const float* values, int64_t n, KvDtype dtype, uint8_t* out) {
+float KvSource::ValueAt(const uint8_t* row, int64_t column) const {
+  float value;
+  WidenValues(*this, row, column, 1, &value);
+  return value;
+}
+
+int KvFp8Exponent(float amax) {
+  uint32_t bits;
+  std::memcpy(&bits, &amax, sizeof bits);
+  bits &= 0x7fffffffu;
+  if (bits >= 0x7f800000u) return 119;
+  const int field = static_cast<int>(bits >> 23);
+  if (field == 0) return -100;
+  // amax = 1.m x 2^(field - 127) and 448 = 1.75 x 2^8.
+  const int e = field - 127 - 8 + ((bits & 0x7fffffu) > 0x600000u ? 1 : 0);
+  return std::clamp(e, -100, 119);
+}
+
+void StoreKvRows(const float* values, int64_t rows, int64_t width, KvDtype dtype, uint8_t* out) {
+  const int64_t n = rows * width;
   if (dtype == KvDtype::kF32) {
     std::memcpy(out, values, static_cast<size_t>(n) * sizeof(float));
-    return;
+  } else if (dtype == KvDtype::kBf16) {
+    uint16_t* to = reinterpret_cast<uint16_t*>(out);
+    for (int64_t i = 0; i < n; ++i) to[i] = FloatToBf16(values[i]);
+  } else {
+    const int64_t row_bytes = KvRowBytes(dtype, width);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* from = values + r * width;
+      uint8_t* row = out + r * row_bytes;
+      for (int64_t b = 0; b < width / kKvFp8Block; ++b) {
+        const float* block = from + b * kKvFp8Block;
+        float amax = 0.0f;
+        for (int64_t i = 0; i < kKvFp8Block; ++i) amax = std::fabs(block[i]) > amax ? std::fabs(block[i]) : amax;
+        const int e = KvFp8Exponent(amax);
+        const float inverse = KvFp8Scale(static_cast<uint8_t>(127 - e));
+        for (int64_t i = 0; i < kKvFp8Block; ++i) row[b * kKvFp8Block + i] = FloatToFp8E4m3(block[i] * inverse);
+        row[width + b] = static_cast<uint8_t>(127 + e);
+      }
+    }
   }
-  uint16_t* to = reinterpret_cast<uint16_t*>(out);
-  for (int64_t i = 0; i < n; ++i) to[i] = FloatToBf16(values[i]);
 }
 
 void AttentionPrefill(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t q_stride,
@@ -206,7 +259,7 @@ void AttentionDecode(ThreadPool& pool, const AttentionShape& shape, const float*
   thread_local std::vector<float> scores_buf;
   thread_local std::vector<uint8_t> zero_row;
   float* scores = Sized(scores_buf, shape.num_heads * ld);
-  if (static_cast<int64_t>(zero_row.size()) < hd * 4) zero_row.assign(static_cast<size_t>(hd * 4), 0);
+  if (static_cast<int64_t>(zero_row.size()) < kv.row_bytes()) zero_row.assign(static_cast<size_t>(kv.row_bytes()), 0);
   const uint8_t* zeros = zero_row.data();  // the tasks run on other threads, each with thread_locals of its own
   // Three passes, each spread over the pool: scores by spans of keys, the softmax by head, the values by columns.
   const int64_t spans = (length + kDecodeKeySpan - 1) / kDecodeKeySpan;

@@ -1,4 +1,4 @@
-// Causal attention of query rows over cached K/V rows (fp32, or bf16 widened as read; GQA), softmax in fp32. A row's bits
+// Causal attention of query rows over cached K/V rows (fp32, or bf16 and fp8 widened exactly as read; GQA), softmax in fp32. A row's bits
 // depend only on its query, its position and its keys: not on the block, the call or decode vs prefill.
 #pragma once
 
@@ -39,7 +39,13 @@ struct KvSource {
   KvSource(const float* k, const float* v, int64_t stride, int64_t split = INT64_MAX, const float* k_tail = nullptr, const float* v_tail = nullptr)
       : KvSource(KvDtype::kF32, Bytes(k), Bytes(v), stride, split, Bytes(k_tail), Bytes(v_tail)) {}
 
-  int64_t row_bytes() const { return stride * KvDtypeBytes(dtype); }
+  int64_t row_bytes() const { return KvRowBytes(dtype, stride); }
+  // Where value `column` of a row starts, from the row's start.
+  int64_t offset(int64_t column) const { return column * KvDtypeBytes(dtype); }
+  // The factor of the fp8 block that holds `column` of the row starting at row.
+  float fp8_scale(const uint8_t* row, int64_t column) const { return KvFp8Scale(row[stride + column / kKvFp8Block]); }
+  // Value `column` of the row starting at row, as fp32 (exact).
+  float ValueAt(const uint8_t* row, int64_t column) const;
   const uint8_t* key(int64_t j) const { return j < split ? k + j * row_bytes() : k_tail + (j - split) * row_bytes(); }
   const uint8_t* value(int64_t j) const { return j < split ? v + j * row_bytes() : v_tail + (j - split) * row_bytes(); }
 
@@ -47,8 +53,13 @@ struct KvSource {
   static const uint8_t* Bytes(const float* p) { return reinterpret_cast<const uint8_t*>(p); }
 };
 
-// Stores n fp32 values as K/V row values of dtype (bf16: rounded to nearest even).
-void StoreKvValues(const float* values, int64_t n, KvDtype dtype, uint8_t* out);
+// Stores rows of width fp32 values as K/V rows of dtype, KvRowBytes(dtype, width) bytes each: bf16 rounded to
+// nearest even; fp8 a block's scale the least power of two that brings its largest magnitude to 448 or below
+// (KvFp8Exponent), then each value over it rounded to the nearest e4m3 (ties to even).
+void StoreKvRows(const float* values, int64_t rows, int64_t width, KvDtype dtype, uint8_t* out);
+// The scale exponent of an fp8 block whose largest magnitude is amax (NaN ignored): the least e with
+// amax x 2^-e <= 448, kept within [-100, 119] so that every factor and widened value is a normal float.
+int KvFp8Exponent(float amax);
 
 // Query row t (position pos0 + t) of head h is at q + t*q_stride + h*q_head_stride; it attends to
 // key rows 0..pos0+t of kv. Writes out fp32 [T, Nh*head_dim] (row stride out_stride). Tasks are

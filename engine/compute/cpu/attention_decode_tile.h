@@ -1,5 +1,5 @@
 // Decode attention's two products on a path's vectors (instantiated in that path's file): key rows are read in
-// place, kLanes at a time, transposed in registers (bf16 widened as loaded), so one vector holds one dim of kLanes
+// place, kLanes at a time, transposed in registers (bf16 and fp8 widened exactly as loaded), so one vector holds one dim of kLanes
 // keys; every score and output value is the same fma chain RowsTimes runs, so decode keeps prefill's bits.
 #pragma once
 
@@ -16,15 +16,11 @@ namespace {
 // Heads of a group that share one pass over the keys (their sums stay in registers).
 inline constexpr int kDecodeHeadsAPass = 8;
 
-inline float KvValueAt(const uint8_t* row, KvDtype dtype, int64_t e) {
-  if (dtype == KvDtype::kBf16) {
-    uint16_t h;
-    std::memcpy(&h, row + e * 2, 2);
-    return Bf16ToFloat(h);
-  }
-  float v;
-  std::memcpy(&v, row + e * 4, 4);
-  return v;
+// kLanes values of the row starting at row, from `column` on (within one fp8 block: kLanes divides it).
+template <class D>
+typename D::F LoadKvLanes(const KvSource& kv, const uint8_t* row, int64_t column) {
+  if (kv.dtype == KvDtype::kFp8) return D::LoadFp8Kv(row + column, kv.fp8_scale(row, column));
+  return D::LoadKv(row + kv.offset(column), kv.dtype);
 }
 
 template <class D, int G>
@@ -32,20 +28,20 @@ void DecodeScoresOfHeads(const DecodeScoresArgs& a, int64_t h0) {
   using F = typename D::F;
   constexpr int L = D::kLanes;
   const KvSource& kv = *a.kv;
-  const int64_t bytes = KvDtypeBytes(kv.dtype), hd = a.head_dim, hd_main = hd / L * L;
+  const int64_t hd = a.head_dim, hd_main = hd / L * L;
   const float* q = a.q + h0 * a.q_head_stride;
   for (int64_t j0 = a.j0; j0 < a.j1; j0 += L) {
     const int n = static_cast<int>(a.j1 - j0 < L ? a.j1 - j0 : L);
-    const uint8_t* rows[L];
-    for (int i = 0; i < L; ++i) rows[i] = i < n ? kv.key(j0 + i) + a.column * bytes : a.zero_row;
+    const uint8_t* rows[L];  // where each row starts
+    for (int i = 0; i < L; ++i) rows[i] = i < n ? kv.key(j0 + i) : a.zero_row;
     F acc[G];
     for (int h = 0; h < G; ++h) acc[h] = D::Zero();
     const int64_t ahead = j0 + 2 * L < a.j1 ? j0 + 2 * L : -1;  // the block after next, fetched while this one is summed
     for (int64_t e0 = 0; e0 < hd_main; e0 += L) {
       F t[L];
-      if (ahead >= 0 && (e0 * bytes) % 64 == 0)
-        for (int i = 0; i < L && ahead + i < a.j1; ++i) __builtin_prefetch(kv.key(ahead + i) + (a.column + e0) * bytes);
-      for (int i = 0; i < L; ++i) t[i] = D::LoadKv(rows[i] + e0 * bytes, kv.dtype);
+      if (ahead >= 0 && kv.offset(e0) % 64 == 0)
+        for (int i = 0; i < L && ahead + i < a.j1; ++i) __builtin_prefetch(kv.key(ahead + i) + kv.offset(a.column + e0));
+      for (int i = 0; i < L; ++i) t[i] = LoadKvLanes<D>(kv, rows[i], a.column + e0);
       D::Transpose(t);
       for (int e = 0; e < L; ++e)
         for (int h = 0; h < G; ++h) acc[h] = D::Fma(D::Broadcast(q[h * a.q_head_stride + e0 + e]), t[e], acc[h]);
@@ -56,7 +52,7 @@ void DecodeScoresOfHeads(const DecodeScoresArgs& a, int64_t h0) {
       float* out = a.scores + (h0 + h) * a.ld + j0;
       for (int i = 0; i < n; ++i) {
         float s = sums[i];
-        for (int64_t e = hd_main; e < hd; ++e) s = std::fma(q[h * a.q_head_stride + e], KvValueAt(rows[i], kv.dtype, e), s);
+        for (int64_t e = hd_main; e < hd; ++e) s = std::fma(q[h * a.q_head_stride + e], kv.ValueAt(rows[i], a.column + e), s);
         out[i] = s;
       }
     }
@@ -72,18 +68,17 @@ void DecodeValuesOfColumns(const DecodeValuesArgs& a, int64_t h0, int64_t c, int
   using F = typename D::F;
   constexpr int L = D::kLanes;
   const KvSource& kv = *a.kv;
-  const int64_t bytes = KvDtypeBytes(kv.dtype);
   float* out = a.out + h0 * a.out_head_stride + c;
   F acc[G][CV];
   for (int h = 0; h < G; ++h)
     for (int v = 0; v < CV; ++v) acc[h][v] = j0 == 0 ? D::Zero() : D::LoadKv(reinterpret_cast<const uint8_t*>(out + h * a.out_head_stride + v * L), KvDtype::kF32);
   const float* p = a.p + h0 * a.ld;
   for (int64_t j = j0; j < j1; ++j) {
-    const uint8_t* row = kv.value(j) + (a.column + c) * bytes;
+    const uint8_t* row = kv.value(j);
     if (j + kDecodeValuesKeyBlock < a.length)  // the same columns of the next block's rows
-      for (int64_t at = 0; at < CV * L * bytes; at += 64) __builtin_prefetch(kv.value(j + kDecodeValuesKeyBlock) + (a.column + c) * bytes + at);
+      for (int64_t at = 0; at < kv.offset(CV * L); at += 64) __builtin_prefetch(kv.value(j + kDecodeValuesKeyBlock) + kv.offset(a.column + c) + at);
     F x[CV];
-    for (int v = 0; v < CV; ++v) x[v] = D::LoadKv(row + v * L * bytes, kv.dtype);
+    for (int v = 0; v < CV; ++v) x[v] = LoadKvLanes<D>(kv, row, a.column + c + v * L);
     for (int h = 0; h < G; ++h) {
       const F w = D::Broadcast(p[h * a.ld + j]);
       for (int v = 0; v < CV; ++v) acc[h][v] = D::Fma(w, x[v], acc[h][v]);
@@ -109,7 +104,7 @@ void DecodeValuesOfHeads(const DecodeValuesArgs& a, int64_t h0) {
         float& out = a.out[(h0 + h) * a.out_head_stride + c];
         float s = j0 == 0 ? 0.0f : out;
         for (int64_t j = j0; j < j1; ++j)
-          s = std::fma(a.p[(h0 + h) * a.ld + j], KvValueAt(kv.value(j) + a.column * KvDtypeBytes(kv.dtype), kv.dtype, c), s);
+          s = std::fma(a.p[(h0 + h) * a.ld + j], kv.ValueAt(kv.value(j), a.column + c), s);
         out = s;
       }
   }

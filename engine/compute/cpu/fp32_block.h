@@ -37,7 +37,7 @@ struct DecodeScoresArgs {
   int64_t q_head_stride = 0, heads = 0, head_dim = 0;
   const KvSource* kv = nullptr;
   int64_t column = 0, j0 = 0, j1 = 0;
-  const uint8_t* zero_row = nullptr;  // head_dim zero values, read in place of keys past j1
+  const uint8_t* zero_row = nullptr;  // a row of zero bytes, read in place of keys past j1
   float* scores = nullptr;
   int64_t ld = 0;
 };

@@ -126,6 +126,12 @@ struct Avx2Decode : Avx2Lanes {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
+  // 8 e4m3 codes times an fp8 block's factor (via halves: code / 2^8, then times factor x 2^8, both exact).
+  static F LoadFp8Kv(const uint8_t* codes, float scale) {
+    const __m128i halves = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))), 7),
+                                         _mm_set1_epi16(static_cast<short>(0xbf80)));
+    return _mm256_mul_ps(_mm256_cvtph_ps(halves), _mm256_set1_ps(scale * 256.0f));
+  }
   // Each 128-bit block's low (high) 64 bits of a, then of b.
   static F Low64(F a, F b) { return _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a), _mm256_castps_pd(b))); }
   static F High64(F a, F b) { return _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a), _mm256_castps_pd(b))); }

@@ -10,6 +10,7 @@
 #include "engine/compute/cpu/gemm_int8_tile.h"
 #include "engine/compute/cpu/gemm_tile.h"
 #include "engine/core/bf16.h"
+#include "engine/core/fp8.h"
 
 namespace anchorage::cpu {
 namespace {
@@ -178,7 +179,15 @@ struct LaneArraysDecode : LaneArrays<L, 1, 1> {
   static void Store(float* p, const F& v) { std::memcpy(p, v.v, sizeof(v.v)); }
   static F LoadKv(const uint8_t* p, KvDtype dtype) {
     F f;
-    for (int l = 0; l < L; ++l) f.v[l] = KvValueAt(p, dtype, l);
+    if (dtype == KvDtype::kBf16)
+      for (int l = 0; l < L; ++l) f.v[l] = Bf16ToFloat(static_cast<uint16_t>(p[2 * l] | p[2 * l + 1] << 8));
+    else
+      std::memcpy(f.v, p, sizeof(f.v));
+    return f;
+  }
+  static F LoadFp8Kv(const uint8_t* codes, float scale) {
+    F f;
+    for (int l = 0; l < L; ++l) f.v[l] = Fp8E4m3ToFloat(codes[l]) * scale;
     return f;
   }
   static void Transpose(F (&r)[L]) {

@@ -28,9 +28,6 @@ __device__ uint16_t Bf16Bits(float f) {
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
   return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
-// A K/V row value as fp32.
-__device__ float KvValue(float v) { return v; }
-__device__ float KvValue(uint16_t v) { return Bf16ToFloat(v); }
 // The exact value of an OCP e4m3 ("fn") byte: 0x7f and 0xff are NaN, exponent 0 is subnormal.
 __device__ float Fp8ToFloat(uint32_t byte) {
   const uint32_t sign = (byte & 0x80u) << 24, exponent = (byte >> 3) & 0xfu, mantissa = byte & 7u;
@@ -38,6 +35,44 @@ __device__ float Fp8ToFloat(uint32_t byte) {
   if (exponent == 0) return __uint_as_float(sign | __float_as_uint(static_cast<float>(mantissa) * 0.001953125f));
   return __uint_as_float(sign | ((exponent + 120u) << 23) | (mantissa << 20));
 }
+// The e4m3 byte nearest a (ties to even), saturating at +-448; NaN gives 0x7f: the CPU's FloatToFp8E4m3 in integer steps.
+__device__ uint8_t Fp8Bits(float a) {
+  const uint32_t bits = __float_as_uint(a), sign = (bits >> 24) & 0x80u, magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);
+  if (magnitude >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7eu);  // 448 and above
+  if (magnitude < 0x3c800000u) return static_cast<uint8_t>(sign | static_cast<uint32_t>(rintf(__uint_as_float(magnitude) * 512.0f)));
+  const uint32_t shifted = magnitude - (120u << 23);  // the exponent rebiased from 127 to 7
+  const uint32_t code = (shifted + 0x7ffffu + ((shifted >> 20) & 1u)) >> 20;
+  return static_cast<uint8_t>(sign | (code < 0x7eu ? code : 0x7eu));
+}
+// The scale exponent of an fp8 K/V block: the CPU's KvFp8Exponent.
+__device__ int Fp8KvExponent(float amax) {
+  const uint32_t bits = __float_as_uint(amax) & 0x7fffffffu;
+  if (bits >= 0x7f800000u) return 119;
+  const int field = static_cast<int>(bits >> 23);
+  if (field == 0) return -100;
+  const int e = field - 127 - 8 + ((bits & 0x7fffffu) > 0x600000u ? 1 : 0);
+  return e < -100 ? -100 : e > 119 ? 119 : e;
+}
+// An attention layer's K or V rows as fp32 values, one reader a row dtype (fp8: codes, then a scale byte a block).
+struct F32Kv {
+  const float* p;
+  int64_t width;
+  __device__ float At(int64_t row, int64_t column) const { return p[row * width + column]; }
+};
+struct Bf16Kv {
+  const uint16_t* p;
+  int64_t width;
+  __device__ float At(int64_t row, int64_t column) const { return Bf16ToFloat(p[row * width + column]); }
+};
+struct Fp8Kv {
+  const uint8_t* p;
+  int64_t width;
+  __device__ float At(int64_t row, int64_t column) const {
+    const uint8_t* r = p + row * (width + width / kKvFp8Block);
+    return Fp8ToFloat(r[column]) * __uint_as_float(static_cast<uint32_t>(r[width + column / kKvFp8Block]) << 23);
+  }
+};
 // A weight row of bf16 weights, widened 8 at a time where cols allows (uint4 loads), else one at a time.
 struct Bf16Row {
   const uint16_t* w;
@@ -606,10 +641,9 @@ int64_t AttentionSharedFloats(int64_t group, int64_t hd) {
 // takes the tile's scores (a lane a key, dot over d in order), their max and sum by butterfly (online
 // softmax), and adds the values in key order (a lane 8 dims). A row uses only the keys up to its
 // position and runs the same steps in whatever block it sits, so its bits are its own.
-template <typename KvT>
+template <typename KvRows>
 __global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
-                                Position pos, const KvT* k, const KvT* v, int64_t kv_width, const float* gate, float* out,
-                                int64_t out_stride) {
+                                Position pos, KvRows k, KvRows v, const float* gate, float* out, int64_t out_stride) {
   ANCHORAGE_DYNAMIC_SHARED(float, smem);
   const int64_t pos0 = At(pos);
   const int64_t hd = shape.head_dim, group = shape.heads / shape.kv_heads;
@@ -639,8 +673,8 @@ __global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_
     for (int64_t i = threadIdx.x; i < kKeyTile * hd; i += blockDim.x) {
       const int64_t j = i / hd, d = i % hd;
       const bool present = s0 + j <= last_key;
-      keys[j * kstride + d] = present ? KvValue(k[(s0 + j) * kv_width + kvh * hd + d]) : 0.0f;
-      values[j * hd + d] = present ? KvValue(v[(s0 + j) * kv_width + kvh * hd + d]) : 0.0f;
+      keys[j * kstride + d] = present ? k.At(s0 + j, kvh * hd + d) : 0.0f;
+      values[j * hd + d] = present ? v.At(s0 + j, kvh * hd + d) : 0.0f;
     }
     __syncthreads();
     float dots[kQueryRows];
@@ -689,6 +723,22 @@ __global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_
   }
 }
 
+// A thread a block of kKvFp8Block values of k or v: its scale from the largest magnitude, then each code.
+__global__ void StoreFp8KvRowsKernel(const float* k, const float* v, int64_t blocks, int64_t width, Position pos, uint8_t* k_rows,
+                                     uint8_t* v_rows) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= 2 * blocks) return;
+  const int64_t b = i % blocks, row = b / (width / kKvFp8Block), first = b % (width / kKvFp8Block) * kKvFp8Block;
+  const float* from = (i < blocks ? k : v) + row * width + first;
+  uint8_t* to = (i < blocks ? k_rows : v_rows) + (At(pos) + row) * (width + width / kKvFp8Block);
+  float amax = 0.0f;
+  for (int64_t j = 0; j < kKvFp8Block; ++j) amax = fabsf(from[j]) > amax ? fabsf(from[j]) : amax;
+  const int e = Fp8KvExponent(amax);
+  const float inverse = __uint_as_float(static_cast<uint32_t>(127 - e) << 23);
+  for (int64_t j = 0; j < kKvFp8Block; ++j) to[first + j] = Fp8Bits(from[j] * inverse);
+  to[width + first / kKvFp8Block] = static_cast<uint8_t>(127 + e);
+}
+
 __global__ void StoreKvRowsKernel(const float* k, const float* v, int64_t count, int64_t width, Position pos, void* k_rows,
                                   void* v_rows, KvDtype dtype) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -706,7 +756,11 @@ __global__ void StoreKvRowsKernel(const float* k, const float* v, int64_t count,
 }  // namespace
 
 void StoreKvRows(const float* k, const float* v, int64_t n, int64_t width, Position pos, const KvBuffers& rows, Stream s) {
-  if (n > 0)
+  if (n > 0 && rows.dtype == KvDtype::kFp8) {
+    const int64_t blocks = n * width / kKvFp8Block;
+    ANCHORAGE_LAUNCH(StoreFp8KvRowsKernel, Blocks(2 * blocks), kBlock, 0, s)(k, v, blocks, width, pos, static_cast<uint8_t*>(rows.k),
+                                                                            static_cast<uint8_t*>(rows.v));
+  } else if (n > 0)
     ANCHORAGE_LAUNCH(StoreKvRowsKernel, Blocks(n * width), kBlock, 0, s)(k, v, n * width, width, pos, rows.k, rows.v, rows.dtype);
 }
 
@@ -840,16 +894,23 @@ void NormRope(float* rows, int64_t n, int64_t row_stride, int64_t heads, int64_t
 
 namespace {
 
-template <typename KvT>
+template <typename KvRows>
 void LaunchAttention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
-                     Position pos0, const KvT* k, const KvT* v, int64_t kv_width, const float* gate, float* out, int64_t out_stride,
-                     Stream s) {
+                     Position pos0, KvRows k, KvRows v, const float* gate, float* out, int64_t out_stride, Stream s) {
   const int64_t group = shape.heads / shape.kv_heads;
   const int bytes = static_cast<int>(AttentionSharedBytes(shape));
-  cudaFuncSetAttribute(AttentionKernel<KvT>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  cudaFuncSetAttribute(AttentionKernel<KvRows>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   const dim3 grid(static_cast<unsigned>((n + kQueryRows - 1) / kQueryRows), static_cast<unsigned>(shape.kv_heads));
-  ANCHORAGE_LAUNCH(AttentionKernel<KvT>, grid, static_cast<unsigned>(32 * group), bytes, s)(
-      shape, q, q_stride, q_head_stride, n, pos0, k, v, kv_width, gate, out, out_stride);
+  ANCHORAGE_LAUNCH(AttentionKernel<KvRows>, grid, static_cast<unsigned>(32 * group), bytes, s)(
+      shape, q, q_stride, q_head_stride, n, pos0, k, v, gate, out, out_stride);
+}
+
+template <typename KvRows>
+int LeastMaxThreads(int least, cudaError_t* error) {
+  cudaFuncAttributes attributes{};
+  const cudaError_t read = cudaFuncGetAttributes(&attributes, AttentionKernel<KvRows>);
+  if (read != cudaSuccess) *error = read;
+  return attributes.maxThreadsPerBlock < least ? attributes.maxThreadsPerBlock : least;
 }
 
 }  // namespace
@@ -857,12 +918,15 @@ void LaunchAttention(const AttentionShape& shape, const float* q, int64_t q_stri
 void Attention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride, int64_t n,
                Position pos0, const KvBuffers& rows, int64_t kv_width, const float* gate, float* out, int64_t out_stride, Stream s) {
   if (n <= 0) return;
-  if (rows.dtype == KvDtype::kBf16)
-    LaunchAttention(shape, q, q_stride, q_head_stride, n, pos0, static_cast<const uint16_t*>(rows.k), static_cast<const uint16_t*>(rows.v),
-                    kv_width, gate, out, out_stride, s);
+  if (rows.dtype == KvDtype::kFp8)
+    LaunchAttention(shape, q, q_stride, q_head_stride, n, pos0, Fp8Kv{static_cast<const uint8_t*>(rows.k), kv_width},
+                    Fp8Kv{static_cast<const uint8_t*>(rows.v), kv_width}, gate, out, out_stride, s);
+  else if (rows.dtype == KvDtype::kBf16)
+    LaunchAttention(shape, q, q_stride, q_head_stride, n, pos0, Bf16Kv{static_cast<const uint16_t*>(rows.k), kv_width},
+                    Bf16Kv{static_cast<const uint16_t*>(rows.v), kv_width}, gate, out, out_stride, s);
   else
-    LaunchAttention(shape, q, q_stride, q_head_stride, n, pos0, static_cast<const float*>(rows.k), static_cast<const float*>(rows.v), kv_width,
-                    gate, out, out_stride, s);
+    LaunchAttention(shape, q, q_stride, q_head_stride, n, pos0, F32Kv{static_cast<const float*>(rows.k), kv_width},
+                    F32Kv{static_cast<const float*>(rows.v), kv_width}, gate, out, out_stride, s);
 }
 
 int64_t AttentionSharedBytes(const AttentionShape& shape) {
@@ -870,17 +934,13 @@ int64_t AttentionSharedBytes(const AttentionShape& shape) {
 }
 
 int AttentionMaxThreads(int* threads) {
-  cudaFuncAttributes attributes{};
-  const cudaError_t read = cudaFuncGetAttributes(&attributes, AttentionKernel<float>);
-  if (read != cudaSuccess) {
-    *threads = 0;
-    return read;
-  }
-  cudaFuncAttributes widened{};
-  const cudaError_t read_bf16 = cudaFuncGetAttributes(&widened, AttentionKernel<uint16_t>);
-  const int least = widened.maxThreadsPerBlock < attributes.maxThreadsPerBlock ? widened.maxThreadsPerBlock : attributes.maxThreadsPerBlock;
-  *threads = read_bf16 == cudaSuccess ? least : 0;
-  return read_bf16;
+  cudaError_t error = cudaSuccess;
+  int least = 1 << 30;
+  least = LeastMaxThreads<F32Kv>(least, &error);
+  least = LeastMaxThreads<Bf16Kv>(least, &error);
+  least = LeastMaxThreads<Fp8Kv>(least, &error);
+  *threads = error == cudaSuccess ? least : 0;
+  return error;
 }
 
 }  // namespace anchorage::cuda

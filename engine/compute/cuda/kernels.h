@@ -136,14 +136,15 @@ void NormRope(float* rows, int64_t n, int64_t row_stride, int64_t heads, int64_t
               const float* w1, float eps, const double* inv_freq, int64_t half, Position pos, bool rows_at_position,
               Stream s);
 
-// An attention layer's K and V rows in a state's device memory: kv_width values a row, fp32 or bf16.
+// An attention layer's K and V rows in a state's device memory: kv_width values a row, fp32, bf16 or fp8
+// (KvRowBytes(dtype, kv_width) bytes a row).
 struct KvBuffers {
   void* k = nullptr;
   void* v = nullptr;
   KvDtype dtype = KvDtype::kF32;
 };
 // Rows [0, n) of k and v (fp32, width floats a row) into rows At(pos).. of rows, in its dtype: bf16
-// rounded to nearest even, the CPU's FloatToBf16 bits (NaN quieted as it does).
+// rounded to nearest even, the CPU's FloatToBf16 bits (NaN quieted as it does); fp8 the CPU's StoreKvRows bits.
 void StoreKvRows(const float* k, const float* v, int64_t n, int64_t width, Position pos, const KvBuffers& rows, Stream s);
 
 struct AttentionShape {
@@ -151,7 +152,7 @@ struct AttentionShape {
   float scale = 1.0f;
 };
 // Causal attention of query rows [0, n) at positions pos0.. over K/V rows 0..pos0 + t (kv_width values
-// a row, bf16 widened as loaded): keys in index order, in tiles of 32 from key 0, so a row's bits depend only on its
+// a row, bf16 and fp8 widened exactly as loaded): keys in index order, in tiles of 32 from key 0, so a row's bits depend only on its
 // query, its position and the keys. out[t] at out + t*out_stride, heads side by side, each times
 // sigmoid(gate) when gate is set (laid out as q). A block takes 8 positions of every head of a kv group
 // (32 x heads/kv_heads threads).
@@ -160,7 +161,7 @@ void Attention(const AttentionShape& shape, const float* q, int64_t q_stride, in
 // Dynamic shared memory the attention kernel needs, to check against the device's limit.
 int64_t AttentionSharedBytes(const AttentionShape& shape);
 // The most threads a block of the attention kernel can have on the current device (its registers
-// decide; the least over both row dtypes) in *threads; returns the query's CUDA error code.
+// decide; the least over the row dtypes) in *threads; returns the query's CUDA error code.
 int AttentionMaxThreads(int* threads);
 
 }  // namespace anchorage::cuda
