@@ -101,7 +101,11 @@ void WidenValues(const KvSource& kv, const uint8_t* row, int64_t c0, int64_t n, 
     for (; e < n; ++e) out[e] = Bf16ToFloat(from[e]);
   } else {
     const float* values = Fp8Values();
-    for (int64_t e = 0; e < n; ++e) out[e] = values[row[c0 + e]] * kv.fp8_scale(row, c0 + e);
+    for (int64_t e = 0; e < n;) {  // a block's factor at a time
+      const int64_t block_end = std::min(n, (c0 + e) / kKvFp8Block * kKvFp8Block + kKvFp8Block - c0);
+      const float scale = kv.fp8_scale(row, c0 + e);
+      for (; e < block_end; ++e) out[e] = values[row[c0 + e]] * scale;
+    }
   }
 }
 
