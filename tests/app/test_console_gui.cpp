@@ -300,7 +300,8 @@ class TestConsoleGui : public QObject {
     QTRY_COMPARE_WITH_TIMEOUT(window.findChild<QLabel*>("queueLabel")->text(), QString("queue 0 · slots 0/2 busy"), 10000);
     // Help > About names the version, what runs the model and the data folder.
     const QString about = window.aboutText();
-    QVERIFY2(about.startsWith("Anchorage 0.") && about.contains(" · 2 slots") && about.contains("generated tiny model") &&
+    QVERIFY2(about.startsWith("Anchorage 0.") && about.contains(" · 2 slots") && about.contains(" · bf16 K/V rows · ") &&
+                 about.contains("generated tiny model") &&
                  about.contains("Data folder: " + dir.path()) && about.contains(window.endpointUrl()),
              qPrintable(about));
 

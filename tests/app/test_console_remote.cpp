@@ -50,13 +50,14 @@ class TestConsoleRemote : public QObject {
     QTemporaryDir dir;
     QVERIFY(dir.isValid());
     anchorage::testing::ServerProcess server;
-    QVERIFY(server.Start(dir.path(), {"--grid", "64", "--admin-token", "operator-secret", "--backend", "far=http://127.0.0.1:9"}));
+    QVERIFY(server.Start(dir.path(), {"--grid", "64", "--admin-token", "operator-secret", "--backend", "far=http://127.0.0.1:9", "--kv-dtype", "fp8"}));
     EngineHost host(RemoteTarget{QString::fromStdString(server.base_url()), {}, {}});
     host.setPollIntervalMs(100);
     MainWindow window(&host);
     window.show();
     host.start();
     QTRY_VERIFY_WITH_TIMEOUT(window.cacheModel()->rowOf("resident") >= 0, 20000);
+    QTRY_VERIFY_WITH_TIMEOUT(window.findChild<QLabel*>("modelLabel")->text().contains(" · fp8 K/V rows"), 5000);  // the server's, from /health
     auto line = [&](const char* tab) { return window.findChild<QLabel*>(QString("unavailable-") + tab); };
     QTRY_VERIFY_WITH_TIMEOUT(!line("journal")->isHidden(), 10000);
     QVERIFY2(line("journal")->text().contains("HTTP 401") && line("journal")->text().contains("Nothing has been read"), qPrintable(line("journal")->text()));
