@@ -144,8 +144,20 @@ void ConsoleWorker::startPolling() {
   poll();
 }
 
+void ConsoleWorker::setEndpoint(bool, const QString&, int) {
+  emit m_host->endpointChanged(true, endpointUrl(), tr("the server at %1 keeps its own address: change it where it runs").arg(endpointUrl()));
+}
+
 void ConsoleWorker::sendChat(const QString& conversation, const QJsonArray& messages, const QJsonObject& sampling, const QString& model) {
   if (m_chats.contains(conversation)) stopChat(conversation);
+  if (endpointUrl().isEmpty()) {
+    ChatTurnStats stats;
+    stats.conversation = conversation;
+    stats.ok = false;
+    stats.error = tr("the endpoint is off, and the Chat tab talks through it: Server > Endpoint… turns it on");
+    emit m_host->chatFinished(stats);
+    return;
+  }
   QJsonObject body = sampling;
   body["messages"] = messages;
   body["stream"] = true;

@@ -42,6 +42,8 @@ class ConsoleWorker : public QObject {
   virtual void replaceSettings(const QJsonObject& document) = 0;
   // Over --connect: the token the routes are called with from now on (a hosted engine needs none).
   virtual void setAdminToken(const QString& token) {}
+  // Moves, stops or starts the endpoint (a hosted engine's); answers EngineHost::endpointChanged.
+  virtual void setEndpoint(bool on, const QString& host, int port);
   void sendChat(const QString& conversation, const QJsonArray& messages, const QJsonObject& sampling, const QString& model);
   void stopChat(const QString& conversation);
   void stopAll();  // aborts every chat and stops polling

@@ -95,6 +95,17 @@ class LocalWorker : public ConsoleWorker {
     publishStatus(s, now);
   }
 
+  void setEndpoint(bool on, const QString& host, int port) override {
+    QString error;
+    if (!on) {
+      m_service->StopServing();
+    } else if (anchorage::Status moved = m_service->ServeAt(host.trimmed().toStdString(), port); !moved.ok()) {
+      error = QString::fromStdString(moved.message());
+    }
+    emit m_host->endpointChanged(m_service->serving(), endpointUrl(), error);
+    poll();
+  }
+
   QString endpointUrl() const override { return QString::fromStdString(m_service->url()); }
   QByteArray bearer() const override { return QByteArray::fromStdString(m_service->client_token()); }
 
@@ -168,6 +179,10 @@ void EngineHost::clearTier(const QString& tier) {
 void EngineHost::setAdminToken(const QString& token) {
   m_remote.adminToken = token;
   post([token](ConsoleWorker* w) { w->setAdminToken(token); });
+}
+
+void EngineHost::setEndpoint(bool on, const QString& host, int port) {
+  post([on, host, port](ConsoleWorker* w) { w->setEndpoint(on, host, port); });
 }
 
 void EngineHost::replaceSettings(const QJsonObject& document) {

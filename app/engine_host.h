@@ -48,6 +48,9 @@ class EngineHost : public QThread {
   void clearTier(const QString& tier);
   // Over --connect: calls the server's routes with this admin token from now on.
   void setAdminToken(const QString& token);
+  // The endpoint of the engine this console hosts: on at host:port (0: a free port) or off; answers
+  // endpointChanged. Over --connect the server keeps its address (endpointChanged says so).
+  void setEndpoint(bool on, const QString& host, int port);
   // Replaces the settings document (it names the version it edits); answers settingsOutcome.
   void replaceSettings(const QJsonObject& document);
   // Streams a chat completion through the service's own endpoint; answers chatDelta and chatFinished.
@@ -80,6 +83,8 @@ class EngineHost : public QThread {
   void settingsChanged(const SettingsSnapshot& settings);
   void settingsOutcome(const SettingsOutcome& outcome);
   void tierCleared(const QString& tier, bool ok, const QString& message);
+  // Where the endpoint serves now (url empty: off), and why a change did not happen (empty: it did).
+  void endpointChanged(bool serving, const QString& url, const QString& error);
   void chatDelta(const ChatDelta& delta);
   void chatFinished(const ChatTurnStats& stats);
   void drained();

@@ -3,6 +3,10 @@
 #include <QAction>
 #include <QApplication>
 #include <QBoxLayout>
+#include <QCheckBox>
+#include <QComboBox>
+#include <QDialogButtonBox>
+#include <QFormLayout>
 #include <QClipboard>
 #include <QCloseEvent>
 #include <QDateTime>
@@ -23,6 +27,7 @@
 #include <QPushButton>
 #include <QSettings>
 #include <QShortcut>
+#include <QSpinBox>
 #include <QStatusBar>
 #include <QStyle>
 #include <QTabWidget>
@@ -175,6 +180,7 @@ MainWindow::MainWindow(EngineHost* host, QWidget* parent) : QMainWindow(parent),
   // Engine -> models (snapshots, queued from the host thread).
   connect(host, &EngineHost::progress, this, &MainWindow::onProgress);
   connect(host, &EngineHost::ready, this, &MainWindow::onReady);
+  connect(host, &EngineHost::endpointChanged, this, &MainWindow::onEndpoint);
   connect(host, &EngineHost::startFailed, this, &MainWindow::onStartFailed);
   connect(host, &EngineHost::connectionChanged, this, &MainWindow::onConnection);
   connect(host, &EngineHost::tierCleared, this, [this](const QString& tier, bool ok, const QString& message) {
@@ -364,6 +370,12 @@ void MainWindow::buildMenus() {
   view->addSeparator();
   QAction* log = view->addAction(tr("Engine &log"), this, &MainWindow::showLog);
   log->setShortcut(QKeySequence(Qt::CTRL | Qt::Key_L));
+  QMenu* server = menuBar()->addMenu(tr("&Server"));
+  QAction* endpoint = server->addAction(tr("&Endpoint…"), this, &MainWindow::showEndpointDialog);
+  if (m_host->isRemote()) {
+    endpoint->setEnabled(false);
+    endpoint->setToolTip(tr("The server on the other end keeps its own address"));
+  }
   QMenu* help = menuBar()->addMenu(tr("&Help"));
   help->addAction(tr("&About Anchorage"), this, [this] { QMessageBox::about(this, tr("About Anchorage"), aboutText()); });
 }
@@ -449,6 +461,63 @@ void MainWindow::onReady(const QString& url) {
   m_urlButton->setText(url);
   m_urlButton->setEnabled(true);
   m_chat->setEngineReady(true);
+}
+
+void MainWindow::showEndpointDialog() {
+  auto* dialog = new QDialog(this);
+  dialog->setObjectName("endpointDialog");
+  dialog->setWindowTitle(tr("Endpoint"));
+  dialog->setAttribute(Qt::WA_DeleteOnClose);
+  auto* on = new QCheckBox(tr("Serve the OpenAI-compatible endpoint (the Chat tab talks through it too)"), dialog);
+  on->setObjectName("endpointOn");
+  on->setChecked(!m_url.isEmpty());
+  const QUrl now(m_url.isEmpty() ? m_lastEndpoint : m_url);
+  auto* host = new QComboBox(dialog);
+  host->setObjectName("endpointHost");
+  host->setEditable(true);
+  host->addItems({"127.0.0.1", "0.0.0.0", "::1", "::"});
+  host->setCurrentText(now.host().isEmpty() ? QString::fromStdString(m_host->config().host) : now.host());
+  host->setToolTip(tr("127.0.0.1: this machine only. 0.0.0.0 (or ::): every network this machine is on; clients then need an API key "
+                      "(--api-key) or the admin token, and the console's own chat sends the first of them"));
+  auto* port = new QSpinBox(dialog);
+  port->setObjectName("endpointPort");
+  port->setRange(0, 65535);
+  port->setSpecialValueText(tr("any free port"));
+  port->setValue(now.port() > 0 ? now.port() : m_host->config().port);
+  auto* form = new QFormLayout;
+  form->addRow(on);
+  form->addRow(tr("Bind address"), host);
+  form->addRow(tr("Port"), port);
+  auto* note = new QLabel(tr("Applies now, for this run: requests in flight finish first. The next start takes --host and --port again."), dialog);
+  note->setWordWrap(true);
+  form->addRow(note);
+  auto* buttons = new QDialogButtonBox(QDialogButtonBox::Ok | QDialogButtonBox::Cancel, dialog);
+  form->addRow(buttons);
+  dialog->setLayout(form);
+  connect(on, &QCheckBox::toggled, host, &QWidget::setEnabled);
+  connect(on, &QCheckBox::toggled, port, &QWidget::setEnabled);
+  host->setEnabled(on->isChecked());
+  port->setEnabled(on->isChecked());
+  connect(buttons, &QDialogButtonBox::rejected, dialog, &QDialog::reject);
+  connect(buttons, &QDialogButtonBox::accepted, dialog, [this, dialog, on, host, port] {
+    m_urlButton->setText(on->isChecked() ? tr("endpoint: moving to %1:%2…").arg(host->currentText()).arg(port->value()) : tr("endpoint: stopping…"));
+    m_host->setEndpoint(on->isChecked(), host->currentText().trimmed(), port->value());
+    dialog->accept();
+  });
+  dialog->open();
+}
+
+void MainWindow::onEndpoint(bool serving, const QString& url, const QString& error) {
+  if (!m_url.isEmpty()) m_lastEndpoint = m_url;
+  m_url = serving ? url : QString();
+  m_urlButton->setText(serving ? url : tr("endpoint: off (Server > Endpoint…)"));
+  m_urlButton->setEnabled(serving);
+  if (!error.isEmpty()) {
+    logLine(tr("warning: the endpoint did not change: %1").arg(error));
+    statusBar()->showMessage(tr("The endpoint did not change: %1").arg(error), 10000);
+  } else {
+    logLine(serving ? tr("serving on %1").arg(url) : tr("the endpoint is off"));
+  }
 }
 
 void MainWindow::onLoadCancelled() {

@@ -66,6 +66,8 @@ class MainWindow : public QMainWindow {
 
  public slots:
   void copyEndpointUrl();
+  // Server > Endpoint…: on or off, the bind address and the port of the hosted engine's endpoint.
+  void showEndpointDialog();
   // View > Engine log (Ctrl+L): the session's log in a window of its own.
   void showLog();
 
@@ -86,6 +88,7 @@ class MainWindow : public QMainWindow {
   bool m_fingerprintKept = false;
   void onProgress(double fraction, const QString& what);
   void onReady(const QString& url);
+  void onEndpoint(bool serving, const QString& url, const QString& error);
   void onStartFailed(const QString& error);
   void onConnection(bool reachable, const QString& message);
   void onLoadCancelled();
@@ -135,7 +138,8 @@ class MainWindow : public QMainWindow {
   QLabel* m_journalLabel;
   QLabel* m_phaseLabel;
   QProgressBar* m_phaseBar;
-  QString m_url;
+  QString m_url;           // the endpoint, empty while it is off or not yet bound
+  QString m_lastEndpoint;  // where it served before it went off
   bool m_persist = false;
   bool m_draining = false;
   QStringList m_restartArguments;  // set: after the drain, the console starts again with these

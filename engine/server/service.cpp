@@ -393,6 +393,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     s->settings_->AddListener([backends, config](const nlohmann::json& effective, int64_t) { backends->SetSpecs(BackendSpecsOf(config, effective)); });
   }
   options.notes = s->notes_;
+  s->http_options_ = options;
   s->http_ = std::make_unique<HttpServer>(*s->model_, *s->scheduler_, options, s->journal_.get(), s->settings_.get());
   RETURN_IF_ERROR(say(0.9, "binding " + config.host + ":" + std::to_string(config.port)));
   RETURN_IF_ERROR(s->http_->Bind());
@@ -404,16 +405,58 @@ void Service::ServeInBackground() {
   serving_ = std::thread([this] { http_->Serve(); });
 }
 
+std::string Service::address() const {
+  if (!http_) return "";
+  const std::string& host = http_options_.host;
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(http_->port());
+}
+
+void Service::StopServing() {
+  if (!serving()) return;
+  http_->Stop();
+  serving_.join();
+  http_.reset();  // closes the socket: a client is refused rather than left waiting
+  endpoint_off_ = true;
+}
+
+Status Service::ServeAt(const std::string& host, int port) {
+  if (drained_) return Unsupported("the service has drained");
+  const ServerOptions before = http_options_;
+  const int before_port = http_ ? http_->port() : before.port;
+  StopServing();
+  auto bind = [this](const std::string& at_host, int at_port) -> Status {
+    ServerOptions options = http_options_;
+    options.host = at_host;
+    options.port = at_port;
+    options.access.bind_host = at_host;
+    auto next = std::make_unique<HttpServer>(*model_, *scheduler_, options, journal_.get(), settings_.get());
+    RETURN_IF_ERROR(next->Bind());
+    http_ = std::move(next);
+    endpoint_off_ = false;
+    http_options_ = options;
+    config_.host = at_host;
+    config_.port = http_->port();
+    ServeInBackground();
+    return Status::Ok();
+  };
+  Status moved = bind(host, port);
+  if (moved.ok()) return moved;
+  if (Status back = bind(before.host, before_port); !back.ok())
+    return IoError(moved.message() + "; the endpoint is off: its old address " + before.host + ":" + std::to_string(before_port) + " failed too: " +
+                   back.message());
+  return moved;
+}
+
 std::string Service::client_token() const { return !config_.admin_token.empty() ? config_.admin_token : config_.api_keys.empty() ? "" : config_.api_keys[0]; }
 
-std::string Service::url() const { return "http://" + config_.host + ":" + std::to_string(http_->port()) + "/v1"; }
+std::string Service::url() const { return http_ ? "http://" + address() + "/v1" : ""; }
 
 void Service::Drain() {
   if (drained_) return;
   drained_ = true;
   scheduler_->BeginDrain();
   scheduler_->WaitIdle();
-  http_->Stop();  // Serve() returns once every worker has written its response
+  if (http_) http_->Stop();  // Serve() returns once every worker has written its response
   if (serving_.joinable()) serving_.join();
   // The spill journals its own write (or the drop and why); the drain goes on either way.
   (void)scheduler_->SpillForStop();
@@ -422,7 +465,7 @@ void Service::Drain() {
 }
 
 Service::~Service() {
-  if (http_) Drain();
+  if (http_ || endpoint_off_) Drain();
 }
 
 }  // namespace anchorage

@@ -37,6 +37,16 @@ class Service {
 
   // Serves HTTP on a thread of its own until Drain().
   void ServeInBackground();
+  // Whether the endpoint listens, and where (host:port; empty while it does not).
+  bool serving() const { return serving_.joinable(); }
+  std::string address() const;
+  // Moves the endpoint to host:port (port 0: a free one): the old listener stops (its responses in
+  // flight finish first), the new one binds and serves with the same routes and credentials; its
+  // request counters start anew. Where host:port cannot be bound the old address serves again and
+  // the bind's error returns. The console's Server menu calls these; anchorage-server does not.
+  Status ServeAt(const std::string& host, int port);
+  // Stops listening (responses in flight finish first); the engine and its caches go on.
+  void StopServing();
   // No new requests; waits for the ones in flight and queued, then stops the endpoint.
   void Drain();
 
@@ -69,11 +79,13 @@ class Service {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<Backends> backends_;  // before the endpoint that forwards to them
   std::unique_ptr<HttpServer> http_;
+  ServerOptions http_options_;  // what ServeAt makes a new endpoint of
   std::thread serving_;
   std::string model_id_;
   std::vector<std::string> notes_;
   std::string device_;
   bool drained_ = false;
+  bool endpoint_off_ = false;  // StopServing closed the endpoint
 };
 
 }  // namespace anchorage

@@ -3,6 +3,8 @@
 // screen shows the tier and edits and clears it, the Shadow screen shows the chat's session, edits
 // the ration and clears it, close drains.
 #include <QAbstractItemModelTester>
+#include <QCheckBox>
+#include <QDialogButtonBox>
 #include <QApplication>
 #include <QClipboard>
 #include <QFile>
@@ -26,6 +28,8 @@
 #include <QComboBox>
 #include <QDialog>
 #include <QtTest>
+
+#include <httplib.h>
 
 #include "app/engine_host.h"
 #include "engine/core/file_util.h"
@@ -125,6 +129,88 @@ class TestConsoleGui : public QObject {
     QTRY_COMPARE_WITH_TIMEOUT(cancelled.count(), 1, 5000);
     QCOMPARE(ready.count(), 0);
     QVERIFY2(steps.last().startsWith("packing layer 1 of"), qPrintable(steps.join(" | ")));
+  }
+
+  // Server > Endpoint…: the endpoint moves to another port (the old one refuses, the new one answers and
+  // the chat goes on there); a port in use is refused and the endpoint stays; off stops it (the chat
+  // says so) and on again serves at the address the dialog offers, the last one.
+  void theEndpointMovesStopsAndStarts() {
+    QTemporaryDir dir;
+    QVERIFY(dir.isValid());
+    EngineHost host(tinyConfig(dir.path()));
+    MainWindow window(&host);
+    QSignalSpy ready(&host, &EngineHost::ready);
+    QSignalSpy changed(&host, &EngineHost::endpointChanged);
+    QSignalSpy finished(&host, &EngineHost::chatFinished);
+    host.start();
+    QTRY_COMPARE_WITH_TIMEOUT(ready.count(), 1, 60000);
+    const auto health = [](const QUrl& url) {
+      httplib::Client client(url.host().toStdString(), url.port());
+      client.set_connection_timeout(2);
+      client.set_read_timeout(2);
+      const auto r = client.Get("/health");
+      return r ? r->status : r.error() == httplib::Error::Connection ? -1 : -2;  // -1: refused; -2: no answer
+    };
+    const auto chat = [&] {
+      host.sendChat("endpoint-test", QJsonArray{QJsonObject{{"role", "user"}, {"content", "Hello there"}}}, QJsonObject{{"max_tokens", 3}, {"temperature", 0}});
+    };
+    const auto dialog_apply = [&](bool on, int port) {
+      QCoreApplication::sendPostedEvents(nullptr, QEvent::DeferredDelete);  // the last dialog, closed
+      window.showEndpointDialog();
+      auto* dialog = window.findChild<QDialog*>("endpointDialog");
+      QVERIFY(dialog != nullptr);
+      dialog->findChild<QCheckBox*>("endpointOn")->setChecked(on);
+      if (port >= 0) dialog->findChild<QSpinBox*>("endpointPort")->setValue(port);
+      dialog->findChild<QDialogButtonBox*>()->button(QDialogButtonBox::Ok)->click();
+    };
+    QTRY_VERIFY_WITH_TIMEOUT(!window.endpointUrl().isEmpty(), 5000);  // onReady runs on this thread, after the spy
+    const auto settle = [&](int n) {  // the spy counts on the host thread; the window's slot runs on this one after it
+      QTRY_COMPARE_WITH_TIMEOUT(changed.count(), n, 10000);
+      QTRY_COMPARE_WITH_TIMEOUT(window.endpointUrl(), changed[n - 1][0].toBool() ? changed[n - 1][1].toString() : QString(), 5000);
+    };
+    const QUrl first(window.endpointUrl());
+    QCOMPARE(health(first), 200);
+    dialog_apply(true, 0);  // any free port
+    settle(1);
+    QCOMPARE(changed[0][2].toString(), QString());
+    const QUrl second(window.endpointUrl());
+    QVERIFY2(second.port() > 0 && second.port() != first.port(), qPrintable(second.toString()));
+    QCOMPARE(health(second), 200);
+    QCOMPARE(health(first), -1);  // the old socket is closed, not left to hang
+    chat();
+    QTRY_COMPARE_WITH_TIMEOUT(finished.count(), 1, 20000);
+    QVERIFY2(finished[0][0].value<ChatTurnStats>().ok, qPrintable(finished[0][0].value<ChatTurnStats>().error));
+
+    httplib::Server blocker;
+    const int busy = blocker.bind_to_any_port("127.0.0.1");
+    QVERIFY(busy > 0);
+    host.setEndpoint(true, "127.0.0.1", busy);
+    settle(2);
+    QVERIFY2(changed[1][2].toString().contains("in use"), qPrintable(changed[1][1].toString() + " " + changed[1][2].toString()));
+    QVERIFY2(changed[1][0].toBool(), qPrintable(changed[1][1].toString()));
+    QCOMPARE(window.endpointUrl(), second.toString());
+    QCOMPARE(health(second), 200);
+    QVERIFY(window.logText().contains("the endpoint did not change"));
+
+    dialog_apply(false, -1);
+    settle(3);
+    QVERIFY(!changed[2][0].toBool());
+    QVERIFY(window.endpointUrl().isEmpty());
+    QCOMPARE(health(second), -1);
+    chat();
+    QTRY_COMPARE_WITH_TIMEOUT(finished.count(), 2, 10000);
+    QVERIFY(!finished[1][0].value<ChatTurnStats>().ok);
+    QVERIFY2(finished[1][0].value<ChatTurnStats>().error.contains("endpoint is off"), qPrintable(finished[1][0].value<ChatTurnStats>().error));
+
+    dialog_apply(true, -1);  // the dialog offers the last address
+    settle(4);
+    QCOMPARE(window.endpointUrl(), second.toString());
+    QCOMPARE(health(second), 200);
+    chat();
+    QTRY_COMPARE_WITH_TIMEOUT(finished.count(), 3, 20000);
+    QVERIFY(finished[2][0].value<ChatTurnStats>().ok);
+    host.drain();
+    QVERIFY(host.wait(20000));
   }
 
   void chatJournalMemorySettingsClearAndDrain() {
