@@ -60,7 +60,7 @@ class LocalWorker : public ConsoleWorker {
       q.limit = 500;
       if (auto page = journal->Query(q); page.ok()) publishJournal(page->rows, page->total);
     }
-    publishCache(sched.CacheStatsJson(), now);
+    publishCache(sched.CacheStatsJson(true), now);
     anchorage::ShadowReader* shadow = sched.shadow();
     publishShadow(shadow != nullptr ? nlohmann::json(anchorage::ShadowStatusJson(shadow->Snapshot()))
                                     : nlohmann::json{{"loaded", false}, {"reason", "start with --shadow-model DIR (a small model of the same vocabulary)"}},

@@ -83,7 +83,7 @@ DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(paren
   m_clearSpill->setObjectName("clear_spill");
   m_clearSpill->setToolTip(tr("Delete every saved conversation"));
   connect(m_clearSpill, &QPushButton::clicked, this, &DiskScreen::requestClearSpill);
-  m_spillEntries = makeTable({tr("Session"), tr("Tokens"), tr("Stored"), tr("Raw"), tr("End at"), tr("Last used")}, "spillEntryTable", spillBox);
+  m_spillEntries = makeTable({tr("Session"), tr("Title"), tr("Tokens"), tr("Stored"), tr("Raw"), tr("End at"), tr("Last used")}, "spillEntryTable", spillBox);
   m_spillEntriesEmpty = EmptyLine("spillEntriesEmpty", m_spillEntries);
   m_spillEvents = makeTable({tr("Time"), tr("Event"), tr("Tokens"), tr("Bytes"), tr("Why")}, "spillEventTable", spillBox);
   auto* spillHead = new QHBoxLayout;
@@ -238,11 +238,14 @@ void DiskScreen::setSpill(const QJsonObject& sp) {
     const QJsonObject e = list[i].toObject();
     const QString session = e["session"].toString();
     m_spillEntries->setItem(i, 0, tableCell(session.isEmpty() ? tr("(none)") : session));
-    m_spillEntries->setItem(i, 1, tableCell(QString::number(static_cast<qint64>(e["tokens"].toDouble())), true));
-    m_spillEntries->setItem(i, 2, tableCell(fmt::bytes(static_cast<qint64>(e["bytes"].toDouble())), true));
-    m_spillEntries->setItem(i, 3, tableCell(fmt::bytes(static_cast<qint64>(e["raw_bytes"].toDouble())), true));
-    m_spillEntries->setItem(i, 4, tableCell(QString::number(static_cast<qint64>(e["end_length"].toDouble())), true));
-    m_spillEntries->setItem(i, 5, tableCell(fmt::timeOfDay(static_cast<qint64>(e["used_ms"].toDouble()))));
+    // A remote server sends titles to its admin token only.
+    const QString title = e.contains("title") ? e["title"].toString() : tr("(sent to the admin token only)");
+    m_spillEntries->setItem(i, 1, tableCell(title.isEmpty() && e.contains("title") ? tr("(no user message)") : title));
+    m_spillEntries->setItem(i, 2, tableCell(QString::number(static_cast<qint64>(e["tokens"].toDouble())), true));
+    m_spillEntries->setItem(i, 3, tableCell(fmt::bytes(static_cast<qint64>(e["bytes"].toDouble())), true));
+    m_spillEntries->setItem(i, 4, tableCell(fmt::bytes(static_cast<qint64>(e["raw_bytes"].toDouble())), true));
+    m_spillEntries->setItem(i, 5, tableCell(QString::number(static_cast<qint64>(e["end_length"].toDouble())), true));
+    m_spillEntries->setItem(i, 6, tableCell(fmt::timeOfDay(static_cast<qint64>(e["used_ms"].toDouble()))));
   }
   FillEventTable(m_spillEvents, sp.value("recent_events").toArray());
   showEmpty(m_spillEntriesEmpty, m_spillEntries,

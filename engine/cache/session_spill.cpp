@@ -497,6 +497,21 @@ std::optional<SpillEntryInfo> SessionSpill::Info(const std::string& id) const {
   return InfoOf(id, it->second);
 }
 
+void SessionSpill::SetTitler(std::function<std::string(std::span<const int32_t>)> titler) {
+  std::lock_guard lock(mu_);
+  titler_ = std::move(titler);
+  titles_.clear();
+}
+
+std::string SessionSpill::Title(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  const auto it = index_.find(id);
+  if (it == index_.end() || !titler_) return "";
+  if (const auto known = titles_.find(id); known != titles_.end()) return known->second;
+  if (titles_.size() > index_.size()) std::erase_if(titles_, [&](const auto& t) { return !index_.contains(t.first); });
+  return titles_[id] = titler_(it->second.tokens);
+}
+
 std::vector<SpillEntryInfo> SessionSpill::Entries() const {
   std::vector<SpillEntryInfo> out;
   {

@@ -116,6 +116,10 @@ class SessionSpill {
 
   std::optional<SpillEntryInfo> Info(const std::string& id) const;
   std::vector<SpillEntryInfo> Entries() const;  // newest use first
+  // An entry's title from its tokens by the function SetTitler gave (once an entry; "" without one
+  // or for an entry gone). Text: the stats route sends titles to admin callers only.
+  void SetTitler(std::function<std::string(std::span<const int32_t>)> titler);
+  std::string Title(const std::string& id) const;
   // The entry that resumes prompt furthest (at most at limit), given the rows in place; nullopt if none.
   std::optional<SpillOffer> Offer(std::span<const int32_t> prompt, std::span<const int32_t> in_place, int64_t limit) const;
   // The most tokens any entry shares with prompt.
@@ -185,6 +189,8 @@ class SessionSpill {
   ThreadPool pool_;
   mutable std::mutex mu_;  // guards the index and stats
   std::map<std::string, Manifest> index_;
+  std::function<std::string(std::span<const int32_t>)> titler_;
+  mutable std::map<std::string, std::string> titles_;  // by entry id, pruned to the index's
   SessionSpillStats stats_;
   std::deque<CacheEvent> recent_;
 };

@@ -253,7 +253,11 @@ bool HttpServer::CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiEr
 
 void HttpServer::RouteCache() {
   Route("GET", "/v1/cache/stats", RouteClass::kControl, RouteAccess::kClient,
-                   [this](const HttpRequest&, HttpResponse& res) { SendJson(res, scheduler_.CacheStatsJson()); });
+                   [this](const HttpRequest& req, HttpResponse& res) {
+                     // Titles are conversation text: only for a caller the admin token passes, where the server has one.
+                     const bool titles = !options_.access.admin_token.empty() && !policy_.Authorize(RouteAccess::kAdmin, req).has_value();
+                     SendJson(res, scheduler_.CacheStatsJson(titles));
+                   });
 
   // The tier comes from ?tier= or the body's "tier"; a clear that does not say which tier clears nothing.
   Route("POST", "/v1/cache/clear", RouteClass::kWork, RouteAccess::kAdmin, [this](const HttpRequest& req, HttpResponse& res) {

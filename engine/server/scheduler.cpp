@@ -271,8 +271,11 @@ CacheStats Scheduler::CacheStats() const {
   return stats;
 }
 
-nlohmann::json Scheduler::CacheStatsJson() const {
-  nlohmann::json stats = ToJson(CacheStats());
+nlohmann::json Scheduler::CacheStatsJson(bool with_titles) const {
+  const anchorage::CacheStats cache = CacheStats();
+  nlohmann::json stats = ToJson(cache);
+  if (with_titles && options_.spill != nullptr)
+    for (size_t i = 0; i < cache.spill_entries.size(); ++i) stats["spill"]["list"][i]["title"] = options_.spill->Title(cache.spill_entries[i].id);
   stats["slots"] = SlotsJson(Slots());
   return stats;
 }

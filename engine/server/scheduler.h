@@ -160,7 +160,8 @@ class Scheduler {
   // Every cache tier's counters as of the last job or command.
   anchorage::CacheStats CacheStats() const;
   // GET /v1/cache/stats's document: those counters and the slots.
-  nlohmann::json CacheStatsJson() const;
+  // with_titles: each spill entry's title too (conversation text: for admin callers and the console only).
+  nlohmann::json CacheStatsJson(bool with_titles = false) const;
   // Empties a cache tier between requests (waits for the engine like a request does).
   Status ClearCache(const std::string& tier);
   // Where a prompt would resume, without running the model; ResourceExhausted when the engine stays

@@ -13,6 +13,7 @@
 #include "engine/runtime/cuda_plugin.h"
 #include "engine/runtime/forward.h"
 #include "engine/runtime/weights_report.h"
+#include "engine/text/conversation_title.h"
 
 namespace anchorage {
 
@@ -286,6 +287,10 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
       auto spill = SessionSpill::Open(DiskEnv::Posix(), s->model_->config, fingerprint, spill_options);
       if (!spill.ok()) s->notes_.push_back("warning: the session spill is off: " + spill.status().message());
       else s->spill_ = std::move(spill).value();
+      if (s->spill_) {
+        const Tokenizer* tokenizer = &s->model_->tokenizer;
+        s->spill_->SetTitler([tokenizer](std::span<const int32_t> ids) { return ConversationTitle(*tokenizer, ids); });
+      }
       if (s->spill_ && s->spill_->stats().swept > 0)
         s->notes_.push_back("session spill: swept " + std::to_string(s->spill_->stats().swept) + " files of unfinished, foreign or expired entries");
     }

@@ -15,6 +15,7 @@
 #include "engine/core/file_util.h"
 #include "engine/core/sha256.h"
 #include "engine/text/bpe_trainer.h"
+#include "engine/text/conversation_title.h"
 #include "engine/text/pretokenizer.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/unicode_text.h"
@@ -558,6 +559,22 @@ class TokenizerTest : public QObject {
       const std::string want = "byte offset " + std::to_string(c.offset);
       QVERIFY2(r.status().message().find(want) != std::string::npos, r.status().message().c_str());
     }
+  }
+
+  // A conversation's title: its first user message after any system text, white space collapsed, cut
+  // at 60 characters (never inside one) with an ellipsis; "" without a user turn.
+  void conversationTitleIsTheFirstUserMessage() {
+    const Tokenizer t = ParseOrDie(anchorage::BuildTinyTokenizerJson(ReadOrDie(kSourceDir + "/resources/tiny_corpus.txt"), 500), "tiny");
+    const auto title = [&](const std::string& text) { return anchorage::ConversationTitle(t, EncodeOrDie(t, text)); };
+    QCOMPARE(title("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhere is   the\n\nlibrary?<|im_end|>\n<|im_start|>assistant\nHere."),
+             std::string("Where is the library?"));
+    QCOMPARE(title("<|im_start|>user\nAn unfinished turn"), std::string("An unfinished turn"));
+    const std::string long_one = "Überraschung " + std::string(70, 'x');
+    QCOMPARE(title("<|im_start|>user\n" + long_one + "<|im_end|>"), long_one.substr(0, 61) + "…");  // Ü is two bytes, one character
+    QCOMPARE(title("<|im_start|>user\n" + std::string(60, 'y') + "   <|im_end|>"), std::string(60, 'y'));  // only white space cut off
+    QCOMPARE(title("<|im_start|>user\n" + std::string(59, 'z') + " ab<|im_end|>"), std::string(59, 'z') + "…");  // a space never ends it
+    QCOMPARE(title("<|im_start|>system\nNo user here.<|im_end|>"), std::string());
+    QCOMPARE(anchorage::ConversationTitle(t, std::vector<int32_t>{}), std::string());
   }
 
   void tinyTokenizerIsDeterministicAndRoundTrips() {

@@ -86,6 +86,35 @@ class TestSpillServer : public QObject {
     QVERIFY(!b.Chat(Turn(first)).empty());
   }
 
+  // A spilled conversation's title (the start of its first user message) goes to a caller the admin
+  // token passes, never to one it does not: the stats route keeps conversation text from clients.
+  void titlesGoToTheAdminTokenOnly() {
+    QTemporaryDir data;
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(data.path()));
+    const json first = json::array({{{"role", "system"}, {"content", "You keep notes."}}, {{"role", "user"}, {"content", LongText()}}});
+    const QStringList flags{"--grid", "64", "--admin-token", "keeper"};
+    {
+      ServerProcess a;
+      QVERIFY(a.Start(data.path(), flags));
+      QVERIFY(a.Chat(Turn(first)).contains("choices"));
+      ::kill(static_cast<pid_t>(a.process().processId()), SIGTERM);
+      QVERIFY(a.process().waitForFinished(20000));
+    }
+    ServerProcess b;
+    QVERIFY(b.Start(data.path(), flags));
+    const auto stats = [&](const httplib::Headers& headers) {
+      httplib::Client c("127.0.0.1", b.port());
+      const auto r = c.Get("/v1/cache/stats", headers);
+      return r && r->status == 200 ? json::parse(r->body)["spill"]["list"] : json();
+    };
+    const json client = stats({});
+    QCOMPARE(client.size(), size_t(1));
+    QVERIFY2(!client[0].contains("title"), client.dump().c_str());
+    QVERIFY(stats({{"Authorization", "Bearer not-the-token"}})[0].is_object() && !stats({{"Authorization", "Bearer not-the-token"}})[0].contains("title"));
+    const json admin = stats({{"Authorization", "Bearer keeper"}});
+    QVERIFY2(admin[0]["title"].get<std::string>() == LongText().substr(0, 59) + "…", admin.dump().c_str());
+  }
+
   // Two conversations on two slots when the server stops: the drain writes both, and after the
   // restart each resumes most of its prompt (one read back at the start, the other from the spill).
   void aDrainSpillsEverySlot() {
