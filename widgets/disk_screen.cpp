@@ -73,7 +73,7 @@ DiskScreen::DiskScreen(SettingsModel* settings, QWidget* parent) : QWidget(paren
   m_events = makeTable({tr("Time"), tr("Event"), tr("Tokens"), tr("Bytes"), tr("Why")}, "diskEventTable", eventBox);
   (new QVBoxLayout(eventBox))->addWidget(m_events);
 
-  auto* spillBox = new QGroupBox(tr("Session spill (whole conversations; token counts and sizes only)"), this);
+  auto* spillBox = new QGroupBox(tr("Session spill (whole conversations; each titled by its first user message)"), this);
   m_spillSummary = new QLabel(tr("Waiting for the engine…"), spillBox);
   m_spillSummary->setObjectName("spillSummary");
   m_spillSummary->setWordWrap(true);
