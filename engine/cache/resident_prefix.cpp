@@ -159,6 +159,12 @@ Status ResidentPrefix::SpillForStop() {
   return resident.ok() ? parked : resident;
 }
 
+Status ResidentPrefix::SpillForRemoval() {
+  const Status parked = SpillParked("fewer slots (parked)");
+  const Status resident = SpillResident("fewer slots");
+  return resident.ok() ? parked : resident;
+}
+
 Result<bool> ResidentPrefix::ResumeSpilledResident() {
   if (spill_ == nullptr || !options_.spill.enabled) return false;
   const std::optional<std::string> id = spill_->TakeResident();

@@ -154,6 +154,8 @@ class ResidentPrefix {
   // A planned stop: writes the parked conversation (its head from the rows in place) and then the
   // resident one, marked to be read back first.
   Status SpillForStop();
+  // Its slot goes away (fewer slots): the parked and the resident conversation go to the spill.
+  Status SpillForRemoval();
   // Reads back the conversation a planned stop left resident; false when there was none.
   Result<bool> ResumeSpilledResident();
 

@@ -77,34 +77,53 @@ Scheduler::Scheduler(Model& model, std::unique_ptr<ComputeBackend> forward, Sche
       options_(options),
       resident_(*forward_, &model.tokenizer, options.resident),
       applied_options_(options.resident) {
-  slots_.resize(static_cast<size_t>(std::max(1, options_.parallel)));
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    ResidentPrefix* cache = &resident_;
-    if (i > 0) cache = side_caches_.emplace_back(std::make_unique<ResidentPrefix>(*forward_, &model.tokenizer, options.resident)).get();
-    slots_[i].cache = cache;
-    if (options_.journal != nullptr) {
-      Journal* journal = options_.journal;
-      cache->set_event_sink([journal, this](const CacheEvent& e) {
-        CacheEventRow row;
-        row.kind = ParseCacheEventKind(e.kind).value_or(CacheEventKind::kWrite);
-        row.tier = e.tier;
-        row.session = e.session ? *e.session : current_session_;
-        row.tokens = e.tokens;
-        row.bytes = e.bytes;
-        row.reason = e.reason;
-        journal->RecordCacheEvent(std::move(row));
-      });
-    }
-    if (options_.disk != nullptr) cache->set_disk_cache(options_.disk);
-    if (options_.spill != nullptr) cache->set_session_spill(options_.spill);
-    if (i > 0) cache->share_response_cache(&resident_.response_cache());
-    cache->set_write_guard(options_.write_guard);
-    cache->set_suffix_store(options_.suffix_store);
-    cache->set_outside_bytes([this, i] { return OutsideBytes(i); });
+  if (options_.journal != nullptr) {
+    Journal* journal = options_.journal;
+    journal_sink_ = [journal, this](const CacheEvent& e) {
+      CacheEventRow row;
+      row.kind = ParseCacheEventKind(e.kind).value_or(CacheEventKind::kWrite);
+      row.tier = e.tier;
+      row.session = e.session ? *e.session : current_session_;
+      row.tokens = e.tokens;
+      row.bytes = e.bytes;
+      row.reason = e.reason;
+      journal->RecordCacheEvent(std::move(row));
+    };
   }
+  wanted_slots_ = std::max(1, options_.parallel);
+  while (static_cast<int>(slots_.size()) < wanted_slots_) AddSlot();
   cache_stats_ = CombinedStats();
   PublishSlots();
   thread_ = std::thread([this] { EngineLoop(); });
+}
+
+void Scheduler::AddSlot() {
+  const size_t i = slots_.size();
+  ResidentPrefix* cache = &resident_;
+  if (i > 0) cache = side_caches_.emplace_back(std::make_unique<ResidentPrefix>(*forward_, &model_.tokenizer, applied_options_)).get();
+  Slot& slot = slots_.emplace_back();
+  slot.cache = cache;
+  slot.options_version = options_version_;
+  if (journal_sink_) cache->set_event_sink(journal_sink_);
+  if (options_.disk != nullptr) cache->set_disk_cache(options_.disk);
+  if (options_.spill != nullptr) cache->set_session_spill(options_.spill);
+  if (i > 0) cache->share_response_cache(&resident_.response_cache());
+  cache->set_write_guard(options_.write_guard);
+  cache->set_suffix_store(options_.suffix_store);
+  cache->set_outside_bytes([this, i] { return OutsideBytes(i); });
+}
+
+void Scheduler::ResizeSlots() {
+  while (static_cast<int>(slots_.size()) < wanted_slots_) AddSlot();
+  bool removed = false;
+  while (static_cast<int>(slots_.size()) > wanted_slots_ && slots_.size() > 1 && slots_.back().job == nullptr) {
+    (void)slots_.back().cache->SpillForRemoval();  // a write that fails journals its own drop
+    slots_.pop_back();
+    side_caches_.pop_back();  // fences the disk writer's reads of its state
+    removed = true;
+  }
+  // A removed cache let go of the shared disk tier's event sink: slot 0 gives it its own again.
+  if (removed && options_.disk != nullptr && journal_sink_) resident_.set_event_sink(journal_sink_);
 }
 
 anchorage::CacheStats Scheduler::CombinedStats() const {
@@ -199,11 +218,21 @@ void Scheduler::SetResidentOptions(const ResidentOptions& options) {
   prepare_looked_ = false;
 }
 
+void Scheduler::SetParallel(int slots) {
+  std::lock_guard lock(mu_);
+  pending_parallel_ = std::max(1, slots);
+}
+
 void Scheduler::ApplyPendingOptions() {
   std::optional<ResidentOptions> options;
   {
     std::lock_guard lock(mu_);
     options.swap(pending_options_);
+    if (pending_parallel_) wanted_slots_ = *std::exchange(pending_parallel_, std::nullopt);
+  }
+  if (static_cast<int>(slots_.size()) != wanted_slots_) {
+    ResizeSlots();
+    PublishSlots();
   }
   if (options) {
     applied_options_ = *options;
@@ -493,6 +522,15 @@ void Scheduler::EngineLoop() {
           // Idle work looks for something to do every 0.2 s while no request runs or waits.
           if (options_.shadow != nullptr) ShadowIdle();
           PrepareIdle();
+          bool resize = false;
+          {
+            std::lock_guard guard(mu_);
+            resize = pending_parallel_.has_value();
+          }
+          if (resize && lock_.TryLockForIdle()) {  // an idle engine takes a new slot count at once
+            ApplyPendingOptions();
+            lock_.UnlockIdle();
+          }
           continue;
         }
         if (stop_ && queue_.empty()) return;

@@ -156,6 +156,9 @@ class Scheduler {
 
   // New resident options, applied before the next job.
   void SetResidentOptions(const ResidentOptions& options);
+  // Slots wanted (engine.parallel, at least 1): the engine adds slots before its next step and removes
+  // the last ones once they are idle, their conversations written to the spill first. Slot 0 stays.
+  void SetParallel(int slots);
 
   // Every cache tier's counters as of the last job or command.
   anchorage::CacheStats CacheStats() const;
@@ -231,6 +234,10 @@ class Scheduler {
   // slot at once where all are). The caller holds the engine lock.
   void ApplyPendingOptions();
   void InstallOptions(Slot& slot);
+  // Adds a slot with its own resident prefix (slot 0: the scheduler's) wired to the shared tiers.
+  void AddSlot();
+  // Slots toward the wanted count: added at once, the last removed while idle. The engine lock is held.
+  void ResizeSlots();
   // Runs fn on the calling thread holding the engine lock like a request, then refreshes the stats.
   template <typename Fn>
   auto BetweenRequests(const std::string& session, Fn&& fn);
@@ -260,6 +267,9 @@ class Scheduler {
   RequestFigures last_stats_;
   anchorage::CacheStats cache_stats_;
   std::optional<ResidentOptions> pending_options_;
+  std::optional<int> pending_parallel_;  // guarded by mu_
+  int wanted_slots_ = 1;                 // engine thread
+  CacheEventSink journal_sink_;          // every slot's cache events, to the journal
   std::string current_session_;  // engine thread: the session cache events belong to
   double prefill_tokens_ = 0, prefill_seconds_ = 0;  // guarded by mu_
   struct NotedCompaction {

@@ -354,8 +354,14 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   Journal* journal = s->journal_.get();
   ShadowReader* shadow = s->shadow_.get();
   const int64_t context_tokens = config.context_tokens;
-  s->settings_->AddListener([scheduler, journal, shadow, context_tokens](const nlohmann::json& effective, int64_t) {
+  const bool parallel_flag = config.parallel.has_value();
+  const int auto_parallel = std::string(scheduler->forward().device_name()) == "cuda" ? 4 : 2;
+  s->settings_->AddListener([scheduler, journal, shadow, context_tokens, parallel_flag, auto_parallel](const nlohmann::json& effective, int64_t) {
     scheduler->SetResidentOptions(ResidentOptionsFromSettings(effective));
+    if (!parallel_flag) {  // --parallel holds for the run
+      const int wanted = static_cast<int>(effective["engine"].value("parallel", int64_t(0)));
+      scheduler->SetParallel(wanted > 0 ? wanted : auto_parallel);
+    }
     if (shadow != nullptr) {
       ShadowOptions o = ShadowOptionsFromSettings(effective);
       o.context_tokens = context_tokens;

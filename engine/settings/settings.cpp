@@ -301,7 +301,7 @@ std::vector<SettingField> SettingsSchemaFields(int64_t total_ram_bytes) {
       Enum("engine", "kv_dtype", {"auto", "f32", "bf16", "fp8"}, "auto",
            "how every state keeps its attention K/V rows, from the next start: bf16 (half the bytes a token in every tier and on the GPU), fp8 (e4m3 with a power-of-two scale per 32 values: about a quarter), f32, or auto (bf16); --kv-dtype overrides"),
       Integer("engine", "parallel", 0, 64, 0,
-              "slots, from the next start: conversations that run at once, batched, each bit for bit what it computes alone; 0: auto (2 on the CPU, 4 on CUDA); --parallel overrides"),
+              "slots: conversations that run at once, batched, each bit for bit what it computes alone; 0: auto (2 on the CPU, 4 on CUDA). A change applies between steps: slots are added at once, and the last ones removed once idle, their conversations written to the spill; --parallel holds for the run"),
       Integer("journal", "retention_days", 1, 3650, 30, "days journal rows are kept"),
       Integer("journal", "retention_rows", 1000, 1000000000, 1000000, "rows kept per journal table"),
   };

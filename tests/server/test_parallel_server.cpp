@@ -359,6 +359,69 @@ class TestParallelServer : public QObject {
     QVERIFY2(row["slot"] != busy_row["slot"], row.dump().c_str());
   }
 
+  // engine.parallel applies live. Raised from auto (2) to 3, three requests at once each find a free slot
+  // and answer as alone; lowered to 1, the removed slots' conversations go to the spill, and the next
+  // turn of one that was not on slot 0 resumes from the spill and answers as alone.
+  void theSlotCountFollowsTheSettings() {
+    QTemporaryDir data;
+    json settings = anchorage::DefaultSettingsDocument(anchorage::MachineTotalRamBytes());
+    settings["disk_cache"]["min_free_gb"] = 0;
+    settings["spill"]["min_tokens"] = 64;
+    QVERIFY(anchorage::WriteFileAtomic(data.filePath("settings.json").toStdString(), settings.dump()).ok());
+    const QString replies = WriteReplies(data);
+    ServerProcess s;
+    QVERIFY(s.Start(data.path(), {"--grid", "64", "--test-replies", replies}));  // engine.parallel 0: auto
+    const auto slot_count = [&] { return json::parse(s.Get("/health")->body)["slots"].size(); };
+    QCOMPARE(slot_count(), size_t(2));
+    const auto set_parallel = [&](int n) {
+      json doc = json::parse(s.Get("/v1/settings")->body);
+      doc["engine"]["parallel"] = n;
+      const auto put = s.Put("/v1/settings", doc.dump());
+      QVERIFY2(put && put->status == 200, put ? put->body.c_str() : "no answer");
+    };
+    set_parallel(3);
+    QTRY_COMPARE_WITH_TIMEOUT(slot_count(), size_t(3), 5000);
+    const json a = Request(Notes(21, 40), "RECITE the rows back.", 3000, 0, "LA");
+    const json b = Request(Notes(22, 30), "Which row is the first?", 30, 0, "LB");
+    const json c = Request(Notes(23, 30), "Which row is the last?", 30, 0, "LC");
+    Answer got_a, got_b, got_c;
+    std::atomic<bool> a_streams = false;
+    std::thread ta([&] { got_a = StreamAnswer(s, a, [&](size_t) { return a_streams = true; }); });
+    QTRY_VERIFY_WITH_TIMEOUT(a_streams.load(), 30000);
+    std::thread tb([&] { got_b = StreamAnswer(s, b); });
+    std::thread tc([&] { got_c = StreamAnswer(s, c); });
+    tb.join();
+    tc.join();
+    ta.join();
+    QVERIFY2(got_b.first < got_a.last && got_c.first < got_a.last, "the requests did not run at once");
+    CompareAnswers(got_a, StreamAnswer(alone_, a), "the long answer beside them");
+    CompareAnswers(got_b, StreamAnswer(alone_, b), "a request on an added slot");
+    CompareAnswers(got_c, StreamAnswer(alone_, c), "another request on an added slot");
+    std::set<int> used;
+    std::string moved;  // a session that ran on a slot that goes
+    for (const char* session : {"LA", "LB", "LC"}) {
+      const json row = NewestRequestRow(s, session);
+      QVERIFY2(!row.is_null() && row.value("queue_position", -1) == 0, row.dump().c_str());
+      used.insert(row["slot"].get<int>());
+      if (row["slot"].get<int>() != 0 && session != std::string("LA")) moved = session;
+    }
+    QCOMPARE(used.size(), size_t(3));
+    QVERIFY(!moved.empty());
+    const int64_t saves = json::parse(s.Get("/v1/cache/stats")->body)["spill"]["saves"].get<int64_t>();
+    set_parallel(1);
+    QTRY_COMPARE_WITH_TIMEOUT(slot_count(), size_t(1), 5000);
+    QVERIFY(json::parse(s.Get("/v1/cache/stats")->body)["spill"]["saves"].get<int64_t>() >= saves + 2);
+    const json& first = moved == "LB" ? b : c;
+    const Answer& first_answer = moved == "LB" ? got_b : got_c;
+    json next = first;
+    next["messages"].push_back({{"role", "assistant"}, {"content", first_answer.text}});
+    next["messages"].push_back({{"role", "user"}, {"content", "And the one after it?"}});
+    next["max_tokens"] = 12;
+    CompareAnswers(StreamAnswer(s, next), StreamAnswer(alone_, next), "the next turn of a removed slot's conversation");
+    const json row = NewestRequestRow(s, moved);
+    QVERIFY2(row["cache_tier"] == "spill" && row["slot"] == 0, row.dump().c_str());
+  }
+
   // A conversation's turn decodes on slot 0 while a short side request of the same session (a title)
   // runs on a side slot; the conversation's next turn still resumes at its end anchor.
   void aGuestOnASideSlotLeavesTheEndAnchor() {
