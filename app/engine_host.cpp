@@ -77,6 +77,7 @@ class LocalWorker : public ConsoleWorker {
     s.kernelPath = on_gpu ? QStringLiteral("cuda") : QString::fromUtf8(anchorage::cpu::PathName(anchorage::cpu::ActivePath()));
     s.weights = QString::fromStdString(m_service->model().weights_format);
     s.kvDtype = QString::fromUtf8(anchorage::KvDtypeName(m_service->model().config.kv_dtype));
+    s.precision = QString::fromStdString(m_service->precision());
     s.generatedModel = m_service->model().generated;
     for (const std::string& note : m_service->notes()) s.notes << QString::fromStdString(note);
     s.fingerprint = QString::fromStdString(m_service->model().fingerprint);

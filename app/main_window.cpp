@@ -387,7 +387,10 @@ QString MainWindow::aboutText() const {
   lines << tr("An operator console and OpenAI-compatible endpoint for Qwen3.5-family models, with exact caches.");
   if (s.ready) {
     lines << tr("Model: %1%2").arg(s.modelId, s.generatedModel ? tr(" (the generated tiny model: random weights)") : QString());
-    lines << tr("Runs on: %1 · %2 weights · %3 K/V rows · %4 threads · %5 slots").arg(s.kernelPath, s.weights, s.kvDtype).arg(s.threads).arg(s.slotCount);
+    lines << tr("Runs on: %1 · %2 weights · %3 K/V rows · %4 precision · %5 threads · %6 slots")
+                 .arg(s.kernelPath, s.weights, s.kvDtype, s.precision.isEmpty() ? tr("exact") : s.precision)
+                 .arg(s.threads)
+                 .arg(s.slotCount);
   } else {
     lines << tr("Model: not loaded yet");
   }
@@ -626,7 +629,8 @@ void MainWindow::onStatus(const EngineStatusSnapshot& s) {
   m_modelLabel->setStyleSheet(QString());
   const QString where = m_host->isRemote() ? tr(" · on %1").arg(QUrl(m_host->remote().url).authority()) : QString();
   const QString weights = (s.weights.isEmpty() ? QString() : tr(" · %1 weights").arg(s.weights)) +
-                          (s.kvDtype.isEmpty() ? QString() : tr(" · %1 K/V rows").arg(s.kvDtype));
+                          (s.kvDtype.isEmpty() ? QString() : tr(" · %1 K/V rows").arg(s.kvDtype)) +
+                          (s.precision == "fast" ? tr(" · fast precision") : QString());
   const QString threads = s.threads == 1 ? tr("1 thread") : tr("%1 threads").arg(s.threads);
   m_modelLabel->setText(tr("model: %1 · %2%3 · %4%5").arg(s.modelId, s.kernelPath, weights, threads, where));
   setWindowTitle(tr("Anchorage — %1%2").arg(s.modelId, where));

@@ -133,6 +133,7 @@ void RemoteWorker::onHealth(int status, const nlohmann::json& body, const QStrin
   s.kernelPath = JsonText(body, "device") == "cuda" ? QStringLiteral("cuda") : JsonText(body, "kernel_path");
   s.weights = JsonText(body, "weights");
   s.kvDtype = JsonText(body, "kv_dtype");
+  s.precision = JsonText(body, "precision");
   const nlohmann::json& generated = JsonField(body, "generated_model");
   s.generatedModel = generated.is_boolean() && generated.get<bool>();
   s.fingerprint = JsonText(body, "fingerprint");

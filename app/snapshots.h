@@ -95,6 +95,7 @@ struct EngineStatusSnapshot {
   QString kernelPath;  // the CPU kernels' path ("avx2-fma"), or "cuda" where a GPU runs the model
   QString weights;     // how the matrices are held ("bf16", "fp8-e4m3 + bf16", "int8")
   QString kvDtype;     // how states keep their K/V rows ("bf16", "fp8", "f32")
+  QString precision;   // how products run: "exact", or "fast" (bf16-rounded activations on bf16 units)
   bool generatedModel = false;  // the embedded model is the generated tiny one (random weights)
   int threads = 0;     // the engine's worker threads
   QString url;      // the endpoint, http://HOST:PORT/v1

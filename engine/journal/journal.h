@@ -36,6 +36,7 @@ struct RequestRow {
   std::string cache_tier;
   std::string finish_reason;
   int slot = 0;  // the engine slot that ran it
+  std::string precision = "exact";  // the precision its products ran in ("exact", "fast")
 };
 
 enum class CacheEventKind { kHit, kWrite, kEviction, kShed, kDrop, kFailedRestore, kClear };
@@ -117,7 +118,7 @@ struct JournalStats {
 // Thread-safe. Record* never blocks on the disk; one writer thread commits rows in batches.
 class Journal {
  public:
-  static constexpr int kSchemaVersion = 5;
+  static constexpr int kSchemaVersion = 6;
 
   // Opens or creates data_dir/journal.db, migrates its schema and starts the writer.
   static Result<std::unique_ptr<Journal>> Open(const JournalOptions& options);

@@ -186,6 +186,7 @@ void HttpServer::RouteOperations() {
                    {"fingerprint", model_.fingerprint},
                    {"state_fingerprint", model_.state_fingerprint},
                    {"kernel_path", cpu::PathName(cpu::ActivePath())},
+                   {"precision", options_.precision},
                    {"weights", model_.weights_format},
                    {"kv_dtype", KvDtypeName(model_.config.kv_dtype)},
                    {"generated_model", model_.generated},

@@ -31,6 +31,7 @@ struct ServerOptions {
   HttpTransportOptions transport;  // limits, timeouts, pools and connection caps
   Backends* backends = nullptr;    // upstreams whose models are forwarded (not owned); nullptr: none
   std::vector<std::string> notes;  // what the start said besides its progress (warnings, overrides), for /health
+  std::string precision = "exact";  // the precision products run in (Service::precision)
 };
 
 class HttpServer {

@@ -842,6 +842,7 @@ void Scheduler::RecordJob(const Job& job, const RequestFigures& s, int status, c
   row.figures.cached_tokens = std::max<int64_t>(0, s.prompt_tokens - s.reread_tokens);
   row.cache_tier = s.cache_source == "disk" || s.cache_source == "spill" ? s.cache_source : s.cached_tokens > 0 ? "ram" : "none";
   row.finish_reason = finish;
+  row.precision = options_.precision;
   options_.journal->RecordRequest(std::move(row));
 }
 

@@ -121,6 +121,7 @@ struct SchedulerOptions {
   ResidentOptions resident;
   Journal* journal = nullptr;  // optional: every job and cache event becomes a row
   std::string model_id;
+  std::string precision = "exact";  // what the journal's rows say products ran in
   std::optional<ReplyScript> reply_script;  // testing aid: a job whose prompt it matches decodes its reply
   DiskCache* disk = nullptr;  // the disk tier behind the RAM tiers (not owned); nullptr: none
   SessionSpill* spill = nullptr;  // the session spill (not owned); nullptr: none

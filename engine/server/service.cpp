@@ -10,6 +10,7 @@
 #include "engine/core/file_util.h"
 #include "engine/core/text_split.h"
 #include "engine/model/tiny_model.h"
+#include "engine/compute/cpu/matmul.h"
 #include "engine/runtime/cuda_plugin.h"
 #include "engine/runtime/forward.h"
 #include "engine/runtime/weights_report.h"
@@ -231,6 +232,11 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     RETURN_IF_ERROR(say(0.7, "running the stored weights on a fixed prompt, to measure what int8 costs"));
     ASSIGN_OR_RETURN(stored_weights, MeasureStoredWeights(s->model_->config, s->model_->weights, forward_options));
   }
+  // The precision: --precision, else the settings' engine.precision. Set before the backend, whose
+  // fingerprint names the arithmetic it gives.
+  const std::string precision_name = config.precision.value_or(effective["engine"].value("precision", std::string("exact")));
+  ASSIGN_OR_RETURN(const cpu::Precision precision, cpu::PrecisionFromName(precision_name));
+  cpu::SetPrecision(precision);
   std::unique_ptr<ComputeBackend> forward;
   if (config.device != "cpu") {
     ASSIGN_OR_RETURN(forward, OpenCudaBackend(config, *s->model_, [&](const std::string& why) {
@@ -249,6 +255,12 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   s->model_->tensors->DropResidentPages();  // the backend holds its own copy of every matrix
   s->model_->state_fingerprint = forward->StateKey(s->model_->fingerprint);
   s->device_ = forward->DeviceDescription();
+  const bool on_cpu = std::string(forward->device_name()) == "cpu";
+  s->precision_ = on_cpu && cpu::RunsFast(cpu::ActivePath(), precision) ? "fast" : "exact";
+  if (precision == cpu::Precision::kFast && s->precision_ != "fast")
+    s->notes_.push_back(on_cpu ? std::string("precision: fast asked, exact runs: the ") + cpu::PathName(cpu::ActivePath()) +
+                                     " path multiplies in fp32 (fast needs AVX-512 BF16 or AMX)"
+                               : "precision: fast asked, exact runs: the CUDA backend has no fast products yet");
   SchedulerOptions scheduler_options;
   scheduler_options.max_queue = config.max_queue;
   // Slots: --parallel, else the settings' engine.parallel; auto (0) is 2 on the CPU and 4 on CUDA.
@@ -337,6 +349,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   scheduler_options.write_guard = s->write_guard_.get();
   scheduler_options.journal = s->journal_.get();
   scheduler_options.model_id = s->model_id_;
+  scheduler_options.precision = s->precision_;
   if (!config.test_replies_file.empty()) {
     ASSIGN_OR_RETURN(std::string text, ReadFile(config.test_replies_file));
     auto script = ReplyScript::FromJson(nlohmann::json::parse(text, nullptr, false), s->model_->tokenizer);
@@ -404,6 +417,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     s->settings_->AddListener([backends, config](const nlohmann::json& effective, int64_t) { backends->SetSpecs(BackendSpecsOf(config, effective)); });
   }
   options.notes = s->notes_;
+  options.precision = s->precision_;
   s->http_options_ = options;
   s->http_ = std::make_unique<HttpServer>(*s->model_, *s->scheduler_, options, s->journal_.get(), s->settings_.get());
   RETURN_IF_ERROR(say(0.9, "binding " + config.host + ":" + std::to_string(config.port)));

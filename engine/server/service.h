@@ -63,6 +63,8 @@ class Service {
   const std::vector<std::string>& notes() const { return notes_; }
   // What runs the model: "cpu, kernel path ..., N threads" or "cuda, <the GPU>".
   const std::string& device() const { return device_; }
+  // The precision products run in: "fast" only where it was asked and the kernel path has bf16 units.
+  const std::string& precision() const { return precision_; }
 
  private:
   Service() = default;
@@ -84,6 +86,7 @@ class Service {
   std::string model_id_;
   std::vector<std::string> notes_;
   std::string device_;
+  std::string precision_ = "exact";
   bool drained_ = false;
   bool endpoint_off_ = false;  // StopServing closed the endpoint
 };

@@ -35,6 +35,9 @@ struct ServerConfig {
   // --kv-dtype auto|f32|bf16: how every state stores its attention K/V rows; auto (unset) leaves it to the
   // settings' engine.kv_dtype, whose auto is bf16.
   std::optional<KvDtype> kv_dtype;
+  // --precision exact|fast: how the bf16 kernel paths multiply (cpu::Precision); unset: the settings'
+  // engine.precision, whose default is exact.
+  std::optional<std::string> precision;
   // Slots (--parallel); unset: the settings' engine.parallel, whose 0 is 2 on the CPU and 4 on CUDA.
   std::optional<int> parallel;
   bool int8_weights = false;      // --weights int8: matrices made int8 at load; default: as the checkpoint stores them

@@ -300,6 +300,8 @@ std::vector<SettingField> SettingsSchemaFields(int64_t total_ram_bytes) {
       BackendList(),
       Enum("engine", "kv_dtype", {"auto", "f32", "bf16", "fp8"}, "auto",
            "how every state keeps its attention K/V rows, from the next start: bf16 (half the bytes a token in every tier and on the GPU), fp8 (e4m3 with a power-of-two scale per 32 values: about a quarter), f32, or auto (bf16); --kv-dtype overrides"),
+      Enum("engine", "precision", {"exact", "fast"}, "exact",
+           "how the bf16 kernel paths multiply, from the next start: exact (fp32-grade products) or fast (activations rounded once to bf16 on the CPU's bf16 units: faster, logits further from the reference; exact where there are none); --precision overrides"),
       Integer("engine", "parallel", 0, 64, 0,
               "slots: conversations that run at once, batched, each bit for bit what it computes alone; 0: auto (2 on the CPU, 4 on CUDA). A change applies between steps: slots are added at once, and the last ones removed once idle, their conversations written to the spill; --parallel holds for the run"),
       Integer("journal", "retention_days", 1, 3650, 30, "days journal rows are kept"),

@@ -53,7 +53,7 @@ std::vector<int32_t> Ids(int64_t n, int64_t vocab) {
 }  // namespace
 
 // Usage: anchorage-bench-engine [--json] [--no-accuracy] [--no-decode] [--max-tokens N] [--threads 1,2] [--model-dir DIR]
-//                               [--weights as-stored|int8] [--decode-steps N] [--kv-dtype f32|bf16|fp8] [--batches 1,2,4,8,16]
+//                               [--weights as-stored|int8] [--decode-steps N] [--kv-dtype f32|bf16|fp8] [--precision exact|fast] [--batches 1,2,4,8,16]
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int64_t max_tokens = 8192;
@@ -82,6 +82,11 @@ int main(int argc, char** argv) {
         if (p == std::string::npos) break;
         ++p;
       }
+    }
+    else if (a == "--precision") {
+      auto parsed = cpu::PrecisionFromName(v);
+      if (!parsed.ok()) return bench::Fail(parsed.status());
+      cpu::SetPrecision(*parsed);
     }
     else if (a == "--kv-dtype") {
       auto parsed = ParseKvDtype(v);
@@ -117,7 +122,9 @@ int main(int argc, char** argv) {
   auto weights = MapWeights(*config, *set);
   if (!weights.ok()) return bench::Fail(weights.status());
   const ModelConfig& c = *config;
-  std::printf("kernel path: %s (%s)\n", cpu::PathName(cpu::ActivePath()), cpu::ArithmeticName());
+  std::printf("kernel path: %s (%s), precision %s%s\n", cpu::PathName(cpu::ActivePath()), cpu::ArithmeticName(), cpu::PrecisionName(cpu::ActivePrecision()),
+              cpu::ActivePrecision() == cpu::Precision::kFast && !cpu::RunsFast(cpu::ActivePath(), cpu::Precision::kFast)
+                  ? " (runs exact: this path multiplies in fp32)" : "");
   std::printf("model: H %lld, layers %lld, I %lld, vocab %lld, weights %.1f MiB\n",
               static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_hidden_layers),
               static_cast<long long>(c.intermediate_size), static_cast<long long>(c.vocab_size),

@@ -107,11 +107,13 @@ __attribute__((target("amx-tile,amx-bf16"))) inline double AmxBf16Gflops() {
 // One core's measured peaks, 0 where the CPU lacks the instructions.
 struct Peaks {
   double fma = 0, bf16_dot = 0, amx = 0;
-  // The fp32-equivalent peak a path's arithmetic can reach: the bf16 paths spend kBf16Parts products on each fp32 one.
+  // The fp32-equivalent peak a path's arithmetic can reach in the active precision: the bf16 paths spend
+  // kBf16Parts products on each fp32 one in exact, one in fast.
   double Of(cpu::KernelPath path) const {
+    const int parts = cpu::RunsFast(path, cpu::ActivePrecision()) ? 1 : cpu::kBf16Parts;
     switch (cpu::ArithmeticOf(path)) {
-      case cpu::Arithmetic::kBf16Dot: return bf16_dot / cpu::kBf16Parts;
-      case cpu::Arithmetic::kBf16Amx: return amx / cpu::kBf16Parts;
+      case cpu::Arithmetic::kBf16Dot: return bf16_dot / parts;
+      case cpu::Arithmetic::kBf16Amx: return amx / parts;
       case cpu::Arithmetic::kFp32Fma: break;
     }
     return fma;

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <limits>
 #include <random>
 
@@ -59,15 +61,15 @@ float PartOf(float v, int which) {
   return Bf16ToFloat(FloatToBf16(rest));
 }
 
-// The bf16 arithmetic, written out: per pair of k the odd product and the even one of each part, in
-// that order, each added in fp32.
-std::vector<float> SequentialBf16(const Problem& p) {
+// The bf16 arithmetic, written out: per pair of k the odd product and the even one of each of the first
+// `parts` parts (fast precision: 1), in that order, each added in fp32.
+std::vector<float> SequentialBf16(const Problem& p, int parts) {
   std::vector<float> y(static_cast<size_t>(p.m * p.n));
   for (int64_t r = 0; r < p.m; ++r)
     for (int64_t j = 0; j < p.n; ++j) {
       float acc = 0.0f;
       for (int64_t i = 0; i < p.k; i += 2)
-        for (int which = 0; which < cpu::kBf16Parts; ++which) {
+        for (int which = 0; which < parts; ++which) {
           if (i + 1 < p.k) acc = acc + PartOf(p.x[r * p.k + i + 1], which) * Bf16ToFloat(p.w[j * p.k + i + 1]);
           acc = acc + PartOf(p.x[r * p.k + i], which) * Bf16ToFloat(p.w[j * p.k + i]);
         }
@@ -78,13 +80,13 @@ std::vector<float> SequentialBf16(const Problem& p) {
 
 // The AMX arithmetic, written out: per 32 k from k = 0 and per part, the even k's products summed from
 // 0 and the odd k's apart, then (even + odd) added to the output; every sum in fp32.
-std::vector<float> SequentialAmx(const Problem& p) {
+std::vector<float> SequentialAmx(const Problem& p, int parts) {
   std::vector<float> y(static_cast<size_t>(p.m * p.n));
   for (int64_t r = 0; r < p.m; ++r)
     for (int64_t j = 0; j < p.n; ++j) {
       float acc = 0.0f;
       for (int64_t i0 = 0; i0 < p.k; i0 += 32)
-        for (int which = 0; which < cpu::kBf16Parts; ++which) {
+        for (int which = 0; which < parts; ++which) {
           float even = 0.0f, odd = 0.0f;
           for (int64_t i = i0; i < std::min(p.k, i0 + 32); ++i) {
             const float product = PartOf(p.x[r * p.k + i], which) * Bf16ToFloat(p.w[j * p.k + i]);
@@ -101,10 +103,10 @@ std::vector<float> SequentialAmx(const Problem& p) {
   return y;
 }
 
-std::vector<float> WrittenOut(cpu::KernelPath path, const Problem& p) {
+std::vector<float> WrittenOut(cpu::KernelPath path, const Problem& p, int parts = cpu::kBf16Parts) {
   switch (cpu::ArithmeticOf(path)) {
-    case cpu::Arithmetic::kBf16Dot: return SequentialBf16(p);
-    case cpu::Arithmetic::kBf16Amx: return SequentialAmx(p);
+    case cpu::Arithmetic::kBf16Dot: return SequentialBf16(p, parts);
+    case cpu::Arithmetic::kBf16Amx: return SequentialAmx(p, parts);
     case cpu::Arithmetic::kFp32Fma: break;
   }
   return Sequential(p);
@@ -134,6 +136,12 @@ std::vector<float> Run(cpu::KernelPath path, ThreadPool& pool, const Problem& p,
 }
 
 using testing::SameBits;
+
+// Fast precision for a test's scope; exact again after it.
+struct FastPrecision {
+  FastPrecision() { cpu::SetPrecision(cpu::Precision::kFast); }
+  ~FastPrecision() { cpu::SetPrecision(cpu::Precision::kExact); }
+};
 
 using testing::kPaths;
 
@@ -389,6 +397,49 @@ class TestMatmul : public QObject {
       const auto part = Run(kp, two, p, r0, m);
       QVERIFY(SameBits(all.data() + r0 * p.n, part.data(), part.size()));
     }
+  }
+
+  // Fast precision: the bf16 paths multiply each activation rounded to bf16 once (part 0 alone), in
+  // their arithmetic's order; the fp32 paths multiply as in exact. Rows stay independent of the batch
+  // and the threads, and the error stays within the one rounding of each activation.
+  void fastUsesOnePartInItsArithmeticsOrder_data() { rowsIndependentOfBatchAndThreads_data(); }
+  void fastUsesOnePartInItsArithmeticsOrder() {
+    QFETCH(int, path);
+    const auto kp = static_cast<cpu::KernelPath>(path);
+    SKIP_UNLESS_AVAILABLE(kp);
+    ThreadPool one(1), two(2), three(3);
+    const Problem p = Make(110, 70, 301, 7u);
+    const auto exact = Run(kp, two, p, 0, p.m);
+    const FastPrecision fast;
+    QVERIFY(cpu::RunsFast(kp, cpu::Precision::kFast) == cpu::SplitsIntoBf16(kp));
+    const auto all = Run(kp, two, p, 0, p.m);
+    const int parts = cpu::SplitsIntoBf16(kp) ? 1 : cpu::kBf16Parts;
+    QVERIFY(SameBits(all.data(), WrittenOut(kp, p, parts).data(), all.size()));
+    QCOMPARE(SameBits(all.data(), exact.data(), all.size()), !cpu::SplitsIntoBf16(kp));
+    QVERIFY(SameBits(all.data(), Run(kp, three, p, 0, p.m).data(), all.size()));
+    for (int64_t r : {0, 1, 16, 95, 96, 109}) {
+      const auto single = Run(kp, one, p, r, 1);
+      QVERIFY2(SameBits(all.data() + r * p.n, single.data(), static_cast<size_t>(p.n)), qPrintable(QString("row %1").arg(r)));
+    }
+    for (auto [r0, m] : {std::pair<int64_t, int64_t>{0, 2}, {3, 3}, {10, 17}})
+      QVERIFY(SameBits(all.data() + r0 * p.n, Run(kp, two, p, r0, m).data(), static_cast<size_t>(m * p.n)));
+    const double bound = cpu::SplitsIntoBf16(kp) ? std::ldexp(1.0, -8) + p.k * std::ldexp(1.0, -24) : p.k * std::ldexp(1.0, -24);
+    QVERIFY(WorstRelative(p, all) <= bound);
+    QVERIFY(std::string(cpu::ArithmeticNameOf(kp)) != cpu::ArithmeticNameOf(kp, cpu::Precision::kExact) || !cpu::SplitsIntoBf16(kp));
+  }
+
+  // Fast precision picks the CPU's bf16 path where it has one (exact again picks the start's path).
+  void fastPicksTheBf16Units() {
+    if (std::getenv("ANCHORAGE_KERNEL") != nullptr) QSKIP("ANCHORAGE_KERNEL names the path");
+    const cpu::KernelPath before = cpu::ActivePath();
+    {
+      const FastPrecision fast;
+      const bool has_units = cpu::PathAvailable(cpu::KernelPath::kAvx512Bf16) || cpu::PathAvailable(cpu::KernelPath::kAmxBf16);
+      QCOMPARE(cpu::SplitsIntoBf16(cpu::ActivePath()), has_units);
+      QCOMPARE(cpu::RunsFast(cpu::ActivePath(), cpu::ActivePrecision()), has_units);
+    }
+    QCOMPARE(cpu::ActivePath(), cpu::AvailablePaths().front());
+    QVERIFY(cpu::SetActivePath(before).ok());
   }
 
   // Paths of one arithmetic agree bit for bit (the portable C++ of each is the reference).

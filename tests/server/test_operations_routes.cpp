@@ -248,6 +248,30 @@ class TestOperationsRoutes : public QObject {
     const std::string log = s.Log(false);
     QVERIFY2(log.find("--resident-gb 1.5 overrides") != std::string::npos, log.c_str());
   }
+
+  // --precision: /health says what runs; fast on a path without bf16 units runs exact and the start
+  // says so (a CPU with them runs fast and its state fingerprint differs); another word is refused.
+  void precisionIsReportedAndRefusedWhenUnknown() {
+    QTemporaryDir dir;
+    ServerProcess exact, fast;
+    QVERIFY(exact.Start(dir.path(), {"--grid", "64", "--caches", "off"}));
+    QTemporaryDir other;
+    QVERIFY(fast.Start(other.path(), {"--grid", "64", "--caches", "off", "--precision", "fast"}));
+    const json a = json::parse(exact.Get("/health")->body), b = json::parse(fast.Get("/health")->body);
+    QCOMPARE(a["precision"].get<std::string>(), std::string("exact"));
+    const bool units = b["kernel_path"] == "avx512-bf16" || b["kernel_path"] == "amx-bf16";
+    QCOMPARE(b["precision"].get<std::string>(), std::string(units ? "fast" : "exact"));
+    QCOMPARE(a["state_fingerprint"] != b["state_fingerprint"], units);
+    bool said = false;
+    for (const json& note : b["notes"]) said |= note.get<std::string>().find("fast asked, exact runs") != std::string::npos;
+    QCOMPARE(said, !units);
+    QProcess p;
+    p.start(QString(ANCHORAGE_BINARY_DIR) + "/app/anchorage-server", {"--data-dir", dir.path(), "--port", "0", "--precision", "quick"});
+    QVERIFY(p.waitForFinished(30000));
+    QCOMPARE(p.exitCode(), 2);
+    const QString err = QString::fromUtf8(p.readAllStandardError());
+    QVERIFY2(err.contains("precision must be exact or fast, got 'quick'"), qPrintable(err));
+  }
 };
 
 QTEST_GUILESS_MAIN(TestOperationsRoutes)

@@ -68,7 +68,7 @@ inline void SplitSixteenPairs(__m512 first16, __m512 next16, uint32_t* part0, in
     return a;
   }();
   const __m512i high_halves = _mm512_load_si512(kHighHalves.data());
-  const auto round = [](__m512i bits) {
+  const auto round = [&](__m512i bits) {  // a capture: no function-pointer conversion compiled outside the target
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
     const __m512i rounded = _mm512_and_si512(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))),
                                              _mm512_set1_epi32(static_cast<int>(0xffff0000u)));

@@ -113,7 +113,7 @@ void StoreC(float* const y, int64_t ldy, int cols, const RowPair& rp, float* scr
 // `ready`, and the rest are interleaved from w one chunk ahead of their use.
 template <bool kTwo>
 void RowPairTimesPanel(const RowPair& rp, const uint16_t* w, int64_t k, int64_t chunks, uint32_t* b_tiles, int64_t& ready,
-                       float* y, int64_t ldy, int cols, bool accumulate, float* scratch) {
+                       float* y, int64_t ldy, int cols, bool accumulate, float* scratch, int parts) {
   if (accumulate) {
     LoadC<kTwo>(y, ldy, cols, rp, scratch);
   } else {
@@ -129,7 +129,7 @@ void RowPairTimesPanel(const RowPair& rp, const uint16_t* w, int64_t k, int64_t 
     const uint32_t* b = b_tiles + c * 2 * kTileWords;
     _tile_loadd(6, b, 64);
     _tile_loadd(7, b + kTileWords, 64);
-    for (int p = 0; p < kBf16Parts; ++p) {
+    for (int p = 0; p < parts; ++p) {
       const uint32_t* a = rp.a + (c * kBf16Parts + p) * kTileWords;
       _tile_loadd(4, a, 64);
       if constexpr (kTwo) _tile_loadd(5, a + rp.second_tile, 64);
@@ -150,8 +150,8 @@ void RowPairTimesPanel(const RowPair& rp, const uint16_t* w, int64_t k, int64_t 
 // row as for 16, so decode sums each chunk's even and odd products in fused multiply-adds instead,
 // with MXCSR's flush-to-zero and denormals-are-zero as TDPBF16PS has them. The k rows are widened
 // into Avx512Lanes' lo and hi, as on the avx512f path.
-// R rows by S super-panels over chunks [0, chunks); x[r]: row r's first A tile row (SplitRowsAmxBf16's layout).
-template <int R, int S>
+// R rows by S super-panels over chunks [0, chunks) and parts [0, P); x[r]: row r's first A tile row (SplitRowsAmxBf16's layout).
+template <int R, int S, int P>
 void FewRows(const uint32_t* const* x, const uint16_t* const* w, float* const* y, const int* cols, int64_t ldy, int64_t k,
              bool accumulate) {
   __m512 acc[R][S][2];
@@ -165,10 +165,10 @@ void FewRows(const uint32_t* const* x, const uint16_t* const* w, float* const* y
     }
   const int64_t pairs = PairCount(k);
   for (int64_t c = 0; c * kChunkPairs < pairs; ++c) {
-    __m512 even[R][S][kBf16Parts][2], odd[R][S][kBf16Parts][2];
+    __m512 even[R][S][P][2], odd[R][S][P][2];
     for (int r = 0; r < R; ++r)
       for (int s = 0; s < S; ++s)
-        for (int p = 0; p < kBf16Parts; ++p)
+        for (int p = 0; p < P; ++p)
           for (int h = 0; h < 2; ++h) even[r][s][p][h] = odd[r][s][p][h] = _mm512_setzero_ps();
     const int64_t last = std::min(pairs, (c + 1) * kChunkPairs);
     for (int64_t t = c * kChunkPairs; t < last; ++t) {
@@ -182,7 +182,7 @@ void FewRows(const uint32_t* const* x, const uint16_t* const* w, float* const* y
         }
       }
       for (int r = 0; r < R; ++r)
-        for (int p = 0; p < kBf16Parts; ++p) {
+        for (int p = 0; p < P; ++p) {
           const uint32_t word = x[r][(c * kBf16Parts + p) * kTileWords + t % kChunkPairs];
           const __m512 xe = _mm512_set1_ps(std::bit_cast<float>(word << 16));
           const __m512 xo = _mm512_set1_ps(std::bit_cast<float>(word & 0xffff0000u));
@@ -195,7 +195,7 @@ void FewRows(const uint32_t* const* x, const uint16_t* const* w, float* const* y
     }
     for (int r = 0; r < R; ++r)
       for (int s = 0; s < S; ++s)
-        for (int p = 0; p < kBf16Parts; ++p)
+        for (int p = 0; p < P; ++p)
           for (int h = 0; h < 2; ++h)
             acc[r][s][h] = _mm512_add_ps(acc[r][s][h], _mm512_add_ps(even[r][s][p][h], odd[r][s][p][h]));
   }
@@ -203,6 +203,7 @@ void FewRows(const uint32_t* const* x, const uint16_t* const* w, float* const* y
     for (int s = 0; s < S; ++s) Avx512Lanes::StoreOut(y[s] + r * ldy, cols[s], acc[r][s][0], acc[r][s][1]);
 }
 
+template <int P>
 void RunFewRows(const GemmBlock& b) {
   constexpr unsigned kFlushToZero = 0x8000, kDenormalsAreZero = 0x40;
   const unsigned saved = _mm_getcsr();
@@ -215,13 +216,13 @@ void RunFewRows(const GemmBlock& b) {
     const int cols[2] = {static_cast<int>(std::min<int64_t>(kPanelColumns, b.cols - first)),
                          static_cast<int>(std::min<int64_t>(kPanelColumns, b.cols - first - kPanelColumns))};
     if (b.rows == 2) {
-      FewRows<2, 1>(x, w, y, cols, b.ldy, b.k, b.accumulate);
+      FewRows<2, 1, P>(x, w, y, cols, b.ldy, b.k, b.accumulate);
       p += 1;
     } else if (p + 1 < b.panel_count) {
-      FewRows<1, 2>(x, w, y, cols, b.ldy, b.k, b.accumulate);
+      FewRows<1, 2, P>(x, w, y, cols, b.ldy, b.k, b.accumulate);
       p += 2;
     } else {
-      FewRows<1, 1>(x, w, y, cols, b.ldy, b.k, b.accumulate);
+      FewRows<1, 1, P>(x, w, y, cols, b.ldy, b.k, b.accumulate);
       p += 1;
     }
   }
@@ -230,7 +231,7 @@ void RunFewRows(const GemmBlock& b) {
 
 void Run(const GemmBlock& b) {
   assert(b.k0 == 0 && b.k1 == b.k);  // the A tiles hold the whole k
-  if (b.rows <= kFewRows) return RunFewRows(b);
+  if (b.rows <= kFewRows) return b.parts == 1 ? RunFewRows<1>(b) : RunFewRows<kBf16Parts>(b);
   const int64_t chunks = (b.k + kAmxChunk - 1) / kAmxChunk;
   thread_local std::vector<uint32_t> b_tiles;
   b_tiles.resize(static_cast<size_t>(chunks * 2 * kTileWords));
@@ -255,9 +256,9 @@ void Run(const GemmBlock& b) {
       }
       float* yr = y + r0 * b.ldy;
       if (rp.rows1 > 0) {
-        RowPairTimesPanel<true>(rp, w, b.k, chunks, b_tiles.data(), ready, yr, b.ldy, cols, b.accumulate, scratch);
+        RowPairTimesPanel<true>(rp, w, b.k, chunks, b_tiles.data(), ready, yr, b.ldy, cols, b.accumulate, scratch, b.parts);
       } else {
-        RowPairTimesPanel<false>(rp, w, b.k, chunks, b_tiles.data(), ready, yr, b.ldy, cols, b.accumulate, scratch);
+        RowPairTimesPanel<false>(rp, w, b.k, chunks, b_tiles.data(), ready, yr, b.ldy, cols, b.accumulate, scratch, b.parts);
       }
     }
   }

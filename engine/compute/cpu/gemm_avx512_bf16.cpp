@@ -23,8 +23,8 @@ struct PairRows {
   int64_t row_words, part_words;
 };
 
-// R rows by S super-panels; pairs full k pairs, then one k (paired with zero) when odd_tail.
-template <int R, int S>
+// R rows by S super-panels over parts [0, P); pairs full k pairs, then one k (paired with zero) when odd_tail.
+template <int R, int S, int P>
 void Tile(PairRows x, const uint16_t* const* w, float* const* y, const int* cols, int64_t ldy, int64_t pairs, bool odd_tail,
           bool accumulate) {
   __m512 lo[R][S], hi[R][S];
@@ -48,7 +48,7 @@ void Tile(PairRows x, const uint16_t* const* w, float* const* y, const int* cols
       wh[s] = reinterpret_cast<__m512bh>(hi);
     }
     for (int r = 0; r < R; ++r)
-      for (int p = 0; p < kBf16Parts; ++p) {
+      for (int p = 0; p < P; ++p) {
         const auto b = reinterpret_cast<__m512bh>(
             _mm512_set1_epi32(static_cast<int>(x.x[r * x.row_words + p * x.part_words + t])));
         for (int s = 0; s < S; ++s) {
@@ -63,19 +63,20 @@ void Tile(PairRows x, const uint16_t* const* w, float* const* y, const int* cols
     for (int s = 0; s < S; ++s) StoreOut(y[s] + r * ldy, cols[s], lo[r][s], hi[r][s]);
 }
 
-template <int S, int MaxR, int R = 1>
+template <int S, int MaxR, int P, int R = 1>
 void TileRows(int rows, PairRows x, const uint16_t* const* w, float* const* y, const int* cols, int64_t ldy, int64_t pairs,
               bool odd_tail, bool accumulate) {
   if constexpr (R <= MaxR) {
-    if (rows == R) return Tile<R, S>(x, w, y, cols, ldy, pairs, odd_tail, accumulate);
-    return TileRows<S, MaxR, R + 1>(rows, x, w, y, cols, ldy, pairs, odd_tail, accumulate);
+    if (rows == R) return Tile<R, S, P>(x, w, y, cols, ldy, pairs, odd_tail, accumulate);
+    return TileRows<S, MaxR, P, R + 1>(rows, x, w, y, cols, ldy, pairs, odd_tail, accumulate);
   }
 }
 
 constexpr int kRowTile = 12;
 constexpr int kFewRowsPanels = 4;
 
-void Run(const GemmBlock& b) {
+template <int P>
+void RunParts(const GemmBlock& b) {
   const uint16_t* w[kFewRowsPanels];
   float* y[kFewRowsPanels];
   int cols[kFewRowsPanels];
@@ -90,8 +91,8 @@ void Run(const GemmBlock& b) {
   const bool odd_tail = (b.k1 - b.k0) % 2 != 0;
   if (b.rows <= kFewRows) {
     const int rows = static_cast<int>(b.rows);
-    if (panels == kFewRowsPanels) return TileRows<kFewRowsPanels, kFewRows>(rows, x, w, y, cols, b.ldy, pairs, odd_tail, b.accumulate);
-    for (int p = 0; p < panels; ++p) TileRows<1, kFewRows>(rows, x, w + p, y + p, cols + p, b.ldy, pairs, odd_tail, b.accumulate);
+    if (panels == kFewRowsPanels) return TileRows<kFewRowsPanels, kFewRows, P>(rows, x, w, y, cols, b.ldy, pairs, odd_tail, b.accumulate);
+    for (int p = 0; p < panels; ++p) TileRows<1, kFewRows, P>(rows, x, w + p, y + p, cols + p, b.ldy, pairs, odd_tail, b.accumulate);
     return;
   }
   for (int64_t r0 = 0; r0 < b.rows; r0 += kRowTile) {
@@ -99,9 +100,14 @@ void Run(const GemmBlock& b) {
     const PairRows xr{x.x + r0 * x.row_words, x.row_words, x.part_words};
     for (int p = 0; p < panels; ++p) {
       float* yr = y[p] + r0 * b.ldy;
-      TileRows<1, kRowTile>(rows, xr, w + p, &yr, cols + p, b.ldy, pairs, odd_tail, b.accumulate);
+      TileRows<1, kRowTile, P>(rows, xr, w + p, &yr, cols + p, b.ldy, pairs, odd_tail, b.accumulate);
     }
   }
+}
+
+void Run(const GemmBlock& b) {
+  if (b.parts == 1) return RunParts<1>(b);
+  RunParts<kBf16Parts>(b);
 }
 
 // SplitRowsPortable's words, 16 pairs at a time.

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "engine/compute/cpu/bf16_split.h"
 #include "engine/compute/cpu/packed_bf16.h"
 #include "engine/compute/cpu/packed_q8.h"
 
@@ -31,6 +32,7 @@ struct GemmBlock {
   // (the AMX path: row tile r / 16 from x_pairs + r * parts * pair_stride, SplitRowsAmxBf16's layout).
   const uint32_t* x_pairs = nullptr;
   int64_t pair_stride = 0;
+  int parts = kBf16Parts;  // the parts the products use, from part 0 (fast precision: 1, the bf16-rounded activation)
   // 8-bit weights (PackedQ8's layout): the group's first super-panel's codes and scales; panels is unset.
   const uint8_t* q8_panels = nullptr;
   const float* q8_scales = nullptr;

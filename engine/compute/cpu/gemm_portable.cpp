@@ -133,7 +133,7 @@ using PortableInt8 = Int8LaneArrays<8, 2, 2, 2, 2>;
 using Int8Emulated16 = Int8LaneArrays<16, 8, 4, 6, 2>;
 using Emulated16 = LaneArrays<16, 12, 4>;
 
-// The bf16 path's arithmetic one output at a time: pairs of k in order, each part in order, DotPair each.
+// The bf16 path's arithmetic one output at a time: pairs of k in order, each part used in order, DotPair each.
 void RunEmulatedBf16(const GemmBlock& b) {
   for (int64_t c = 0; c < b.cols; ++c) {
     const uint16_t* column = b.panels + (c / kPanelColumns) * b.k * kPanelColumns + PackedBf16::SlotOf(c % kPanelColumns);
@@ -141,7 +141,7 @@ void RunEmulatedBf16(const GemmBlock& b) {
       float acc = b.accumulate ? b.y[r * b.ldy + c] : 0.0f;
       for (int64_t i = b.k0; i < b.k1; i += 2) {
         const uint32_t w_pair = column[i * kPanelColumns] | (i + 1 < b.k ? uint32_t{column[(i + 1) * kPanelColumns]} << 16 : 0u);
-        for (int p = 0; p < kBf16Parts; ++p)
+        for (int p = 0; p < b.parts; ++p)
           acc = DotPair(acc, b.x_pairs[(r * kBf16Parts + p) * b.pair_stride + i / 2], w_pair);
       }
       b.y[r * b.ldy + c] = acc;
@@ -158,7 +158,7 @@ void RunEmulatedAmx(const GemmBlock& b) {
       float acc = b.accumulate ? b.y[r * b.ldy + c] : 0.0f;
       for (int64_t i0 = b.k0; i0 < b.k1; i0 += kAmxChunk) {
         const int64_t i1 = std::min(b.k1, i0 + kAmxChunk);
-        for (int p = 0; p < kBf16Parts; ++p) {
+        for (int p = 0; p < b.parts; ++p) {
           AmxSums sums;
           for (int64_t i = i0; i < i1; i += 2) {
             const uint32_t w_pair = column[i * kPanelColumns] | (i + 1 < b.k ? uint32_t{column[(i + 1) * kPanelColumns]} << 16 : 0u);

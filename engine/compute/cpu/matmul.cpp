@@ -68,6 +68,11 @@ std::atomic<KernelPath>& Active() {
   return active;
 }
 
+std::atomic<Precision>& ActivePrecisionSlot() {
+  static std::atomic<Precision> precision{Precision::kExact};
+  return precision;
+}
+
 // The rows packed into kRowGroup groups in the calling thread's buffer for more than kFewRows rows, else null.
 const float* RowGroupsFor(ThreadPool& pool, const float* x, int64_t m, int64_t ldx, int64_t k) {
   if (m <= kFewRows) return nullptr;
@@ -261,6 +266,31 @@ std::vector<KernelPath> AvailablePaths() {
 
 KernelPath ActivePath() { return Active().load(std::memory_order_relaxed); }
 
+const char* PrecisionName(Precision precision) { return precision == Precision::kFast ? "fast" : "exact"; }
+
+Result<Precision> PrecisionFromName(const std::string& name) {
+  if (name == "exact") return Precision::kExact;
+  if (name == "fast") return Precision::kFast;
+  return InvalidArgument("precision must be exact or fast, got '" + name + "'");
+}
+
+Precision ActivePrecision() { return ActivePrecisionSlot().load(std::memory_order_relaxed); }
+
+void SetPrecision(Precision precision) {
+  ActivePrecisionSlot().store(precision, std::memory_order_relaxed);
+  if (const char* wanted = std::getenv("ANCHORAGE_KERNEL"); wanted != nullptr && *wanted != '\0') return;
+  KernelPath best = AvailablePaths().front();
+  if (precision == Precision::kFast)
+    for (KernelPath p : {KernelPath::kAmxBf16, KernelPath::kAvx512Bf16})
+      if (PathAvailable(p)) {
+        best = p;
+        break;
+      }
+  Active().store(best, std::memory_order_relaxed);
+}
+
+bool RunsFast(KernelPath path, Precision precision) { return precision == Precision::kFast && SplitsIntoBf16(path); }
+
 Status SetActivePath(KernelPath path) {
   if (!PathAvailable(path)) return InvalidArgument(std::string("this CPU cannot run the ") + PathName(path) + " kernels");
   Active().store(path, std::memory_order_relaxed);
@@ -297,16 +327,19 @@ Arithmetic ArithmeticOf(KernelPath path) {
 
 bool SplitsIntoBf16(KernelPath path) { return ArithmeticOf(path) != Arithmetic::kFp32Fma; }
 
-const char* ArithmeticNameOf(KernelPath path) {
+const char* ArithmeticNameOf(KernelPath path, Precision precision) {
   static_assert(kBf16Parts == 3, "the bf16 arithmetics' names say how many parts they split into");
   static_assert(kAmxChunk == 32, "the AMX arithmetic's name says how many k it sums apart");
+  const bool fast = RunsFast(path, precision);
   switch (ArithmeticOf(path)) {
-    case Arithmetic::kBf16Dot: return "bf16-split3-dpbf16-k-pairs-v1";
-    case Arithmetic::kBf16Amx: return "bf16-split3-amx-k32-v1";
+    case Arithmetic::kBf16Dot: return fast ? "bf16-round1-dpbf16-k-pairs-v1" : "bf16-split3-dpbf16-k-pairs-v1";
+    case Arithmetic::kBf16Amx: return fast ? "bf16-round1-amx-k32-v1" : "bf16-split3-amx-k32-v1";
     case Arithmetic::kFp32Fma: break;
   }
   return "fp32-fma-k-order-v2";
 }
+
+const char* ArithmeticNameOf(KernelPath path) { return ArithmeticNameOf(path, ActivePrecision()); }
 
 const char* ArithmeticName() { return ArithmeticNameOf(ActivePath()); }
 
@@ -368,6 +401,7 @@ void MatMulSharedOn(KernelPath path, ThreadPool& pool, const float* x, int64_t m
     if (product.bf16 != nullptr) {
       job.block = BlockOf(path);
       job.proto.pair_stride = PairStrideOf(path, k);
+      job.proto.parts = RunsFast(path, ActivePrecision()) ? 1 : kBf16Parts;
       if (split != nullptr) {
         if (split_rows == nullptr) split_rows = SplitRows(pool, split, x, m, ldx, k, job.proto.pair_stride);
         job.proto.x_pairs = split_rows;

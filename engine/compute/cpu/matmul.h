@@ -34,6 +34,19 @@ enum class Arithmetic {
   kBf16Amx,   // bf16 parts, 32 k at a time as TDPBF16PS adds them (AmxStep, AmxAdd)
 };
 
+// How the bf16 paths multiply: exact splits each activation into kBf16Parts bf16 parts (fp32-grade
+// products); fast rounds it to bf16 once and multiplies that part alone (a third of the products).
+// The fp32 paths multiply in fp32 either way: fast runs as exact there.
+enum class Precision { kExact, kFast };
+const char* PrecisionName(Precision precision);  // "exact", "fast"
+Result<Precision> PrecisionFromName(const std::string& name);
+Precision ActivePrecision();
+// Sets the precision; where no ANCHORAGE_KERNEL names the path, fast picks the best bf16 path this CPU
+// runs (the bf16 units' rate is then its to spend) and exact the best path as at start.
+void SetPrecision(Precision precision);
+// Whether products on the path run with fewer parts than exact in this precision.
+bool RunsFast(KernelPath path, Precision precision);
+
 const char* PathName(KernelPath path);
 Result<KernelPath> PathFromName(const std::string& name);
 // The paths this CPU runs, best first (the emulated ones are never listed: they exist for tests). The
@@ -46,9 +59,11 @@ bool PathAvailable(KernelPath path);
 KernelPath ActivePath();
 // Tests and benchmarks switch paths; refuses one this CPU cannot run.
 Status SetActivePath(KernelPath path);
-// How the active path rounds: paths with the same name give the same bits (part of the fingerprint).
+// How the active path rounds in the active precision: paths with the same name give the same bits (part of
+// the fingerprint).
 const char* ArithmeticName();
 const char* ArithmeticNameOf(KernelPath path);
+const char* ArithmeticNameOf(KernelPath path, Precision precision);
 Arithmetic ArithmeticOf(KernelPath path);
 // Whether the path splits activations into bf16 parts (bf16_split.h) rather than multiplying in fp32.
 bool SplitsIntoBf16(KernelPath path);
