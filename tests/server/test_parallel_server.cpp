@@ -6,6 +6,7 @@
 // anchor to its next turn.
 #include <QtTest>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <set>
@@ -88,6 +89,20 @@ void CompareAnswers(const Answer& got, const Answer& alone, const char* what) {
   QVERIFY2(got.finish == alone.finish, what);
 }
 
+// a, then once it streams b and c beside it; their answers in that order.
+std::array<Answer, 3> StreamThreeAtOnce(ServerProcess& s, const json& a, const json& b, const json& c) {
+  std::array<Answer, 3> got;
+  std::atomic<bool> a_streams = false;
+  std::thread ta([&] { got[0] = StreamAnswer(s, a, [&](size_t) { return a_streams = true; }); });
+  (void)QTest::qWaitFor([&] { return a_streams.load(); }, 30000);  // the callers check the answers' times
+  std::thread tb([&] { got[1] = StreamAnswer(s, b); });
+  std::thread tc([&] { got[2] = StreamAnswer(s, c); });
+  tb.join();
+  tc.join();
+  ta.join();
+  return got;
+}
+
 // The newest request row of session in the journal, once its writer has it; null after 5 s without.
 json NewestRequestRow(ServerProcess& s, const std::string& session) {
   for (int attempt = 0; attempt < 100; ++attempt) {
@@ -143,15 +158,7 @@ class TestParallelServer : public QObject {
     const json a = Request(Notes(1, 40), "RECITE the rows back.", 3000, 0, "A");
     const json b = Request(Notes(2, 30), "Pick a row at random.", 200, 0.9, "B");
     const json c = Request(Notes(3, 400), "Which note is the last?", 40, 0, "C");
-    Answer got_a, got_b, got_c;
-    std::atomic<bool> a_streams = false;
-    std::thread ta([&] { got_a = StreamAnswer(server_, a, [&](size_t) { return a_streams = true; }); });
-    QTRY_VERIFY_WITH_TIMEOUT(a_streams.load(), 30000);
-    std::thread tb([&] { got_b = StreamAnswer(server_, b); });
-    std::thread tc([&] { got_c = StreamAnswer(server_, c); });
-    tb.join();
-    tc.join();
-    ta.join();
+    const auto [got_a, got_b, got_c] = StreamThreeAtOnce(server_, a, b, c);
     CompareAnswers(got_a, StreamAnswer(alone_, a), "the long greedy answer");
     CompareAnswers(got_b, StreamAnswer(alone_, b), "the sampled answer");
     CompareAnswers(got_c, StreamAnswer(alone_, c), "the long prompt's answer");
@@ -384,15 +391,7 @@ class TestParallelServer : public QObject {
     const json a = Request(Notes(21, 40), "RECITE the rows back.", 3000, 0, "LA");
     const json b = Request(Notes(22, 30), "Which row is the first?", 30, 0, "LB");
     const json c = Request(Notes(23, 30), "Which row is the last?", 30, 0, "LC");
-    Answer got_a, got_b, got_c;
-    std::atomic<bool> a_streams = false;
-    std::thread ta([&] { got_a = StreamAnswer(s, a, [&](size_t) { return a_streams = true; }); });
-    QTRY_VERIFY_WITH_TIMEOUT(a_streams.load(), 30000);
-    std::thread tb([&] { got_b = StreamAnswer(s, b); });
-    std::thread tc([&] { got_c = StreamAnswer(s, c); });
-    tb.join();
-    tc.join();
-    ta.join();
+    const auto [got_a, got_b, got_c] = StreamThreeAtOnce(s, a, b, c);
     QVERIFY2(got_b.first < got_a.last && got_c.first < got_a.last, "the requests did not run at once");
     CompareAnswers(got_a, StreamAnswer(alone_, a), "the long answer beside them");
     CompareAnswers(got_b, StreamAnswer(alone_, b), "a request on an added slot");
