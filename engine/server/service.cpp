@@ -236,7 +236,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   // fingerprint names the arithmetic it gives.
   const std::string precision_name = config.precision.value_or(effective["engine"].value("precision", std::string("exact")));
   ASSIGN_OR_RETURN(const cpu::Precision precision, cpu::PrecisionFromName(precision_name));
-  cpu::SetPrecision(precision);
+  if (precision != cpu::ActivePrecision()) cpu::SetPrecision(precision);
   std::unique_ptr<ComputeBackend> forward;
   if (config.device != "cpu") {
     ASSIGN_OR_RETURN(forward, OpenCudaBackend(config, *s->model_, [&](const std::string& why) {
