@@ -612,9 +612,9 @@ Status CudaForward::Init(const ModelWeights& w) {
   // Products: every shape's algorithm chosen once for the grid's rows.
   const int64_t max_k = std::max({H, I, VD, Nh * hd, mtp_ ? 2 * H : 0});
   const int64_t max_n = std::max({H, I, C, VD, 2 * Nh * hd, Nkv * hd});
-  ASSIGN_OR_RETURN(gemm_, cuda::LtGemm::Create(G, max_k, max_n, stream_));
+  ASSIGN_OR_RETURN(gemm_, cuda::LtGemm::Create(G, max_k, max_n, stream_, options_.fast_products));
   if (lm_head_.w != nullptr) {  // an 8-bit lm_head takes the CUDA-core GEMM
-    ASSIGN_OR_RETURN(logits_gemm_, cuda::LtGemm::Create(kLogitRows, H, c.vocab_size, stream_));
+    ASSIGN_OR_RETURN(logits_gemm_, cuda::LtGemm::Create(kLogitRows, H, c.vocab_size, stream_, options_.fast_products));
     RETURN_IF_ERROR(logits_gemm_->Prepare(c.vocab_size, H, lm_head_.w));
   }
   std::vector<const Layer*> product_layers;

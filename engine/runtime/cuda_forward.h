@@ -33,6 +33,8 @@ struct CudaForwardOptions {
   // BF16, F16 and F32 matrices made int8 at load as the CPU's --weights int8 makes them (a scale a
   // row and 32 inputs); FP8 ones stay FP8.
   bool int8_weights = false;
+  // Fast precision: the prefill products take each activation rounded to bf16 once (no low part).
+  bool fast_products = false;
 };
 
 // The recurrent part of a device state at one length, kept in device memory: an anchor that does not

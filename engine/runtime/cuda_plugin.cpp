@@ -2,7 +2,7 @@
 
 #include "engine/runtime/cuda_backend.h"
 
-extern "C" __attribute__((visibility("default"))) anchorage::ComputeBackend* anchorage_cuda_backend_v3(
+extern "C" __attribute__((visibility("default"))) anchorage::ComputeBackend* anchorage_cuda_backend_v4(
     const anchorage::CudaPluginRequest* request, std::string* error) {
   using namespace anchorage;
   if (!(request->layout == CudaPluginLayout{})) {
@@ -14,6 +14,7 @@ extern "C" __attribute__((visibility("default"))) anchorage::ComputeBackend* anc
   options.device = request->device;
   options.decode_graphs = request->decode_graphs;
   options.int8_weights = request->int8_weights;
+  options.fast_products = request->fast_products;
   auto backend = CudaBackend::Create(*request->config, *request->weights, options);
   if (!backend.ok()) {
     *error = backend.status().message();

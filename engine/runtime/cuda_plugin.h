@@ -30,11 +30,12 @@ struct CudaPluginRequest {
   int device = 0;
   bool decode_graphs = true;
   bool int8_weights = false;  // --weights int8
+  bool fast_products = false;  // --precision fast
 };
 
 // The plugin's entry point: the backend, or nullptr with error set.
 using CudaPluginEntry = ComputeBackend* (*)(const CudaPluginRequest* request, std::string* error);
-inline constexpr const char* kCudaPluginEntry = "anchorage_cuda_backend_v3";  // bumped with ComputeBackend or the request
+inline constexpr const char* kCudaPluginEntry = "anchorage_cuda_backend_v4";  // bumped with ComputeBackend or the request
 inline constexpr const char* kCudaPluginFile = "anchorage-cuda.so";
 
 // Where the plugin is looked for: ANCHORAGE_CUDA_PLUGIN where set, else beside the program, else

@@ -36,7 +36,7 @@ std::pair<std::string, nlohmann::json> SettingForFlag(const std::string& flag, c
 
 // The CUDA backend for --device cuda (an error where it cannot run) or auto (nullptr and a note where
 // it cannot: the CPU runs the model).
-Result<std::unique_ptr<ComputeBackend>> OpenCudaBackend(const ServerConfig& config, const Model& model,
+Result<std::unique_ptr<ComputeBackend>> OpenCudaBackend(const ServerConfig& config, const Model& model, bool fast_products,
                                                         const std::function<void(const std::string&)>& fall_back) {
   const bool asked = config.device == "cuda";
   auto refuse = [&](const std::string& why) -> Result<std::unique_ptr<ComputeBackend>> {
@@ -53,6 +53,7 @@ Result<std::unique_ptr<ComputeBackend>> OpenCudaBackend(const ServerConfig& conf
   request.grid_tokens = config.grid_tokens;
   request.device = config.cuda_device;
   request.int8_weights = config.int8_weights;
+  request.fast_products = fast_products;
   auto backend = LoadCudaBackend(request);
   if (!backend.ok()) return refuse(backend.status().message());
   return std::move(backend).value();
@@ -239,7 +240,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   if (precision != cpu::ActivePrecision()) cpu::SetPrecision(precision);
   std::unique_ptr<ComputeBackend> forward;
   if (config.device != "cpu") {
-    ASSIGN_OR_RETURN(forward, OpenCudaBackend(config, *s->model_, [&](const std::string& why) {
+    ASSIGN_OR_RETURN(forward, OpenCudaBackend(config, *s->model_, precision == cpu::Precision::kFast, [&](const std::string& why) {
       s->notes_.push_back("device: the CPU runs the model (" + why + ")");
     }));
     if (forward) RETURN_IF_ERROR(say(0.8, "the model is on " + forward->DeviceDescription()));
@@ -256,11 +257,10 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   s->model_->state_fingerprint = forward->StateKey(s->model_->fingerprint);
   s->device_ = forward->DeviceDescription();
   const bool on_cpu = std::string(forward->device_name()) == "cpu";
-  s->precision_ = on_cpu && cpu::RunsFast(cpu::ActivePath(), precision) ? "fast" : "exact";
+  s->precision_ = precision == cpu::Precision::kFast && (!on_cpu || cpu::RunsFast(cpu::ActivePath(), precision)) ? "fast" : "exact";
   if (precision == cpu::Precision::kFast && s->precision_ != "fast")
-    s->notes_.push_back(on_cpu ? std::string("precision: fast asked, exact runs: the ") + cpu::PathName(cpu::ActivePath()) +
-                                     " path multiplies in fp32 (fast needs AVX-512 BF16 or AMX)"
-                               : "precision: fast asked, exact runs: the CUDA backend has no fast products yet");
+    s->notes_.push_back(std::string("precision: fast asked, exact runs: the ") + cpu::PathName(cpu::ActivePath()) +
+                        " path multiplies in fp32 (fast needs AVX-512 BF16 or AMX)");
   SchedulerOptions scheduler_options;
   scheduler_options.max_queue = config.max_queue;
   // Slots: --parallel, else the settings' engine.parallel; auto (0) is 2 on the CPU and 4 on CUDA.

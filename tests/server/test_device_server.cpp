@@ -72,14 +72,17 @@ class TestDeviceServer : public QObject {
   // Both K/V row dtypes: bf16 (the default) and f32.
   void cudaServesResumedTurnsWithColdBits_data() {
     QTest::addColumn<QString>("kv_dtype");
-    QTest::newRow("bf16 (default)") << QString();
-    QTest::newRow("f32") << QString("f32");
+    QTest::addColumn<QString>("precision");
+    QTest::newRow("bf16 (default)") << QString() << QString("exact");
+    QTest::newRow("f32") << QString("f32") << QString("exact");
+    QTest::newRow("fast products") << QString() << QString("fast");
   }
   void cudaServesResumedTurnsWithColdBits() {
     if (!std::filesystem::exists(kEmulatedPlugin.toStdString())) QSKIP("no emulated CUDA plugin in this build (not x86-64)");
     qputenv("ANCHORAGE_CUDA_PLUGIN", kEmulatedPlugin.toUtf8());
     QFETCH(QString, kv_dtype);
-    QStringList flags = {"--device", "cuda", "--grid", "64", "--shadow-model", "off"};
+    QFETCH(QString, precision);
+    QStringList flags = {"--device", "cuda", "--grid", "64", "--shadow-model", "off", "--precision", precision};
     if (!kv_dtype.isEmpty()) flags += QStringList{"--kv-dtype", kv_dtype};
     // The second request rewrites the first's question: it resumes from a grid anchor below it, a
     // cold prefill's state (an end anchor would be held to the greedy gate only).
@@ -99,6 +102,7 @@ class TestDeviceServer : public QObject {
     QVERIFY(health && health->status == 200);
     QCOMPARE(json::parse(health->body)["device"].get<std::string>(), std::string("cuda"));
     QCOMPARE(json::parse(health->body)["kv_dtype"].get<std::string>(), kv_dtype.isEmpty() ? std::string("bf16") : kv_dtype.toStdString());
+    QCOMPARE(json::parse(health->body)["precision"].get<std::string>(), precision.toStdString());
     QVERIFY(cached.Chat(Turn(first)).contains("choices"));
     const json resumed = cached.Chat(Turn(second));
     QVERIFY(resumed.contains("choices"));

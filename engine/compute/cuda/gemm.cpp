@@ -23,7 +23,8 @@ Status LtStatus(cublasStatus_t code, const std::string& what) {
 cublasLtHandle_t Handle(void* h) { return static_cast<cublasLtHandle_t>(h); }
 
 // The layouts of one call: A is W (K x N column-major, used transposed), B the split rows
-// (K x 2n column-major), C and D the halves (N x 2n column-major).
+// (K x stacks*n column-major: the high rows, then the low ones unless fast), C and D the products
+// (N x stacks*n column-major).
 struct Layouts {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   Layouts() = default;
@@ -34,10 +35,10 @@ struct Layouts {
     if (b) cublasLtMatrixLayoutDestroy(b);
     if (c) cublasLtMatrixLayoutDestroy(c);
   }
-  Status Make(int64_t N, int64_t K, int64_t n) {
+  Status Make(int64_t N, int64_t K, int64_t n, int64_t stacks) {
     RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, K, N, K), "layout of the weights"));
-    RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, K, 2 * n, K), "layout of the split rows"));
-    return LtStatus(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, N, 2 * n, N), "layout of the products");
+    RETURN_IF_ERROR(LtStatus(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, K, stacks * n, K), "layout of the split rows"));
+    return LtStatus(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, N, stacks * n, N), "layout of the products");
   }
 };
 
@@ -54,12 +55,12 @@ struct LtGemm::Plan {
   }
 };
 
-Result<std::unique_ptr<LtGemm>> LtGemm::Create(int64_t max_rows, int64_t max_k, int64_t max_n, Stream s) {
+Result<std::unique_ptr<LtGemm>> LtGemm::Create(int64_t max_rows, int64_t max_k, int64_t max_n, Stream s, bool fast) {
   std::unique_ptr<LtGemm> gemm(new LtGemm());
   cublasLtHandle_t handle = nullptr;
   RETURN_IF_ERROR(LtStatus(cublasLtCreate(&handle), "creating the handle"));
   gemm->handle_ = handle;
-  RETURN_IF_ERROR(gemm->InitScratch(max_rows, max_k, max_n, s));
+  RETURN_IF_ERROR(gemm->InitScratch(max_rows, max_k, max_n, s, fast));
   return gemm;
 }
 
@@ -117,7 +118,7 @@ Status LtGemm::ChooseAlgorithm(int64_t N, int64_t K) {
   RETURN_IF_ERROR(LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose),
                            "transposing the weights"));
   Layouts largest;
-  RETURN_IF_ERROR(largest.Make(N, K, max_rows_));
+  RETURN_IF_ERROR(largest.Make(N, K, max_rows_, stacks_));
   // Without workspace first, then with; the reduction-scheme filter first, then without it (split-K
   // is refused below either way).
   struct Ask {
@@ -147,7 +148,7 @@ Status LtGemm::ChooseAlgorithm(int64_t N, int64_t K) {
       int64_t min_rows = 0;
       for (int64_t rows = 1; rows <= max_rows_ && min_rows == 0; rows *= 2) {
         Layouts small;
-        RETURN_IF_ERROR(small.Make(N, K, rows));
+        RETURN_IF_ERROR(small.Make(N, K, rows, stacks_));
         cublasLtMatmulHeuristicResult_t check{};
         if (cublasLtMatmulAlgoCheck(Handle(handle_), plan->desc, small.a, small.b, small.c, small.c, &algo, &check) ==
                 CUBLAS_STATUS_SUCCESS &&
@@ -184,18 +185,18 @@ Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int6
   auto* split = static_cast<uint16_t*>(split_.data());
   SplitBf16(x, n, K, rows, split, stream_);
   Layouts layouts;
-  RETURN_IF_ERROR(layouts.Make(N, K, rows));
+  RETURN_IF_ERROR(layouts.Make(N, K, rows, stacks_));
   const float one = 1.0f, zero = 0.0f;
   void* workspace = plan.workspace > 0 ? workspace_.data() : nullptr;
   RETURN_IF_ERROR(LtStatus(cublasLtMatmul(Handle(handle_), plan.desc, &one, w, layouts.a, split, layouts.b, &zero, halves_.floats(),
                                           layouts.c, halves_.floats(), layouts.c, &plan.algo, workspace, plan.workspace, stream_),
                            "running a product"));
-  SumHalves(halves_.floats(), n, N, rows, y, y_stride, stream_);
+  SumHalves(halves_.floats(), n, N, rows, stacks_ == 2, y, y_stride, stream_);
   return Status::Ok();
 }
 
 std::string LtGemm::Describe() const {
-  std::string out;
+  std::string out = stacks_ == 1 ? "fast: activations rounded to bf16 once\n" : "";
   for (const auto& [shape, plan] : plans_) {
     if (plan->simt) {
       out += std::to_string(shape.first) + "x" + std::to_string(shape.second) + " cuda-core fp32 k-order gemm\n";

@@ -1,6 +1,7 @@
 // Prefill products through cuBLASLt: y = x W^T with bf16 weights W [N, K] (row-major, read in place)
 // and fp32 activations x [n, K] split into a bf16 high and low row stacked in one GEMM (the weights
-// are read once), fp32 accumulation and output, the two halves summed. One algorithm per weight
+// are read once), fp32 accumulation and output, the two halves summed; with fast products the high
+// rows alone (each activation rounded to bf16 once: half the GEMM). One algorithm per weight
 // shape, chosen once for the largest call and used for every n, with no split-K (and no workspace
 // where cuBLASLt offers such an algorithm): a row's bits are the same in a call of any number of
 // rows, and every run gives the same bits.
@@ -19,8 +20,8 @@ namespace anchorage::cuda {
 
 class LtGemm {
  public:
-  // max_rows: the most activation rows one call takes.
-  static Result<std::unique_ptr<LtGemm>> Create(int64_t max_rows, int64_t max_k, int64_t max_n, Stream s);
+  // max_rows: the most activation rows one call takes; fast: the high rows alone (fast precision).
+  static Result<std::unique_ptr<LtGemm>> Create(int64_t max_rows, int64_t max_k, int64_t max_n, Stream s, bool fast = false);
   ~LtGemm();
 
   // Chooses the algorithm of weight shape [N, K] (w: that matrix on the device); Run needs it first.
@@ -37,8 +38,9 @@ class LtGemm {
   struct Plan;
   LtGemm() = default;
   // The sizes and the split and product scratch both implementations (cuBLASLt, the emulator's) share.
-  Status InitScratch(int64_t max_rows, int64_t max_k, int64_t max_n, Stream s) {
+  Status InitScratch(int64_t max_rows, int64_t max_k, int64_t max_n, Stream s, bool fast) {
     stream_ = s;
+    stacks_ = fast ? 1 : 2;
     max_rows_ = max_rows;
     max_k_ = max_k;
     max_n_ = max_n;
@@ -53,6 +55,7 @@ class LtGemm {
   void* handle_ = nullptr;  // cublasLtHandle_t
   Stream stream_ = nullptr;
   int64_t max_rows_ = 0, max_k_ = 0, max_n_ = 0;
+  int64_t stacks_ = 2;  // the split's rows a GEMM takes a row: high and low, or the high alone (fast)
   DeviceBuffer split_;   // bf16 [2 * max_rows, max_k]
   DeviceBuffer halves_;  // fp32 [2 * max_rows, max_n]
   DeviceBuffer workspace_;  // only when an algorithm needs one

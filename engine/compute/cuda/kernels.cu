@@ -190,11 +190,11 @@ __global__ void SplitBf16Kernel(const float* x, int64_t count, int64_t lo_offset
   out[lo_offset + i] = __bfloat16_as_ushort(lo);
 }
 
-__global__ void SumHalvesKernel(const float* halves, int64_t n, int64_t width, int64_t lo_offset, float* y, int64_t y_stride) {
+__global__ void SumHalvesKernel(const float* halves, int64_t n, int64_t width, int64_t lo_offset, bool low, float* y, int64_t y_stride) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n * width) return;
   const int64_t t = i / width, c = i % width;
-  y[t * y_stride + c] = halves[i] + halves[lo_offset + i];
+  y[t * y_stride + c] = low ? halves[i] + halves[lo_offset + i] : halves[i];
 }
 
 constexpr int kGemvWarps = 8;
@@ -776,8 +776,8 @@ void SplitBf16(const float* x, int64_t n, int64_t width, int64_t rows, uint16_t*
   if (n > 0) ANCHORAGE_LAUNCH(SplitBf16Kernel, Blocks(n * width), kBlock, 0, s)(x, n * width, rows * width, out);
 }
 
-void SumHalves(const float* halves, int64_t n, int64_t width, int64_t rows, float* y, int64_t y_stride, Stream s) {
-  if (n > 0) ANCHORAGE_LAUNCH(SumHalvesKernel, Blocks(n * width), kBlock, 0, s)(halves, n, width, rows * width, y, y_stride);
+void SumHalves(const float* halves, int64_t n, int64_t width, int64_t rows, bool low, float* y, int64_t y_stride, Stream s) {
+  if (n > 0) ANCHORAGE_LAUNCH(SumHalvesKernel, Blocks(n * width), kBlock, 0, s)(halves, n, width, rows * width, low, y, y_stride);
 }
 
 void Gemv(const uint16_t* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y, Stream s) {

@@ -21,9 +21,9 @@ namespace {
 constexpr int64_t kMinRows = 8;
 }  // namespace
 
-Result<std::unique_ptr<LtGemm>> LtGemm::Create(int64_t max_rows, int64_t max_k, int64_t max_n, Stream s) {
+Result<std::unique_ptr<LtGemm>> LtGemm::Create(int64_t max_rows, int64_t max_k, int64_t max_n, Stream s, bool fast) {
   std::unique_ptr<LtGemm> gemm(new LtGemm());
-  RETURN_IF_ERROR(gemm->InitScratch(max_rows, max_k, max_n, s));
+  RETURN_IF_ERROR(gemm->InitScratch(max_rows, max_k, max_n, s, fast));
   return gemm;
 }
 
@@ -57,9 +57,10 @@ Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int6
   auto* split = static_cast<uint16_t*>(split_.data());
   SplitBf16(x, n, K, rows, split, stream_);
   float* halves = halves_.floats();
+  const int64_t stacks = stacks_;
   simt::Submit([=] {  // on the stream, between the split and the sum
     const auto widen = [](uint16_t v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); };
-    for (int64_t col = 0; col < 2 * rows; ++col) {  // cuBLASLt's column-major view: column col is split row col
+    for (int64_t col = 0; col < stacks * rows; ++col) {  // cuBLASLt's column-major view: column col is split row col
       const uint16_t* b = split + col * K;
       for (int64_t j = 0; j < N; ++j) {
         const uint16_t* a = w + j * K;
@@ -69,12 +70,12 @@ Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int6
       }
     }
   });
-  SumHalves(halves, n, N, rows, y, y_stride, stream_);
+  SumHalves(halves, n, N, rows, stacks == 2, y, y_stride, stream_);
   return Status::Ok();
 }
 
 std::string LtGemm::Describe() const {
-  std::string out;
+  std::string out = stacks_ == 1 ? "fast: activations rounded to bf16 once\n" : "";
   for (const auto& [shape, plan] : plans_)
     out += std::to_string(shape.first) + "x" + std::to_string(shape.second) +
            (plan->simt ? " cuda-core fp32 k-order gemm\n" : " emulated k-order product\n");
