@@ -60,6 +60,7 @@ const QHash<QString, Known>& KnownWords() {
       {"response_cache.enabled", {"Answer repeated greedy requests", "", 0}},
       {"response_cache.mb", {"Budget", " MiB", 0}},
       {"engine.kv_dtype", {"K/V rows", "", 0}},
+      {"engine.precision", {"Precision", "", 0}},
       {"engine.parallel", {"Slots (0: auto)", "", 0}},
       {"journal.retention_days", {"Keep rows", " days", 0}},
       {"journal.retention_rows", {"Most rows a table", "", 0}},
