@@ -54,6 +54,7 @@ std::vector<int32_t> Ids(int64_t n, int64_t vocab) {
 
 // Usage: anchorage-bench-engine [--json] [--no-accuracy] [--no-decode] [--max-tokens N] [--threads 1,2] [--model-dir DIR]
 //                               [--weights as-stored|int8] [--decode-steps N] [--kv-dtype f32|bf16|fp8] [--precision exact|fast] [--batches 1,2,4,8,16]
+// Prefill and decode run at 512, 2,048, 8,192 and 32,768 tokens of context, those up to --max-tokens (default 8,192).
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int64_t max_tokens = 8192;
@@ -215,7 +216,7 @@ int main(int argc, char** argv) {
       SequenceState s(c);
       (void)fw.Prefill(s, std::span(ids.data(), 16));
     }
-    for (int64_t n : {int64_t(512), int64_t(2048), int64_t(8192)}) {
+    for (int64_t n : {int64_t(512), int64_t(2048), int64_t(8192), int64_t(32768)}) {
       if (n > max_tokens) continue;
       SequenceState s(c);
       (void)s.Reserve(n + 64);
