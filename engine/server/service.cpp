@@ -264,8 +264,9 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   SchedulerOptions scheduler_options;
   scheduler_options.max_queue = config.max_queue;
   // Slots: --parallel, else the settings' engine.parallel; auto (0) is 2 on the CPU and 4 on CUDA.
+  const int auto_parallel = std::string(forward->device_name()) == "cuda" ? 4 : 2;
   scheduler_options.parallel = config.parallel.value_or(static_cast<int>(effective["engine"].value("parallel", int64_t(0))));
-  if (scheduler_options.parallel <= 0) scheduler_options.parallel = std::string(forward->device_name()) == "cuda" ? 4 : 2;
+  if (scheduler_options.parallel <= 0) scheduler_options.parallel = auto_parallel;
   scheduler_options.resident = ResidentOptionsFromSettings(effective);
   if (scheduler_options.resident.max_draft > 0 && !forward->has_draft_windows())
     s->notes_.push_back(std::string("speculative: no drafts on the ") + forward->device_name() + " backend yet; plain decoding (the same tokens)");
@@ -368,7 +369,6 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   ShadowReader* shadow = s->shadow_.get();
   const int64_t context_tokens = config.context_tokens;
   const bool parallel_flag = config.parallel.has_value();
-  const int auto_parallel = std::string(scheduler->forward().device_name()) == "cuda" ? 4 : 2;
   s->settings_->AddListener([scheduler, journal, shadow, context_tokens, parallel_flag, auto_parallel](const nlohmann::json& effective, int64_t) {
     scheduler->SetResidentOptions(ResidentOptionsFromSettings(effective));
     if (!parallel_flag) {  // --parallel holds for the run
@@ -459,8 +459,6 @@ Status Service::ServeAt(const std::string& host, int port) {
     http_ = std::move(next);
     endpoint_off_ = false;
     http_options_ = options;
-    config_.host = at_host;
-    config_.port = http_->port();
     ServeInBackground();
     return Status::Ok();
   };

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/compute/cpu/matmul.h"
 #include "engine/core/file_util.h"
 #include "engine/core/text_split.h"
 #include "engine/model/model_config.h"
@@ -109,7 +110,7 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
   else if (key == "parallel" && value == "auto") { c.parallel.reset(); }
   else if (key == "parallel") { RETURN_IF_ERROR(integer(1, 64, &v)); c.parallel = static_cast<int>(v); }
   else if (key == "precision") {
-    if (value != "exact" && value != "fast") return InvalidArgument(source + ": precision must be exact or fast, got '" + value + "'");
+    if (auto precision = cpu::PrecisionFromName(value); !precision.ok()) return InvalidArgument(source + ": " + precision.status().message());
     c.precision = value;
   }
   else if (key == "kv-dtype" && value == "auto") { c.kv_dtype.reset(); }

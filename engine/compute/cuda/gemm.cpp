@@ -183,7 +183,7 @@ Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int6
   }
   const int64_t rows = std::max(n, plan.min_rows);  // padding rows hold whatever was there; their outputs are dropped
   auto* split = static_cast<uint16_t*>(split_.data());
-  SplitBf16(x, n, K, rows, split, stream_);
+  SplitBf16(x, n, K, rows, stacks_ == 2, split, stream_);
   Layouts layouts;
   RETURN_IF_ERROR(layouts.Make(N, K, rows, stacks_));
   const float one = 1.0f, zero = 0.0f;

@@ -181,13 +181,12 @@ __global__ void AddRmsNormKernel(float* x, const float* add, const float* w1, in
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) yr[i] = xr[i] * inv * w1[i];
 }
 
-__global__ void SplitBf16Kernel(const float* x, int64_t count, int64_t lo_offset, uint16_t* out) {
+__global__ void SplitBf16Kernel(const float* x, int64_t count, int64_t lo_offset, bool low, uint16_t* out) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= count) return;
   const __nv_bfloat16 hi = __float2bfloat16_rn(x[i]);
-  const __nv_bfloat16 lo = __float2bfloat16_rn(x[i] - __bfloat162float(hi));
   out[i] = __bfloat16_as_ushort(hi);
-  out[lo_offset + i] = __bfloat16_as_ushort(lo);
+  if (low) out[lo_offset + i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i] - __bfloat162float(hi)));
 }
 
 __global__ void SumHalvesKernel(const float* halves, int64_t n, int64_t width, int64_t lo_offset, bool low, float* y, int64_t y_stride) {
@@ -772,8 +771,8 @@ void RmsNormRows(const float* x, const float* w1, int64_t n, int64_t width, floa
   if (n > 0) ANCHORAGE_LAUNCH(RmsNormRowsKernel, static_cast<unsigned>(n), kBlock, 0, s)(x, w1, width, eps, y);
 }
 
-void SplitBf16(const float* x, int64_t n, int64_t width, int64_t rows, uint16_t* out, Stream s) {
-  if (n > 0) ANCHORAGE_LAUNCH(SplitBf16Kernel, Blocks(n * width), kBlock, 0, s)(x, n * width, rows * width, out);
+void SplitBf16(const float* x, int64_t n, int64_t width, int64_t rows, bool low, uint16_t* out, Stream s) {
+  if (n > 0) ANCHORAGE_LAUNCH(SplitBf16Kernel, Blocks(n * width), kBlock, 0, s)(x, n * width, rows * width, low, out);
 }
 
 void SumHalves(const float* halves, int64_t n, int64_t width, int64_t rows, bool low, float* y, int64_t y_stride, Stream s) {

@@ -24,8 +24,8 @@ void EmbedRows(const uint16_t* table, const int32_t* ids, int64_t n, int64_t wid
 // y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w1 (w1 already holds 1 + w).
 void RmsNormRows(const float* x, const float* w1, int64_t n, int64_t width, float eps, float* y, Stream s);
 // The split that keeps fp32 accuracy through bf16 products: rows [0, n) of out are bf16(x) (nearest
-// even), rows [rows, rows + n) bf16(x - hi). out is bf16 [2 * rows, width] (rows >= n: a padded call).
-void SplitBf16(const float* x, int64_t n, int64_t width, int64_t rows, uint16_t* out, Stream s);
+// even), rows [rows, rows + n) bf16(x - hi) where low is set. out is bf16 [2 * rows, width] (rows >= n: a padded call).
+void SplitBf16(const float* x, int64_t n, int64_t width, int64_t rows, bool low, uint16_t* out, Stream s);
 // y[t] = halves[t] + halves[rows + t] for t < n (low), or halves[t] alone; rows of width floats.
 void SumHalves(const float* halves, int64_t n, int64_t width, int64_t rows, bool low, float* y, int64_t y_stride, Stream s);
 // Block-scaled 8-bit weights: w[j, i] = code(q[j, i]) x scales[j / block_rows, i / block_cols], each

@@ -55,7 +55,7 @@ Status LtGemm::Run(const uint16_t* w, int64_t N, int64_t K, const float* x, int6
   }
   const int64_t rows = std::max(n, std::min<int64_t>(kMinRows, max_rows_));
   auto* split = static_cast<uint16_t*>(split_.data());
-  SplitBf16(x, n, K, rows, split, stream_);
+  SplitBf16(x, n, K, rows, stacks_ == 2, split, stream_);
   float* halves = halves_.floats();
   const int64_t stacks = stacks_;
   simt::Submit([=] {  // on the stream, between the split and the sum
