@@ -145,8 +145,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   for (const std::string& note : parsed->notes) std::fprintf(stderr, "anchorage: %s\n", note.c_str());
-  if (!anchorage::IsLoopbackHost(parsed->host) && parsed->admin_token.empty()) {
-    std::fprintf(stderr, "anchorage: binding a non-loopback address needs --admin-token\n");
+  if (anchorage::Status bind = anchorage::CheckBindAllowed(parsed->host, parsed->admin_token); !bind.ok()) {
+    std::fprintf(stderr, "anchorage: %s\n", bind.message().c_str());
     return 2;
   }
 

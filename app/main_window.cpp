@@ -480,8 +480,8 @@ void MainWindow::showEndpointDialog() {
   host->setEditable(true);
   host->addItems({"127.0.0.1", "0.0.0.0", "::1", "::"});
   host->setCurrentText(now.host().isEmpty() ? QString::fromStdString(m_host->config().host) : now.host());
-  host->setToolTip(tr("127.0.0.1: this machine only. 0.0.0.0 (or ::): every network this machine is on; clients then need an API key "
-                      "(--api-key) or the admin token, and the console's own chat sends the first of them"));
+  host->setToolTip(tr("127.0.0.1: this machine only. 0.0.0.0 (or ::): every network this machine is on, which needs --admin-token "
+                      "as at start; clients then send an API key (--api-key) or that token"));
   auto* port = new QSpinBox(dialog);
   port->setObjectName("endpointPort");
   port->setRange(0, 65535);

@@ -29,12 +29,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   for (const std::string& note : config.notes) std::fprintf(stderr, "anchorage-server: %s\n", note.c_str());
-  if (!IsLoopbackHost(config.host)) {
+  if (!IsLoopbackHost(config.host))
     std::fprintf(stderr, "anchorage-server: warning: binding %s exposes the endpoint beyond this machine\n", config.host.c_str());
-    if (config.admin_token.empty()) {
-      std::fprintf(stderr, "anchorage-server: binding a non-loopback address needs --admin-token\n");
-      return 2;
-    }
+  if (Status bind = CheckBindAllowed(config.host, config.admin_token); !bind.ok()) {
+    std::fprintf(stderr, "anchorage-server: %s\n", bind.message().c_str());
+    return 2;
   }
   auto service = Service::Start(config, [](double, const std::string& what) { std::fprintf(stderr, "anchorage-server: %s\n", what.c_str()); });
   if (!service.ok()) {

@@ -446,6 +446,7 @@ void Service::StopServing() {
 
 Status Service::ServeAt(const std::string& host, int port) {
   if (drained_) return Unsupported("the service has drained");
+  RETURN_IF_ERROR(CheckBindAllowed(host, config_.admin_token));  // before the old endpoint stops
   const ServerOptions before = http_options_;
   const int before_port = http_ ? http_->port() : before.port;
   StopServing();

@@ -176,6 +176,11 @@ bool IsLoopbackHost(const std::string& host) {
   return host == "localhost" || host == "::1" || host == "[::1]";
 }
 
+Status CheckBindAllowed(const std::string& host, const std::string& admin_token) {
+  if (IsLoopbackHost(host) || !admin_token.empty()) return Status::Ok();
+  return InvalidArgument("binding a non-loopback address needs --admin-token");
+}
+
 Result<ServerConfig> ParseServerCommandLine(int argc, char** argv) {
   ServerConfig c;
   c.data_dir = DefaultDataDir();

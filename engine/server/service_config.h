@@ -60,5 +60,7 @@ struct ServerConfig {
 const char* ServerUsage();
 Result<ServerConfig> ParseServerCommandLine(int argc, char** argv);
 bool IsLoopbackHost(const std::string& host);
+// An endpoint may bind host: a non-loopback address needs the admin token (the start and a move alike).
+Status CheckBindAllowed(const std::string& host, const std::string& admin_token);
 
 }  // namespace anchorage

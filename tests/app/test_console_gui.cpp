@@ -191,10 +191,16 @@ class TestConsoleGui : public QObject {
     QCOMPARE(window.endpointUrl(), second.toString());
     QCOMPARE(health(second), 200);
     QVERIFY(window.logText().contains("the endpoint did not change"));
+    // Beyond loopback without the admin token is refused as at start; the endpoint stays.
+    host.setEndpoint(true, "0.0.0.0", 0);
+    settle(3);
+    QVERIFY2(changed[2][2].toString().contains("needs --admin-token"), qPrintable(changed[2][2].toString()));
+    QCOMPARE(window.endpointUrl(), second.toString());
+    QCOMPARE(health(second), 200);
 
     dialog_apply(false, -1);
-    settle(3);
-    QVERIFY(!changed[2][0].toBool());
+    settle(4);
+    QVERIFY(!changed[3][0].toBool());
     QVERIFY(window.endpointUrl().isEmpty());
     QCOMPARE(health(second), -1);
     chat();
@@ -203,7 +209,7 @@ class TestConsoleGui : public QObject {
     QVERIFY2(finished[1][0].value<ChatTurnStats>().error.contains("endpoint is off"), qPrintable(finished[1][0].value<ChatTurnStats>().error));
 
     dialog_apply(true, -1);  // the dialog offers the last address
-    settle(4);
+    settle(5);
     QCOMPARE(window.endpointUrl(), second.toString());
     QCOMPARE(health(second), 200);
     chat();
