@@ -154,17 +154,29 @@ int Inspect(const Args& args) {
                     {"anchor_bytes", config->anchor_bytes()},
                     {"kv_bytes_per_token", config->kv_bytes_per_token()}};
   nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
-  uint64_t text_params = 0, ignored = 0;
+  uint64_t text_params = 0, vision_params = 0, vision_tensors = 0, mtp_tensors = 0;
   for (const auto& [name, t] : set->tensors()) {
     tensors.push_back({{"name", name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"bytes", t.bytes}, {"file", t.file}});
-    bool text = name.rfind("model.visual.", 0) != 0 && name.rfind("mtp.", 0) != 0;
-    if (text) text_params += static_cast<uint64_t>(t.numel());
-    else ignored += 1;
+    if (name.rfind("model.visual.", 0) == 0) vision_params += static_cast<uint64_t>(t.numel()), ++vision_tensors;
+    else if (name.rfind("mtp.", 0) == 0) ++mtp_tensors;
+    else text_params += static_cast<uint64_t>(t.numel());
   }
   out["tensors"] = tensors;
   out["tensor_count"] = set->tensors().size();
-  out["ignored_tensors"] = ignored;
   out["text_parameters"] = text_params;
+  out["mtp_tensors"] = mtp_tensors;
+  if (weights->vision) {
+    const VisionConfig& v = *config->vision;
+    out["vision"] = {{"tower", "ready"},
+                     {"config", v.ToJson()},
+                     {"tensors", vision_tensors},
+                     {"parameters", vision_params},
+                     {"head_dim", v.head_dim()},
+                     {"pixels_a_row", v.pixel_factor() * v.pixel_factor()},
+                     {"image_token_id", v.image_token_id}};
+  } else {
+    out["vision"] = {{"tower", "none"}, {"why", weights->vision_note}, {"tensors", vision_tensors}};
+  }
   out["bytes"] = set->total_bytes();
   out["files"] = set->files();
   auto tok = LoadTokenizerFrom(dir);

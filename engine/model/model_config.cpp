@@ -1,5 +1,8 @@
 #include "engine/model/model_config.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "engine/core/file_util.h"
@@ -74,6 +77,24 @@ class FieldReader {
 
 }  // namespace
 
+int64_t VisionConfig::grid_per_side() const {
+  return static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(num_position_embeddings))));
+}
+
+nlohmann::json VisionConfig::ToJson() const {
+  return json{{"depth", depth},
+              {"hidden_size", hidden_size},
+              {"hidden_act", "gelu_pytorch_tanh"},
+              {"intermediate_size", intermediate_size},
+              {"num_heads", num_heads},
+              {"in_channels", in_channels},
+              {"patch_size", patch_size},
+              {"spatial_merge_size", spatial_merge_size},
+              {"temporal_patch_size", temporal_patch_size},
+              {"out_hidden_size", out_hidden_size},
+              {"num_position_embeddings", num_position_embeddings}};
+}
+
 int64_t ModelConfig::rotary_dim() const {
   int64_t d = static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
   return d - d % 2;
@@ -120,12 +141,19 @@ nlohmann::json ModelConfig::ToJson() const {
               {"vocab_size", vocab_size},
               {"max_position_embeddings", max_position_embeddings},
               {"rms_norm_eps", rms_norm_eps},
-              {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", rope_theta}, {"partial_rotary_factor", partial_rotary_factor}}},
+              {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", rope_theta}, {"partial_rotary_factor", partial_rotary_factor},
+                                   {"mrope_section", mrope_section}, {"mrope_interleaved", true}}},
               {"tie_word_embeddings", tie_word_embeddings},
               {"attn_output_gate", attn_output_gate},
               {"hidden_act", "silu"},
               {"layer_types", layers},
               {"eos_token_id", eos_token_ids.size() == 1 ? json(eos_token_ids[0]) : json(eos_token_ids)}};
+  if (vision) {
+    out["vision_config"] = vision->ToJson();
+    out["image_token_id"] = vision->image_token_id;
+    out["vision_start_token_id"] = vision->vision_start_token_id;
+    out["vision_end_token_id"] = vision->vision_end_token_id;
+  }
   if (fp8_block_n > 0)
     out["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
                                   {"weight_block_size", {fp8_block_n, fp8_block_k}}};
@@ -183,6 +211,41 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     if (t != "default" && t != "mrope") r.Fail("rope_type '" + t + "' is not supported (only default RoPE)");
   }
   if (c.partial_rotary_factor > 1.0) r.Fail("field 'partial_rotary_factor' must be <= 1");
+  if (const json* section = rr.Find("mrope_section"); section != nullptr && !section->is_null()) {
+    const bool valid = section->is_array() && section->size() == 3 &&
+                       std::all_of(section->begin(), section->end(), [](const json& v) { return v.is_number_integer() && v.get<int64_t>() >= 0; });
+    if (!valid) r.Fail("field 'mrope_section' must be three non-negative integers");
+    else c.mrope_section = section->get<std::vector<int64_t>>();
+  }
+  if (const json* vision = root.contains("vision_config") ? &root["vision_config"] : nullptr; vision != nullptr && !vision->is_null()) {
+    if (!vision->is_object()) {
+      r.Fail("field 'vision_config' must be an object");
+    } else {
+      FieldReader vr(*vision, nullptr, source);
+      VisionConfig v;
+      v.depth = vr.Int("depth", std::nullopt);
+      v.hidden_size = vr.Int("hidden_size", std::nullopt);
+      v.intermediate_size = vr.Int("intermediate_size", std::nullopt);
+      v.num_heads = vr.Int("num_heads", std::nullopt);
+      v.in_channels = vr.Int("in_channels", 3);
+      v.patch_size = vr.Int("patch_size", 16);
+      v.spatial_merge_size = vr.Int("spatial_merge_size", 2);
+      v.temporal_patch_size = vr.Int("temporal_patch_size", 2);
+      v.out_hidden_size = vr.Int("out_hidden_size", std::nullopt);
+      v.num_position_embeddings = vr.Int("num_position_embeddings", 2304);
+      const json* act = vr.Find("hidden_act");
+      if (act != nullptr && *act != "gelu_pytorch_tanh") vr.Fail("vision_config's hidden_act " + act->dump() + " is not supported (only gelu_pytorch_tanh)");
+      if (vision->contains("deepstack_visual_indexes") && !(*vision)["deepstack_visual_indexes"].empty())
+        vr.Fail("vision_config's deepstack_visual_indexes are not supported (a Qwen3-VL tower, not Qwen3.5's)");
+      FieldReader ids(root, nullptr, source);
+      v.image_token_id = ids.Int("image_token_id", std::nullopt, 0);
+      v.vision_start_token_id = ids.Int("vision_start_token_id", std::nullopt, 0);
+      v.vision_end_token_id = ids.Int("vision_end_token_id", std::nullopt, 0);
+      if (!vr.error().empty()) r.Fail(vr.error().substr(source.size() + 2));
+      else if (!ids.error().empty()) r.Fail(ids.error().substr(source.size() + 2));
+      else c.vision = v;
+    }
+  }
 
   // Layer pattern: layer_types, else full_attention_interval.
   const json* types = r.Find("layer_types");
@@ -239,6 +302,18 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
       r.Fail("linear_num_value_heads (" + std::to_string(c.linear_num_value_heads) + ") must be a multiple of linear_num_key_heads (" + std::to_string(c.linear_num_key_heads) + ")");
     else if (c.rotary_dim() < 2)
       r.Fail("head_dim * partial_rotary_factor gives no rotary dimensions");
+    else if (c.vision && c.mrope_section[0] + c.mrope_section[1] + c.mrope_section[2] != c.rotary_dim() / 2)
+      r.Fail("mrope_section must add up to the rotary frequencies (" + std::to_string(c.rotary_dim() / 2) + ")");
+    else if (c.vision) {
+      const VisionConfig& v = *c.vision;
+      if (v.hidden_size % v.num_heads != 0 || v.head_dim() % 4 != 0)
+        r.Fail("vision_config's hidden_size / num_heads must be a multiple of 4 (two rotary halves of pairs)");
+      else if (v.grid_per_side() * v.grid_per_side() != v.num_position_embeddings)
+        r.Fail("vision_config's num_position_embeddings must be a square");
+      else if (v.out_hidden_size != c.hidden_size)
+        r.Fail("vision_config's out_hidden_size (" + std::to_string(v.out_hidden_size) + ") must equal the text hidden_size (" +
+               std::to_string(c.hidden_size) + ")");
+    }
   }
   if (!r.error().empty()) return InvalidArgument(r.error());
   return c;

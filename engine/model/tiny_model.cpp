@@ -78,7 +78,7 @@ class Writer {
     std::vector<TensorToWrite> out;
     for (TensorToWrite& t : tensors_) {
       const bool projection = t.dtype == DType::kBF16 && t.shape.size() == 2 && t.name.find("embed_tokens") == std::string::npos &&
-                              t.name != "lm_head.weight";
+                              t.name != "lm_head.weight" && t.name.rfind("model.visual.", 0) != 0;
       if (!projection) {
         out.push_back(std::move(t));
         continue;
@@ -194,6 +194,19 @@ ModelConfig TinyModelConfig(TinyModelSize size, int64_t vocab_size) {
   }
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
     c.layer_types.push_back((i + 1) % 4 == 0 ? LayerKind::kFullAttention : LayerKind::kLinearAttention);
+  // Qwen3.5's 11/11/10 of 32 rotary frequencies, scaled to the width.
+  c.mrope_section = size == TinyModelSize::kSmall ? std::vector<int64_t>{11, 11, 10}
+                    : size == TinyModelSize::kTiny ? std::vector<int64_t>{3, 3, 2} : std::vector<int64_t>{2, 1, 1};
+  if (size != TinyModelSize::kShadow) {
+    VisionConfig v;
+    if (size == TinyModelSize::kTiny) {
+      v.depth = 2, v.hidden_size = 48, v.intermediate_size = 96, v.num_heads = 2, v.num_position_embeddings = 64;
+    } else {  // Qwen3.5-0.8B's tower
+      v.depth = 12, v.hidden_size = 768, v.intermediate_size = 3072, v.num_heads = 12, v.num_position_embeddings = 2304;
+    }
+    v.out_hidden_size = c.hidden_size;
+    c.vision = v;
+  }
   return c;
 }
 
@@ -265,6 +278,41 @@ Status GenerateTinyModel(TinyModelSize size, uint64_t seed, const std::string& d
     }
     mlp(p);
   }
+  if (c.vision) {
+    VisionConfig& v = *c.vision;
+    for (auto [field, name] : {std::pair{&v.image_token_id, "<|image_pad|>"}, {&v.vision_start_token_id, "<|vision_start|>"},
+                               {&v.vision_end_token_id, "<|vision_end|>"}}) {
+      auto id = tokenizer.TokenId(name);
+      if (!id) return Internal(std::string("generated tokenizer lacks ") + name);
+      *field = *id;
+    }
+    const int64_t D = v.hidden_size, I = v.intermediate_size, M = v.merged_width(), P = v.patch_size;
+    const auto fan_in = [](int64_t n) { return 1.0f / std::sqrt(static_cast<float>(n)) * std::sqrt(3.0f); };
+    const std::string p = "model.visual.";
+    w.Bf16(p + "patch_embed.proj.weight", {D, v.in_channels, v.temporal_patch_size, P, P}, 0.0f, fan_in(v.patch_values()));
+    w.Bf16(p + "patch_embed.proj.bias", {D}, 0.0f, 0.02f);
+    w.Bf16(p + "pos_embed.weight", {v.num_position_embeddings, D}, 0.0f, 0.5f);
+    const auto norm = [&](const std::string& n, int64_t width) {
+      w.Bf16(n + ".weight", {width}, 1.0f, 0.1f);
+      w.Bf16(n + ".bias", {width}, 0.0f, 0.1f);
+    };
+    const auto linear = [&](const std::string& n, int64_t rows, int64_t cols) {
+      w.Bf16(n + ".weight", {rows, cols}, 0.0f, fan_in(cols));
+      w.Bf16(n + ".bias", {rows}, 0.0f, 0.02f);
+    };
+    for (int64_t i = 0; i < v.depth; ++i) {
+      const std::string b = p + "blocks." + std::to_string(i) + ".";
+      norm(b + "norm1", D);
+      linear(b + "attn.qkv", 3 * D, D);
+      linear(b + "attn.proj", D, D);
+      norm(b + "norm2", D);
+      linear(b + "mlp.linear_fc1", I, D);
+      linear(b + "mlp.linear_fc2", D, I);
+    }
+    norm(p + "merger.norm", D);
+    linear(p + "merger.linear_fc1", M, M);
+    linear(p + "merger.linear_fc2", v.out_hidden_size, M);
+  }
   if (size != TinyModelSize::kShadow) {  // the multi-token-prediction block, as the 27B-class checkpoints ship it
     w.Bf16("mtp.fc.weight", {H, 2 * H}, 0.0f, 1.0f / std::sqrt(static_cast<float>(2 * H)) * std::sqrt(3.0f));
     for (const char* norm : {"mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight",
@@ -280,7 +328,7 @@ Status GenerateTinyModel(TinyModelSize size, uint64_t seed, const std::string& d
   }
 
   nlohmann::ordered_json config;
-  config["architectures"] = {"Qwen3_5ForCausalLM"};
+  config["architectures"] = {c.vision ? "Qwen3_5ForConditionalGeneration" : "Qwen3_5ForCausalLM"};
   const nlohmann::json fields = c.ToJson();
   for (auto& [k, v] : fields.items()) config[k] = v;
   config["mtp_num_hidden_layers"] = size == TinyModelSize::kShadow ? 0 : 1;

@@ -90,6 +90,40 @@ Result<MtpWeights> MapMtp(const ModelConfig& c, const SafetensorsSet& set) {
   return w;
 }
 
+Result<VisionWeights> MapVision(const ModelConfig& c, const SafetensorsSet& set) {
+  const VisionConfig& v = *c.vision;
+  Mapper m(c, set, "model.visual.");
+  VisionWeights w;
+  const int64_t D = v.hidden_size, I = v.intermediate_size, M = v.merged_width(), P = v.patch_size;
+  RETURN_IF_ERROR(m.Get("patch_embed.proj.weight", {D, v.in_channels, v.temporal_patch_size, P, P}, &w.patch_embed_weight));
+  RETURN_IF_ERROR(m.Get("patch_embed.proj.bias", {D}, &w.patch_embed_bias));
+  RETURN_IF_ERROR(m.Get("pos_embed.weight", {v.num_position_embeddings, D}, &w.pos_embed));
+  for (int64_t i = 0; i < v.depth; ++i) {
+    const std::string p = "blocks." + std::to_string(i) + ".";
+    VisionBlockWeights b;
+    RETURN_IF_ERROR(m.Get(p + "norm1.weight", {D}, &b.norm1_weight));
+    RETURN_IF_ERROR(m.Get(p + "norm1.bias", {D}, &b.norm1_bias));
+    RETURN_IF_ERROR(m.Get(p + "attn.qkv.weight", {3 * D, D}, &b.qkv_weight));
+    RETURN_IF_ERROR(m.Get(p + "attn.qkv.bias", {3 * D}, &b.qkv_bias));
+    RETURN_IF_ERROR(m.Get(p + "attn.proj.weight", {D, D}, &b.proj_weight));
+    RETURN_IF_ERROR(m.Get(p + "attn.proj.bias", {D}, &b.proj_bias));
+    RETURN_IF_ERROR(m.Get(p + "norm2.weight", {D}, &b.norm2_weight));
+    RETURN_IF_ERROR(m.Get(p + "norm2.bias", {D}, &b.norm2_bias));
+    RETURN_IF_ERROR(m.Get(p + "mlp.linear_fc1.weight", {I, D}, &b.fc1_weight));
+    RETURN_IF_ERROR(m.Get(p + "mlp.linear_fc1.bias", {I}, &b.fc1_bias));
+    RETURN_IF_ERROR(m.Get(p + "mlp.linear_fc2.weight", {D, I}, &b.fc2_weight));
+    RETURN_IF_ERROR(m.Get(p + "mlp.linear_fc2.bias", {D}, &b.fc2_bias));
+    w.blocks.push_back(std::move(b));
+  }
+  RETURN_IF_ERROR(m.Get("merger.norm.weight", {D}, &w.merger_norm_weight));
+  RETURN_IF_ERROR(m.Get("merger.norm.bias", {D}, &w.merger_norm_bias));
+  RETURN_IF_ERROR(m.Get("merger.linear_fc1.weight", {M, M}, &w.merger_fc1_weight));
+  RETURN_IF_ERROR(m.Get("merger.linear_fc1.bias", {M}, &w.merger_fc1_bias));
+  RETURN_IF_ERROR(m.Get("merger.linear_fc2.weight", {v.out_hidden_size, M}, &w.merger_fc2_weight));
+  RETURN_IF_ERROR(m.Get("merger.linear_fc2.bias", {v.out_hidden_size}, &w.merger_fc2_bias));
+  return w;
+}
+
 }  // namespace
 
 Result<ModelWeights> MapWeights(const ModelConfig& c, const SafetensorsSet& set) {
@@ -139,6 +173,13 @@ Result<ModelWeights> MapWeights(const ModelConfig& c, const SafetensorsSet& set)
     w.mtp = std::move(*mtp);
   } else {
     w.mtp_note = mtp.status().message();
+  }
+  if (!c.vision) {
+    w.vision_note = "config.json has no vision_config";
+  } else if (Result<VisionWeights> vision = MapVision(c, set); vision.ok()) {
+    w.vision = std::move(*vision);
+  } else {
+    w.vision_note = vision.status().message();
   }
   return w;
 }

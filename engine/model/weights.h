@@ -1,5 +1,5 @@
 // The Qwen3.5 text model's tensors by role, mapped from Hugging Face names (with or without the
-// multimodal wrapper's model.language_model. prefix; vision tensors are ignored).
+// multimodal wrapper's model.language_model. prefix) and the vision tower's (model.visual.).
 #pragma once
 
 #include <optional>
@@ -53,6 +53,27 @@ struct MtpWeights {
   LayerWeights layer;               // mtp.layers.0, a full-attention layer
 };
 
+// One block of the vision tower (model.visual.blocks.N.): pre-norm attention and MLP, LayerNorms with bias.
+struct VisionBlockWeights {
+  TensorView norm1_weight, norm1_bias;  // [D]
+  TensorView qkv_weight, qkv_bias;      // [3D, D], [3D]: q, k, v, each heads of head_dim
+  TensorView proj_weight, proj_bias;    // [D, D], [D]
+  TensorView norm2_weight, norm2_bias;  // [D]
+  TensorView fc1_weight, fc1_bias;      // [I, D], [I]
+  TensorView fc2_weight, fc2_bias;      // [D, I], [D]
+};
+
+// The vision tower (model.visual.*).
+struct VisionWeights {
+  TensorView patch_embed_weight;  // [D, C, T, P, P]: a Conv3d whose stride is its kernel
+  TensorView patch_embed_bias;    // [D]
+  TensorView pos_embed;           // [num_position_embeddings, D]
+  std::vector<VisionBlockWeights> blocks;
+  TensorView merger_norm_weight, merger_norm_bias;  // [D]
+  TensorView merger_fc1_weight, merger_fc1_bias;    // [4D, 4D], [4D]
+  TensorView merger_fc2_weight, merger_fc2_bias;    // [out, 4D], [out]
+};
+
 struct ModelWeights {
   TensorView embed_tokens;  // [V, H]
   TensorView norm;          // [H], zero-centred
@@ -60,6 +81,8 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   std::optional<MtpWeights> mtp;  // set when the checkpoint has every mtp.* tensor
   std::string mtp_note;           // why mtp is unset: no mtp.* tensors, or the first bad one
+  std::optional<VisionWeights> vision;  // set when the config has a vision_config and every model.visual.* tensor is there
+  std::string vision_note;              // why vision is unset: no vision_config, or the first bad tensor
 };
 
 // Finds and shape-checks every tensor the forward needs; an error names the tensor and the file.

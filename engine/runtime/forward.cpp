@@ -251,8 +251,11 @@ Result<std::unique_ptr<Forward>> Forward::Create(const ModelConfig& c, const Mod
   ASSIGN_OR_RETURN(f->lm_head_, f->Matrix(w.lm_head, c.vocab_size, H, "lm_head"));
   ASSIGN_OR_RETURN(f->final_norm_, Vector(w.norm, H, 1.0f, "norm"));
   const int64_t rot = c.rotary_dim();
-  for (int64_t i = 0; i < rot / 2; ++i)
+  for (int64_t i = 0; i < rot / 2; ++i) {
     f->inv_freq_.push_back(1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / static_cast<double>(rot)));
+    // Interleaved M-RoPE: h every third frequency from 1, w from 2, each up to three times its section; t the rest.
+    f->rope_axis_.push_back(i % 3 == 1 && i < 3 * c.mrope_section[1] ? 1 : i % 3 == 2 && i < 3 * c.mrope_section[2] ? 2 : 0);
+  }
   const int64_t K = c.linear_conv_kernel_dim, conv_dim = c.conv_dim(), Nv = c.linear_num_value_heads;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
@@ -331,12 +334,35 @@ Status CheckBranch(const PrefillBranch& branch, int64_t vocab_size, const std::s
 
 Status Forward::CheckIds(std::span<const int32_t> ids) const { return CheckTokenIds(ids, config_.vocab_size, "Forward"); }
 
+MtpState* Forward::HeadReads(std::span<const int32_t> ids, MtpState* mtp) {
+  if (mtp == nullptr || std::none_of(ids.begin(), ids.end(), IsImageKey)) return mtp;
+  *mtp = MtpState{};
+  return nullptr;
+}
+
+Status Forward::CheckIds(std::span<const int32_t> ids, const SequenceState& state) const {
+  if (ids.empty()) return InvalidArgument("Forward: no token ids");
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!IsImageKey(ids[i])) {
+      if (ids[i] < 0 || ids[i] >= config_.vocab_size)
+        return InvalidArgument("Forward: token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) + " outside vocab " +
+                               std::to_string(config_.vocab_size));
+      continue;
+    }
+    const int64_t row = state.length() + static_cast<int64_t>(i);
+    if (state.images() == nullptr || state.images()->EmbeddingOf(row, ids[i]) == nullptr)
+      return InvalidArgument("Forward: row " + std::to_string(row) + " holds an image key id the sequence has no image row for");
+  }
+  return Status::Ok();
+}
+
 Result<std::vector<float>> Forward::Prefill(SequenceState& state, std::span<const int32_t> ids, LogitsRows rows,
                                             MtpState* mtp) {
-  RETURN_IF_ERROR(CheckIds(ids));
+  RETURN_IF_ERROR(CheckIds(ids, state));
   const int64_t n = static_cast<int64_t>(ids.size());
   RETURN_IF_ERROR(state.Reserve(state.length() + n));
   const bool all = rows == LogitsRows::kAll;
+  mtp = HeadReads(ids, mtp);
   if (mtp != nullptr && mtp->pending_rows > 1) *mtp = MtpState{};  // their next ids are not here: start the head anew
   std::vector<float> logits(static_cast<size_t>((all ? n : 1) * config_.vocab_size));
   const int64_t G = options_.grid_tokens;
@@ -369,7 +395,8 @@ Result<std::vector<float>> Forward::PrefillCarrying(SequenceState& state, std::s
                CheckDecodeBatch(riders.states, riders.ids, config_.vocab_size).ok();
   for (SequenceState* rider : riders.states) carry = carry && rider != &state;
   if (!carry) return Prefill(state, ids, LogitsRows::kLast, mtp);
-  RETURN_IF_ERROR(CheckIds(ids));
+  RETURN_IF_ERROR(CheckIds(ids, state));
+  mtp = HeadReads(ids, mtp);
   RETURN_IF_ERROR(state.Reserve(pos + n));
   for (SequenceState* rider : riders.states)
     if (!rider->Reserve(rider->length() + 1).ok()) return Prefill(state, ids, LogitsRows::kLast, mtp);
@@ -424,6 +451,7 @@ Result<std::vector<float>> Forward::PrefillBranches(const SequenceState& prefix,
     seg.row0 = row0;
     seg.n = n;
     seg.pos0 = pos0;
+    seg.images = prefix.images().get();
     for (int64_t g = 0; g < prefix.num_gdn_layers(); ++g) {
       o.recurrent.emplace_back(prefix.recurrent(g), prefix.recurrent(g) + prefix.recurrent_floats());
       o.tails.emplace_back(prefix.conv_tail(g), prefix.conv_tail(g) + prefix.tail_floats());
@@ -494,7 +522,7 @@ void Forward::AppendDecodeRows(std::span<SequenceState* const> states, int64_t r
 }
 
 Result<std::vector<float>> Forward::Verify(SequenceState& state, std::span<const int32_t> ids) {
-  RETURN_IF_ERROR(CheckIds(ids));
+  RETURN_IF_ERROR(CheckIds(ids, state));
   const int64_t n = static_cast<int64_t>(ids.size());
   RETURN_IF_ERROR(state.Reserve(state.length() + n));
   std::vector<float> logits(static_cast<size_t>(n * config_.vocab_size));
@@ -576,13 +604,16 @@ void Forward::AddRows(const float* from, int64_t count, float* to) {
   });
 }
 
-void Forward::RopeTable(int64_t pos0, int64_t n, int64_t row0) {
+void Forward::RopeTable(int64_t pos0, int64_t n, int64_t row0, const PromptImages* images) {
   const int64_t half = config_.rotary_dim() / 2;
   float* cs = Sized(ws_->cos, (row0 + n) * half) + row0 * half;
   float* sn = Sized(ws_->sin, (row0 + n) * half) + row0 * half;
+  int64_t axes[3];
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(pos0 + t) * inv_freq_[i];
+      if (images != nullptr) images->PositionOf(pos0 + t, axes);
+      else TextPositions(pos0 + t, axes);
+      const double angle = static_cast<double>(axes[rope_axis_[static_cast<size_t>(i)]]) * inv_freq_[i];
       cs[t * half + i] = static_cast<float>(std::cos(angle));
       sn[t * half + i] = static_cast<float>(std::sin(angle));
     }
@@ -593,6 +624,7 @@ Forward::Segment Forward::SegmentOf(SequenceState& state, int64_t n, Mode mode) 
   seg.n = n;
   seg.mode = mode;
   seg.pos0 = state.length();
+  seg.images = state.images().get();
   const int64_t KW = state.kv_width();
   for (int64_t g = 0; g < state.num_gdn_layers(); ++g) {
     seg.recurrent.push_back(state.recurrent(g));
@@ -623,13 +655,15 @@ void Forward::RunRows(std::span<const Segment> segments, const int32_t* ids, int
   float* x = Sized(ws.x, n * H);
   float* a = Sized(ws.a, n * H);
   float* mix = Sized(ws.mix, n * H);
-  for (int64_t t = 0; t < n; ++t) {
-    embed_->RowToFloat(ids[t], x + t * H);
-  }
+  for (const Segment& seg : segments)
+    for (int64_t t = seg.row0; t < seg.row0 + seg.n; ++t) {
+      if (!IsImageKey(ids[t])) embed_->RowToFloat(ids[t], x + t * H);
+      else std::copy_n(seg.images->EmbeddingOf(seg.pos0 + t - seg.row0, ids[t]), H, x + t * H);  // checked before the forward
+    }
   const int64_t half = config_.rotary_dim() / 2;
   Sized(ws_->cos, n * half);
   Sized(ws_->sin, n * half);
-  for (const Segment& seg : segments) RopeTable(seg.pos0, seg.n, seg.row0);  // angles and cos/sin in double, stored fp32
+  for (const Segment& seg : segments) RopeTable(seg.pos0, seg.n, seg.row0, seg.images);  // angles and cos/sin in double, stored fp32
   int64_t gdn_index = 0, attn_index = 0;
   for (const Layer& layer : layers_) {
     RmsNormRows(x, layer.in_norm.data(), n, H, a);

@@ -180,6 +180,10 @@ class Forward final : public ComputeBackend {
 
   Forward(const ModelConfig& config, const ForwardOptions& options);
   Status CheckIds(std::span<const int32_t> ids) const;
+  // The MTP head reads token ids only: ids with image rows start it anew after them (returns null), else mtp.
+  static MtpState* HeadReads(std::span<const int32_t> ids, MtpState* mtp);
+  // As CheckIds, and each image key id must be an image row of state.images() at its row (from state.length()).
+  Status CheckIds(std::span<const int32_t> ids, const SequenceState& state) const;
   Result<Layer> NormsAndMlp(const LayerWeights& weights);
   Result<Layer> AttentionLayer(const LayerWeights& weights);
   // A [rows, cols] matrix repacked for the kernels (F16/F32 rounded to BF16, FP8 with its block scales, int8
@@ -193,6 +197,7 @@ class Forward final : public ComputeBackend {
     std::vector<float*> recurrent, tails;  // per GDN layer: the state and conv tail it advances
     std::vector<cpu::KvSource> kv;         // per attention layer: K/V rows 0..pos0 + n
     std::vector<uint8_t*> k_out, v_out;    // per attention layer: where its rows pos0.. go, in kv's dtype
+    const PromptImages* images = nullptr;  // the sequence's images: image rows' inputs and every row's rotary position
   };
   // The segment of a whole state: its rows at positions state.length().., K/V rows in the state.
   static Segment SegmentOf(SequenceState& state, int64_t n, Mode mode);
@@ -208,7 +213,8 @@ class Forward final : public ComputeBackend {
   // logit_rows (in that order) and, when hidden is set, every row's final-normed hidden state.
   void RunRows(std::span<const Segment> segments, const int32_t* ids, int64_t n, std::span<const int64_t> logit_rows, float* logits,
                float* hidden);
-  void RopeTable(int64_t pos0, int64_t n, int64_t row0 = 0);
+  // cos and sin of rows [row0, row0 + n) at positions pos0..: on the t, h and w axes of images where given.
+  void RopeTable(int64_t pos0, int64_t n, int64_t row0 = 0, const PromptImages* images = nullptr);
   void GdnMixer(const Layer& layer, std::span<const Segment> segments, int64_t gdn_index, int64_t n);
   // Per segment: writes its K/V rows to k_out/v_out and attends its query row t over kv rows 0..pos0 + t.
   void AttentionMixer(const Layer& layer, std::span<const Segment> segments, int64_t attn_index, int64_t n);
@@ -237,6 +243,7 @@ class Forward final : public ComputeBackend {
   const cpu::PackedMatrix* lm_head_ = nullptr;  // [V, H]
   std::vector<float> final_norm_;      // fp32 [H], 1 + w
   std::vector<double> inv_freq_;       // [rotary_dim / 2]
+  std::vector<int> rope_axis_;         // [rotary_dim / 2]: the position axis (t, h, w) each frequency turns by
   std::unique_ptr<Workspace> ws_;
   std::unique_ptr<DraftLog> draft_;
   std::unique_ptr<Mtp> mtp_;

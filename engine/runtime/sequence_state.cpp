@@ -28,7 +28,7 @@ SequenceState::SequenceState(const ModelConfig& config) {
 
 SequenceState::SequenceState(const SequenceState& other)
     : kv_width_(other.kv_width_), kv_dtype_(other.kv_dtype_), recurrent_floats_(other.recurrent_floats_), tail_floats_(other.tail_floats_),
-      length_(other.length_), capacity_(other.capacity_), growth_lock_(other.growth_lock_) {
+      length_(other.length_), capacity_(other.capacity_), growth_lock_(other.growth_lock_), images_(other.images_) {
   other.PullFromMirror();
   k_ = other.k_;
   v_ = other.v_;
@@ -105,6 +105,7 @@ void SequenceState::SetLength(int64_t new_length) {
 
 void SequenceState::Reset() {
   length_ = 0;
+  images_.reset();
   newest_recurrent_ = NewestRecurrent::kHost;
   for (auto& r : recurrent_) std::fill(r.begin(), r.end(), 0.0f);
   for (auto& t : tail_) std::fill(t.begin(), t.end(), 0.0f);

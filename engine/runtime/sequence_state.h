@@ -12,6 +12,7 @@
 #include "engine/core/page_buffer.h"
 #include "engine/core/status.h"
 #include "engine/model/model_config.h"
+#include "engine/runtime/prompt_images.h"
 
 namespace anchorage {
 
@@ -107,6 +108,11 @@ class SequenceState {
   int64_t recurrent_floats() const { return recurrent_floats_; }
   int64_t tail_floats() const { return tail_floats_; }
 
+  // The images among its rows (where they are, their tower rows): the forward reads their rows' inputs and
+  // every row's rotary position from them. Whoever forwards a prompt sets them from its ids; copies share them.
+  const std::shared_ptr<const PromptImages>& images() const { return images_; }
+  void set_images(std::shared_ptr<const PromptImages> images) { images_ = std::move(images); }
+
   // Ensures room for `tokens` rows; capacity rounds up to kKvRowStep. Fails if memory runs out.
   Status Reserve(int64_t tokens);
   // Sets the length after a forward wrote rows [length, new_length); rows must be reserved.
@@ -198,6 +204,7 @@ class SequenceState {
   int64_t length_ = 0;
   int64_t capacity_ = 0;
   std::shared_mutex* growth_lock_ = nullptr;
+  std::shared_ptr<const PromptImages> images_;
   std::vector<PageArray<uint8_t>> k_, v_;  // page-aligned, so the disk tier reads rows straight in
   std::vector<PageArray<float>> recurrent_, tail_;
   std::unique_ptr<StateMirror> mirror_;

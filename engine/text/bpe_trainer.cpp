@@ -163,6 +163,8 @@ std::string BuildTinyTokenizerJson(std::string_view corpus, int num_merges) {
       {"<tool_call>", false},      {"</tool_call>", false},   {"<tool_response>", false},
       {"</tool_response>", false}, {"<think>", false},        {"</think>", false},
       {"<|fim_prefix|>", false},   {"<|fim_middle|>", false}, {"<|fim_suffix|>", false},
+      {"<|vision_start|>", true},  {"<|vision_end|>", true},  {"<|vision_pad|>", true},
+      {"<|image_pad|>", true},     {"<|video_pad|>", true},
   };
   OrderedJson added = OrderedJson::array();
   int32_t next_id = static_cast<int32_t>(token_bytes.size());

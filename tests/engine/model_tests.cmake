@@ -1,3 +1,4 @@
 anchorage_add_test(test_model_config SOURCES test_model_config.cpp LIBS anchorage_model)
 anchorage_add_test(test_safetensors SOURCES test_safetensors.cpp LIBS anchorage_model)
 anchorage_add_test(test_tiny_model SOURCES test_tiny_model.cpp LIBS anchorage_model)
+anchorage_add_test(test_image_decode SOURCES test_image_decode.cpp LIBS anchorage_image_decode PkgConfig::IMAGE_LIBS)

@@ -3,6 +3,8 @@
 // weights are read element by element through TensorView::At, the delta rule is the recurrence.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -56,13 +58,39 @@ inline double Silu(double x) { return x / (1.0 + std::exp(-x)); }
 inline double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 inline double Softplus(double x) { return x > 20.0 ? x : std::log1p(std::exp(x)); }
 
-// Logits [T, vocab] of ids at positions 0..T-1 from an empty state.
-inline Vec Logits(const ModelConfig& c, const ModelWeights& w, const std::vector<int32_t>& ids) {
+// An image's rows in a prompt: rows x columns merged patches from row `row`, their inputs given.
+struct Image {
+  int64_t row = 0, rows = 0, columns = 0;
+  const float* inputs = nullptr;  // [rows * columns, H]
+};
+
+// Qwen3-VL's get_rope_index for one sequence: (t, h, w) of every row, walking text and images in order.
+inline std::vector<std::array<int64_t, 3>> RopeIndex(int64_t T, const std::vector<Image>& images) {
+  std::vector<std::array<int64_t, 3>> pos;
+  int64_t next = 0;  // the position after the last one given
+  for (const Image& im : images) {
+    while (static_cast<int64_t>(pos.size()) < im.row) pos.push_back({next, next, next}), ++next;
+    const int64_t base = next;
+    for (int64_t r = 0; r < im.rows; ++r)
+      for (int64_t col = 0; col < im.columns; ++col) pos.push_back({base, base + r, base + col});
+    next = base + std::max(im.rows, im.columns);
+  }
+  while (static_cast<int64_t>(pos.size()) < T) pos.push_back({next, next, next}), ++next;
+  return pos;
+}
+
+// Logits [T, vocab] of ids from an empty state: text rows at positions 0..T-1, or as RopeIndex moves them
+// after images, whose rows take their given inputs instead of the embedding.
+inline Vec Logits(const ModelConfig& c, const ModelWeights& w, const std::vector<int32_t>& ids, const std::vector<Image>& images = {}) {
   const int64_t T = static_cast<int64_t>(ids.size()), H = c.hidden_size;
   const double eps = c.rms_norm_eps;
   Vec x(static_cast<size_t>(T * H));
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < H; ++i) x[t * H + i] = w.embed_tokens.At(static_cast<int64_t>(ids[t]) * H + i);
+    for (int64_t i = 0; i < H; ++i) x[t * H + i] = ids[t] < c.vocab_size ? w.embed_tokens.At(static_cast<int64_t>(ids[t]) * H + i) : 0.0;
+  for (const Image& im : images)
+    for (int64_t r = 0; r < im.rows * im.columns; ++r)
+      for (int64_t i = 0; i < H; ++i) x[(im.row + r) * H + i] = im.inputs[r * H + i];
+  const std::vector<std::array<int64_t, 3>> positions = RopeIndex(T, images);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
     Vec a = RmsNorm1p(x, H, lw.input_layernorm, eps);
@@ -135,17 +163,21 @@ inline Vec Logits(const ModelConfig& c, const ModelWeights& w, const std::vector
           }
       q = RmsNorm1p(q, hd, at.q_norm, eps);
       k = RmsNorm1p(k, hd, at.k_norm, eps);
-      auto rope = [&](double* p, int64_t pos) {
+      // Interleaved M-RoPE: frequencies 1, 4, .. below 3 x section[1] turn by h, 2, 5, .. below 3 x section[2] by w.
+      auto rope = [&](double* p, const std::array<int64_t, 3>& pos) {
         for (int64_t i = 0; i < half; ++i) {
-          const double th = pos * std::pow(c.rope_theta, -2.0 * i / rot);
+          int axis = 0;
+          for (int64_t j = 1; j < 3 * c.mrope_section[1]; j += 3) axis = j == i ? 1 : axis;
+          for (int64_t j = 2; j < 3 * c.mrope_section[2]; j += 3) axis = j == i ? 2 : axis;
+          const double th = pos[axis] * std::pow(c.rope_theta, -2.0 * i / rot);
           const double x0 = p[i], x1 = p[i + half];
           p[i] = x0 * std::cos(th) - x1 * std::sin(th);
           p[i + half] = x1 * std::cos(th) + x0 * std::sin(th);
         }
       };
       for (int64_t t = 0; t < T; ++t) {
-        for (int64_t h = 0; h < Nh; ++h) rope(&q[(t * Nh + h) * hd], t);
-        for (int64_t h = 0; h < Nkv; ++h) rope(&k[(t * Nkv + h) * hd], t);
+        for (int64_t h = 0; h < Nh; ++h) rope(&q[(t * Nh + h) * hd], positions[t]);
+        for (int64_t h = 0; h < Nkv; ++h) rope(&k[(t * Nkv + h) * hd], positions[t]);
       }
       Vec out(static_cast<size_t>(T * Nh * hd), 0.0);
       for (int64_t t = 0; t < T; ++t)

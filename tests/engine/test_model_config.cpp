@@ -33,8 +33,17 @@ json TextConfig08B() {
               {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000000}, {"partial_rotary_factor", 0.25}, {"mrope_section", {11, 11, 10}}, {"mrope_interleaved", true}}}};
 }
 
-json Wrapped(json text) {
-  return json{{"architectures", {"Qwen3_5ForConditionalGeneration"}}, {"model_type", "qwen3_5"}, {"text_config", std::move(text)}, {"vision_config", {{"depth", 12}}}};
+// Qwen3.5-0.8B's vision_config.
+json Vision08B() {
+  return json{{"depth", 12}, {"hidden_size", 768}, {"hidden_act", "gelu_pytorch_tanh"}, {"intermediate_size", 3072},
+              {"num_heads", 12}, {"in_channels", 3}, {"patch_size", 16}, {"spatial_merge_size", 2},
+              {"temporal_patch_size", 2}, {"out_hidden_size", 1024}, {"num_position_embeddings", 2304}};
+}
+
+json Wrapped(json text, json vision = Vision08B()) {
+  return json{{"architectures", {"Qwen3_5ForConditionalGeneration"}}, {"model_type", "qwen3_5"}, {"text_config", std::move(text)},
+              {"vision_config", std::move(vision)}, {"image_token_id", 248056}, {"vision_start_token_id", 248053},
+              {"vision_end_token_id", 248054}};
 }
 
 }  // namespace
@@ -113,6 +122,46 @@ class TestModelConfig : public QObject {
     QTest::newRow("text_config type") << "{\"text_config\": 5}" << "field 'text_config' must be an object";
     QTest::newRow("other model") << "{\"model_type\": \"llama\"}" << "model_type 'llama' is not a Qwen3.5 text model";
   }
+
+  void visionConfigLoads() {
+    auto c = ParseModelConfig(Wrapped(TextConfig08B()).dump(), "config.json");
+    QVERIFY2(c.ok(), c.status().ToString().c_str());
+    QVERIFY(c->vision.has_value());
+    QCOMPARE(c->vision->head_dim(), int64_t(64));
+    QCOMPARE(c->vision->grid_per_side(), int64_t(48));
+    QCOMPARE(c->vision->patch_values(), int64_t(1536));
+    QCOMPARE(c->vision->image_token_id, int64_t(248056));
+    QCOMPARE(c->mrope_section, (std::vector<int64_t>{11, 11, 10}));
+    json flat = TextConfig08B();
+    auto text_only = ParseModelConfig(flat.dump(), "config.json");
+    QVERIFY(text_only.ok());
+    QVERIFY(!text_only->vision.has_value());
+  }
+
+  void malformedVisionConfigs_data() {
+    QTest::addColumn<QString>("text");
+    QTest::addColumn<QString>("expected");
+    auto vision = [](const char* key, json value) {
+      json v = Vision08B();
+      if (value.is_null()) v.erase(key);
+      else v[key] = value;
+      return QString::fromStdString(Wrapped(TextConfig08B(), v).dump());
+    };
+    json no_image_id = Wrapped(TextConfig08B());
+    no_image_id.erase("image_token_id");
+    json bad_section = Wrapped(TextConfig08B());
+    bad_section["text_config"]["rope_parameters"]["mrope_section"] = {11, 11, 11};
+    QTest::newRow("missing depth") << vision("depth", nullptr) << "missing field 'depth'";
+    QTest::newRow("other activation") << vision("hidden_act", "relu") << "hidden_act \"relu\" is not supported";
+    QTest::newRow("deepstack") << vision("deepstack_visual_indexes", {8, 16}) << "deepstack_visual_indexes are not supported";
+    QTest::newRow("out width") << vision("out_hidden_size", 2048) << "out_hidden_size (2048) must equal the text hidden_size (1024)";
+    QTest::newRow("head width") << vision("num_heads", 7) << "hidden_size / num_heads must be a multiple of 4";
+    QTest::newRow("positions") << vision("num_position_embeddings", 2000) << "num_position_embeddings must be a square";
+    QTest::newRow("not an object") << QString::fromStdString(Wrapped(TextConfig08B(), 5).dump()) << "field 'vision_config' must be an object";
+    QTest::newRow("image id") << QString::fromStdString(no_image_id.dump()) << "missing field 'image_token_id'";
+    QTest::newRow("mrope sum") << QString::fromStdString(bad_section.dump()) << "mrope_section must add up to the rotary frequencies (32)";
+  }
+  void malformedVisionConfigs() { malformedConfigs(); }
 
   void malformedConfigs() {
     QFETCH(QString, text);

@@ -587,7 +587,7 @@ class TokenizerTest : public QObject {
     QCOMPARE(j["model"]["merges"].size(), size_t(2000));
     const Tokenizer t = ParseOrDie(a, "tiny");
     const int32_t regular = static_cast<int32_t>(j["model"]["vocab"].size());
-    QCOMPARE(t.vocab_size(), regular + 12);
+    QCOMPARE(t.vocab_size(), regular + 17);
     const char* names[] = {"<|endoftext|>",    "<tool_call>",   "</tool_call>", "<tool_response>",
                            "</tool_response>", "<think>",       "</think>",     "<|fim_prefix|>",
                            "<|fim_middle|>",   "<|fim_suffix|>"};
@@ -597,6 +597,9 @@ class TokenizerTest : public QObject {
     QCOMPARE(t.TokenId("<|fim_suffix|>"), std::optional<int32_t>(regular + 11));
     for (const char* n : names) QCOMPARE(t.IsSpecial(*t.TokenId(n)), std::string(n) == "<|endoftext|>");
     QVERIFY(t.IsSpecial(regular + 1) && t.IsSpecial(regular + 2));
+    QCOMPARE(t.TokenId("<|vision_start|>"), std::optional<int32_t>(regular + 12));
+    QCOMPARE(t.TokenId("<|image_pad|>"), std::optional<int32_t>(regular + 15));
+    QVERIFY(t.IsSpecial(regular + 12) && t.IsSpecial(regular + 15));
     const auto ids = EncodeOrDie(t, corpus);
     QCOMPARE(t.Decode(ids), anchorage::unicode::NormalizeNfc(corpus));
     qInfo("tiny tokenizer: %zu corpus bytes -> %zu tokens", corpus.size(), ids.size());

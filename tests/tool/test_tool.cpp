@@ -61,22 +61,23 @@ class TestTool : public QObject {
     json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", json::object()}};
     int i = 0;
     for (const auto& [name, t] : set->tensors()) {
-      const std::string n = "model.language_model." + name.substr(6);
+      const bool own_prefix = name.rfind("model.visual.", 0) == 0 || name.rfind("mtp.", 0) == 0;
+      const std::string n = own_prefix ? name : "model.language_model." + name.substr(6);
       auto& shard = (i++ % 2 == 0) ? shard1 : shard2;
       shard.push_back({n, t.dtype, t.shape, std::string(reinterpret_cast<const char*>(t.data), t.bytes)});
       index["weight_map"][n] = (&shard == &shard1) ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
     }
-    shard2.push_back({"model.visual.patch_embed.proj.weight", anchorage::DType::kBF16, {4, 4}, std::string(32, '\0')});
-    index["weight_map"]["model.visual.patch_embed.proj.weight"] = "model-00002-of-00002.safetensors";
-    shard2.push_back({"mtp.fc.weight", anchorage::DType::kBF16, {2, 2}, std::string(8, '\0')});
-    index["weight_map"]["mtp.fc.weight"] = "model-00002-of-00002.safetensors";
     QVERIFY(anchorage::WriteSafetensors(dst + "/model-00001-of-00002.safetensors", shard1).ok());
     QVERIFY(anchorage::WriteSafetensors(dst + "/model-00002-of-00002.safetensors", shard2).ok());
     std::ofstream(dst + "/model.safetensors.index.json") << index.dump(2);
     json text = json::parse(std::ifstream(src + "/config.json"));
     text["model_type"] = "qwen3_5_text";
-    json wrapper = {{"architectures", {"Qwen3_5ForConditionalGeneration"}}, {"model_type", "qwen3_5"}, {"text_config", text},
-                    {"vision_config", {{"depth", 2}}}, {"tie_word_embeddings", true}};
+    json wrapper = {{"architectures", {"Qwen3_5ForConditionalGeneration"}}, {"model_type", "qwen3_5"}, {"tie_word_embeddings", true}};
+    for (const char* key : {"vision_config", "image_token_id", "vision_start_token_id", "vision_end_token_id"}) {
+      wrapper[key] = text[key];
+      text.erase(key);
+    }
+    wrapper["text_config"] = text;
     std::ofstream(dst + "/config.json") << wrapper.dump(2);
     for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}) fs::copy_file(src + "/" + f, dst + "/" + f);
 
@@ -84,7 +85,10 @@ class TestTool : public QObject {
     QVERIFY2(r.code == 0, r.err.constData());
     json out = json::parse(r.out.constData());
     QCOMPARE(out["files"].size(), size_t(2));
-    QCOMPARE(out["ignored_tensors"].get<int>(), 2);
+    QCOMPARE(out["vision"]["tower"].get<std::string>(), std::string("ready"));
+    QCOMPARE(out["vision"]["tensors"].get<int>(), 3 + 2 * 12 + 6);  // patch embedding, positions, 2 blocks, merger
+    QCOMPARE(out["vision"]["config"]["depth"].get<int>(), 2);
+    QVERIFY(out["mtp_tensors"].get<int>() > 0);
     QCOMPARE(out["config"]["num_hidden_layers"].get<int>(), 4);
     QCOMPARE(out["derived"]["full_attention_layers"].get<int>(), 1);
     QCOMPARE(out["chat_template"].get<std::string>(), std::string("ok"));

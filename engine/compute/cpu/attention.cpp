@@ -120,13 +120,15 @@ void TransposeKeys(const KvSource& kv, int64_t c0, int64_t j0, int64_t width, in
 
 // Query rows stacked per block: stacked row i = r * group + g is query row r of head g of the group.
 // Every stacked row's bits depend only on its own query, its position and the keys it sees.
+// every_key > 0: each row sees keys 0..every_key - 1 (no mask) instead of the causal ones.
 void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const float* q, int64_t q_stride,
                  int64_t q_head_stride, int64_t t0, int64_t m, int64_t pos0, int64_t kvh, const KvSource& kv,
-                 float* out, int64_t out_stride) {
+                 float* out, int64_t out_stride, int64_t every_key = 0) {
   const int64_t group = shape.num_heads / shape.num_kv_heads;
   const int64_t hd = shape.head_dim;
+  const bool causal = every_key <= 0;
   const int64_t first = pos0 + t0;    // position of the block's first row
-  const int64_t len = first + m;      // keys the last row sees
+  const int64_t len = causal ? first + m : every_key;  // keys the last row sees
   const int64_t stacked = group * m;
   const int64_t ld = SpreadStride(len);  // row stride of the scores
   thread_local std::vector<float> qs_buf, scores_buf, os_buf;
@@ -139,6 +141,7 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
   // Keys go in blocks that stay in cache. Query row r sees keys 0..first + r: in a block [l0, l1)
   // the rows from full_row on see every key, the rows from band_row to full_row some of them.
   const auto rows_of = [&](int64_t l0, int64_t l1) {
+    if (!causal) return std::pair<int64_t, int64_t>{0, 0};
     const int64_t band_row = std::clamp<int64_t>(l0 - first, 0, m), full_row = std::clamp<int64_t>(l1 - 1 - first, 0, m);
     return std::pair<int64_t, int64_t>{band_row, full_row};
   };
@@ -165,7 +168,7 @@ void AttendBlock(const Fp32Kernels& kernels, const AttentionShape& shape, const 
   }
   for (int64_t i = 0; i < stacked; ++i) {
     float* row = scores + i * ld;
-    const int64_t valid = first + i / group + 1;
+    const int64_t valid = causal ? first + i / group + 1 : len;
     for (int64_t l = 0; l < valid; ++l) row[l] *= shape.scale;
     SoftmaxPrefix(row, valid);
   }
@@ -251,6 +254,18 @@ void AttentionPrefill(ThreadPool& pool, const AttentionShape& shape, const float
     const int64_t t0 = static_cast<int64_t>(task) % blocks * kAttentionQueryBlock;
     AttendBlock(kernels, shape, q, q_stride, q_head_stride, t0, std::min(rows, t0 + kAttentionQueryBlock) - t0, pos0, kvh, kv, out,
                 out_stride);
+  });
+}
+
+void AttentionBidirectional(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride,
+                            int64_t rows, int64_t keys, const KvSource& kv, float* out, int64_t out_stride) {
+  const Fp32Kernels& kernels = Fp32KernelsOf(ActivePath());
+  const int64_t blocks = (rows + kAttentionQueryBlock - 1) / kAttentionQueryBlock;
+  pool.Run(static_cast<size_t>(shape.num_kv_heads * blocks), [&](size_t task) {
+    const int64_t kvh = static_cast<int64_t>(task) / blocks;
+    const int64_t t0 = static_cast<int64_t>(task) % blocks * kAttentionQueryBlock;
+    AttendBlock(kernels, shape, q, q_stride, q_head_stride, t0, std::min(rows, t0 + kAttentionQueryBlock) - t0, 0, kvh, kv, out,
+                out_stride, keys);
   });
 }
 

@@ -67,6 +67,9 @@ int KvFp8Exponent(float amax);
 void AttentionPrefill(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t q_stride,
                       int64_t q_head_stride, int64_t rows, int64_t pos0, const KvSource& kv, float* out, int64_t out_stride);
 
+// Every query row attends to key rows 0..keys-1 with no mask (a vision tower's attention); otherwise as AttentionPrefill.
+void AttentionBidirectional(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t q_stride, int64_t q_head_stride,
+                            int64_t rows, int64_t keys, const KvSource& kv, float* out, int64_t out_stride);
 // One query row per head attending to key rows 0..length-1; tasks are kv heads.
 void AttentionDecode(ThreadPool& pool, const AttentionShape& shape, const float* q, int64_t q_head_stride,
                      int64_t length, const KvSource& kv, float* out);
