@@ -932,9 +932,15 @@ Result<std::unique_ptr<ResidentTurn>> ResidentPrefix::Begin(const CacheRequest& 
   const int64_t served = static_cast<int64_t>(plan.info.served_prompt.size());
   if (served >= context)
     return OutOfRange("the prompt holds " + std::to_string(served) + " tokens as served; this server's context limit is " + std::to_string(context) + " tokens");
+  // Where the images are among the rows as served: the forward reads their rows and every row's position from them.
+  std::shared_ptr<const PromptImages> images;
+  if (std::any_of(plan.info.served_prompt.begin(), plan.info.served_prompt.end(), IsImageKey)) {
+    ASSIGN_OR_RETURN(images, PromptImages::Locate(plan.info.served_prompt, request.images));
+  }
   turn->params = params;
   turn->params.max_tokens = std::min(params.max_tokens, context - served);
   RETURN_IF_ERROR(AdmitAndApply(request, plan, turn->params.max_tokens));
+  state_.set_images(std::move(images));
   turn->info = std::move(plan.info);
   if (on_admitted) on_admitted(turn->info);
   PlanDiskWrites(request, turn->info);
@@ -983,7 +989,9 @@ Result<CachedGeneration> ResidentPrefix::End(ResidentTurn& turn) {
     responses_->Insert(*turn.response_key, std::move(turn.written));
   }
   if (result.ok() && suffix_store_ != nullptr && options_.suffix_store && !options_.suffix_store_read_only) {
-    std::vector<int32_t> read_and_written = info.served_prompt;
+    // The store holds token ids only: what follows the last image row.
+    const auto last_image = std::find_if(info.served_prompt.rbegin(), info.served_prompt.rend(), IsImageKey);
+    std::vector<int32_t> read_and_written(last_image.base(), info.served_prompt.end());
     read_and_written.insert(read_and_written.end(), result->tokens.begin(), result->tokens.end());
     if (Status s = suffix_store_->Append(read_and_written); !s.ok()) Emit("drop", "suffix", static_cast<int64_t>(read_and_written.size()), 0, s.message());
   }

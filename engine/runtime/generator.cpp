@@ -89,6 +89,7 @@ Status GenerationTask::Advance(int32_t id) {
     if (speculative_.lookup && length > 0) {
       draft = LookupDraft(sequence_, length);
       if (draft.empty() && speculative_.store != nullptr) draft = speculative_.store->Draft(sequence_, length);
+      draft.erase(std::find_if(draft.begin(), draft.end(), IsImageKey), draft.end());  // a copy runs into an image: drafts are tokens
     }
     window_from_head_ = false;
     if (head_ != nullptr && head_->pending_rows > 0) {

@@ -51,6 +51,7 @@ void SendJson(HttpResponse& res, const ojson& body) { res.SetContent(Dump(body),
 struct Prepared {
   CompletionRequest request;
   std::vector<int32_t> prompt_ids;
+  PreparedImages images;
   bool starts_in_reasoning = false;
 };
 
@@ -118,7 +119,8 @@ Status HttpServer::Bind() { return transport_.Bind(options_.host, options_.port)
 void HttpServer::Serve() { transport_.Serve(); }
 void HttpServer::Stop() { transport_.Stop(); }
 
-bool HttpServer::PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids_out, bool* starts_in_reasoning, ApiError* error) const {
+bool HttpServer::PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids_out, bool* starts_in_reasoning, ApiError* error,
+                           PreparedImages* images) const {
   *starts_in_reasoning = false;
   if (r.kind == RequestKind::kChat) {
     auto text = model_.chat_template.RenderChatBody(r.template_body);
@@ -134,6 +136,18 @@ bool HttpServer::PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids
       return false;
     }
     *ids_out = std::move(*ids);
+    if (!r.image_urls.empty()) {
+      if (options_.images == nullptr) {
+        *error = {400, "image parts are not supported: " + options_.images_off, "invalid_request_error", "messages", "images_unsupported"};
+        return false;
+      }
+      auto prepared = PrepareImages(*options_.images, r.image_urls, options_.image_input, static_cast<int32_t>(options_.images->image_token_id()), ids_out);
+      if (!prepared.ok()) {
+        *error = {400, prepared.status().message(), "invalid_request_error", "messages", "invalid_image"};
+        return false;
+      }
+      if (images != nullptr) *images = std::move(*prepared);
+    }
   } else if (r.prompt_is_ids) {
     *ids_out = r.prompt_ids;
   } else {
@@ -235,7 +249,8 @@ ojson HttpServer::JournalHealthJson() const {
 }
 
 ParseOptions HttpServer::ParseOptionsOf() const {
-  return ParseOptions{options_.model_id, model_.config.vocab_size, options_.model_aliases, options_.strict_model_names};
+  return ParseOptions{options_.model_id, model_.config.vocab_size, options_.model_aliases, options_.strict_model_names, options_.max_images,
+                      options_.images != nullptr ? std::string() : options_.images_off};
 }
 
 bool HttpServer::CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiError* error) const {
@@ -247,7 +262,9 @@ bool HttpServer::CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiEr
   auto request = ParseCompletionRequest(RequestKind::kChat, req.body, ParseOptionsOf(), error);
   if (!request) return false;
   bool reasoning = false;
-  if (!PromptIds(*request, &out->prompt, &reasoning, error)) return false;
+  PreparedImages images;
+  if (!PromptIds(*request, &out->prompt, &reasoning, error, &images)) return false;
+  out->images = std::move(images.catalog);
   out->session = request->session.empty() ? req.HeaderValue("x-session-id") : request->session;
   return true;
 }
@@ -257,7 +274,15 @@ void HttpServer::RouteCache() {
                    [this](const HttpRequest& req, HttpResponse& res) {
                      // Titles are conversation text: only for a caller the admin token passes, where the server has one.
                      const bool titles = !options_.access.admin_token.empty() && !policy_.Authorize(RouteAccess::kAdmin, req).has_value();
-                     SendJson(res, scheduler_.CacheStatsJson(titles));
+                     ojson stats = scheduler_.CacheStatsJson(titles);
+                     if (options_.images != nullptr) {
+                       const ImageEncoderStats i = options_.images->Stats();
+                       stats["images"] = {{"encoded", i.encoded}, {"hits", i.hits}, {"entries", i.entries}, {"bytes", i.bytes},
+                                          {"capacity_bytes", i.capacity_bytes}, {"encode_ms_total", i.encode_ms_total}};
+                     } else {
+                       stats["images"] = {{"off", options_.images_off}};
+                     }
+                     SendJson(res, stats);
                    });
 
   // The tier comes from ?tier= or the body's "tier"; a clear that does not say which tier clears nothing.
@@ -626,7 +651,7 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
   auto prepared = std::make_shared<Prepared>();
   prepared->request = std::move(*request);
   CompletionRequest& r = prepared->request;
-  if (!PromptIds(r, &prepared->prompt_ids, &prepared->starts_in_reasoning, &error)) return reject(error);
+  if (!PromptIds(r, &prepared->prompt_ids, &prepared->starts_in_reasoning, &error, &prepared->images)) return reject(error);
   const int64_t prompt_tokens = static_cast<int64_t>(prepared->prompt_ids.size());
   if (prompt_tokens == 0) return reject({400, "the prompt is empty after tokenization", "invalid_request_error", "prompt", "empty_prompt"});
   if (prompt_tokens >= options_.context_tokens)
@@ -655,6 +680,7 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
 
   auto job = std::make_shared<Job>(continuation.empty() ? prepared->prompt_ids : continuation, r.sampling, r.session, req.path);
   job->set_context_tokens(options_.context_tokens);
+  job->set_images(prepared->images.catalog, prepared->images.tokens);
   if (!continuation.empty()) job->set_continuation_of(prompt_tokens);
   // The journal records the finish reason the client sees: tool_calls when the reply parses as calls.
   job->set_finish_reason_namer([prepared, kind](const GenerationResult& result) {

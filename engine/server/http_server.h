@@ -13,6 +13,7 @@
 #include "engine/server/access_policy.h"
 #include "engine/server/backends.h"
 #include "engine/server/http_transport.h"
+#include "engine/server/image_input.h"
 #include "engine/server/metrics.h"
 #include "engine/server/openai_api.h"
 #include "engine/server/scheduler.h"
@@ -32,6 +33,10 @@ struct ServerOptions {
   Backends* backends = nullptr;    // upstreams whose models are forwarded (not owned); nullptr: none
   std::vector<std::string> notes;  // what the start said besides its progress (warnings, overrides), for /health
   std::string precision = "exact";  // the precision products run in (Service::precision)
+  ImageEncoder* images = nullptr;   // the vision tower behind its cache (not owned); nullptr: image parts are refused
+  std::string images_off;           // why there is none, for the refusal
+  int64_t max_images = 8;           // images a prompt keeps
+  ImageInputOptions image_input;
 };
 
 class HttpServer {
@@ -74,7 +79,9 @@ class HttpServer {
   nlohmann::ordered_json JournalHealthJson() const;
   bool CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiError* error) const;
   // Renders and tokenizes a parsed request; false with *error set when it cannot.
-  bool PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids, bool* starts_in_reasoning, ApiError* error) const;
+  // images (optional): the request's images, encoded, their placeholders in ids expanded to their key ids.
+  bool PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids, bool* starts_in_reasoning, ApiError* error,
+                 PreparedImages* images = nullptr) const;
 
   Model& model_;
   Scheduler& scheduler_;

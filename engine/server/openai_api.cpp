@@ -49,21 +49,54 @@ bool BoolOf(const ojson& body, const char* key, bool fallback) {
   return body[key].get<bool>();
 }
 
-// Content as the template expects it: a string, or text parts joined into one string.
-ojson NormaliseContent(const ojson& content, const std::string& param) {
+// Content as the template expects it: a string (text parts joined), or with images text and image parts in
+// order, each image's URL appended to image_urls (images_off: why image parts are refused; empty: they are not).
+ojson NormaliseContent(const ojson& content, const std::string& param, const std::string& images_off, std::vector<std::string>* image_urls) {
   if (content.is_null() || content.is_string()) return content;
   if (!content.is_array()) Reject(param, "'" + param + "' must be a string or an array of content parts");
+  ojson parts = ojson::array();
   std::string text;
+  bool has_image = false;
   for (size_t i = 0; i < content.size(); ++i) {
     const ojson& part = content[i];
     const std::string p = param + "[" + std::to_string(i) + "]";
     if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) Reject(p, "'" + p + "' must be an object with a 'type'");
     const std::string type = part["type"].get<std::string>();
-    if (type != "text") Reject(p + ".type", "content part type '" + type + "' is not supported (only text)");
+    if (type == "image_url") {
+      if (!images_off.empty()) Reject(p + ".type", "content part type 'image_url' is not supported: " + images_off);
+      const ojson& image = part.value("image_url", ojson());
+      const ojson url = image.is_object() ? image.value("url", ojson()) : image;
+      if (!url.is_string() || url.get<std::string>().empty()) Reject(p + ".image_url.url", "'" + p + ".image_url.url' must be a non-empty string");
+      if (!text.empty()) parts.push_back({{"type", "text"}, {"text", std::move(text)}});
+      text.clear();
+      parts.push_back({{"type", "image_url"}, {"image_url", {{"url", "#" + std::to_string(image_urls->size())}}}});
+      image_urls->push_back(url.get<std::string>());
+      has_image = true;
+      continue;
+    }
+    if (type != "text") Reject(p + ".type", "content part type '" + type + "' is not supported (text and image_url)");
     if (!part.contains("text") || !part["text"].is_string()) Reject(p + ".text", "'" + p + ".text' must be a string");
     text += part["text"].get<std::string>();
   }
-  return text;
+  if (!has_image) return text;
+  if (!text.empty()) parts.push_back({{"type", "text"}, {"text", std::move(text)}});
+  return parts;
+}
+
+// Over the cap, the oldest images are left out in steps of half the cap, each as kLeftOutImage, so the
+// prompt before the first left-out image stays the same from turn to turn until the next step.
+void CapImages(ojson& messages, std::vector<std::string>& image_urls, int64_t cap) {
+  const int64_t count = static_cast<int64_t>(image_urls.size());
+  if (cap <= 0 || count <= cap) return;
+  const int64_t step = std::max<int64_t>(1, cap / 2);
+  const int64_t left_out = (count - cap + step - 1) / step * step;
+  int64_t seen = 0;
+  for (ojson& m : messages) {
+    if (!m["content"].is_array()) continue;
+    for (ojson& part : m["content"])
+      if (part.value("type", "") == "image_url" && seen++ < left_out) part = {{"type", "text"}, {"text", kLeftOutImage}};
+  }
+  image_urls.erase(image_urls.begin(), image_urls.begin() + left_out);
 }
 
 // The JSON Schema subset a tool's parameters may use, checked for shape (as OpenAI checks it).
@@ -140,7 +173,7 @@ ojson CheckTools(const ojson& tools) {
   return tools;
 }
 
-ojson CheckMessages(const ojson& messages) {
+ojson CheckMessages(const ojson& messages, const std::string& images_off, std::vector<std::string>* image_urls) {
   if (!messages.is_array()) Reject("messages", "'messages' must be an array");
   if (messages.empty()) Reject("messages", "'messages' must hold at least one message");
   ojson out = ojson::array();
@@ -157,7 +190,7 @@ ojson CheckMessages(const ojson& messages) {
     msg["role"] = role;
     if (!m.contains("content") && !(role == "assistant" && m.contains("tool_calls")))
       Reject(p + ".content", "'" + p + ".content' is required");
-    msg["content"] = NormaliseContent(m.value("content", ojson()), p + ".content");
+    msg["content"] = NormaliseContent(m.value("content", ojson()), p + ".content", images_off, image_urls);
     if (msg["content"].is_null()) msg["content"] = "";
     if (role == "tool" && (!m.contains("tool_call_id") || !m["tool_call_id"].is_string() || m["tool_call_id"].get<std::string>().empty()))
       Reject(p + ".tool_call_id", "'" + p + ".tool_call_id' is required: a tool message answers the tool call with that id");
@@ -399,7 +432,9 @@ std::optional<CompletionRequest> ParseCompletionRequest(RequestKind kind, std::s
     r.session = SessionOfBody(body);
     if (kind == RequestKind::kChat) {
       if (!body.contains("messages")) Reject("messages", "'messages' is required");
-      r.template_body["messages"] = CheckMessages(body["messages"]);
+      r.template_body["messages"] = CheckMessages(body["messages"], options.images_off, &r.image_urls);
+      r.images_sent = static_cast<int64_t>(r.image_urls.size());
+      CapImages(r.template_body["messages"], r.image_urls, options.max_images);
       std::string tool_choice = "auto";
       std::string named_function;
       if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {

@@ -41,7 +41,12 @@ struct CompletionRequest {
   bool logprobs = false;
   int top_logprobs = 0;
   std::string session;  // the body's conversation_id / session_id / session, else x-session-id
+  std::vector<std::string> image_urls;  // the images the prompt holds, in order (the template_body's parts name them #0, #1, ..)
+  int64_t images_sent = 0;              // image parts in the body, the ones left out over the cap included
 };
+
+// What an image over the request's cap becomes in the prompt.
+inline constexpr const char* kLeftOutImage = "[an earlier image, left out]";
 
 // Request bodies nest at most this deep (the body's own object is level 1).
 inline constexpr size_t kMaxJsonDepth = 128;
@@ -61,6 +66,8 @@ struct ParseOptions {
   int64_t vocab_size = 0;              // token ids in a completion prompt must be below this
   std::vector<std::string> aliases;    // other names of the model (--served-model-name a,b)
   bool strict_model_names = false;     // refuse a "model" that is neither the id nor an alias
+  int64_t max_images = 0;              // images a prompt keeps (older ones left out in steps); 0: no cap
+  std::string images_off = "this model has no vision tower";  // why image parts are refused; empty: they are served
 };
 
 // Parses and validates a body; returns the request or the error to send. Never throws.

@@ -10,7 +10,7 @@ double MsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
 
-CacheRequest RequestOf(const Job& job) { return {job.prompt_ids(), job.session(), job.sampling().max_tokens, job.context_tokens()}; }
+CacheRequest RequestOf(const Job& job) { return {job.prompt_ids(), job.session(), job.sampling().max_tokens, job.context_tokens(), job.images()}; }
 }  // namespace
 
 nlohmann::json SlotsJson(const std::vector<SlotSnapshot>& slots) {

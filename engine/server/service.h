@@ -80,6 +80,7 @@ class Service {
   std::unique_ptr<SuffixStore> suffix_store_;  // the same
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<Backends> backends_;  // before the endpoint that forwards to them
+  std::unique_ptr<ImageEncoder> images_;  // the same
   std::unique_ptr<HttpServer> http_;
   ServerOptions http_options_;  // what ServeAt makes a new endpoint of
   std::thread serving_;

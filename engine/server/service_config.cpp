@@ -100,6 +100,10 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
   else if (key == "max-connections-per-client") { RETURN_IF_ERROR(integer(1, 1000000, &c.max_connections_per_client)); }
   else if (key == "http-threads") { RETURN_IF_ERROR(integer(1, 4096, &c.http_threads)); }
   else if (key == "max-body-bytes") { RETURN_IF_ERROR(integer(1024, int64_t(1) << 32, &c.max_body_bytes)); }
+  else if (key == "image-cache-mb") { RETURN_IF_ERROR(integer(0, int64_t(1) << 20, &c.image_cache_mb)); }
+  else if (key == "image-max-count") { RETURN_IF_ERROR(integer(0, 1024, &c.image_max_count)); }
+  else if (key == "image-max-pixels") { RETURN_IF_ERROR(integer(65536, int64_t(1) << 26, &c.image_max_pixels)); }
+  else if (key == "image-folder") c.image_folder = value;
   else if (key == "threads") { RETURN_IF_ERROR(integer(0, 1024, &v)); c.threads = static_cast<int>(v); }
   else if (key == "device") {
     if (value != "cpu" && value != "cuda" && value != "auto")
@@ -138,6 +142,7 @@ const char* ServerUsage() {
          "                        [--max-queue N] [--ctx TOKENS] [--threads N] [--weights as-stored|int8]\n"
          "                        [--kv-dtype auto|f32|bf16|fp8] [--precision exact|fast] [--parallel N|auto]\n"
          "                        [--device cpu|cuda|auto] [--cuda-device N]\n"
+         "                        [--image-max-count N] [--image-max-pixels N] [--image-cache-mb MB] [--image-folder DIR]\n"
          "                        [--caches on|off]\n"
          "                        [--resident-gb GB] [--resident-guest-max TOKENS] [--resident-stash-gb GB]\n"
          "                        [--resident-pin-gb GB] [--resident-park-gb GB] [--end-anchor on|off]\n"

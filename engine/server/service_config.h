@@ -52,6 +52,10 @@ struct ServerConfig {
   int64_t max_connections_per_client = 128;
   int64_t http_threads = 64;
   int64_t max_body_bytes = 32 << 20;
+  int64_t image_cache_mb = 512;         // --image-cache-mb: the tower's output kept by digest
+  int64_t image_max_count = 8;          // --image-max-count: images a prompt keeps (older ones left out in steps of half)
+  int64_t image_max_pixels = 1048576;   // --image-max-pixels: an image is resized to at most this area
+  std::string image_folder;             // --image-folder: local image files are read from inside it; empty: none
   bool help = false;
   std::map<std::string, std::string> run_time_knobs;  // flags that override the settings document: flag -> value
   std::vector<std::string> notes;  // what overrode what, printed at start

@@ -3,6 +3,7 @@
 // Exits 0 when every check holds; prints the first failed check and exits 1 otherwise.
 import OpenAI from "openai";
 import assert from "node:assert/strict";
+import { deflateSync } from "node:zlib";
 
 const [baseURL, model] = process.argv.slice(2);
 const client = new OpenAI({ baseURL, apiKey: "unused", maxRetries: 0 });
@@ -162,6 +163,49 @@ await check("logprobs", async () => {
     assert.ok(t.logprob <= 0);
     assert.equal(t.top_logprobs[0].logprob, t.logprob, "greedy picks the best alternative");
   }
+});
+
+// A width x height RGB PNG of a gradient, as a data: URL.
+function pngDataUrl(width, height) {
+  const table = Array.from({ length: 256 }, (_, n) => {
+    let c = n;
+    for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
+    return c >>> 0;
+  });
+  const crc = (bytes) => {
+    let c = 0xffffffff;
+    for (const b of bytes) c = table[(c ^ b) & 0xff] ^ (c >>> 8);
+    return (c ^ 0xffffffff) >>> 0;
+  };
+  const chunk = (type, data) => {
+    const body = Buffer.concat([Buffer.from(type, "ascii"), data]);
+    const out = Buffer.alloc(12 + data.length);
+    out.writeUInt32BE(data.length, 0);
+    body.copy(out, 4);
+    out.writeUInt32BE(crc(body), 8 + data.length);
+    return out;
+  };
+  const header = Buffer.alloc(13);
+  header.writeUInt32BE(width, 0);
+  header.writeUInt32BE(height, 4);
+  header.set([8, 2, 0, 0, 0], 8);  // 8 bits, RGB
+  const rows = Buffer.alloc(height * (1 + width * 3));
+  for (let y = 0; y < height; y++)
+    for (let x = 0; x < width; x++) rows.set([x & 255, y & 255, (x + y) & 255], y * (1 + width * 3) + 1 + x * 3);
+  const png = Buffer.concat([Buffer.from([137, 80, 78, 71, 13, 10, 26, 10]), chunk("IHDR", header), chunk("IDAT", deflateSync(rows)), chunk("IEND", Buffer.alloc(0))]);
+  return "data:image/png;base64," + png.toString("base64");
+}
+
+await check("an image in a data: URL", async () => {
+  const image = pngDataUrl(256, 256);
+  const content = [{ type: "text", text: "What is in the picture?" }, { type: "image_url", image_url: { url: image } }];
+  const r = await client.chat.completions.create({ model, messages: [{ role: "user", content }], max_tokens: 4, temperature: 0 });
+  assert.equal(r.choices[0].message.role, "assistant");
+  assert.ok(r.usage.prompt_tokens >= 64, "the image's 64 rows are in the prompt");
+  checkUsage(r.usage);
+  const cut = image.slice(0, image.length / 2);
+  await assert.rejects(client.chat.completions.create({ model, messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: cut } }] }] }),
+    (e) => e.status === 400 && e.code === "invalid_image");
 });
 
 await check("errors are APIError with OpenAI's shape", async () => {

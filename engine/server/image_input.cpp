@@ -1,0 +1,119 @@
+#include "engine/server/image_input.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "engine/core/file_util.h"
+#include "engine/image/image_decode.h"
+
+namespace anchorage {
+
+namespace {
+
+int Base64Value(unsigned char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+' || c == '-') return 62;
+  if (c == '/' || c == '_') return 63;
+  return -1;
+}
+
+}  // namespace
+
+Result<std::string> DecodeBase64(std::string_view text) {
+  std::string out;
+  out.reserve(text.size() / 4 * 3);
+  uint32_t bits = 0;
+  int held = 0;
+  size_t padding = 0;
+  for (unsigned char c : text) {
+    if (c == '\r' || c == '\n' || c == ' ' || c == '\t') continue;
+    if (c == '=') {
+      ++padding;
+      continue;
+    }
+    const int v = Base64Value(c);
+    if (v < 0 || padding > 0) return InvalidArgument("the data: URL's base64 holds a character outside the alphabet");
+    bits = bits << 6 | static_cast<uint32_t>(v);
+    held += 6;
+    if (held >= 8) {
+      held -= 8;
+      out.push_back(static_cast<char>(bits >> held & 0xff));
+    }
+  }
+  if (padding > 2 || held >= 6) return InvalidArgument("the data: URL's base64 is cut short");
+  return out;
+}
+
+Result<std::string> ImageBytesOf(const std::string& url, const ImageInputOptions& options) {
+  namespace fs = std::filesystem;
+  if (url.rfind("data:", 0) == 0) {
+    const size_t comma = url.find(',');
+    if (comma == std::string::npos) return InvalidArgument("the data: URL has no ',' before its data");
+    const std::string header = url.substr(5, comma - 5);
+    if (header.size() < 7 || header.compare(header.size() - 7, 7, ";base64") != 0)
+      return InvalidArgument("the data: URL must be base64 (data:image/png;base64,...)");
+    if ((url.size() - comma - 1) / 4 * 3 > static_cast<size_t>(options.max_bytes))
+      return InvalidArgument("the image is over " + std::to_string(options.max_bytes) + " bytes");
+    return DecodeBase64(std::string_view(url).substr(comma + 1));
+  }
+  if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0)
+    return InvalidArgument("image URLs over http(s) are not fetched: this server downloads nothing; send the image as a data: URL");
+  std::string path = url.rfind("file://", 0) == 0 ? url.substr(7) : url;
+  if (options.folder.empty())
+    return InvalidArgument("local image files are off; send the image as a data: URL (or start the server with --image-folder DIR)");
+  std::error_code ec;
+  const fs::path folder = fs::weakly_canonical(options.folder, ec);
+  const fs::path file = fs::weakly_canonical(fs::path(path).is_absolute() ? fs::path(path) : folder / path, ec);
+  if (ec) return InvalidArgument("the image file '" + path + "' cannot be resolved: " + ec.message());
+  const auto [end, _] = std::mismatch(folder.begin(), folder.end(), file.begin(), file.end());
+  if (end != folder.end()) return InvalidArgument("the image file '" + path + "' is outside --image-folder " + folder.string());
+  if (!fs::is_regular_file(file, ec)) return InvalidArgument("the image file '" + path + "' does not exist or is not a file");
+  if (static_cast<int64_t>(fs::file_size(file, ec)) > options.max_bytes)
+    return InvalidArgument("the image file '" + path + "' is over " + std::to_string(options.max_bytes) + " bytes");
+  return ReadFile(file.string());
+}
+
+Result<PreparedImages> PrepareImages(ImageEncoder& encoder, const std::vector<std::string>& urls, const ImageInputOptions& options,
+                                     int32_t placeholder_id, std::vector<int32_t>* ids) {
+  const int64_t placeholders = std::count(ids->begin(), ids->end(), placeholder_id);
+  if (placeholders != static_cast<int64_t>(urls.size()))
+    return InvalidArgument("the prompt holds " + std::to_string(placeholders) + " image placeholders for " + std::to_string(urls.size()) +
+                           " images (is <|image_pad|> written in a text part?)");
+  PreparedImages out;
+  ImageProcessing processing = encoder.Processing();
+  processing.min_pixels = options.min_pixels;
+  processing.max_pixels = options.max_pixels;
+  for (size_t k = 0; k < urls.size(); ++k) {
+    const std::string which = "image #" + std::to_string(k) + ": ";
+    const auto fail = [&](const Status& s) { return InvalidArgument(which + s.message()); };
+    Result<std::string> bytes = ImageBytesOf(urls[k], options);
+    if (!bytes.ok()) return fail(bytes.status());
+    Result<RgbImage> image = DecodeImage(*bytes, options.max_decode_pixels);
+    if (!image.ok()) return fail(image.status());
+    Result<ImagePatches> patches = PreprocessImage(*image, processing);
+    if (!patches.ok()) return fail(patches.status());
+    bool hit = false;
+    Result<std::shared_ptr<const PromptImage>> encoded = encoder.Encode(*patches, &hit);
+    if (!encoded.ok()) return fail(encoded.status());
+    out.tower_hits += hit;
+    out.tokens += (*encoded)->tokens();
+    out.catalog.push_back(*encoded);
+  }
+  std::vector<int32_t> expanded;
+  expanded.reserve(ids->size() + static_cast<size_t>(out.tokens));
+  size_t k = 0;
+  for (int32_t id : *ids) {
+    if (id != placeholder_id) {
+      expanded.push_back(id);
+      continue;
+    }
+    const std::vector<int32_t>& keys = out.catalog[k++]->key_ids;
+    expanded.insert(expanded.end(), keys.begin(), keys.end());
+  }
+  *ids = std::move(expanded);
+  return out;
+}
+
+}  // namespace anchorage

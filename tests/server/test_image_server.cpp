@@ -1,0 +1,236 @@
+// Images through anchorage-server on the tiny model (its tower, 64-token grid): a conversation with an image
+// resumed from the end anchor, another session's grid anchor and the spill after a restart answers a cold
+// server's tokens and logprobs bit for bit; the same pixels under another URL hit (the tower's cache and the
+// rows) and new pixels under the same URL miss; the cap leaves the oldest images out in steps; bad images
+// get a clear 400 and the server keeps serving.
+#include <QtTest>
+
+#include <signal.h>
+
+#include <png.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "engine/server/openai_api.h"
+#include "tests/server/server_fixture.h"
+
+using anchorage::testing::ServerProcess;
+using json = nlohmann::json;
+
+namespace {
+
+std::string Base64(const std::string& bytes) {
+  static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < bytes.size(); i += 3) {
+    const uint32_t v = uint8_t(bytes[i]) << 16 | uint8_t(bytes[i + 1]) << 8 | uint8_t(bytes[i + 2]);
+    for (int s : {18, 12, 6, 0}) out += kAlphabet[v >> s & 63];
+  }
+  if (i + 1 == bytes.size()) {
+    const uint32_t v = uint8_t(bytes[i]) << 16;
+    out += std::string{kAlphabet[v >> 18 & 63], kAlphabet[v >> 12 & 63]} + "==";
+  } else if (i + 2 == bytes.size()) {
+    const uint32_t v = uint8_t(bytes[i]) << 16 | uint8_t(bytes[i + 1]) << 8;
+    out += std::string{kAlphabet[v >> 18 & 63], kAlphabet[v >> 12 & 63], kAlphabet[v >> 6 & 63]} + "=";
+  }
+  return out;
+}
+
+// A width x height PNG whose pixels follow seed.
+std::string Png(int width, int height, int seed) {
+  std::vector<uint8_t> rgb(static_cast<size_t>(width * height * 3));
+  for (int y = 0; y < height; ++y)
+    for (int x = 0; x < width; ++x)
+      for (int c = 0; c < 3; ++c) rgb[static_cast<size_t>((y * width + x) * 3 + c)] = static_cast<uint8_t>(x * (3 + seed) + y * 7 + c * 50 + seed * 31);
+  png_image image;
+  std::memset(&image, 0, sizeof image);
+  image.version = PNG_IMAGE_VERSION;
+  image.width = width;
+  image.height = height;
+  image.format = PNG_FORMAT_RGB;
+  png_alloc_size_t size = 0;
+  png_image_write_to_memory(&image, nullptr, &size, 0, rgb.data(), 0, nullptr);
+  std::string out(size, '\0');
+  png_image_write_to_memory(&image, out.data(), &size, 0, rgb.data(), 0, nullptr);
+  out.resize(size);
+  return out;
+}
+
+std::string DataUrl(const std::string& png) { return "data:image/png;base64," + Base64(png); }
+
+json ImagePart(const std::string& url) { return {{"type", "image_url"}, {"image_url", {{"url", url}}}}; }
+json TextPart(const std::string& text) { return {{"type", "text"}, {"text", text}}; }
+
+std::string Notes() {
+  std::string text = "You look at pictures and keep these notes in mind.";
+  for (int i = 0; i < 60; ++i) text += " note" + std::to_string((i * 7919) % 1000) + " says row " + std::to_string(i);
+  return text;
+}
+
+json Turn(const json& messages, const std::string& session) {
+  return {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}, {"session_id", session}};
+}
+
+json Logprobs(const json& reply) { return reply["choices"][0]["logprobs"]; }
+std::string Text(const json& reply) { return reply["choices"][0]["message"]["content"].get<std::string>(); }
+int64_t Cached(const json& reply) { return reply["usage"]["anchorage"]["cached_tokens"].get<int64_t>(); }
+int64_t PromptTokens(const json& reply) { return reply["usage"]["prompt_tokens"].get<int64_t>(); }
+
+void Terminate(ServerProcess& s) {
+  ::kill(static_cast<pid_t>(s.process().processId()), SIGTERM);
+  QVERIFY(s.process().waitForFinished(20000));
+  QCOMPARE(s.process().exitCode(), 0);
+}
+
+}  // namespace
+
+class TestImageServer : public QObject {
+  Q_OBJECT
+
+  QTemporaryDir cold_data_, images_;
+  ServerProcess cold_;  // caches off: every answer a cold prefill's
+
+  json Stats(ServerProcess& s) { return json::parse(s.Get("/v1/cache/stats")->body); }
+
+ private slots:
+  void initTestCase() { QVERIFY(cold_.Start(cold_data_.path(), {"--grid", "64", "--caches", "off"})); }
+
+  void everyResumeWithAnImageAnswersAsCold() {
+    QTemporaryDir data;
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(data.path()));
+    const std::string photo = DataUrl(Png(300, 260, 1));
+    const json first = json::array({{{"role", "system"}, {"content", Notes()}},
+                                     {{"role", "user"}, {"content", {TextPart("What is in this picture?"), ImagePart(photo)}}}});
+    json second = first, third;
+    {
+      ServerProcess s;
+      QVERIFY(s.Start(data.path(), {"--grid", "64"}));
+      const json r1 = s.Chat(Turn(first, "A"));
+      QVERIFY2(r1.is_object() && r1.contains("choices"), r1.dump().c_str());
+      QCOMPARE(Logprobs(r1), Logprobs(cold_.Chat(Turn(first, "cold"))));
+      QVERIFY2(PromptTokens(r1) > 64, r1["usage"].dump().c_str());  // the image's rows are in the prompt
+      // Another image in its place answers otherwise: the rows are the image's, not the placeholder's.
+      json elsewhere = first;
+      elsewhere[1]["content"][1] = ImagePart(DataUrl(Png(300, 260, 2)));
+      QVERIFY(Logprobs(cold_.Chat(Turn(elsewhere, "cold"))) != Logprobs(r1));
+      // The follow-up resumes where A's rows part from it, past the image (the end anchor or the grid line below).
+      second.push_back({{"role", "assistant"}, {"content", Text(r1)}});
+      second.push_back({{"role", "user"}, {"content", "And the colours?"}});
+      const json r2 = s.Chat(Turn(second, "A"));
+      QVERIFY2(Cached(r2) > PromptTokens(r1) - 128, r2["usage"].dump().c_str());  // the picture's rows come last but for its line
+      QCOMPARE(Logprobs(r2), Logprobs(cold_.Chat(Turn(second, "cold"))));
+      // Another session with the same notes and picture resumes at a grid line past the image.
+      json other = first;
+      other[1]["content"][0] = TextPart("Describe it briefly, please.");
+      json moved = other;
+      moved[1]["content"] = {ImagePart(photo), TextPart("Describe it briefly, please.")};
+      const json rb = s.Chat(Turn(moved, "B"));
+      QCOMPARE(Logprobs(rb), Logprobs(cold_.Chat(Turn(moved, "cold"))));
+      QVERIFY2(Cached(rb) >= 64, rb["usage"].dump().c_str());
+      // The tower ran once: every request showed the same photo.
+      const json images = Stats(s)["images"];
+      QCOMPARE(images["encoded"].get<int64_t>(), int64_t(1));
+      QVERIFY(images["hits"].get<int64_t>() >= 2);
+      QVERIFY(s.Chat(Turn(second, "A")).is_object());
+      third = second;
+      third.push_back({{"role", "assistant"}, {"content", Text(r2)}});
+      third.push_back({{"role", "user"}, {"content", "Count the shapes."}});
+      Terminate(s);
+    }
+    // After a restart the spill holds A's rows; the image is encoded anew to the same key ids.
+    ServerProcess s;
+    QVERIFY(s.Start(data.path(), {"--grid", "64"}));
+    const json r3 = s.Chat(Turn(third, "A"));
+    QVERIFY2(Cached(r3) > 256, r3["usage"].dump().c_str());
+    QCOMPARE(Stats(s)["spill"]["restores"].get<int64_t>(), int64_t(1));
+    QCOMPARE(Logprobs(r3), Logprobs(cold_.Chat(Turn(third, "cold"))));
+  }
+
+  void samePixelsHitUnderAnotherUrlAndNewPixelsMiss() {
+    QTemporaryDir data;
+    const std::string png = Png(256, 256, 3);
+    const std::string file = images_.filePath("shot.png").toStdString();
+    std::ofstream(file, std::ios::binary) << png;
+    ServerProcess s;
+    QVERIFY(s.Start(data.path(), {"--grid", "64", "--image-folder", images_.path()}));
+    const auto ask = [](const std::string& url) {
+      return json::array({{{"role", "system"}, {"content", Notes()}}, {{"role", "user"}, {"content", {ImagePart(url), TextPart("What changed?")}}}});
+    };
+    const json a = s.Chat(Turn(ask(DataUrl(png)), "A"));
+    QVERIFY2(a.contains("choices"), a.dump().c_str());
+    // The same pixels from a file: the tower's cache answers, and the rows through the image are reused.
+    const json b = s.Chat(Turn(ask(file), "B"));
+    QCOMPARE(Logprobs(b), Logprobs(a));
+    QVERIFY2(Cached(b) >= PromptTokens(b) - 64, b["usage"].dump().c_str());
+    json images = Stats(s)["images"];
+    QCOMPARE(images["encoded"].get<int64_t>(), int64_t(1));
+    QCOMPARE(images["hits"].get<int64_t>(), int64_t(1));
+    // New pixels under the same path: encoded anew, and the rows stop matching where the image starts.
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << Png(256, 256, 4);
+    const json c = s.Chat(Turn(ask(file), "C"));
+    QCOMPARE(Stats(s)["images"]["encoded"].get<int64_t>(), int64_t(2));
+    QVERIFY2(Cached(c) < PromptTokens(c) - 64, c["usage"].dump().c_str());
+    QCOMPARE(Logprobs(c), Logprobs(cold_.Chat(Turn(ask(DataUrl(Png(256, 256, 4))), "cold"))));
+    QVERIFY(Logprobs(c) != Logprobs(a));
+  }
+
+  void theCapLeavesTheOldestImagesOutInSteps() {
+    QTemporaryDir data;
+    ServerProcess s;
+    QVERIFY(s.Start(data.path(), {"--grid", "64", "--image-max-count", "4"}));
+    const auto with_images = [](int count, int left_out_as_text) {
+      json content = json::array({TextPart("Compare these.")});
+      for (int i = 0; i < count; ++i) content.push_back(i < left_out_as_text ? TextPart(anchorage::kLeftOutImage) : ImagePart(DataUrl(Png(256, 256, 10 + i))));
+      return json::array({{{"role", "user"}, {"content", content}}});
+    };
+    // Five images over a cap of four: the oldest two (half the cap) are left out, as the fixed text.
+    const json five = s.Chat(Turn(with_images(5, 0), "cap"));
+    const json written = cold_.Chat(Turn(with_images(5, 2), "cold"));
+    QCOMPARE(PromptTokens(five), PromptTokens(written));
+    QCOMPARE(Logprobs(five), Logprobs(written));
+    // Six: still two left out, so the head is the same and resumes through the images it keeps.
+    const json six = s.Chat(Turn(with_images(6, 0), "cap"));
+    QCOMPARE(PromptTokens(six), PromptTokens(cold_.Chat(Turn(with_images(6, 2), "cold"))));
+    QVERIFY2(Cached(six) >= 3 * 64, six["usage"].dump().c_str());
+    // Seven: the next step leaves four out.
+    QCOMPARE(PromptTokens(s.Chat(Turn(with_images(7, 0), "cap"))), PromptTokens(cold_.Chat(Turn(with_images(7, 4), "cold"))));
+  }
+
+  void badImagesGetAClear400() {
+    QTemporaryDir data;
+    ServerProcess s;
+    QVERIFY(s.Start(data.path(), {"--grid", "64", "--image-folder", images_.path()}));
+    const std::string png = Png(64, 64, 5);
+    const struct {
+      const char* name;
+      std::string url;
+      const char* says;
+    } cases[] = {
+        {"truncated", DataUrl(png.substr(0, png.size() / 2)), "truncated or corrupt"},
+        {"not base64", "data:image/png;base64,@@@@", "outside the alphabet"},
+        {"not an image", DataUrl("GIF89a and then some"), "not PNG, JPEG or WebP"},
+        {"over http", "https://example.com/cat.png", "downloads nothing"},
+        {"outside the folder", "/etc/hostname", "outside --image-folder"},
+        {"missing file", "nothing-here.png", "does not exist"},
+        {"no base64 marker", "data:image/png,abc", "must be base64"},
+    };
+    for (const auto& c : cases) {
+      const json body = Turn(json::array({{{"role", "user"}, {"content", {TextPart("Look."), ImagePart(c.url)}}}}), "");
+      auto r = s.Post("/v1/chat/completions", body.dump());
+      QVERIFY2(r && r->status == 400, c.name);
+      const json error = json::parse(r->body)["error"];
+      QVERIFY2(error["message"].get<std::string>().find(c.says) != std::string::npos, (std::string(c.name) + ": " + error.dump()).c_str());
+      QCOMPARE(error["code"].get<std::string>(), std::string("invalid_image"));
+    }
+    auto no_url = s.Post("/v1/chat/completions", Turn(json::array({{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}), "").dump());
+    QVERIFY(no_url && no_url->status == 400);
+    QVERIFY(no_url->body.find("image_url.url") != std::string::npos);
+    // Still serving.
+    QVERIFY(s.Chat(Turn(json::array({{{"role", "user"}, {"content", {TextPart("Look."), ImagePart(DataUrl(png))}}}}), "")).contains("choices"));
+  }
+};
+
+QTEST_GUILESS_MAIN(TestImageServer)
+#include "test_image_server.moc"
