@@ -62,6 +62,10 @@ Result<std::unique_ptr<ShadowReader>> ShadowReader::Create(std::unique_ptr<Model
   r->journal_ = journal;
   r->options_ = std::move(options);
   if (auto id = r->model_->tokenizer.TokenId("<|im_end|>")) r->im_end_ = *id;
+  // The reader reads text: an image's rows become its placeholder token (or end-of-text) one for one.
+  for (const char* name : {"<|image_pad|>", "<|endoftext|>"})
+    if (auto id = r->model_->tokenizer.TokenId(name); id && r->image_row_ < 0) r->image_row_ = *id;
+  if (r->image_row_ < 0) r->image_row_ = 0;
   if (!disk_dir.empty()) {
     RETURN_IF_ERROR(MakeDirectories(disk_dir, 0700));
     r->ScanDisk();
@@ -140,9 +144,16 @@ ShadowSession* ShadowReader::Resident(const std::string& session, bool create) {
   return e.state.get();
 }
 
-void ShadowReader::BeginTurn(const std::string& session, std::span<const int32_t> served_prompt) {
+void ShadowReader::BeginTurn(const std::string& session, std::span<const int32_t> served) {
   const ShadowOptions o = options();
   if (!o.enabled) return;
+  std::vector<int32_t> text_rows;
+  if (std::any_of(served.begin(), served.end(), IsImageKey)) {
+    text_rows.assign(served.begin(), served.end());
+    for (int32_t& id : text_rows) id = IsImageKey(id) ? image_row_ : id;
+    served = text_rows;
+  }
+  const std::span<const int32_t> served_prompt = served;
   chunks_at_turn_.store(chunks_read_.load());
   ShadowSession* s = Resident(session, true);
   const ShadowFeed feed = s->Feed(served_prompt, true);

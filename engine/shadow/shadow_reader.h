@@ -196,6 +196,7 @@ class ShadowReader {
   std::string disk_dir_;
   Journal* journal_ = nullptr;
   int32_t im_end_ = -1;
+  int32_t image_row_ = -1;  // what an image's row reads as
 
   mutable std::mutex options_mu_;
   ShadowOptions options_;

@@ -3,6 +3,7 @@
 // server's tokens and logprobs bit for bit; the same pixels under another URL hit (the tower's cache and the
 // rows) and new pixels under the same URL miss; the cap leaves the oldest images out in steps; bad images
 // get a clear 400 and the server keeps serving.
+#include <QThread>
 #include <QtTest>
 
 #include <signal.h>
@@ -146,6 +147,22 @@ class TestImageServer : public QObject {
     QVERIFY2(Cached(r3) > 256, r3["usage"].dump().c_str());
     QCOMPARE(Stats(s)["spill"]["restores"].get<int64_t>(), int64_t(1));
     QCOMPARE(Logprobs(r3), Logprobs(cold_.Chat(Turn(third, "cold"))));
+  }
+
+  // The shadow reader has no tower: it reads an image's rows as its placeholder token, without an error.
+  void theShadowReaderReadsPastImages() {
+    QTemporaryDir data;
+    ServerProcess s;
+    QVERIFY(s.Start(data.path(), {"--grid", "64"}));
+    const json messages = json::array({{{"role", "user"}, {"content", {ImagePart(DataUrl(Png(256, 256, 6))), TextPart(Notes() + Notes())}}}});
+    QVERIFY(s.Chat(Turn(messages, "S")).contains("choices"));
+    json shadow;
+    for (int i = 0; i < 100; ++i, QThread::msleep(100)) {  // it reads in idle windows, 512 rows a chunk
+      shadow = json::parse(s.Get("/v1/shadow/status")->body);
+      if (shadow["tokens_read"].get<int64_t>() >= 512 || !shadow["last_error"].is_null()) break;
+    }
+    QVERIFY2(shadow["last_error"].is_null(), shadow.dump().c_str());
+    QVERIFY2(shadow["tokens_read"].get<int64_t>() >= 512, shadow.dump().c_str());
   }
 
   void samePixelsHitUnderAnotherUrlAndNewPixelsMiss() {
