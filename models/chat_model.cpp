@@ -36,7 +36,7 @@ QHash<int, QByteArray> ChatModel::roleNames() const {
 QString ChatModel::title() const {
   if (!m_title.isEmpty()) return m_title;
   for (const Message& m : m_messages)
-    if (m.role == "user") return m.content.simplified().left(40);
+    if (m.role == "user") return m.content.isEmpty() && !m.images.isEmpty() ? tr("An image") : m.content.simplified().left(40);
   return tr("New conversation");
 }
 
@@ -50,11 +50,12 @@ QJsonObject ChatModel::sampling() const {
 
 bool ChatModel::streaming() const { return !m_messages.isEmpty() && m_messages.last().streaming; }
 
-QJsonArray ChatModel::beginTurn(const QString& userText) {
+QJsonArray ChatModel::beginTurn(const QString& userText, const QStringList& images) {
   beginInsertRows({}, m_messages.size(), m_messages.size() + 1);
   Message question;
   question.role = "user";
   question.content = userText;
+  question.images = images;
   m_messages.append(question);
   Message answer;
   answer.role = "assistant";
@@ -67,7 +68,7 @@ QJsonArray ChatModel::beginTurn(const QString& userText) {
 QJsonArray ChatModel::regenerate() {
   if (m_messages.size() < 2 || m_messages.last().role != "assistant" || m_messages.last().streaming) return {};
   const int last = static_cast<int>(m_messages.size()) - 1;
-  m_messages[last] = Message{"assistant", {}, {}, true, false, {}};
+  m_messages[last] = Message{"assistant", {}, {}, {}, true, false, {}};
   emit dataChanged(index(last), index(last));
   return messagesToSend();
 }
@@ -79,6 +80,12 @@ QJsonArray ChatModel::messagesToSend() const {
     const Message& m = m_messages[i];
     if (m.role == "assistant" && m.hasStats && !m.stats.ok && m.content.isEmpty()) continue;
     QJsonObject o{{"role", m.role}, {"content", m.content}};
+    if (!m.images.isEmpty()) {  // OpenAI content parts: the text, then the images
+      QJsonArray parts;
+      if (!m.content.isEmpty()) parts.append(QJsonObject{{"type", "text"}, {"text", m.content}});
+      for (const QString& url : m.images) parts.append(QJsonObject{{"type", "image_url"}, {"image_url", QJsonObject{{"url", url}}}});
+      o["content"] = parts;
+    }
     if (!m.reasoning.isEmpty()) o["reasoning_content"] = m.reasoning;
     out.append(o);
   }

@@ -3,6 +3,7 @@
 
 #include <QAbstractListModel>
 #include <QJsonArray>
+#include <QStringList>
 
 #include "app/snapshots.h"
 
@@ -23,6 +24,7 @@ class ChatModel : public QAbstractListModel {
   struct Message {
     QString role;
     QString content;
+    QStringList images;  // a user message's images, as data: URLs
     QString reasoning;
     bool streaming = false;
     bool hasStats = false;
@@ -53,8 +55,8 @@ class ChatModel : public QAbstractListModel {
   bool streaming() const;
   const Message& message(int i) const { return m_messages[i]; }
 
-  // Adds the operator's message and an empty streaming answer; returns the messages to send.
-  QJsonArray beginTurn(const QString& userText);
+  // Adds the operator's message (with its images, data: URLs) and an empty streaming answer; returns the messages to send.
+  QJsonArray beginTurn(const QString& userText, const QStringList& images = {});
   // Drops the last answer and starts it again from the same messages; returns them (empty when
   // there is no finished answer to take back).
   QJsonArray regenerate();

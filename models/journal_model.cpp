@@ -36,7 +36,7 @@ QString JournalRowSummary(const QJsonObject& row) {
       {"reread_tokens", "Re-read tokens"}, {"cache_source", "Cache source"}, {"cache_tier", "Cache tier"},
       {"output_tokens", "Output tokens"}, {"hidden_tokens", "Reasoning tokens"}, {"ttft_ms", "TTFT (ms)"},
       {"prefill_tokens_per_s", "Prefill tok/s"}, {"decode_tokens_per_s", "Decode tok/s"}, {"drafted_tokens", "Drafted tokens"},
-      {"accepted_tokens", "Accepted drafts"}, {"kind", "Kind"},   {"tier", "Tier"},
+      {"accepted_tokens", "Accepted drafts"}, {"image_tokens", "Image tokens"}, {"kind", "Kind"}, {"tier", "Tier"},
       {"tokens", "Tokens"},          {"bytes", "Bytes"},             {"reason", "Reason"},
   };
   const QString type = row["type"].toString();

@@ -1,14 +1,20 @@
 #include "widgets/chat_screen.h"
 
 #include <QApplication>
+#include <QBuffer>
 #include <QClipboard>
 #include <QComboBox>
 #include <QDateTime>
 #include <QDoubleSpinBox>
+#include <QFile>
+#include <QFileDialog>
+#include <QFileInfo>
 #include <QHBoxLayout>
 #include <QLabel>
 #include <QLineEdit>
 #include <QListWidget>
+#include <QMessageBox>
+#include <QMimeData>
 #include <QPlainTextEdit>
 #include <QPushButton>
 #include <QScrollBar>
@@ -19,6 +25,8 @@
 #include <QTimer>
 #include <QUrl>
 #include <QVBoxLayout>
+
+#include <cstring>
 
 #include "models/chat_model.h"
 
@@ -47,7 +55,9 @@ ChatScreen::ChatScreen(QWidget* parent) : QWidget(parent) {
   m_transcript = new QTextBrowser(this);
   m_transcript->setObjectName("chatTranscript");
   m_transcript->setOpenLinks(false);
-  m_input = new QPlainTextEdit(this);
+  auto* input = new ChatInput(this);
+  connect(input, &ChatInput::imageDropped, this, [this](const QByteArray& bytes) { attachImage(bytes); });
+  m_input = input;
   m_input->setObjectName("chatInput");
   m_input->setPlaceholderText(tr("Message (Ctrl+Return sends, Esc stops)"));
   m_input->setMaximumHeight(m_input->fontMetrics().lineSpacing() * 5 + 12);
@@ -78,7 +88,19 @@ ChatScreen::ChatScreen(QWidget* parent) : QWidget(parent) {
   m_model->setObjectName("chatModel");
   m_model->setToolTip(tr("The model this turn goes to: the embedded one, or a backend's (--backend)"));
   m_model->setSizeAdjustPolicy(QComboBox::AdjustToContents);
+  m_attach = new QPushButton(tr("Image…"), this);
+  m_attach->setObjectName("attachImageButton");
+  m_attach->setToolTip(tr("Attach an image to the next message (or drop or paste one on the message)"));
+  m_imagesLabel = new QLabel(this);
+  m_imagesLabel->setObjectName("attachedImages");
+  m_clearImages = new QPushButton(tr("Remove images"), this);
+  m_clearImages->setObjectName("clearImagesButton");
+  m_imagesLabel->hide();
+  m_clearImages->hide();
   auto* buttons = new QHBoxLayout;
+  buttons->addWidget(m_attach);
+  buttons->addWidget(m_imagesLabel);
+  buttons->addWidget(m_clearImages);
   buttons->addWidget(m_model);
   buttons->addWidget(m_temperature);
   buttons->addWidget(m_maxTokens);
@@ -128,6 +150,17 @@ ChatScreen::ChatScreen(QWidget* parent) : QWidget(parent) {
     item->setText(model->title());
   });
   connect(m_send, &QPushButton::clicked, this, &ChatScreen::send);
+  connect(m_attach, &QPushButton::clicked, this, [this] {
+    const QString path = QFileDialog::getOpenFileName(this, tr("Attach an image"), {}, tr("Images (*.png *.jpg *.jpeg *.webp)"));
+    if (path.isEmpty()) return;
+    QFile file(path);
+    if (!file.open(QIODevice::ReadOnly) || !attachImage(file.readAll()))
+      QMessageBox::warning(this, tr("Attach an image"), tr("%1 is not an image this console can read.").arg(path));
+  });
+  connect(m_clearImages, &QPushButton::clicked, this, [this] {
+    m_images.clear();
+    updateButtons();
+  });
   connect(m_stop, &QPushButton::clicked, this, &ChatScreen::stop);
   connect(m_transcript, &QTextBrowser::anchorClicked, this, &ChatScreen::onAnchor);
   connect(m_list, &QListWidget::currentItemChanged, this, [this](QListWidgetItem* item) {
@@ -214,11 +247,31 @@ void ChatScreen::storeOptions() {
   model->options().maxTokens = m_maxTokens->value();
 }
 
+bool ChatScreen::attachImage(const QByteArray& bytes) {
+  const auto starts = [&bytes](const char* magic, int n) { return bytes.size() >= n && std::memcmp(bytes.constData(), magic, n) == 0; };
+  QString mime = starts("\x89PNG\r\n\x1a\n", 8) ? "image/png" : starts("\xFF\xD8\xFF", 3) ? "image/jpeg" : "";
+  if (mime.isEmpty() && starts("RIFF", 4) && bytes.mid(8, 4) == "WEBP") mime = "image/webp";
+  QByteArray data = bytes;
+  if (mime.isEmpty()) {  // another format Qt reads (BMP, GIF, ...): sent as PNG
+    QImage image;
+    if (!image.loadFromData(bytes)) return false;
+    QBuffer png(&data);
+    data.clear();
+    png.open(QIODevice::WriteOnly);
+    image.save(&png, "PNG");
+    mime = "image/png";
+  }
+  m_images.append("data:" + mime + ";base64," + QString::fromLatin1(data.toBase64()));
+  updateButtons();
+  return true;
+}
+
 void ChatScreen::send() {
   ChatModel* model = currentModel();
   const QString text = m_input->toPlainText().trimmed();
-  if (!model || text.isEmpty() || model->streaming() || !m_ready) return;
-  const QJsonArray messages = model->beginTurn(text);
+  if (!model || (text.isEmpty() && m_images.isEmpty()) || model->streaming() || !m_ready) return;
+  const QJsonArray messages = model->beginTurn(text, m_images);
+  m_images.clear();
   m_input->clear();
   if (QListWidgetItem* item = m_list->currentItem()) {
     const QSignalBlocker block(m_list);
@@ -248,9 +301,47 @@ void ChatScreen::setEngineReady(bool ready) {
 
 void ChatScreen::setGeneratedModelNotice(bool generated) { m_generatedNotice->setVisible(generated); }
 
+namespace {
+
+bool IsImageFile(const QUrl& url) {
+  static const QStringList kSuffixes = {"png", "jpg", "jpeg", "webp", "bmp", "gif"};
+  return url.isLocalFile() && kSuffixes.contains(QFileInfo(url.toLocalFile()).suffix().toLower());
+}
+
+}  // namespace
+
+bool ChatInput::canInsertFromMimeData(const QMimeData* source) const {
+  if (source->hasImage()) return true;
+  if (source->hasUrls())
+    for (const QUrl& url : source->urls())
+      if (IsImageFile(url)) return true;
+  return QPlainTextEdit::canInsertFromMimeData(source);
+}
+
+void ChatInput::insertFromMimeData(const QMimeData* source) {
+  if (source->hasImage()) {
+    QByteArray png;
+    QBuffer buffer(&png);
+    buffer.open(QIODevice::WriteOnly);
+    if (qvariant_cast<QImage>(source->imageData()).save(&buffer, "PNG")) emit imageDropped(png);
+    return;
+  }
+  bool images = false;
+  if (source->hasUrls())
+    for (const QUrl& url : source->urls())
+      if (QFile file(url.toLocalFile()); IsImageFile(url) && file.open(QIODevice::ReadOnly)) {
+        emit imageDropped(file.readAll());
+        images = true;
+      }
+  if (!images) QPlainTextEdit::insertFromMimeData(source);
+}
+
 void ChatScreen::updateButtons() {
   ChatModel* model = currentModel();
   const bool streaming = model && model->streaming();
+  m_imagesLabel->setText(m_images.size() == 1 ? tr("an image attached") : tr("%1 images attached").arg(m_images.size()));
+  m_imagesLabel->setVisible(!m_images.isEmpty());
+  m_clearImages->setVisible(!m_images.isEmpty());
   m_send->setEnabled(m_ready && !streaming);
   m_stop->setEnabled(streaming);
   m_rename->setEnabled(model != nullptr);
@@ -289,7 +380,9 @@ void ChatScreen::render() {
     const ChatModel::Message& m = model->message(i);
     auto para = [](const QString& text) { return text.toHtmlEscaped().replace("\n", "<br>"); };
     if (m.role == "user") {
-      html += "<p style='margin-top:12px'><b>" + tr("You") + "</b><br>" + para(m.content) + "</p>";
+      const QString count = m.images.size() == 1 ? tr("[an image]") : tr("[%1 images]").arg(m.images.size());
+      const QString images = m.images.isEmpty() ? QString() : "<br><span style='color:gray'>" + count + "</span>";
+      html += "<p style='margin-top:12px'><b>" + tr("You") + "</b><br>" + para(m.content) + images + "</p>";
       continue;
     }
     html += "<p style='margin-top:8px'><b>" + tr("Assistant") + "</b>";

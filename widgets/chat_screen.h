@@ -4,6 +4,7 @@
 #include <QHash>
 #include <QJsonArray>
 #include <QSet>
+#include <QPlainTextEdit>
 #include <QWidget>
 
 #include "app/snapshots.h"
@@ -14,13 +15,27 @@ class QComboBox;
 class QDoubleSpinBox;
 class QLineEdit;
 class QListWidget;
-class QPlainTextEdit;
 class QPushButton;
 class QSpinBox;
 class QLabel;
 class QTextBrowser;
 class QTimer;
 class QUrl;
+
+// The message box: an image dropped or pasted on it is attached (imageDropped) instead of inserted.
+class ChatInput : public QPlainTextEdit {
+  Q_OBJECT
+
+ public:
+  using QPlainTextEdit::QPlainTextEdit;
+
+ signals:
+  void imageDropped(const QByteArray& bytes);
+
+ protected:
+  bool canInsertFromMimeData(const QMimeData* source) const override;
+  void insertFromMimeData(const QMimeData* source) override;
+};
 
 // GUI thread only. Owns one ChatModel a conversation; requests leave as signals.
 class ChatScreen : public QWidget {
@@ -32,6 +47,10 @@ class ChatScreen : public QWidget {
   ChatModel* currentModel() const;
   QString currentConversation() const { return m_current; }
   QPlainTextEdit* input() const { return m_input; }
+  // Attaches an image to the next message (PNG, JPEG or WebP bytes as they are; another format Qt reads
+  // becomes PNG); false where the bytes are no image. Drops and pastes on the input come here.
+  bool attachImage(const QByteArray& bytes);
+  const QStringList& attachedImages() const { return m_images; }
   QPushButton* sendButton() const { return m_send; }
   QTextBrowser* transcript() const { return m_transcript; }
   QLabel* generatedModelNotice() const { return m_generatedNotice; }
@@ -91,6 +110,10 @@ class ChatScreen : public QWidget {
   QTextBrowser* m_transcript;
   QLabel* m_generatedNotice;
   QPlainTextEdit* m_input;
+  QStringList m_images;       // the next message's images, data: URLs
+  QLabel* m_imagesLabel;      // says how many are attached
+  QPushButton* m_attach;
+  QPushButton* m_clearImages;
   QSpinBox* m_maxTokens;
   QLineEdit* m_systemPrompt;
   QDoubleSpinBox* m_temperature;

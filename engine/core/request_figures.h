@@ -9,6 +9,7 @@ namespace anchorage {
 // Tokens count tokens; times in milliseconds; rates in tokens a second.
 struct RequestFigures {
   int64_t prompt_tokens = 0;         // the client's prompt
+  int64_t image_tokens = 0;          // of those, rows of images
   int64_t cached_tokens = 0;         // rows reused from a cache
   int64_t reread_tokens = 0;         // forwarded by this request's prefill
   int64_t served_prompt_tokens = 0;  // what the engine ran: end alignment can serve more than the client sent

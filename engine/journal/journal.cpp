@@ -103,6 +103,9 @@ ALTER TABLE requests ADD COLUMN queue_position INTEGER NOT NULL DEFAULT 0;
     R"sql(
 ALTER TABLE requests ADD COLUMN precision TEXT NOT NULL DEFAULT 'exact';
 )sql",
+    R"sql(
+ALTER TABLE requests ADD COLUMN image_tokens INTEGER NOT NULL DEFAULT 0;
+)sql",
 };
 
 constexpr std::array<const char*, 3> kTables = {"requests", "cache_events", "shadow"};
@@ -319,8 +322,8 @@ Status Journal::OpenConnections() {
       write_db_,
       "INSERT INTO requests(id, time_ms, session, model, route, status, error, prompt_tokens, cached_tokens,"
       " reread_tokens, hidden_tokens, output_tokens, cache_source, cache_tier, ttft_ms, prefill_tokens_per_s,"
-      " decode_tokens_per_s, finish_reason, drafted_tokens, accepted_tokens, slot, queue_ms, queue_position, precision)"
-      " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+      " decode_tokens_per_s, finish_reason, drafted_tokens, accepted_tokens, slot, queue_ms, queue_position, precision, image_tokens)"
+      " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
       path_, &insert_request));
   RETURN_IF_ERROR(Statement::Prepare(
       write_db_,
@@ -493,6 +496,7 @@ Status Journal::WriteBatch(std::deque<Queued>& batch) {
         sqlite3_bind_double(st, 22, r->figures.queue_ms);
         sqlite3_bind_int64(st, 23, r->figures.queue_position);
         sqlite3_bind_text(st, 24, r->precision.c_str(), -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(st, 25, r->figures.image_tokens);
       } else if (const ShadowRow* r = std::get_if<ShadowRow>(&q.row)) {
         st = insert_shadow_;
         auto text_or_null = [&](int i, const std::optional<std::string>& v) {

@@ -118,7 +118,7 @@ struct JournalStats {
 // Thread-safe. Record* never blocks on the disk; one writer thread commits rows in batches.
 class Journal {
  public:
-  static constexpr int kSchemaVersion = 6;
+  static constexpr int kSchemaVersion = 7;
 
   // Opens or creates data_dir/journal.db, migrates its schema and starts the writer.
   static Result<std::unique_ptr<Journal>> Open(const JournalOptions& options);

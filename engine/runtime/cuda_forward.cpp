@@ -13,6 +13,7 @@
 #include "engine/compute/cuda/kernels.h"
 #include "engine/core/bf16.h"
 #include "engine/core/sha256.h"
+#include "engine/runtime/forward.h"
 
 namespace anchorage {
 
@@ -28,6 +29,7 @@ struct DecodeStep {
   int32_t id;
   int32_t unused;
   int64_t position;
+  int64_t rope_position;  // position plus what images before it moved it by
 };
 
 int64_t Floats(int64_t n) { return n * static_cast<int64_t>(sizeof(float)); }
@@ -53,6 +55,7 @@ struct CudaForward::Layer {
 
 struct CudaForward::Workspace {
   DeviceBuffer ids;                 // int32 [G]
+  DeviceBuffer axes;                // int64 [G, 3]: M-RoPE positions of a chunk's rows
   DeviceBuffer step;                // a decode step: DecodeStep
   DeviceBuffer x, a, mix;           // [G, H]
   DeviceBuffer qkv, conv;           // [G, conv_dim]
@@ -485,6 +488,9 @@ std::string CudaForward::WeightsDescription() const {
 
 void CudaForward::EmbedRows(const int32_t* ids, int64_t n, float* x) {
   cuda::EmbedRows(embed_.w, ids, n, config_.hidden_size, x, stream_, embed_.q8);
+  const int64_t H = config_.hidden_size;
+  for (const auto& [row, input] : image_rows_)  // the host rows live as long as the images
+    (void)cuda::CopyToDevice(x + row * H, input, static_cast<size_t>(H) * sizeof(float), stream_);
 }
 
 Result<const float*> CudaForward::UploadFloats(const std::vector<float>& values, const std::string& what) {
@@ -635,6 +641,7 @@ Status CudaForward::Init(const ModelWeights& w) {
     return Status::Ok();
   };
   RETURN_IF_ERROR(make(ws.ids, rows * 4, "token ids"));
+  RETURN_IF_ERROR(make(ws.axes, rows * 3 * 8, "M-RoPE positions"));
   RETURN_IF_ERROR(make(ws.step, sizeof(DecodeStep), "a decode step"));
   for (DeviceBuffer* b : {&ws.x, &ws.a, &ws.mix}) RETURN_IF_ERROR(make(*b, Floats(rows * H), "hidden rows"));
   for (DeviceBuffer* b : {&ws.qkv, &ws.conv}) RETURN_IF_ERROR(make(*b, Floats(rows * C), "conv rows"));
@@ -667,6 +674,41 @@ int64_t CudaForward::decode_weight_bytes() const {
 }
 
 int64_t CudaForward::workspace_bytes() const { return ws_->bytes; }
+
+const int64_t* CudaForward::StepRopePosition() const {
+  return reinterpret_cast<const int64_t*>(static_cast<const char*>(ws_->step.data()) + offsetof(DecodeStep, rope_position));
+}
+
+int64_t CudaForward::RopeShift(int64_t row) const {
+  if (images_ == nullptr) return 0;
+  int64_t axes[3];
+  images_->PositionOf(row, axes);
+  return axes[0] - row;
+}
+
+Status CudaForward::StageImageRows(std::span<const int32_t> ids, int64_t pos, std::vector<int32_t>* embedded) {
+  const int64_t m = static_cast<int64_t>(ids.size());
+  embedded->assign(ids.begin(), ids.end());
+  image_rows_.clear();
+  rope_axes_ = {};
+  rope_shift_ = RopeShift(pos);
+  if (images_ == nullptr) return Status::Ok();
+  std::vector<int64_t> axes(static_cast<size_t>(m * 3));
+  bool plain = true;
+  for (int64_t t = 0; t < m; ++t) {
+    images_->PositionOf(pos + t, &axes[static_cast<size_t>(t * 3)]);
+    const int64_t* a = &axes[static_cast<size_t>(t * 3)];
+    plain = plain && a[0] == a[1] && a[1] == a[2] && a[0] == pos + t + rope_shift_;
+    if (IsImageKey(ids[static_cast<size_t>(t)])) {
+      image_rows_.emplace_back(t, images_->EmbeddingOf(pos + t, ids[static_cast<size_t>(t)]));
+      (*embedded)[static_cast<size_t>(t)] = 0;
+    }
+  }
+  if (plain) return Status::Ok();
+  RETURN_IF_ERROR(cuda::CopyToDevice(ws_->axes.data(), axes.data(), axes.size() * sizeof(int64_t), stream_));
+  rope_axes_ = {static_cast<const int64_t*>(ws_->axes.data()), 3 * config_.mrope_section[1], 3 * config_.mrope_section[2]};
+  return Status::Ok();
+}
 
 const int64_t* CudaForward::StepPosition() const {
   return reinterpret_cast<const int64_t*>(static_cast<const char*>(ws_->step.data()) + offsetof(DecodeStep, position));
@@ -720,11 +762,12 @@ Result<std::unique_ptr<DeviceState>> CudaForward::NewState() {
 Status CudaForward::CheckIds(std::span<const int32_t> ids) const { return CheckTokenIds(ids, config_.vocab_size, "CudaForward"); }
 
 Result<std::vector<float>> CudaForward::Prefill(DeviceState& state, std::span<const int32_t> ids, LogitsRows rows, MtpState* mtp) {
-  RETURN_IF_ERROR(CheckIds(ids));
+  RETURN_IF_ERROR(CheckPromptIds(ids, config_.vocab_size, images_, state.length(), "CudaForward"));
   const int64_t n = static_cast<int64_t>(ids.size());
   RETURN_IF_ERROR(state.Reserve(state.length() + n));
   const bool all = rows == LogitsRows::kAll;
   if (!mtp_) mtp = nullptr;
+  mtp = Forward::HeadReads(ids, mtp);
   if (mtp != nullptr && mtp->pending_rows > 1) *mtp = MtpState{};  // their next ids are not here: start the head anew
   std::vector<float> logits(static_cast<size_t>((all ? n : 1) * config_.vocab_size));
   const int64_t G = options_.grid_tokens;
@@ -733,9 +776,15 @@ Result<std::vector<float>> CudaForward::Prefill(DeviceState& state, std::span<co
     const int64_t pos = state.length();
     const int64_t m = GridChunkRows(pos, n - done, G);
     const bool last = done + m == n;
-    RETURN_IF_ERROR(cuda::CopyToDevice(ws_->ids.data(), ids.data() + done, static_cast<size_t>(m) * 4, stream_));
+    std::vector<int32_t> embedded;
+    RETURN_IF_ERROR(StageImageRows(ids.subspan(static_cast<size_t>(done), static_cast<size_t>(m)), pos, &embedded));
+    RETURN_IF_ERROR(cuda::CopyToDevice(ws_->ids.data(), embedded.data(), static_cast<size_t>(m) * 4, stream_));
     float* out = all ? logits.data() + done * config_.vocab_size : (last ? logits.data() : nullptr);
-    RETURN_IF_ERROR(RunChunk(state, m, all ? 0 : m - 1, out));
+    const Status ran = RunChunk(state, m, all ? 0 : m - 1, out);
+    image_rows_.clear();
+    rope_axes_ = {};
+    rope_shift_ = 0;
+    RETURN_IF_ERROR(ran);
     done += m;
     if (mtp == nullptr) continue;
     ASSIGN_OR_RETURN(float* waiting, MtpWait(*mtp, pos, m));
@@ -776,7 +825,7 @@ Result<std::vector<float>> CudaForward::Decode(DeviceState& state, int32_t id, M
   RETURN_IF_ERROR(CheckIds(std::span<const int32_t>(&id, 1)));
   RETURN_IF_ERROR(state.Reserve(state.length() + 1));
   std::vector<float> logits(static_cast<size_t>(config_.vocab_size));
-  const DecodeStep step{id, 0, state.length()};
+  const DecodeStep step{id, 0, state.length(), state.length() + RopeShift(state.length())};
   RETURN_IF_ERROR(cuda::CopyToDevice(ws_->step.data(), &step, sizeof step, stream_));
   if (options_.decode_graphs && (!graph_ || graph_->buffers != state.Buffers())) {
     graph_.reset();
@@ -948,6 +997,7 @@ Status CudaForward::EnqueueLayers(DeviceState& state, const int32_t* ids, int64_
   Workspace& ws = *ws_;
   float* x = ws.x.floats();
   float* a = ws.a.floats();
+  if (mode == Mode::kDraft || mode == Mode::kBranches) rope_shift_ = RopeShift(state.length());  // text rows after the prompt
   EmbedRows(ids, n, x);
   int64_t gi = 0, ai = 0;
   cuda::RmsNormRows(x, layers_.front().in_norm, n, H, eps, a, stream_);
@@ -1087,6 +1137,7 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
   const cuda::KvBuffers rows = state.kv_buffers(ai);
   // Decode reads its position from the step in device memory (one captured graph serves every step).
   const cuda::Position position = mode == Mode::kRecurrent ? cuda::Position{0, StepPosition()} : cuda::Position{pos0, nullptr};
+  const cuda::Position rope = mode == Mode::kRecurrent ? cuda::Position{0, StepRopePosition()} : cuda::Position{pos0 + rope_shift_, nullptr};
   // K and V go to the workspace in fp32, are normed there and then stored in the state's rows in its dtype.
   if (mode == Mode::kRecurrent) {  // one row: q, k and v in one launch
     cuda::GemvSet set;
@@ -1114,20 +1165,20 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
     const cuda::Position at{pos0, nullptr};
     for (const Segment& b : branches)
       RETURN_IF_ERROR(AttendRows(L, ws.qg.floats() + b.row0 * QW, ws.krows.floats() + b.row0 * KW, ws.vrows.floats() + b.row0 * KW, b.n,
-                                 at, at, rows, ws.attn.floats() + b.row0 * Nh * hd));
+                                 rope, at, rows, ws.attn.floats() + b.row0 * Nh * hd));
   } else {
-    RETURN_IF_ERROR(AttendRows(L, ws.qg.floats(), ws.krows.floats(), ws.vrows.floats(), n, position, position, rows, ws.attn.floats()));
+    RETURN_IF_ERROR(AttendRows(L, ws.qg.floats(), ws.krows.floats(), ws.vrows.floats(), n, rope, position, rows, ws.attn.floats(), rope_axes_));
   }
   return Product(L.o, ws.attn.floats(), n, ws.mix.floats(), H, mode);
 }
 Status CudaForward::AttendRows(const Layer& L, float* q, float* k, const float* v, int64_t n, cuda::Position rope_pos,
-                               cuda::Position kv_row, const cuda::KvBuffers& rows, float* out) {
+                               cuda::Position kv_row, const cuda::KvBuffers& rows, float* out, cuda::RopeAxes axes) {
   const ModelConfig& c = config_;
   const int64_t Nh = c.num_attention_heads, Nkv = c.num_key_value_heads, hd = c.head_dim, QW = 2 * Nh * hd, KW = Nkv * hd;
   const int64_t half = c.rotary_dim() / 2;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  cuda::NormRope(q, n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, rope_pos, false, stream_);
-  cuda::NormRope(k, n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, rope_pos, false, stream_);
+  cuda::NormRope(q, n, QW, Nh, 2 * hd, hd, L.q_norm, eps, inv_freq_, half, rope_pos, false, stream_, axes);
+  cuda::NormRope(k, n, KW, Nkv, hd, hd, L.k_norm, eps, inv_freq_, half, rope_pos, false, stream_, axes);
   cuda::StoreKvRows(k, v, n, KW, kv_row, rows, stream_);
   const cuda::AttentionShape shape{Nh, Nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd))};
   cuda::Attention(shape, q, QW, 2 * hd, n, kv_row, rows, KW, q + hd, out, Nh * hd, stream_);

@@ -19,6 +19,7 @@
 #include "engine/model/weights.h"
 #include "engine/runtime/forward.h"
 #include "engine/runtime/sequence_state.h"
+#include "engine/runtime/prompt_images.h"
 
 namespace anchorage {
 
@@ -125,6 +126,9 @@ class CudaForward {
   ~CudaForward();
 
   Result<std::unique_ptr<DeviceState>> NewState();
+  // The images of the sequence the next calls run on (not owned; nullptr: none): a prefill takes image
+  // rows' inputs from them (an image key id anywhere else is refused), and every row turns by its M-RoPE position.
+  void set_images(const PromptImages* images) { images_ = images; }
   // Appends ids in chunks that end on multiples of grid_tokens; returns fp32 logits of the last row
   // (kLast) or of every row (kAll). Bad ids leave the state unchanged; after a device error the state
   // is undefined and must be dropped. With mtp (and an MTP head) the rows' hidden states feed the
@@ -236,6 +240,7 @@ class CudaForward {
   Status EnqueueDecode(DeviceState& state);
   Result<std::unique_ptr<DecodeGraph>> CaptureDecode(DeviceState& state);
   const int64_t* StepPosition() const;
+  const int64_t* StepRopePosition() const;  // the step's position as its rotary angles take it
   Status GdnMixer(const Layer& layer, DeviceState& state, int64_t gi, int64_t n, Mode mode, std::span<const Segment> branches);
   Status AttentionMixer(const Layer& layer, DeviceState& state, int64_t ai, int64_t n, Mode mode, std::span<const Segment> branches);
   Status Mlp(const Layer& layer, int64_t n, Mode mode);
@@ -243,7 +248,12 @@ class CudaForward {
   // and RoPE at positions rope_pos.., the K/V rows stored at rows kv_row.. of rows (in its dtype), then
   // each query row attends keys 0..kv_row + t; the output to out.
   Status AttendRows(const Layer& layer, float* q, float* k, const float* v, int64_t n, cuda::Position rope_pos, cuda::Position kv_row,
-                    const cuda::KvBuffers& rows, float* out);
+                    const cuda::KvBuffers& rows, float* out, cuda::RopeAxes axes = {});
+  // Rotary position minus row of the text rows from `row` on (what images before them moved them by).
+  int64_t RopeShift(int64_t row) const;
+  // ids as the device embeds them (an image row's key id made 0) and, for a chunk from position pos, the
+  // image rows' inputs and the rows' M-RoPE positions where they are not row + one shift.
+  Status StageImageRows(std::span<const int32_t> ids, int64_t pos, std::vector<int32_t>* embedded);
   // mtp's device rows (made, the head starting anew, where it has none of this forward's).
   bool HoldsMtpRows(const MtpState& mtp) const;
   DeviceMtp& MtpRowsOf(MtpState& mtp);
@@ -266,6 +276,10 @@ class CudaForward {
   Matrix embed_, lm_head_;
   const float* final_norm_ = nullptr;
   const double* inv_freq_ = nullptr;
+  const PromptImages* images_ = nullptr;  // set_images
+  int64_t rope_shift_ = 0;                // the call's text rows turn at position + this
+  cuda::RopeAxes rope_axes_;              // the chunk's rows' positions, where images make them 3-D
+  std::vector<std::pair<int64_t, const float*>> image_rows_;  // the chunk's image rows and their inputs (host)
   std::unique_ptr<Workspace> ws_;
   std::unique_ptr<DecodeGraph> graph_;
   std::unique_ptr<DraftLog> draft_;

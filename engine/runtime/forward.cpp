@@ -340,20 +340,24 @@ MtpState* Forward::HeadReads(std::span<const int32_t> ids, MtpState* mtp) {
   return nullptr;
 }
 
-Status Forward::CheckIds(std::span<const int32_t> ids, const SequenceState& state) const {
-  if (ids.empty()) return InvalidArgument("Forward: no token ids");
+Status CheckPromptIds(std::span<const int32_t> ids, int64_t vocab_size, const PromptImages* images, int64_t first_row, const std::string& who) {
+  if (ids.empty()) return InvalidArgument(who + ": no token ids");
   for (size_t i = 0; i < ids.size(); ++i) {
     if (!IsImageKey(ids[i])) {
-      if (ids[i] < 0 || ids[i] >= config_.vocab_size)
-        return InvalidArgument("Forward: token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) + " outside vocab " +
-                               std::to_string(config_.vocab_size));
+      if (ids[i] < 0 || ids[i] >= vocab_size)
+        return InvalidArgument(who + ": token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) + " outside vocab " +
+                               std::to_string(vocab_size));
       continue;
     }
-    const int64_t row = state.length() + static_cast<int64_t>(i);
-    if (state.images() == nullptr || state.images()->EmbeddingOf(row, ids[i]) == nullptr)
-      return InvalidArgument("Forward: row " + std::to_string(row) + " holds an image key id the sequence has no image row for");
+    const int64_t row = first_row + static_cast<int64_t>(i);
+    if (images == nullptr || images->EmbeddingOf(row, ids[i]) == nullptr)
+      return InvalidArgument(who + ": row " + std::to_string(row) + " holds an image key id the sequence has no image row for");
   }
   return Status::Ok();
+}
+
+Status Forward::CheckIds(std::span<const int32_t> ids, const SequenceState& state) const {
+  return CheckPromptIds(ids, config_.vocab_size, state.images().get(), state.length(), "Forward");
 }
 
 Result<std::vector<float>> Forward::Prefill(SequenceState& state, std::span<const int32_t> ids, LogitsRows rows,

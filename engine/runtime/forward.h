@@ -40,6 +40,8 @@ struct ForwardOptions {
 // The checks every backend's forward makes at creation (grid, layer count, head grouping; on ids:
 // CheckTokenIds in compute_backend.h); errors start with `who`.
 Status CheckForwardShape(const ModelConfig& config, const ModelWeights& weights, int64_t grid_tokens, const std::string& who);
+// A prompt's ids from row first_row: tokens of the vocabulary, and image key ids only where images hold them at that row.
+Status CheckPromptIds(std::span<const int32_t> ids, int64_t vocab_size, const PromptImages* images, int64_t first_row, const std::string& who);
 // The ids an MTP commit (up to one a waiting row) or draft (one every waiting row) takes; errors start with `who`.
 Status CheckMtpIds(const MtpState& mtp, std::span<const int32_t> next_ids, bool every_row, int64_t vocab_size, const std::string& who);
 // A branch's ids and that its logits start inside them.
@@ -78,6 +80,8 @@ struct MtpState {
 // The CPU backend.
 class Forward final : public ComputeBackend {
  public:
+  // The MTP head reads token ids only: ids with image rows start it anew after them (returns null), else mtp.
+  static MtpState* HeadReads(std::span<const int32_t> ids, MtpState* mtp);
   // Checks shapes, repacks every matrix once into the kernels' layout (F16/F32 rounded to BF16) and
   // expands the small tensors to fp32. Keeps no pointer into the weights: they may be unmapped after.
   static Result<std::unique_ptr<Forward>> Create(const ModelConfig& config, const ModelWeights& weights,
@@ -180,8 +184,6 @@ class Forward final : public ComputeBackend {
 
   Forward(const ModelConfig& config, const ForwardOptions& options);
   Status CheckIds(std::span<const int32_t> ids) const;
-  // The MTP head reads token ids only: ids with image rows start it anew after them (returns null), else mtp.
-  static MtpState* HeadReads(std::span<const int32_t> ids, MtpState* mtp);
   // As CheckIds, and each image key id must be an image row of state.images() at its row (from state.length()).
   Status CheckIds(std::span<const int32_t> ids, const SequenceState& state) const;
   Result<Layer> NormsAndMlp(const LayerWeights& weights);

@@ -60,7 +60,8 @@ ojson FiguresJson(const RequestFigures& s) {
   return {{"cache_tier", s.cache_source == "disk" || s.cache_source == "spill" ? s.cache_source : s.cached_tokens > 0 ? "ram" : "none"},
           {"cache_source", s.cache_source}, {"cached_tokens", s.cached_tokens}, {"reread_tokens", s.reread_tokens},
           {"served_prompt_tokens", s.served_prompt_tokens}, {"prefill_ms", s.prefill_ms}, {"ttft_ms", s.ttft_ms},
-          {"decode_tokens_per_s", s.decode_tokens_per_s}, {"queue_ms", s.queue_ms}, {"queue_position", s.queue_position}, {"drafted_tokens", s.drafted_tokens},
+          {"decode_tokens_per_s", s.decode_tokens_per_s}, {"queue_ms", s.queue_ms}, {"queue_position", s.queue_position}, {"image_tokens", s.image_tokens},
+          {"drafted_tokens", s.drafted_tokens},
           {"accepted_tokens", s.accepted_tokens}};
 }
 

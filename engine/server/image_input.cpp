@@ -1,7 +1,10 @@
 #include "engine/server/image_input.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+
+#include <httplib.h>
 
 #include "engine/core/file_util.h"
 #include "engine/image/image_decode.h"
@@ -17,6 +20,33 @@ int Base64Value(unsigned char c) {
   if (c == '+' || c == '-') return 62;
   if (c == '/' || c == '_') return 63;
   return -1;
+}
+
+// GET of an http:// URL: 200 with at most options.max_bytes, within the timeout between bytes.
+Result<std::string> FetchHttp(const std::string& url, const ImageInputOptions& options) {
+  const size_t host_at = 7, path_at = url.find('/', host_at);
+  const std::string origin = url.substr(0, path_at);
+  const std::string path = path_at == std::string::npos ? "/" : url.substr(path_at);
+  if (origin.size() <= host_at) return InvalidArgument("the image URL names no host");
+  httplib::Client client(origin);
+  const auto timeout = std::chrono::milliseconds(options.fetch_timeout_ms);
+  client.set_connection_timeout(timeout);
+  client.set_read_timeout(timeout);
+  client.set_follow_location(false);
+  std::string body;
+  bool too_large = false;
+  auto response = client.Get(path, [&](const char* data, size_t n) {
+    if (body.size() + n > static_cast<size_t>(options.max_bytes)) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (too_large) return InvalidArgument("the image at " + url + " is over " + std::to_string(options.max_bytes) + " bytes");
+  if (!response) return InvalidArgument("the image at " + url + " could not be fetched: " + httplib::to_string(response.error()));
+  if (response->status != 200) return InvalidArgument("fetching the image at " + url + " answered HTTP " + std::to_string(response->status));
+  return body;
 }
 
 }  // namespace
@@ -58,8 +88,11 @@ Result<std::string> ImageBytesOf(const std::string& url, const ImageInputOptions
       return InvalidArgument("the image is over " + std::to_string(options.max_bytes) + " bytes");
     return DecodeBase64(std::string_view(url).substr(comma + 1));
   }
+  if (url.rfind("https://", 0) == 0 && options.fetch_http)
+    return InvalidArgument("https image URLs need TLS, which this build does not link; send the image as a data: URL (or over http://)");
+  if (url.rfind("http://", 0) == 0 && options.fetch_http) return FetchHttp(url, options);
   if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0)
-    return InvalidArgument("image URLs over http(s) are not fetched: this server downloads nothing; send the image as a data: URL");
+    return InvalidArgument("image URLs over http(s) are not fetched (start the server with --image-urls allow); send the image as a data: URL");
   std::string path = url.rfind("file://", 0) == 0 ? url.substr(7) : url;
   if (options.folder.empty())
     return InvalidArgument("local image files are off; send the image as a data: URL (or start the server with --image-folder DIR)");

@@ -18,9 +18,11 @@ struct ImageInputOptions {
   int64_t max_decode_pixels = 1 << 26;  // a larger image is refused before it is decoded
   int64_t max_bytes = 32ll << 20;     // a larger file is refused
   std::string folder;                 // local files are read from inside it; empty: none
+  bool fetch_http = false;            // --image-urls allow: http:// URLs are fetched (https needs TLS, which this build does not link)
+  int fetch_timeout_ms = 10000;       // the longest a fetch may take to connect, and then between bytes
 };
 
-// The bytes an image URL names. http(s) URLs are refused: the engine downloads nothing.
+// The bytes an image URL names. http(s) URLs are refused unless fetch_http (then http only, within max_bytes).
 Result<std::string> ImageBytesOf(const std::string& url, const ImageInputOptions& options);
 Result<std::string> DecodeBase64(std::string_view text);
 

@@ -416,11 +416,9 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     Backends* backends = s->backends_.get();
     s->settings_->AddListener([backends, config](const nlohmann::json& effective, int64_t) { backends->SetSpecs(BackendSpecsOf(config, effective)); });
   }
-  // Images: the tower runs on the CPU beside the engine, its output kept by digest.
+  // Images: the tower runs on the CPU beside the engine (whichever backend runs the model), its output kept by digest.
   if (!s->model_->weights.vision) {
     options.images_off = "this model has no vision tower (" + s->model_->weights.vision_note + ")";
-  } else if (!on_cpu) {
-    options.images_off = "images run on the CPU backend only for now; this server runs the model on " + s->device_;
   } else if (config.image_max_count == 0) {
     options.images_off = "this server takes no images (--image-max-count 0)";
   } else {
@@ -436,6 +434,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   options.max_images = config.image_max_count;
   options.image_input.max_pixels = config.image_max_pixels;
   options.image_input.folder = config.image_folder;
+  options.image_input.fetch_http = config.image_urls;
   options.notes = s->notes_;
   options.precision = s->precision_;
   s->http_options_ = options;

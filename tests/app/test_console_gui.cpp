@@ -328,6 +328,26 @@ class TestConsoleGui : public QObject {
     QVERIFY(sampling.contains("seed") && sampling["temperature"].toDouble() == 1.5);
     QTRY_VERIFY_WITH_TIMEOUT(!second->streaming(), 120000);
     QVERIFY2(second->index(1).data(ChatModel::StatsRole).toString().contains("12 tokens"), qPrintable(second->index(1).data(ChatModel::StatsRole).toString()));
+    // An image pasted on the message goes after its text as an image_url part; the tiny model's tower reads it.
+    QImage picture(64, 48, QImage::Format_RGB32);
+    picture.fill(QColor(40, 120, 200));
+    QApplication::clipboard()->setImage(picture);
+    chat->input()->setFocus();
+    QTest::keySequence(chat->input(), QKeySequence::Paste);
+    QCOMPARE(chat->attachedImages().size(), 1);
+    QVERIFY(!chat->findChild<QLabel*>("attachedImages")->isHidden());
+    QVERIFY(!chat->attachImage("not an image"));
+    chat->temperature()->setValue(0.0);
+    chat->input()->setPlainText("What is in it?");
+    QTest::mouseClick(chat->sendButton(), Qt::LeftButton);
+    QCOMPARE(sent.count(), 4);
+    const QJsonArray parts = sent[3][1].toJsonArray().last().toObject()["content"].toArray();
+    QCOMPARE(parts[0].toObject()["text"].toString(), QString("What is in it?"));
+    QVERIFY(parts[1].toObject()["image_url"].toObject()["url"].toString().startsWith("data:image/png;base64,"));
+    QVERIFY(chat->attachedImages().isEmpty());
+    QTRY_VERIFY_WITH_TIMEOUT(!second->streaming(), 120000);
+    QCOMPARE(second->index(3).data(ChatModel::ErrorRole).toString(), QString());
+    QTRY_VERIFY(chat->transcript()->toPlainText().contains("[an image]"));
     // Each conversation keeps its options: the first one's come back with it.
     chat->conversationList()->setCurrentRow(1);
     QCOMPARE(chat->currentModel(), conversation);
@@ -376,7 +396,7 @@ class TestConsoleGui : public QObject {
     sessionFilter->setText(secondId);
     int plotted = 0;
     for (QAbstractSeries* s : ttft->series()) plotted += qobject_cast<QScatterSeries*>(s)->count();
-    QCOMPARE(plotted, 3);  // the second conversation's turn and its two regenerations
+    QCOMPARE(plotted, 4);  // the second conversation's turn, its two regenerations and the turn with an image
     sessionFilter->clear();
     QCOMPARE(ttft->title(), QString("Time to first token (ms)"));
     CacheTierModel* tiers = window.cacheModel();

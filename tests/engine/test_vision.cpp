@@ -189,6 +189,7 @@ class TestVision : public QObject {
   Q_OBJECT
   QTemporaryDir dir_;
   std::unique_ptr<testing::LoadedWeights> model_;
+  std::unique_ptr<Forward> forward_;  // the text model on a 64-row grid, 2 threads
 
   std::vector<float> Encode(int threads, const ImageGrid& grid, const std::vector<float>& patches) {
     ThreadPool pool(threads);
@@ -205,6 +206,9 @@ class TestVision : public QObject {
     QVERIFY2(m.ok(), m.status().ToString().c_str());
     model_ = std::move(*m);
     QVERIFY2(model_->weights.vision.has_value(), model_->weights.vision_note.c_str());
+    auto forward = Forward::Create(model_->config, model_->weights, ForwardOptions{64, 2});
+    QVERIFY2(forward.ok(), forward.status().ToString().c_str());
+    forward_ = std::move(*forward);
   }
 
   void towerMatchesTheDoubleReference_data() {
@@ -271,14 +275,12 @@ class TestVision : public QObject {
   void promptWithImagesMatchesTheDoubleReference() {
     const ModelConfig& c = model_->config;
     const ImagePrompt p = MakeImagePrompt(c, 90, 5);
-    auto forward = Forward::Create(c, model_->weights, ForwardOptions{64, 2});
-    QVERIFY(forward.ok());
     SequenceState state(c);
     auto located = PromptImages::Locate(p.ids, p.catalog);
     QVERIFY2(located.ok(), located.status().ToString().c_str());
     QCOMPARE((*located)->image_rows(), int64_t(15 + 8));
     state.set_images(*located);
-    auto logits = (*forward)->Prefill(state, p.ids, LogitsRows::kAll);
+    auto logits = forward_->Prefill(state, p.ids, LogitsRows::kAll);
     QVERIFY2(logits.ok(), logits.status().ToString().c_str());
     const reference::Vec want = reference::Logits(c, model_->weights, p.ids, p.reference);
     double worst = 0, largest = 0;
@@ -296,7 +298,7 @@ class TestVision : public QObject {
     // The next token decodes at its shifted position, as the reference's prompt one longer.
     std::vector<int32_t> longer = p.ids;
     longer.push_back(7);
-    auto next = (*forward)->Decode(state, 7);
+    auto next = forward_->Decode(state, 7);
     QVERIFY(next.ok());
     const reference::Vec after = reference::Logits(c, model_->weights, longer, p.reference);
     for (int64_t i = 0; i < c.vocab_size; ++i) QVERIFY(std::fabs((*next)[i] - after[90 * c.vocab_size + i]) < 1e-4 * std::max(1.0, largest));
@@ -305,20 +307,18 @@ class TestVision : public QObject {
   void promptWithImagesResumesAtEveryLineExactly() {
     const ModelConfig& c = model_->config;
     const ImagePrompt p = MakeImagePrompt(c, 150, 9);
-    auto forward = Forward::Create(c, model_->weights, ForwardOptions{64, 2});
-    QVERIFY(forward.ok());
     auto located = PromptImages::Locate(p.ids, p.catalog);
     QVERIFY(located.ok());
     SequenceState cold(c);
     cold.set_images(*located);
-    auto want = (*forward)->Prefill(cold, p.ids);
+    auto want = forward_->Prefill(cold, p.ids);
     QVERIFY(want.ok());
     for (int64_t line : {64, 128}) {
       SequenceState warm(c);
       warm.set_images(*located);
-      QVERIFY((*forward)->Prefill(warm, std::span(p.ids).first(static_cast<size_t>(line))).ok());
+      QVERIFY(forward_->Prefill(warm, std::span(p.ids).first(static_cast<size_t>(line))).ok());
       SequenceState resumed = warm;  // a copy, as the caches hand one back
-      auto got = (*forward)->Prefill(resumed, std::span(p.ids).subspan(static_cast<size_t>(line)));
+      auto got = forward_->Prefill(resumed, std::span(p.ids).subspan(static_cast<size_t>(line)));
       QVERIFY(got.ok());
       QVERIFY2(*got == *want, qPrintable(QString("resumed at %1").arg(line)));
       QVERIFY(resumed.SaveAnchor().data == cold.SaveAnchor().data);
@@ -329,10 +329,8 @@ class TestVision : public QObject {
   void imageKeyIdsWithoutTheirImagesAreRefused() {
     const ModelConfig& c = model_->config;
     const ImagePrompt p = MakeImagePrompt(c, 90, 5);
-    auto forward = Forward::Create(c, model_->weights, ForwardOptions{64, 2});
-    QVERIFY(forward.ok());
     SequenceState state(c);
-    auto refused = (*forward)->Prefill(state, p.ids);
+    auto refused = forward_->Prefill(state, p.ids);
     QVERIFY(!refused.ok());
     QVERIFY2(refused.status().message().find("row 20 holds an image key id") != std::string::npos, refused.status().ToString().c_str());
     QCOMPARE(state.length(), int64_t(0));
@@ -346,7 +344,7 @@ class TestVision : public QObject {
     state.set_images(*located);
     std::vector<int32_t> swapped = p.ids;
     std::copy_n(p.catalog[1]->key_ids.begin(), 8, swapped.begin() + 20);
-    QVERIFY(!(*forward)->Prefill(state, swapped).ok());
+    QVERIFY(!forward_->Prefill(state, swapped).ok());
     QCOMPARE(state.length(), int64_t(0));
   }
 

@@ -742,6 +742,53 @@ void BackendOnHostStatesResumesExactly() {
   }
 }
 
+// A prompt with two images (3 x 5 rows at row 20, 4 x 2 at row 60, across the 64-line) through the backend
+// on host states: logits within 1e-3 x max |logit| of the CPU forward's, decodes after the images too (their
+// shifted positions), resumed at each grid line bit-equal to the cold prefill, and an image key id without
+// its image refused.
+void ImagesMatchTheCpuAndResumeExactly() {
+  Pair p = Load(TinyModelSize::kTiny);
+  const ModelConfig& c = p.model->config;
+  const auto backend = Backend(*p.model, 64);
+  std::vector<int32_t> ids = testing::RandomIds(150, c.vocab_size, 41);
+  std::vector<std::shared_ptr<const PromptImage>> catalog;
+  for (auto [row, rows, columns] : {std::tuple<int64_t, int64_t, int64_t>{20, 3, 5}, {60, 4, 2}}) {
+    auto image = std::make_shared<PromptImage>();
+    image->digest = "cuda image at " + std::to_string(row);
+    image->rows = rows;
+    image->columns = columns;
+    image->key_ids = ImageKeyIds(image->digest, rows * columns);
+    image->embeddings = std::make_shared<const std::vector<float>>(RandomFloats(static_cast<size_t>(rows * columns * c.hidden_size), uint32_t(row)));
+    std::copy(image->key_ids.begin(), image->key_ids.end(), ids.begin() + row);
+    catalog.push_back(image);
+  }
+  const auto located = Must(PromptImages::Locate(ids, catalog), "locating the images");
+  SequenceState refused(c);
+  GPU_CHECK(!backend->Prefill(refused, ids).ok() && refused.length() == 0);
+  SequenceState cpu(c), gpu(c);
+  cpu.set_images(located);
+  gpu.set_images(located);
+  std::vector<float> want = Must(p.cpu->Prefill(cpu, ids, LogitsRows::kAll), "CPU prefill");
+  std::vector<float> got = Must(backend->Prefill(gpu, ids, LogitsRows::kAll), "backend prefill");
+  float worst = MaxAbsDiff(want, got), largest = 0.0f;
+  for (float v : want) largest = std::max(largest, std::fabs(v));
+  for (int32_t id : {3, 17}) worst = std::max(worst, MaxAbsDiff(Must(p.cpu->Decode(cpu, id), "CPU decode"), Must(backend->Decode(gpu, id), "decode")));
+  std::printf("       images: max |logit diff| vs CPU over 150 rows and 2 decodes: %.3g (max |logit| %.3g)\n", worst, largest);
+  GPU_CHECK(worst <= 1e-3f * largest);
+  SequenceState cold(c);
+  cold.set_images(located);
+  const std::vector<float> cold_logits = Must(backend->Prefill(cold, ids), "cold prefill");
+  for (int64_t line : {64, 128}) {
+    SequenceState first(c);
+    first.set_images(located);
+    Must(backend->Prefill(first, std::span(ids).first(static_cast<size_t>(line))), "prefill to the line");
+    SequenceState resumed = first;
+    const std::vector<float> logits = Must(backend->Prefill(resumed, std::span(ids).subspan(static_cast<size_t>(line))), "resume");
+    GPU_CHECK_MSG(SameBits(logits, cold_logits), "logits resumed at " + std::to_string(line));
+    GPU_CHECK_MSG(resumed.BitEqual(cold), "state resumed at " + std::to_string(line));
+  }
+}
+
 // Host copies through a staging buffer smaller than a row (every copy in many pieces) or through
 // none give the same bits as the default's.
 void StagingInPiecesGivesTheSameBits() {
@@ -1360,6 +1407,7 @@ int main() {
       {"the MTP head's rows give way on a full device", MtpRowsGiveWayOnAFullDevice},
 #endif
       {"bad ids change nothing", BadIdsChangeNothing},
+      {"images: the CPU's logits and positions, resumed exactly", ImagesMatchTheCpuAndResumeExactly},
       {"the backend on host states gives CudaForward's bits and resumes exactly", BackendOnHostStatesResumesExactly},
       {"host writes reach a state's device copy", HostWritesReachTheDeviceCopy},
       {"host copies in pieces of a small staging buffer, or none, give the same bits", StagingInPiecesGivesTheSameBits},

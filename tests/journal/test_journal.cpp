@@ -170,6 +170,7 @@ class TestJournal : public QObject {
     r.slot = 2;
     r.figures.queue_ms = 31.5;
     r.figures.queue_position = 3;
+    r.figures.image_tokens = 196;
     r.precision = "fast";
     j->RecordRequest(r);
     const std::vector<CacheEventKind> kinds = {CacheEventKind::kHit,  CacheEventKind::kWrite,
@@ -218,7 +219,8 @@ class TestJournal : public QObject {
     QCOMPARE(req["queue_ms"].get<double>(), 31.5);
     QCOMPARE(req["queue_position"].get<int>(), 3);
     QCOMPARE(req["precision"].get<std::string>(), std::string("fast"));
-    QCOMPARE(req.size(), size_t{25});  // 24 columns, id included, plus "type"
+    QCOMPARE(req["image_tokens"].get<int64_t>(), int64_t{196});
+    QCOMPARE(req.size(), size_t{26});  // 25 columns, id included, plus "type"
 
     for (size_t i = 0; i < kinds.size(); ++i) {
       const nlohmann::json& e = page->rows[6 - i];
@@ -590,7 +592,8 @@ class TestJournal : public QObject {
     const char* v1 =
         "ALTER TABLE requests DROP COLUMN drafted_tokens; ALTER TABLE requests DROP COLUMN accepted_tokens;"
         " ALTER TABLE requests DROP COLUMN slot; ALTER TABLE requests DROP COLUMN queue_ms;"
-        " ALTER TABLE requests DROP COLUMN queue_position; ALTER TABLE requests DROP COLUMN precision; DROP TABLE shadow;"
+        " ALTER TABLE requests DROP COLUMN queue_position; ALTER TABLE requests DROP COLUMN precision;"
+        " ALTER TABLE requests DROP COLUMN image_tokens; DROP TABLE shadow;"
         " CREATE TABLE shadow_answers(id INTEGER PRIMARY KEY, time_ms INTEGER NOT NULL, session TEXT NOT NULL, question TEXT NOT NULL,"
         " answer TEXT NOT NULL, agreement REAL); PRAGMA user_version=1;";
     QCOMPARE(sqlite3_exec(db, v1, nullptr, nullptr, nullptr), SQLITE_OK);
@@ -601,6 +604,7 @@ class TestJournal : public QObject {
     QCOMPARE(SqlInt(path, "SELECT slot FROM requests WHERE session = 'old'"), int64_t{0});
     QCOMPARE(SqlInt(path, "SELECT queue_position FROM requests WHERE session = 'old'"), int64_t{0});
     QCOMPARE(SqlInt(path, "SELECT count(*) FROM requests WHERE session = 'old' AND precision = 'exact'"), int64_t{1});
+    QCOMPARE(SqlInt(path, "SELECT image_tokens FROM requests WHERE session = 'old'"), int64_t{0});
     QCOMPARE(SqlInt(path, "SELECT count(*) FROM sqlite_master WHERE name = 'shadow_answers'"), int64_t{0});
     ShadowRow row;
     row.session = "new";

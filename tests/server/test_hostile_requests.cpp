@@ -244,7 +244,9 @@ class TestHostileRequests : public QObject {
     row("content a number", Messages("[{\"role\": \"user\", \"content\": 5}]"), 400, "", "messages[0].content", "a string or an array of content parts");
     row("content an object", Messages("[{\"role\": \"user\", \"content\": {\"text\": \"x\"}}]"), 400, "", "messages[0].content", "a string or an array");
     row("content part not an object", Messages("[{\"role\": \"user\", \"content\": [\"x\"]}]"), 400, "", "messages[0].content[0]", "must be an object with a 'type'");
-    row("content part image", Messages("[{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": \"x\"}}]}]"), 400, "", "messages[0].content[0].type", "'image_url' is not supported");
+    row("content part image, a relative path", Messages("[{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": \"x\"}}]}]"), 400, "invalid_image", "messages", "image #0: local image files are off");
+    row("content part image without a url", Messages("[{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]"), 400, "", "messages[0].content[0].image_url.url", "must be a non-empty string");
+    row("content part of another type", Messages("[{\"role\": \"user\", \"content\": [{\"type\": \"input_audio\"}]}]"), 400, "", "messages[0].content[0].type", "'input_audio' is not supported");
     row("text part without text", Messages("[{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}]"), 400, "", "messages[0].content[0].text", "must be a string");
     row("tool_calls on a user message", Messages("[{\"role\": \"user\", \"content\": \"x\", \"tool_calls\": []}]"), 400, "", "messages[0].tool_calls", "only assistant messages");
     row("tool_calls not an array", Messages("[{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"assistant\", \"tool_calls\": {}}]"), 400, "", "messages[1].tool_calls", "must be an array");

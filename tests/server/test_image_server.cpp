@@ -12,6 +12,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "engine/server/openai_api.h"
 #include "tests/server/server_fixture.h"
@@ -111,7 +112,7 @@ class TestImageServer : public QObject {
       const json r1 = s.Chat(Turn(first, "A"));
       QVERIFY2(r1.is_object() && r1.contains("choices"), r1.dump().c_str());
       QCOMPARE(Logprobs(r1), Logprobs(cold_.Chat(Turn(first, "cold"))));
-      QVERIFY2(PromptTokens(r1) > 64, r1["usage"].dump().c_str());  // the image's rows are in the prompt
+      QCOMPARE(r1["usage"]["anchorage"]["image_tokens"].get<int64_t>(), int64_t(8 * 9));  // 300 x 260 is resized to 288 x 256
       // Another image in its place answers otherwise: the rows are the image's, not the placeholder's.
       json elsewhere = first;
       elsewhere[1]["content"][1] = ImagePart(DataUrl(Png(300, 260, 2)));
@@ -215,6 +216,31 @@ class TestImageServer : public QObject {
     QCOMPARE(PromptTokens(s.Chat(Turn(with_images(7, 0), "cap"))), PromptTokens(cold_.Chat(Turn(with_images(7, 4), "cold"))));
   }
 
+  // --image-urls allow fetches http:// images (a server of the test's own serves one).
+  void httpImagesAreFetchedWhenAllowed() {
+    const std::string png = Png(256, 256, 7);
+    httplib::Server images;
+    images.Get("/shot.png", [&](const httplib::Request&, httplib::Response& res) { res.set_content(png, "image/png"); });
+    const int port = images.bind_to_any_port("127.0.0.1");
+    std::thread serving([&] { images.listen_after_bind(); });
+    QTemporaryDir data;
+    ServerProcess s;
+    QVERIFY(s.Start(data.path(), {"--grid", "64", "--image-urls", "allow"}));
+    const auto ask = [](const std::string& url) { return json::array({{{"role", "user"}, {"content", {TextPart("What is it?"), ImagePart(url)}}}}); };
+    const std::string base = "http://127.0.0.1:" + std::to_string(port);
+    const json fetched = s.Chat(Turn(ask(base + "/shot.png"), ""));
+    QVERIFY2(fetched.contains("choices"), fetched.dump().c_str());
+    QCOMPARE(Logprobs(fetched), Logprobs(cold_.Chat(Turn(ask(DataUrl(png)), "cold"))));
+    for (const auto& [url, says] : {std::pair<std::string, std::string>{base + "/none.png", "answered HTTP 404"},
+                                    {"https://127.0.0.1:1/x.png", "need TLS"}}) {
+      auto r = s.Post("/v1/chat/completions", Turn(ask(url), "").dump());
+      QVERIFY(r && r->status == 400);
+      QVERIFY2(r->body.find(says) != std::string::npos, r->body.c_str());
+    }
+    images.stop();
+    serving.join();
+  }
+
   void badImagesGetAClear400() {
     QTemporaryDir data;
     ServerProcess s;
@@ -228,7 +254,7 @@ class TestImageServer : public QObject {
         {"truncated", DataUrl(png.substr(0, png.size() / 2)), "truncated or corrupt"},
         {"not base64", "data:image/png;base64,@@@@", "outside the alphabet"},
         {"not an image", DataUrl("GIF89a and then some"), "not PNG, JPEG or WebP"},
-        {"over http", "https://example.com/cat.png", "downloads nothing"},
+        {"over http", "https://example.com/cat.png", "are not fetched (start the server with --image-urls allow)"},
         {"outside the folder", "/etc/hostname", "outside --image-folder"},
         {"missing file", "nothing-here.png", "does not exist"},
         {"no base64 marker", "data:image/png,abc", "must be base64"},

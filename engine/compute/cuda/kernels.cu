@@ -603,7 +603,7 @@ __global__ void GatedNormKernel(float* core, const float* z, const float* w, int
 }
 
 __global__ void NormRopeKernel(float* rows, int64_t row_stride, int64_t head_stride, int64_t head_dim, const float* w1,
-                               float eps, const double* inv_freq, int64_t half, Position pos, bool rows_at_position) {
+                               float eps, const double* inv_freq, int64_t half, Position pos, bool rows_at_position, RopeAxes axes) {
   __shared__ float normed[kMaxHeadDim];
   const int64_t t = blockIdx.x, h = blockIdx.y, pos0 = At(pos);
   float* v = rows + ((rows_at_position ? pos0 : 0) + t) * row_stride + h * head_stride;
@@ -618,7 +618,9 @@ __global__ void NormRopeKernel(float* rows, int64_t row_stride, int64_t head_str
       continue;
     }
     const int64_t pair = i < half ? i : i - half;
-    const double angle = static_cast<double>(pos0 + t) * inv_freq[pair];
+    const int axis = pair % 3 == 1 && pair < axes.h_limit ? 1 : pair % 3 == 2 && pair < axes.w_limit ? 2 : 0;
+    const int64_t at = axes.positions != nullptr ? axes.positions[t * 3 + axis] : pos0 + t;
+    const double angle = static_cast<double>(at) * inv_freq[pair];
     const float co = static_cast<float>(cos(angle)), si = static_cast<float>(sin(angle));
     const float x0 = normed[pair], x1 = normed[pair + half];
     v[i] = i < half ? x0 * co - x1 * si : x1 * co + x0 * si;
@@ -885,10 +887,10 @@ void GatedNorm(float* core, const float* z, const float* w, int64_t n, int64_t h
 
 void NormRope(float* rows, int64_t n, int64_t row_stride, int64_t heads, int64_t head_stride, int64_t head_dim,
               const float* w1, float eps, const double* inv_freq, int64_t half, Position pos, bool rows_at_position,
-              Stream s) {
+              Stream s, RopeAxes axes) {
   if (n > 0)
     ANCHORAGE_LAUNCH(NormRopeKernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), 128, 0, s)(
-        rows, row_stride, head_stride, head_dim, w1, eps, inv_freq, half, pos, rows_at_position);
+        rows, row_stride, head_stride, head_dim, w1, eps, inv_freq, half, pos, rows_at_position, axes);
 }
 
 namespace {

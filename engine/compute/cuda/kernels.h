@@ -129,12 +129,20 @@ void GatedDeltaRecurrent(const DeltaShape& shape, const float* conv, const float
 // core[t, h] = core[t, h] / sqrt(mean(core^2) + eps) * w * silu(z[t, h]) per value head of dv floats.
 void GatedNorm(float* core, const float* z, const float* w, int64_t n, int64_t heads, int64_t dv, float eps, Stream s);
 
+// Rows whose rotary positions are M-RoPE's three axes (images in the prompt): row t's (t, h, w) at
+// positions[3t..3t+2] (device memory); frequency j turns by h where j % 3 == 1 and j < h_limit, by w
+// where j % 3 == 2 and j < w_limit, else by t. No positions: every axis at pos + t.
+struct RopeAxes {
+  const int64_t* positions = nullptr;
+  int64_t h_limit = 0, w_limit = 0;
+};
+
 // Per head of each row (rows + t*row_stride + h*head_stride, rows first moved to the position's row
 // when rows_at_position): RMSNorm with w1, then NeoX RoPE on the first 2*half dims at position
-// pos + t (angles in double from inv_freq, a device array [half]).
+// pos + t or as axes give (angles in double from inv_freq, a device array [half]).
 void NormRope(float* rows, int64_t n, int64_t row_stride, int64_t heads, int64_t head_stride, int64_t head_dim,
               const float* w1, float eps, const double* inv_freq, int64_t half, Position pos, bool rows_at_position,
-              Stream s);
+              Stream s, RopeAxes axes = {});
 
 // An attention layer's K and V rows in a state's device memory: kv_width values a row, fp32, bf16 or fp8
 // (KvRowBytes(dtype, kv_width) bytes a row).
