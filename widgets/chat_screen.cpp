@@ -155,7 +155,7 @@ ChatScreen::ChatScreen(QWidget* parent) : QWidget(parent) {
     if (path.isEmpty()) return;
     QFile file(path);
     if (!file.open(QIODevice::ReadOnly) || !attachImage(file.readAll()))
-      QMessageBox::warning(this, tr("Attach an image"), tr("%1 is not an image this console can read.").arg(path));
+      QMessageBox::warning(this, tr("Attach an image"), tr("%1 is not an image this console can read, or is over 20 MiB.").arg(path));
   });
   connect(m_clearImages, &QPushButton::clicked, this, [this] {
     m_images.clear();
@@ -248,6 +248,7 @@ void ChatScreen::storeOptions() {
 }
 
 bool ChatScreen::attachImage(const QByteArray& bytes) {
+  if (bytes.size() > (20 << 20)) return false;  // the server takes 32 MiB a body: every turn resends the images
   const auto starts = [&bytes](const char* magic, int n) { return bytes.size() >= n && std::memcmp(bytes.constData(), magic, n) == 0; };
   QString mime = starts("\x89PNG\r\n\x1a\n", 8) ? "image/png" : starts("\xFF\xD8\xFF", 3) ? "image/jpeg" : "";
   if (mime.isEmpty() && starts("RIFF", 4) && bytes.mid(8, 4) == "WEBP") mime = "image/webp";

@@ -48,7 +48,7 @@ class ChatScreen : public QWidget {
   QString currentConversation() const { return m_current; }
   QPlainTextEdit* input() const { return m_input; }
   // Attaches an image to the next message (PNG, JPEG or WebP bytes as they are; another format Qt reads
-  // becomes PNG); false where the bytes are no image. Drops and pastes on the input come here.
+  // becomes PNG); false where the bytes are no image or over 20 MiB. Drops and pastes on the input come here.
   bool attachImage(const QByteArray& bytes);
   const QStringList& attachedImages() const { return m_images; }
   QPushButton* sendButton() const { return m_send; }

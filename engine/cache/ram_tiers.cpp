@@ -4,6 +4,15 @@
 
 namespace anchorage {
 
+namespace {
+
+// Whether ids hold an image row from `from` on: alignment compares decoded text, which cannot see images.
+bool ImageRowsFrom(std::span<const int32_t> ids, int64_t from) {
+  return std::any_of(ids.begin() + std::min<int64_t>(from, static_cast<int64_t>(ids.size())), ids.end(), IsImageKey);
+}
+
+}  // namespace
+
 TierOffer AnchorsTier::Find(std::span<const int32_t> prompt, const ResidentRows& resident, int64_t limit) const {
   const int64_t common = CommonPrefixLength(prompt, resident.rows);
   TierOffer offer;
@@ -20,6 +29,7 @@ std::optional<TierOffer> AnchorsTier::FindAligned(std::span<const int32_t> promp
   // Only generated text is re-rendered: the anchors above a whole generation region, past the common prefix.
   if (!options_.alignment || tokenizer_ == nullptr || resident.regions.empty()) return std::nullopt;
   const int64_t common = CommonPrefixLength(prompt, resident.rows);
+  if (ImageRowsFrom(prompt, common) || ImageRowsFrom(resident.rows, common)) return std::nullopt;
   std::vector<int64_t> lines;
   for (int64_t length : anchors_.lengths())
     if (length > std::max(plain, common) && length <= std::min<int64_t>(limit, resident.rows.size()) && MayResumeAt(length, length, resident.taint_row, resident.regions))
@@ -98,6 +108,7 @@ TierOffer EndTier::Find(std::span<const int32_t> prompt, const ResidentRows& res
     return offer;
   }
   if (!options_.alignment || tokenizer_ == nullptr) return offer;
+  if (ImageRowsFrom(prompt, common) || ImageRowsFrom(resident.rows, common)) return offer;
   AlignOptions align;
   align.reasoning_pass = options_.reasoning_pass;
   const std::string rows_text = RowsText(resident.rows, e, &align.regions);

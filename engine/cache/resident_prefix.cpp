@@ -739,7 +739,18 @@ int64_t ResidentPrefix::OwnBytes() const {
   return bytes;
 }
 
+Status ResidentPrefix::CheckImagesInPlace() {
+  const std::span<const int32_t> rows(rows_.data(), static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(rows_.size()), state_.length())));
+  if (std::none_of(rows.begin(), rows.end(), IsImageKey)) {
+    state_.set_images(nullptr);
+    return Status::Ok();
+  }
+  if (state_.images() != nullptr && state_.images()->Holds(rows)) return Status::Ok();
+  return NotFound("the rows in place hold images this state no longer has");
+}
+
 Result<std::vector<float>> ResidentPrefix::ForkLogits(std::span<const int32_t> context, std::span<const int32_t> extra, int64_t max_reread) {
+  RETURN_IF_ERROR(CheckImagesInPlace());
   const int64_t common = CommonPrefixLength(context, rows_);
   const int64_t length = state_.length();
   std::optional<Anchor> from;
@@ -1052,6 +1063,7 @@ Status ResidentPrefix::WriteAhead(const std::string& session, std::span<const in
     return NotFound("the rows in place are not session " + session + "'s conversation at its end anchor");
   const int64_t e = end_->anchor.length, n = static_cast<int64_t>(ids.size()), length = state_.length();
   if (n <= e || !std::equal(rows_.begin(), rows_.end(), ids.begin())) return InvalidArgument("the ids do not continue the conversation in place");
+  RETURN_IF_ERROR(CheckImagesInPlace());
   const int64_t context = ContextLimit(context_tokens);
   if (n >= context) return OutOfRange("the continuation holds " + std::to_string(n) + " tokens; the context limit is " + std::to_string(context));
   SamplingParams fitted = params;

@@ -246,6 +246,9 @@ class ResidentPrefix {
   const AnchorSet& anchors() const { return anchors_; }
 
  private:
+  // The state's images are the ones its rows in place hold (none where they hold none): what a fork's positions
+  // follow. NotFound where the rows hold images the state no longer has (a guest's or an older request's are set).
+  Status CheckImagesInPlace();
   struct Plan {
     ResumeInfo info;
     int64_t resume_length = 0;    // 0 means cold

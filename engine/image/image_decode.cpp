@@ -6,6 +6,7 @@
 #include <string>
 
 #include <jpeglib.h>
+#include <jerror.h>
 #include <png.h>
 #include <webp/decode.h>
 
@@ -55,6 +56,7 @@ struct JpegError {
   std::jmp_buf jump;
   char message[JMSG_LENGTH_MAX] = {};
   int warnings = 0;
+  bool failed = false;
 };
 
 void JpegFail(j_common_ptr info) {
@@ -63,9 +65,15 @@ void JpegFail(j_common_ptr info) {
   std::longjmp(e->jump, 1);
 }
 
+// A cut-short file, or a flood of warnings, makes the image corrupt; a stray warning (extraneous bytes, as
+// some cameras write) does not.
 void JpegMessage(j_common_ptr info, int level) {
   JpegError* e = reinterpret_cast<JpegError*>(info->err);
-  if (level < 0 && e->warnings++ == 0) info->err->format_message(info, e->message);
+  if (level >= 0) return;
+  if (info->err->msg_code == JWRN_JPEG_EOF || ++e->warnings > 100) {
+    if (!e->failed) info->err->format_message(info, e->message);
+    e->failed = true;
+  }
 }
 
 Result<RgbImage> DecodeJpeg(std::string_view bytes, int64_t max_pixels) {
@@ -107,7 +115,7 @@ Result<RgbImage> DecodeJpeg(std::string_view bytes, int64_t max_pixels) {
   jpeg_destroy_decompress(&info);
   RgbImage image = std::move(*out);
   delete out;
-  if (error.warnings > 0) return InvalidArgument(std::string("the JPEG image is truncated or corrupt: ") + error.message);
+  if (error.failed) return InvalidArgument(std::string("the JPEG image is truncated or corrupt: ") + error.message);
   return image;
 }
 

@@ -217,6 +217,9 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
     if (!valid) r.Fail("field 'mrope_section' must be three non-negative integers");
     else c.mrope_section = section->get<std::vector<int64_t>>();
   }
+  const json* interleaved = rr.Find("mrope_interleaved");
+  if (interleaved != nullptr && !interleaved->is_null() && !interleaved->is_boolean()) r.Fail("field 'mrope_interleaved' must be true or false");
+  const bool sections_interleaved = interleaved == nullptr || !interleaved->is_boolean() || interleaved->get<bool>();
   if (const json* vision = root.contains("vision_config") ? &root["vision_config"] : nullptr; vision != nullptr && !vision->is_null()) {
     if (!vision->is_object()) {
       r.Fail("field 'vision_config' must be an object");
@@ -302,6 +305,8 @@ Result<ModelConfig> ParseModelConfig(const std::string& text, const std::string&
       r.Fail("linear_num_value_heads (" + std::to_string(c.linear_num_value_heads) + ") must be a multiple of linear_num_key_heads (" + std::to_string(c.linear_num_key_heads) + ")");
     else if (c.rotary_dim() < 2)
       r.Fail("head_dim * partial_rotary_factor gives no rotary dimensions");
+    else if (c.vision && !sections_interleaved)
+      r.Fail("mrope_interleaved false (M-RoPE in contiguous sections) is not supported; Qwen3.5 interleaves them");
     else if (c.vision && c.mrope_section[0] + c.mrope_section[1] + c.mrope_section[2] != c.rotary_dim() / 2)
       r.Fail("mrope_section must add up to the rotary frequencies (" + std::to_string(c.rotary_dim() / 2) + ")");
     else if (c.vision) {

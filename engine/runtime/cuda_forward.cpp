@@ -486,11 +486,18 @@ std::string CudaForward::WeightsDescription() const {
   return out;
 }
 
-void CudaForward::EmbedRows(const int32_t* ids, int64_t n, float* x) {
+Status CudaForward::EmbedRows(const int32_t* ids, int64_t n, float* x) {
   cuda::EmbedRows(embed_.w, ids, n, config_.hidden_size, x, stream_, embed_.q8);
   const int64_t H = config_.hidden_size;
-  for (const auto& [row, input] : image_rows_)  // the host rows live as long as the images
-    (void)cuda::CopyToDevice(x + row * H, input, static_cast<size_t>(H) * sizeof(float), stream_);
+  for (size_t i = 0; i < image_rows_.size();) {  // an image's rows in one copy (its tower rows are consecutive)
+    size_t run = 1;
+    while (i + run < image_rows_.size() && image_rows_[i + run].first == image_rows_[i].first + static_cast<int64_t>(run) &&
+           image_rows_[i + run].second == image_rows_[i].second + static_cast<int64_t>(run) * H)
+      ++run;
+    RETURN_IF_ERROR(cuda::CopyToDevice(x + image_rows_[i].first * H, image_rows_[i].second, run * static_cast<size_t>(H) * sizeof(float), stream_));
+    i += run;
+  }
+  return Status::Ok();
 }
 
 Result<const float*> CudaForward::UploadFloats(const std::vector<float>& values, const std::string& what) {
@@ -705,7 +712,10 @@ Status CudaForward::StageImageRows(std::span<const int32_t> ids, int64_t pos, st
     }
   }
   if (plain) return Status::Ok();
-  RETURN_IF_ERROR(cuda::CopyToDevice(ws_->axes.data(), axes.data(), axes.size() * sizeof(int64_t), stream_));
+  if (Status copied = cuda::CopyToDevice(ws_->axes.data(), axes.data(), axes.size() * sizeof(int64_t), stream_); !copied.ok()) {
+    image_rows_.clear();
+    return copied;
+  }
   rope_axes_ = {static_cast<const int64_t*>(ws_->axes.data()), 3 * config_.mrope_section[1], 3 * config_.mrope_section[2]};
   return Status::Ok();
 }
@@ -778,10 +788,10 @@ Result<std::vector<float>> CudaForward::Prefill(DeviceState& state, std::span<co
     const bool last = done + m == n;
     std::vector<int32_t> embedded;
     RETURN_IF_ERROR(StageImageRows(ids.subspan(static_cast<size_t>(done), static_cast<size_t>(m)), pos, &embedded));
-    RETURN_IF_ERROR(cuda::CopyToDevice(ws_->ids.data(), embedded.data(), static_cast<size_t>(m) * 4, stream_));
     float* out = all ? logits.data() + done * config_.vocab_size : (last ? logits.data() : nullptr);
-    const Status ran = RunChunk(state, m, all ? 0 : m - 1, out);
-    image_rows_.clear();
+    Status ran = cuda::CopyToDevice(ws_->ids.data(), embedded.data(), static_cast<size_t>(m) * 4, stream_);
+    if (ran.ok()) ran = RunChunk(state, m, all ? 0 : m - 1, out);
+    image_rows_.clear();  // host rows only for this chunk, whatever happened
     rope_axes_ = {};
     rope_shift_ = 0;
     RETURN_IF_ERROR(ran);
@@ -998,7 +1008,7 @@ Status CudaForward::EnqueueLayers(DeviceState& state, const int32_t* ids, int64_
   float* x = ws.x.floats();
   float* a = ws.a.floats();
   if (mode == Mode::kDraft || mode == Mode::kBranches) rope_shift_ = RopeShift(state.length());  // text rows after the prompt
-  EmbedRows(ids, n, x);
+  RETURN_IF_ERROR(EmbedRows(ids, n, x));
   int64_t gi = 0, ai = 0;
   cuda::RmsNormRows(x, layers_.front().in_norm, n, H, eps, a, stream_);
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -1256,7 +1266,7 @@ Status CudaForward::MtpRows(MtpState& mtp, const float* hidden, std::span<const 
     const int64_t n = std::min(piece_rows, total - done);
     const Mode mode = n == 1 ? Mode::kRecurrent : Mode::kChunked;
     RETURN_IF_ERROR(cuda::CopyToDevice(ws.ids.data(), ids.data() + done, static_cast<size_t>(n) * 4, stream_));
-    EmbedRows(static_cast<const int32_t*>(ws.ids.data()), n, ws.x.floats());
+    RETURN_IF_ERROR(EmbedRows(static_cast<const int32_t*>(ws.ids.data()), n, ws.x.floats()));
     cuda::RmsNormRows(ws.x.floats(), head.norm_embedding, n, H, eps, ws.a.floats(), stream_);
     cuda::RmsNormRows(hidden + done * H, head.norm_hidden, n, H, eps, ws.mix.floats(), stream_);
     cuda::JoinRows(ws.a.floats(), ws.mix.floats(), n, H, ws.cat.floats(), stream_);

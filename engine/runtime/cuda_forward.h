@@ -216,8 +216,8 @@ class CudaForward {
   Result<Matrix> Upload(const TensorView& t, int64_t rows, int64_t cols, const char* role, bool fp8_allowed = true);
   // The CPU's int8 quantization of a matrix (a scale a row and 32 inputs), on the device.
   Result<Matrix> UploadInt8(const TensorView& t, int64_t rows, int64_t cols);
-  // The embedding rows of ids.
-  void EmbedRows(const int32_t* ids, int64_t n, float* x);
+  // The embedding rows of ids, then the chunk's staged image rows over theirs.
+  Status EmbedRows(const int32_t* ids, int64_t n, float* x);
   Result<Layer> UploadLayer(const LayerWeights& weights, LayerKind kind);
   Result<const float*> UploadVector(const TensorView& t, int64_t n, float add, const char* role);
   Result<const float*> UploadFloats(const std::vector<float>& values, const std::string& what);

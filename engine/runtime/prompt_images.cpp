@@ -71,6 +71,18 @@ const float* PromptImages::EmbeddingOf(int64_t row, int32_t id) const {
   return s.image->embeddings->data() + k * width;
 }
 
+bool PromptImages::Holds(std::span<const int32_t> ids) const {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  int64_t covered = 0;
+  for (const Span& s : spans_) {
+    if (s.row >= n) break;
+    const int64_t end = std::min(n, s.row + s.image->tokens());
+    if (!std::equal(ids.begin() + s.row, ids.begin() + end, s.image->key_ids.begin())) return false;
+    covered += end - s.row;
+  }
+  return covered == std::count_if(ids.begin(), ids.end(), IsImageKey);
+}
+
 int64_t PromptImages::image_rows() const {
   int64_t rows = 0;
   for (const Span& s : spans_) rows += s.image->tokens();

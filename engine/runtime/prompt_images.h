@@ -40,6 +40,9 @@ class PromptImages {
   void PositionOf(int64_t row, int64_t out[3]) const;
   // The tower's row for a row holding key id `id`; nullptr when no image of this sequence holds it there.
   const float* EmbeddingOf(int64_t row, int32_t id) const;
+  // Whether these are the images of ids: each of its images lying below ids.size() holds its key ids there,
+  // and no other row of ids holds an image key id.
+  bool Holds(std::span<const int32_t> ids) const;
   int64_t image_count() const { return static_cast<int64_t>(spans_.size()); }
   int64_t image_rows() const;
 

@@ -667,7 +667,8 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
     compaction.reset();  // compaction.mode client: served as sent
   if (compaction)
     if (auto record = scheduler_.ConversationRecord(r.session);
-        record && RecordIsThisConversation(model_.tokenizer.Decode(*record), *compaction))
+        record && std::none_of(record->begin(), record->end(), IsImageKey) &&  // the record's text cannot show its images
+        RecordIsThisConversation(model_.tokenizer.Decode(*record), *compaction))
       if (auto ids = ContinuationIds(*record, *compaction, model_.chat_template, model_.tokenizer); ids.ok()) {
         continuation = std::move(*ids);
         prepared->starts_in_reasoning = false;  // its turn has thinking off

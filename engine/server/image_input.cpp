@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <semaphore>
 
 #include <httplib.h>
 
@@ -34,16 +35,17 @@ Result<std::string> FetchHttp(const std::string& url, const ImageInputOptions& o
   client.set_read_timeout(timeout);
   client.set_follow_location(false);
   std::string body;
-  bool too_large = false;
+  bool too_large = false, too_slow = false;
+  const auto deadline = std::chrono::steady_clock::now() + 3 * timeout;  // a slow drip cannot hold the thread past it
   auto response = client.Get(path, [&](const char* data, size_t n) {
-    if (body.size() + n > static_cast<size_t>(options.max_bytes)) {
-      too_large = true;
-      return false;
-    }
+    too_large = body.size() + n > static_cast<size_t>(options.max_bytes);
+    too_slow = std::chrono::steady_clock::now() > deadline;
+    if (too_large || too_slow) return false;
     body.append(data, n);
     return true;
   });
   if (too_large) return InvalidArgument("the image at " + url + " is over " + std::to_string(options.max_bytes) + " bytes");
+  if (too_slow) return InvalidArgument("the image at " + url + " took too long to arrive");
   if (!response) return InvalidArgument("the image at " + url + " could not be fetched: " + httplib::to_string(response.error()));
   if (response->status != 200) return InvalidArgument("fetching the image at " + url + " answered HTTP " + std::to_string(response->status));
   return body;
@@ -93,16 +95,21 @@ Result<std::string> ImageBytesOf(const std::string& url, const ImageInputOptions
   if (url.rfind("http://", 0) == 0 && options.fetch_http) return FetchHttp(url, options);
   if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0)
     return InvalidArgument("image URLs over http(s) are not fetched (start the server with --image-urls allow); send the image as a data: URL");
-  std::string path = url.rfind("file://", 0) == 0 ? url.substr(7) : url;
+  const std::string path = url.rfind("file://", 0) == 0 ? url.substr(7) : url;
   if (options.folder.empty())
     return InvalidArgument("local image files are off; send the image as a data: URL (or start the server with --image-folder DIR)");
+  const fs::path asked(path);
+  for (const fs::path& part : asked)
+    if (part == "..") return InvalidArgument("the image file '" + path + "' names a parent folder ('..')");
   std::error_code ec;
-  const fs::path folder = fs::weakly_canonical(options.folder, ec);
-  const fs::path file = fs::weakly_canonical(fs::path(path).is_absolute() ? fs::path(path) : folder / path, ec);
-  if (ec) return InvalidArgument("the image file '" + path + "' cannot be resolved: " + ec.message());
+  const fs::path folder = fs::canonical(options.folder, ec);
+  if (ec) return InvalidArgument("the server's --image-folder cannot be read");
+  // Fully resolved (symlinks included), so a link inside the folder cannot lead outside it.
+  const fs::path file = fs::canonical(asked.is_absolute() ? asked : folder / asked, ec);
+  if (ec) return InvalidArgument("the image file '" + path + "' does not exist or cannot be read");
   const auto [end, _] = std::mismatch(folder.begin(), folder.end(), file.begin(), file.end());
-  if (end != folder.end()) return InvalidArgument("the image file '" + path + "' is outside --image-folder " + folder.string());
-  if (!fs::is_regular_file(file, ec)) return InvalidArgument("the image file '" + path + "' does not exist or is not a file");
+  if (end != folder.end()) return InvalidArgument("the image file '" + path + "' is outside --image-folder");
+  if (!fs::is_regular_file(file, ec)) return InvalidArgument("the image file '" + path + "' is not a file");
   if (static_cast<int64_t>(fs::file_size(file, ec)) > options.max_bytes)
     return InvalidArgument("the image file '" + path + "' is over " + std::to_string(options.max_bytes) + " bytes");
   return ReadFile(file.string());
@@ -114,6 +121,12 @@ Result<PreparedImages> PrepareImages(ImageEncoder& encoder, const std::vector<st
   if (placeholders != static_cast<int64_t>(urls.size()))
     return InvalidArgument("the prompt holds " + std::to_string(placeholders) + " image placeholders for " + std::to_string(urls.size()) +
                            " images (is <|image_pad|> written in a text part?)");
+  // Decoding holds up to a few hundred MiB an image: two requests' images at a time, the others wait.
+  static std::counting_semaphore<2> decoding(2);
+  decoding.acquire();
+  struct Release {
+    ~Release() { decoding.release(); }
+  } release;
   PreparedImages out;
   ImageProcessing processing = encoder.Processing();
   processing.min_pixels = options.min_pixels;

@@ -416,6 +416,8 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
     Backends* backends = s->backends_.get();
     s->settings_->AddListener([backends, config](const nlohmann::json& effective, int64_t) { backends->SetSpecs(BackendSpecsOf(config, effective)); });
   }
+  if (!config.image_folder.empty() && !fs::is_directory(config.image_folder))
+    return InvalidArgument("--image-folder " + config.image_folder + " is not a folder");
   // Images: the tower runs on the CPU beside the engine (whichever backend runs the model), its output kept by digest.
   if (!s->model_->weights.vision) {
     options.images_off = "this model has no vision tower (" + s->model_->weights.vision_note + ")";

@@ -102,7 +102,7 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
   else if (key == "max-body-bytes") { RETURN_IF_ERROR(integer(1024, int64_t(1) << 32, &c.max_body_bytes)); }
   else if (key == "image-cache-mb") { RETURN_IF_ERROR(integer(0, int64_t(1) << 20, &c.image_cache_mb)); }
   else if (key == "image-max-count") { RETURN_IF_ERROR(integer(0, 1024, &c.image_max_count)); }
-  else if (key == "image-max-pixels") { RETURN_IF_ERROR(integer(65536, int64_t(1) << 26, &c.image_max_pixels)); }
+  else if (key == "image-max-pixels") { RETURN_IF_ERROR(integer(65536, int64_t(1) << 24, &c.image_max_pixels)); }
   else if (key == "image-folder") c.image_folder = value;
   else if (key == "image-urls") {
     if (value != "allow" && value != "refuse") return InvalidArgument(source + ": image-urls must be allow or refuse, got '" + value + "'");

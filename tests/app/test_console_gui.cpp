@@ -394,9 +394,13 @@ class TestConsoleGui : public QObject {
     QVERIFY(ttft->series().isEmpty());
     QVERIFY2(ttft->title().contains("no request among the rows shown"), qPrintable(ttft->title()));
     sessionFilter->setText(secondId);
-    int plotted = 0;
-    for (QAbstractSeries* s : ttft->series()) plotted += qobject_cast<QScatterSeries*>(s)->count();
-    QCOMPARE(plotted, 4);  // the second conversation's turn, its two regenerations and the turn with an image
+    const auto plotted = [&] {
+      int points = 0;
+      for (QAbstractSeries* s : ttft->series()) points += qobject_cast<QScatterSeries*>(s)->count();
+      return points;
+    };
+    // The second conversation's turn, its two regenerations and the turn with an image (its row may come with the next poll).
+    QTRY_COMPARE_WITH_TIMEOUT(plotted(), 4, 10000);
     sessionFilter->clear();
     QCOMPARE(ttft->title(), QString("Time to first token (ms)"));
     CacheTierModel* tiers = window.cacheModel();

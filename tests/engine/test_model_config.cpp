@@ -160,6 +160,9 @@ class TestModelConfig : public QObject {
     QTest::newRow("not an object") << QString::fromStdString(Wrapped(TextConfig08B(), 5).dump()) << "field 'vision_config' must be an object";
     QTest::newRow("image id") << QString::fromStdString(no_image_id.dump()) << "missing field 'image_token_id'";
     QTest::newRow("mrope sum") << QString::fromStdString(bad_section.dump()) << "mrope_section must add up to the rotary frequencies (32)";
+    json contiguous = Wrapped(TextConfig08B());
+    contiguous["text_config"]["rope_parameters"]["mrope_interleaved"] = false;
+    QTest::newRow("mrope not interleaved") << QString::fromStdString(contiguous.dump()) << "mrope_interleaved false";
   }
   void malformedVisionConfigs() { malformedConfigs(); }
 

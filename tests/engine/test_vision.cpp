@@ -341,6 +341,13 @@ class TestVision : public QObject {
     // Another image's rows at this image's place are not taken for it.
     auto located = PromptImages::Locate(p.ids, p.catalog);
     QVERIFY(located.ok());
+    // Holds: the images of these ids (and of any prefix of them), not of ids without an image or with another's.
+    QVERIFY((*located)->Holds(p.ids));
+    QVERIFY((*located)->Holds(std::span(p.ids).first(64)));  // the line cuts the second image
+    std::vector<int32_t> text_only = p.ids;
+    std::fill_n(text_only.begin() + 20, 15, 7);
+    QVERIFY(!(*located)->Holds(text_only));
+    QVERIFY(!(*located)->Holds(testing::RandomIds(90, model_->config.vocab_size, 2)));
     state.set_images(*located);
     std::vector<int32_t> swapped = p.ids;
     std::copy_n(p.catalog[1]->key_ids.begin(), 8, swapped.begin() + 20);

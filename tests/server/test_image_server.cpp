@@ -11,10 +11,13 @@
 #include <png.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
+#include "engine/core/file_util.h"
 #include "engine/server/openai_api.h"
+#include "engine/settings/settings.h"
 #include "tests/server/server_fixture.h"
 
 using anchorage::testing::ServerProcess;
@@ -135,6 +138,11 @@ class TestImageServer : public QObject {
       const json images = Stats(s)["images"];
       QCOMPARE(images["encoded"].get<int64_t>(), int64_t(1));
       QVERIFY(images["hits"].get<int64_t>() >= 2);
+      // A follow-up that brings a new picture: text alignment cannot see images, so none drops it.
+      json fourth = second;
+      fourth.push_back({{"role", "assistant"}, {"content", Text(r2)}});
+      fourth.push_back({{"role", "user"}, {"content", {TextPart("And this one?"), ImagePart(DataUrl(Png(260, 300, 9)))}}});
+      QCOMPARE(Logprobs(s.Chat(Turn(fourth, "A"))), Logprobs(cold_.Chat(Turn(fourth, "cold"))));
       QVERIFY(s.Chat(Turn(second, "A")).is_object());
       third = second;
       third.push_back({{"role", "assistant"}, {"content", Text(r2)}});
@@ -148,6 +156,64 @@ class TestImageServer : public QObject {
     QVERIFY2(Cached(r3) > 256, r3["usage"].dump().c_str());
     QCOMPARE(Stats(s)["spill"]["restores"].get<int64_t>(), int64_t(1));
     QCOMPARE(Logprobs(r3), Logprobs(cold_.Chat(Turn(third, "cold"))));
+  }
+
+  // A reply with reasoning comes back without it, so the next turn meets the rows only by text alignment,
+  // which cannot see images: a new picture in that turn is served, not aligned away (and the answer is the
+  // cold server's).
+  void aNewImageAfterAReasoningTurnIsServed() {
+    QTemporaryDir data, cold_data;
+    const json replies = json::array({{{"match", "PICTURE"}, {"reply", "Looking at the shapes first.\n</think>\n\nA square and a circle."}}});
+    for (const QTemporaryDir* d : {&data, &cold_data}) {
+      QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(d->path()));
+      QVERIFY(anchorage::WriteFileAtomic(d->filePath("replies.json").toStdString(), replies.dump()).ok());
+    }
+    ServerProcess s, cold;
+    QVERIFY(s.Start(data.path(), {"--grid", "64", "--test-replies", data.filePath("replies.json")}));
+    QVERIFY(cold.Start(cold_data.path(), {"--grid", "64", "--caches", "off", "--test-replies", cold_data.filePath("replies.json")}));
+    json messages = json::array({{{"role", "system"}, {"content", Notes()}},
+                                 {{"role", "user"}, {"content", {TextPart("PICTURE one"), ImagePart(DataUrl(Png(256, 256, 11)))}}}});
+    const auto whole = [](const json& m, const std::string& session) {  // the scripted reply to its end
+      json body = Turn(m, session);
+      body["max_tokens"] = 100;
+      return body;
+    };
+    const json first = s.Chat(whole(messages, "R"));
+    QVERIFY2(first["choices"][0]["message"].contains("reasoning_content"), first.dump().c_str());
+    messages.push_back(first["choices"][0]["message"]);
+    messages.push_back({{"role", "user"}, {"content", {TextPart("PICTURE two"), ImagePart(DataUrl(Png(256, 256, 12)))}}});
+    const json second = s.Chat(whole(messages, "R"));
+    QCOMPARE(second["usage"]["anchorage"]["image_tokens"].get<int64_t>(), int64_t(128));  // both pictures' rows
+    QCOMPARE(Logprobs(second), Logprobs(cold.Chat(whole(messages, "cold"))));
+  }
+
+  // The disk tier (after a SIGKILL: nothing spilled) and the response cache answer a prompt with an image as cold.
+  void theDiskTierAndTheResponseCacheResumeImages() {
+    QTemporaryDir data;
+    json doc = anchorage::DefaultSettingsDocument(anchorage::MachineTotalRamBytes());
+    doc["disk_cache"]["admit_after"] = 1;
+    doc["disk_cache"]["min_tokens"] = 64;
+    doc["disk_cache"]["min_free_gb"] = 0;
+    doc["response_cache"]["enabled"] = true;
+    QVERIFY(anchorage::WriteFileAtomic(data.filePath("settings.json").toStdString(), doc.dump()).ok());
+    const json messages = json::array({{{"role", "user"}, {"content", {ImagePart(DataUrl(Png(320, 256, 8))), TextPart(Notes())}}}});
+    const json want = Logprobs(cold_.Chat(Turn(messages, "cold")));
+    {
+      ServerProcess a;
+      QVERIFY(a.Start(data.path(), {"--grid", "64"}));
+      QCOMPARE(Logprobs(a.Chat(Turn(messages, "D"))), want);
+      QTRY_VERIFY_WITH_TIMEOUT(Stats(a)["disk"].value("anchors_written", 0) >= 1, 20000);
+      a.Kill();
+    }
+    ServerProcess b;
+    QVERIFY(b.Start(data.path(), {"--grid", "64"}));
+    const json from_disk = b.Chat(Turn(messages, "E"));
+    QCOMPARE(from_disk["usage"]["anchorage"]["cache_source"].get<std::string>(), std::string("disk"));
+    QVERIFY2(Cached(from_disk) >= 128, from_disk["usage"].dump().c_str());  // past the picture's 80 rows
+    QCOMPARE(Logprobs(from_disk), want);
+    const json replayed = b.Chat(Turn(messages, "E"));
+    QCOMPARE(replayed["usage"]["anchorage"]["cache_source"].get<std::string>(), std::string("response"));
+    QCOMPARE(Logprobs(replayed), want);
   }
 
   // The shadow reader has no tower: it reads an image's rows as its placeholder token, without an error.
@@ -246,6 +312,7 @@ class TestImageServer : public QObject {
     ServerProcess s;
     QVERIFY(s.Start(data.path(), {"--grid", "64", "--image-folder", images_.path()}));
     const std::string png = Png(64, 64, 5);
+    std::filesystem::create_symlink("/etc/hostname", images_.filePath("escape.png").toStdString());
     const struct {
       const char* name;
       std::string url;
@@ -257,6 +324,8 @@ class TestImageServer : public QObject {
         {"over http", "https://example.com/cat.png", "are not fetched (start the server with --image-urls allow)"},
         {"outside the folder", "/etc/hostname", "outside --image-folder"},
         {"missing file", "nothing-here.png", "does not exist"},
+        {"a link out of the folder", "escape.png", "outside --image-folder"},
+        {"a parent folder", "nothing/../../etc/hostname", "names a parent folder"},
         {"no base64 marker", "data:image/png,abc", "must be base64"},
     };
     for (const auto& c : cases) {
