@@ -379,6 +379,11 @@ void HttpServer::RouteDecide() {
       std::vector<int32_t> prompt;
       bool in_reasoning = false;
       if (!PromptIds(chat, &prompt, &in_reasoning, &error)) return SendError(res, error);
+      if (model_.config.vision && std::count(prompt.begin(), prompt.end(), static_cast<int32_t>(model_.config.vision->image_token_id)) > 0) {
+        SendError(res, {400, "/v1/decide reads text observations only; send images to /v1/chat/completions", "invalid_request_error", "messages",
+                        "images_unsupported"});
+        return;
+      }
       // False when the branch does not fit the context (the error is sent).
       auto add = [&](std::vector<int32_t> scored, size_t candidate) {
         DecideBranch b;

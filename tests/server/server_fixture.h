@@ -8,6 +8,8 @@
 
 #include <httplib.h>
 
+#include <signal.h>
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -66,6 +68,11 @@ class ServerProcess {
 
   ~ServerProcess() { Kill(); }
 
+  // SIGTERM, as a planned stop: true once it exited 0 within 20 s (the drain spills what it holds).
+  bool Terminate() {
+    ::kill(static_cast<pid_t>(process_->processId()), SIGTERM);
+    return process_->waitForFinished(20000) && process_->exitCode() == 0;
+  }
   void Kill() {
     if (process_ && process_->state() == QProcess::Running) {
       process_->kill();
@@ -159,5 +166,10 @@ class ServerProcess {
   int port_ = 0;
   std::string startup_output_;
 };
+
+// A chat completion's logprobs, answer text and reused rows.
+inline nlohmann::json AnswerLogprobs(const nlohmann::json& reply) { return reply["choices"][0]["logprobs"]; }
+inline std::string AnswerText(const nlohmann::json& reply) { return reply["choices"][0]["message"]["content"].get<std::string>(); }
+inline int64_t CachedTokens(const nlohmann::json& reply) { return reply["usage"]["anchorage"]["cached_tokens"].get<int64_t>(); }
 
 }  // namespace anchorage::testing

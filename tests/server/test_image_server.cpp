@@ -6,8 +6,6 @@
 #include <QThread>
 #include <QtTest>
 
-#include <signal.h>
-
 #include <png.h>
 
 #include <cstring>
@@ -20,6 +18,9 @@
 #include "engine/settings/settings.h"
 #include "tests/server/server_fixture.h"
 
+using anchorage::testing::AnswerLogprobs;
+using anchorage::testing::AnswerText;
+using anchorage::testing::CachedTokens;
 using anchorage::testing::ServerProcess;
 using json = nlohmann::json;
 
@@ -78,16 +79,8 @@ json Turn(const json& messages, const std::string& session) {
   return {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}, {"session_id", session}};
 }
 
-json Logprobs(const json& reply) { return reply["choices"][0]["logprobs"]; }
-std::string Text(const json& reply) { return reply["choices"][0]["message"]["content"].get<std::string>(); }
-int64_t Cached(const json& reply) { return reply["usage"]["anchorage"]["cached_tokens"].get<int64_t>(); }
 int64_t PromptTokens(const json& reply) { return reply["usage"]["prompt_tokens"].get<int64_t>(); }
 
-void Terminate(ServerProcess& s) {
-  ::kill(static_cast<pid_t>(s.process().processId()), SIGTERM);
-  QVERIFY(s.process().waitForFinished(20000));
-  QCOMPARE(s.process().exitCode(), 0);
-}
 
 }  // namespace
 
@@ -114,48 +107,48 @@ class TestImageServer : public QObject {
       QVERIFY(s.Start(data.path(), {"--grid", "64"}));
       const json r1 = s.Chat(Turn(first, "A"));
       QVERIFY2(r1.is_object() && r1.contains("choices"), r1.dump().c_str());
-      QCOMPARE(Logprobs(r1), Logprobs(cold_.Chat(Turn(first, "cold"))));
+      QCOMPARE(AnswerLogprobs(r1), AnswerLogprobs(cold_.Chat(Turn(first, "cold"))));
       QCOMPARE(r1["usage"]["anchorage"]["image_tokens"].get<int64_t>(), int64_t(8 * 9));  // 300 x 260 is resized to 288 x 256
       // Another image in its place answers otherwise: the rows are the image's, not the placeholder's.
       json elsewhere = first;
       elsewhere[1]["content"][1] = ImagePart(DataUrl(Png(300, 260, 2)));
-      QVERIFY(Logprobs(cold_.Chat(Turn(elsewhere, "cold"))) != Logprobs(r1));
+      QVERIFY(AnswerLogprobs(cold_.Chat(Turn(elsewhere, "cold"))) != AnswerLogprobs(r1));
       // The follow-up resumes where A's rows part from it, past the image (the end anchor or the grid line below).
-      second.push_back({{"role", "assistant"}, {"content", Text(r1)}});
+      second.push_back({{"role", "assistant"}, {"content", AnswerText(r1)}});
       second.push_back({{"role", "user"}, {"content", "And the colours?"}});
       const json r2 = s.Chat(Turn(second, "A"));
-      QVERIFY2(Cached(r2) > PromptTokens(r1) - 128, r2["usage"].dump().c_str());  // the picture's rows come last but for its line
-      QCOMPARE(Logprobs(r2), Logprobs(cold_.Chat(Turn(second, "cold"))));
+      QVERIFY2(CachedTokens(r2) > PromptTokens(r1) - 128, r2["usage"].dump().c_str());  // the picture's rows come last but for its line
+      QCOMPARE(AnswerLogprobs(r2), AnswerLogprobs(cold_.Chat(Turn(second, "cold"))));
       // Another session with the same notes and picture resumes at a grid line past the image.
       json other = first;
       other[1]["content"][0] = TextPart("Describe it briefly, please.");
       json moved = other;
       moved[1]["content"] = {ImagePart(photo), TextPart("Describe it briefly, please.")};
       const json rb = s.Chat(Turn(moved, "B"));
-      QCOMPARE(Logprobs(rb), Logprobs(cold_.Chat(Turn(moved, "cold"))));
-      QVERIFY2(Cached(rb) >= 64, rb["usage"].dump().c_str());
+      QCOMPARE(AnswerLogprobs(rb), AnswerLogprobs(cold_.Chat(Turn(moved, "cold"))));
+      QVERIFY2(CachedTokens(rb) >= 64, rb["usage"].dump().c_str());
       // The tower ran once: every request showed the same photo.
       const json images = Stats(s)["images"];
       QCOMPARE(images["encoded"].get<int64_t>(), int64_t(1));
       QVERIFY(images["hits"].get<int64_t>() >= 2);
       // A follow-up that brings a new picture: text alignment cannot see images, so none drops it.
       json fourth = second;
-      fourth.push_back({{"role", "assistant"}, {"content", Text(r2)}});
+      fourth.push_back({{"role", "assistant"}, {"content", AnswerText(r2)}});
       fourth.push_back({{"role", "user"}, {"content", {TextPart("And this one?"), ImagePart(DataUrl(Png(260, 300, 9)))}}});
-      QCOMPARE(Logprobs(s.Chat(Turn(fourth, "A"))), Logprobs(cold_.Chat(Turn(fourth, "cold"))));
+      QCOMPARE(AnswerLogprobs(s.Chat(Turn(fourth, "A"))), AnswerLogprobs(cold_.Chat(Turn(fourth, "cold"))));
       QVERIFY(s.Chat(Turn(second, "A")).is_object());
       third = second;
-      third.push_back({{"role", "assistant"}, {"content", Text(r2)}});
+      third.push_back({{"role", "assistant"}, {"content", AnswerText(r2)}});
       third.push_back({{"role", "user"}, {"content", "Count the shapes."}});
-      Terminate(s);
+      QVERIFY(s.Terminate());
     }
     // After a restart the spill holds A's rows; the image is encoded anew to the same key ids.
     ServerProcess s;
     QVERIFY(s.Start(data.path(), {"--grid", "64"}));
     const json r3 = s.Chat(Turn(third, "A"));
-    QVERIFY2(Cached(r3) > 256, r3["usage"].dump().c_str());
+    QVERIFY2(CachedTokens(r3) > 256, r3["usage"].dump().c_str());
     QCOMPARE(Stats(s)["spill"]["restores"].get<int64_t>(), int64_t(1));
-    QCOMPARE(Logprobs(r3), Logprobs(cold_.Chat(Turn(third, "cold"))));
+    QCOMPARE(AnswerLogprobs(r3), AnswerLogprobs(cold_.Chat(Turn(third, "cold"))));
   }
 
   // A reply with reasoning comes back without it, so the next turn meets the rows only by text alignment,
@@ -184,7 +177,7 @@ class TestImageServer : public QObject {
     messages.push_back({{"role", "user"}, {"content", {TextPart("PICTURE two"), ImagePart(DataUrl(Png(256, 256, 12)))}}});
     const json second = s.Chat(whole(messages, "R"));
     QCOMPARE(second["usage"]["anchorage"]["image_tokens"].get<int64_t>(), int64_t(128));  // both pictures' rows
-    QCOMPARE(Logprobs(second), Logprobs(cold.Chat(whole(messages, "cold"))));
+    QCOMPARE(AnswerLogprobs(second), AnswerLogprobs(cold.Chat(whole(messages, "cold"))));
   }
 
   // The disk tier (after a SIGKILL: nothing spilled) and the response cache answer a prompt with an image as cold.
@@ -197,11 +190,11 @@ class TestImageServer : public QObject {
     doc["response_cache"]["enabled"] = true;
     QVERIFY(anchorage::WriteFileAtomic(data.filePath("settings.json").toStdString(), doc.dump()).ok());
     const json messages = json::array({{{"role", "user"}, {"content", {ImagePart(DataUrl(Png(320, 256, 8))), TextPart(Notes())}}}});
-    const json want = Logprobs(cold_.Chat(Turn(messages, "cold")));
+    const json want = AnswerLogprobs(cold_.Chat(Turn(messages, "cold")));
     {
       ServerProcess a;
       QVERIFY(a.Start(data.path(), {"--grid", "64"}));
-      QCOMPARE(Logprobs(a.Chat(Turn(messages, "D"))), want);
+      QCOMPARE(AnswerLogprobs(a.Chat(Turn(messages, "D"))), want);
       QTRY_VERIFY_WITH_TIMEOUT(Stats(a)["disk"].value("anchors_written", 0) >= 1, 20000);
       a.Kill();
     }
@@ -209,11 +202,11 @@ class TestImageServer : public QObject {
     QVERIFY(b.Start(data.path(), {"--grid", "64"}));
     const json from_disk = b.Chat(Turn(messages, "E"));
     QCOMPARE(from_disk["usage"]["anchorage"]["cache_source"].get<std::string>(), std::string("disk"));
-    QVERIFY2(Cached(from_disk) >= 128, from_disk["usage"].dump().c_str());  // past the picture's 80 rows
-    QCOMPARE(Logprobs(from_disk), want);
+    QVERIFY2(CachedTokens(from_disk) >= 128, from_disk["usage"].dump().c_str());  // past the picture's 80 rows
+    QCOMPARE(AnswerLogprobs(from_disk), want);
     const json replayed = b.Chat(Turn(messages, "E"));
     QCOMPARE(replayed["usage"]["anchorage"]["cache_source"].get<std::string>(), std::string("response"));
-    QCOMPARE(Logprobs(replayed), want);
+    QCOMPARE(AnswerLogprobs(replayed), want);
   }
 
   // The shadow reader has no tower: it reads an image's rows as its placeholder token, without an error.
@@ -246,8 +239,8 @@ class TestImageServer : public QObject {
     QVERIFY2(a.contains("choices"), a.dump().c_str());
     // The same pixels from a file: the tower's cache answers, and the rows through the image are reused.
     const json b = s.Chat(Turn(ask(file), "B"));
-    QCOMPARE(Logprobs(b), Logprobs(a));
-    QVERIFY2(Cached(b) >= PromptTokens(b) - 64, b["usage"].dump().c_str());
+    QCOMPARE(AnswerLogprobs(b), AnswerLogprobs(a));
+    QVERIFY2(CachedTokens(b) >= PromptTokens(b) - 64, b["usage"].dump().c_str());
     json images = Stats(s)["images"];
     QCOMPARE(images["encoded"].get<int64_t>(), int64_t(1));
     QCOMPARE(images["hits"].get<int64_t>(), int64_t(1));
@@ -255,9 +248,9 @@ class TestImageServer : public QObject {
     std::ofstream(file, std::ios::binary | std::ios::trunc) << Png(256, 256, 4);
     const json c = s.Chat(Turn(ask(file), "C"));
     QCOMPARE(Stats(s)["images"]["encoded"].get<int64_t>(), int64_t(2));
-    QVERIFY2(Cached(c) < PromptTokens(c) - 64, c["usage"].dump().c_str());
-    QCOMPARE(Logprobs(c), Logprobs(cold_.Chat(Turn(ask(DataUrl(Png(256, 256, 4))), "cold"))));
-    QVERIFY(Logprobs(c) != Logprobs(a));
+    QVERIFY2(CachedTokens(c) < PromptTokens(c) - 64, c["usage"].dump().c_str());
+    QCOMPARE(AnswerLogprobs(c), AnswerLogprobs(cold_.Chat(Turn(ask(DataUrl(Png(256, 256, 4))), "cold"))));
+    QVERIFY(AnswerLogprobs(c) != AnswerLogprobs(a));
   }
 
   void theCapLeavesTheOldestImagesOutInSteps() {
@@ -273,11 +266,11 @@ class TestImageServer : public QObject {
     const json five = s.Chat(Turn(with_images(5, 0), "cap"));
     const json written = cold_.Chat(Turn(with_images(5, 2), "cold"));
     QCOMPARE(PromptTokens(five), PromptTokens(written));
-    QCOMPARE(Logprobs(five), Logprobs(written));
+    QCOMPARE(AnswerLogprobs(five), AnswerLogprobs(written));
     // Six: still two left out, so the head is the same and resumes through the images it keeps.
     const json six = s.Chat(Turn(with_images(6, 0), "cap"));
     QCOMPARE(PromptTokens(six), PromptTokens(cold_.Chat(Turn(with_images(6, 2), "cold"))));
-    QVERIFY2(Cached(six) >= 3 * 64, six["usage"].dump().c_str());
+    QVERIFY2(CachedTokens(six) >= 3 * 64, six["usage"].dump().c_str());
     // Seven: the next step leaves four out.
     QCOMPARE(PromptTokens(s.Chat(Turn(with_images(7, 0), "cap"))), PromptTokens(cold_.Chat(Turn(with_images(7, 4), "cold"))));
   }
@@ -296,7 +289,7 @@ class TestImageServer : public QObject {
     const std::string base = "http://127.0.0.1:" + std::to_string(port);
     const json fetched = s.Chat(Turn(ask(base + "/shot.png"), ""));
     QVERIFY2(fetched.contains("choices"), fetched.dump().c_str());
-    QCOMPARE(Logprobs(fetched), Logprobs(cold_.Chat(Turn(ask(DataUrl(png)), "cold"))));
+    QCOMPARE(AnswerLogprobs(fetched), AnswerLogprobs(cold_.Chat(Turn(ask(DataUrl(png)), "cold"))));
     for (const auto& [url, says] : {std::pair<std::string, std::string>{base + "/none.png", "answered HTTP 404"},
                                     {"https://127.0.0.1:1/x.png", "need TLS"}}) {
       auto r = s.Post("/v1/chat/completions", Turn(ask(url), "").dump());
@@ -339,6 +332,12 @@ class TestImageServer : public QObject {
     auto no_url = s.Post("/v1/chat/completions", Turn(json::array({{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}), "").dump());
     QVERIFY(no_url && no_url->status == 400);
     QVERIFY(no_url->body.find("image_url.url") != std::string::npos);
+    // /v1/decide reads text only: an image in its observation is a clear 400, not its placeholder token read as text.
+    const json decide = {{"messages", json::array({{{"role", "user"}, {"content", {TextPart("Look."), ImagePart(DataUrl(png))}}}})},
+                         {"questions", json::array({{{"question", "Is it red?"}, {"choices", {"yes", "no"}}}})}};
+    auto refused = s.Post("/v1/decide", decide.dump());
+    QVERIFY(refused && refused->status == 400);
+    QVERIFY2(refused->body.find("images_unsupported") != std::string::npos, refused->body.c_str());
     // Still serving.
     QVERIFY(s.Chat(Turn(json::array({{{"role", "user"}, {"content", {TextPart("Look."), ImagePart(DataUrl(png))}}}}), "")).contains("choices"));
   }

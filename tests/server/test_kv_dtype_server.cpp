@@ -5,12 +5,13 @@
 // answers as a cold one of its own dtype.
 #include <QtTest>
 
-#include <signal.h>
-
 #include <map>
 
 #include "tests/server/server_fixture.h"
 
+using anchorage::testing::AnswerLogprobs;
+using anchorage::testing::AnswerText;
+using anchorage::testing::CachedTokens;
 using anchorage::testing::ServerProcess;
 using json = nlohmann::json;
 
@@ -26,15 +27,7 @@ json Turn(const json& messages, const std::string& session) {
   return {{"messages", messages}, {"max_tokens", 10}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}, {"session_id", session}};
 }
 
-json Logprobs(const json& reply) { return reply["choices"][0]["logprobs"]; }
-std::string Text(const json& reply) { return reply["choices"][0]["message"]["content"].get<std::string>(); }
-int64_t Cached(const json& reply) { return reply["usage"]["anchorage"]["cached_tokens"].get<int64_t>(); }
 
-void Terminate(ServerProcess& s) {
-  ::kill(static_cast<pid_t>(s.process().processId()), SIGTERM);
-  QVERIFY(s.process().waitForFinished(20000));
-  QCOMPARE(s.process().exitCode(), 0);
-}
 
 }  // namespace
 
@@ -78,19 +71,19 @@ class TestKvDtypeServer : public QObject {
       QCOMPARE(health["kv_dtype"].get<std::string>(), dtype.toStdString());
       QVERIFY(health["state_fingerprint"] != json::parse(other_cold.Get("/health")->body)["state_fingerprint"]);
       const json r1 = s.Chat(Turn(first, "A"));
-      QCOMPARE(Logprobs(r1), Logprobs(cold.Chat(Turn(first, "cold"))));
-      QVERIFY2(Logprobs(r1) != Logprobs(other_cold.Chat(Turn(first, "cold"))), "the rows answered another dtype's logprobs");
+      QCOMPARE(AnswerLogprobs(r1), AnswerLogprobs(cold.Chat(Turn(first, "cold"))));
+      QVERIFY2(AnswerLogprobs(r1) != AnswerLogprobs(other_cold.Chat(Turn(first, "cold"))), "the rows answered another dtype's logprobs");
       // A follow-up resumes at A's end anchor.
-      second.push_back({{"role", "assistant"}, {"content", Text(r1)}});
+      second.push_back({{"role", "assistant"}, {"content", AnswerText(r1)}});
       second.push_back({{"role", "user"}, {"content", "And which comes last?"}});
       const json r2 = s.Chat(Turn(second, "A"));
-      QVERIFY2(Cached(r2) > r1["usage"]["prompt_tokens"].get<int64_t>() - 64, r2["usage"].dump().c_str());
-      QCOMPARE(Logprobs(r2), Logprobs(cold.Chat(Turn(second, "cold"))));
+      QVERIFY2(CachedTokens(r2) > r1["usage"]["prompt_tokens"].get<int64_t>() - 64, r2["usage"].dump().c_str());
+      QCOMPARE(AnswerLogprobs(r2), AnswerLogprobs(cold.Chat(Turn(second, "cold"))));
       // Another session with the same notes resumes at a grid anchor of A's rows.
       const json other = json::array({{{"role", "system"}, {"content", Notes(1)}}, {{"role", "user"}, {"content", "Name a middle row."}}});
       const json rb = s.Chat(Turn(other, "B"));
-      QVERIFY2(Cached(rb) >= 512, rb["usage"].dump().c_str());
-      QCOMPARE(Logprobs(rb), Logprobs(cold.Chat(Turn(other, "cold"))));
+      QVERIFY2(CachedTokens(rb) >= 512, rb["usage"].dump().c_str());
+      QCOMPARE(AnswerLogprobs(rb), AnswerLogprobs(cold.Chat(Turn(other, "cold"))));
       // A token's rows take the dtype's share of f32 rows' bytes.
       const auto bytes_a_row = [&](ServerProcess& server) {
         const json resident = Stats(server)["resident"];
@@ -105,19 +98,19 @@ class TestKvDtypeServer : public QObject {
       // Back to A, then a planned stop: the drain spills A's rows.
       QVERIFY(s.Chat(Turn(second, "A")).is_object());
       third = second;
-      third.push_back({{"role", "assistant"}, {"content", Text(r2)}});
+      third.push_back({{"role", "assistant"}, {"content", AnswerText(r2)}});
       third.push_back({{"role", "user"}, {"content", "Now count them."}});
-      Terminate(s);
+      QVERIFY(s.Terminate());
     }
     {
       ServerProcess s;
       QVERIFY(s.Start(data.path(), dtype == "bf16" ? QStringList{"--grid", "64"} : QStringList{"--grid", "64", "--kv-dtype", dtype}));  // bf16: the default
       QCOMPARE(json::parse(s.Get("/health")->body)["kv_dtype"].get<std::string>(), dtype.toStdString());
       const json r3 = s.Chat(Turn(third, "A"));
-      QVERIFY2(Cached(r3) > 256, r3["usage"].dump().c_str());
+      QVERIFY2(CachedTokens(r3) > 256, r3["usage"].dump().c_str());
       QCOMPARE(Stats(s)["spill"]["restores"].get<int64_t>(), int64_t(1));
-      QCOMPARE(Logprobs(r3), Logprobs(cold.Chat(Turn(third, "cold"))));
-      Terminate(s);
+      QCOMPARE(AnswerLogprobs(r3), AnswerLogprobs(cold.Chat(Turn(third, "cold"))));
+      QVERIFY(s.Terminate());
     }
     // A server of the other dtype on the same folders: the files are another fingerprint's, never read.
     ServerProcess s;
@@ -126,8 +119,8 @@ class TestKvDtypeServer : public QObject {
     QVERIFY2(before["spill"]["swept"].get<int64_t>() > 0, before["spill"].dump().c_str());
     QCOMPARE(before["spill"]["entries"].get<int64_t>(), int64_t(0));
     const json r = s.Chat(Turn(third, "A"));
-    QCOMPARE(Cached(r), int64_t(0));
-    QCOMPARE(Logprobs(r), Logprobs(other_cold.Chat(Turn(third, "cold"))));
+    QCOMPARE(CachedTokens(r), int64_t(0));
+    QCOMPARE(AnswerLogprobs(r), AnswerLogprobs(other_cold.Chat(Turn(third, "cold"))));
     const json after = Stats(s);
     QCOMPARE(after["spill"]["restores"].get<int64_t>(), int64_t(0));
     QCOMPARE(after["disk"]["restores"].get<int64_t>(), int64_t(0));
