@@ -76,9 +76,27 @@ void JpegMessage(j_common_ptr info, int level) {
   }
 }
 
-Result<RgbImage> DecodeJpeg(std::string_view bytes, int64_t max_pixels) {
+struct JpegProgress {
+  jpeg_progress_mgr manager;
+  int max_scans = kMaxJpegScans;
+};
+
+// Called as libjpeg reads: a file of more scans than allowed stops there.
+void JpegScans(j_common_ptr common) {
+  const auto* info = reinterpret_cast<j_decompress_ptr>(common);
+  const auto* progress = reinterpret_cast<const JpegProgress*>(common->progress);
+  if (info->input_scan_number <= progress->max_scans) return;
+  JpegError* e = reinterpret_cast<JpegError*>(common->err);
+  std::snprintf(e->message, sizeof e->message, "it holds more than %d scans", progress->max_scans);
+  std::longjmp(e->jump, 1);
+}
+
+Result<RgbImage> DecodeJpeg(std::string_view bytes, int64_t max_pixels, int max_scans) {
   jpeg_decompress_struct info;
   JpegError error;
+  JpegProgress progress;
+  progress.manager.progress_monitor = JpegScans;
+  progress.max_scans = max_scans;
   info.err = jpeg_std_error(&error.manager);
   error.manager.error_exit = JpegFail;
   error.manager.emit_message = JpegMessage;
@@ -90,6 +108,7 @@ Result<RgbImage> DecodeJpeg(std::string_view bytes, int64_t max_pixels) {
     return InvalidArgument(std::string("the JPEG image is corrupt: ") + error.message);
   }
   jpeg_create_decompress(&info);
+  info.progress = &progress.manager;
   jpeg_mem_src(&info, reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()));
   jpeg_read_header(&info, TRUE);
   if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK) {
@@ -152,11 +171,11 @@ ImageFormat SniffImageFormat(std::string_view b) {
   return ImageFormat::kUnknown;
 }
 
-Result<RgbImage> DecodeImage(std::string_view bytes, int64_t max_pixels) {
+Result<RgbImage> DecodeImage(std::string_view bytes, int64_t max_pixels, int max_jpeg_scans) {
   if (bytes.empty()) return InvalidArgument("the image is empty");
   switch (SniffImageFormat(bytes)) {
     case ImageFormat::kPng: return DecodePng(bytes, max_pixels);
-    case ImageFormat::kJpeg: return DecodeJpeg(bytes, max_pixels);
+    case ImageFormat::kJpeg: return DecodeJpeg(bytes, max_pixels, max_jpeg_scans);
     case ImageFormat::kWebp: return DecodeWebp(bytes, max_pixels);
     case ImageFormat::kUnknown: break;
   }

@@ -14,7 +14,10 @@ enum class ImageFormat { kUnknown, kPng, kJpeg, kWebp };
 const char* ImageFormatName(ImageFormat format);  // "png", "jpeg", "webp", "unknown"
 ImageFormat SniffImageFormat(std::string_view bytes);
 
+// A progressive JPEG may hold many scans, each a pass over the whole image: past this many it is refused.
+inline constexpr int kMaxJpegScans = 256;
+
 // Decodes an image of at most max_pixels (width x height, checked from its header before decoding).
-Result<RgbImage> DecodeImage(std::string_view bytes, int64_t max_pixels);
+Result<RgbImage> DecodeImage(std::string_view bytes, int64_t max_pixels, int max_jpeg_scans = kMaxJpegScans);
 
 }  // namespace anchorage

@@ -39,7 +39,7 @@ std::string EncodePng(const std::vector<uint8_t>& px, int width, int height, boo
   return out;
 }
 
-std::string EncodeJpeg(const std::vector<uint8_t>& rgb, int width, int height) {
+std::string EncodeJpeg(const std::vector<uint8_t>& rgb, int width, int height, bool progressive = false) {
   jpeg_compress_struct info;
   jpeg_error_mgr error;
   info.err = jpeg_std_error(&error);
@@ -53,6 +53,7 @@ std::string EncodeJpeg(const std::vector<uint8_t>& rgb, int width, int height) {
   info.in_color_space = JCS_RGB;
   jpeg_set_defaults(&info);
   jpeg_set_quality(&info, 100, TRUE);
+  if (progressive) jpeg_simple_progression(&info);  // 10 scans for a colour image
   jpeg_start_compress(&info, TRUE);
   while (info.next_scanline < info.image_height) {
     JSAMPROW row = const_cast<uint8_t*>(rgb.data()) + info.next_scanline * width * 3;
@@ -100,6 +101,18 @@ class TestImageDecode : public QObject {
     QCOMPARE(image->width, int64_t(48));
     for (uint8_t v : image->rgb) QVERIFY(std::abs(int(v) - 200) <= 2);
     QCOMPARE(SniffImageFormat(EncodeJpeg(rgb, 48, 32)), ImageFormat::kJpeg);
+  }
+
+  void progressiveJpegsOverTheScanLimitAreRefused() {
+    const std::vector<uint8_t> rgb(40 * 24 * 3, 90);
+    const std::string progressive = EncodeJpeg(rgb, 40, 24, true);
+    auto within = DecodeImage(progressive, 1 << 20, 10);
+    QVERIFY2(within.ok(), within.status().ToString().c_str());
+    for (uint8_t v : within->rgb) QVERIFY(std::abs(int(v) - 90) <= 2);
+    auto over = DecodeImage(progressive, 1 << 20, 9);
+    QVERIFY(!over.ok());
+    QVERIFY2(Says(over.status(), "holds more than 9 scans"), over.status().ToString().c_str());
+    QVERIFY(DecodeImage(EncodeJpeg(rgb, 40, 24), 1 << 20, 1).ok());  // a baseline JPEG is one scan
   }
 
   void alphaIsCompositedOverWhite() {
