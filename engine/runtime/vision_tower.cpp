@@ -23,10 +23,7 @@ Result<cpu::PackedBf16> PackMatrix(const TensorView& t, int64_t rows, int64_t co
   return cpu::PackedBf16::Pack(rows, cols, [&t, cols](int64_t j, int64_t i) { return FloatToBf16(t.At(j * cols + i)); }, &pool);
 }
 
-float GeluTanh(float x) {
-  const double v = x;
-  return static_cast<float>(0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))));
-}
+float GeluTanh(float x) { return 0.5f * x * (1.0f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x))); }
 
 float GeluErf(float x) {
   const double v = x;
