@@ -752,6 +752,9 @@ Status ResidentPrefix::CheckImagesInPlace() {
 Result<std::vector<float>> ResidentPrefix::ForkLogits(std::span<const int32_t> context, std::span<const int32_t> extra, int64_t max_reread) {
   RETURN_IF_ERROR(CheckImagesInPlace());
   const int64_t common = CommonPrefixLength(context, rows_);
+  const auto parted = rows_.begin() + std::min<int64_t>(common, static_cast<int64_t>(rows_.size()));
+  if (std::any_of(parted, rows_.begin() + std::min(rows_.size(), context.size()), IsImageKey))
+    return NotFound("the context leaves out images the rows in place hold (a reader without a tower reads them as text)");
   const int64_t length = state_.length();
   std::optional<Anchor> from;
   if (common == static_cast<int64_t>(context.size()) && common == length) from = state_.SaveAnchor();
