@@ -154,16 +154,6 @@ Result<RgbImage> DecodeWebp(std::string_view bytes, int64_t max_pixels) {
 
 }  // namespace
 
-const char* ImageFormatName(ImageFormat format) {
-  switch (format) {
-    case ImageFormat::kPng: return "png";
-    case ImageFormat::kJpeg: return "jpeg";
-    case ImageFormat::kWebp: return "webp";
-    case ImageFormat::kUnknown: break;
-  }
-  return "unknown";
-}
-
 ImageFormat SniffImageFormat(std::string_view b) {
   if (b.size() >= 8 && b.substr(0, 8) == std::string_view("\x89PNG\r\n\x1a\n", 8)) return ImageFormat::kPng;
   if (b.size() >= 3 && b.substr(0, 3) == "\xFF\xD8\xFF") return ImageFormat::kJpeg;

@@ -11,7 +11,6 @@
 namespace anchorage {
 
 enum class ImageFormat { kUnknown, kPng, kJpeg, kWebp };
-const char* ImageFormatName(ImageFormat format);  // "png", "jpeg", "webp", "unknown"
 ImageFormat SniffImageFormat(std::string_view bytes);
 
 // A progressive JPEG may hold many scans, each a pass over the whole image: past this many it is refused.

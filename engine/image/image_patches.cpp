@@ -50,6 +50,17 @@ uint8_t ToByte(double v) { return static_cast<uint8_t>(std::clamp(std::nearbyint
 
 }  // namespace
 
+std::vector<std::pair<int64_t, int64_t>> PatchesInMergeOrder(const ImageGrid& grid, int64_t merge) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  out.reserve(static_cast<size_t>(grid.patches()));
+  for (int64_t t = 0; t < grid.t; ++t)
+    for (int64_t bh = 0; bh < grid.h / merge; ++bh)
+      for (int64_t bw = 0; bw < grid.w / merge; ++bw)
+        for (int64_t ih = 0; ih < merge; ++ih)
+          for (int64_t iw = 0; iw < merge; ++iw) out.emplace_back(bh * merge + ih, bw * merge + iw);
+  return out;
+}
+
 Result<std::pair<int64_t, int64_t>> SmartResize(int64_t height, int64_t width, int64_t factor, int64_t min_pixels, int64_t max_pixels) {
   if (height <= 0 || width <= 0) return InvalidArgument("the image has no pixels (" + std::to_string(width) + " x " + std::to_string(height) + ")");
   if (std::max(height, width) > 200 * std::min(height, width))
@@ -118,22 +129,20 @@ Result<ImagePatches> PreprocessImage(const RgbImage& image, const ImageProcessin
   const RgbImage resized = ResizeBicubic(image, width, height);
   ImagePatches out;
   out.grid = ImageGrid{1, height / p.patch_size, width / p.patch_size};
-  const int64_t P = p.patch_size, T = p.temporal_patch_size, m = p.merge_size, row_values = 3 * T * P * P;
+  const int64_t P = p.patch_size, T = p.temporal_patch_size, row_values = 3 * T * P * P;
   out.values.resize(static_cast<size_t>(out.grid.patches() * row_values));
   float* row = out.values.data();
-  for (int64_t bh = 0; bh < out.grid.h / m; ++bh)
-    for (int64_t bw = 0; bw < out.grid.w / m; ++bw)
-      for (int64_t ih = 0; ih < m; ++ih)
-        for (int64_t iw = 0; iw < m; ++iw, row += row_values) {
-          const int64_t y0 = (bh * m + ih) * P, x0 = (bw * m + iw) * P;
-          for (int64_t c = 0; c < 3; ++c)
-            for (int64_t t = 0; t < T; ++t)
-              for (int64_t y = 0; y < P; ++y)
-                for (int64_t x = 0; x < P; ++x) {
-                  const float v = static_cast<float>(resized.rgb[static_cast<size_t>(((y0 + y) * width + x0 + x) * 3 + c)]) * (1.0f / 255.0f);
-                  row[((c * T + t) * P + y) * P + x] = (v - p.mean[c]) / p.std[c];
-                }
-        }
+  for (const auto& [patch_row, patch_column] : PatchesInMergeOrder(out.grid, p.merge_size)) {
+    const int64_t y0 = patch_row * P, x0 = patch_column * P;
+    for (int64_t c = 0; c < 3; ++c)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t y = 0; y < P; ++y)
+          for (int64_t x = 0; x < P; ++x) {
+            const float v = static_cast<float>(resized.rgb[static_cast<size_t>(((y0 + y) * width + x0 + x) * 3 + c)]) * (1.0f / 255.0f);
+            row[((c * T + t) * P + y) * P + x] = (v - p.mean[c]) / p.std[c];
+          }
+    row += row_values;
+  }
   out.digest = ImageDigest(out.grid, out.values);
   return out;
 }

@@ -45,6 +45,10 @@ struct ImagePatches {
   std::string digest;         // hex sha256 over the grid and the values: what every cache keys the image by
 };
 
+// Where each patch of the grid lies, in merge order (each merge x merge patches consecutive, blocks in raster
+// order, frame after frame): {row, column} in patches.
+std::vector<std::pair<int64_t, int64_t>> PatchesInMergeOrder(const ImageGrid& grid, int64_t merge);
+
 // The resized height and width: each side rounded to a multiple of factor, then scaled as one to keep the
 // area within [min_pixels, max_pixels]. Refuses a side of zero and an aspect ratio over 200.
 Result<std::pair<int64_t, int64_t>> SmartResize(int64_t height, int64_t width, int64_t factor, int64_t min_pixels, int64_t max_pixels);

@@ -698,14 +698,14 @@ Status CudaForward::StageImageRows(std::span<const int32_t> ids, int64_t pos, st
   embedded->assign(ids.begin(), ids.end());
   image_rows_.clear();
   rope_axes_ = {};
-  rope_shift_ = RopeShift(pos);
   if (images_ == nullptr) return Status::Ok();
+  const int64_t shift = RopeShift(pos);
   std::vector<int64_t> axes(static_cast<size_t>(m * 3));
   bool plain = true;
   for (int64_t t = 0; t < m; ++t) {
     images_->PositionOf(pos + t, &axes[static_cast<size_t>(t * 3)]);
     const int64_t* a = &axes[static_cast<size_t>(t * 3)];
-    plain = plain && a[0] == a[1] && a[1] == a[2] && a[0] == pos + t + rope_shift_;
+    plain = plain && a[0] == a[1] && a[1] == a[2] && a[0] == pos + t + shift;
     if (IsImageKey(ids[static_cast<size_t>(t)])) {
       image_rows_.emplace_back(t, images_->EmbeddingOf(pos + t, ids[static_cast<size_t>(t)]));
       (*embedded)[static_cast<size_t>(t)] = 0;
@@ -793,7 +793,6 @@ Result<std::vector<float>> CudaForward::Prefill(DeviceState& state, std::span<co
     if (ran.ok()) ran = RunChunk(state, m, all ? 0 : m - 1, out);
     image_rows_.clear();  // host rows only for this chunk, whatever happened
     rope_axes_ = {};
-    rope_shift_ = 0;
     RETURN_IF_ERROR(ran);
     done += m;
     if (mtp == nullptr) continue;
@@ -1007,7 +1006,6 @@ Status CudaForward::EnqueueLayers(DeviceState& state, const int32_t* ids, int64_
   Workspace& ws = *ws_;
   float* x = ws.x.floats();
   float* a = ws.a.floats();
-  if (mode == Mode::kDraft || mode == Mode::kBranches) rope_shift_ = RopeShift(state.length());  // text rows after the prompt
   RETURN_IF_ERROR(EmbedRows(ids, n, x));
   int64_t gi = 0, ai = 0;
   cuda::RmsNormRows(x, layers_.front().in_norm, n, H, eps, a, stream_);
@@ -1147,7 +1145,8 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
   const cuda::KvBuffers rows = state.kv_buffers(ai);
   // Decode reads its position from the step in device memory (one captured graph serves every step).
   const cuda::Position position = mode == Mode::kRecurrent ? cuda::Position{0, StepPosition()} : cuda::Position{pos0, nullptr};
-  const cuda::Position rope = mode == Mode::kRecurrent ? cuda::Position{0, StepRopePosition()} : cuda::Position{pos0 + rope_shift_, nullptr};
+  // Rows turn at their position plus what images before them moved it by (3-D positions, where a chunk has them, win).
+  const cuda::Position rope = mode == Mode::kRecurrent ? cuda::Position{0, StepRopePosition()} : cuda::Position{pos0 + RopeShift(pos0), nullptr};
   // K and V go to the workspace in fp32, are normed there and then stored in the state's rows in its dtype.
   if (mode == Mode::kRecurrent) {  // one row: q, k and v in one launch
     cuda::GemvSet set;

@@ -277,7 +277,6 @@ class CudaForward {
   const float* final_norm_ = nullptr;
   const double* inv_freq_ = nullptr;
   const PromptImages* images_ = nullptr;  // set_images
-  int64_t rope_shift_ = 0;                // the call's text rows turn at position + this
   cuda::RopeAxes rope_axes_;              // the chunk's rows' positions, where images make them 3-D
   std::vector<std::pair<int64_t, const float*>> image_rows_;  // the chunk's image rows and their inputs (host)
   std::unique_ptr<Workspace> ws_;

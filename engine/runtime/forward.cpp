@@ -613,14 +613,15 @@ void Forward::RopeTable(int64_t pos0, int64_t n, int64_t row0, const PromptImage
   float* cs = Sized(ws_->cos, (row0 + n) * half) + row0 * half;
   float* sn = Sized(ws_->sin, (row0 + n) * half) + row0 * half;
   int64_t axes[3];
-  for (int64_t t = 0; t < n; ++t)
+  for (int64_t t = 0; t < n; ++t) {
+    if (images != nullptr) images->PositionOf(pos0 + t, axes);
+    else TextPositions(pos0 + t, axes);
     for (int64_t i = 0; i < half; ++i) {
-      if (images != nullptr) images->PositionOf(pos0 + t, axes);
-      else TextPositions(pos0 + t, axes);
       const double angle = static_cast<double>(axes[rope_axis_[static_cast<size_t>(i)]]) * inv_freq_[i];
       cs[t * half + i] = static_cast<float>(std::cos(angle));
       sn[t * half + i] = static_cast<float>(std::sin(angle));
     }
+  }
 }
 
 Forward::Segment Forward::SegmentOf(SequenceState& state, int64_t n, Mode mode) {

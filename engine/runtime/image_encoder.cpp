@@ -16,7 +16,7 @@ Result<std::unique_ptr<ImageEncoder>> ImageEncoder::Create(const ModelConfig& co
   return encoder;
 }
 
-Result<std::shared_ptr<const PromptImage>> ImageEncoder::Encode(const ImagePatches& patches, bool* hit) {
+Result<std::shared_ptr<const PromptImage>> ImageEncoder::Encode(const ImagePatches& patches) {
   const auto cached = [&]() -> std::shared_ptr<const PromptImage> {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(patches.digest);
@@ -25,11 +25,9 @@ Result<std::shared_ptr<const PromptImage>> ImageEncoder::Encode(const ImagePatch
     ++stats_.hits;
     return it->second.image;
   };
-  if (hit != nullptr) *hit = true;
   if (auto image = cached()) return image;
   std::lock_guard<std::mutex> encoding(encode_mu_);
   if (auto image = cached()) return image;  // encoded while this one waited
-  if (hit != nullptr) *hit = false;
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(std::vector<float> rows, tower_->Encode(patches.grid, patches.values));
   auto image = std::make_shared<PromptImage>();

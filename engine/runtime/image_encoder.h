@@ -28,8 +28,8 @@ class ImageEncoder {
   // The tower of config's vision_config on its own pool of `threads` (0: the machine's cores).
   static Result<std::unique_ptr<ImageEncoder>> Create(const ModelConfig& config, const ModelWeights& weights, int threads, int64_t cache_bytes);
 
-  // The image's rows: from the cache when its digest is there (*hit set), else from the tower.
-  Result<std::shared_ptr<const PromptImage>> Encode(const ImagePatches& patches, bool* hit = nullptr);
+  // The image's rows: from the cache when its digest is there, else from the tower.
+  Result<std::shared_ptr<const PromptImage>> Encode(const ImagePatches& patches);
   // Patch and merge sizes the tower wants; the pixel limits are the caller's.
   ImageProcessing Processing() const { return tower_->Processing(); }
   int64_t image_token_id() const { return config_.vision->image_token_id; }

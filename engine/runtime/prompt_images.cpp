@@ -83,6 +83,12 @@ bool PromptImages::Holds(std::span<const int32_t> ids) const {
   return covered == std::count_if(ids.begin(), ids.end(), IsImageKey);
 }
 
+int64_t ImageRows(const ImageCatalog& catalog) {
+  int64_t rows = 0;
+  for (const auto& image : catalog) rows += image->tokens();
+  return rows;
+}
+
 int64_t PromptImages::image_rows() const {
   int64_t rows = 0;
   for (const Span& s : spans_) rows += s.image->tokens();

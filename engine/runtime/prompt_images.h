@@ -30,12 +30,16 @@ struct PromptImage {
   int64_t tokens() const { return rows * columns; }
 };
 
+// A request's images, in the prompt's order.
+using ImageCatalog = std::vector<std::shared_ptr<const PromptImage>>;
+// The rows a catalog's images take.
+int64_t ImageRows(const ImageCatalog& catalog);
+
 // Where a sequence's images are among its rows, found from its ids.
 class PromptImages {
  public:
   // Every run of image key ids in ids must be one whole image of catalog; an error says which is not.
-  static Result<std::shared_ptr<const PromptImages>> Locate(std::span<const int32_t> ids,
-                                                            std::span<const std::shared_ptr<const PromptImage>> catalog);
+  static Result<std::shared_ptr<const PromptImages>> Locate(std::span<const int32_t> ids, std::span<const std::shared_ptr<const PromptImage>> catalog);
   // The rotary position of a row on the t, h and w axes (a text row's three are equal).
   void PositionOf(int64_t row, int64_t out[3]) const;
   // The tower's row for a row holding key id `id`; nullptr when no image of this sequence holds it there.
@@ -43,7 +47,6 @@ class PromptImages {
   // Whether these are the images of ids: each of its images lying below ids.size() holds its key ids there,
   // and no other row of ids holds an image key id.
   bool Holds(std::span<const int32_t> ids) const;
-  int64_t image_count() const { return static_cast<int64_t>(spans_.size()); }
   int64_t image_rows() const;
 
  private:

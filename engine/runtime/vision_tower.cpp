@@ -117,47 +117,42 @@ void VisionTower::Linear(const float* x, int64_t rows, const cpu::PackedBf16& w,
 }
 
 std::vector<float> VisionTower::Positions(const ImageGrid& grid) const {
-  const int64_t D = config_.hidden_size, G = config_.grid_per_side(), m = config_.spatial_merge_size;
+  const int64_t D = config_.hidden_size, G = config_.grid_per_side();
   const auto axis = [G](int64_t i, int64_t size) { return size == 1 ? 0.0 : static_cast<double>(i) * static_cast<double>(G - 1) / static_cast<double>(size - 1); };
   std::vector<float> out(static_cast<size_t>(grid.patches() * D));
   std::vector<double> sum(static_cast<size_t>(D));
   int64_t p = 0;
-  for (int64_t t = 0; t < grid.t; ++t)
-    for (int64_t bh = 0; bh < grid.h / m; ++bh)
-      for (int64_t bw = 0; bw < grid.w / m; ++bw)
-        for (int64_t ih = 0; ih < m; ++ih)
-          for (int64_t iw = 0; iw < m; ++iw, ++p) {
-            const double y = axis(bh * m + ih, grid.h), x = axis(bw * m + iw, grid.w);
-            const int64_t y0 = static_cast<int64_t>(y), x0 = static_cast<int64_t>(x);
-            const int64_t y1 = std::min(y0 + 1, G - 1), x1 = std::min(x0 + 1, G - 1);
-            const double dy = y - static_cast<double>(y0), dx = x - static_cast<double>(x0);
-            const std::pair<int64_t, double> corners[4] = {{y0 * G + x0, (1 - dy) * (1 - dx)}, {y0 * G + x1, (1 - dy) * dx},
-                                                           {y1 * G + x0, dy * (1 - dx)}, {y1 * G + x1, dy * dx}};
-            std::fill(sum.begin(), sum.end(), 0.0);
-            for (const auto& [index, weight] : corners)
-              for (int64_t i = 0; i < D; ++i) sum[i] += weight * pos_embed_[static_cast<size_t>(index * D + i)];
-            for (int64_t i = 0; i < D; ++i) out[static_cast<size_t>(p * D + i)] = static_cast<float>(sum[i]);
-          }
+  for (const auto& [row, column] : PatchesInMergeOrder(grid, config_.spatial_merge_size)) {
+    const double y = axis(row, grid.h), x = axis(column, grid.w);
+    const int64_t y0 = static_cast<int64_t>(y), x0 = static_cast<int64_t>(x);
+    const int64_t y1 = std::min(y0 + 1, G - 1), x1 = std::min(x0 + 1, G - 1);
+    const double dy = y - static_cast<double>(y0), dx = x - static_cast<double>(x0);
+    const std::pair<int64_t, double> corners[4] = {{y0 * G + x0, (1 - dy) * (1 - dx)}, {y0 * G + x1, (1 - dy) * dx},
+                                                   {y1 * G + x0, dy * (1 - dx)}, {y1 * G + x1, dy * dx}};
+    std::fill(sum.begin(), sum.end(), 0.0);
+    for (const auto& [index, weight] : corners)
+      for (int64_t i = 0; i < D; ++i) sum[i] += weight * pos_embed_[static_cast<size_t>(index * D + i)];
+    for (int64_t i = 0; i < D; ++i) out[static_cast<size_t>(p * D + i)] = static_cast<float>(sum[i]);
+    ++p;
+  }
   return out;
 }
 
 void VisionTower::RotaryTable(const ImageGrid& grid, std::vector<float>* cos, std::vector<float>* sin) const {
-  const int64_t half = config_.head_dim() / 2, quarter = half / 2, m = config_.spatial_merge_size;
+  const int64_t half = config_.head_dim() / 2, quarter = half / 2;
   cos->resize(static_cast<size_t>(grid.patches() * half));
   sin->resize(cos->size());
   int64_t p = 0;
-  for (int64_t t = 0; t < grid.t; ++t)
-    for (int64_t bh = 0; bh < grid.h / m; ++bh)
-      for (int64_t bw = 0; bw < grid.w / m; ++bw)
-        for (int64_t ih = 0; ih < m; ++ih)
-          for (int64_t iw = 0; iw < m; ++iw, ++p)
-            for (int64_t i = 0; i < half; ++i) {
-              const int64_t axis_position = i < quarter ? bh * m + ih : bw * m + iw;
-              const int64_t j = i % quarter;
-              const double angle = static_cast<double>(axis_position) * std::pow(kRotaryTheta, -2.0 * static_cast<double>(j) / static_cast<double>(half));
-              (*cos)[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(angle));
-              (*sin)[static_cast<size_t>(p * half + i)] = static_cast<float>(std::sin(angle));
-            }
+  for (const auto& [row, column] : PatchesInMergeOrder(grid, config_.spatial_merge_size)) {
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t axis_position = i < quarter ? row : column;
+      const int64_t j = i % quarter;
+      const double angle = static_cast<double>(axis_position) * std::pow(kRotaryTheta, -2.0 * static_cast<double>(j) / static_cast<double>(half));
+      (*cos)[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(angle));
+      (*sin)[static_cast<size_t>(p * half + i)] = static_cast<float>(std::sin(angle));
+    }
+    ++p;
+  }
 }
 
 Result<std::vector<float>> VisionTower::Encode(const ImageGrid& grid, std::span<const float> patches) {

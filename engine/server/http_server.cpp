@@ -51,7 +51,7 @@ void SendJson(HttpResponse& res, const ojson& body) { res.SetContent(Dump(body),
 struct Prepared {
   CompletionRequest request;
   std::vector<int32_t> prompt_ids;
-  PreparedImages images;
+  ImageCatalog images;
   bool starts_in_reasoning = false;
 };
 
@@ -121,7 +121,7 @@ void HttpServer::Serve() { transport_.Serve(); }
 void HttpServer::Stop() { transport_.Stop(); }
 
 bool HttpServer::PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids_out, bool* starts_in_reasoning, ApiError* error,
-                           PreparedImages* images) const {
+                           ImageCatalog* images) const {
   *starts_in_reasoning = false;
   if (r.kind == RequestKind::kChat) {
     auto text = model_.chat_template.RenderChatBody(r.template_body);
@@ -263,9 +263,7 @@ bool HttpServer::CacheRequestOf(const HttpRequest& req, CacheRequest* out, ApiEr
   auto request = ParseCompletionRequest(RequestKind::kChat, req.body, ParseOptionsOf(), error);
   if (!request) return false;
   bool reasoning = false;
-  PreparedImages images;
-  if (!PromptIds(*request, &out->prompt, &reasoning, error, &images)) return false;
-  out->images = std::move(images.catalog);
+  if (!PromptIds(*request, &out->prompt, &reasoning, error, &out->images)) return false;
   out->session = request->session.empty() ? req.HeaderValue("x-session-id") : request->session;
   return true;
 }
@@ -687,7 +685,7 @@ void HttpServer::Completion(RequestKind kind, const HttpRequest& req, HttpRespon
 
   auto job = std::make_shared<Job>(continuation.empty() ? prepared->prompt_ids : continuation, r.sampling, r.session, req.path);
   job->set_context_tokens(options_.context_tokens);
-  job->set_images(prepared->images.catalog, prepared->images.tokens);
+  job->set_images(prepared->images);
   if (!continuation.empty()) job->set_continuation_of(prompt_tokens);
   // The journal records the finish reason the client sees: tool_calls when the reply parses as calls.
   job->set_finish_reason_namer([prepared, kind](const GenerationResult& result) {

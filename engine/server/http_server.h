@@ -81,7 +81,7 @@ class HttpServer {
   // Renders and tokenizes a parsed request; false with *error set when it cannot.
   // images (optional): the request's images, encoded, their placeholders in ids expanded to their key ids.
   bool PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids, bool* starts_in_reasoning, ApiError* error,
-                 PreparedImages* images = nullptr) const;
+                 ImageCatalog* images = nullptr) const;
 
   Model& model_;
   Scheduler& scheduler_;

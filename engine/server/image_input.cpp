@@ -115,7 +115,7 @@ Result<std::string> ImageBytesOf(const std::string& url, const ImageInputOptions
   return ReadFile(file.string());
 }
 
-Result<PreparedImages> PrepareImages(ImageEncoder& encoder, const std::vector<std::string>& urls, const ImageInputOptions& options,
+Result<ImageCatalog> PrepareImages(ImageEncoder& encoder, const std::vector<std::string>& urls, const ImageInputOptions& options,
                                      int32_t placeholder_id, std::vector<int32_t>* ids) {
   const int64_t placeholders = std::count(ids->begin(), ids->end(), placeholder_id);
   if (placeholders != static_cast<int64_t>(urls.size()))
@@ -127,7 +127,7 @@ Result<PreparedImages> PrepareImages(ImageEncoder& encoder, const std::vector<st
   struct Release {
     ~Release() { decoding.release(); }
   } release;
-  PreparedImages out;
+  ImageCatalog out;
   ImageProcessing processing = encoder.Processing();
   processing.min_pixels = options.min_pixels;
   processing.max_pixels = options.max_pixels;
@@ -140,22 +140,19 @@ Result<PreparedImages> PrepareImages(ImageEncoder& encoder, const std::vector<st
     if (!image.ok()) return fail(image.status());
     Result<ImagePatches> patches = PreprocessImage(*image, processing);
     if (!patches.ok()) return fail(patches.status());
-    bool hit = false;
-    Result<std::shared_ptr<const PromptImage>> encoded = encoder.Encode(*patches, &hit);
+    Result<std::shared_ptr<const PromptImage>> encoded = encoder.Encode(*patches);
     if (!encoded.ok()) return fail(encoded.status());
-    out.tower_hits += hit;
-    out.tokens += (*encoded)->tokens();
-    out.catalog.push_back(*encoded);
+    out.push_back(*encoded);
   }
   std::vector<int32_t> expanded;
-  expanded.reserve(ids->size() + static_cast<size_t>(out.tokens));
+  expanded.reserve(ids->size() + static_cast<size_t>(ImageRows(out)));
   size_t k = 0;
   for (int32_t id : *ids) {
     if (id != placeholder_id) {
       expanded.push_back(id);
       continue;
     }
-    const std::vector<int32_t>& keys = out.catalog[k++]->key_ids;
+    const std::vector<int32_t>& keys = out[k++]->key_ids;
     expanded.insert(expanded.end(), keys.begin(), keys.end());
   }
   *ids = std::move(expanded);

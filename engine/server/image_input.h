@@ -26,15 +26,9 @@ struct ImageInputOptions {
 Result<std::string> ImageBytesOf(const std::string& url, const ImageInputOptions& options);
 Result<std::string> DecodeBase64(std::string_view text);
 
-struct PreparedImages {
-  std::vector<std::shared_ptr<const PromptImage>> catalog;  // in the prompt's order
-  int64_t tokens = 0;       // rows the images take
-  int64_t tower_hits = 0;   // images the tower's cache already held
-};
-
 // Encodes every URL's image and replaces the k-th placeholder id of ids with image k's key ids; the
 // placeholders must be as many as the URLs. Errors name the image by its place (#0 is the first).
-Result<PreparedImages> PrepareImages(ImageEncoder& encoder, const std::vector<std::string>& urls, const ImageInputOptions& options,
+Result<ImageCatalog> PrepareImages(ImageEncoder& encoder, const std::vector<std::string>& urls, const ImageInputOptions& options,
                                      int32_t placeholder_id, std::vector<int32_t>* ids);
 
 }  // namespace anchorage

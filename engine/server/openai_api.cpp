@@ -433,7 +433,6 @@ std::optional<CompletionRequest> ParseCompletionRequest(RequestKind kind, std::s
     if (kind == RequestKind::kChat) {
       if (!body.contains("messages")) Reject("messages", "'messages' is required");
       r.template_body["messages"] = CheckMessages(body["messages"], options.images_off, &r.image_urls);
-      r.images_sent = static_cast<int64_t>(r.image_urls.size());
       CapImages(r.template_body["messages"], r.image_urls, options.max_images);
       std::string tool_choice = "auto";
       std::string named_function;

@@ -42,7 +42,6 @@ struct CompletionRequest {
   int top_logprobs = 0;
   std::string session;  // the body's conversation_id / session_id / session, else x-session-id
   std::vector<std::string> image_urls;  // the images the prompt holds, in order (the template_body's parts name them #0, #1, ..)
-  int64_t images_sent = 0;              // image parts in the body, the ones left out over the cap included
 };
 
 // What an image over the request's cap becomes in the prompt.

@@ -640,7 +640,7 @@ bool Scheduler::StartJob(Slot& slot, std::shared_ptr<Job> job, double queue_ms) 
   slot.stats.queue_ms = queue_ms;
   slot.stats.queue_position = job->queue_position();
   slot.stats.prompt_tokens = static_cast<int64_t>(job->prompt_ids().size());
-  slot.stats.image_tokens = job->image_rows();
+  slot.stats.image_tokens = ImageRows(job->images());
   slot.order = ++started_jobs_;
   slot.have_first = false;
   if (job->cancel_flag().load()) {

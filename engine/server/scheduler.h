@@ -47,13 +47,9 @@ class Job {
   int64_t client_prompt_tokens() const { return client_prompt_tokens_; }
   // The context limit (prompt as served plus output); 0: the model's.
   void set_context_tokens(int64_t tokens) { context_tokens_ = tokens; }
-  // The images whose key ids the prompt holds, and the rows they take.
-  void set_images(std::vector<std::shared_ptr<const PromptImage>> images, int64_t rows) {
-    images_ = std::move(images);
-    image_rows_ = rows;
-  }
-  const std::vector<std::shared_ptr<const PromptImage>>& images() const { return images_; }
-  int64_t image_rows() const { return image_rows_; }
+  // The images whose key ids the prompt holds.
+  void set_images(ImageCatalog images) { images_ = std::move(images); }
+  const ImageCatalog& images() const { return images_; }
   int64_t context_tokens() const { return context_tokens_; }
   // How the journal names the end of a generation (the API's finish reason); default the engine's.
   void set_finish_reason_namer(std::function<std::string(const GenerationResult&)> namer) { finish_reason_namer_ = std::move(namer); }
@@ -90,8 +86,7 @@ class Job {
 
  private:
   std::vector<int32_t> prompt_ids_;
-  std::vector<std::shared_ptr<const PromptImage>> images_;
-  int64_t image_rows_ = 0;
+  ImageCatalog images_;
   SamplingParams sampling_;
   std::string session_;
   std::string route_;
