@@ -6,7 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   qt6-base-dev qt6-base-dev-tools qt6-charts-dev libqt6sql6-sqlite libgl-dev
   nlohmann-json3-dev libzstd-dev libsqlite3-dev libcpp-httplib-dev
-  libpng-dev libjpeg62-turbo-dev libwebp-dev
+  libpng-dev libjpeg62-turbo-dev libwebp-dev libssl-dev ca-certificates
   xvfb xauth python3-jinja2 unicode-data
 )
 # Node.js with npm runs the reference clients; Debian's npm conflicts with a preinstalled NodeSource node.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/core/status.h"
+#include "engine/image/image_patches.h"
 #include "engine/model/model_config.h"
 #include "engine/runtime/sequence_state.h"
 
@@ -116,6 +117,15 @@ class ComputeBackend {
   }
   virtual Status KeepDraft(SequenceState& state, int64_t rows) {
     return Unsupported(std::string("KeepDraft: not on the ") + device_name() + " backend");
+  }
+
+  // The checkpoint's vision tower on this backend's device, callable from any thread beside the forward
+  // (VisionTower::Encode's input and output). A backend without one leaves the tower to the CPU.
+  virtual bool has_vision_tower() const { return false; }
+  // Why a backend that runs towers has none for this model's (the CPU runs it then); empty otherwise.
+  virtual std::string VisionTowerNote() const { return {}; }
+  virtual Result<std::vector<float>> EncodeImage(const ImageGrid& grid, std::span<const float> patches) {
+    return Unsupported(std::string("EncodeImage: no vision tower on the ") + device_name() + " backend");
   }
 
   // The checkpoint's multi-token-prediction head; see Forward::MtpCommit and MtpDraft.

@@ -35,7 +35,22 @@ class CudaBackend::Mirror final : public StateMirror {
 Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const ModelConfig& config, const ModelWeights& weights,
                                                          const CudaForwardOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<CudaForward> forward, CudaForward::Create(config, weights, options));
-  return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(forward)));
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(std::move(forward)));
+  if (config.vision && weights.vision) {  // a tower the device cannot hold runs on the CPU, as the note says
+    auto tower = CudaVisionTower::Create(*config.vision, *weights.vision, options.device, options.fast_products,
+                                         backend->forward_->capture_mutex());
+    if (tower.ok()) {
+      backend->tower_ = std::move(tower).value();
+    } else {
+      backend->vision_note_ = tower.status().message();
+    }
+  }
+  return backend;
+}
+
+Result<std::vector<float>> CudaBackend::EncodeImage(const ImageGrid& grid, std::span<const float> patches) {
+  if (tower_ == nullptr) return ComputeBackend::EncodeImage(grid, patches);
+  return tower_->Encode(grid, patches);
 }
 
 CudaBackend::~CudaBackend() = default;
@@ -43,7 +58,8 @@ CudaBackend::~CudaBackend() = default;
 std::string CudaBackend::DeviceDescription() const { return "cuda, " + forward_->device().Describe(); }
 
 int64_t CudaBackend::DeviceBytes() const {
-  return forward_->weight_bytes() + forward_->workspace_bytes() + mirrored_bytes_.load() + forward_->mtp_bytes();
+  return forward_->weight_bytes() + forward_->workspace_bytes() + mirrored_bytes_.load() + forward_->mtp_bytes() +
+         (tower_ != nullptr ? tower_->weight_bytes() : 0);
 }
 
 int64_t CudaBackend::DeviceFreeBytes() const {

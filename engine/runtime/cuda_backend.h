@@ -14,6 +14,7 @@
 
 #include "engine/runtime/compute_backend.h"
 #include "engine/runtime/cuda_forward.h"
+#include "engine/runtime/cuda_vision_tower.h"
 
 namespace anchorage {
 
@@ -60,6 +61,11 @@ class CudaBackend final : public ComputeBackend {
   Result<std::vector<int32_t>> MtpDraft(MtpState& mtp, std::span<const int32_t> next_ids, int max_draft, int64_t vocab_limit,
                                         std::vector<float>* logits = nullptr) override;
 
+  // The checkpoint's vision tower on the device (where it has one and the device can hold it).
+  bool has_vision_tower() const override { return tower_ != nullptr; }
+  Result<std::vector<float>> EncodeImage(const ImageGrid& grid, std::span<const float> patches) override;
+  std::string VisionTowerNote() const override { return vision_note_; }
+
   CudaForward& forward() { return *forward_; }
 
  private:
@@ -78,6 +84,8 @@ class CudaBackend final : public ComputeBackend {
   static void Drop(SequenceState& host, bool device_ahead);
 
   std::unique_ptr<CudaForward> forward_;
+  std::unique_ptr<CudaVisionTower> tower_;
+  std::string vision_note_;
   const SequenceState* window_ = nullptr;  // the state of the open draft window; null: none
   int64_t window_from_ = 0;                // its length when the window opened
   std::atomic<int64_t> mirrored_bytes_{0};  // every state copy's device memory

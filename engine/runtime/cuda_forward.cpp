@@ -408,6 +408,18 @@ CudaForward::~CudaForward() {
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
+Result<cuda::DeviceBuffer> UploadBf16Matrix(const TensorView& t, int64_t rows, int64_t cols, cuda::Stream s) {
+  ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(static_cast<size_t>(rows * cols) * 2, t.name));
+  if (t.dtype == DType::kBF16) {
+    RETURN_IF_ERROR(cuda::CopyToDevice(buffer.data(), t.data, t.bytes, s));
+    return buffer;
+  }
+  std::vector<uint16_t> rounded(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows * cols; ++i) rounded[static_cast<size_t>(i)] = FloatToBf16(t.At(i));
+  RETURN_IF_ERROR(cuda::CopyToDevice(buffer.data(), rounded.data(), rounded.size() * 2, s));
+  return buffer;
+}
+
 Result<CudaForward::Matrix> CudaForward::Upload(const TensorView& t, int64_t rows, int64_t cols, const char* role, bool fp8_allowed) {
   RETURN_IF_ERROR(CheckMatrixShape(t, rows, cols, "CudaForward", role));
   if (t.dtype == DType::kF8E4M3) {  // kept as it is stored: codes and block scales
@@ -428,15 +440,7 @@ Result<CudaForward::Matrix> CudaForward::Upload(const TensorView& t, int64_t row
     return m;
   }
   if (options_.int8_weights) return UploadInt8(t, rows, cols);
-  ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(static_cast<size_t>(rows * cols) * 2, t.name));
-  if (t.dtype == DType::kBF16) {
-    RETURN_IF_ERROR(cuda::CopyToDevice(buffer.data(), t.data, t.bytes, stream_));
-  } else {
-    // F16 and F32 matrices are rounded to bf16 once, as the CPU backend does.
-    std::vector<uint16_t> rounded(static_cast<size_t>(rows * cols));
-    for (int64_t i = 0; i < rows * cols; ++i) rounded[static_cast<size_t>(i)] = FloatToBf16(t.At(i));
-    RETURN_IF_ERROR(cuda::CopyToDevice(buffer.data(), rounded.data(), rounded.size() * 2, stream_));
-  }
+  ASSIGN_OR_RETURN(DeviceBuffer buffer, UploadBf16Matrix(t, rows, cols, stream_));
   ++bf16_matrices_;
   Matrix m;
   m.w = static_cast<const uint16_t*>(buffer.data());
@@ -965,6 +969,7 @@ Status CudaForward::EnqueueDecode(DeviceState& state) {
 }
 
 Result<std::unique_ptr<CudaForward::DecodeGraph>> CudaForward::CaptureDecode(DeviceState& state) {
+  std::lock_guard<std::mutex> capturing(capture_mutex_);
   RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "capturing a decode step"));
   const Status enqueued = EnqueueDecode(state);
   cudaGraph_t graph = nullptr;

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -117,6 +118,10 @@ class DeviceState {
   std::vector<cuda::DeviceBuffer> k_, v_, recurrent_, tail_;
 };
 
+// A BF16, F16 or F32 matrix [rows, cols] (shape already checked) as bf16 on the device: F16 and F32
+// rounded to bf16 once, as the CPU backend does.
+Result<cuda::DeviceBuffer> UploadBf16Matrix(const TensorView& t, int64_t rows, int64_t cols, cuda::Stream s);
+
 class CudaForward {
  public:
   // Finds the device, copies every matrix there (BF16 as it is, F16/F32 rounded to BF16 once, as on
@@ -187,6 +192,9 @@ class CudaForward {
   std::string DecodeLaunches() const;
   // Turns decode graphs on (they are tried again) or off.
   void set_decode_graphs(bool on);
+  // Held while a decode step is captured: another thread's device work that touches the legacy stream
+  // (the vision tower's copies) would break the capture, so it holds this too.
+  std::mutex& capture_mutex() { return capture_mutex_; }
 
  private:
   struct Matrix {
@@ -287,6 +295,7 @@ class CudaForward {
   int64_t weight_bytes_ = 0;
   int64_t fp8_matrices_ = 0, int8_matrices_ = 0, bf16_matrices_ = 0;
   std::atomic<int64_t> mtp_bytes_{0};
+  std::mutex capture_mutex_;
 };
 
 }  // namespace anchorage

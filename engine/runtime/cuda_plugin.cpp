@@ -2,7 +2,7 @@
 
 #include "engine/runtime/cuda_backend.h"
 
-extern "C" __attribute__((visibility("default"))) anchorage::ComputeBackend* anchorage_cuda_backend_v4(
+extern "C" __attribute__((visibility("default"))) anchorage::ComputeBackend* anchorage_cuda_backend_v5(
     const anchorage::CudaPluginRequest* request, std::string* error) {
   using namespace anchorage;
   if (!(request->layout == CudaPluginLayout{})) {

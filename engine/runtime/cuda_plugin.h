@@ -35,7 +35,7 @@ struct CudaPluginRequest {
 
 // The plugin's entry point: the backend, or nullptr with error set.
 using CudaPluginEntry = ComputeBackend* (*)(const CudaPluginRequest* request, std::string* error);
-inline constexpr const char* kCudaPluginEntry = "anchorage_cuda_backend_v4";  // bumped with ComputeBackend or the request
+inline constexpr const char* kCudaPluginEntry = "anchorage_cuda_backend_v5";  // bumped with ComputeBackend or the request
 inline constexpr const char* kCudaPluginFile = "anchorage-cuda.so";
 
 // Where the plugin is looked for: ANCHORAGE_CUDA_PLUGIN where set, else beside the program, else

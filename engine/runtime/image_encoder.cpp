@@ -4,14 +4,18 @@
 
 namespace anchorage {
 
-ImageEncoder::ImageEncoder(const ModelConfig& config, int threads, int64_t cache_bytes)
-    : config_(config), pool_(threads), capacity_bytes_(cache_bytes) {}
+ImageEncoder::ImageEncoder(const ModelConfig& config, int64_t cache_bytes) : config_(config), capacity_bytes_(cache_bytes) {}
 
 Result<std::unique_ptr<ImageEncoder>> ImageEncoder::Create(const ModelConfig& config, const ModelWeights& weights, int threads,
-                                                           int64_t cache_bytes) {
+                                                           int64_t cache_bytes, ComputeBackend* backend) {
   if (!config.vision || !weights.vision) return Unsupported("the model has no vision tower (" + weights.vision_note + ")");
-  std::unique_ptr<ImageEncoder> encoder(new ImageEncoder(config, threads, cache_bytes));
-  ASSIGN_OR_RETURN(encoder->tower_, VisionTower::Create(*config.vision, *weights.vision, encoder->pool_));
+  std::unique_ptr<ImageEncoder> encoder(new ImageEncoder(config, cache_bytes));
+  if (backend != nullptr && backend->has_vision_tower()) {
+    encoder->backend_ = backend;
+  } else {
+    encoder->pool_ = std::make_unique<ThreadPool>(threads);
+    ASSIGN_OR_RETURN(encoder->tower_, VisionTower::Create(*config.vision, *weights.vision, *encoder->pool_));
+  }
   encoder->stats_.capacity_bytes = cache_bytes;
   return encoder;
 }
@@ -29,7 +33,8 @@ Result<std::shared_ptr<const PromptImage>> ImageEncoder::Encode(const ImagePatch
   std::lock_guard<std::mutex> encoding(encode_mu_);
   if (auto image = cached()) return image;  // encoded while this one waited
   const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(std::vector<float> rows, tower_->Encode(patches.grid, patches.values));
+  ASSIGN_OR_RETURN(std::vector<float> rows, tower_ != nullptr ? tower_->Encode(patches.grid, patches.values)
+                                                               : backend_->EncodeImage(patches.grid, patches.values));
   auto image = std::make_shared<PromptImage>();
   const int64_t merge = config_.vision->spatial_merge_size;
   image->digest = patches.digest;

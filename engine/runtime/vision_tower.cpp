@@ -39,6 +39,64 @@ void ForRows(ThreadPool& pool, int64_t rows, const std::function<void(int64_t)>&
 
 }  // namespace
 
+Status CheckTowerInput(const VisionConfig& c, const ImageGrid& grid, std::span<const float> patches) {
+  const int64_t m = c.spatial_merge_size;
+  if (grid.t < 1 || grid.h < m || grid.w < m || grid.h % m != 0 || grid.w % m != 0)
+    return InvalidArgument("VisionTower: a grid of " + std::to_string(grid.t) + " x " + std::to_string(grid.h) + " x " + std::to_string(grid.w) +
+                           " patches is not whole merged patches of " + std::to_string(m) + " x " + std::to_string(m));
+  if (static_cast<int64_t>(patches.size()) != grid.patches() * c.patch_values())
+    return InvalidArgument("VisionTower: " + std::to_string(patches.size()) + " patch values for " + std::to_string(grid.patches()) +
+                           " patches of " + std::to_string(c.patch_values()));
+  return Status::Ok();
+}
+
+ImageProcessing VisionProcessing(const VisionConfig& c) {
+  ImageProcessing p;
+  p.patch_size = c.patch_size;
+  p.merge_size = c.spatial_merge_size;
+  p.temporal_patch_size = c.temporal_patch_size;
+  return p;
+}
+
+std::vector<float> VisionPatchPositions(const VisionConfig& c, std::span<const float> pos_embed, const ImageGrid& grid) {
+  const int64_t D = c.hidden_size, G = c.grid_per_side();
+  const auto axis = [G](int64_t i, int64_t size) { return size == 1 ? 0.0 : static_cast<double>(i) * static_cast<double>(G - 1) / static_cast<double>(size - 1); };
+  std::vector<float> out(static_cast<size_t>(grid.patches() * D));
+  std::vector<double> sum(static_cast<size_t>(D));
+  int64_t p = 0;
+  for (const auto& [row, column] : PatchesInMergeOrder(grid, c.spatial_merge_size)) {
+    const double y = axis(row, grid.h), x = axis(column, grid.w);
+    const int64_t y0 = static_cast<int64_t>(y), x0 = static_cast<int64_t>(x);
+    const int64_t y1 = std::min(y0 + 1, G - 1), x1 = std::min(x0 + 1, G - 1);
+    const double dy = y - static_cast<double>(y0), dx = x - static_cast<double>(x0);
+    const std::pair<int64_t, double> corners[4] = {{y0 * G + x0, (1 - dy) * (1 - dx)}, {y0 * G + x1, (1 - dy) * dx},
+                                                   {y1 * G + x0, dy * (1 - dx)}, {y1 * G + x1, dy * dx}};
+    std::fill(sum.begin(), sum.end(), 0.0);
+    for (const auto& [index, weight] : corners)
+      for (int64_t i = 0; i < D; ++i) sum[i] += weight * pos_embed[static_cast<size_t>(index * D + i)];
+    for (int64_t i = 0; i < D; ++i) out[static_cast<size_t>(p * D + i)] = static_cast<float>(sum[i]);
+    ++p;
+  }
+  return out;
+}
+
+void VisionRotaryTable(const VisionConfig& c, const ImageGrid& grid, std::vector<float>* cos, std::vector<float>* sin) {
+  const int64_t half = c.head_dim() / 2, quarter = half / 2;
+  cos->resize(static_cast<size_t>(grid.patches() * half));
+  sin->resize(cos->size());
+  int64_t p = 0;
+  for (const auto& [row, column] : PatchesInMergeOrder(grid, c.spatial_merge_size)) {
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t axis_position = i < quarter ? row : column;
+      const int64_t j = i % quarter;
+      const double angle = static_cast<double>(axis_position) * std::pow(kRotaryTheta, -2.0 * static_cast<double>(j) / static_cast<double>(half));
+      (*cos)[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(angle));
+      (*sin)[static_cast<size_t>(p * half + i)] = static_cast<float>(std::sin(angle));
+    }
+    ++p;
+  }
+}
+
 struct VisionTower::Block {
   std::vector<float> norm1_w, norm1_b, norm2_w, norm2_b, qkv_b, proj_b, fc1_b, fc2_b;
   cpu::PackedBf16 qkv, proj, fc1, fc2;
@@ -87,14 +145,6 @@ int64_t VisionTower::weight_bytes() const {
   return bytes;
 }
 
-ImageProcessing VisionTower::Processing() const {
-  ImageProcessing p;
-  p.patch_size = config_.patch_size;
-  p.merge_size = config_.spatial_merge_size;
-  p.temporal_patch_size = config_.temporal_patch_size;
-  return p;
-}
-
 void VisionTower::LayerNorm(const float* x, int64_t rows, const std::vector<float>& weight, const std::vector<float>& bias, float* y) {
   const int64_t D = config_.hidden_size;
   ForRows(pool_, rows, [&](int64_t r) {
@@ -116,62 +166,17 @@ void VisionTower::Linear(const float* x, int64_t rows, const cpu::PackedBf16& w,
   });
 }
 
-std::vector<float> VisionTower::Positions(const ImageGrid& grid) const {
-  const int64_t D = config_.hidden_size, G = config_.grid_per_side();
-  const auto axis = [G](int64_t i, int64_t size) { return size == 1 ? 0.0 : static_cast<double>(i) * static_cast<double>(G - 1) / static_cast<double>(size - 1); };
-  std::vector<float> out(static_cast<size_t>(grid.patches() * D));
-  std::vector<double> sum(static_cast<size_t>(D));
-  int64_t p = 0;
-  for (const auto& [row, column] : PatchesInMergeOrder(grid, config_.spatial_merge_size)) {
-    const double y = axis(row, grid.h), x = axis(column, grid.w);
-    const int64_t y0 = static_cast<int64_t>(y), x0 = static_cast<int64_t>(x);
-    const int64_t y1 = std::min(y0 + 1, G - 1), x1 = std::min(x0 + 1, G - 1);
-    const double dy = y - static_cast<double>(y0), dx = x - static_cast<double>(x0);
-    const std::pair<int64_t, double> corners[4] = {{y0 * G + x0, (1 - dy) * (1 - dx)}, {y0 * G + x1, (1 - dy) * dx},
-                                                   {y1 * G + x0, dy * (1 - dx)}, {y1 * G + x1, dy * dx}};
-    std::fill(sum.begin(), sum.end(), 0.0);
-    for (const auto& [index, weight] : corners)
-      for (int64_t i = 0; i < D; ++i) sum[i] += weight * pos_embed_[static_cast<size_t>(index * D + i)];
-    for (int64_t i = 0; i < D; ++i) out[static_cast<size_t>(p * D + i)] = static_cast<float>(sum[i]);
-    ++p;
-  }
-  return out;
-}
-
-void VisionTower::RotaryTable(const ImageGrid& grid, std::vector<float>* cos, std::vector<float>* sin) const {
-  const int64_t half = config_.head_dim() / 2, quarter = half / 2;
-  cos->resize(static_cast<size_t>(grid.patches() * half));
-  sin->resize(cos->size());
-  int64_t p = 0;
-  for (const auto& [row, column] : PatchesInMergeOrder(grid, config_.spatial_merge_size)) {
-    for (int64_t i = 0; i < half; ++i) {
-      const int64_t axis_position = i < quarter ? row : column;
-      const int64_t j = i % quarter;
-      const double angle = static_cast<double>(axis_position) * std::pow(kRotaryTheta, -2.0 * static_cast<double>(j) / static_cast<double>(half));
-      (*cos)[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(angle));
-      (*sin)[static_cast<size_t>(p * half + i)] = static_cast<float>(std::sin(angle));
-    }
-    ++p;
-  }
-}
-
 Result<std::vector<float>> VisionTower::Encode(const ImageGrid& grid, std::span<const float> patches) {
   const VisionConfig& c = config_;
-  const int64_t m = c.spatial_merge_size;
-  if (grid.t < 1 || grid.h < m || grid.w < m || grid.h % m != 0 || grid.w % m != 0)
-    return InvalidArgument("VisionTower: a grid of " + std::to_string(grid.t) + " x " + std::to_string(grid.h) + " x " + std::to_string(grid.w) +
-                           " patches is not whole merged patches of " + std::to_string(m) + " x " + std::to_string(m));
-  const int64_t n = grid.patches(), D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim(), half = hd / 2;
-  if (static_cast<int64_t>(patches.size()) != n * c.patch_values())
-    return InvalidArgument("VisionTower: " + std::to_string(patches.size()) + " patch values for " + std::to_string(n) + " patches of " +
-                           std::to_string(c.patch_values()));
+  RETURN_IF_ERROR(CheckTowerInput(c, grid, patches));
+  const int64_t m = c.spatial_merge_size, n = grid.patches(), D = c.hidden_size, I = c.intermediate_size, hd = c.head_dim(), half = hd / 2;
 
   std::vector<float> x(static_cast<size_t>(n * D));
   Linear(patches.data(), n, patch_embed_, patch_bias_, x.data());
-  const std::vector<float> positions = Positions(grid);
+  const std::vector<float> positions = VisionPatchPositions(c, pos_embed_, grid);
   for (size_t i = 0; i < x.size(); ++i) x[i] += positions[i];
   std::vector<float> cos, sin;
-  RotaryTable(grid, &cos, &sin);
+  VisionRotaryTable(c, grid, &cos, &sin);
 
   std::vector<float> h(static_cast<size_t>(n * D)), qkv(static_cast<size_t>(n * 3 * D)), attended(static_cast<size_t>(n * D)),
       up(static_cast<size_t>(n * I)), down(static_cast<size_t>(n * D));

@@ -19,6 +19,17 @@
 
 namespace anchorage {
 
+// What every tower shares, whichever device runs it.
+// That grid is whole merged patches and patches holds its values (VisionTower::Encode's input).
+Status CheckTowerInput(const VisionConfig& config, const ImageGrid& grid, std::span<const float> patches);
+// The preprocessing a tower of config expects (patch and merge sizes; the pixel limits are the caller's).
+ImageProcessing VisionProcessing(const VisionConfig& config);
+// Learned positions of the grid's patches (bilinear over the square table pos_embed [num_position_embeddings,
+// hidden_size]), in merge order: [grid.patches(), hidden_size].
+std::vector<float> VisionPatchPositions(const VisionConfig& config, std::span<const float> pos_embed, const ImageGrid& grid);
+// cos and sin [patches, head_dim / 2] of the 2-D rotary angles (row, then column frequencies), in merge order.
+void VisionRotaryTable(const VisionConfig& config, const ImageGrid& grid, std::vector<float>* cos, std::vector<float>* sin);
+
 class VisionTower {
  public:
   // Packs the matrices (BF16 as they are, F16 and F32 rounded to BF16; FP8 is refused) and widens the
@@ -32,18 +43,12 @@ class VisionTower {
 
   const VisionConfig& config() const { return config_; }
   int64_t weight_bytes() const;
-  // The preprocessing this tower's checkpoint expects (patch and merge sizes; the pixel limits are the caller's).
-  ImageProcessing Processing() const;
 
  private:
   struct Block;
   VisionTower(const VisionConfig& config, ThreadPool& pool);
   void LayerNorm(const float* x, int64_t rows, const std::vector<float>& weight, const std::vector<float>& bias, float* y);
   void Linear(const float* x, int64_t rows, const cpu::PackedBf16& w, const std::vector<float>& bias, float* y);
-  // Learned positions of the grid's patches (bilinear over the square table), in merge order.
-  std::vector<float> Positions(const ImageGrid& grid) const;
-  // cos and sin [patches, head_dim / 2] of the 2-D rotary angles (row, then column frequencies), in merge order.
-  void RotaryTable(const ImageGrid& grid, std::vector<float>* cos, std::vector<float>* sin) const;
 
   VisionConfig config_;
   ThreadPool& pool_;

@@ -144,7 +144,14 @@ bool HttpServer::PromptIds(const CompletionRequest& r, std::vector<int32_t>* ids
       }
       auto prepared = PrepareImages(*options_.images, r.image_urls, options_.image_input, static_cast<int32_t>(options_.images->image_token_id()), ids_out);
       if (!prepared.ok()) {
-        *error = {400, prepared.status().message(), "invalid_request_error", "messages", "invalid_image"};
+        const Status& st = prepared.status();
+        if (st.code() == StatusCode::kInvalidArgument) {
+          *error = {400, st.message(), "invalid_request_error", "messages", "invalid_image"};
+        } else if (st.code() == StatusCode::kResourceExhausted) {
+          *error = {503, st.message(), "server_error", "", "memory_exhausted"};
+        } else {
+          *error = {500, st.message(), "server_error", "", "vision_tower_failed"};
+        }
         return false;
       }
       if (images != nullptr) *images = std::move(*prepared);
@@ -277,7 +284,8 @@ void HttpServer::RouteCache() {
                      if (options_.images != nullptr) {
                        const ImageEncoderStats i = options_.images->Stats();
                        stats["images"] = {{"encoded", i.encoded}, {"hits", i.hits}, {"entries", i.entries}, {"bytes", i.bytes},
-                                          {"capacity_bytes", i.capacity_bytes}, {"encode_ms_total", i.encode_ms_total}};
+                                          {"capacity_bytes", i.capacity_bytes}, {"encode_ms_total", i.encode_ms_total},
+                                          {"device", options_.images->device_name()}};
                      } else {
                        stats["images"] = {{"off", options_.images_off}};
                      }

@@ -23,13 +23,18 @@ int Base64Value(unsigned char c) {
   return -1;
 }
 
-// GET of an http:// URL: 200 with at most options.max_bytes, within the timeout between bytes.
+// GET of an http:// or https:// URL: 200 with at most options.max_bytes, within the timeout between
+// bytes. https verifies the host's certificate and name against the system's CAs (or options.ca_file).
 Result<std::string> FetchHttp(const std::string& url, const ImageInputOptions& options) {
-  const size_t host_at = 7, path_at = url.find('/', host_at);
+  const bool tls = url.rfind("https://", 0) == 0;
+  const size_t host_at = tls ? 8 : 7, path_at = url.find('/', host_at);
   const std::string origin = url.substr(0, path_at);
   const std::string path = path_at == std::string::npos ? "/" : url.substr(path_at);
   if (origin.size() <= host_at) return InvalidArgument("the image URL names no host");
   httplib::Client client(origin);
+  if (!client.is_valid()) return InvalidArgument("the image URL's host '" + origin.substr(host_at) + "' cannot be used");
+  client.enable_server_certificate_verification(true);
+  if (tls && !options.ca_file.empty()) client.set_ca_cert_path(options.ca_file);
   const auto timeout = std::chrono::milliseconds(options.fetch_timeout_ms);
   client.set_connection_timeout(timeout);
   client.set_read_timeout(timeout);
@@ -46,6 +51,11 @@ Result<std::string> FetchHttp(const std::string& url, const ImageInputOptions& o
   });
   if (too_large) return InvalidArgument("the image at " + url + " is over " + std::to_string(options.max_bytes) + " bytes");
   if (too_slow) return InvalidArgument("the image at " + url + " took too long to arrive");
+  if (!response && response.error() == httplib::Error::SSLServerVerification)
+    return InvalidArgument("the image at " + url + " could not be fetched: its host's certificate is not trusted (no CA of the system's or of " +
+                           "--image-ca-file vouches for it, or it names another host)");
+  if (!response && response.error() == httplib::Error::SSLConnection)
+    return InvalidArgument("the image at " + url + " could not be fetched: the TLS handshake failed");
   if (!response) return InvalidArgument("the image at " + url + " could not be fetched: " + httplib::to_string(response.error()));
   if (response->status != 200) return InvalidArgument("fetching the image at " + url + " answered HTTP " + std::to_string(response->status));
   return body;
@@ -90,10 +100,9 @@ Result<std::string> ImageBytesOf(const std::string& url, const ImageInputOptions
       return InvalidArgument("the image is over " + std::to_string(options.max_bytes) + " bytes");
     return DecodeBase64(std::string_view(url).substr(comma + 1));
   }
-  if (url.rfind("https://", 0) == 0 && options.fetch_http)
-    return InvalidArgument("https image URLs need TLS, which this build does not link; send the image as a data: URL (or over http://)");
-  if (url.rfind("http://", 0) == 0 && options.fetch_http) return FetchHttp(url, options);
-  if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0)
+  const bool remote = url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0;
+  if (remote && options.fetch_http) return FetchHttp(url, options);
+  if (remote)
     return InvalidArgument("image URLs over http(s) are not fetched (start the server with --image-urls allow); send the image as a data: URL");
   const std::string path = url.rfind("file://", 0) == 0 ? url.substr(7) : url;
   if (options.folder.empty())
@@ -141,7 +150,7 @@ Result<ImageCatalog> PrepareImages(ImageEncoder& encoder, const std::vector<std:
     Result<ImagePatches> patches = PreprocessImage(*image, processing);
     if (!patches.ok()) return fail(patches.status());
     Result<std::shared_ptr<const PromptImage>> encoded = encoder.Encode(*patches);
-    if (!encoded.ok()) return fail(encoded.status());
+    if (!encoded.ok()) return Status(encoded.status().code(), which + encoded.status().message());  // the tower's: not the image's fault
     out.push_back(*encoded);
   }
   std::vector<int32_t> expanded;

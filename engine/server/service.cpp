@@ -418,13 +418,21 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   }
   if (!config.image_folder.empty() && !fs::is_directory(config.image_folder))
     return InvalidArgument("--image-folder " + config.image_folder + " is not a folder");
-  // Images: the tower runs on the CPU beside the engine (whichever backend runs the model), its output kept by digest.
+  if (!config.image_ca_file.empty()) {
+    auto pem = ReadFile(config.image_ca_file);
+    if (!pem.ok() || pem->find("-----BEGIN CERTIFICATE-----") == std::string::npos)
+      return InvalidArgument("--image-ca-file " + config.image_ca_file + " is not a readable file of PEM certificates");
+  }
+  // Images: the tower runs on the backend's device where it has one, else on the CPU beside the engine; its output kept by digest.
   if (!s->model_->weights.vision) {
     options.images_off = "this model has no vision tower (" + s->model_->weights.vision_note + ")";
   } else if (config.image_max_count == 0) {
     options.images_off = "this server takes no images (--image-max-count 0)";
   } else {
-    auto encoder = ImageEncoder::Create(s->model_->config, s->model_->weights, config.threads, config.image_cache_mb << 20);
+    ComputeBackend& backend = s->scheduler_->forward();
+    auto encoder = ImageEncoder::Create(s->model_->config, s->model_->weights, config.threads, config.image_cache_mb << 20, &backend);
+    if (const std::string note = backend.VisionTowerNote(); encoder.ok() && !note.empty())
+      s->notes_.push_back(std::string("images: the vision tower runs on the CPU, not the ") + backend.device_name() + " (" + note + ")");
     if (!encoder.ok()) {
       options.images_off = "the vision tower cannot run: " + encoder.status().message();
       s->notes_.push_back("warning: images are off: " + encoder.status().message());
@@ -437,6 +445,7 @@ Result<std::unique_ptr<Service>> Service::Start(const ServerConfig& config, cons
   options.image_input.max_pixels = config.image_max_pixels;
   options.image_input.folder = config.image_folder;
   options.image_input.fetch_http = config.image_urls;
+  options.image_input.ca_file = config.image_ca_file;
   options.notes = s->notes_;
   options.precision = s->precision_;
   s->http_options_ = options;

@@ -104,6 +104,7 @@ Status Apply(ServerConfig& c, const std::string& key, const std::string& value, 
   else if (key == "image-max-count") { RETURN_IF_ERROR(integer(0, 1024, &c.image_max_count)); }
   else if (key == "image-max-pixels") { RETURN_IF_ERROR(integer(65536, int64_t(1) << 24, &c.image_max_pixels)); }
   else if (key == "image-folder") c.image_folder = value;
+  else if (key == "image-ca-file") c.image_ca_file = value;
   else if (key == "image-urls") {
     if (value != "allow" && value != "refuse") return InvalidArgument(source + ": image-urls must be allow or refuse, got '" + value + "'");
     c.image_urls = value == "allow";
@@ -147,7 +148,7 @@ const char* ServerUsage() {
          "                        [--kv-dtype auto|f32|bf16|fp8] [--precision exact|fast] [--parallel N|auto]\n"
          "                        [--device cpu|cuda|auto] [--cuda-device N]\n"
          "                        [--image-max-count N] [--image-max-pixels N] [--image-cache-mb MB] [--image-folder DIR]\n"
-         "                        [--image-urls refuse|allow]\n"
+         "                        [--image-urls refuse|allow] [--image-ca-file FILE]\n"
          "                        [--caches on|off]\n"
          "                        [--resident-gb GB] [--resident-guest-max TOKENS] [--resident-stash-gb GB]\n"
          "                        [--resident-pin-gb GB] [--resident-park-gb GB] [--end-anchor on|off]\n"

@@ -56,7 +56,8 @@ struct ServerConfig {
   int64_t image_max_count = 8;          // --image-max-count: images a prompt keeps (older ones left out in steps of half)
   int64_t image_max_pixels = 1048576;   // --image-max-pixels: an image is resized to at most this area
   std::string image_folder;             // --image-folder: local image files are read from inside it; empty: none
-  bool image_urls = false;              // --image-urls allow: http:// image URLs are fetched (default refuse)
+  bool image_urls = false;              // --image-urls allow: http(s) image URLs are fetched (default refuse)
+  std::string image_ca_file;            // --image-ca-file: PEM certificates for https image hosts; empty: the system's
   bool help = false;
   std::map<std::string, std::string> run_time_knobs;  // flags that override the settings document: flag -> value
   std::vector<std::string> notes;  // what overrode what, printed at start

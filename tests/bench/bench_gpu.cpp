@@ -1,6 +1,7 @@
 // The CUDA backend's figures: prefill tok/s at 512 to 32k tokens, decode tok/s, draft windows, the
-// MTP head, branches and memory, beside the device's measured copy bandwidth and split-product rate,
-// on a model folder or on random weights of Qwen3.5-0.8B's or 4B's shapes. Also compares logits with
+// MTP head, branches, memory and the vision tower (an image 448 and 1,024 pixels a side, where the
+// model has one), beside the device's measured copy bandwidth and split-product rate, on a model
+// folder or on random weights of Qwen3.5-0.8B's or 4B's shapes. Also compares logits with
 // a file of reference logits (--compare), and greedy decoding with the CPU's (--greedy N: where the
 // token streams part, and the logits' distance).
 //   anchorage-bench-gpu [--model-dir DIR | --shape tiny|small|0.8b|4b] [--max-tokens N] [--decode N] [--grid G] [--weights int8]
@@ -22,6 +23,7 @@
 #include "engine/compute/cuda/gemm.h"
 #include "engine/core/bf16.h"
 #include "engine/runtime/cuda_forward.h"
+#include "engine/runtime/cuda_vision_tower.h"
 #include "engine/runtime/forward.h"
 #include "bench_util.h"
 #include "../engine/test_runtime_util.h"
@@ -448,6 +450,28 @@ int main(int argc, char** argv) {
                 static_cast<long long>(n), rate, s, rate * flops_per_token / 1e12,
                 product_rate > 0 ? 100.0 * rate * flops_per_token / product_rate : 0.0,
                 static_cast<double>((*state)->allocated_bytes()) / (1 << 20));
+  }
+  if (config->vision && weights->vision) {  // the vision tower: an image's time on the device, its products' rate
+    const VisionConfig& v = *config->vision;
+    std::mutex unused;
+    auto tower = CudaVisionTower::Create(v, *weights->vision, options.device, false, unused);
+    if (!tower.ok()) return bench::Fail(tower.status());
+    for (const int64_t side : {448, 1024}) {
+      const int64_t patches_a_side = side / v.patch_size;
+      const ImageGrid grid{1, patches_a_side, patches_a_side};
+      const int64_t n = grid.patches(), D = v.hidden_size;
+      const std::vector<float> patches(static_cast<size_t>(n * v.patch_values()), 0.25f);
+      if (auto warm = (*tower)->Encode(grid, patches); !warm.ok()) return bench::Fail(warm.status());
+      const auto start = Clock::now();
+      if (auto rows = (*tower)->Encode(grid, patches); !rows.ok()) return bench::Fail(rows.status());
+      const double s = Seconds(start);
+      const double flops = 2.0 * static_cast<double>(n) *
+                           (static_cast<double>(v.patch_values() * D) + static_cast<double>(v.depth * (4 * D * D + 2 * D * v.intermediate_size + 2 * n * D)) +
+                            static_cast<double>(v.merged_width() * (v.merged_width() + v.out_hidden_size)) / static_cast<double>(v.spatial_merge_size * v.spatial_merge_size));
+      std::printf("vision tower %lld x %lld (%lld patches): %.1f ms, %.1f TFLOP/s = %.0f %% of the split product rate\n",
+                  static_cast<long long>(side), static_cast<long long>(side), static_cast<long long>(n), 1e3 * s, flops / s / 1e12,
+                  product_rate > 0 ? 100.0 * flops / s / product_rate : 0.0);
+    }
   }
   return 0;
 }

@@ -28,6 +28,7 @@
 #include "engine/runtime/cuda_plugin.h"
 #include "engine/runtime/forward.h"
 #include "engine/runtime/generator.h"
+#include "engine/runtime/vision_tower.h"
 #include "gpu_check.h"
 #include "../engine/reference_forward.h"
 #include "../engine/test_runtime_util.h"
@@ -789,6 +790,50 @@ void ImagesMatchTheCpuAndResumeExactly() {
   }
 }
 
+// The vision tower on the device against the CPU's: within 1e-4 x max(1, max |row|) for one frame and
+// for two (each attends within itself), the same bits on a second run, and the bidirectional attention's
+// rows the same bits when fewer query rows are asked for.
+void VisionTowerMatchesTheCpus() {
+  Pair p = Load(TinyModelSize::kTiny);
+  const VisionConfig& v = *p.model->config.vision;
+  const auto backend = Backend(*p.model);
+  GPU_CHECK_MSG(backend->has_vision_tower(), "no tower on the device: " + backend->VisionTowerNote());
+  ThreadPool pool(2);
+  const auto cpu = Must(VisionTower::Create(v, *p.model->weights.vision, pool), "the CPU tower");
+  for (const ImageGrid grid : {ImageGrid{1, 6, 10}, ImageGrid{2, 4, 4}}) {
+    const std::vector<float> patches = RandomFloats(static_cast<size_t>(grid.patches() * v.patch_values()), uint32_t(grid.h));
+    const std::vector<float> want = Must(cpu->Encode(grid, patches), "the CPU tower's rows");
+    const std::vector<float> got = Must(backend->EncodeImage(grid, patches), "the device tower's rows");
+    float largest = 1.0f;
+    for (float x : want) largest = std::max(largest, std::fabs(x));
+    const float worst = MaxAbsDiff(want, got);
+    std::printf("       tower %lld x %lld x %lld: max |row diff| vs CPU %.3g (max |row| %.3g)\n", static_cast<long long>(grid.t),
+                static_cast<long long>(grid.h), static_cast<long long>(grid.w), worst, largest);
+    GPU_CHECK(worst <= 1e-4f * largest);
+    GPU_CHECK(SameBits(got, Must(backend->EncodeImage(grid, patches), "the device tower again")));
+  }
+  GPU_CHECK(!backend->EncodeImage(ImageGrid{1, 5, 4}, std::vector<float>(static_cast<size_t>(20 * v.patch_values()))).ok());
+
+  const int64_t n = 45, heads = 3, hd = 16, width = 3 * heads * hd;
+  const std::vector<float> rows = RandomFloats(static_cast<size_t>(n * width), 77, -2.0f, 2.0f);
+  const auto on_device = ToDevice(rows);
+  auto out = Must(cuda::DeviceBuffer::Allocate(static_cast<size_t>(n * heads * hd) * 4, "attention rows"), "allocating");
+  cuda::AttentionShape shape{heads, heads, hd, 0.25f};
+  shape.keys = n;
+  const float* base = on_device.floats();
+  const cuda::KvBuffers kv{const_cast<float*>(base + heads * hd), const_cast<float*>(base + 2 * heads * hd), KvDtype::kF32};
+  cuda::Attention(shape, base, width, hd, n, cuda::Position{}, kv, width, nullptr, out.floats(), heads * hd, nullptr);
+  const std::vector<float> all = ToHost(out, static_cast<size_t>(n * heads * hd));
+  cuda::Attention(shape, base + 13 * width, width, hd, 5, cuda::Position{}, kv, width, nullptr, out.floats(), heads * hd, nullptr);
+  const std::vector<float> five = ToHost(out, static_cast<size_t>(5 * heads * hd));
+  GPU_CHECK(std::memcmp(five.data(), all.data() + 13 * heads * hd, five.size() * sizeof(float)) == 0);
+  std::vector<float> reference(all.size());
+  const cpu::AttentionShape cpu_shape{heads, heads, hd, 0.25f};
+  cpu::AttentionBidirectional(pool, cpu_shape, rows.data(), width, hd, n, n, cpu::KvSource(rows.data() + heads * hd, rows.data() + 2 * heads * hd, width),
+                              reference.data(), heads * hd);
+  GPU_CHECK(MaxAbsDiff(reference, all) <= 1e-5f);
+}
+
 // Host copies through a staging buffer smaller than a row (every copy in many pieces) or through
 // none give the same bits as the default's.
 void StagingInPiecesGivesTheSameBits() {
@@ -1408,6 +1453,7 @@ int main() {
 #endif
       {"bad ids change nothing", BadIdsChangeNothing},
       {"images: the CPU's logits and positions, resumed exactly", ImagesMatchTheCpuAndResumeExactly},
+      {"the vision tower matches the CPU's; bidirectional attention rows independent of the call", VisionTowerMatchesTheCpus},
       {"the backend on host states gives CudaForward's bits and resumes exactly", BackendOnHostStatesResumesExactly},
       {"host writes reach a state's device copy", HostWritesReachTheDeviceCopy},
       {"host copies in pieces of a small staging buffer, or none, give the same bits", StagingInPiecesGivesTheSameBits},

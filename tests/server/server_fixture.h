@@ -62,7 +62,9 @@ class ServerProcess {
       }
       if (process_->state() != QProcess::Running) break;
     }
-    qWarning() << "server did not start:" << out << process_->readAllStandardError();
+    const QByteArray err = process_->readAllStandardError();
+    startup_output_ = (out + err).toStdString();
+    qWarning() << "server did not start:" << out << err;
     return false;
   }
 
@@ -90,7 +92,7 @@ class ServerProcess {
     return out;
   }
   QProcess& process() { return *process_; }
-  // What the server printed to stdout until it served.
+  // What the server printed to stdout until it served (and to stderr, where it did not start).
   const std::string& startup_output() const { return startup_output_; }
   std::string base_url() const { return "http://127.0.0.1:" + std::to_string(port_); }
 

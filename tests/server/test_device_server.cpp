@@ -3,10 +3,9 @@
 // tier, with the tokens and logprobs of a cold server on the same device, and decide's reused
 // observation with the bits of every branch alone; lookup drafts verified in draft windows on the
 // device keep every logprob of plain decoding, and so do the MTP head's drafts; an FP8 checkpoint runs
-// there and resumes exactly; a full device refuses
-// a prompt it cannot hold
-// (503) and goes on serving; a plugin that cannot load or find a GPU is a clear
-// error with --device cuda, and the CPU with a note under auto.
+// there and resumes exactly; images run the tower on the device and resume with a cold server's bits;
+// a full device refuses a prompt or an image it cannot hold (503) and goes on serving; a plugin that
+// cannot load or find a GPU is a clear error with --device cuda, and the CPU with a note under auto.
 #include <QtTest>
 
 #include <filesystem>
@@ -15,6 +14,7 @@
 #include <thread>
 
 #include "engine/core/file_util.h"
+#include "tests/server/image_fixture.h"
 #include "tests/server/server_fixture.h"
 
 using anchorage::testing::ServerProcess;
@@ -136,6 +136,45 @@ class TestDeviceServer : public QObject {
     QVERIFY2(from_disk["usage"]["anchorage"]["cache_source"] == "disk", from_disk["usage"].dump().c_str());
     QCOMPARE(QString::fromStdString(Said(from_disk)), QString::fromStdString(Said(fresh)));
     QCOMPARE(QString::fromStdString(from_disk["choices"][0]["logprobs"]["content"].dump()), QString::fromStdString(a.dump()));
+  }
+
+  // Images on the device: the tower runs there (beside another request's decode steps), and the image's
+  // turn and a follow-up resumed past it answer a cold server's tokens and logprobs on the same device.
+  void imagesOnTheDeviceResumeWithColdBits() {
+    if (!std::filesystem::exists(kEmulatedPlugin.toStdString())) QSKIP("no emulated CUDA plugin in this build (not x86-64)");
+    qputenv("ANCHORAGE_CUDA_PLUGIN", kEmulatedPlugin.toUtf8());
+    using anchorage::testing::ImagePart;
+    using anchorage::testing::TextPart;
+    const QStringList flags = {"--device", "cuda", "--grid", "64", "--shadow-model", "off", "--disk-cache", "off"};
+    QTemporaryDir dir, cold_dir;
+    ServerProcess server, cold;
+    QVERIFY(server.Start(dir.path(), flags));
+    QVERIFY(cold.Start(cold_dir.path(), flags + QStringList{"--caches", "off"}));
+    const std::string photo = anchorage::testing::DataUrl(anchorage::testing::Png(300, 260, 1));
+    const json first = json::array({{{"role", "user"}, {"content", {TextPart(LongText(12) + " What is in this picture?"), ImagePart(photo)}}}});
+    json other = Turn(json::array({{{"role", "user"}, {"content", LongText(20) + " Something else."}}}));
+    other["max_tokens"] = 24;
+    other["session_id"] = "gpu-2";
+    json r1, side;
+    std::thread beside([&] { side = server.Chat(other); });
+    r1 = server.Chat(Turn(first));
+    beside.join();
+    QVERIFY2(side.contains("choices"), side.dump().c_str());
+    QVERIFY2(r1.contains("choices"), r1.dump().c_str());
+    QCOMPARE(r1["usage"]["anchorage"]["image_tokens"].get<int64_t>(), int64_t(8 * 9));
+    const json images = json::parse(server.Get("/v1/cache/stats")->body)["images"];
+    QCOMPARE(images["device"].get<std::string>(), std::string("cuda"));
+    QCOMPARE(images["encoded"].get<int64_t>(), int64_t(1));
+    QCOMPARE(QString::fromStdString(r1["choices"][0]["logprobs"]["content"].dump()),
+             QString::fromStdString(cold.Chat(Turn(first))["choices"][0]["logprobs"]["content"].dump()));
+    json second = first;
+    second.push_back({{"role", "assistant"}, {"content", Text(r1)}});
+    second.push_back({{"role", "user"}, {"content", "And the colours?"}});
+    const json r2 = server.Chat(Turn(second));
+    QVERIFY2(r2["usage"]["anchorage"]["cached_tokens"].get<int64_t>() >= 128, r2["usage"].dump().c_str());
+    QCOMPARE(QString::fromStdString(Said(r2)), QString::fromStdString(Said(cold.Chat(Turn(second)))));
+    QCOMPARE(QString::fromStdString(r2["choices"][0]["logprobs"]["content"].dump()),
+             QString::fromStdString(cold.Chat(Turn(second))["choices"][0]["logprobs"]["content"].dump()));
   }
 
   // Decide on the device: the reused observation (anchors saved and restored on host states, each
@@ -352,6 +391,15 @@ class TestDeviceServer : public QObject {
     QCOMPARE(refused->status, 503);
     const json error = json::parse(refused->body)["error"];
     QVERIFY2(error["code"] == "memory_exhausted" && error["message"].get<std::string>().find("the GPU has") != std::string::npos, refused->body.c_str());
+    QCOMPARE(QString::fromStdString(Said(full.Chat(short_turn))), QString::fromStdString(expected));
+    // A large image's tower work (tens of MiB) does not fit either: a 503 that says so, not a bad image's 400.
+    const json picture = Turn(json::array({{{"role", "user"}, {"content", {anchorage::testing::TextPart("What is this?"),
+        anchorage::testing::ImagePart(anchorage::testing::DataUrl(anchorage::testing::Png(1024, 1024, 3)))}}}}));
+    auto no_room = full.Post("/v1/chat/completions", picture.dump());
+    QVERIFY(no_room);
+    QCOMPARE(no_room->status, 503);
+    QVERIFY2(json::parse(no_room->body)["error"]["message"].get<std::string>().find("no room to encode an image") != std::string::npos,
+             no_room->body.c_str());
     QCOMPARE(QString::fromStdString(Said(full.Chat(short_turn))), QString::fromStdString(expected));
   }
 

@@ -2,11 +2,15 @@
 // resumed from the end anchor, another session's grid anchor and the spill after a restart answers a cold
 // server's tokens and logprobs bit for bit; the same pixels under another URL hit (the tower's cache and the
 // rows) and new pixels under the same URL miss; the cap leaves the oldest images out in steps; bad images
-// get a clear 400 and the server keeps serving.
+// get a clear 400 and the server keeps serving; http and https URLs are fetched where allowed, https
+// hosts checked against the system's CAs or --image-ca-file.
 #include <QThread>
 #include <QtTest>
 
-#include <png.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
 
 #include <cstring>
 #include <filesystem>
@@ -16,58 +20,64 @@
 #include "engine/core/file_util.h"
 #include "engine/server/openai_api.h"
 #include "engine/settings/settings.h"
+#include "tests/server/image_fixture.h"
 #include "tests/server/server_fixture.h"
 
 using anchorage::testing::AnswerLogprobs;
 using anchorage::testing::AnswerText;
 using anchorage::testing::CachedTokens;
+using anchorage::testing::DataUrl;
+using anchorage::testing::ImagePart;
+using anchorage::testing::Png;
+using anchorage::testing::TextPart;
 using anchorage::testing::ServerProcess;
 using json = nlohmann::json;
 
 namespace {
 
-std::string Base64(const std::string& bytes) {
-  static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  size_t i = 0;
-  for (; i + 2 < bytes.size(); i += 3) {
-    const uint32_t v = uint8_t(bytes[i]) << 16 | uint8_t(bytes[i + 1]) << 8 | uint8_t(bytes[i + 2]);
-    for (int s : {18, 12, 6, 0}) out += kAlphabet[v >> s & 63];
+// A test's image host listening on a thread until the scope ends.
+struct Serving {
+  explicit Serving(httplib::Server& server) : server(server), thread([&server] { server.listen_after_bind(); }) {}
+  ~Serving() {
+    for (int i = 0; i < 500 && !server.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));  // stop() before listening is lost
+    server.stop();
+    thread.join();
   }
-  if (i + 1 == bytes.size()) {
-    const uint32_t v = uint8_t(bytes[i]) << 16;
-    out += std::string{kAlphabet[v >> 18 & 63], kAlphabet[v >> 12 & 63]} + "==";
-  } else if (i + 2 == bytes.size()) {
-    const uint32_t v = uint8_t(bytes[i]) << 16 | uint8_t(bytes[i + 1]) << 8;
-    out += std::string{kAlphabet[v >> 18 & 63], kAlphabet[v >> 12 & 63], kAlphabet[v >> 6 & 63]} + "=";
+  httplib::Server& server;
+  std::thread thread;
+};
+
+// A self-signed certificate for 127.0.0.1 (an EC P-256 key, an hour long), as PEM files.
+bool WriteSelfSignedCertificate(const std::string& cert_path, const std::string& key_path) {
+  EVP_PKEY* key = EVP_EC_gen("P-256");
+  X509* cert = X509_new();
+  bool ok = key != nullptr && cert != nullptr;
+  if (ok) {
+    X509_set_version(cert, 2);
+    ASN1_INTEGER_set(X509_get_serialNumber(cert), 1);
+    X509_gmtime_adj(X509_getm_notBefore(cert), -60);
+    X509_gmtime_adj(X509_getm_notAfter(cert), 3600);
+    X509_set_pubkey(cert, key);
+    X509_NAME* name = X509_get_subject_name(cert);
+    X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("127.0.0.1"), -1, -1, 0);
+    X509_set_issuer_name(cert, name);
+    X509V3_CTX ctx;
+    X509V3_set_ctx_nodb(&ctx);
+    X509V3_set_ctx(&ctx, cert, cert, nullptr, nullptr, 0);
+    X509_EXTENSION* san = X509V3_EXT_conf_nid(nullptr, &ctx, NID_subject_alt_name, "IP:127.0.0.1");
+    ok = san != nullptr && X509_add_ext(cert, san, -1) == 1 && X509_sign(cert, key, EVP_sha256()) > 0;
+    X509_EXTENSION_free(san);
   }
-  return out;
+  FILE* cert_file = ok ? std::fopen(cert_path.c_str(), "w") : nullptr;
+  FILE* key_file = ok ? std::fopen(key_path.c_str(), "w") : nullptr;
+  ok = cert_file != nullptr && key_file != nullptr && PEM_write_X509(cert_file, cert) == 1 &&
+       PEM_write_PrivateKey(key_file, key, nullptr, nullptr, 0, nullptr, nullptr) == 1;
+  if (cert_file != nullptr) std::fclose(cert_file);
+  if (key_file != nullptr) std::fclose(key_file);
+  X509_free(cert);
+  EVP_PKEY_free(key);
+  return ok;
 }
-
-// A width x height PNG whose pixels follow seed.
-std::string Png(int width, int height, int seed) {
-  std::vector<uint8_t> rgb(static_cast<size_t>(width * height * 3));
-  for (int y = 0; y < height; ++y)
-    for (int x = 0; x < width; ++x)
-      for (int c = 0; c < 3; ++c) rgb[static_cast<size_t>((y * width + x) * 3 + c)] = static_cast<uint8_t>(x * (3 + seed) + y * 7 + c * 50 + seed * 31);
-  png_image image;
-  std::memset(&image, 0, sizeof image);
-  image.version = PNG_IMAGE_VERSION;
-  image.width = width;
-  image.height = height;
-  image.format = PNG_FORMAT_RGB;
-  png_alloc_size_t size = 0;
-  png_image_write_to_memory(&image, nullptr, &size, 0, rgb.data(), 0, nullptr);
-  std::string out(size, '\0');
-  png_image_write_to_memory(&image, out.data(), &size, 0, rgb.data(), 0, nullptr);
-  out.resize(size);
-  return out;
-}
-
-std::string DataUrl(const std::string& png) { return "data:image/png;base64," + Base64(png); }
-
-json ImagePart(const std::string& url) { return {{"type", "image_url"}, {"image_url", {{"url", url}}}}; }
-json TextPart(const std::string& text) { return {{"type", "text"}, {"text", text}}; }
 
 std::string Notes() {
   std::string text = "You look at pictures and keep these notes in mind.";
@@ -281,7 +291,7 @@ class TestImageServer : public QObject {
     httplib::Server images;
     images.Get("/shot.png", [&](const httplib::Request&, httplib::Response& res) { res.set_content(png, "image/png"); });
     const int port = images.bind_to_any_port("127.0.0.1");
-    std::thread serving([&] { images.listen_after_bind(); });
+    Serving serving(images);
     QTemporaryDir data;
     ServerProcess s;
     QVERIFY(s.Start(data.path(), {"--grid", "64", "--image-urls", "allow"}));
@@ -290,14 +300,33 @@ class TestImageServer : public QObject {
     const json fetched = s.Chat(Turn(ask(base + "/shot.png"), ""));
     QVERIFY2(fetched.contains("choices"), fetched.dump().c_str());
     QCOMPARE(AnswerLogprobs(fetched), AnswerLogprobs(cold_.Chat(Turn(ask(DataUrl(png)), "cold"))));
+    // https: a host whose certificate the system's CAs do not vouch for is refused; with its CA named
+    // by --image-ca-file the same picture is fetched and answered as before.
+    QTemporaryDir tls_dir;
+    const std::string cert = tls_dir.filePath("cert.pem").toStdString(), key = tls_dir.filePath("key.pem").toStdString();
+    QVERIFY(WriteSelfSignedCertificate(cert, key));
+    httplib::SSLServer secure(cert.c_str(), key.c_str());
+    QVERIFY(secure.is_valid());
+    secure.Get("/shot.png", [&](const httplib::Request&, httplib::Response& res) { res.set_content(png, "image/png"); });
+    const int secure_port = secure.bind_to_any_port("127.0.0.1");
+    Serving secure_serving(secure);
+    const std::string secure_url = "https://127.0.0.1:" + std::to_string(secure_port) + "/shot.png";
     for (const auto& [url, says] : {std::pair<std::string, std::string>{base + "/none.png", "answered HTTP 404"},
-                                    {"https://127.0.0.1:1/x.png", "need TLS"}}) {
+                                    {secure_url, "certificate is not trusted"}}) {
       auto r = s.Post("/v1/chat/completions", Turn(ask(url), "").dump());
       QVERIFY(r && r->status == 400);
       QVERIFY2(r->body.find(says) != std::string::npos, r->body.c_str());
     }
-    images.stop();
-    serving.join();
+    QTemporaryDir trusting_data;
+    ServerProcess trusting;
+    QVERIFY(trusting.Start(trusting_data.path(), {"--grid", "64", "--image-urls", "allow", "--image-ca-file", QString::fromStdString(cert)}));
+    const json over_tls = trusting.Chat(Turn(ask(secure_url), ""));
+    QVERIFY2(over_tls.contains("choices"), over_tls.dump().c_str());
+    QCOMPARE(AnswerLogprobs(over_tls), AnswerLogprobs(fetched));
+    QTemporaryDir refused_data;
+    ServerProcess refused;
+    QVERIFY(!refused.Start(refused_data.path(), {"--image-urls", "allow", "--image-ca-file", QString::fromStdString(key)}));
+    QVERIFY2(refused.startup_output().find("is not a readable file of PEM certificates") != std::string::npos, refused.startup_output().c_str());
   }
 
   void badImagesGetAClear400() {

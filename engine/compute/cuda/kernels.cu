@@ -668,7 +668,9 @@ __global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_
     running_sum[r] = 0.0f;
     for (int c = 0; c < kHeadDimPerLane; ++c) o[r][c] = 0.0f;
   }
-  const int64_t last_key = pos0 + t0 + rows - 1;  // the last row's position: keys 0..last_key
+  // The last key row r reads: its position, or every key's last where the attention is bidirectional.
+  const auto last_key_of = [&](int64_t r) { return shape.keys > 0 ? shape.keys - 1 : pos0 + t0 + r; };
+  const int64_t last_key = last_key_of(rows - 1);  // the block's: keys 0..last_key
   for (int64_t s0 = 0; s0 <= last_key; s0 += kKeyTile) {
     __syncthreads();  // the previous tile is no longer read
     for (int64_t i = threadIdx.x; i < kKeyTile * hd; i += blockDim.x) {
@@ -685,7 +687,7 @@ __global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_
       for (int r = 0; r < kQueryRows; ++r) dots[r] = fmaf(my_queries[r * hd + d], key, dots[r]);
     }
     for (int r = 0; r < rows; ++r) {
-      const int64_t position = pos0 + t0 + r;
+      const int64_t position = last_key_of(r);
       if (s0 > position) continue;  // this row's keys end before the tile (a later row's may not)
       const bool valid = s0 + lane <= position;
       const float score = valid ? dots[r] * shape.scale : -INFINITY;
@@ -699,7 +701,7 @@ __global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_
     }
     __syncwarp();
     for (int r = 0; r < rows; ++r) {
-      const int64_t position = pos0 + t0 + r;
+      const int64_t position = last_key_of(r);
       if (s0 > position) continue;
       const int64_t count = position - s0 + 1 < kKeyTile ? position - s0 + 1 : kKeyTile;
       for (int64_t j = 0; j < count; ++j) {
@@ -721,6 +723,42 @@ __global__ void AttentionKernel(AttentionShape shape, const float* q, int64_t q_
       out[(t0 + r) * out_stride + h * hd + d] =
           gate == nullptr ? attended : attended * SigmoidOf(gate[(t0 + r) * q_stride + h * q_head_stride + d]);
     }
+  }
+}
+
+// A block a row: mean, then the variance about it, each by BlockSum.
+__global__ void LayerNormRowsKernel(const float* x, const float* w, const float* b, int64_t width, float eps, float* y) {
+  const float* xr = x + blockIdx.x * width;
+  float* yr = y + blockIdx.x * width;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) sum += xr[i];
+  const float mean = BlockSum(sum) / static_cast<float>(width);
+  float sq = 0.0f;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) sq += (xr[i] - mean) * (xr[i] - mean);
+  const float inv = 1.0f / sqrtf(BlockSum(sq) / static_cast<float>(width) + eps);
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) yr[i] = (xr[i] - mean) * inv * w[i] + b[i];
+}
+
+__global__ void BiasActivationKernel(float* y, const float* bias, int64_t count, int64_t width, Activation act) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  const float v = y[i] + bias[i % width];
+  if (act == Activation::kGeluTanh) {
+    y[i] = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+  } else if (act == Activation::kGeluErf) {
+    y[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+  } else {
+    y[i] = v;
+  }
+}
+
+__global__ void RotateHalvesKernel(float* rows, int64_t row_stride, int64_t head_dim, const float* cos, const float* sin) {
+  const int64_t t = blockIdx.x, half = head_dim / 2;
+  float* v = rows + t * row_stride + blockIdx.y * head_dim;
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const float co = cos[t * half + i], si = sin[t * half + i], a = v[i], b = v[i + half];
+    v[i] = a * co - b * si;
+    v[i + half] = b * co + a * si;
   }
 }
 
@@ -928,6 +966,19 @@ void Attention(const AttentionShape& shape, const float* q, int64_t q_stride, in
   else
     LaunchAttention(shape, q, q_stride, q_head_stride, n, pos0, F32Kv{static_cast<const float*>(rows.k), kv_width},
                     F32Kv{static_cast<const float*>(rows.v), kv_width}, gate, out, out_stride, s);
+}
+
+void LayerNormRows(const float* x, const float* w, const float* b, int64_t n, int64_t width, float eps, float* y, Stream s) {
+  if (n > 0) ANCHORAGE_LAUNCH(LayerNormRowsKernel, static_cast<unsigned>(n), 128, 0, s)(x, w, b, width, eps, y);
+}
+
+void BiasActivation(float* y, const float* bias, int64_t n, int64_t width, Activation act, Stream s) {
+  if (n > 0) ANCHORAGE_LAUNCH(BiasActivationKernel, Blocks(n * width), kBlock, 0, s)(y, bias, n * width, width, act);
+}
+
+void RotateHalves(float* rows, int64_t n, int64_t row_stride, int64_t heads, int64_t head_dim, const float* cos, const float* sin, Stream s) {
+  if (n > 0)
+    ANCHORAGE_LAUNCH(RotateHalvesKernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), 64, 0, s)(rows, row_stride, head_dim, cos, sin);
 }
 
 int64_t AttentionSharedBytes(const AttentionShape& shape) {

@@ -158,9 +158,10 @@ void StoreKvRows(const float* k, const float* v, int64_t n, int64_t width, Posit
 struct AttentionShape {
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 1.0f;
+  int64_t keys = 0;  // > 0: every query row attends keys [0, keys) with no mask (a vision tower's attention)
 };
-// Causal attention of query rows [0, n) at positions pos0.. over K/V rows 0..pos0 + t (kv_width values
-// a row, bf16 and fp8 widened exactly as loaded): keys in index order, in tiles of 32 from key 0, so a row's bits depend only on its
+// Causal attention of query rows [0, n) at positions pos0.. over K/V rows 0..pos0 + t (or shape.keys rows
+// for every row, pos0 unused), kv_width values a row (k and v may point into one buffer of wider rows), bf16 and fp8 widened exactly as loaded): keys in index order, in tiles of 32 from key 0, so a row's bits depend only on its
 // query, its position and the keys. out[t] at out + t*out_stride, heads side by side, each times
 // sigmoid(gate) when gate is set (laid out as q). A block takes 8 positions of every head of a kv group
 // (32 x heads/kv_heads threads).
@@ -171,5 +172,15 @@ int64_t AttentionSharedBytes(const AttentionShape& shape);
 // The most threads a block of the attention kernel can have on the current device (its registers
 // decide; the least over the row dtypes) in *threads; returns the query's CUDA error code.
 int AttentionMaxThreads(int* threads);
+
+// The vision tower's row kernels (fp32, a row's bits its own).
+// y[t] = (x[t] - mean) / sqrt(var + eps) * w + b per row of width floats (mean and variance over the row).
+void LayerNormRows(const float* x, const float* w, const float* b, int64_t n, int64_t width, float eps, float* y, Stream s);
+enum class Activation { kNone, kGeluTanh, kGeluErf };
+// y[t, j] = act(y[t, j] + bias[j]) over n rows of width floats.
+void BiasActivation(float* y, const float* bias, int64_t n, int64_t width, Activation act, Stream s);
+// Rotates each head of each row by its row's angles: values i and i + half of a head (half = head_dim / 2)
+// turn by cos, sin [t, i] ([n, half]), as RoPE's rotate-half. Heads sit head_dim apart from rows + t*row_stride.
+void RotateHalves(float* rows, int64_t n, int64_t row_stride, int64_t heads, int64_t head_dim, const float* cos, const float* sin, Stream s);
 
 }  // namespace anchorage::cuda
