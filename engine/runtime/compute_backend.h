@@ -118,6 +118,14 @@ class ComputeBackend {
   virtual Status KeepDraft(SequenceState& state, int64_t rows) {
     return Unsupported(std::string("KeepDraft: not on the ") + device_name() + " backend");
   }
+  // Several states' next rows in one forward, each weight read once for all: rows[i] of one id decodes
+  // it on *states[i] (DecodeBatch's bits), of more ids opens a draft window there (DraftWindow's bits;
+  // KeepDraft closes it). A backend that has it keeps a window open on every state at once. Returns the
+  // logits of every row, state after state. Bad arguments change no state.
+  virtual bool has_window_batches() const { return false; }
+  virtual Result<std::vector<float>> DecodeWindowsBatch(std::span<SequenceState* const> states, std::span<const std::vector<int32_t>> rows) {
+    return Unsupported(std::string("DecodeWindowsBatch: not on the ") + device_name() + " backend");
+  }
 
   // The checkpoint's vision tower on this backend's device, callable from any thread beside the forward
   // (VisionTower::Encode's input and output). A backend without one leaves the tower to the CPU.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string>
 
 #include "engine/compute/cpu/attention.h"
@@ -57,8 +58,7 @@ struct Forward::Workspace {
 
 // What a draft window logs of each GDN layer to advance the state by its kept rows later.
 struct Forward::DraftLog {
-  SequenceState* state = nullptr;  // the state the window ran on; null: no window open
-  int64_t pos0 = 0, rows = 0;
+  int64_t pos0 = 0, rows = 0;  // the window's first position and its rows
   std::vector<std::vector<float>> qkv, conv, beta, g;  // per GDN layer: [rows, C], [rows, C], [rows, Nv] x2
   MtpState* mtp = nullptr;    // where the kept rows' hidden states go; null: nowhere
   std::vector<float> hidden;  // [rows, H] when mtp is set
@@ -129,7 +129,7 @@ Result<std::vector<float>> ConvTapsOf(const TensorView& conv1d, int64_t channels
 
 Forward::Forward(const ModelConfig& config, const ForwardOptions& options)
     : config_(config), options_(options), pool_(std::make_unique<ThreadPool>(options.threads)),
-      ws_(std::make_unique<Workspace>()), draft_(std::make_unique<DraftLog>()) {
+      ws_(std::make_unique<Workspace>()) {
   options_.on_layer = nullptr;  // Create's only: the Forward keeps no copy (it may capture the caller's locals)
 }
 
@@ -539,8 +539,22 @@ Result<std::vector<float>> Forward::DraftWindow(SequenceState& state, std::span<
   if (ids.empty()) return InvalidArgument("a draft window needs at least one id");
   const int64_t n = static_cast<int64_t>(ids.size());
   RETURN_IF_ERROR(state.Reserve(state.length() + n));
-  DraftLog& log = *draft_;
-  log.state = &state;
+  DraftLog& log = OpenDraftLog(state, n, mtp);
+  float* hidden = log.mtp ? Sized(log.hidden, n * config_.hidden_size) : nullptr;
+  std::vector<float> logits(static_cast<size_t>(n * config_.vocab_size));
+  Segment seg = SegmentOf(state, n, Mode::kDraft);
+  seg.log = &log;
+  std::vector<int64_t> rows(static_cast<size_t>(n));
+  std::iota(rows.begin(), rows.end(), int64_t{0});
+  RunRows(std::span(&seg, 1), ids.data(), n, rows, logits.data(), hidden);
+  state.SetLength(seg.pos0 + n);
+  return logits;
+}
+
+Forward::DraftLog& Forward::OpenDraftLog(SequenceState& state, int64_t n, MtpState* mtp) {
+  std::unique_ptr<DraftLog>& held = drafts_[&state];
+  if (held == nullptr) held = std::make_unique<DraftLog>();
+  DraftLog& log = *held;
   log.pos0 = state.length();
   log.rows = n;
   log.qkv.resize(static_cast<size_t>(state.num_gdn_layers()));
@@ -548,17 +562,47 @@ Result<std::vector<float>> Forward::DraftWindow(SequenceState& state, std::span<
   log.beta.resize(log.qkv.size());
   log.g.resize(log.qkv.size());
   log.mtp = mtp_ ? mtp : nullptr;
-  float* hidden = log.mtp ? Sized(log.hidden, n * config_.hidden_size) : nullptr;
-  std::vector<float> logits(static_cast<size_t>(n * config_.vocab_size));
-  RunChunk(state, ids.data(), n, Mode::kDraft, true, logits.data(), hidden);
+  return log;
+}
+
+Result<std::vector<float>> Forward::DecodeWindowsBatch(std::span<SequenceState* const> states, std::span<const std::vector<int32_t>> rows) {
+  std::vector<int32_t> ids;
+  for (const std::vector<int32_t>& r : rows) {
+    if (r.empty()) return InvalidArgument("DecodeWindowsBatch: a state with no row");
+    ids.push_back(r.front());
+  }
+  RETURN_IF_ERROR(CheckDecodeBatch(states, ids, config_.vocab_size));  // the states: distinct, one entry each
+  for (size_t i = 0; i < states.size(); ++i) RETURN_IF_ERROR(CheckIds(rows[i], *states[i]));
+  for (size_t i = 0; i < states.size(); ++i) RETURN_IF_ERROR(states[i]->Reserve(states[i]->length() + static_cast<int64_t>(rows[i].size())));
+  std::vector<Segment> segments;
+  ids.clear();
+  for (size_t i = 0; i < states.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(rows[i].size());
+    segments.push_back(SegmentOf(*states[i], n, n == 1 ? Mode::kRecurrent : Mode::kDraft));
+    segments.back().row0 = static_cast<int64_t>(ids.size());
+    if (n > 1) segments.back().log = &OpenDraftLog(*states[i], n, nullptr);
+    ids.insert(ids.end(), rows[i].begin(), rows[i].end());
+  }
+  const int64_t total = static_cast<int64_t>(ids.size());
+  std::vector<int64_t> logit_rows(static_cast<size_t>(total));
+  std::iota(logit_rows.begin(), logit_rows.end(), int64_t{0});
+  std::vector<float> logits(static_cast<size_t>(total * config_.vocab_size));
+  RunRows(segments, ids.data(), total, logit_rows, logits.data(), nullptr);
+  for (size_t i = 0; i < states.size(); ++i) states[i]->SetLength(segments[i].pos0 + segments[i].n);
   return logits;
 }
 
 Status Forward::KeepDraft(SequenceState& state, int64_t rows) {
-  DraftLog& log = *draft_;
-  if (log.state != &state || state.length() != log.pos0 + log.rows) return InvalidArgument("KeepDraft: no draft window is open on this state");
+  const auto open = drafts_.find(&state);
+  if (open == drafts_.end() || state.length() != open->second->pos0 + open->second->rows)
+    return InvalidArgument("KeepDraft: no draft window is open on this state");
+  DraftLog& log = *open->second;
   if (rows < 0 || rows > log.rows) return InvalidArgument("KeepDraft: " + std::to_string(rows) + " rows of a window of " + std::to_string(log.rows));
-  log.state = nullptr;
+  struct Closed {  // the log goes with the window
+    std::map<const SequenceState*, std::unique_ptr<DraftLog>>& drafts;
+    std::map<const SequenceState*, std::unique_ptr<DraftLog>>::iterator at;
+    ~Closed() { drafts.erase(at); }
+  } closed{drafts_, open};
   const ModelConfig& c = config_;
   const int64_t C = c.conv_dim(), Nv = c.linear_num_value_heads, r = Nv / c.linear_num_key_heads;
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim, KD = c.key_dim();
@@ -748,15 +792,18 @@ void Forward::GdnMixer(const Layer& L, std::span<const Segment> segments, int64_
       g[t * Nv + h] = -L.a_exp[h] * cpu::Softplus(aa[t * Nv + h] + L.dt_bias[h]);
     }
   });
-  if (segments.front().mode == Mode::kDraft) {  // the tail and the state advance at KeepDraft, by the kept rows (a window runs alone)
-    DraftLog& log = *draft_;
+  for (const Segment& seg : segments) {
+    if (seg.mode != Mode::kDraft) {
+      AdvanceTail(seg.tails[static_cast<size_t>(gi)], qkv + seg.row0 * C, seg.n, K - 1, C);
+      continue;
+    }
+    DraftLog& log = *seg.log;  // a window's tail and state advance at KeepDraft, by the kept rows
     const size_t i = static_cast<size_t>(gi);
-    log.qkv[i].assign(qkv, qkv + n * C);
-    log.conv[i].assign(conv, conv + n * C);
-    log.beta[i].assign(beta, beta + n * Nv);
-    log.g[i].assign(g, g + n * Nv);
-  } else {
-    for (const Segment& seg : segments) AdvanceTail(seg.tails[static_cast<size_t>(gi)], qkv + seg.row0 * C, seg.n, K - 1, C);
+    const int64_t a = seg.row0, b = seg.row0 + seg.n;
+    log.qkv[i].assign(qkv + a * C, qkv + b * C);
+    log.conv[i].assign(conv + a * C, conv + b * C);
+    log.beta[i].assign(beta + a * Nv, beta + b * Nv);
+    log.g[i].assign(g + a * Nv, g + b * Nv);
   }
   // The delta rule per segment and value head; chunks of 64 aligned to absolute positions.
   pool_->Run(segments.size() * static_cast<size_t>(Nv), [&](size_t task) {

@@ -143,9 +143,13 @@ class Forward final : public ComputeBackend {
   // with Decode's fp32 steps in the same order and cuts the length back, so the state is bit-equal
   // to rows Decode calls. Nothing else may touch the state in between. With mtp the kept rows'
   // hidden states wait there.
+  // A window may be open on each state at once (each keeps its own log).
   bool has_draft_windows() const override { return true; }
   Result<std::vector<float>> DraftWindow(SequenceState& state, std::span<const int32_t> ids, MtpState* mtp = nullptr) override;
   Status KeepDraft(SequenceState& state, int64_t rows) override;
+  // Decodes and draft windows of several states in one forward (ComputeBackend::DecodeWindowsBatch).
+  bool has_window_batches() const override { return true; }
+  Result<std::vector<float>> DecodeWindowsBatch(std::span<SequenceState* const> states, std::span<const std::vector<int32_t>> rows) override;
 
   // The multi-token-prediction head (the checkpoint's mtp.* block), when it has one.
   bool has_mtp() const override { return mtp_ != nullptr; }
@@ -200,6 +204,7 @@ class Forward final : public ComputeBackend {
     std::vector<cpu::KvSource> kv;         // per attention layer: K/V rows 0..pos0 + n
     std::vector<uint8_t*> k_out, v_out;    // per attention layer: where its rows pos0.. go, in kv's dtype
     const PromptImages* images = nullptr;  // the sequence's images: image rows' inputs and every row's rotary position
+    DraftLog* log = nullptr;               // kDraft: where the window's DeltaNet inputs wait for KeepDraft
   };
   // The segment of a whole state: its rows at positions state.length().., K/V rows in the state.
   static Segment SegmentOf(SequenceState& state, int64_t n, Mode mode);
@@ -247,7 +252,9 @@ class Forward final : public ComputeBackend {
   std::vector<double> inv_freq_;       // [rotary_dim / 2]
   std::vector<int> rope_axis_;         // [rotary_dim / 2]: the position axis (t, h, w) each frequency turns by
   std::unique_ptr<Workspace> ws_;
-  std::unique_ptr<DraftLog> draft_;
+  std::map<const SequenceState*, std::unique_ptr<DraftLog>> drafts_;  // the open draft windows, one a state
+  // A new window's log for n rows on state (replacing one left open there).
+  DraftLog& OpenDraftLog(SequenceState& state, int64_t n, MtpState* mtp);
   std::unique_ptr<Mtp> mtp_;
   std::deque<cpu::PackedMatrix> packed_;                           // every matrix, in the kernels' layout
   std::map<const void*, const cpu::PackedMatrix*> packed_index_;  // mapped data -> its packed copy

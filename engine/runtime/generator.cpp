@@ -58,6 +58,10 @@ Status GenerationTask::Prefill(DecodeRiders* riders) {
 }
 
 Status GenerationTask::CloseWindow() {
+  if (!pending_window_.empty()) {  // never forwarded: nothing to keep
+    pending_window_.clear();
+    window_ids_.clear();
+  }
   if (window_ids_.empty()) return Status::Ok();
   const int64_t drafts = static_cast<int64_t>(window_ids_.size()) - 1, accepted = window_used_ - 1;
   result_.accepted_tokens += accepted;
@@ -106,12 +110,12 @@ Status GenerationTask::Advance(int32_t id) {
     }
     if (!draft.empty()) {
       draft.insert(draft.begin(), id);
-      ASSIGN_OR_RETURN(window_, forward_.DraftWindow(state_, draft, head_));
       window_ids_ = std::move(draft);
-      result_.drafted_tokens += static_cast<int64_t>(window_ids_.size()) - 1;
-      logits_.assign(window_.begin(), window_.begin() + vocab);
-      window_used_ = 1;
-      return Status::Ok();
+      if (defer_windows_ && head_ == nullptr) {
+        pending_window_ = window_ids_;
+        return Status::Ok();
+      }
+      return OpenWindow(forward_.DraftWindow(state_, window_ids_, head_));
     }
   }
   if (head_ != nullptr) {
@@ -122,8 +126,21 @@ Status GenerationTask::Advance(int32_t id) {
   return Status::Ok();
 }
 
+Status GenerationTask::OpenWindow(Result<std::vector<float>> logits) {
+  if (!logits.ok()) {
+    window_ids_.clear();
+    return logits.status();
+  }
+  const int64_t vocab = forward_.vocab_size();
+  window_ = std::move(logits).value();
+  result_.drafted_tokens += static_cast<int64_t>(window_ids_.size()) - 1;
+  logits_.assign(window_.begin(), window_.begin() + vocab);
+  window_used_ = 1;
+  return Status::Ok();
+}
+
 bool GenerationTask::Step() {
-  if (ended_ || pending_decode_) return !ended_;
+  if (ended_ || pending_decode_ || !pending_window_.empty()) return !ended_;
   if (generated() >= params_.max_tokens) return !(ended_ = true);
   if (cancel_ && cancel_->load()) {
     result_.finish = FinishReason::kCancelled;
@@ -204,8 +221,14 @@ void GenerationTask::Decoded(Result<std::vector<float>> logits) {
   else (void)Fail(logits.status());
 }
 
+void GenerationTask::WindowOpened(Result<std::vector<float>> logits) {
+  pending_window_.clear();
+  (void)Fail(OpenWindow(std::move(logits)));
+}
+
 void GenerationTask::DecodeAlone() {
   if (pending_decode_) Decoded(forward_.Decode(state_, *pending_decode_));
+  if (!pending_window_.empty()) WindowOpened(forward_.DraftWindow(state_, pending_window_, head_));
 }
 
 Result<GenerationResult> GenerationTask::Finish() {

@@ -74,11 +74,19 @@ class GenerationTask {
   std::optional<int32_t> pending_decode() const { return pending_decode_; }
   // The pending decode's logits (or its error).
   void Decoded(Result<std::vector<float>> logits);
-  // Runs the pending decode on its own.
+  // With windows deferred, a draft window's ids (the token, then its drafts) wait here for the caller
+  // to forward (ComputeBackend::DecodeWindowsBatch) instead of the task opening the window itself.
+  const std::vector<int32_t>& pending_window() const { return pending_window_; }
+  // The pending window's logits [rows, vocab] (or its error): the window is open.
+  void WindowOpened(Result<std::vector<float>> logits);
+  // Runs the pending decode or window on its own.
   void DecodeAlone();
-  // Whether the task may open draft windows (the backend keeps one open window at a time: an engine
-  // running several tasks lets none draft). Closing the open window keeps the tokens the same.
+  // Whether the task may open draft windows (a backend without window batches keeps one open window
+  // at a time: an engine running several tasks lets none draft). Closing the open window keeps the
+  // tokens the same.
   void set_may_draft(bool may);
+  // Whether lookup drafts' windows wait in pending_window for the caller (a task with the MTP head opens its own).
+  void set_defer_windows(bool defer) { defer_windows_ = defer; }
   // After the last Step: closes an open draft window and returns the generation. On return the state
   // holds the prompt and every generated token except the last (sampled, never forwarded).
   Result<GenerationResult> Finish();
@@ -91,6 +99,8 @@ class GenerationTask {
   // plain decode is left pending.
   Status Advance(int32_t id);
   Status CloseWindow();
+  // window_ids_'s window from its logits (or its error: no window then).
+  Status OpenWindow(Result<std::vector<float>> logits);
   // A failed status ends the task (Finish returns it); returns status.
   Status Fail(Status status);
 
@@ -124,6 +134,8 @@ class GenerationTask {
   bool may_draft_ = true;
   int head_backoff_ = 0, head_wait_ = 0;  // rounds the head sits out after a window it drafted all wrong
   std::optional<int32_t> pending_decode_;
+  std::vector<int32_t> pending_window_;
+  bool defer_windows_ = false;
   bool ended_ = false;
   Status failed_;
 };

@@ -714,9 +714,15 @@ bool Scheduler::StartJob(Slot& slot, std::shared_ptr<Job> job, double queue_ms) 
 }
 
 void Scheduler::StepSlots() {
-  const bool alone = active_slots() == 1;
+  // A backend that batches windows keeps one open on every state: each slot drafts, their windows in
+  // the batch; else only a slot running alone drafts.
+  const bool batches_windows = forward_->has_window_batches();
+  const bool may_draft = batches_windows || active_slots() == 1;
   for (Slot& slot : slots_)
-    if (slot.turn != nullptr && slot.turn->task != nullptr) slot.turn->task->set_may_draft(alone);
+    if (slot.turn != nullptr && slot.turn->task != nullptr) {
+      slot.turn->task->set_may_draft(may_draft);
+      slot.turn->task->set_defer_windows(batches_windows);
+    }
   Slot* prefilling = nullptr;
   for (Slot& slot : slots_)
     if (slot.turn != nullptr && slot.turn->task == nullptr && (prefilling == nullptr || slot.order < prefilling->order)) prefilling = &slot;
@@ -730,26 +736,37 @@ void Scheduler::StepSlots() {
       EndJob(slot);
       continue;
     }
-    if (slot.turn->task->pending_decode()) batch.push_back(&slot);
+    if (slot.turn->task->pending_decode() || !slot.turn->task->pending_window().empty()) batch.push_back(&slot);
   }
   std::vector<SequenceState*> states;
   std::vector<int32_t> ids;
+  std::vector<std::vector<int32_t>> rows;  // each slot's decode id, or its window's ids
   std::vector<int64_t> lengths;
+  bool windows = false;
   for (Slot* slot : batch) {
-    states.push_back(&slot->turn->task->state());
-    ids.push_back(*slot->turn->task->pending_decode());
+    GenerationTask& task = *slot->turn->task;
+    states.push_back(&task.state());
+    rows.push_back(task.pending_decode() ? std::vector<int32_t>{*task.pending_decode()} : task.pending_window());
+    windows = windows || !task.pending_window().empty();
+    ids.push_back(rows.back().front());
     lengths.push_back(states.back()->length());
   }
   const size_t vocab = static_cast<size_t>(forward_->vocab_size());
   auto hand_back = [&](const std::vector<float>& logits) {
-    for (size_t i = 0; i < batch.size(); ++i)
-      batch[i]->turn->task->Decoded(std::vector<float>(logits.begin() + static_cast<std::ptrdiff_t>(i * vocab),
-                                                       logits.begin() + static_cast<std::ptrdiff_t>((i + 1) * vocab)));
+    size_t row = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      GenerationTask& task = *batch[i]->turn->task;
+      std::vector<float> own(logits.begin() + static_cast<std::ptrdiff_t>(row * vocab),
+                             logits.begin() + static_cast<std::ptrdiff_t>((row + rows[i].size()) * vocab));
+      row += rows[i].size();
+      if (task.pending_decode()) task.Decoded(std::move(own));
+      else task.WindowOpened(std::move(own));
+    }
   };
-  DecodeRiders riders{states, ids};
+  DecodeRiders riders{states, ids};  // plain decodes only: windows run in their own batch
   if (prefilling != nullptr) {
     current_session_ = prefilling->job->session();
-    if (Result<bool> more = prefilling->cache->PrefillPiece(*prefilling->turn, batch.empty() ? nullptr : &riders); !more.ok()) {
+    if (Result<bool> more = prefilling->cache->PrefillPiece(*prefilling->turn, batch.empty() || windows ? nullptr : &riders); !more.ok()) {
       const std::shared_ptr<Job> job = prefilling->job;
       RecordJob(*job, prefilling->stats, 500, more.status().ToString(), "error");
       FreeSlot(*prefilling);
@@ -759,14 +776,16 @@ void Scheduler::StepSlots() {
   if (riders.taken) return hand_back(riders.logits);
   if (batch.size() == 1) batch.front()->turn->task->DecodeAlone();
   if (batch.size() <= 1) return;
-  Result<std::vector<float>> logits = forward_->DecodeBatch(states, ids);
+  Result<std::vector<float>> logits = windows ? forward_->DecodeWindowsBatch(states, rows) : forward_->DecodeBatch(states, ids);
   if (logits.ok()) return hand_back(*logits);
   // A refused batch (one state's rows did not fit) fails only the slots that fail alone.
   bool untouched = true;
   for (size_t i = 0; i < batch.size(); ++i) untouched = untouched && states[i]->length() == lengths[i];
   for (Slot* slot : batch) {
-    if (untouched) slot->turn->task->DecodeAlone();
-    else slot->turn->task->Decoded(logits.status());
+    GenerationTask& task = *slot->turn->task;
+    if (untouched) task.DecodeAlone();
+    else if (task.pending_decode()) task.Decoded(logits.status());
+    else task.WindowOpened(logits.status());
   }
 }
 

@@ -7,7 +7,10 @@
 // sampling the process's RSS; it prints whether the RSS of the last half stayed within 5 %.
 // --prompt-words N pads each prompt with N words, so later clients prefill long prompts while earlier
 // ones decode; "longest pause in a stream" is the most a stream's next token waited meanwhile.
-// usage: anchorage-bench-server [--size small|tiny] [--tokens N] [--threads N] [--parallel N] [--clients 1,4,16] [--prompt-words N] [--soak S]
+// --drafts lookup turns lookup drafts on (the suffix store off): each stream's windows, in one forward
+// with the other streams' rows, where the model's greedy answer repeats itself.
+// usage: anchorage-bench-server [--size small|tiny] [--tokens N] [--threads N] [--parallel N] [--clients 1,4,16] [--prompt-words N]
+//                               [--drafts off|lookup] [--soak S]
 #include <httplib.h>
 
 #include <algorithm>
@@ -163,9 +166,19 @@ int Soak(const std::string& size, int threads, int parallel, int tokens, int sec
 
 }  // namespace
 
+// A counter of the server's /metrics (0 where it is not there).
+double Metric(int port, const std::string& name) {
+  httplib::Client c("127.0.0.1", port);
+  auto r = c.Get("/metrics");
+  if (!r) return 0;
+  const size_t at = r->body.find("\n" + name + " ");
+  return at == std::string::npos ? 0 : std::atof(r->body.c_str() + at + name.size() + 2);
+}
+
 int main(int argc, char** argv) {
   std::string size = "small";
   int tokens = 64, threads = 0, parallel = 4, soak_s = 0, prompt_words = 0;
+  std::string drafts = "off";
   std::vector<int> client_counts = {1, 4, 16};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -175,6 +188,7 @@ int main(int argc, char** argv) {
     else if (k == "--parallel") parallel = std::atoi(v.c_str());
     else if (k == "--soak") soak_s = std::atoi(v.c_str());
     else if (k == "--prompt-words") prompt_words = std::atoi(v.c_str());
+    else if (k == "--drafts") drafts = v;
     else if (k == "--clients") {
       client_counts.clear();
       for (size_t at = 0; at < v.size();) {
@@ -188,10 +202,16 @@ int main(int argc, char** argv) {
   ServerConfig config;
   config.model_dir = bench::ModelFolder(size);
   config.data_dir = "/tmp/anchorage-bench/server-data";
-  // A fresh folder with drafting off: no earlier run's suffix store, no request drafted from another's answer.
+  // A fresh folder, drafting off unless asked (then from each stream's own ids): no earlier run's suffix
+  // store, no request drafted from another's answer.
   std::filesystem::remove_all(config.data_dir);
   nlohmann::json settings = DefaultSettingsDocument(MachineTotalRamBytes());
-  settings["speculative"]["mode"] = "off";
+  if (drafts != "off" && drafts != "lookup") {
+    std::fprintf(stderr, "--drafts is off or lookup\n");
+    return 2;
+  }
+  settings["speculative"]["mode"] = drafts;
+  settings["speculative"]["suffix_store"] = "off";
   if (!MakeDirectories(config.data_dir, 0700).ok() || !WriteFileAtomic(config.data_dir + "/settings.json", settings.dump()).ok()) return 1;
   config.port = 0;
   config.threads = threads;
@@ -217,13 +237,14 @@ int main(int argc, char** argv) {
   };
   Stream(port, body(99));  // warm-up
 
-  std::printf("model %s, %d threads, %s, %d slots, %d tokens per request (no early end), caches and drafting off\n", size.c_str(),
-              s.scheduler().forward().threads(), cpu::PathName(cpu::ActivePath()), parallel, tokens);
+  std::printf("model %s, %d threads, %s, %d slots, %d tokens per request (no early end), caches off, drafts %s\n", size.c_str(),
+              s.scheduler().forward().threads(), cpu::PathName(cpu::ActivePath()), parallel, tokens, drafts.c_str());
   double one_decode = 0, one_ttft = 0, one_aggregate = 0;
   int request = 0;
   for (const int n : client_counts) {
     std::vector<ClientRun> runs(static_cast<size_t>(n));
     std::vector<std::thread> clients;
+    const double accepted_before = Metric(port, "anchorage_accepted_tokens_total");
     const double start = bench::NowMs();
     for (int i = 0; i < n; ++i) clients.emplace_back([&, i, first = request] { runs[static_cast<size_t>(i)] = Stream(port, body(first + i)); });
     for (auto& t : clients) t.join();
@@ -247,7 +268,9 @@ int main(int argc, char** argv) {
     std::printf("%2d clients: TTFT p50 %.0f ms, p99 %.0f ms; decode per stream p50 %.1f tokens/s; aggregate %.1f tokens/s over %.0f ms",
                 n, bench::Percentile(ttfts, 0.5), bench::Percentile(ttfts, 0.99), bench::Percentile(rates, 0.5), aggregate, wall);
     if (n > 1 && one_aggregate > 0) std::printf(" (%.2fx one client's aggregate, TTFT p50 %.2fx)", aggregate / one_aggregate, bench::Percentile(ttfts, 0.5) / one_ttft);
-    std::printf("; longest pause in a stream %.0f ms\n", longest_pause);
+    std::printf("; longest pause in a stream %.0f ms", longest_pause);
+    if (drafts != "off") std::printf("; %.0f drafts accepted", Metric(port, "anchorage_accepted_tokens_total") - accepted_before);
+    std::printf("\n");
   }
 
   // The engine's own loop on the same prompt, on the same engine thread's forward (the server is idle).

@@ -6,7 +6,7 @@
 // proposes what followed the newest earlier match. The MTP head's logits match a double-precision
 // reading of qwen35-model.md section 9 on the checkpoint's tensors, its K/V rows do not depend on
 // how the prompt was split into calls, and its drafts (alone or after lookup) leave tokens and
-// state as plain decoding.
+// state as plain decoding. Several states' windows and decodes in one forward give each its own bits.
 #include <QTemporaryDir>
 #include <QtTest>
 
@@ -200,6 +200,44 @@ class TestSpeculative : public QObject {
     auto after_window = forward_->Decode(*windowed, 5);
     auto after_steps = forward_->Decode(*reference, 5);
     QVERIFY(SameBits(after_window->data(), after_steps->data(), vocab_));
+  }
+
+  // Windows of three states and a plain decode of a fourth in one forward: every row the bits of its
+  // state's own DraftWindow (so Decode's), and each window kept on its own (in any order, the others
+  // still open) leaves its state bit-equal to that many decode steps; a bad id anywhere changes nothing.
+  void windowsOfSeveralStatesInOneForward() {
+    const std::vector<std::vector<int32_t>> prompts = {testing::RandomIds(150, vocab_, 5), testing::RandomIds(70, vocab_, 6),
+                                                       testing::RandomIds(64, vocab_, 7), testing::RandomIds(9, vocab_, 8)};
+    const std::vector<std::vector<int32_t>> rows = {testing::RandomIds(6, vocab_, 9), {11}, testing::RandomIds(3, vocab_, 10),
+                                                    testing::RandomIds(9, vocab_, 12)};
+    const std::vector<int> kept = {4, 1, 3, 1};
+    std::vector<std::unique_ptr<SequenceState>> batched, alone;
+    std::vector<SequenceState*> states;
+    for (const auto& prompt : prompts) {
+      batched.push_back(Prefilled(prompt));
+      alone.push_back(Prefilled(prompt));
+      states.push_back(batched.back().get());
+    }
+    std::vector<std::vector<int32_t>> bad = rows;
+    bad[2][1] = static_cast<int32_t>(vocab_);
+    QVERIFY(!forward_->DecodeWindowsBatch(states, bad).ok());
+    for (size_t i = 0; i < states.size(); ++i) QVERIFY(states[i]->BitEqual(*alone[i]));
+    auto logits = forward_->DecodeWindowsBatch(states, rows);
+    QVERIFY2(logits.ok(), logits.status().ToString().c_str());
+    int64_t row = 0;
+    for (size_t i = 0; i < states.size(); ++i) {
+      auto own = rows[i].size() == 1 ? forward_->Decode(*alone[i], rows[i][0]) : forward_->DraftWindow(*alone[i], rows[i]);
+      QVERIFY(own.ok());
+      for (size_t r = 0; r < rows[i].size(); ++r, ++row)
+        QVERIFY2(SameBits(logits->data() + row * vocab_, own->data() + r * vocab_, vocab_), ("state " + std::to_string(i) + " row " + std::to_string(r)).c_str());
+    }
+    for (size_t i : {3, 0, 2}) {  // the decoded state (1) has no window to keep
+      QVERIFY(forward_->KeepDraft(*states[i], kept[i]).ok());
+      QVERIFY(forward_->KeepDraft(*alone[i], kept[i]).ok());
+      QVERIFY2(states[i]->BitEqual(*alone[i]), ("state " + std::to_string(i)).c_str());
+    }
+    QVERIFY(!forward_->KeepDraft(*states[1], 1).ok());
+    QVERIFY(states[1]->BitEqual(*alone[1]));
   }
 
   void lookupProposesWhatFollowed() {

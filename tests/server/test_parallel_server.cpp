@@ -1,6 +1,6 @@
 // Parallel serving through anchorage-server on the tiny model (64-token grid): requests that run at
 // once on several slots (one prefilling in pieces while others decode, greedy and sampled, drafts
-// on) answer the tokens and logprobs each one gets alone; a request that arrives while another
+// on, two slots' draft windows in one forward) answer the tokens and logprobs each one gets alone; a request that arrives while another
 // decodes streams before that one ends; a client that hangs up mid-batch frees its slot and leaves
 // the others' answers as they were; a guest on a side slot leaves the resident conversation's end
 // anchor to its next turn.
@@ -177,6 +177,26 @@ class TestParallelServer : public QObject {
       journal_slots.insert(row["slot"].get<int>());
     }
     QCOMPARE(journal_slots.size(), size_t(3));
+  }
+
+  // Two reciting answers at once, the second wholly beside the first: both draft (their windows go in
+  // one forward with each other's rows) and each answers its alone tokens and logprobs.
+  void draftWindowsOfTwoSlotsRunInOneBatch() {
+    const json a = Request(Notes(4, 20), "RECITE the rows back.", 3000, 0, "D1");
+    const json b = Request(Notes(5, 25), "RECITE the rows back, please.", 600, 0.9, "D2");
+    Answer got_a, got_b;
+    std::atomic<bool> a_streams = false;
+    std::thread ta([&] { got_a = StreamAnswer(server_, a, [&](size_t) { return a_streams = true; }); });
+    QVERIFY(QTest::qWaitFor([&] { return a_streams.load(); }, 30000));
+    got_b = StreamAnswer(server_, b);
+    ta.join();
+    CompareAnswers(got_a, StreamAnswer(alone_, a), "the long answer");
+    CompareAnswers(got_b, StreamAnswer(alone_, b), "the answer beside it");
+    QVERIFY2(got_b.last < got_a.last, "the second answer did not run wholly beside the first");
+    for (const char* session : {"D1", "D2"}) {
+      const json row = NewestRequestRow(server_, session);
+      QVERIFY2(row.value("drafted_tokens", 0) > 0 && row.value("accepted_tokens", 0) > 0, row.dump().c_str());
+    }
   }
 
   // The long answer's client hangs up while another request decodes beside it: its slot is free at
