@@ -47,6 +47,10 @@ struct SpillSettings {
   int64_t ttl_ms = 48ll * 3600 * 1000;  // an entry unused this long goes
 };
 
+// Whether a slot drafts while other slots decode (its window's rows in their batch): where its kept
+// drafts pay for their rows by the engine's measured step costs, always, or never.
+enum class DraftsBesideOthers { kAuto, kOn, kOff };
+
 struct ResidentOptions {
   bool enabled = true;                          // off: every request prefills cold
   int64_t anchor_budget_bytes = 2560ll << 20;   // --resident-gb
@@ -70,6 +74,7 @@ struct ResidentOptions {
   int max_draft = 8;                            // drafts a decode window; 0: off
   bool lookup_drafts = true;                    // n-gram copies of the conversation and the suffix store
   bool mtp_drafts = false;                      // the checkpoint's MTP head (where it has one), when lookup finds none
+  DraftsBesideOthers drafts_beside_others = DraftsBesideOthers::kAuto;  // a slot's windows while other slots decode
   bool suffix_store = true;                     // draft from (and, unless read-only, append to) the suffix store
   bool suffix_store_read_only = false;
   int64_t suffix_store_bytes = 16ll << 20;

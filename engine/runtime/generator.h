@@ -93,6 +93,10 @@ class GenerationTask {
 
   SequenceState& state() { return state_; }
   int64_t generated() const { return static_cast<int64_t>(result_.tokens.size()); }
+  // The share of its drafts the picks have kept so far, from a prior of one kept in two.
+  double draft_acceptance() const {
+    return (static_cast<double>(result_.accepted_tokens) + 1.0) / (static_cast<double>(result_.drafted_tokens) + 2.0);
+  }
 
  private:
   // The logits after id: the open window's next row when id is its next draft, else a new window; a

@@ -306,6 +306,17 @@ nlohmann::json Scheduler::CacheStatsJson(bool with_titles) const {
   if (with_titles && options_.spill != nullptr)
     for (size_t i = 0; i < cache.spill_entries.size(); ++i) stats["spill"]["list"][i]["title"] = options_.spill->Title(cache.spill_entries[i].id);
   stats["slots"] = SlotsJson(Slots());
+  RowCostModel costs;
+  {
+    std::lock_guard lock(mu_);
+    costs = row_costs_seen_;
+  }
+  double fixed_ms = 0, row_ms = 0;
+  nlohmann::json& drafts = stats["drafts_beside_others"];
+  drafts["fitted"] = costs.Fit(&fixed_ms, &row_ms);
+  drafts["step_fixed_ms"] = fixed_ms;
+  drafts["step_row_ms"] = row_ms;
+  for (int rows : {2, 4, 8}) drafts["break_even_at_" + std::to_string(rows) + "_rows"] = costs.BreakEven(rows);
   return stats;
 }
 
@@ -714,14 +725,20 @@ bool Scheduler::StartJob(Slot& slot, std::shared_ptr<Job> job, double queue_ms) 
 }
 
 void Scheduler::StepSlots() {
-  // A backend that batches windows keeps one open on every state: each slot drafts, their windows in
-  // the batch; else only a slot running alone drafts.
+  // A slot running alone drafts. Beside others, where the backend batches windows (it keeps one open
+  // on every state), a slot drafts while its drafts are kept often enough to pay for their rows in the
+  // batch (RowCostModel); else it decodes plainly. The tokens are the same either way.
   const bool batches_windows = forward_->has_window_batches();
-  const bool may_draft = batches_windows || active_slots() == 1;
+  int decoding = 0;
+  for (const Slot& slot : slots_) decoding += slot.turn != nullptr && slot.turn->task != nullptr ? 1 : 0;
+  const bool alone = active_slots() == 1;
+  const DraftsBesideOthers beside = applied_options_.drafts_beside_others;
+  const double break_even = beside == DraftsBesideOthers::kOn ? -1.0 : beside == DraftsBesideOthers::kOff ? 2.0 : row_costs_.BreakEven(decoding);
   for (Slot& slot : slots_)
     if (slot.turn != nullptr && slot.turn->task != nullptr) {
-      slot.turn->task->set_may_draft(may_draft);
-      slot.turn->task->set_defer_windows(batches_windows);
+      GenerationTask& task = *slot.turn->task;
+      task.set_may_draft(alone || (batches_windows && task.draft_acceptance() > break_even));
+      task.set_defer_windows(batches_windows);
     }
   Slot* prefilling = nullptr;
   for (Slot& slot : slots_)
@@ -774,10 +791,24 @@ void Scheduler::StepSlots() {
     }
   }
   if (riders.taken) return hand_back(riders.logits);
-  if (batch.size() == 1) batch.front()->turn->task->DecodeAlone();
-  if (batch.size() <= 1) return;
+  if (batch.empty()) return;
+  int64_t forwarded = 0;
+  for (const std::vector<int32_t>& r : rows) forwarded += static_cast<int64_t>(r.size());
+  const auto start = std::chrono::steady_clock::now();
+  const auto measured = [&] {
+    row_costs_.Record(forwarded, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    std::lock_guard lock(mu_);
+    row_costs_seen_ = row_costs_;
+  };
+  if (batch.size() == 1) {
+    batch.front()->turn->task->DecodeAlone();
+    return measured();
+  }
   Result<std::vector<float>> logits = windows ? forward_->DecodeWindowsBatch(states, rows) : forward_->DecodeBatch(states, ids);
-  if (logits.ok()) return hand_back(*logits);
+  if (logits.ok()) {
+    measured();
+    return hand_back(*logits);
+  }
   // A refused batch (one state's rows did not fit) fails only the slots that fail alone.
   bool untouched = true;
   for (size_t i = 0; i < batch.size(); ++i) untouched = untouched && states[i]->length() == lengths[i];

@@ -26,6 +26,7 @@
 #include "engine/runtime/generator.h"
 #include "engine/runtime/sequence_state.h"
 #include "engine/server/compaction.h"
+#include "engine/server/draft_policy.h"
 #include "engine/server/engine_lock.h"
 #include "engine/shadow/shadow_reader.h"
 
@@ -255,6 +256,8 @@ class Scheduler {
   ResidentPrefix resident_;  // slot 0's
   std::vector<std::unique_ptr<ResidentPrefix>> side_caches_;
   std::vector<Slot> slots_;   // engine thread
+  RowCostModel row_costs_;    // engine thread: what the decode and window forwards cost by rows
+  RowCostModel row_costs_seen_;  // its copy for the stats (mu_)
   uint64_t started_jobs_ = 0;
   bool waiting_for_memory_ = false;  // the queue's head waits for a running slot to end
   ResidentOptions applied_options_;  // engine thread: the newest options, version options_version_

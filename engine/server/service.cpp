@@ -100,6 +100,8 @@ ResidentOptions ResidentOptionsFromSettings(const nlohmann::json& effective) {
   o.max_draft = mode == "off" ? 0 : static_cast<int>(spec.at("max_draft").get<int64_t>());
   o.lookup_drafts = mode == "lookup" || mode == "both";
   o.mtp_drafts = mode == "mtp" || mode == "both";
+  const std::string beside = spec.at("beside_others").get<std::string>();
+  o.drafts_beside_others = beside == "on" ? DraftsBesideOthers::kOn : beside == "off" ? DraftsBesideOthers::kOff : DraftsBesideOthers::kAuto;
   o.suffix_store = spec.at("suffix_store").get<std::string>() != "off";
   o.suffix_store_read_only = spec.at("suffix_store").get<std::string>() == "read";
   o.suffix_store_bytes = static_cast<int64_t>(spec.at("suffix_store_mb").get<double>() * double(1 << 20));

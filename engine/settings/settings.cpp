@@ -289,6 +289,8 @@ std::vector<SettingField> SettingsSchemaFields(int64_t total_ram_bytes) {
       Integer("shadow", "min_tokens", 0, 1 << 24, 8192, "shortest prompt the agreement question is asked at"),
       Enum("speculative", "mode", {"off", "lookup", "mtp", "both"}, "lookup", "speculative decoding: off, lookup drafts (n-gram copies of the conversation), the checkpoint's MTP head, or both (lookup first); the tokens stay the same"),
       Integer("speculative", "max_draft", 1, 64, 8, "most drafts a decode window verifies"),
+      Enum("speculative", "beside_others", {"auto", "on", "off"}, "auto",
+           "drafts of a slot while other slots decode, its window's rows in their batch (on the CPU): auto where its kept drafts pay for their rows by the engine's measured step costs, on, or off; the tokens stay the same"),
       Enum("speculative", "suffix_store", {"off", "read", "readwrite"}, "readwrite", "the lookup drafter's store of earlier requests' token ids: off, read only, or read and append"),
       Number("speculative", "suffix_store_mb", 1, 4096, 16, "MiB the suffix store keeps; past it the oldest half goes"),
       Enum("compaction", "mode", {"continuation", "client"}, "continuation", "an agent's compaction request of a conversation the engine holds: served as its continuation, or as the client sent it"),

@@ -7,8 +7,9 @@
 // sampling the process's RSS; it prints whether the RSS of the last half stayed within 5 %.
 // --prompt-words N pads each prompt with N words, so later clients prefill long prompts while earlier
 // ones decode; "longest pause in a stream" is the most a stream's next token waited meanwhile.
-// --drafts lookup turns lookup drafts on (the suffix store off): each stream's windows, in one forward
-// with the other streams' rows, where the model's greedy answer repeats itself.
+// --drafts lookup turns lookup drafts on (the suffix store off) and forces every answer to a recital
+// that repeats itself every 61 words (the forward still runs on every token), so each stream drafts:
+// its windows go in one forward with the other streams' rows.
 // usage: anchorage-bench-server [--size small|tiny] [--tokens N] [--threads N] [--parallel N] [--clients 1,4,16] [--prompt-words N]
 //                               [--drafts off|lookup] [--soak S]
 #include <httplib.h>
@@ -213,6 +214,13 @@ int main(int argc, char** argv) {
   settings["speculative"]["mode"] = drafts;
   settings["speculative"]["suffix_store"] = "off";
   if (!MakeDirectories(config.data_dir, 0700).ok() || !WriteFileAtomic(config.data_dir + "/settings.json", settings.dump()).ok()) return 1;
+  if (drafts != "off") {  // answers that repeat themselves (a recital forced through the real forward), so lookup drafts hit
+    std::string recital;
+    for (int i = 0; i < 4 * tokens; ++i) recital += " row" + std::to_string(i % 61);
+    const json replies = json::array({{{"match", "Request"}, {"reply", recital}}});
+    config.test_replies_file = config.data_dir + "/replies.json";
+    if (!WriteFileAtomic(config.test_replies_file, replies.dump()).ok()) return 1;
+  }
   config.port = 0;
   config.threads = threads;
   config.parallel = parallel;
@@ -271,6 +279,17 @@ int main(int argc, char** argv) {
     std::printf("; longest pause in a stream %.0f ms", longest_pause);
     if (drafts != "off") std::printf("; %.0f drafts accepted", Metric(port, "anchorage_accepted_tokens_total") - accepted_before);
     std::printf("\n");
+  }
+
+  if (drafts != "off") {  // what the scheduler measured of its steps, and the acceptance a window beside others must beat
+    httplib::Client c("127.0.0.1", port);
+    const auto stats = c.Get("/v1/cache/stats");
+    if (stats) {
+      const json costs = json::parse(stats->body)["drafts_beside_others"];
+      std::printf("decode steps measured: %.2f ms + %.2f ms a row; a window beside others pays above an acceptance of %.2f at 2 rows, %.2f at 4\n",
+                  costs["step_fixed_ms"].get<double>(), costs["step_row_ms"].get<double>(), costs["break_even_at_2_rows"].get<double>(),
+                  costs["break_even_at_4_rows"].get<double>());
+    }
   }
 
   // The engine's own loop on the same prompt, on the same engine thread's forward (the server is idle).

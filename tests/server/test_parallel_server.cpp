@@ -179,9 +179,18 @@ class TestParallelServer : public QObject {
     QCOMPARE(journal_slots.size(), size_t(3));
   }
 
-  // Two reciting answers at once, the second wholly beside the first: both draft (their windows go in
-  // one forward with each other's rows) and each answers its alone tokens and logprobs.
+  // Two reciting answers at once, the second wholly beside the first, with drafts beside others on:
+  // both draft (their windows go in one forward with each other's rows) and each answers its alone
+  // tokens and logprobs. (auto would leave the second plain here: the tiny model's rows cost as much
+  // as its steps, so no acceptance pays for them.)
   void draftWindowsOfTwoSlotsRunInOneBatch() {
+    const auto beside_others = [&](const char* value) {
+      json doc = json::parse(server_.Get("/v1/settings")->body);
+      doc["speculative"]["beside_others"] = value;
+      const auto put = server_.Put("/v1/settings", doc.dump());
+      QVERIFY2(put && put->status == 200, put ? put->body.c_str() : "no answer");
+    };
+    beside_others("on");
     const json a = Request(Notes(4, 20), "RECITE the rows back.", 3000, 0, "D1");
     const json b = Request(Notes(5, 25), "RECITE the rows back, please.", 600, 0.9, "D2");
     Answer got_a, got_b;
@@ -193,10 +202,13 @@ class TestParallelServer : public QObject {
     CompareAnswers(got_a, StreamAnswer(alone_, a), "the long answer");
     CompareAnswers(got_b, StreamAnswer(alone_, b), "the answer beside it");
     QVERIFY2(got_b.last < got_a.last, "the second answer did not run wholly beside the first");
+    const json costs = json::parse(server_.Get("/v1/cache/stats")->body)["drafts_beside_others"];
     for (const char* session : {"D1", "D2"}) {
       const json row = NewestRequestRow(server_, session);
-      QVERIFY2(row.value("drafted_tokens", 0) > 0 && row.value("accepted_tokens", 0) > 0, row.dump().c_str());
+      QVERIFY2(row.value("drafted_tokens", 0) > 0 && row.value("accepted_tokens", 0) > 0, (row.dump() + costs.dump()).c_str());
     }
+    QVERIFY2(costs["fitted"].get<bool>() && costs["step_row_ms"].get<double>() > 0, costs.dump().c_str());  // the steps it measured
+    beside_others("auto");
   }
 
   // The long answer's client hangs up while another request decodes beside it: its slot is free at

@@ -5,6 +5,7 @@
 
 #include <thread>
 
+#include "engine/server/draft_policy.h"
 #include "engine/server/engine_lock.h"
 #include "engine/server/metrics.h"
 #include "engine/server/openai_api.h"
@@ -61,6 +62,26 @@ class TestServerUnits : public QObject {
     QCOMPARE(from_file->backends.size(), size_t(2));
     QCOMPARE(from_file->backends[1].key_env, std::string("B_KEY"));
     QCOMPARE(from_file->backend_timeout_ms, int64_t(5000));
+  }
+
+  // The break-even acceptance of a window beside others: R b / (a + b R) of the fitted step cost a + b R,
+  // never below 0 or above 1; no fit (1: never) until the steps have seen two row counts.
+  void rowCostsGiveTheBreakEvenAcceptance() {
+    RowCostModel costs;
+    for (int i = 0; i < 10; ++i) costs.Record(2, 20.0 + 5.0 * 2);
+    QCOMPARE(costs.BreakEven(2), 1.0);  // one row count: no line through it
+    for (int i = 0; i < 10; ++i) costs.Record(i % 2 == 0 ? 1 : 9, 20.0 + 5.0 * (i % 2 == 0 ? 1 : 9));
+    double fixed = 0, per_row = 0;
+    QVERIFY(costs.Fit(&fixed, &per_row));
+    QVERIFY(std::fabs(fixed - 20.0) < 1e-6 && std::fabs(per_row - 5.0) < 1e-6);
+    QVERIFY(std::fabs(costs.BreakEven(2) - 10.0 / 30.0) < 1e-9);
+    QVERIFY(std::fabs(costs.BreakEven(4) - 20.0 / 40.0) < 1e-9);
+    RowCostModel weights_bound;  // rows nearly free: any acceptance pays
+    for (int i = 0; i < 20; ++i) weights_bound.Record(1 + i % 8, 30.0 + 0.01 * (1 + i % 8));
+    QVERIFY(weights_bound.BreakEven(4) < 0.01);
+    RowCostModel noisy;  // a step of more rows measured faster: the slope is not negative
+    for (int i = 0; i < 20; ++i) noisy.Record(1 + i % 3, 30.0 - (i % 3));
+    QCOMPARE(noisy.BreakEven(2), 0.0);
   }
 
   void parserSplitsReasoningContentAndCalls() {
