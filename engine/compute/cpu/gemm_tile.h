@@ -102,7 +102,9 @@ inline void Widen(const W& w, int64_t k0, int64_t steps, float* out) {
   }
 }
 
-template <class V, class W, int R, int S, bool kPacked>
+// kStream: the weights come from memory once for these rows (decode, a batch of a few rows), so each
+// segment asks for its k rows kDecodePrefetchRows ahead.
+template <class V, class W, int R, int S, bool kPacked, bool kStream = !kPacked>
 inline void Tile(const float* x, int64_t ldx, const W* w, float* const* y, const int* cols, int64_t ldy, int64_t k0,
                  int64_t steps, bool accumulate) {
   using F = typename V::F;
@@ -125,7 +127,7 @@ inline void Tile(const float* x, int64_t ldx, const W* w, float* const* y, const
       for (int s = 0; s < S; ++s) {
         F wl, wh;
         w[s].template Load<V>(t, scale_lo[s], scale_hi[s], wl, wh);
-        if constexpr (!kPacked) w[s].Prefetch(t + kDecodePrefetchRows);
+        if constexpr (kStream) w[s].Prefetch(t + kDecodePrefetchRows);
         for (int r = 0; r < R; ++r) {
           const F b = V::Broadcast(XAt<kPacked>(x, ldx, r, t));
           lo[r][s] = V::Fma(b, wl, lo[r][s]);
@@ -138,26 +140,29 @@ inline void Tile(const float* x, int64_t ldx, const W* w, float* const* y, const
     for (int s = 0; s < S; ++s) V::StoreOut(y[s] + r * ldy, cols[s], lo[r][s], hi[r][s]);
 }
 
-// Tile<V, W, rows, S, kPacked> for a run-time row count in [R, MaxR].
-template <class V, class W, int S, int MaxR, bool kPacked, int R = 1>
+// Tile<V, W, rows, S, kPacked, kStream> for a run-time row count in [R, MaxR].
+template <class V, class W, int S, int MaxR, bool kPacked, bool kStream = !kPacked, int R = 1>
 inline void TileRows(int rows, const float* x, int64_t ldx, const W* w, float* const* y, const int* cols, int64_t ldy,
                      int64_t k0, int64_t steps, bool accumulate) {
   if constexpr (R <= MaxR) {
-    if (rows == R) return Tile<V, W, R, S, kPacked>(x, ldx, w, y, cols, ldy, k0, steps, accumulate);
-    return TileRows<V, W, S, MaxR, kPacked, R + 1>(rows, x, ldx, w, y, cols, ldy, k0, steps, accumulate);
+    if (rows == R) return Tile<V, W, R, S, kPacked, kStream>(x, ldx, w, y, cols, ldy, k0, steps, accumulate);
+    return TileRows<V, W, S, MaxR, kPacked, kStream, R + 1>(rows, x, ldx, w, y, cols, ldy, k0, steps, accumulate);
   }
 }
 
-// More than kFewRows rows: tiles of V::kRowTile rows (a divisor of kRowGroup) from the packed rows.
+// More than kFewRows rows: tiles of V::kRowTile rows (a divisor of kRowGroup) from the packed rows. The
+// first tile brings each weight from memory (the others find it in cache): it prefetches as decode does.
 template <class V, class W>
 inline void RunManyRows(const GemmBlock& b, const W* w, float* const* y, const int* cols, int segments, int64_t steps) {
   static_assert(kRowGroup % V::kRowTile == 0);
+  constexpr bool kCanPrefetch = requires(const W& weights) { weights.Prefetch(int64_t{0}); };
   for (int64_t r0 = 0; r0 < b.rows; r0 += V::kRowTile) {
     const int rows = static_cast<int>(b.rows - r0 < V::kRowTile ? b.rows - r0 : V::kRowTile);
     const float* xr = b.x_groups + ((r0 / kRowGroup) * b.k + b.k0) * kRowGroup + r0 % kRowGroup;
     for (int s = 0; s < segments; ++s) {
       float* ys = y[s] + r0 * b.ldy;
-      TileRows<V, W, 1, V::kRowTile, true>(rows, xr, 0, w + s, &ys, cols + s, b.ldy, b.k0, steps, b.accumulate);
+      if (r0 == 0) TileRows<V, W, 1, V::kRowTile, true, kCanPrefetch>(rows, xr, 0, w + s, &ys, cols + s, b.ldy, b.k0, steps, b.accumulate);
+      else TileRows<V, W, 1, V::kRowTile, true>(rows, xr, 0, w + s, &ys, cols + s, b.ldy, b.k0, steps, b.accumulate);
     }
   }
 }
