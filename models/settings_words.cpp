@@ -51,6 +51,7 @@ const QHash<QString, Known>& KnownWords() {
       {"shadow.min_tokens", {"Ask at turns from", " tokens", 0}},
       {"speculative.mode", {"Drafts", "", 0}},
       {"speculative.max_draft", {"Most drafts a window", "", 0}},
+      {"speculative.beside_others", {"Drafts beside other slots", "", 0}},
       {"speculative.suffix_store", {"Store of earlier requests", "", 0}},
       {"speculative.suffix_store_mb", {"Store budget", " MiB", 0}},
       {"compaction.mode", {"Compaction requests", "", 0}},
