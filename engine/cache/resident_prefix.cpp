@@ -267,6 +267,15 @@ void ResidentPrefix::ConfigureTiers() {
   park_tier_.set_budget_bytes(options_.park_budget_bytes);
   park_tier_.set_alignment({options_.end_anchor, options_.end_alignment, options_.end_align_reasoning});
   store_tier_.set_enabled(options_.store_enabled);
+  for (const auto& peer : peer_store_tiers_) peer->set_enabled(options_.store_enabled);
+}
+
+void ResidentPrefix::set_peer_stores(const std::vector<StateStore*>& peers) {
+  peer_store_tiers_.clear();
+  for (StateStore* store : peers) {
+    peer_store_tiers_.push_back(std::make_unique<StoreTier>(*store));
+    peer_store_tiers_.back()->set_enabled(options_.store_enabled);
+  }
 }
 
 void ResidentPrefix::set_options(const ResidentOptions& options) {
@@ -320,10 +329,11 @@ ResidentPrefix::Plan ResidentPrefix::MakePlan(const CacheRequest& request) const
   const ResidentRows resident = View();
   // The spill and the disk come last and are weighed: a read off the drive is taken only when it
   // costs less than the prefill it saves.
-  const std::pair<const CacheTier*, CacheSource> tiers[] = {
-      {&anchors_tier_, CacheSource::kResident}, {&end_tier_, CacheSource::kEnd},   {&pin_tier_, CacheSource::kPin},
-      {&park_tier_, CacheSource::kPark},        {&store_tier_, CacheSource::kStore}, {spill_tier_.get(), CacheSource::kSpill},
-      {disk_, CacheSource::kDisk}};
+  std::vector<std::pair<const CacheTier*, CacheSource>> tiers = {
+      {&anchors_tier_, CacheSource::kResident}, {&end_tier_, CacheSource::kEnd}, {&pin_tier_, CacheSource::kPin},
+      {&park_tier_, CacheSource::kPark},        {&store_tier_, CacheSource::kStore}};
+  for (const auto& peer : peer_store_tiers_) tiers.emplace_back(peer.get(), CacheSource::kStore);
+  tiers.insert(tiers.end(), {{spill_tier_.get(), CacheSource::kSpill}, {disk_, CacheSource::kDisk}});
   std::string spill_why;  // why the spill's offer was not taken, when it made one
   int64_t spill_offer = 0, ram_best = 0;
   for (const auto& [tier, source] : tiers) {
@@ -346,6 +356,7 @@ ResidentPrefix::Plan ResidentPrefix::MakePlan(const CacheRequest& request) const
     }
     best = offer.resume_length;
     p.info.source = source;
+    p.store = source == CacheSource::kStore ? tier : nullptr;
     p.resume_from_end = offer.resume_from_end;
     p.info.aligned = offer.aligned;
     p.info.served_prompt = offer.served_prompt.empty() ? request.prompt : std::move(offer.served_prompt);
@@ -451,7 +462,10 @@ Status ResidentPrefix::Apply(const CacheRequest& request, Plan& plan) {
       else if (const int64_t head = std::min(r, c); !SpillsOnEviction(head, info) || !SpillResident("eviction").ok()) ParkResident(head);
     }
     if (info.source == CacheSource::kStore) {
-      RETURN_IF_ERROR(store_tier_.Restore(request.prompt, offer, resident));
+      StoreTier* store = &store_tier_;
+      for (const auto& peer : peer_store_tiers_)
+        if (peer.get() == plan.store) store = peer.get();
+      RETURN_IF_ERROR(store->Restore(request.prompt, offer, resident));
       ++counters_.store_hits;
     }
     if (info.source == CacheSource::kSpill) {

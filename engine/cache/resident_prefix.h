@@ -155,6 +155,11 @@ class ResidentPrefix {
   Status SpillResident(const std::string& reason, bool resident = false);
   // Earlier requests' ids for the lookup drafter (not owned); nullptr: none.
   void set_suffix_store(SuffixStore* store);
+  // This slot's state store, and the other slots' (not owned; the caller keeps the list current as
+  // slots come and go): a peer's snapshots serve this slot's requests as its own do (exact by the same
+  // rules), read on the engine thread, counted in the peer's bytes.
+  StateStore& state_store() { return store_; }
+  void set_peer_stores(const std::vector<StateStore*>& peers);
   // The day's write budget the spill shares with the disk tier (not owned); nullptr: none.
   void set_write_guard(WriteGuard* guard) { guard_ = guard; }
   // A planned stop: writes the parked conversation (its head from the rows in place) and then the
@@ -262,6 +267,7 @@ class ResidentPrefix {
     int64_t copy_bytes = 0;        // an upper bound of that copy
     bool skip_copy = false;        // given up for memory: Apply copies nothing aside
     TierOffer offer;                // what the chosen tier offered
+    const CacheTier* store = nullptr;  // kStore: the store tier that offered it (this slot's or a peer's)
     bool declined_by_cost = false;  // a tier held a longer line whose read cost more than its prefill
     bool restore_failed = false;    // a restore into the state failed: plan again from what is in place
     std::string spill_refused;      // why a spill entry that shares much with the prompt did not serve it
@@ -393,6 +399,7 @@ class ResidentPrefix {
   PinTier pin_tier_;
   ParkTier park_tier_;
   StoreTier store_tier_;
+  std::vector<std::unique_ptr<StoreTier>> peer_store_tiers_;  // the other slots' stores
 };
 
 }  // namespace anchorage

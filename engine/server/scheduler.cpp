@@ -92,6 +92,7 @@ Scheduler::Scheduler(Model& model, std::unique_ptr<ComputeBackend> forward, Sche
   }
   wanted_slots_ = std::max(1, options_.parallel);
   while (static_cast<int>(slots_.size()) < wanted_slots_) AddSlot();
+  SharePeerStores();
   cache_stats_ = CombinedStats();
   PublishSlots();
   thread_ = std::thread([this] { EngineLoop(); });
@@ -124,6 +125,16 @@ void Scheduler::ResizeSlots() {
   }
   // A removed cache let go of the shared disk tier's event sink: slot 0 gives it its own again.
   if (removed && options_.disk != nullptr && journal_sink_) resident_.set_event_sink(journal_sink_);
+  SharePeerStores();
+}
+
+void Scheduler::SharePeerStores() {
+  for (Slot& slot : slots_) {
+    std::vector<StateStore*> peers;
+    for (Slot& other : slots_)
+      if (other.cache != slot.cache) peers.push_back(&other.cache->state_store());
+    slot.cache->set_peer_stores(peers);
+  }
 }
 
 anchorage::CacheStats Scheduler::CombinedStats() const {

@@ -242,6 +242,8 @@ class Scheduler {
   void InstallOptions(Slot& slot);
   // Adds a slot with its own resident prefix (slot 0: the scheduler's) wired to the shared tiers.
   void AddSlot();
+  // Every slot reads the other slots' state stores as well as its own.
+  void SharePeerStores();
   // Slots toward the wanted count: added at once, the last removed while idle. The engine lock is held.
   void ResizeSlots();
   // Runs fn on the calling thread holding the engine lock like a request, then refreshes the stats.

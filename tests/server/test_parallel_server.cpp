@@ -211,6 +211,45 @@ class TestParallelServer : public QObject {
     beside_others("auto");
   }
 
+  // Another session that goes on from a conversation held on a busy slot takes a free slot and resumes
+  // from that slot's state store (its prefix snapshot), not cold; it answers its alone tokens and
+  // logprobs. No disk tier, which would serve it too.
+  void aFreeSlotResumesFromAnotherSlotsStore() {
+    QTemporaryDir data;
+    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(data.path()));
+    const QString replies = WriteReplies(data);
+    ServerProcess s;
+    QVERIFY(s.Start(data.path(), {"--grid", "64", "--parallel", "3", "--disk-cache", "off", "--test-replies", replies}));
+    json first = Request(Notes(41, 300), "Which note is the last?", 8, 0, "P0");
+    first["stream"] = false;
+    const json r1 = s.Chat(first);
+    QVERIFY2(r1.contains("choices"), r1.dump().c_str());
+    json long_turn = first;
+    long_turn["messages"].push_back({{"role", "assistant"}, {"content", anchorage::testing::AnswerText(r1)}});
+    long_turn["messages"].push_back({{"role", "user"}, {"content", "RECITE the rows back."}});
+    long_turn["max_tokens"] = 3000;
+    long_turn["stream"] = true;
+    json other = first;
+    other["messages"].push_back({{"role", "assistant"}, {"content", anchorage::testing::AnswerText(r1)}});
+    other["messages"].push_back({{"role", "user"}, {"content", "Name one row."}});
+    other["session_id"] = "G1";
+    std::atomic<bool> streams = false;
+    Answer recited;
+    std::thread t([&] { recited = StreamAnswer(s, long_turn, [&](size_t) { return streams = true; }); });
+    QVERIFY(QTest::qWaitFor([&] { return streams.load(); }, 30000));
+    const json beside = s.Chat(other);
+    t.join();
+    QVERIFY2(beside.contains("choices"), beside.dump().c_str());
+    const json& figures = beside["usage"]["anchorage"];
+    QVERIFY2(figures["cache_source"] == "store" && figures["cached_tokens"].get<int64_t>() >= 1024, figures.dump().c_str());
+    json alone = other;
+    alone["session_id"] = "G1-alone";
+    const json cold = alone_.Chat(alone);
+    QCOMPARE(QString::fromStdString(beside["choices"][0]["logprobs"]["content"].dump()),
+             QString::fromStdString(cold["choices"][0]["logprobs"]["content"].dump()));
+    QVERIFY2(recited.status == 200 && recited.last > recited.first, "the long turn did not stream");
+  }
+
   // The long answer's client hangs up while another request decodes beside it: its slot is free at
   // once and the other's answer is its alone answer.
   void aHangUpMidBatchFreesItsSlot() {
