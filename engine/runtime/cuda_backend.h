@@ -32,7 +32,10 @@ class CudaBackend final : public ComputeBackend {
   const ModelConfig& config() const override { return forward_->config(); }
   int64_t grid_tokens() const override { return forward_->grid_tokens(); }
   int threads() const override { return 1; }
-  std::string StateKey(const std::string& model_fingerprint) const override { return forward_->StateFingerprint(model_fingerprint); }
+  // The forward's fingerprint, and the tower's products where it runs here (its rows are image rows' inputs).
+  std::string StateKey(const std::string& model_fingerprint) const override {
+    return forward_->StateFingerprint(tower_ != nullptr ? model_fingerprint + "\nvision tower:\n" + tower_->KernelSet() : model_fingerprint);
+  }
   int64_t DeviceBytes() const override;
   int64_t DeviceFreeBytes() const override;
   Status FitsDevice(const SequenceState* state, int64_t rows) const override;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "engine/compute/cuda/device.h"
@@ -32,6 +33,8 @@ class CudaVisionTower {
   // and given back after (ResourceExhausted where the device has no room).
   Result<std::vector<float>> Encode(const ImageGrid& grid, std::span<const float> patches);
   int64_t weight_bytes() const { return weight_bytes_; }
+  // The products' algorithms, one line a shape: an image's rows depend on them, so the states' key names them.
+  std::string KernelSet() const { return gemm_->Describe(); }
 
  private:
   struct Matrix {

@@ -798,6 +798,7 @@ void VisionTowerMatchesTheCpus() {
   const VisionConfig& v = *p.model->config.vision;
   const auto backend = Backend(*p.model);
   GPU_CHECK_MSG(backend->has_vision_tower(), "no tower on the device: " + backend->VisionTowerNote());
+  GPU_CHECK(backend->StateKey("m") != backend->forward().StateFingerprint("m"));  // the tower's products are in the key
   ThreadPool pool(2);
   const auto cpu = Must(VisionTower::Create(v, *p.model->weights.vision, pool), "the CPU tower");
   for (const ImageGrid grid : {ImageGrid{1, 6, 10}, ImageGrid{2, 4, 4}}) {
