@@ -145,6 +145,7 @@ void CudaBackend::Drop(SequenceState& host, bool device_ahead) {
 }
 
 Status CudaBackend::Prepare(const SequenceState& host, int64_t tokens, DeviceState** device) {
+  forward_->set_images(host.images().get());
   RETURN_IF_ERROR(cuda::UseDevice(forward_->device().index));
   auto synced = Sync(host);
   Status ready = synced.ok() ? Reserve(host, tokens) : synced.status();
@@ -158,7 +159,6 @@ Status CudaBackend::Prepare(const SequenceState& host, int64_t tokens, DeviceSta
 
 Result<std::vector<float>> CudaBackend::Prefill(SequenceState& state, std::span<const int32_t> ids, LogitsRows rows, MtpState* mtp) {
   RETURN_IF_ERROR(CheckPromptIds(ids, config().vocab_size, state.images().get(), state.length(), "CudaBackend"));
-  forward_->set_images(state.images().get());
   const int64_t from = state.length();
   DeviceState* device = nullptr;
   RETURN_IF_ERROR(Prepare(state, from + static_cast<int64_t>(ids.size()), &device));
@@ -172,7 +172,6 @@ Result<std::vector<float>> CudaBackend::Prefill(SequenceState& state, std::span<
 }
 
 Result<std::vector<float>> CudaBackend::Decode(SequenceState& state, int32_t id, MtpState* mtp) {
-  forward_->set_images(state.images().get());
   RETURN_IF_ERROR(CheckTokenIds(std::span<const int32_t>(&id, 1), config().vocab_size, "CudaBackend"));
   const int64_t from = state.length();
   DeviceState* device = nullptr;
@@ -194,7 +193,6 @@ Result<std::vector<float>> CudaBackend::PrefillBranches(const SequenceState& pre
   }
   if (branches.empty()) return std::vector<float>();
   SequenceState& host = const_cast<SequenceState&>(prefix);  // its bits do not change; its device copy's rows above the length do
-  forward_->set_images(prefix.images().get());
   const int64_t length = host.length();
   DeviceState* device = nullptr;
   RETURN_IF_ERROR(Prepare(host, length + longest, &device));
@@ -209,7 +207,6 @@ int64_t CudaBackend::BranchesBytes(int64_t branches, int64_t rows, int64_t logit
 }
 
 Result<std::vector<float>> CudaBackend::DraftWindow(SequenceState& state, std::span<const int32_t> ids, MtpState* mtp) {
-  forward_->set_images(state.images().get());
   RETURN_IF_ERROR(CheckTokenIds(ids, config().vocab_size, "CudaBackend"));
   const int64_t from = state.length(), n = static_cast<int64_t>(ids.size());
   if (n > CudaForward::kMaxDraftRows)
@@ -270,7 +267,6 @@ Result<std::vector<float>> CudaBackend::ForkLastLogits(const SequenceState& stat
     return PrefillBranches(state, std::span(&fork, 1));
   }
   SequenceState& host = const_cast<SequenceState&>(state);
-  forward_->set_images(state.images().get());
   const int64_t length = host.length();
   DeviceState* device = nullptr;
   RETURN_IF_ERROR(Prepare(host, length + static_cast<int64_t>(ids.size()), &device));

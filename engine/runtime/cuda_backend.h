@@ -80,7 +80,8 @@ class CudaBackend final : public ComputeBackend {
   Status Reserve(const SequenceState& host, int64_t tokens);
   // After a forward from `from`: the device's new rows to the host, the length, the recurrent part newer on the device.
   Status WriteBack(SequenceState& host, const DeviceState& device, int64_t from);
-  // The device made current, host synced and room for tokens rows; on failure the copy is dropped.
+  // The device made current, host synced and room for tokens rows, the forward reading host's images;
+  // on failure the copy is dropped.
   Status Prepare(const SequenceState& host, int64_t tokens, DeviceState** device);
   // After an error the copy is dropped (the next forward makes another). device_ahead: the device
   // ran past the host's length, so where it held the newest recurrent part the host state is reset.

@@ -542,12 +542,7 @@ Result<std::vector<float>> Forward::DraftWindow(SequenceState& state, std::span<
   DraftLog& log = OpenDraftLog(state, n, mtp);
   float* hidden = log.mtp ? Sized(log.hidden, n * config_.hidden_size) : nullptr;
   std::vector<float> logits(static_cast<size_t>(n * config_.vocab_size));
-  Segment seg = SegmentOf(state, n, Mode::kDraft);
-  seg.log = &log;
-  std::vector<int64_t> rows(static_cast<size_t>(n));
-  std::iota(rows.begin(), rows.end(), int64_t{0});
-  RunRows(std::span(&seg, 1), ids.data(), n, rows, logits.data(), hidden);
-  state.SetLength(seg.pos0 + n);
+  RunChunk(state, ids.data(), n, Mode::kDraft, true, logits.data(), hidden, &log);
   return logits;
 }
 
@@ -598,11 +593,6 @@ Status Forward::KeepDraft(SequenceState& state, int64_t rows) {
     return InvalidArgument("KeepDraft: no draft window is open on this state");
   DraftLog& log = *open->second;
   if (rows < 0 || rows > log.rows) return InvalidArgument("KeepDraft: " + std::to_string(rows) + " rows of a window of " + std::to_string(log.rows));
-  struct Closed {  // the log goes with the window
-    std::map<const SequenceState*, std::unique_ptr<DraftLog>>& drafts;
-    std::map<const SequenceState*, std::unique_ptr<DraftLog>>::iterator at;
-    ~Closed() { drafts.erase(at); }
-  } closed{drafts_, open};
   const ModelConfig& c = config_;
   const int64_t C = c.conv_dim(), Nv = c.linear_num_value_heads, r = Nv / c.linear_num_key_heads;
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim, KD = c.key_dim();
@@ -627,6 +617,7 @@ Status Forward::KeepDraft(SequenceState& state, int64_t rows) {
   }
   state.SetLength(log.pos0 + rows);
   if (log.mtp != nullptr && rows > 0) MtpWait(*log.mtp, log.pos0, log.hidden.data(), rows);
+  drafts_.erase(open);  // the log goes with the window
   return Status::Ok();
 }
 
@@ -688,8 +679,9 @@ Forward::Segment Forward::SegmentOf(SequenceState& state, int64_t n, Mode mode) 
 }
 
 void Forward::RunChunk(SequenceState& state, const int32_t* ids, int64_t n, Mode mode, bool all_rows,
-                       float* logits, float* hidden) {
-  const Segment seg = SegmentOf(state, n, mode);
+                       float* logits, float* hidden, DraftLog* log) {
+  Segment seg = SegmentOf(state, n, mode);
+  seg.log = log;
   std::vector<int64_t> rows;
   if (logits != nullptr)
     for (int64_t t = all_rows ? 0 : n - 1; t < n; ++t) rows.push_back(t);

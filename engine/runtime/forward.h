@@ -213,9 +213,9 @@ class Forward final : public ComputeBackend {
                                std::vector<int64_t>* logit_rows);
 
   // Runs ids[0..n) at positions state.length()..; writes logits of the last row or all rows, and
-  // (when hidden is set) every row's final-normed hidden state [n, H].
+  // (when hidden is set) every row's final-normed hidden state [n, H]; a draft window's inputs go to log.
   void RunChunk(SequenceState& state, const int32_t* ids, int64_t n, Mode mode, bool all_rows, float* logits,
-                float* hidden = nullptr);
+                float* hidden = nullptr, DraftLog* log = nullptr);
   // Runs the stacked ids of every segment in one forward; writes the logits of the stacked rows
   // logit_rows (in that order) and, when hidden is set, every row's final-normed hidden state.
   void RunRows(std::span<const Segment> segments, const int32_t* ids, int64_t n, std::span<const int64_t> logit_rows, float* logits,

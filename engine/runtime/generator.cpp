@@ -58,8 +58,8 @@ Status GenerationTask::Prefill(DecodeRiders* riders) {
 }
 
 Status GenerationTask::CloseWindow() {
-  if (!pending_window_.empty()) {  // never forwarded: nothing to keep
-    pending_window_.clear();
+  if (pending_.size() > 1) {  // a deferred window never forwarded: nothing to keep
+    pending_.clear();
     window_ids_.clear();
   }
   if (window_ids_.empty()) return Status::Ok();
@@ -112,7 +112,7 @@ Status GenerationTask::Advance(int32_t id) {
       draft.insert(draft.begin(), id);
       window_ids_ = std::move(draft);
       if (defer_windows_ && head_ == nullptr) {
-        pending_window_ = window_ids_;
+        pending_ = window_ids_;
         return Status::Ok();
       }
       return OpenWindow(forward_.DraftWindow(state_, window_ids_, head_));
@@ -122,7 +122,7 @@ Status GenerationTask::Advance(int32_t id) {
     ASSIGN_OR_RETURN(logits_, forward_.Decode(state_, id, head_));
     return Status::Ok();
   }
-  pending_decode_ = id;
+  pending_ = {id};
   return Status::Ok();
 }
 
@@ -140,7 +140,7 @@ Status GenerationTask::OpenWindow(Result<std::vector<float>> logits) {
 }
 
 bool GenerationTask::Step() {
-  if (ended_ || pending_decode_ || !pending_window_.empty()) return !ended_;
+  if (ended_ || !pending_.empty()) return !ended_;
   if (generated() >= params_.max_tokens) return !(ended_ = true);
   if (cancel_ && cancel_->load()) {
     result_.finish = FinishReason::kCancelled;
@@ -215,20 +215,21 @@ Status GenerationTask::Fail(Status status) {
   return status;
 }
 
-void GenerationTask::Decoded(Result<std::vector<float>> logits) {
-  pending_decode_.reset();
-  if (logits.ok()) logits_ = std::move(logits).value();
-  else (void)Fail(logits.status());
-}
-
-void GenerationTask::WindowOpened(Result<std::vector<float>> logits) {
-  pending_window_.clear();
-  (void)Fail(OpenWindow(std::move(logits)));
+void GenerationTask::Forwarded(Result<std::vector<float>> logits) {
+  const bool window = pending_.size() > 1;
+  pending_.clear();
+  if (window) {
+    (void)Fail(OpenWindow(std::move(logits)));
+  } else if (logits.ok()) {
+    logits_ = std::move(logits).value();
+  } else {
+    (void)Fail(logits.status());
+  }
 }
 
 void GenerationTask::DecodeAlone() {
-  if (pending_decode_) Decoded(forward_.Decode(state_, *pending_decode_));
-  if (!pending_window_.empty()) WindowOpened(forward_.DraftWindow(state_, pending_window_, head_));
+  if (pending_.size() == 1) Forwarded(forward_.Decode(state_, pending_.front()));
+  else if (pending_.size() > 1) Forwarded(forward_.DraftWindow(state_, pending_, head_));
 }
 
 Result<GenerationResult> GenerationTask::Finish() {

@@ -5,7 +5,6 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -52,9 +51,9 @@ using TokenCallback = std::function<bool(const GeneratedToken&)>;
 
 // One generation as steps, so an engine loop can run the plain decode steps of several in one
 // forward: Prefill forwards the prompt, Step samples and releases the next token and runs what it
-// needs on its own (a draft window, a decode with the MTP head), leaving a plain decode to the
-// caller (pending_decode, then Decoded). Runs on the calling (engine) thread. The tokens and the
-// state are the same bits however the plain decodes are run.
+// needs on its own (a draft window, a decode with the MTP head), leaving a plain decode (and, with
+// windows deferred, a draft window) to the caller (pending_rows, then Forwarded). Runs on the calling
+// (engine) thread. The tokens and the state are the same bits however the pending rows are run.
 class GenerationTask {
  public:
   // tokenizer may be null: then no text is produced and stop strings are ignored. The prompt continues
@@ -68,24 +67,21 @@ class GenerationTask {
   // riders (optional): other tasks' decodes its forward may carry (ComputeBackend::PrefillCarrying).
   Status Prefill(DecodeRiders* riders = nullptr);
   // Picks and releases one token; false when the generation ended (or failed: Finish says).
-  // Afterwards pending_decode() may name an id whose plain decode the caller runs.
+  // Afterwards pending_rows() may name ids the caller forwards.
   bool Step();
-  // The id to decode before the next Step, when the caller runs it (alone or in a batch).
-  std::optional<int32_t> pending_decode() const { return pending_decode_; }
-  // The pending decode's logits (or its error).
-  void Decoded(Result<std::vector<float>> logits);
-  // With windows deferred, a draft window's ids (the token, then its drafts) wait here for the caller
-  // to forward (ComputeBackend::DecodeWindowsBatch) instead of the task opening the window itself.
-  const std::vector<int32_t>& pending_window() const { return pending_window_; }
-  // The pending window's logits [rows, vocab] (or its error): the window is open.
-  void WindowOpened(Result<std::vector<float>> logits);
-  // Runs the pending decode or window on its own.
+  // What to forward before the next Step, when the caller runs it (alone or in a batch): one id, a
+  // plain decode; more, a deferred draft window (the token, then its drafts: DecodeWindowsBatch opens
+  // it); none, nothing.
+  const std::vector<int32_t>& pending_rows() const { return pending_; }
+  // The pending rows' logits [rows, vocab] (or the forward's error).
+  void Forwarded(Result<std::vector<float>> logits);
+  // Runs the pending rows on their own.
   void DecodeAlone();
   // Whether the task may open draft windows (a backend without window batches keeps one open window
   // at a time: an engine running several tasks lets none draft). Closing the open window keeps the
   // tokens the same.
   void set_may_draft(bool may);
-  // Whether lookup drafts' windows wait in pending_window for the caller (a task with the MTP head opens its own).
+  // Whether lookup drafts' windows wait in pending_rows for the caller (a task with the MTP head opens its own).
   void set_defer_windows(bool defer) { defer_windows_ = defer; }
   // After the last Step: closes an open draft window and returns the generation. On return the state
   // holds the prompt and every generated token except the last (sampled, never forwarded).
@@ -137,8 +133,7 @@ class GenerationTask {
   int draft_length_ = 0;
   bool may_draft_ = true;
   int head_backoff_ = 0, head_wait_ = 0;  // rounds the head sits out after a window it drafted all wrong
-  std::optional<int32_t> pending_decode_;
-  std::vector<int32_t> pending_window_;
+  std::vector<int32_t> pending_;  // pending_rows
   bool defer_windows_ = false;
   bool ended_ = false;
   Status failed_;

@@ -764,7 +764,7 @@ void Scheduler::StepSlots() {
       EndJob(slot);
       continue;
     }
-    if (slot.turn->task->pending_decode() || !slot.turn->task->pending_window().empty()) batch.push_back(&slot);
+    if (!slot.turn->task->pending_rows().empty()) batch.push_back(&slot);
   }
   std::vector<SequenceState*> states;
   std::vector<int32_t> ids;
@@ -774,8 +774,8 @@ void Scheduler::StepSlots() {
   for (Slot* slot : batch) {
     GenerationTask& task = *slot->turn->task;
     states.push_back(&task.state());
-    rows.push_back(task.pending_decode() ? std::vector<int32_t>{*task.pending_decode()} : task.pending_window());
-    windows = windows || !task.pending_window().empty();
+    rows.push_back(task.pending_rows());
+    windows = windows || rows.back().size() > 1;
     ids.push_back(rows.back().front());
     lengths.push_back(states.back()->length());
   }
@@ -783,12 +783,9 @@ void Scheduler::StepSlots() {
   auto hand_back = [&](const std::vector<float>& logits) {
     size_t row = 0;
     for (size_t i = 0; i < batch.size(); ++i) {
-      GenerationTask& task = *batch[i]->turn->task;
-      std::vector<float> own(logits.begin() + static_cast<std::ptrdiff_t>(row * vocab),
-                             logits.begin() + static_cast<std::ptrdiff_t>((row + rows[i].size()) * vocab));
+      batch[i]->turn->task->Forwarded(std::vector<float>(logits.begin() + static_cast<std::ptrdiff_t>(row * vocab),
+                                                         logits.begin() + static_cast<std::ptrdiff_t>((row + rows[i].size()) * vocab)));
       row += rows[i].size();
-      if (task.pending_decode()) task.Decoded(std::move(own));
-      else task.WindowOpened(std::move(own));
     }
   };
   DecodeRiders riders{states, ids};  // plain decodes only: windows run in their own batch
@@ -824,10 +821,8 @@ void Scheduler::StepSlots() {
   bool untouched = true;
   for (size_t i = 0; i < batch.size(); ++i) untouched = untouched && states[i]->length() == lengths[i];
   for (Slot* slot : batch) {
-    GenerationTask& task = *slot->turn->task;
-    if (untouched) task.DecodeAlone();
-    else if (task.pending_decode()) task.Decoded(logits.status());
-    else task.WindowOpened(logits.status());
+    if (untouched) slot->turn->task->DecodeAlone();
+    else slot->turn->task->Forwarded(logits.status());
   }
 }
 
