@@ -10,8 +10,10 @@
 // --drafts lookup turns lookup drafts on (the suffix store off) and forces every answer to a recital
 // that repeats itself every 61 words (the forward still runs on every token), so each stream drafts:
 // its windows go in one forward with the other streams' rows.
+// --port P runs the same rounds against another server already listening on 127.0.0.1:P (llama-server on
+// the GGUF of the same weights: tests/bench/compare-llama-server.sh), its prompt cache off per request.
 // usage: anchorage-bench-server [--size small|tiny] [--tokens N] [--threads N] [--parallel N] [--clients 1,4,16] [--prompt-words N]
-//                               [--drafts off|lookup] [--soak S]
+//                               [--drafts off|lookup] [--soak S] [--port P]
 #include <httplib.h>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -27,8 +30,10 @@
 #include "bench_util.h"
 #include "engine/compute/cpu/matmul.h"
 #include "engine/core/file_util.h"
+#include "engine/model/model_config.h"
 #include "engine/server/service.h"
 #include "engine/settings/settings.h"
+#include "engine/text/tokenizer.h"
 
 using namespace anchorage;
 using json = nlohmann::json;
@@ -176,9 +181,79 @@ double Metric(int port, const std::string& name) {
   return at == std::string::npos ? 0 : std::atof(r->body.c_str() + at + name.size() + 2);
 }
 
+// The prompt of request i (padded with prompt_words words), greedy, every end-of-text id in no_end biased away.
+json RequestBody(int i, int tokens, int prompt_words, const json& no_end, bool external) {
+  std::string notes;  // --prompt-words: a long prompt, so a later client's prefill runs while earlier ones decode
+  for (int w = 0; w < prompt_words; ++w) notes += " note" + std::to_string((w * 7919 + i) % 1000);
+  json body = {{"messages", {{{"role", "user"}, {"content", "Request " + std::to_string(i) + ": explain how a resident prefix keeps the rows of a long conversation so each turn forwards only what is new, and why anchors sit on grid lines." + notes}}}},
+               {"max_tokens", tokens}, {"temperature", 0}, {"stream", true}, {"logit_bias", no_end}, {"chat_template_kwargs", {{"enable_thinking", false}}}};
+  if (external) body["cache_prompt"] = false;  // llama-server: every request prefills its prompt, as Anchorage's with caches off
+  return body;
+}
+
+// Rounds of n concurrent streaming clients; returns the 1-client round's decode rate (0 without one).
+double Rounds(int port, const std::vector<int>& client_counts, const std::function<json(int)>& body, bool count_drafts) {
+  double one_decode = 0, one_ttft = 0, one_aggregate = 0;
+  int request = 0;
+  for (const int n : client_counts) {
+    std::vector<ClientRun> runs(static_cast<size_t>(n));
+    std::vector<std::thread> clients;
+    const double accepted_before = count_drafts ? Metric(port, "anchorage_accepted_tokens_total") : 0;
+    const double start = bench::NowMs();
+    for (int i = 0; i < n; ++i) clients.emplace_back([&, i, first = request] { runs[static_cast<size_t>(i)] = Stream(port, body(first + i)); });
+    for (auto& t : clients) t.join();
+    request += n;
+    const double wall = bench::NowMs() - start;
+    std::vector<double> ttfts, rates;
+    int total_tokens = 0;
+    double longest_pause = 0;
+    for (const auto& r : runs) {
+      longest_pause = std::max(longest_pause, r.longest_pause_ms);
+      ttfts.push_back(r.ttft_ms);
+      rates.push_back(r.tokens > 1 ? (r.tokens - 1) / ((r.total_ms - r.ttft_ms) / 1000.0) : 0);
+      total_tokens += r.tokens;
+    }
+    const double aggregate = total_tokens / (wall / 1000.0);
+    if (n == 1) {
+      one_decode = rates[0];
+      one_ttft = ttfts[0];
+      one_aggregate = aggregate;
+    }
+    std::printf("%2d clients: TTFT p50 %.0f ms, p99 %.0f ms; decode per stream p50 %.1f tokens/s; aggregate %.1f tokens/s over %.0f ms (%d tokens)",
+                n, bench::Percentile(ttfts, 0.5), bench::Percentile(ttfts, 0.99), bench::Percentile(rates, 0.5), aggregate, wall, total_tokens);
+    if (n > 1 && one_aggregate > 0) std::printf(" (%.2fx one client's aggregate, TTFT p50 %.2fx)", aggregate / one_aggregate, bench::Percentile(ttfts, 0.5) / one_ttft);
+    std::printf("; longest pause in a stream %.0f ms", longest_pause);
+    if (count_drafts) std::printf("; %.0f drafts accepted", Metric(port, "anchorage_accepted_tokens_total") - accepted_before);
+    std::printf("\n");
+  }
+  return one_decode;
+}
+
+// --port P: the same rounds against another OpenAI-compatible server on 127.0.0.1:P serving the same weights
+// (llama-server on the GGUF that anchorage-bench-gguf writes); the end-of-text ids come from --size's tokenizer.
+int External(int port, const std::string& size, int tokens, int prompt_words, const std::vector<int>& client_counts) {
+  const std::string dir = bench::ModelFolder(size);
+  auto config = LoadModelConfig(dir + "/config.json");
+  auto tokenizer = Tokenizer::Load(dir + "/tokenizer.json");
+  if (!config.ok() || !tokenizer.ok()) return bench::Fail(config.ok() ? tokenizer.status() : config.status());
+  json no_end = json::object();
+  for (const int64_t id : config->eos_token_ids) no_end[std::to_string(id)] = -100;
+  for (const char* end : {"<|im_end|>", "<|endoftext|>"})
+    if (const auto id = tokenizer->TokenId(end)) no_end[std::to_string(*id)] = -100;
+  auto body = [&](int i) { return RequestBody(i, tokens, prompt_words, no_end, true); };
+  const ClientRun warm = Stream(port, body(99));
+  if (warm.tokens == 0) {
+    std::fprintf(stderr, "no tokens streamed from 127.0.0.1:%d\n", port);
+    return 1;
+  }
+  std::printf("server on 127.0.0.1:%d, model %s's weights, %d tokens per request (no early end), prompt cache off\n", port, size.c_str(), tokens);
+  Rounds(port, client_counts, body, false);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   std::string size = "small";
-  int tokens = 64, threads = 0, parallel = 4, soak_s = 0, prompt_words = 0;
+  int tokens = 64, threads = 0, parallel = 4, soak_s = 0, prompt_words = 0, external_port = 0;
   std::string drafts = "off";
   std::vector<int> client_counts = {1, 4, 16};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -190,6 +265,7 @@ int main(int argc, char** argv) {
     else if (k == "--soak") soak_s = std::atoi(v.c_str());
     else if (k == "--prompt-words") prompt_words = std::atoi(v.c_str());
     else if (k == "--drafts") drafts = v;
+    else if (k == "--port") external_port = std::atoi(v.c_str());
     else if (k == "--clients") {
       client_counts.clear();
       for (size_t at = 0; at < v.size();) {
@@ -200,6 +276,7 @@ int main(int argc, char** argv) {
     }
   }
   if (soak_s > 0) return Soak(size, threads, parallel, tokens, soak_s);
+  if (external_port > 0) return External(external_port, size, tokens, prompt_words, client_counts);
   ServerConfig config;
   config.model_dir = bench::ModelFolder(size);
   config.data_dir = "/tmp/anchorage-bench/server-data";
@@ -237,49 +314,12 @@ int main(int argc, char** argv) {
   for (const int64_t id : s.model().config.eos_token_ids) no_end[std::to_string(id)] = -100;
   for (const char* end : {"<|im_end|>", "<|endoftext|>"})
     if (const auto id = s.model().tokenizer.TokenId(end)) no_end[std::to_string(*id)] = -100;
-  auto body = [&](int i) {
-    std::string notes;  // --prompt-words: a long prompt, so a later client's prefill runs while earlier ones decode
-    for (int w = 0; w < prompt_words; ++w) notes += " note" + std::to_string((w * 7919 + i) % 1000);
-    return json{{"messages", {{{"role", "user"}, {"content", "Request " + std::to_string(i) + ": explain how a resident prefix keeps the rows of a long conversation so each turn forwards only what is new, and why anchors sit on grid lines." + notes}}}},
-                {"max_tokens", tokens}, {"temperature", 0}, {"stream", true}, {"logit_bias", no_end}, {"chat_template_kwargs", {{"enable_thinking", false}}}};
-  };
+  auto body = [&](int i) { return RequestBody(i, tokens, prompt_words, no_end, false); };
   Stream(port, body(99));  // warm-up
 
   std::printf("model %s, %d threads, %s, %d slots, %d tokens per request (no early end), caches off, drafts %s\n", size.c_str(),
               s.scheduler().forward().threads(), cpu::PathName(cpu::ActivePath()), parallel, tokens, drafts.c_str());
-  double one_decode = 0, one_ttft = 0, one_aggregate = 0;
-  int request = 0;
-  for (const int n : client_counts) {
-    std::vector<ClientRun> runs(static_cast<size_t>(n));
-    std::vector<std::thread> clients;
-    const double accepted_before = Metric(port, "anchorage_accepted_tokens_total");
-    const double start = bench::NowMs();
-    for (int i = 0; i < n; ++i) clients.emplace_back([&, i, first = request] { runs[static_cast<size_t>(i)] = Stream(port, body(first + i)); });
-    for (auto& t : clients) t.join();
-    request += n;
-    const double wall = bench::NowMs() - start;
-    std::vector<double> ttfts, rates;
-    int total_tokens = 0;
-    double longest_pause = 0;
-    for (const auto& r : runs) {
-      longest_pause = std::max(longest_pause, r.longest_pause_ms);
-      ttfts.push_back(r.ttft_ms);
-      rates.push_back(r.tokens > 1 ? (r.tokens - 1) / ((r.total_ms - r.ttft_ms) / 1000.0) : 0);
-      total_tokens += r.tokens;
-    }
-    const double aggregate = total_tokens / (wall / 1000.0);
-    if (n == 1) {
-      one_decode = rates[0];
-      one_ttft = ttfts[0];
-      one_aggregate = aggregate;
-    }
-    std::printf("%2d clients: TTFT p50 %.0f ms, p99 %.0f ms; decode per stream p50 %.1f tokens/s; aggregate %.1f tokens/s over %.0f ms",
-                n, bench::Percentile(ttfts, 0.5), bench::Percentile(ttfts, 0.99), bench::Percentile(rates, 0.5), aggregate, wall);
-    if (n > 1 && one_aggregate > 0) std::printf(" (%.2fx one client's aggregate, TTFT p50 %.2fx)", aggregate / one_aggregate, bench::Percentile(ttfts, 0.5) / one_ttft);
-    std::printf("; longest pause in a stream %.0f ms", longest_pause);
-    if (drafts != "off") std::printf("; %.0f drafts accepted", Metric(port, "anchorage_accepted_tokens_total") - accepted_before);
-    std::printf("\n");
-  }
+  const double one_decode = Rounds(port, client_counts, body, drafts != "off");
 
   if (drafts != "off") {  // what the scheduler measured of its steps, and the acceptance a window beside others must beat
     httplib::Client c("127.0.0.1", port);
