@@ -185,6 +185,29 @@ Result<std::vector<float>> CudaBackend::Decode(SequenceState& state, int32_t id,
   return logits;
 }
 
+Result<std::vector<float>> CudaBackend::DecodeBatch(std::span<SequenceState* const> states, std::span<const int32_t> ids) {
+  RETURN_IF_ERROR(CheckDecodeBatch(states, ids, config().vocab_size));
+  if (states.size() == 1) return Decode(*states.front(), ids.front());  // one state: Decode, with its captured graph
+  std::vector<DeviceState*> devices(states.size());
+  std::vector<const PromptImages*> images(states.size());
+  std::vector<int64_t> from(states.size());
+  for (size_t i = 0; i < states.size(); ++i) {
+    from[i] = states[i]->length();
+    images[i] = states[i]->images().get();
+    RETURN_IF_ERROR(Prepare(*states[i], from[i] + 1, &devices[i]));
+  }
+  auto logits = forward_->DecodeBatch(devices, ids, images);
+  Status status = logits.ok() ? Status::Ok() : logits.status();
+  for (size_t i = 0; i < states.size(); ++i) {  // after a device error a copy may be anywhere: each is dropped
+    const Status written = logits.ok() ? WriteBack(*states[i], *devices[i], from[i]) : logits.status();
+    if (written.ok()) continue;
+    Drop(*states[i], true);
+    if (status.ok()) status = written;
+  }
+  if (!status.ok()) return status;
+  return logits;
+}
+
 Result<std::vector<float>> CudaBackend::PrefillBranches(const SequenceState& prefix, std::span<const PrefillBranch> branches) {
   int64_t longest = 0;
   for (const PrefillBranch& b : branches) {

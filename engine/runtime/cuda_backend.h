@@ -43,6 +43,9 @@ class CudaBackend final : public ComputeBackend {
   Result<std::vector<float>> Prefill(SequenceState& state, std::span<const int32_t> ids, LogitsRows rows = LogitsRows::kLast,
                                      MtpState* mtp = nullptr) override;
   Result<std::vector<float>> Decode(SequenceState& state, int32_t id, MtpState* mtp = nullptr) override;
+  // Every state's next row in one forward on the device (CudaForward::DecodeBatch). A state whose copy
+  // cannot be made or grown leaves every state as it was.
+  Result<std::vector<float>> DecodeBatch(std::span<SequenceState* const> states, std::span<const int32_t> ids) override;
   Result<std::vector<float>> ForkLastLogits(const SequenceState& state, std::span<const int32_t> ids) override;
   int64_t PrefillWorkspaceBytes(int64_t chunk_tokens) const override;
 

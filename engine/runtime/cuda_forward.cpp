@@ -690,10 +690,10 @@ const int64_t* CudaForward::StepRopePosition() const {
   return reinterpret_cast<const int64_t*>(static_cast<const char*>(ws_->step.data()) + offsetof(DecodeStep, rope_position));
 }
 
-int64_t CudaForward::RopeShift(int64_t row) const {
-  if (images_ == nullptr) return 0;
+int64_t CudaForward::RopeShiftOf(const PromptImages* images, int64_t row) {
+  if (images == nullptr) return 0;
   int64_t axes[3];
-  images_->PositionOf(row, axes);
+  images->PositionOf(row, axes);
   return axes[0] - row;
 }
 
@@ -933,6 +933,40 @@ Result<std::vector<float>> CudaForward::DraftWindow(DeviceState& state, std::spa
   return logits;
 }
 
+Result<std::vector<float>> CudaForward::DecodeBatch(std::span<DeviceState* const> states, std::span<const int32_t> ids,
+                                                     std::span<const PromptImages* const> images) {
+  if (ids.size() != states.size() || images.size() != states.size())
+    return InvalidArgument("CudaForward::DecodeBatch: " + std::to_string(ids.size()) + " ids and " + std::to_string(images.size()) +
+                           " image lists for " + std::to_string(states.size()) + " states");
+  RETURN_IF_ERROR(CheckIds(ids));
+  const int64_t H = config_.hidden_size, V = config_.vocab_size;
+  for (DeviceState* state : states) RETURN_IF_ERROR(state->Reserve(state->length() + 1));
+  std::vector<float> logits(states.size() * static_cast<size_t>(V));
+  Workspace& ws = *ws_;
+  std::vector<Segment> rows;
+  for (size_t first = 0; first < states.size(); first += kMaxDraftRows) {
+    const int64_t n = std::min<int64_t>(kMaxDraftRows, static_cast<int64_t>(states.size() - first));
+    rows.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      DeviceState* state = states[first + static_cast<size_t>(i)];
+      const int64_t position = state->length();
+      rows.push_back({i, 1, state, position, position + RopeShiftOf(images[first + static_cast<size_t>(i)], position)});
+    }
+    RETURN_IF_ERROR(cuda::CopyToDevice(ws.ids.data(), ids.data() + first, static_cast<size_t>(n) * 4, stream_));
+    RETURN_IF_ERROR(EnqueueLayers(*rows.front().state, static_cast<const int32_t*>(ws.ids.data()), n, Mode::kBatch, rows));
+    cuda::RmsNormRows(ws.x.floats(), final_norm_, n, H, static_cast<float>(config_.rms_norm_eps), ws.a.floats(), stream_);
+    for (int64_t t = 0; t < n; t += kLogitRows) {  // decode's lm_head GEMV
+      const int64_t run = std::min(kLogitRows, n - t);
+      GemvOf(lm_head_, ws.a.floats() + t * H, run, ws.logits.floats());
+      RETURN_IF_ERROR(cuda::CopyToHost(logits.data() + (static_cast<int64_t>(first) + t) * V, ws.logits.data(),
+                                       static_cast<size_t>(Floats(run * V)), stream_));
+    }
+    RETURN_IF_ERROR(cuda::Synchronize(stream_, "a decode batch"));
+    for (const Segment& row : rows) ++row.state->length_;
+  }
+  return logits;
+}
+
 Status CudaForward::KeepDraft(DeviceState& state, int64_t rows) {
   DraftLog& log = *draft_;
   if (log.state != &state || state.length() != log.pos0 + log.rows)
@@ -1125,6 +1159,23 @@ Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int
     cuda::GatedNorm(ws.core.floats(), ws.z.floats(), L.gdn_norm, n, Nv, c.linear_value_head_dim, eps, stream_);
     return Product(L.out, ws.core.floats(), n, ws.mix.floats(), H, mode);
   }
+  if (mode == Mode::kBatch) {  // each row's conv over its own state's tail, and its recurrence on its own state
+    for (const Segment& row : branches) {
+      cuda::ConvNormGates own = gates;
+      own.qkv += row.row0 * C;
+      own.tail = row.state->tail_[static_cast<size_t>(gi)].floats();
+      own.out += row.row0 * C;
+      own.b += row.row0 * Nv;
+      own.a += row.row0 * Nv;
+      own.beta += row.row0 * Nv;
+      own.g += row.row0 * Nv;
+      cuda::ConvNormGatesRows(own, 1, stream_);
+      cuda::NextTail(own.qkv, row.state->tail_[static_cast<size_t>(gi)].floats(), 1, C, K, stream_);
+      cuda::GatedDeltaRecurrent(shape, own.out, own.beta, own.g, 1, row.state->recurrent_[static_cast<size_t>(gi)].floats(),
+                                ws.core.floats() + row.row0 * VD, ws.z.floats() + row.row0 * VD, L.gdn_norm, eps, stream_);
+    }
+    return Product(L.out, ws.core.floats(), n, ws.mix.floats(), H, mode);
+  }
   cuda::ConvNormGatesRows(gates, n, stream_);
   if (mode != Mode::kDraft) cuda::NextTail(qkv, tail, n, C, K, stream_);  // a window's tail moves at KeepDraft
   if (mode == Mode::kChunked) {
@@ -1180,6 +1231,11 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
     for (const Segment& b : branches)
       RETURN_IF_ERROR(AttendRows(L, ws.qg.floats() + b.row0 * QW, ws.krows.floats() + b.row0 * KW, ws.vrows.floats() + b.row0 * KW, b.n,
                                  rope, at, rows, ws.attn.floats() + b.row0 * Nh * hd));
+  } else if (mode == Mode::kBatch) {  // each row's K/V row goes to its own state, and it attends that state's rows
+    for (const Segment& row : branches)
+      RETURN_IF_ERROR(AttendRows(L, ws.qg.floats() + row.row0 * QW, ws.krows.floats() + row.row0 * KW, ws.vrows.floats() + row.row0 * KW, 1,
+                                 cuda::Position{row.rope_position, nullptr}, cuda::Position{row.position, nullptr}, row.state->kv_buffers(ai),
+                                 ws.attn.floats() + row.row0 * Nh * hd));
   } else {
     RETURN_IF_ERROR(AttendRows(L, ws.qg.floats(), ws.krows.floats(), ws.vrows.floats(), n, rope, position, rows, ws.attn.floats(), rope_axes_));
   }

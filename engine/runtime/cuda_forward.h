@@ -163,6 +163,15 @@ class CudaForward {
   Result<std::vector<float>> DraftWindow(DeviceState& state, std::span<const int32_t> ids, MtpState* mtp = nullptr);
   Status KeepDraft(DeviceState& state, int64_t rows);
 
+  // Appends ids[i] to *states[i] (distinct states) in one forward, as Forward::DecodeBatch: every product
+  // runs over all the rows, each weight read once (a GEMV row's bits do not depend on the rows beside it),
+  // while each state's conv tail, recurrence, K/V rows and attention are its own. images[i]: the images of
+  // states[i]'s sequence (they shift its rotary position), or null. Returns logits [states.size(), vocab],
+  // row i the bits Decode(*states[i], ids[i]) returns. Runs launch by launch, kMaxDraftRows states a forward.
+  // Bad ids or no room for a row change no state.
+  Result<std::vector<float>> DecodeBatch(std::span<DeviceState* const> states, std::span<const int32_t> ids,
+                                         std::span<const PromptImages* const> images);
+
   // The checkpoint's multi-token-prediction head, as Forward's (MtpCommit, MtpDraft), on the device:
   // the head's K/V rows and the waiting hidden rows live in mtp.mirror. Its bits are this backend's
   // (drafts only decide which rows a window forwards, so tokens never depend on them). Where the device
@@ -211,10 +220,14 @@ class CudaForward {
   class DeviceMtp;
   // kDraft: a draft window's rows, each with decode's arithmetic, the recurrent part left as it was.
   // kBranches: branches' stacked rows, each from the state at its length, which stays as it was.
-  enum class Mode { kChunked, kRecurrent, kDraft, kBranches };
-  // One branch's rows [row0, row0 + n) in a forward over stacked rows.
+  // kBatch: one row of each of several states, each with decode's arithmetic on its own state.
+  enum class Mode { kChunked, kRecurrent, kDraft, kBranches, kBatch };
+  // One branch's rows [row0, row0 + n) in a forward over stacked rows; in a batch, one state's row, its
+  // position and rotary position.
   struct Segment {
     int64_t row0 = 0, n = 0;
+    DeviceState* state = nullptr;
+    int64_t position = 0, rope_position = 0;
   };
 
   CudaForward(const ModelConfig& config, const CudaForwardOptions& options);
@@ -258,7 +271,8 @@ class CudaForward {
   Status AttendRows(const Layer& layer, float* q, float* k, const float* v, int64_t n, cuda::Position rope_pos, cuda::Position kv_row,
                     const cuda::KvBuffers& rows, float* out, cuda::RopeAxes axes = {});
   // Rotary position minus row of the text rows from `row` on (what images before them moved them by).
-  int64_t RopeShift(int64_t row) const;
+  int64_t RopeShift(int64_t row) const { return RopeShiftOf(images_, row); }
+  static int64_t RopeShiftOf(const PromptImages* images, int64_t row);
   // ids as the device embeds them (an image row's key id made 0) and, for a chunk from position pos, the
   // image rows' inputs and the rows' M-RoPE positions where they are not row + one shift.
   Status StageImageRows(std::span<const int32_t> ids, int64_t pos, std::vector<int32_t>* embedded);

@@ -230,6 +230,11 @@ void HttpServer::RouteOperations() {
     text += "# HELP anchorage_slot_tokens Rows each slot's state holds, with its state (idle, prefill, decode).\n# TYPE anchorage_slot_tokens gauge\n";
     for (const SlotSnapshot& slot : scheduler_.Slots())
       text += "anchorage_slot_tokens{slot=\"" + std::to_string(slot.index) + "\",state=\"" + slot.state + "\"} " + std::to_string(slot.tokens) + "\n";
+    const Scheduler::DecodeCounts decodes = scheduler_.decode_counts();
+    text += "# HELP anchorage_decode_steps_total Forwards that decoded the next rows of running slots.\n# TYPE anchorage_decode_steps_total counter\n";
+    text += "anchorage_decode_steps_total " + std::to_string(decodes.steps) + "\n";
+    text += "# HELP anchorage_batched_decode_rows_total Slots' rows decoded in a forward with another slot's rows.\n# TYPE anchorage_batched_decode_rows_total counter\n";
+    text += "anchorage_batched_decode_rows_total " + std::to_string(decodes.batched_rows) + "\n";
     const anchorage::CacheStats stats = scheduler_.CacheStats();
     if (stats.disk_enabled) text += RenderDiskMetrics(stats.disk);
     if (stats.spill_enabled) text += RenderSpillMetrics(stats.spill);

@@ -269,6 +269,11 @@ int Scheduler::busy_slots() const {
   return running_slots_;
 }
 
+Scheduler::DecodeCounts Scheduler::decode_counts() const {
+  std::lock_guard lock(mu_);
+  return decode_counts_;
+}
+
 void Scheduler::PublishSlots() {
   std::vector<SlotSnapshot> snapshots;
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -798,13 +803,22 @@ void Scheduler::StepSlots() {
       FinishJob(*job, more.status(), {}, prefilling->stats);
     }
   }
-  if (riders.taken) return hand_back(riders.logits);
+  const auto counted = [&](bool batched) {
+    std::lock_guard lock(mu_);
+    ++decode_counts_.steps;
+    if (batched) decode_counts_.batched_rows += static_cast<int64_t>(batch.size());
+  };
+  if (riders.taken) {
+    counted(true);
+    return hand_back(riders.logits);
+  }
   if (batch.empty()) return;
   int64_t forwarded = 0;
   for (const std::vector<int32_t>& r : rows) forwarded += static_cast<int64_t>(r.size());
   const auto start = std::chrono::steady_clock::now();
   const auto measured = [&] {
     row_costs_.Record(forwarded, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    counted(batch.size() > 1);
     std::lock_guard lock(mu_);
     row_costs_seen_ = row_costs_;
   };

@@ -152,6 +152,12 @@ class Scheduler {
   // Every slot, slot 0 first.
   std::vector<SlotSnapshot> Slots() const;
   int busy_slots() const;
+  // Forwards that decoded slots' rows, and the rows of those that decoded more than one slot (beside a
+  // prefill piece or each other): how much of decoding ran batched.
+  struct DecodeCounts {
+    int64_t steps = 0, batched_rows = 0;
+  };
+  DecodeCounts decode_counts() const;
   // Where job waits in the queue (1: next); 0 once the engine took it (or it is not queued).
   size_t QueuePosition(const Job* job) const;
   bool busy() const;
@@ -260,6 +266,7 @@ class Scheduler {
   std::vector<Slot> slots_;   // engine thread
   RowCostModel row_costs_;    // engine thread: what the decode and window forwards cost by rows
   RowCostModel row_costs_seen_;  // its copy for the stats (mu_)
+  DecodeCounts decode_counts_;   // mu_
   uint64_t started_jobs_ = 0;
   bool waiting_for_memory_ = false;  // the queue's head waits for a running slot to end
   ResidentOptions applied_options_;  // engine thread: the newest options, version options_version_

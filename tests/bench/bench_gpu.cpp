@@ -405,6 +405,25 @@ int main(int argc, char** argv) {
                   static_cast<long long>(rows), 1e3 * window, window / step, static_cast<double>(rows) / window);
     }
   }
+  for (const int64_t batch : {2, 4, 16}) {  // decode batches (parallel slots): every state's next row in one forward
+    std::vector<std::unique_ptr<DeviceState>> owned;
+    std::vector<DeviceState*> states;
+    for (int64_t i = 0; i < batch; ++i) {
+      auto state = f.NewState();
+      if (!state.ok() || !f.Prefill(**state, bench::PromptIds(*config, 512, static_cast<uint32_t>(i))).ok()) return 1;
+      states.push_back(state->get());
+      owned.push_back(std::move(*state));
+    }
+    const std::vector<int32_t> ids(static_cast<size_t>(batch), 3);
+    const std::vector<const PromptImages*> images(static_cast<size_t>(batch), nullptr);
+    const int64_t steps = std::max<int64_t>(4, decode_tokens / 4);
+    const auto start = Clock::now();
+    for (int64_t i = 0; i < steps; ++i)
+      if (auto r = f.DecodeBatch(states, ids, images); !r.ok()) return bench::Fail(r.status());
+    const double step = Seconds(start) / static_cast<double>(steps);
+    std::printf("decode batch of %2lld states after 512: %.2f ms a step, %.1f tok/s in all, %.1f a state\n", static_cast<long long>(batch),
+                1e3 * step, static_cast<double>(batch) / step, 1.0 / step);
+  }
   if (f.has_mtp()) {  // the MTP head: a decode step that feeds it, then 4 drafts, against a plain step
     auto state = f.NewState();
     MtpState mtp;

@@ -1,6 +1,7 @@
 #!/bin/bash
 # llama-server -np N against Anchorage with N slots on the same weights, the same clients and prompts, in one
-# run on this machine: anchorage-bench-server's rounds (TTFT, per-stream and aggregate decode) for each.
+# run on this machine: anchorage-bench-server's rounds (TTFT, per-stream and aggregate decode) for each; then
+# the engines alone, llama-bench's pp512 and tg128 beside anchorage-bench-engine's prefill 512 and decode.
 # llama.cpp comes from node-llama-cpp's npm package, whose llama/gitRelease.bundle is a git bundle of the
 # llama.cpp release it binds; it is built here for this CPU (GGML_NATIVE) and kept in LLAMA_DIR. The weights
 # are the generated model's, written as GGUF by anchorage-bench-gguf (BF16 matrices, as Anchorage reads them);
@@ -17,7 +18,7 @@ llama=${LLAMA_DIR:-/tmp/anchorage-bench/llama.cpp}
 work=/tmp/anchorage-bench
 mkdir -p "$work"
 
-if [ ! -x "$llama/build/bin/llama-server" ]; then
+if [ ! -x "$llama/build/bin/llama-server" ] || [ ! -x "$llama/build/bin/llama-bench" ]; then
   if [ ! -d "$llama/.git" ]; then
     pack=$(mktemp -d)
     (cd "$pack" && npm pack --silent "node-llama-cpp@${NODE_LLAMA_CPP:-3.22.1}" >/dev/null && tar xzf node-llama-cpp-*.tgz package/llama)
@@ -26,7 +27,7 @@ if [ ! -x "$llama/build/bin/llama-server" ]; then
   fi
   cmake -S "$llama" -B "$llama/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_USE_PREBUILT_UI=OFF \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF >/dev/null
-  ninja -C "$llama/build" llama-server >/dev/null
+  ninja -C "$llama/build" llama-server llama-bench >/dev/null
 fi
 echo "llama.cpp $(git -C "$llama" log -1 --format='%h %cd' --date=short) ($(git -C "$llama" describe --tags --always 2>/dev/null || true))"
 
@@ -55,3 +56,8 @@ trap - EXIT
 echo "== Anchorage --parallel $parallel --threads $threads"
 "$build/tests/bench/anchorage-bench-server" --size "$size" --tokens "$tokens" --threads "$threads" --parallel "$parallel" \
   --clients "$clients" --prompt-words "$prompt_words" | sed '/^through a front/d'
+
+echo "== the engines alone: llama-bench -p 512 -n 128 -t $threads, then anchorage-bench-engine"
+"$llama/build/bin/llama-bench" -m "$gguf" -t "$threads" -p 512 -n 128 -r 3 | grep -E "pp512|tg128"
+"$build/tests/bench/anchorage-bench-engine" --model-dir "$work/$size-seed1" --no-accuracy --threads "$threads" --max-tokens 512 --kv-dtype bf16 --batches 1 |
+  grep -E "^(kernel path|machine|limits|prefill   512|decode at   512)"

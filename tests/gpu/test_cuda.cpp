@@ -1109,6 +1109,59 @@ void DraftWindowRowsAreDecodeSteps(GeneratedDtype dtype) {
   GPU_CHECK(state->length() == 25);
 }
 
+// A decode batch on the device: each row the bits of its state's Decode alone and each state after it
+// its decoded self, three steps in a row, over host states unlike each other: one at 1,024 rows (the
+// batch grows its device copy), one just restored on the host from an anchor, one with images before
+// its rows (they turn at shifted positions), one with no device copy yet. One state alone is Decode; a
+// batch with a bad id changes no state.
+void DecodeBatchRowsAreDecodeSteps() {
+  Pair p = Load(TinyModelSize::kTiny);
+  const ModelConfig& c = p.model->config;
+  const auto backend = Backend(*p.model, 64);
+  const int64_t V = c.vocab_size;
+  std::vector<int32_t> pictured = testing::RandomIds(90, V, 51);
+  auto image = std::make_shared<PromptImage>();
+  image->digest = "batch image";
+  image->rows = 3;
+  image->columns = 4;
+  image->key_ids = ImageKeyIds(image->digest, 12);
+  image->embeddings = std::make_shared<const std::vector<float>>(RandomFloats(static_cast<size_t>(12 * c.hidden_size), 52));
+  std::copy(image->key_ids.begin(), image->key_ids.end(), pictured.begin() + 10);
+  const std::vector<std::shared_ptr<const PromptImage>> catalog = {image};
+  const auto located = Must(PromptImages::Locate(pictured, catalog), "locating the image");
+
+  std::vector<SequenceState> batched;
+  for (int i = 0; i < 4; ++i) batched.emplace_back(c);
+  Must(backend->Prefill(batched[0], testing::RandomIds(1024, V, 53)), "prefill to 1,024");
+  Must(backend->Prefill(batched[1], testing::RandomIds(200, V, 54)), "prefill to 200");
+  Must(batched[1].RestoreAnchor(batched[1].SaveAnchor()), "a host write");
+  batched[2].set_images(located);
+  Must(backend->Prefill(batched[2], pictured), "prefill with an image");
+  Must(p.cpu->Prefill(batched[3], testing::RandomIds(70, V, 55)), "prefill on the CPU");  // no device copy
+  std::vector<SequenceState> alone = batched;
+  std::vector<SequenceState*> states;
+  for (SequenceState& s : batched) states.push_back(&s);
+
+  const std::vector<int32_t> bad = {3, 4, static_cast<int32_t>(V), 5};
+  GPU_CHECK(!backend->DecodeBatch(states, bad).ok());
+  for (size_t i = 0; i < states.size(); ++i) GPU_CHECK_MSG(batched[i].BitEqual(alone[i]), "state " + std::to_string(i) + " after a bad id");
+
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<int32_t> ids = testing::RandomIds(4, V, 60 + step);
+    const std::vector<float> logits = Must(backend->DecodeBatch(states, ids), "a decode batch");
+    for (size_t i = 0; i < states.size(); ++i) {
+      const std::vector<float> want = Must(backend->Decode(alone[i], ids[i]), "a decode alone");
+      GPU_CHECK_MSG(std::memcmp(logits.data() + i * V, want.data(), static_cast<size_t>(V) * 4) == 0,
+                    "row " + std::to_string(i) + " at step " + std::to_string(step));
+      GPU_CHECK_MSG(batched[i].BitEqual(alone[i]), "state " + std::to_string(i) + " after step " + std::to_string(step));
+    }
+  }
+  SequenceState* one[] = {&batched[2]};
+  const int32_t id = 9;
+  GPU_CHECK(SameBits(Must(backend->DecodeBatch(one, std::span(&id, 1)), "a batch of one"), Must(backend->Decode(alone[2], id), "decode")));
+  GPU_CHECK(batched[2].BitEqual(alone[2]));
+}
+
 // The backend's draft windows on host states: the host state keeps its length and bits while the
 // window is open, KeepDraft writes back the kept rows alone (the state then equals as many decodes),
 // a host write in between makes KeepDraft refuse, and the generator with drafts picks plain decoding's
@@ -1461,6 +1514,7 @@ int main() {
       {"a fork on the device keeps the state (a branch)", [] { ForkKeepsTheState(1024); }},
       {"a fork on the device keeps the state (past the grid: from a device anchor)", [] { ForkKeepsTheState(64); }},
       {"the backend's draft windows keep host states; drafts give plain decoding's tokens", BackendDraftWindowsKeepHostStates},
+      {"a decode batch gives each state's Decode bits", DecodeBatchRowsAreDecodeSteps},
       {"the backend's branches leave the host state", BackendBranchesLeaveTheHostState},
 #ifndef ANCHORAGE_CUDA_EMULATED
       {"the plugin gives the linked backend's bits", ThePluginGivesTheLinkedBackendsBits},

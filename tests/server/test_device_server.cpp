@@ -211,6 +211,11 @@ class TestDeviceServer : public QObject {
     int used = 0;
     for (const json& slot : slot_list) used += slot["requests"].get<int>() > 0 ? 1 : 0;
     QVERIFY2(used >= 2, slot_list.dump().c_str());
+    // The slots' decode rows ran in shared forwards on the device (CudaBackend::DecodeBatch, or beside a prefill piece).
+    const std::string metrics = server.Get("/metrics")->body;
+    const size_t at = metrics.find("\nanchorage_batched_decode_rows_total ");
+    QVERIFY2(at != std::string::npos, metrics.c_str());
+    QVERIFY2(std::atoll(metrics.c_str() + at + 37) > 0, metrics.substr(at, 60).c_str());
   }
 
   void decideOnTheDeviceGivesTheIndependentBits() {
