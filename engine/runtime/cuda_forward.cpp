@@ -57,6 +57,7 @@ struct CudaForward::Workspace {
   DeviceBuffer ids;                 // int32 [G]
   DeviceBuffer axes;                // int64 [G, 3]: M-RoPE positions of a chunk's rows
   DeviceBuffer step;                // a decode step: DecodeStep
+  DeviceBuffer batch_steps;         // a decode batch's rows: DecodeStep [kMaxDraftRows]
   DeviceBuffer x, a, mix;           // [G, H]
   DeviceBuffer qkv, conv;           // [G, conv_dim]
   DeviceBuffer z, core;             // [G, Nv*dv]
@@ -654,6 +655,7 @@ Status CudaForward::Init(const ModelWeights& w) {
   RETURN_IF_ERROR(make(ws.ids, rows * 4, "token ids"));
   RETURN_IF_ERROR(make(ws.axes, rows * 3 * 8, "M-RoPE positions"));
   RETURN_IF_ERROR(make(ws.step, sizeof(DecodeStep), "a decode step"));
+  RETURN_IF_ERROR(make(ws.batch_steps, kMaxDraftRows * sizeof(DecodeStep), "a decode batch's steps"));
   for (DeviceBuffer* b : {&ws.x, &ws.a, &ws.mix}) RETURN_IF_ERROR(make(*b, Floats(rows * H), "hidden rows"));
   for (DeviceBuffer* b : {&ws.qkv, &ws.conv}) RETURN_IF_ERROR(make(*b, Floats(rows * C), "conv rows"));
   for (DeviceBuffer* b : {&ws.z, &ws.core}) RETURN_IF_ERROR(make(*b, Floats(rows * VD), "value rows"));
@@ -730,6 +732,7 @@ const int64_t* CudaForward::StepPosition() const {
 
 void CudaForward::set_decode_graphs(bool on) {
   graph_.reset();
+  batch_graph_.reset();
   graph_note_.clear();
   options_.decode_graphs = on;
 }
@@ -939,32 +942,60 @@ Result<std::vector<float>> CudaForward::DecodeBatch(std::span<DeviceState* const
     return InvalidArgument("CudaForward::DecodeBatch: " + std::to_string(ids.size()) + " ids and " + std::to_string(images.size()) +
                            " image lists for " + std::to_string(states.size()) + " states");
   RETURN_IF_ERROR(CheckIds(ids));
-  const int64_t H = config_.hidden_size, V = config_.vocab_size;
+  const int64_t V = config_.vocab_size;
   for (DeviceState* state : states) RETURN_IF_ERROR(state->Reserve(state->length() + 1));
   std::vector<float> logits(states.size() * static_cast<size_t>(V));
   Workspace& ws = *ws_;
+  const auto* steps = static_cast<const DecodeStep*>(ws.batch_steps.data());
   std::vector<Segment> rows;
-  for (size_t first = 0; first < states.size(); first += kMaxDraftRows) {
-    const int64_t n = std::min<int64_t>(kMaxDraftRows, static_cast<int64_t>(states.size() - first));
+  std::vector<DecodeStep> host_steps;
+  for (size_t first = 0; first < states.size(); first += kLogitRows) {  // the logits' rows a forward
+    const int64_t n = std::min<int64_t>(kLogitRows, static_cast<int64_t>(states.size() - first));
     rows.clear();
+    host_steps.clear();
+    std::vector<const void*> buffers;
     for (int64_t i = 0; i < n; ++i) {
-      DeviceState* state = states[first + static_cast<size_t>(i)];
+      const size_t at = first + static_cast<size_t>(i);
+      DeviceState* state = states[at];
       const int64_t position = state->length();
-      rows.push_back({i, 1, state, position, position + RopeShiftOf(images[first + static_cast<size_t>(i)], position)});
+      host_steps.push_back({ids[at], 0, position, position + RopeShiftOf(images[at], position)});
+      rows.push_back({i, 1, state, &steps[i].position, &steps[i].rope_position});
+      const std::vector<const void*> own = state->Buffers();
+      buffers.insert(buffers.end(), own.begin(), own.end());
     }
     RETURN_IF_ERROR(cuda::CopyToDevice(ws.ids.data(), ids.data() + first, static_cast<size_t>(n) * 4, stream_));
-    RETURN_IF_ERROR(EnqueueLayers(*rows.front().state, static_cast<const int32_t*>(ws.ids.data()), n, Mode::kBatch, rows));
-    cuda::RmsNormRows(ws.x.floats(), final_norm_, n, H, static_cast<float>(config_.rms_norm_eps), ws.a.floats(), stream_);
-    for (int64_t t = 0; t < n; t += kLogitRows) {  // decode's lm_head GEMV
-      const int64_t run = std::min(kLogitRows, n - t);
-      GemvOf(lm_head_, ws.a.floats() + t * H, run, ws.logits.floats());
-      RETURN_IF_ERROR(cuda::CopyToHost(logits.data() + (static_cast<int64_t>(first) + t) * V, ws.logits.data(),
-                                       static_cast<size_t>(Floats(run * V)), stream_));
+    RETURN_IF_ERROR(cuda::CopyToDevice(ws.batch_steps.data(), host_steps.data(), host_steps.size() * sizeof(DecodeStep), stream_));
+    if (options_.decode_graphs && (!batch_graph_ || batch_graph_->buffers != buffers)) {
+      batch_graph_.reset();
+      auto captured = Capture(std::move(buffers), [&] { return EnqueueBatch(rows); });
+      if (captured.ok()) {
+        batch_graph_ = std::move(*captured);
+      } else {  // batches go launch by launch; the reason stays for DecodeLaunches
+        cudaGetLastError();
+        options_.decode_graphs = false;
+        graph_note_ = captured.status().message();
+      }
     }
+    if (options_.decode_graphs) {
+      RETURN_IF_ERROR(cuda::CudaStatus(cudaGraphLaunch(batch_graph_->exec, stream_), "launching the decode batch's graph"));
+    } else {
+      RETURN_IF_ERROR(EnqueueBatch(rows));
+    }
+    RETURN_IF_ERROR(cuda::CopyToHost(logits.data() + static_cast<int64_t>(first) * V, ws.logits.data(), static_cast<size_t>(Floats(n * V)),
+                                     stream_));
     RETURN_IF_ERROR(cuda::Synchronize(stream_, "a decode batch"));
     for (const Segment& row : rows) ++row.state->length_;
   }
   return logits;
+}
+
+Status CudaForward::EnqueueBatch(std::span<const Segment> rows) {
+  const int64_t H = config_.hidden_size, n = static_cast<int64_t>(rows.size());
+  Workspace& ws = *ws_;
+  RETURN_IF_ERROR(EnqueueLayers(*rows.front().state, static_cast<const int32_t*>(ws.ids.data()), n, Mode::kBatch, rows));
+  cuda::RmsNormRows(ws.x.floats(), final_norm_, n, H, static_cast<float>(config_.rms_norm_eps), ws.a.floats(), stream_);
+  GemvOf(lm_head_, ws.a.floats(), n, ws.logits.floats());
+  return Status::Ok();
 }
 
 Status CudaForward::KeepDraft(DeviceState& state, int64_t rows) {
@@ -1003,9 +1034,14 @@ Status CudaForward::EnqueueDecode(DeviceState& state) {
 }
 
 Result<std::unique_ptr<CudaForward::DecodeGraph>> CudaForward::CaptureDecode(DeviceState& state) {
+  return Capture(state.Buffers(), [&] { return EnqueueDecode(state); });
+}
+
+template <typename Fn>
+Result<std::unique_ptr<CudaForward::DecodeGraph>> CudaForward::Capture(std::vector<const void*> buffers, Fn&& fn) {
   std::lock_guard<std::mutex> capturing(capture_mutex_);
   RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "capturing a decode step"));
-  const Status enqueued = EnqueueDecode(state);
+  const Status enqueued = fn();
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
   RETURN_IF_ERROR(enqueued);
@@ -1014,7 +1050,7 @@ Result<std::unique_ptr<CudaForward::DecodeGraph>> CudaForward::CaptureDecode(Dev
   const cudaError_t made = cudaGraphInstantiate(&captured->exec, graph, 0);
   cudaGraphDestroy(graph);
   RETURN_IF_ERROR(cuda::CudaStatus(made, "instantiating the decode graph"));
-  captured->buffers = state.Buffers();
+  captured->buffers = std::move(buffers);
   return captured;
 }
 
@@ -1234,7 +1270,7 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
   } else if (mode == Mode::kBatch) {  // each row's K/V row goes to its own state, and it attends that state's rows
     for (const Segment& row : branches)
       RETURN_IF_ERROR(AttendRows(L, ws.qg.floats() + row.row0 * QW, ws.krows.floats() + row.row0 * KW, ws.vrows.floats() + row.row0 * KW, 1,
-                                 cuda::Position{row.rope_position, nullptr}, cuda::Position{row.position, nullptr}, row.state->kv_buffers(ai),
+                                 cuda::Position{0, row.rope_position}, cuda::Position{0, row.position}, row.state->kv_buffers(ai),
                                  ws.attn.floats() + row.row0 * Nh * hd));
   } else {
     RETURN_IF_ERROR(AttendRows(L, ws.qg.floats(), ws.krows.floats(), ws.vrows.floats(), n, rope, position, rows, ws.attn.floats(), rope_axes_));

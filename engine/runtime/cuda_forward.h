@@ -167,8 +167,9 @@ class CudaForward {
   // runs over all the rows, each weight read once (a GEMV row's bits do not depend on the rows beside it),
   // while each state's conv tail, recurrence, K/V rows and attention are its own. images[i]: the images of
   // states[i]'s sequence (they shift its rotary position), or null. Returns logits [states.size(), vocab],
-  // row i the bits Decode(*states[i], ids[i]) returns. Runs launch by launch, kMaxDraftRows states a forward.
-  // Bad ids or no room for a row change no state.
+  // row i the bits Decode(*states[i], ids[i]) returns; kMaxDraftRows states a forward. With decode graphs on,
+  // a batch's launches are captured once and replayed while the same states (with the same buffers) decode
+  // together. Bad ids or no room for a row change no state.
   Result<std::vector<float>> DecodeBatch(std::span<DeviceState* const> states, std::span<const int32_t> ids,
                                          std::span<const PromptImages* const> images);
 
@@ -222,12 +223,13 @@ class CudaForward {
   // kBranches: branches' stacked rows, each from the state at its length, which stays as it was.
   // kBatch: one row of each of several states, each with decode's arithmetic on its own state.
   enum class Mode { kChunked, kRecurrent, kDraft, kBranches, kBatch };
-  // One branch's rows [row0, row0 + n) in a forward over stacked rows; in a batch, one state's row, its
-  // position and rotary position.
+  // One branch's rows [row0, row0 + n) in a forward over stacked rows; in a batch, one state's row and
+  // where its position and rotary position lie in device memory (so a captured batch serves every step).
   struct Segment {
     int64_t row0 = 0, n = 0;
     DeviceState* state = nullptr;
-    int64_t position = 0, rope_position = 0;
+    const int64_t* position = nullptr;
+    const int64_t* rope_position = nullptr;
   };
 
   CudaForward(const ModelConfig& config, const CudaForwardOptions& options);
@@ -260,6 +262,11 @@ class CudaForward {
   // A decode step's launches, up to its logits in the workspace: no copy and no wait, so it can be captured.
   Status EnqueueDecode(DeviceState& state);
   Result<std::unique_ptr<DecodeGraph>> CaptureDecode(DeviceState& state);
+  // A decode batch's launches over rows (ids and positions in the workspace), up to its logits there.
+  Status EnqueueBatch(std::span<const Segment> rows);
+  // Runs fn's launches captured into a graph for buffers, or returns why it could not.
+  template <typename Fn>
+  Result<std::unique_ptr<DecodeGraph>> Capture(std::vector<const void*> buffers, Fn&& fn);
   const int64_t* StepPosition() const;
   const int64_t* StepRopePosition() const;  // the step's position as its rotary angles take it
   Status GdnMixer(const Layer& layer, DeviceState& state, int64_t gi, int64_t n, Mode mode, std::span<const Segment> branches);
@@ -303,6 +310,7 @@ class CudaForward {
   std::vector<std::pair<int64_t, const float*>> image_rows_;  // the chunk's image rows and their inputs (host)
   std::unique_ptr<Workspace> ws_;
   std::unique_ptr<DecodeGraph> graph_;
+  std::unique_ptr<DecodeGraph> batch_graph_;  // the last decode batch's, for its states' buffers and row count
   std::unique_ptr<DraftLog> draft_;
   std::unique_ptr<MtpHead> mtp_;
   std::string graph_note_;  // why decode went launch by launch

@@ -1113,11 +1113,13 @@ void DraftWindowRowsAreDecodeSteps(GeneratedDtype dtype) {
 // its decoded self, three steps in a row, over host states unlike each other: one at 1,024 rows (the
 // batch grows its device copy), one just restored on the host from an anchor, one with images before
 // its rows (they turn at shifted positions), one with no device copy yet. One state alone is Decode; a
-// batch with a bad id changes no state.
-void DecodeBatchRowsAreDecodeSteps() {
+// batch with a bad id changes no state. With graphs, a batch of other states (or the same ones grown)
+// captures anew; the replayed steps give the launches' bits.
+void DecodeBatchRowsAreDecodeSteps(bool graphs) {
   Pair p = Load(TinyModelSize::kTiny);
   const ModelConfig& c = p.model->config;
   const auto backend = Backend(*p.model, 64);
+  backend->forward().set_decode_graphs(graphs);
   const int64_t V = c.vocab_size;
   std::vector<int32_t> pictured = testing::RandomIds(90, V, 51);
   auto image = std::make_shared<PromptImage>();
@@ -1146,16 +1148,22 @@ void DecodeBatchRowsAreDecodeSteps() {
   GPU_CHECK(!backend->DecodeBatch(states, bad).ok());
   for (size_t i = 0; i < states.size(); ++i) GPU_CHECK_MSG(batched[i].BitEqual(alone[i]), "state " + std::to_string(i) + " after a bad id");
 
-  for (int step = 0; step < 3; ++step) {
-    const std::vector<int32_t> ids = testing::RandomIds(4, V, 60 + step);
-    const std::vector<float> logits = Must(backend->DecodeBatch(states, ids), "a decode batch");
-    for (size_t i = 0; i < states.size(); ++i) {
-      const std::vector<float> want = Must(backend->Decode(alone[i], ids[i]), "a decode alone");
-      GPU_CHECK_MSG(std::memcmp(logits.data() + i * V, want.data(), static_cast<size_t>(V) * 4) == 0,
-                    "row " + std::to_string(i) + " at step " + std::to_string(step));
+  for (int step = 0; step < 5; ++step) {
+    const std::vector<size_t> which = step == 3 ? std::vector<size_t>{2, 0} : std::vector<size_t>{0, 1, 2, 3};  // step 3: two of them
+    std::vector<SequenceState*> some;
+    for (size_t i : which) some.push_back(states[i]);
+    const std::vector<int32_t> ids = testing::RandomIds(which.size(), V, 60 + step);
+    const std::vector<float> logits = Must(backend->DecodeBatch(some, ids), "a decode batch");
+    for (size_t j = 0; j < which.size(); ++j) {
+      const size_t i = which[j];
+      const std::vector<float> want = Must(backend->Decode(alone[i], ids[j]), "a decode alone");
+      GPU_CHECK_MSG(std::memcmp(logits.data() + j * V, want.data(), static_cast<size_t>(V) * 4) == 0,
+                    "state " + std::to_string(i) + "'s row at step " + std::to_string(step));
       GPU_CHECK_MSG(batched[i].BitEqual(alone[i]), "state " + std::to_string(i) + " after step " + std::to_string(step));
     }
   }
+  GPU_CHECK_MSG(backend->forward().DecodeLaunches() == (graphs ? "one captured graph a token" : "launch by launch"),
+                backend->forward().DecodeLaunches());
   SequenceState* one[] = {&batched[2]};
   const int32_t id = 9;
   GPU_CHECK(SameBits(Must(backend->DecodeBatch(one, std::span(&id, 1)), "a batch of one"), Must(backend->Decode(alone[2], id), "decode")));
@@ -1514,7 +1522,8 @@ int main() {
       {"a fork on the device keeps the state (a branch)", [] { ForkKeepsTheState(1024); }},
       {"a fork on the device keeps the state (past the grid: from a device anchor)", [] { ForkKeepsTheState(64); }},
       {"the backend's draft windows keep host states; drafts give plain decoding's tokens", BackendDraftWindowsKeepHostStates},
-      {"a decode batch gives each state's Decode bits", DecodeBatchRowsAreDecodeSteps},
+      {"a decode batch gives each state's Decode bits", [] { DecodeBatchRowsAreDecodeSteps(false); }},
+      {"a decode batch through captured graphs gives each state's Decode bits", [] { DecodeBatchRowsAreDecodeSteps(true); }},
       {"the backend's branches leave the host state", BackendBranchesLeaveTheHostState},
 #ifndef ANCHORAGE_CUDA_EMULATED
       {"the plugin gives the linked backend's bits", ThePluginGivesTheLinkedBackendsBits},
