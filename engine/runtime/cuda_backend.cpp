@@ -19,6 +19,8 @@ class CudaBackend::Mirror final : public StateMirror {
   }
   DeviceState& device() { return *device_; }
   const DeviceState& device() const { return *device_; }
+  // The host length its open draft window started from; -1: none open.
+  int64_t window_from = -1;
   // Brings the backend's count of device bytes up to this copy's (on the engine thread, after it changed).
   void NoteBytes() {
     const int64_t now = device_->allocated_bytes();
@@ -234,27 +236,67 @@ Result<std::vector<float>> CudaBackend::DraftWindow(SequenceState& state, std::s
   const int64_t from = state.length(), n = static_cast<int64_t>(ids.size());
   if (n > CudaForward::kMaxDraftRows)
     return InvalidArgument("CudaBackend: a draft window of " + std::to_string(n) + " rows; at most " + std::to_string(CudaForward::kMaxDraftRows));
-  window_ = nullptr;
   DeviceState* device = nullptr;
   RETURN_IF_ERROR(Prepare(state, from + n, &device));
+  static_cast<Mirror*>(state.mirror())->window_from = -1;
   state.set_mirror_sync(std::min(state.mirror_rows(), from), state.newest_recurrent());  // the window writes the copy's rows from here
   auto logits = forward_->DraftWindow(*device, ids, mtp);
   if (!logits.ok()) {
     Drop(state, false);  // a window leaves the copy's recurrent part and its rows below `from` as they were
     return logits.status();
   }
-  window_ = &state;
-  window_from_ = from;
+  static_cast<Mirror*>(state.mirror())->window_from = from;
+  return logits;
+}
+
+Result<std::vector<float>> CudaBackend::DecodeWindowsBatch(std::span<SequenceState* const> states, std::span<const std::vector<int32_t>> rows) {
+  if (rows.size() != states.size())
+    return InvalidArgument("CudaBackend::DecodeWindowsBatch: " + std::to_string(rows.size()) + " rows for " + std::to_string(states.size()) + " states");
+  std::vector<int32_t> firsts;
+  for (const std::vector<int32_t>& r : rows) {
+    if (r.empty() || static_cast<int64_t>(r.size()) > CudaForward::kMaxDraftRows)
+      return InvalidArgument("CudaBackend::DecodeWindowsBatch: " + std::to_string(r.size()) + " rows for a state; 1 to " +
+                             std::to_string(CudaForward::kMaxDraftRows));
+    RETURN_IF_ERROR(CheckTokenIds(r, config().vocab_size, "CudaBackend"));
+    firsts.push_back(r.front());
+  }
+  RETURN_IF_ERROR(CheckDecodeBatch(states, firsts, config().vocab_size));  // distinct states
+  std::vector<DeviceState*> devices(states.size());
+  std::vector<const PromptImages*> images(states.size());
+  std::vector<int64_t> from(states.size());
+  for (size_t i = 0; i < states.size(); ++i) {
+    from[i] = states[i]->length();
+    images[i] = states[i]->images().get();
+    RETURN_IF_ERROR(Prepare(*states[i], from[i] + static_cast<int64_t>(rows[i].size()), &devices[i]));
+    static_cast<Mirror*>(states[i]->mirror())->window_from = -1;
+  }
+  for (size_t i = 0; i < states.size(); ++i)  // a window writes its copy's rows from its length on
+    if (rows[i].size() > 1) states[i]->set_mirror_sync(std::min(states[i]->mirror_rows(), from[i]), states[i]->newest_recurrent());
+  auto logits = forward_->DecodeWindowsBatch(devices, rows, images);
+  Status status = logits.ok() ? Status::Ok() : logits.status();
+  for (size_t i = 0; i < states.size(); ++i) {
+    const bool window = rows[i].size() > 1;
+    if (logits.ok() && window) {
+      static_cast<Mirror*>(states[i]->mirror())->window_from = from[i];
+      continue;
+    }
+    const Status written = logits.ok() ? WriteBack(*states[i], *devices[i], from[i]) : logits.status();
+    if (written.ok()) continue;
+    Drop(*states[i], !window);  // a window leaves its copy's recurrent part as it was; a decode may have moved it
+    if (status.ok()) status = written;
+  }
+  if (!status.ok()) return status;
   return logits;
 }
 
 Status CudaBackend::KeepDraft(SequenceState& state, int64_t rows) {
   auto* mirror = state.mirror() != nullptr && state.mirror()->owner() == this ? static_cast<Mirror*>(state.mirror()) : nullptr;
   // The host must not have changed the state since the window opened: its rows and recurrent part are the copy's.
-  if (window_ != &state || mirror == nullptr || state.length() != window_from_ || state.mirror_rows() < window_from_ ||
+  if (mirror == nullptr || mirror->window_from < 0 || state.length() != mirror->window_from || state.mirror_rows() < mirror->window_from ||
       state.newest_recurrent() == NewestRecurrent::kHost)
     return InvalidArgument("CudaBackend::KeepDraft: no draft window is open on this state");
-  window_ = nullptr;
+  const int64_t window_from = mirror->window_from;
+  mirror->window_from = -1;
   RETURN_IF_ERROR(cuda::UseDevice(forward_->device().index));
   DeviceState& device = mirror->device();
   if (Status kept = forward_->KeepDraft(device, rows); !kept.ok()) {
@@ -262,7 +304,7 @@ Status CudaBackend::KeepDraft(SequenceState& state, int64_t rows) {
     return kept;
   }
   if (rows == 0) return Status::Ok();
-  if (Status written = WriteBack(state, device, window_from_); !written.ok()) {
+  if (Status written = WriteBack(state, device, window_from); !written.ok()) {
     Drop(state, true);
     return written;
   }

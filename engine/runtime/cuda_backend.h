@@ -60,6 +60,10 @@ class CudaBackend final : public ComputeBackend {
   bool has_draft_windows() const override { return true; }
   Result<std::vector<float>> DraftWindow(SequenceState& state, std::span<const int32_t> ids, MtpState* mtp = nullptr) override;
   Status KeepDraft(SequenceState& state, int64_t rows) override;
+  // Decodes and windows of several states in one forward (CudaForward::DecodeWindowsBatch): a window
+  // stays open on every state that got one, until its KeepDraft or another window on that state.
+  bool has_window_batches() const override { return true; }
+  Result<std::vector<float>> DecodeWindowsBatch(std::span<SequenceState* const> states, std::span<const std::vector<int32_t>> rows) override;
 
   // The checkpoint's MTP head on the device (its rows in each MtpState's mirror).
   bool has_mtp() const override { return forward_->has_mtp(); }
@@ -93,8 +97,6 @@ class CudaBackend final : public ComputeBackend {
   std::unique_ptr<CudaForward> forward_;
   std::unique_ptr<CudaVisionTower> tower_;
   std::string vision_note_;
-  const SequenceState* window_ = nullptr;  // the state of the open draft window; null: none
-  int64_t window_from_ = 0;                // its length when the window opened
   std::atomic<int64_t> mirrored_bytes_{0};  // every state copy's device memory
 };
 

@@ -75,15 +75,21 @@ struct CudaForward::Workspace {
   int64_t bytes = 0;
 };
 
-// What a draft window leaves for KeepDraft, per GDN layer: its pre-conv rows (the tail's), conv rows, beta
-// and g, kMaxDraftRows rows a layer.
-struct CudaForward::DraftLog {
-  DeviceBuffer qkv, conv;    // [gdn layers, rows, conv_dim]
-  DeviceBuffer beta, g;      // [gdn layers, rows, Nv]
-  DeviceBuffer hidden;       // [rows, H], the window's final-normed rows for the MTP head
-  const DeviceState* state = nullptr;  // the state of the open window; null: none
+// A state's draft window, per GDN layer: its pre-conv rows (the tail's), conv rows, beta and g, for
+// KeepDraft; `capacity` rows a layer (the state's largest window so far).
+struct DeviceDraftLog {
+  DeviceBuffer qkv, conv;  // [gdn layers, capacity, conv_dim]
+  DeviceBuffer beta, g;    // [gdn layers, capacity, Nv]
+  DeviceBuffer hidden;     // [hidden_capacity, H], the window's final-normed rows for the MTP head
+  int64_t capacity = 0, hidden_capacity = 0;
+  bool open = false;
   int64_t pos0 = 0, rows = 0;
   MtpState* mtp = nullptr;  // where the kept rows' hidden rows go; null: nowhere
+  int64_t bytes() const {
+    int64_t n = 0;
+    for (const DeviceBuffer* b : {&qkv, &conv, &beta, &g, &hidden}) n += static_cast<int64_t>(b->bytes());
+    return n;
+  }
 };
 
 // The multi-token-prediction block: fc over [norm_e(embed(id)) | norm_h(hidden)], one attention layer.
@@ -136,8 +142,10 @@ DeviceState::DeviceState(const ModelConfig& c, cuda::Stream stream)
 DeviceState::DeviceState(cuda::Stream stream, int64_t kv_width, KvDtype kv_dtype, int64_t recurrent_floats, int64_t tail_floats)
     : stream_(stream), kv_width_(kv_width), recurrent_floats_(recurrent_floats), tail_floats_(tail_floats), kv_dtype_(kv_dtype) {}
 
+DeviceState::~DeviceState() = default;
+
 int64_t DeviceState::allocated_bytes() const {
-  int64_t n = 0;
+  int64_t n = draft_ ? draft_->bytes() : 0;
   for (const auto* list : {&k_, &v_, &recurrent_, &tail_})
     for (const DeviceBuffer& b : *list) n += static_cast<int64_t>(b.bytes());
   return n;
@@ -397,11 +405,11 @@ Status DeviceState::WriteRows(const KvRows& rows) {
 // ---- CudaForward ----
 
 CudaForward::CudaForward(const ModelConfig& config, const CudaForwardOptions& options)
-    : config_(config), options_(options), ws_(std::make_unique<Workspace>()), draft_(std::make_unique<DraftLog>()) {}
+    : config_(config), options_(options), ws_(std::make_unique<Workspace>()) {}
 
 CudaForward::~CudaForward() {
   graph_.reset();
-  draft_.reset();
+  batch_graph_.reset();
   gemm_.reset();
   logits_gemm_.reset();
   buffers_.clear();
@@ -669,12 +677,7 @@ Status CudaForward::Init(const ModelWeights& w) {
   RETURN_IF_ERROR(make(ws.delta, Floats(cuda::GatedDeltaChunkedScratchFloats(delta, G)), "the delta rule's scratch"));
   RETURN_IF_ERROR(make(ws.logits, Floats(kLogitRows * c.vocab_size), "logits"));
   ASSIGN_OR_RETURN(ws.staging, cuda::PinnedBuffer::Allocate(static_cast<size_t>(options_.staging_bytes), "the host copies' staging"));
-  // The draft windows' log: a window's delta-rule inputs per GDN layer.
-  const int64_t log_rows = std::max<int64_t>(1, c.num_linear_attention_layers()) * kMaxDraftRows;
-  for (DeviceBuffer* b : {&draft_->qkv, &draft_->conv}) RETURN_IF_ERROR(make(*b, Floats(log_rows * C), "a draft window's rows"));
-  for (DeviceBuffer* b : {&draft_->beta, &draft_->g}) RETURN_IF_ERROR(make(*b, Floats(log_rows * Nv), "a draft window's gates"));
   if (mtp_) {
-    RETURN_IF_ERROR(make(draft_->hidden, Floats(kMaxDraftRows * H), "a draft window's hidden rows"));
     RETURN_IF_ERROR(make(ws.cat, Floats(rows * 2 * H), "the MTP head's rows"));
     RETURN_IF_ERROR(make(ws.mtp_out, Floats(H), "the MTP head's output"));
   }
@@ -687,6 +690,32 @@ int64_t CudaForward::decode_weight_bytes() const {
 }
 
 int64_t CudaForward::workspace_bytes() const { return ws_->bytes; }
+
+Result<DeviceDraftLog*> CudaForward::DraftLogOf(DeviceState& state, int64_t rows, bool hidden) {
+  if (!state.draft_) state.draft_ = std::make_unique<DeviceDraftLog>();
+  DeviceDraftLog& log = *state.draft_;
+  log.open = false;
+  const ModelConfig& c = config_;
+  const int64_t layers = std::max<int64_t>(1, c.num_linear_attention_layers()), C = c.conv_dim(), Nv = c.linear_num_value_heads;
+  if (rows > log.capacity) {
+    for (DeviceBuffer* b : {&log.qkv, &log.conv, &log.beta, &log.g}) *b = DeviceBuffer();
+    log.capacity = 0;
+    for (DeviceBuffer* b : {&log.qkv, &log.conv}) {
+      ASSIGN_OR_RETURN(*b, DeviceBuffer::Allocate(static_cast<size_t>(Floats(layers * rows * C)), "a draft window's rows"));
+    }
+    for (DeviceBuffer* b : {&log.beta, &log.g}) {
+      ASSIGN_OR_RETURN(*b, DeviceBuffer::Allocate(static_cast<size_t>(Floats(layers * rows * Nv)), "a draft window's gates"));
+    }
+    log.capacity = rows;
+  }
+  if (hidden && rows > log.hidden_capacity) {
+    log.hidden = DeviceBuffer();
+    log.hidden_capacity = 0;
+    ASSIGN_OR_RETURN(log.hidden, DeviceBuffer::Allocate(static_cast<size_t>(Floats(rows * c.hidden_size)), "a draft window's hidden rows"));
+    log.hidden_capacity = rows;
+  }
+  return &log;
+}
 
 const int64_t* CudaForward::StepRopePosition() const {
   return reinterpret_cast<const int64_t*>(static_cast<const char*>(ws_->step.data()) + offsetof(DecodeStep, rope_position));
@@ -914,24 +943,24 @@ Result<std::vector<float>> CudaForward::DraftWindow(DeviceState& state, std::spa
   if (n > kMaxDraftRows)
     return InvalidArgument("CudaForward: a draft window of " + std::to_string(n) + " rows; at most " + std::to_string(kMaxDraftRows));
   RETURN_IF_ERROR(state.Reserve(state.length() + n));
-  DraftLog& log = *draft_;
-  log.state = nullptr;
+  if (!mtp_) mtp = nullptr;
+  ASSIGN_OR_RETURN(DeviceDraftLog* log, DraftLogOf(state, n, mtp != nullptr));
   Workspace& ws = *ws_;
   RETURN_IF_ERROR(cuda::CopyToDevice(ws.ids.data(), ids.data(), static_cast<size_t>(n) * 4, stream_));
   RETURN_IF_ERROR(EnqueueLayers(state, static_cast<const int32_t*>(ws.ids.data()), n, Mode::kDraft));
   std::vector<float> logits(static_cast<size_t>(n * V));
   cuda::RmsNormRows(ws.x.floats(), final_norm_, n, H, static_cast<float>(config_.rms_norm_eps), ws.a.floats(), stream_);
-  log.mtp = mtp_ ? mtp : nullptr;
-  if (log.mtp != nullptr) RETURN_IF_ERROR(cuda::CopyOnDevice(log.hidden.data(), ws.a.data(), static_cast<size_t>(Floats(n * H)), stream_));
+  if (mtp != nullptr) RETURN_IF_ERROR(cuda::CopyOnDevice(log->hidden.data(), ws.a.data(), static_cast<size_t>(Floats(n * H)), stream_));
   for (int64_t t = 0; t < n; t += kLogitRows) {  // decode's lm_head GEMV, kLogitRows rows a run
     const int64_t run = std::min(kLogitRows, n - t);
     GemvOf(lm_head_, ws.a.floats() + t * H, run, ws.logits.floats());
     RETURN_IF_ERROR(cuda::CopyToHost(logits.data() + t * V, ws.logits.data(), static_cast<size_t>(Floats(run * V)), stream_));
   }
   RETURN_IF_ERROR(cuda::Synchronize(stream_, "a draft window"));
-  log.state = &state;
-  log.pos0 = state.length();
-  log.rows = n;
+  log->open = true;
+  log->pos0 = state.length();
+  log->rows = n;
+  log->mtp = mtp;
   state.length_ += n;
   return logits;
 }
@@ -959,7 +988,7 @@ Result<std::vector<float>> CudaForward::DecodeBatch(std::span<DeviceState* const
       DeviceState* state = states[at];
       const int64_t position = state->length();
       host_steps.push_back({ids[at], 0, position, position + RopeShiftOf(images[at], position)});
-      rows.push_back({i, 1, state, &steps[i].position, &steps[i].rope_position});
+      rows.push_back({i, 1, state, cuda::Position{0, &steps[i].position}, cuda::Position{0, &steps[i].rope_position}});
       const std::vector<const void*> own = state->Buffers();
       buffers.insert(buffers.end(), own.begin(), own.end());
     }
@@ -989,6 +1018,66 @@ Result<std::vector<float>> CudaForward::DecodeBatch(std::span<DeviceState* const
   return logits;
 }
 
+Result<std::vector<float>> CudaForward::DecodeWindowsBatch(std::span<DeviceState* const> states, std::span<const std::vector<int32_t>> rows,
+                                                            std::span<const PromptImages* const> images) {
+  if (rows.size() != states.size() || images.size() != states.size())
+    return InvalidArgument("CudaForward::DecodeWindowsBatch: " + std::to_string(rows.size()) + " rows and " + std::to_string(images.size()) +
+                           " image lists for " + std::to_string(states.size()) + " states");
+  const int64_t H = config_.hidden_size, V = config_.vocab_size;
+  int64_t total = 0;
+  for (const std::vector<int32_t>& r : rows) {
+    RETURN_IF_ERROR(CheckIds(r));
+    const int64_t n = static_cast<int64_t>(r.size());
+    if (n < 1 || n > kMaxDraftRows)
+      return InvalidArgument("CudaForward::DecodeWindowsBatch: " + std::to_string(n) + " rows for a state; 1 to " + std::to_string(kMaxDraftRows));
+    total += n;
+  }
+  for (size_t i = 0; i < states.size(); ++i) RETURN_IF_ERROR(states[i]->Reserve(states[i]->length() + static_cast<int64_t>(rows[i].size())));
+  for (size_t i = 0; i < states.size(); ++i)
+    if (rows[i].size() > 1) RETURN_IF_ERROR(DraftLogOf(*states[i], static_cast<int64_t>(rows[i].size()), false).status());
+  std::vector<float> logits(static_cast<size_t>(total * V));
+  Workspace& ws = *ws_;
+  const int64_t pass_rows = std::max(options_.grid_tokens, kMaxDraftRows);  // the workspace's rows
+  std::vector<Segment> pass;
+  std::vector<int32_t> ids;
+  int64_t logit_row = 0;
+  for (size_t first = 0; first < states.size();) {  // passes of whole states
+    pass.clear();
+    ids.clear();
+    size_t end = first;
+    for (; end < states.size() && static_cast<int64_t>(ids.size() + rows[end].size()) <= pass_rows; ++end) {
+      DeviceState* state = states[end];
+      const int64_t n = static_cast<int64_t>(rows[end].size()), position = state->length();
+      const int64_t rope = position + RopeShiftOf(images[end], position);
+      pass.push_back({static_cast<int64_t>(ids.size()), n, state, cuda::Position{position, nullptr}, cuda::Position{rope, nullptr}, n > 1});
+      ids.insert(ids.end(), rows[end].begin(), rows[end].end());
+    }
+    const int64_t n = static_cast<int64_t>(ids.size());
+    RETURN_IF_ERROR(cuda::CopyToDevice(ws.ids.data(), ids.data(), static_cast<size_t>(n) * 4, stream_));
+    RETURN_IF_ERROR(EnqueueLayers(*pass.front().state, static_cast<const int32_t*>(ws.ids.data()), n, Mode::kBatch, pass));
+    cuda::RmsNormRows(ws.x.floats(), final_norm_, n, H, static_cast<float>(config_.rms_norm_eps), ws.a.floats(), stream_);
+    for (int64_t t = 0; t < n; t += kLogitRows) {  // decode's lm_head GEMV, kLogitRows rows a run
+      const int64_t run = std::min(kLogitRows, n - t);
+      GemvOf(lm_head_, ws.a.floats() + t * H, run, ws.logits.floats());
+      RETURN_IF_ERROR(cuda::CopyToHost(logits.data() + (logit_row + t) * V, ws.logits.data(), static_cast<size_t>(Floats(run * V)), stream_));
+    }
+    RETURN_IF_ERROR(cuda::Synchronize(stream_, "a batch of decodes and draft windows"));
+    for (const Segment& s : pass) {
+      if (s.window) {
+        DeviceDraftLog& log = *s.state->draft_;
+        log.open = true;
+        log.pos0 = s.state->length();
+        log.rows = s.n;
+        log.mtp = nullptr;
+      }
+      s.state->length_ += s.n;
+    }
+    logit_row += n;
+    first = end;
+  }
+  return logits;
+}
+
 Status CudaForward::EnqueueBatch(std::span<const Segment> rows) {
   const int64_t H = config_.hidden_size, n = static_cast<int64_t>(rows.size());
   Workspace& ws = *ws_;
@@ -999,17 +1088,17 @@ Status CudaForward::EnqueueBatch(std::span<const Segment> rows) {
 }
 
 Status CudaForward::KeepDraft(DeviceState& state, int64_t rows) {
-  DraftLog& log = *draft_;
-  if (log.state != &state || state.length() != log.pos0 + log.rows)
+  if (!state.draft_ || !state.draft_->open || state.length() != state.draft_->pos0 + state.draft_->rows)
     return InvalidArgument("CudaForward::KeepDraft: no draft window is open on this state");
+  DeviceDraftLog& log = *state.draft_;
   if (rows < 0 || rows > log.rows)
     return InvalidArgument("CudaForward::KeepDraft: " + std::to_string(rows) + " rows of a window of " + std::to_string(log.rows));
-  log.state = nullptr;
+  log.open = false;
   const ModelConfig& c = config_;
   const int64_t C = c.conv_dim(), Nv = c.linear_num_value_heads;
   const cuda::DeltaShape shape{c.linear_num_key_heads, Nv, c.linear_key_head_dim, c.linear_value_head_dim, C};
   for (int64_t gi = 0; gi < static_cast<int64_t>(state.recurrent_.size()) && rows > 0; ++gi) {
-    const int64_t at = gi * kMaxDraftRows;
+    const int64_t at = gi * log.capacity;
     cuda::GatedDeltaRecurrent(shape, log.conv.floats() + at * C, log.beta.floats() + at * Nv, log.g.floats() + at * Nv, rows,
                               state.recurrent_[static_cast<size_t>(gi)].floats(), ws_->core.floats(), nullptr, nullptr, 0.0f, stream_);
     cuda::NextTail(log.qkv.floats() + at * C, state.tail_[static_cast<size_t>(gi)].floats(), rows, C, c.linear_conv_kernel_dim, stream_);
@@ -1132,11 +1221,12 @@ Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int
   // A draft window keeps its rows' delta-rule inputs in its log for KeepDraft.
   float *qkv = ws.qkv.floats(), *conv = ws.conv.floats(), *beta = ws.beta.floats(), *g = ws.g.floats();
   if (mode == Mode::kDraft) {
-    const int64_t at = gi * kMaxDraftRows;
-    qkv = draft_->qkv.floats() + at * C;
-    conv = draft_->conv.floats() + at * C;
-    beta = draft_->beta.floats() + at * Nv;
-    g = draft_->g.floats() + at * Nv;
+    const DeviceDraftLog& log = *state.draft_;
+    const int64_t at = gi * log.capacity;
+    qkv = log.qkv.floats() + at * C;
+    conv = log.conv.floats() + at * C;
+    beta = log.beta.floats() + at * Nv;
+    g = log.g.floats() + at * Nv;
   }
   if (mode == Mode::kRecurrent) {  // one row: the four projections in one launch
     cuda::GemvSet set;
@@ -1195,20 +1285,32 @@ Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int
     cuda::GatedNorm(ws.core.floats(), ws.z.floats(), L.gdn_norm, n, Nv, c.linear_value_head_dim, eps, stream_);
     return Product(L.out, ws.core.floats(), n, ws.mix.floats(), H, mode);
   }
-  if (mode == Mode::kBatch) {  // each row's conv over its own state's tail, and its recurrence on its own state
+  if (mode == Mode::kBatch) {  // each state's rows: the conv over its own tail, the recurrence on its own state
     for (const Segment& row : branches) {
+      float* own_tail = row.state->tail_[static_cast<size_t>(gi)].floats();
+      float* own_state = row.state->recurrent_[static_cast<size_t>(gi)].floats();
       cuda::ConvNormGates own = gates;
       own.qkv += row.row0 * C;
-      own.tail = row.state->tail_[static_cast<size_t>(gi)].floats();
+      own.tail = own_tail;
       own.out += row.row0 * C;
       own.b += row.row0 * Nv;
       own.a += row.row0 * Nv;
       own.beta += row.row0 * Nv;
       own.g += row.row0 * Nv;
-      cuda::ConvNormGatesRows(own, 1, stream_);
-      cuda::NextTail(own.qkv, row.state->tail_[static_cast<size_t>(gi)].floats(), 1, C, K, stream_);
-      cuda::GatedDeltaRecurrent(shape, own.out, own.beta, own.g, 1, row.state->recurrent_[static_cast<size_t>(gi)].floats(),
-                                ws.core.floats() + row.row0 * VD, ws.z.floats() + row.row0 * VD, L.gdn_norm, eps, stream_);
+      if (row.window) {  // its inputs go to the state's draft log for KeepDraft, the recurrence runs on a copy
+        const DeviceDraftLog& log = *row.state->draft_;
+        const int64_t at = gi * log.capacity;
+        RETURN_IF_ERROR(cuda::CopyOnDevice(log.qkv.floats() + at * C, own.qkv, static_cast<size_t>(Floats(row.n * C)), stream_));
+        own.out = log.conv.floats() + at * C;
+        own.beta = log.beta.floats() + at * Nv;
+        own.g = log.g.floats() + at * Nv;
+        RETURN_IF_ERROR(cuda::CopyOnDevice(ws.state_copy.data(), own_state, state_bytes, stream_));
+        own_state = ws.state_copy.floats();
+      }
+      cuda::ConvNormGatesRows(own, row.n, stream_);
+      if (!row.window) cuda::NextTail(own.qkv, own_tail, row.n, C, K, stream_);
+      cuda::GatedDeltaRecurrent(shape, own.out, own.beta, own.g, row.n, own_state, ws.core.floats() + row.row0 * VD,
+                                ws.z.floats() + row.row0 * VD, L.gdn_norm, eps, stream_);
     }
     return Product(L.out, ws.core.floats(), n, ws.mix.floats(), H, mode);
   }
@@ -1269,9 +1371,8 @@ Status CudaForward::AttentionMixer(const Layer& L, DeviceState& state, int64_t a
                                  rope, at, rows, ws.attn.floats() + b.row0 * Nh * hd));
   } else if (mode == Mode::kBatch) {  // each row's K/V row goes to its own state, and it attends that state's rows
     for (const Segment& row : branches)
-      RETURN_IF_ERROR(AttendRows(L, ws.qg.floats() + row.row0 * QW, ws.krows.floats() + row.row0 * KW, ws.vrows.floats() + row.row0 * KW, 1,
-                                 cuda::Position{0, row.rope_position}, cuda::Position{0, row.position}, row.state->kv_buffers(ai),
-                                 ws.attn.floats() + row.row0 * Nh * hd));
+      RETURN_IF_ERROR(AttendRows(L, ws.qg.floats() + row.row0 * QW, ws.krows.floats() + row.row0 * KW, ws.vrows.floats() + row.row0 * KW, row.n,
+                                 row.rope_position, row.position, row.state->kv_buffers(ai), ws.attn.floats() + row.row0 * Nh * hd));
   } else {
     RETURN_IF_ERROR(AttendRows(L, ws.qg.floats(), ws.krows.floats(), ws.vrows.floats(), n, rope, position, rows, ws.attn.floats(), rope_axes_));
   }

@@ -50,8 +50,12 @@ struct DeviceAnchor {
 // One sequence's state in device memory, laid out as SequenceState's (K/V rows per attention layer in
 // the model's kv_dtype, recurrent state and conv tail per GDN layer). Made by CudaForward::NewState; it must not
 // outlive that CudaForward (it runs on its stream).
+// What a state's open draft window leaves for KeepDraft (cuda_forward.cpp).
+struct DeviceDraftLog;
+
 class DeviceState {
  public:
+  ~DeviceState();
   int64_t length() const { return length_; }
   int64_t capacity() const { return capacity_; }
   int64_t allocated_bytes() const;
@@ -116,6 +120,7 @@ class DeviceState {
   KvDtype kv_dtype_ = KvDtype::kF32;
   int64_t length_ = 0, capacity_ = 0;
   std::vector<cuda::DeviceBuffer> k_, v_, recurrent_, tail_;
+  std::unique_ptr<DeviceDraftLog> draft_;  // made at its first draft window, grown to its largest
 };
 
 // A BF16, F16 or F32 matrix [rows, cols] (shape already checked) as bf16 on the device: F16 and F32
@@ -172,6 +177,13 @@ class CudaForward {
   // together. Bad ids or no room for a row change no state.
   Result<std::vector<float>> DecodeBatch(std::span<DeviceState* const> states, std::span<const int32_t> ids,
                                          std::span<const PromptImages* const> images);
+  // Decodes and draft windows of several states in one forward, as Forward::DecodeWindowsBatch: rows[i]
+  // of one id decodes it on *states[i] (Decode's bits), of more ids (at most kMaxDraftRows) opens a
+  // draft window there (DraftWindow's bits; KeepDraft closes it, in any order). Every window stays open
+  // until its KeepDraft or another window on its state. Returns the logits of every row, state after state. Runs
+  // launch by launch, in passes of whole states. Bad ids or no room change no state.
+  Result<std::vector<float>> DecodeWindowsBatch(std::span<DeviceState* const> states, std::span<const std::vector<int32_t>> rows,
+                                                std::span<const PromptImages* const> images);
 
   // The checkpoint's multi-token-prediction head, as Forward's (MtpCommit, MtpDraft), on the device:
   // the head's K/V rows and the waiting hidden rows live in mtp.mirror. Its bits are this backend's
@@ -216,20 +228,20 @@ class CudaForward {
   struct Layer;
   struct Workspace;
   struct DecodeGraph;
-  struct DraftLog;
   struct MtpHead;
   class DeviceMtp;
   // kDraft: a draft window's rows, each with decode's arithmetic, the recurrent part left as it was.
   // kBranches: branches' stacked rows, each from the state at its length, which stays as it was.
   // kBatch: one row of each of several states, each with decode's arithmetic on its own state.
   enum class Mode { kChunked, kRecurrent, kDraft, kBranches, kBatch };
-  // One branch's rows [row0, row0 + n) in a forward over stacked rows; in a batch, one state's row and
-  // where its position and rotary position lie in device memory (so a captured batch serves every step).
+  // One branch's rows [row0, row0 + n) in a forward over stacked rows; in a batch, one state's rows and
+  // their first position and rotary position (from device memory in a captured batch, so it serves every
+  // step), and whether they are a draft window (logged in the state's draft log, the state left as it was).
   struct Segment {
     int64_t row0 = 0, n = 0;
     DeviceState* state = nullptr;
-    const int64_t* position = nullptr;
-    const int64_t* rope_position = nullptr;
+    cuda::Position position, rope_position;
+    bool window = false;
   };
 
   CudaForward(const ModelConfig& config, const CudaForwardOptions& options);
@@ -255,6 +267,8 @@ class CudaForward {
   // Enqueues every layer over n rows (ids on the device) at the state's length (decode: the step's
   // position in device memory); the final hidden rows are left in the workspace.
   Status EnqueueLayers(DeviceState& state, const int32_t* ids, int64_t n, Mode mode, std::span<const Segment> branches = {});
+  // state's draft log with room for a window of rows rows (and their hidden rows for an MTP head), closed.
+  Result<DeviceDraftLog*> DraftLogOf(DeviceState& state, int64_t rows, bool hidden);
   // Logits of the workspace's hidden rows [begin, end) (final norm, the lm_head's split product) to host.
   Status LogitsOfRows(int64_t begin, int64_t end, float* logits);
   // Runs n ids already in the workspace at positions state.length()..; logits of rows [first, n) to host.
@@ -311,7 +325,6 @@ class CudaForward {
   std::unique_ptr<Workspace> ws_;
   std::unique_ptr<DecodeGraph> graph_;
   std::unique_ptr<DecodeGraph> batch_graph_;  // the last decode batch's, for its states' buffers and row count
-  std::unique_ptr<DraftLog> draft_;
   std::unique_ptr<MtpHead> mtp_;
   std::string graph_note_;  // why decode went launch by launch
   int64_t weight_bytes_ = 0;

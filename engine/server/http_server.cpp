@@ -235,6 +235,8 @@ void HttpServer::RouteOperations() {
     text += "anchorage_decode_steps_total " + std::to_string(decodes.steps) + "\n";
     text += "# HELP anchorage_batched_decode_rows_total Slots' rows decoded in a forward with another slot's rows.\n# TYPE anchorage_batched_decode_rows_total counter\n";
     text += "anchorage_batched_decode_rows_total " + std::to_string(decodes.batched_rows) + "\n";
+    text += "# HELP anchorage_batched_window_rows_total Draft window rows verified in a forward with another slot's rows.\n# TYPE anchorage_batched_window_rows_total counter\n";
+    text += "anchorage_batched_window_rows_total " + std::to_string(decodes.batched_window_rows) + "\n";
     const anchorage::CacheStats stats = scheduler_.CacheStats();
     if (stats.disk_enabled) text += RenderDiskMetrics(stats.disk);
     if (stats.spill_enabled) text += RenderSpillMetrics(stats.spill);

@@ -806,7 +806,10 @@ void Scheduler::StepSlots() {
   const auto counted = [&](bool batched) {
     std::lock_guard lock(mu_);
     ++decode_counts_.steps;
-    if (batched) decode_counts_.batched_rows += static_cast<int64_t>(batch.size());
+    if (!batched) return;
+    decode_counts_.batched_rows += static_cast<int64_t>(batch.size());
+    for (const std::vector<int32_t>& r : rows)
+      if (r.size() > 1) decode_counts_.batched_window_rows += static_cast<int64_t>(r.size());
   };
   if (riders.taken) {
     counted(true);

@@ -152,10 +152,10 @@ class Scheduler {
   // Every slot, slot 0 first.
   std::vector<SlotSnapshot> Slots() const;
   int busy_slots() const;
-  // Forwards that decoded slots' rows, and the rows of those that decoded more than one slot (beside a
-  // prefill piece or each other): how much of decoding ran batched.
+  // Forwards that decoded slots' rows, the slots' rows of those that decoded more than one slot (beside a
+  // prefill piece or each other), and the draft windows' rows among those: how much of decoding ran batched.
   struct DecodeCounts {
-    int64_t steps = 0, batched_rows = 0;
+    int64_t steps = 0, batched_rows = 0, batched_window_rows = 0;
   };
   DecodeCounts decode_counts() const;
   // Where job waits in the queue (1: next); 0 once the engine took it (or it is not queued).

@@ -1170,6 +1170,64 @@ void DecodeBatchRowsAreDecodeSteps(bool graphs) {
   GPU_CHECK(batched[2].BitEqual(alone[2]));
 }
 
+// Decodes and draft windows of several host states in one batch: each row the bits of its own Decode or
+// DraftWindow, each window kept (in another order than opened) leaving its DraftWindow's state, the
+// decoded state advanced, a closed or never opened window refused. Windows of 40 and 30 rows take
+// more than the first pass's 65 rows (grid 64). A bad id changes
+// no state. A window opened and kept on another state meanwhile closes none of them. Then, after every
+// window is kept, a plain decode of each state gives Decode's bits.
+void WindowsOfSeveralStatesInOneBatch() {
+  Pair p = Load(TinyModelSize::kTiny);
+  const ModelConfig& c = p.model->config;
+  const auto backend = Backend(*p.model, 64);
+  const int64_t V = c.vocab_size;
+  const std::vector<int64_t> lengths = {150, 70, 64, 9, 1000};
+  const std::vector<std::vector<int32_t>> rows = {testing::RandomIds(6, V, 9), {11}, testing::RandomIds(40, V, 10),
+                                                  testing::RandomIds(30, V, 12), testing::RandomIds(9, V, 13)};
+  const std::vector<int64_t> kept = {4, 1, 33, 0, 9};
+  std::vector<SequenceState> batched, alone;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    batched.emplace_back(c);
+    Must(backend->Prefill(batched.back(), testing::RandomIds(static_cast<size_t>(lengths[i]), V, 20 + uint32_t(i))), "prefill");
+  }
+  alone = batched;
+  std::vector<SequenceState*> states;
+  for (SequenceState& s : batched) states.push_back(&s);
+  std::vector<std::vector<int32_t>> bad = rows;
+  bad[2][1] = static_cast<int32_t>(V);
+  GPU_CHECK(!backend->DecodeWindowsBatch(states, bad).ok());
+  for (size_t i = 0; i < states.size(); ++i) GPU_CHECK_MSG(batched[i].BitEqual(alone[i]), "state " + std::to_string(i) + " after a bad id");
+
+  std::vector<float> want;  // each state's own Decode or window (kept at once: a window alone closes the others)
+  for (size_t i = 0; i < states.size(); ++i) {
+    const std::vector<float> own = rows[i].size() == 1 ? Must(backend->Decode(alone[i], rows[i][0]), "decode alone")
+                                                       : Must(backend->DraftWindow(alone[i], rows[i]), "a window alone");
+    want.insert(want.end(), own.begin(), own.end());
+    if (rows[i].size() > 1) Must(backend->KeepDraft(alone[i], kept[i]), "keeping a window alone");
+  }
+  const std::vector<float> logits = Must(backend->DecodeWindowsBatch(states, rows), "decodes and windows in one batch");
+  GPU_CHECK(logits.size() == want.size());
+  int64_t row = 0;
+  for (size_t i = 0; i < states.size(); ++i)
+    for (size_t r = 0; r < rows[i].size(); ++r, ++row)
+      GPU_CHECK_MSG(std::memcmp(logits.data() + row * V, want.data() + row * V, static_cast<size_t>(V) * 4) == 0,
+                    "state " + std::to_string(i) + " row " + std::to_string(r));
+  GPU_CHECK(batched[1].BitEqual(alone[1]));  // the decoded state
+  GPU_CHECK(!backend->KeepDraft(batched[1], 1).ok());
+  SequenceState other(c);  // a window elsewhere meanwhile leaves the batch's windows open (a slot walks its window over steps)
+  Must(backend->Prefill(other, testing::RandomIds(30, V, 40)), "prefill");
+  Must(backend->DraftWindow(other, testing::RandomIds(4, V, 41)), "another state's window");
+  Must(backend->KeepDraft(other, 2), "keeping it");
+  for (size_t i : {4, 2, 0, 3}) {
+    Must(backend->KeepDraft(batched[i], kept[i]), "keeping a window of the batch");
+    GPU_CHECK_MSG(batched[i].BitEqual(alone[i]), "state " + std::to_string(i) + " after keeping " + std::to_string(kept[i]) + " rows");
+    GPU_CHECK(!backend->KeepDraft(batched[i], 0).ok());
+  }
+  for (size_t i = 0; i < states.size(); ++i)
+    GPU_CHECK_MSG(SameBits(Must(backend->Decode(batched[i], 7), "a decode after"), Must(backend->Decode(alone[i], 7), "a decode after")),
+                  "the decode after state " + std::to_string(i) + "'s window");
+}
+
 // The backend's draft windows on host states: the host state keeps its length and bits while the
 // window is open, KeepDraft writes back the kept rows alone (the state then equals as many decodes),
 // a host write in between makes KeepDraft refuse, and the generator with drafts picks plain decoding's
@@ -1524,6 +1582,7 @@ int main() {
       {"the backend's draft windows keep host states; drafts give plain decoding's tokens", BackendDraftWindowsKeepHostStates},
       {"a decode batch gives each state's Decode bits", [] { DecodeBatchRowsAreDecodeSteps(false); }},
       {"a decode batch through captured graphs gives each state's Decode bits", [] { DecodeBatchRowsAreDecodeSteps(true); }},
+      {"decode batch: windows of several states in one batch give each alone's bits", WindowsOfSeveralStatesInOneBatch},
       {"the backend's branches leave the host state", BackendBranchesLeaveTheHostState},
 #ifndef ANCHORAGE_CUDA_EMULATED
       {"the plugin gives the linked backend's bits", ThePluginGivesTheLinkedBackendsBits},

@@ -245,6 +245,55 @@ class TestDeviceServer : public QObject {
     }
   }
 
+  // Two slots repeating files at once on the device with drafts beside others on: their windows go in
+  // one forward (CudaBackend::DecodeWindowsBatch), both draft and keep drafts, and each answer has the
+  // logprobs of the same request on a server that does not draft.
+  void draftWindowsOfTwoSlotsRunInOneBatchOnTheDevice() {
+    if (!std::filesystem::exists(kEmulatedPlugin.toStdString())) QSKIP("no emulated CUDA plugin in this build (not x86-64)");
+    qputenv("ANCHORAGE_CUDA_PLUGIN", kEmulatedPlugin.toUtf8());
+    QTemporaryDir data, plain_data;
+    std::string files[2];
+    for (int f = 0; f < 2; ++f)
+      for (int i = 0; i < 5; ++i) files[f] += "int v" + std::to_string(f) + "_" + std::to_string(i) + " = f(" + std::to_string(i * 7 % 13) + ");\n";
+    const std::string replies = data.filePath("replies.json").toStdString();
+    std::ofstream(replies) << json::array({{{"match", "Repeat file 0"}, {"reply", "</think>\n\n" + files[0]}},
+                                           {{"match", "Repeat file 1"}, {"reply", "</think>\n\n" + files[1]}}}).dump();
+    const QStringList flags = {"--device", "cuda", "--grid", "64", "--shadow-model", "off", "--disk-cache", "off", "--parallel", "2",
+                               "--test-replies", QString::fromStdString(replies)};
+    ServerProcess server, plain;
+    QVERIFY(server.Start(data.path(), flags));
+    QVERIFY(plain.Start(plain_data.path(), flags + QStringList{"--caches", "off"}));
+    const auto set = [](ServerProcess& s, const char* section, const char* key, const char* value) {
+      json doc = json::parse(s.Get("/v1/settings")->body);
+      doc[section][key] = value;
+      const auto put = s.Put("/v1/settings", doc.dump());
+      QVERIFY2(put && put->status == 200, put ? put->body.c_str() : "no answer");
+    };
+    set(server, "speculative", "beside_others", "on");
+    set(plain, "speculative", "mode", "off");
+    const auto body = [&](int f) {
+      return json{{"messages", {{{"role", "user"}, {"content", "Repeat file " + std::to_string(f) + " exactly:\n" + files[f]}}}}, {"max_tokens", 200},
+                  {"temperature", 0}, {"logprobs", true}, {"session_id", "file-" + std::to_string(f)}};
+    };
+    json got[2];
+    std::thread other([&] { got[1] = server.Chat(body(1)); });
+    got[0] = server.Chat(body(0));
+    other.join();
+    for (int f = 0; f < 2; ++f) {
+      QVERIFY2(got[f].contains("usage"), got[f].dump().c_str());
+      QCOMPARE(QString::fromStdString(Text(got[f])), QString::fromStdString(files[f]));
+      const json& usage = got[f]["usage"]["anchorage"];
+      QVERIFY2(usage["accepted_tokens"].get<int64_t>() > 0, usage.dump().c_str());
+      const json reference = plain.Chat(body(f));
+      QCOMPARE(reference["usage"]["anchorage"]["drafted_tokens"].get<int64_t>(), int64_t{0});
+      QCOMPARE(QString::fromStdString(got[f]["choices"][0]["logprobs"]["content"].dump()),
+               QString::fromStdString(reference["choices"][0]["logprobs"]["content"].dump()));
+    }
+    const std::string metrics = server.Get("/metrics")->body;  // both windows ran in shared forwards
+    const size_t at = metrics.find("\nanchorage_batched_window_rows_total ");
+    QVERIFY2(at != std::string::npos && std::atoll(metrics.c_str() + at + 37) > 0, metrics.c_str());
+  }
+
   // A reply that repeats a file from the prompt (forced through the forward by --test-replies) is
   // drafted by lookup and mostly accepted in draft windows on the device, with the logprobs of the
   // same request with drafts off.

@@ -169,13 +169,10 @@ class TestParallelServer : public QObject {
     int used = 0;
     for (const json& slot : slot_list) used += slot["requests"].get<int>() > 0 ? 1 : 0;
     QVERIFY2(used == 3, slot_list.dump().c_str());
-    // /metrics counts the rows that shared a forward: the sampled answer ran wholly beside the long one.
+    // /metrics counts the rows that shared a forward (not every step: the long answer walks its draft windows alone).
     const std::string metrics = server_.Get("/metrics")->body;
     const size_t at = metrics.find("\nanchorage_batched_decode_rows_total ");
-    QVERIFY2(at != std::string::npos, metrics.c_str());
-    const long long b_tokens = static_cast<long long>(got_b.logprobs.size());  // each decoded beside the long answer's row
-    QVERIFY2(b_tokens > 1 && std::atoll(metrics.c_str() + at + 37) >= 2 * (b_tokens - 1),
-             (metrics.substr(at + 1, 50) + " against " + std::to_string(b_tokens) + " tokens").c_str());
+    QVERIFY2(at != std::string::npos && std::atoll(metrics.c_str() + at + 37) > 0, metrics.c_str());
     // The journal names each request's slot: three that ran at once ran on three.
     std::set<int> journal_slots;
     for (const char* session : {"A", "B", "C"}) {
@@ -215,6 +212,9 @@ class TestParallelServer : public QObject {
       QVERIFY2(row.value("drafted_tokens", 0) > 0 && row.value("accepted_tokens", 0) > 0, (row.dump() + costs.dump()).c_str());
     }
     QVERIFY2(costs["fitted"].get<bool>() && costs["step_row_ms"].get<double>() > 0, costs.dump().c_str());  // the steps it measured
+    const std::string metrics = server_.Get("/metrics")->body;  // windows ran in shared forwards
+    const size_t at = metrics.find("\nanchorage_batched_window_rows_total ");
+    QVERIFY2(at != std::string::npos && std::atoll(metrics.c_str() + at + 37) > 0, metrics.c_str());
     beside_others("auto");
   }
 
