@@ -9,6 +9,7 @@
 #include <httplib.h>
 
 #include <signal.h>
+#include <sys/prctl.h>
 
 #include <functional>
 #include <memory>
@@ -44,6 +45,8 @@ class ServerProcess {
   bool Start(const QString& data_dir, const QStringList& extra_flags) {
     process_ = std::make_unique<QProcess>();
     process_->setProcessChannelMode(QProcess::SeparateChannels);
+    // The server dies with the test (its starting thread): a test that aborts leaves no server loading the next ones.
+    process_->setChildProcessModifier([] { ::prctl(PR_SET_PDEATHSIG, SIGKILL); });
     QStringList args = {"--data-dir", data_dir, "--port", "0", "--threads", "1"};
     args += extra_flags;
     process_->start(QString(ANCHORAGE_BINARY_DIR) + "/app/anchorage-server", args);
