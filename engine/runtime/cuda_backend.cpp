@@ -187,17 +187,25 @@ Result<std::vector<float>> CudaBackend::Decode(SequenceState& state, int32_t id,
   return logits;
 }
 
+Status CudaBackend::PrepareBatch(std::span<SequenceState* const> states, const std::function<int64_t(size_t)>& rows,
+                                 std::vector<DeviceState*>& devices, std::vector<const PromptImages*>& images, std::vector<int64_t>& from) {
+  for (size_t i = 0; i < states.size(); ++i) {
+    from.push_back(states[i]->length());
+    images.push_back(states[i]->images().get());
+    devices.push_back(nullptr);
+    RETURN_IF_ERROR(Prepare(*states[i], from[i] + rows(i), &devices[i]));
+    static_cast<Mirror*>(states[i]->mirror())->window_from = -1;  // a window left open on the state is given up
+  }
+  return Status::Ok();
+}
+
 Result<std::vector<float>> CudaBackend::DecodeBatch(std::span<SequenceState* const> states, std::span<const int32_t> ids) {
   RETURN_IF_ERROR(CheckDecodeBatch(states, ids, config().vocab_size));
   if (states.size() == 1) return Decode(*states.front(), ids.front());  // one state: Decode, with its captured graph
-  std::vector<DeviceState*> devices(states.size());
-  std::vector<const PromptImages*> images(states.size());
-  std::vector<int64_t> from(states.size());
-  for (size_t i = 0; i < states.size(); ++i) {
-    from[i] = states[i]->length();
-    images[i] = states[i]->images().get();
-    RETURN_IF_ERROR(Prepare(*states[i], from[i] + 1, &devices[i]));
-  }
+  std::vector<DeviceState*> devices;
+  std::vector<const PromptImages*> images;
+  std::vector<int64_t> from;
+  RETURN_IF_ERROR(PrepareBatch(states, [](size_t) { return int64_t{1}; }, devices, images, from));
   auto logits = forward_->DecodeBatch(devices, ids, images);
   Status status = logits.ok() ? Status::Ok() : logits.status();
   for (size_t i = 0; i < states.size(); ++i) {  // after a device error a copy may be anywhere: each is dropped
@@ -261,15 +269,10 @@ Result<std::vector<float>> CudaBackend::DecodeWindowsBatch(std::span<SequenceSta
     firsts.push_back(r.front());
   }
   RETURN_IF_ERROR(CheckDecodeBatch(states, firsts, config().vocab_size));  // distinct states
-  std::vector<DeviceState*> devices(states.size());
-  std::vector<const PromptImages*> images(states.size());
-  std::vector<int64_t> from(states.size());
-  for (size_t i = 0; i < states.size(); ++i) {
-    from[i] = states[i]->length();
-    images[i] = states[i]->images().get();
-    RETURN_IF_ERROR(Prepare(*states[i], from[i] + static_cast<int64_t>(rows[i].size()), &devices[i]));
-    static_cast<Mirror*>(states[i]->mirror())->window_from = -1;
-  }
+  std::vector<DeviceState*> devices;
+  std::vector<const PromptImages*> images;
+  std::vector<int64_t> from;
+  RETURN_IF_ERROR(PrepareBatch(states, [&](size_t i) { return static_cast<int64_t>(rows[i].size()); }, devices, images, from));
   for (size_t i = 0; i < states.size(); ++i)  // a window writes its copy's rows from its length on
     if (rows[i].size() > 1) states[i]->set_mirror_sync(std::min(states[i]->mirror_rows(), from[i]), states[i]->newest_recurrent());
   auto logits = forward_->DecodeWindowsBatch(devices, rows, images);

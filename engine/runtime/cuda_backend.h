@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <atomic>
 #include <span>
@@ -93,6 +94,10 @@ class CudaBackend final : public ComputeBackend {
   // After an error the copy is dropped (the next forward makes another). device_ahead: the device
   // ran past the host's length, so where it held the newest recurrent part the host state is reset.
   static void Drop(SequenceState& host, bool device_ahead);
+  // Prepare for every state with room for rows(i) more rows; its device copy, images and length. The first
+  // that cannot be prepared leaves every state as it was.
+  Status PrepareBatch(std::span<SequenceState* const> states, const std::function<int64_t(size_t)>& rows, std::vector<DeviceState*>& devices,
+                      std::vector<const PromptImages*>& images, std::vector<int64_t>& from);
 
   std::unique_ptr<CudaForward> forward_;
   std::unique_ptr<CudaVisionTower> tower_;

@@ -872,22 +872,7 @@ Result<std::vector<float>> CudaForward::Decode(DeviceState& state, int32_t id, M
   std::vector<float> logits(static_cast<size_t>(config_.vocab_size));
   const DecodeStep step{id, 0, state.length(), state.length() + RopeShift(state.length())};
   RETURN_IF_ERROR(cuda::CopyToDevice(ws_->step.data(), &step, sizeof step, stream_));
-  if (options_.decode_graphs && (!graph_ || graph_->buffers != state.Buffers())) {
-    graph_.reset();
-    auto captured = CaptureDecode(state);
-    if (captured.ok()) {
-      graph_ = std::move(*captured);
-    } else {  // decode goes on launch by launch; the reason stays for DecodeLaunches
-      cudaGetLastError();  // the failed capture's error is not this step's
-      options_.decode_graphs = false;
-      graph_note_ = captured.status().message();
-    }
-  }
-  if (options_.decode_graphs) {
-    RETURN_IF_ERROR(cuda::CudaStatus(cudaGraphLaunch(graph_->exec, stream_), "launching the decode graph"));
-  } else {
-    RETURN_IF_ERROR(EnqueueDecode(state));
-  }
+  RETURN_IF_ERROR(LaunchCaptured(graph_, state.Buffers(), [&] { return EnqueueDecode(state); }, "launching the decode graph"));
   if (mtp_ && mtp != nullptr) {  // the step's final-normed row waits for the head
     ASSIGN_OR_RETURN(float* waiting, MtpWait(*mtp, state.length(), 1));
     if (waiting != nullptr) RETURN_IF_ERROR(cuda::CopyOnDevice(waiting, ws_->a.data(), static_cast<size_t>(Floats(config_.hidden_size)), stream_));
@@ -994,22 +979,7 @@ Result<std::vector<float>> CudaForward::DecodeBatch(std::span<DeviceState* const
     }
     RETURN_IF_ERROR(cuda::CopyToDevice(ws.ids.data(), ids.data() + first, static_cast<size_t>(n) * 4, stream_));
     RETURN_IF_ERROR(cuda::CopyToDevice(ws.batch_steps.data(), host_steps.data(), host_steps.size() * sizeof(DecodeStep), stream_));
-    if (options_.decode_graphs && (!batch_graph_ || batch_graph_->buffers != buffers)) {
-      batch_graph_.reset();
-      auto captured = Capture(std::move(buffers), [&] { return EnqueueBatch(rows); });
-      if (captured.ok()) {
-        batch_graph_ = std::move(*captured);
-      } else {  // batches go launch by launch; the reason stays for DecodeLaunches
-        cudaGetLastError();
-        options_.decode_graphs = false;
-        graph_note_ = captured.status().message();
-      }
-    }
-    if (options_.decode_graphs) {
-      RETURN_IF_ERROR(cuda::CudaStatus(cudaGraphLaunch(batch_graph_->exec, stream_), "launching the decode batch's graph"));
-    } else {
-      RETURN_IF_ERROR(EnqueueBatch(rows));
-    }
+    RETURN_IF_ERROR(LaunchCaptured(batch_graph_, std::move(buffers), [&] { return EnqueueBatch(rows); }, "launching the decode batch's graph"));
     RETURN_IF_ERROR(cuda::CopyToHost(logits.data() + static_cast<int64_t>(first) * V, ws.logits.data(), static_cast<size_t>(Floats(n * V)),
                                      stream_));
     RETURN_IF_ERROR(cuda::Synchronize(stream_, "a decode batch"));
@@ -1122,8 +1092,21 @@ Status CudaForward::EnqueueDecode(DeviceState& state) {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<CudaForward::DecodeGraph>> CudaForward::CaptureDecode(DeviceState& state) {
-  return Capture(state.Buffers(), [&] { return EnqueueDecode(state); });
+template <typename Fn>
+Status CudaForward::LaunchCaptured(std::unique_ptr<DecodeGraph>& graph, std::vector<const void*> buffers, Fn&& enqueue, const char* what) {
+  if (options_.decode_graphs && (!graph || graph->buffers != buffers)) {
+    graph.reset();
+    auto captured = Capture(std::move(buffers), enqueue);
+    if (captured.ok()) {
+      graph = std::move(*captured);
+    } else {  // decode goes on launch by launch; the reason stays for DecodeLaunches
+      cudaGetLastError();  // the failed capture's error is not this step's
+      options_.decode_graphs = false;
+      graph_note_ = captured.status().message();
+    }
+  }
+  if (options_.decode_graphs) return cuda::CudaStatus(cudaGraphLaunch(graph->exec, stream_), what);
+  return enqueue();
 }
 
 template <typename Fn>

@@ -275,12 +275,15 @@ class CudaForward {
   Status RunChunk(DeviceState& state, int64_t n, int64_t first_logit_row, float* logits);
   // A decode step's launches, up to its logits in the workspace: no copy and no wait, so it can be captured.
   Status EnqueueDecode(DeviceState& state);
-  Result<std::unique_ptr<DecodeGraph>> CaptureDecode(DeviceState& state);
   // A decode batch's launches over rows (ids and positions in the workspace), up to its logits there.
   Status EnqueueBatch(std::span<const Segment> rows);
   // Runs fn's launches captured into a graph for buffers, or returns why it could not.
   template <typename Fn>
   Result<std::unique_ptr<DecodeGraph>> Capture(std::vector<const void*> buffers, Fn&& fn);
+  // Launches graph, captured anew from enqueue's launches where it is missing or was made for other
+  // buffers; where capture fails graphs go off (DecodeLaunches says why) and enqueue runs launch by launch.
+  template <typename Fn>
+  Status LaunchCaptured(std::unique_ptr<DecodeGraph>& graph, std::vector<const void*> buffers, Fn&& enqueue, const char* what);
   const int64_t* StepPosition() const;
   const int64_t* StepRopePosition() const;  // the step's position as its rotary angles take it
   Status GdnMixer(const Layer& layer, DeviceState& state, int64_t gi, int64_t n, Mode mode, std::span<const Segment> branches);
