@@ -88,7 +88,7 @@ Status GenerationTask::Advance(int32_t id) {
   }
   if (drafting_) {
     const int64_t room = params_.max_tokens - generated() - 1;  // drafts past the last pick are wasted
-    const int length = may_draft_ ? static_cast<int>(std::min<int64_t>(draft_length_, room)) : 0;
+    const int length = may_draft_ && !windows_refused_ ? static_cast<int>(std::min<int64_t>(draft_length_, room)) : 0;
     std::vector<int32_t> draft;
     if (speculative_.lookup && length > 0) {
       draft = LookupDraft(sequence_, length);
@@ -128,8 +128,13 @@ Status GenerationTask::Advance(int32_t id) {
 
 Status GenerationTask::OpenWindow(Result<std::vector<float>> logits) {
   if (!logits.ok()) {
+    const int32_t id = window_ids_.empty() ? -1 : window_ids_.front();
     window_ids_.clear();
-    return logits.status();
+    if (logits.status().code() != StatusCode::kResourceExhausted || id < 0) return logits.status();
+    // No room for a window's rows (a device's draft log): the generation goes on without drafts.
+    windows_refused_ = true;
+    ASSIGN_OR_RETURN(logits_, forward_.Decode(state_, id, head_));
+    return Status::Ok();
   }
   const int64_t vocab = forward_.vocab_size();
   window_ = std::move(logits).value();

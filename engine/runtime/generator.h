@@ -114,6 +114,7 @@ class GenerationTask {
   SpeculativeOptions speculative_;
   GenerationResult result_;
   bool drafting_ = false;
+  bool windows_refused_ = false;  // a window found no room: no more drafts (the tokens are the same)
   MtpState mtp_;
   MtpState* head_ = nullptr;      // the MTP head's rows start at this prompt
   int64_t sequence_start_ = 0;    // position of sequence_[0]

@@ -125,6 +125,36 @@ SamplingParams Greedy(int64_t n) {
   return p;
 }
 
+// The forward, with every draft window refused for want of room (as a device without room for a
+// state's draft log refuses one).
+class NoRoomForWindows final : public ComputeBackend {
+ public:
+  explicit NoRoomForWindows(Forward& f) : f_(f) {}
+  const char* device_name() const override { return f_.device_name(); }
+  std::string DeviceDescription() const override { return f_.DeviceDescription(); }
+  std::string WeightsDescription() const override { return f_.WeightsDescription(); }
+  int64_t WeightBytes() const override { return f_.WeightBytes(); }
+  const ModelConfig& config() const override { return f_.config(); }
+  int64_t grid_tokens() const override { return f_.grid_tokens(); }
+  int threads() const override { return f_.threads(); }
+  std::string StateKey(const std::string& model_fingerprint) const override { return f_.StateKey(model_fingerprint); }
+  Result<std::vector<float>> Prefill(SequenceState& s, std::span<const int32_t> ids, LogitsRows rows, MtpState* mtp) override {
+    return f_.Prefill(s, ids, rows, mtp);
+  }
+  Result<std::vector<float>> Decode(SequenceState& s, int32_t id, MtpState* mtp) override { return f_.Decode(s, id, mtp); }
+  Result<std::vector<float>> ForkLastLogits(const SequenceState& s, std::span<const int32_t> ids) override { return f_.ForkLastLogits(s, ids); }
+  int64_t PrefillWorkspaceBytes(int64_t chunk_tokens) const override { return f_.PrefillWorkspaceBytes(chunk_tokens); }
+  bool has_draft_windows() const override { return true; }
+  Result<std::vector<float>> DraftWindow(SequenceState&, std::span<const int32_t>, MtpState*) override {
+    ++refused;
+    return ResourceExhausted("no room for a draft window's log");
+  }
+  int refused = 0;
+
+ private:
+  Forward& f_;
+};
+
 }  // namespace
 
 class TestSpeculative : public QObject {
@@ -238,6 +268,29 @@ class TestSpeculative : public QObject {
     }
     QVERIFY(!forward_->KeepDraft(*states[1], 1).ok());
     QVERIFY(states[1]->BitEqual(*alone[1]));
+  }
+
+  // A window refused for want of room leaves the generation going on without drafts: plain greedy's
+  // tokens and state, one window tried.
+  void aWindowWithoutRoomGoesOnWithoutDrafts() {
+    std::vector<int32_t> block = testing::RandomIds(40, vocab_, 7), prompt;
+    for (int i = 0; i < 4; ++i) prompt.insert(prompt.end(), block.begin(), block.end());
+    NoRoomForWindows refusing(*forward_);
+    auto plain_state = Prefilled(std::vector<int32_t>(prompt.begin(), prompt.end() - 1));
+    auto tried_state = Prefilled(std::vector<int32_t>(prompt.begin(), prompt.end() - 1));
+    const std::vector<int32_t> last(prompt.end() - 1, prompt.end());
+    auto plain = Generator(*forward_, nullptr).Generate(*plain_state, last, Greedy(40), nullptr);
+    SpeculativeOptions spec;
+    spec.max_draft = 6;
+    spec.lookup = true;
+    spec.history = std::span(prompt).first(prompt.size() - 1);
+    auto tried = Generator(refusing, nullptr).Generate(*tried_state, last, Greedy(40), nullptr, nullptr, spec);
+    QVERIFY2(tried.ok(), tried.status().ToString().c_str());
+    QVERIFY(plain.ok());
+    QCOMPARE(tried->tokens, plain->tokens);
+    QVERIFY(tried_state->BitEqual(*plain_state));
+    QCOMPARE(refusing.refused, 1);
+    QCOMPARE(tried->drafted_tokens, int64_t{0});
   }
 
   void lookupProposesWhatFollowed() {
