@@ -57,7 +57,7 @@ struct CudaForward::Workspace {
   DeviceBuffer ids;                 // int32 [G]
   DeviceBuffer axes;                // int64 [G, 3]: M-RoPE positions of a chunk's rows
   DeviceBuffer step;                // a decode step: DecodeStep
-  DeviceBuffer batch_steps;         // a decode batch's rows: DecodeStep [kMaxDraftRows]
+  DeviceBuffer batch_steps;         // a decode batch's rows: DecodeStep [kLogitRows]
   DeviceBuffer x, a, mix;           // [G, H]
   DeviceBuffer qkv, conv;           // [G, conv_dim]
   DeviceBuffer z, core;             // [G, Nv*dv]
@@ -663,7 +663,7 @@ Status CudaForward::Init(const ModelWeights& w) {
   RETURN_IF_ERROR(make(ws.ids, rows * 4, "token ids"));
   RETURN_IF_ERROR(make(ws.axes, rows * 3 * 8, "M-RoPE positions"));
   RETURN_IF_ERROR(make(ws.step, sizeof(DecodeStep), "a decode step"));
-  RETURN_IF_ERROR(make(ws.batch_steps, kMaxDraftRows * sizeof(DecodeStep), "a decode batch's steps"));
+  RETURN_IF_ERROR(make(ws.batch_steps, kLogitRows * sizeof(DecodeStep), "a decode batch's steps"));
   for (DeviceBuffer* b : {&ws.x, &ws.a, &ws.mix}) RETURN_IF_ERROR(make(*b, Floats(rows * H), "hidden rows"));
   for (DeviceBuffer* b : {&ws.qkv, &ws.conv}) RETURN_IF_ERROR(make(*b, Floats(rows * C), "conv rows"));
   for (DeviceBuffer* b : {&ws.z, &ws.core}) RETURN_IF_ERROR(make(*b, Floats(rows * VD), "value rows"));
@@ -905,7 +905,10 @@ Result<std::vector<float>> CudaForward::PrefillBranches(DeviceState& state, std:
     pass.clear();
     size_t end = first;
     for (; end < branches.size() && static_cast<int64_t>(ids.size() + branches[end].ids.size()) <= G; ++end) {
-      pass.push_back({static_cast<int64_t>(ids.size()), static_cast<int64_t>(branches[end].ids.size())});
+      Segment branch;
+      branch.row0 = static_cast<int64_t>(ids.size());
+      branch.n = static_cast<int64_t>(branches[end].ids.size());
+      pass.push_back(branch);
       ids.insert(ids.end(), branches[end].ids.begin(), branches[end].ids.end());
     }
     const int64_t n = static_cast<int64_t>(ids.size());
@@ -936,11 +939,7 @@ Result<std::vector<float>> CudaForward::DraftWindow(DeviceState& state, std::spa
   std::vector<float> logits(static_cast<size_t>(n * V));
   cuda::RmsNormRows(ws.x.floats(), final_norm_, n, H, static_cast<float>(config_.rms_norm_eps), ws.a.floats(), stream_);
   if (mtp != nullptr) RETURN_IF_ERROR(cuda::CopyOnDevice(log->hidden.data(), ws.a.data(), static_cast<size_t>(Floats(n * H)), stream_));
-  for (int64_t t = 0; t < n; t += kLogitRows) {  // decode's lm_head GEMV, kLogitRows rows a run
-    const int64_t run = std::min(kLogitRows, n - t);
-    GemvOf(lm_head_, ws.a.floats() + t * H, run, ws.logits.floats());
-    RETURN_IF_ERROR(cuda::CopyToHost(logits.data() + t * V, ws.logits.data(), static_cast<size_t>(Floats(run * V)), stream_));
-  }
+  RETURN_IF_ERROR(DecodeLogitsOfRows(n, logits.data()));
   RETURN_IF_ERROR(cuda::Synchronize(stream_, "a draft window"));
   log->open = true;
   log->pos0 = state.length();
@@ -1026,11 +1025,7 @@ Result<std::vector<float>> CudaForward::DecodeWindowsBatch(std::span<DeviceState
     RETURN_IF_ERROR(cuda::CopyToDevice(ws.ids.data(), ids.data(), static_cast<size_t>(n) * 4, stream_));
     RETURN_IF_ERROR(EnqueueLayers(*pass.front().state, static_cast<const int32_t*>(ws.ids.data()), n, Mode::kBatch, pass));
     cuda::RmsNormRows(ws.x.floats(), final_norm_, n, H, static_cast<float>(config_.rms_norm_eps), ws.a.floats(), stream_);
-    for (int64_t t = 0; t < n; t += kLogitRows) {  // decode's lm_head GEMV, kLogitRows rows a run
-      const int64_t run = std::min(kLogitRows, n - t);
-      GemvOf(lm_head_, ws.a.floats() + t * H, run, ws.logits.floats());
-      RETURN_IF_ERROR(cuda::CopyToHost(logits.data() + (logit_row + t) * V, ws.logits.data(), static_cast<size_t>(Floats(run * V)), stream_));
-    }
+    RETURN_IF_ERROR(DecodeLogitsOfRows(n, logits.data() + logit_row * V));
     RETURN_IF_ERROR(cuda::Synchronize(stream_, "a batch of decodes and draft windows"));
     for (const Segment& s : pass) {
       if (s.window) {
@@ -1182,6 +1177,16 @@ Status CudaForward::RunChunk(DeviceState& state, int64_t n, int64_t first_logit_
   return cuda::Synchronize(stream_, "a forward chunk");
 }
 
+Status CudaForward::DecodeLogitsOfRows(int64_t n, float* logits) {
+  const int64_t H = config_.hidden_size, V = config_.vocab_size;
+  for (int64_t t = 0; t < n; t += kLogitRows) {
+    const int64_t run = std::min(kLogitRows, n - t);
+    GemvOf(lm_head_, ws_->a.floats() + t * H, run, ws_->logits.floats());
+    RETURN_IF_ERROR(cuda::CopyToHost(logits + t * V, ws_->logits.data(), static_cast<size_t>(Floats(run * V)), stream_));
+  }
+  return Status::Ok();
+}
+
 Status CudaForward::LogitsOfRows(int64_t begin, int64_t end, float* logits) {
   const int64_t H = config_.hidden_size, V = config_.vocab_size;
   Workspace& ws = *ws_;
@@ -1248,18 +1253,22 @@ Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int
   gates.beta = beta;
   gates.g = g;
   gates.value_heads = Nv;
+  const auto gates_from = [&](int64_t row0) {  // the gates' arguments for the rows from row0 on
+    cuda::ConvNormGates own = gates;
+    own.qkv += row0 * C;
+    own.out += row0 * C;
+    own.b += row0 * Nv;
+    own.a += row0 * Nv;
+    own.beta += row0 * Nv;
+    own.g += row0 * Nv;
+    return own;
+  };
   const cuda::DeltaShape shape{c.linear_num_key_heads, Nv, dk, c.linear_value_head_dim, C};
   float* S = state.recurrent_[static_cast<size_t>(gi)].floats();
   const size_t state_bytes = static_cast<size_t>(Floats(state.recurrent_floats_));
   if (mode == Mode::kBranches) {  // each branch from the state's tail and a copy of its state, which stays
     for (const Segment& b : branches) {
-      cuda::ConvNormGates own = gates;
-      own.qkv += b.row0 * C;
-      own.out += b.row0 * C;
-      own.b += b.row0 * Nv;
-      own.a += b.row0 * Nv;
-      own.beta += b.row0 * Nv;
-      own.g += b.row0 * Nv;
+      const cuda::ConvNormGates own = gates_from(b.row0);
       cuda::ConvNormGatesRows(own, b.n, stream_);
       RETURN_IF_ERROR(cuda::CopyOnDevice(ws.state_copy.data(), S, state_bytes, stream_));
       cuda::GatedDeltaChunked(shape, own.out, own.beta, own.g, b.n, state.length(), ws.state_copy.floats(),
@@ -1272,14 +1281,8 @@ Status CudaForward::GdnMixer(const Layer& L, DeviceState& state, int64_t gi, int
     for (const Segment& row : branches) {
       float* own_tail = row.state->tail_[static_cast<size_t>(gi)].floats();
       float* own_state = row.state->recurrent_[static_cast<size_t>(gi)].floats();
-      cuda::ConvNormGates own = gates;
-      own.qkv += row.row0 * C;
+      cuda::ConvNormGates own = gates_from(row.row0);
       own.tail = own_tail;
-      own.out += row.row0 * C;
-      own.b += row.row0 * Nv;
-      own.a += row.row0 * Nv;
-      own.beta += row.row0 * Nv;
-      own.g += row.row0 * Nv;
       if (row.window) {  // its inputs go to the state's draft log for KeepDraft, the recurrence runs on a copy
         const DeviceDraftLog& log = *row.state->draft_;
         const int64_t at = gi * log.capacity;

@@ -47,12 +47,12 @@ struct DeviceAnchor {
   int64_t bytes() const { return static_cast<int64_t>(data.bytes()); }
 };
 
-// One sequence's state in device memory, laid out as SequenceState's (K/V rows per attention layer in
-// the model's kv_dtype, recurrent state and conv tail per GDN layer). Made by CudaForward::NewState; it must not
-// outlive that CudaForward (it runs on its stream).
 // What a state's open draft window leaves for KeepDraft (cuda_forward.cpp).
 struct DeviceDraftLog;
 
+// One sequence's state in device memory, laid out as SequenceState's (K/V rows per attention layer in
+// the model's kv_dtype, recurrent state and conv tail per GDN layer). Made by CudaForward::NewState; it must not
+// outlive that CudaForward (it runs on its stream).
 class DeviceState {
  public:
   ~DeviceState();
@@ -172,7 +172,7 @@ class CudaForward {
   // runs over all the rows, each weight read once (a GEMV row's bits do not depend on the rows beside it),
   // while each state's conv tail, recurrence, K/V rows and attention are its own. images[i]: the images of
   // states[i]'s sequence (they shift its rotary position), or null. Returns logits [states.size(), vocab],
-  // row i the bits Decode(*states[i], ids[i]) returns; kMaxDraftRows states a forward. With decode graphs on,
+  // row i the bits Decode(*states[i], ids[i]) returns; up to 64 states a forward. With decode graphs on,
   // a batch's launches are captured once and replayed while the same states (with the same buffers) decode
   // together. Bad ids or no room for a row change no state.
   Result<std::vector<float>> DecodeBatch(std::span<DeviceState* const> states, std::span<const int32_t> ids,
@@ -269,6 +269,8 @@ class CudaForward {
   Status EnqueueLayers(DeviceState& state, const int32_t* ids, int64_t n, Mode mode, std::span<const Segment> branches = {});
   // state's draft log with room for a window of rows rows (and their hidden rows for an MTP head), closed.
   Result<DeviceDraftLog*> DraftLogOf(DeviceState& state, int64_t rows, bool hidden);
+  // Logits of the workspace's n normed rows (ws.a) through decode's lm_head GEMV, kLogitRows rows a run, to host.
+  Status DecodeLogitsOfRows(int64_t n, float* logits);
   // Logits of the workspace's hidden rows [begin, end) (final norm, the lm_head's split product) to host.
   Status LogitsOfRows(int64_t begin, int64_t end, float* logits);
   // Runs n ids already in the workspace at positions state.length()..; logits of rows [first, n) to host.

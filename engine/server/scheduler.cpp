@@ -803,8 +803,9 @@ void Scheduler::StepSlots() {
       FinishJob(*job, more.status(), {}, prefilling->stats);
     }
   }
-  const auto counted = [&](bool batched) {
+  const auto counted = [&](bool batched) {  // the counts, and the row costs for the stats
     std::lock_guard lock(mu_);
+    row_costs_seen_ = row_costs_;
     ++decode_counts_.steps;
     if (!batched) return;
     decode_counts_.batched_rows += static_cast<int64_t>(batch.size());
@@ -822,8 +823,6 @@ void Scheduler::StepSlots() {
   const auto measured = [&] {
     row_costs_.Record(forwarded, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
     counted(batch.size() > 1);
-    std::lock_guard lock(mu_);
-    row_costs_seen_ = row_costs_;
   };
   if (batch.size() == 1) {
     batch.front()->turn->task->DecodeAlone();

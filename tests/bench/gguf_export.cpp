@@ -53,7 +53,7 @@ struct OutTensor {
   std::string name;
   std::vector<int64_t> shape;  // PyTorch order; GGUF lists it reversed
   uint32_t type;
-  std::function<Result<std::string>()> bytes;
+  std::function<std::string()> bytes;
 };
 
 // Grouped value heads (HF: head j reads key head j / r) to tiled ones (GGUF: j reads j % Nk).
@@ -67,7 +67,7 @@ Result<const TensorView*> Need(const SafetensorsSet& set, const std::string& nam
 
 std::string FloatBytes(const std::vector<float>& v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)); }
 
-Result<std::vector<float>> Floats(const TensorView& t) {
+std::vector<float> Floats(const TensorView& t) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
   t.ToFloat(0, t.numel(), v.data());
   return v;
@@ -145,19 +145,14 @@ Status ExportGguf(const std::string& model_dir, const std::string& out_path, boo
   if (!chat_template.empty()) w.Str("tokenizer.chat_template", chat_template);
 
   std::vector<OutTensor> out;
-  auto copy = [&](const std::string& from, const std::string& to) -> Status {
-    ASSIGN_OR_RETURN(const TensorView* t, Need(set, from));
-    if (t->dtype != DType::kBF16) return Unsupported(from + " is " + DTypeName(t->dtype) + "; the export takes BF16 matrices");
-    out.push_back({to, t->shape, kGgmlBf16, [t] { return Result<std::string>(std::string(reinterpret_cast<const char*>(t->data), t->bytes)); }});
-    return Status::Ok();
-  };
-  // A BF16 matrix whose value heads (row blocks from first_row on, or column blocks) move to tiled order.
+  // A BF16 matrix whose value heads (blocks of `block` rows from first_row on, or of columns) move to
+  // tiled order; block 0: as stored.
   auto copy_tiled = [&](const std::string& from, const std::string& to, int64_t first_row, int64_t block, bool columns) -> Status {
     ASSIGN_OR_RETURN(const TensorView* t, Need(set, from));
     if (t->dtype != DType::kBF16) return Unsupported(from + " is " + DTypeName(t->dtype) + "; the export takes BF16 matrices");
-    out.push_back({to, t->shape, kGgmlBf16, [=]() -> Result<std::string> {
+    out.push_back({to, t->shape, kGgmlBf16, [=] {
       std::string bytes(reinterpret_cast<const char*>(t->data), t->bytes);
-      if (per_k == 1) return bytes;
+      if (per_k == 1 || block == 0) return bytes;
       const int64_t cols = t->shape[1];
       for (int64_t j = 0; j < Nv; ++j) {
         const int64_t to_head = TiledHead(j, Nk, per_k);
@@ -171,12 +166,14 @@ Status ExportGguf(const std::string& model_dir, const std::string& out_path, boo
     }});
     return Status::Ok();
   };
-  // An F32 vector or small matrix: transform(values) after the value-head move of `heads` rows of `block`.
+  auto copy = [&](const std::string& from, const std::string& to) { return copy_tiled(from, to, 0, 0, false); };
+  // An F32 vector or small matrix: transform of each value, then (first_row >= 0) its value heads, blocks
+  // of `block` rows from first_row on, in tiled order.
   auto floats = [&](const std::string& from, const std::string& to, std::vector<int64_t> shape, std::function<float(float)> transform,
                     int64_t first_row = -1, int64_t block = 1) -> Status {
     ASSIGN_OR_RETURN(const TensorView* t, Need(set, from));
-    out.push_back({to, shape, kGgmlF32, [=]() -> Result<std::string> {
-      ASSIGN_OR_RETURN(std::vector<float> v, Floats(*t));
+    out.push_back({to, shape, kGgmlF32, [=] {
+      std::vector<float> v = Floats(*t);
       for (float& x : v) x = transform(x);
       if (first_row >= 0 && per_k > 1) {
         const int64_t width = static_cast<int64_t>(v.size()) / t->shape[0];
@@ -251,7 +248,7 @@ Status ExportGguf(const std::string& model_dir, const std::string& out_path, boo
     std::ofstream f(partial, std::ios::binary | std::ios::trunc);
     f.write(file.data(), static_cast<std::streamsize>(file.size()));
     for (size_t i = 0; i < out.size(); ++i) {  // one tensor's bytes in memory at a time
-      ASSIGN_OR_RETURN(const std::string d, out[i].bytes());
+      const std::string d = out[i].bytes();
       if (d.size() != sizes[i]) return Internal(out[i].name + ": its bytes do not match its shape");
       f.write(d.data(), static_cast<std::streamsize>(d.size()));
       const std::string pad((kAlignment - d.size() % kAlignment) % kAlignment, '\0');
