@@ -74,6 +74,8 @@ void PackRowGroups(const float* x, int64_t ldx, int64_t rows, int64_t k, float* 
 
 // Rows more than this take the packed tiles; the kernels' few-rows tiles read x in place.
 inline constexpr int kFewRows = 2;
+// Up to this many rows (a decode batch) the fp32 kernels stream each bf16 weight from memory once, over the whole k.
+inline constexpr int kStreamRows = 4;
 
 // Decode streams every weight from memory once: a few-rows tile asks for the k row (int8: the pair of k rows)
 // of its super-panels' codes this far ahead, 2 KiB for bf16 and int8 (64-byte rows), 1 KiB for FP8.

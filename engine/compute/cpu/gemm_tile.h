@@ -38,6 +38,8 @@ struct Bf16Weights {
   }
   int64_t BlockEnd(int64_t) const { return INT64_MAX; }
   void Prefetch(int64_t t) const { __builtin_prefetch(w + t * kPanelColumns); }
+  // The same segment from k row t on.
+  Bf16Weights From(int64_t t) const { return {w + t * kPanelColumns}; }
 };
 
 // A segment's FP8 codes from k0 on (its lo lanes' bytes, the hi lanes' 16 on) and its scale rows (by
@@ -167,6 +169,38 @@ inline void RunManyRows(const GemmBlock& b, const W* w, float* const* y, const i
   }
 }
 
+// Up to kStreamRows rows where a segment is half a panel's line: both halves run a chunk of kStreamChunk k rows
+// before the next chunk, so each line is used up while in L1 and the weights stream from memory at one pace, as
+// in decode, instead of in bursts between passes over cached rows.
+inline constexpr int64_t kStreamChunk = 64;
+
+template <class V>
+inline constexpr bool kStreamsInChunks = kPanelColumns / (2 * V::kLanes) > 1;
+
+template <class V>
+inline void RunRowsInChunks(const GemmBlock& b, const Bf16Weights* w, float* const* y, const int* cols, int segments,
+                            int64_t steps) {
+  constexpr int kPerPanel = static_cast<int>(kPanelColumns) / (2 * V::kLanes);
+  const int rows = static_cast<int>(b.rows);
+  for (int first = 0; first < segments; first += kPerPanel) {
+    const int halves = std::min(kPerPanel, segments - first);
+    for (int64_t c0 = 0; c0 < steps; c0 += kStreamChunk) {
+      const int64_t chunk = std::min(kStreamChunk, steps - c0);
+      const float* x = b.x + b.k0 + c0;
+      const bool accumulate = b.accumulate || c0 > 0;
+      for (int h = 0; h < halves; ++h) {
+        const Bf16Weights from = w[first + h].From(c0);
+        if (h == 0)
+          TileRows<V, Bf16Weights, 1, kStreamRows, false, true>(rows, x, b.ldx, &from, y + first + h, cols + first + h,
+                                                                b.ldy, b.k0 + c0, chunk, accumulate);
+        else
+          TileRows<V, Bf16Weights, 1, kStreamRows, false, false>(rows, x, b.ldx, &from, y + first + h, cols + first + h,
+                                                                 b.ldy, b.k0 + c0, chunk, accumulate);
+      }
+    }
+  }
+}
+
 // V::kRowTile rows a tile (a divisor of kRowGroup) from the packed rows for many rows; up to kFewRows
 // rows read x in place and take V::kFewRowsSegments segments at once, so decode keeps enough
 // independent sums in flight.
@@ -210,6 +244,8 @@ inline void RunGemmBlock(const GemmBlock& b) {
     }
     return RunManyRows<V>(b, ready, y, cols, segments, steps);
   } else {
+    if constexpr (kStreamsInChunks<V>)
+      if (b.rows <= kStreamRows) return RunRowsInChunks<V>(b, w, y, cols, segments, steps);
     return RunManyRows<V>(b, w, y, cols, segments, steps);
   }
 }

@@ -410,7 +410,10 @@ void MatMulSharedOn(KernelPath path, ThreadPool& pool, const float* x, int64_t m
         job.proto.x_groups = x_groups;
       }
       // The AMX kernel keeps its sums in tiles over the whole k (its blocks would be multiples of kAmxChunk).
-      job.k_block = m <= kFewRows || ArithmeticOf(path) == Arithmetic::kBf16Amx ? k : kGemmKBlock;
+      const Arithmetic arithmetic = ArithmeticOf(path);
+      const bool whole_k = m <= kFewRows || arithmetic == Arithmetic::kBf16Amx ||
+                           (arithmetic == Arithmetic::kFp32Fma && m <= kStreamRows);
+      job.k_block = whole_k ? k : kGemmKBlock;
     } else {
       const PackedQ8& w = *product.q8;
       job.proto.q8_block_k = w.block_k();

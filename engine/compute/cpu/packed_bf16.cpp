@@ -8,8 +8,6 @@
 
 namespace anchorage::cpu {
 
-void PackedBf16::Free::operator()(uint16_t* p) const { std::free(p); }
-
 int64_t PackedBf16::SlotOf(int64_t c) {
   const int64_t half = c / 16, within = c % 16;
   return half * 16 + (within < 8 ? 2 * within : 2 * (within - 8) + 1);
@@ -39,21 +37,19 @@ PackedBf16 PackedBf16::Allocate(int64_t n, int64_t k) {
   PackedBf16 m;
   m.n_ = n;
   m.k_ = k;
-  const size_t bytes = std::max<size_t>(64, (static_cast<size_t>(m.bytes()) + 63) / 64 * 64);
-  m.data_.reset(static_cast<uint16_t*>(std::aligned_alloc(64, bytes)));
-  std::memset(m.data_.get(), 0, bytes);
+  m.data_ = PageArray<uint16_t>(static_cast<size_t>(m.bytes()) / 2);
   return m;
 }
 
 PackedBf16 PackedBf16::Pack(int64_t n, int64_t k, const std::function<uint16_t(int64_t, int64_t)>& element, ThreadPool* pool) {
   PackedBf16 m = Allocate(n, k);
-  FillPanels(n, k, m.data_.get(), element, pool);
+  FillPanels(n, k, m.data_.data(), element, pool);
   return m;
 }
 
 PackedBf16 PackedBf16::FromRowMajor(const uint16_t* w, int64_t n, int64_t k, ThreadPool* pool) {
   PackedBf16 m = Allocate(n, k);
-  FillPanels(n, k, m.data_.get(), [w, k](int64_t j, int64_t i) { return w[j * k + i]; }, pool);
+  FillPanels(n, k, m.data_.data(), [w, k](int64_t j, int64_t i) { return w[j * k + i]; }, pool);
   return m;
 }
 

@@ -4,8 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
-#include <memory>
-
+#include "engine/core/page_buffer.h"
 #include "engine/core/thread_pool.h"
 
 namespace anchorage::cpu {
@@ -44,7 +43,7 @@ class PackedBf16 {
   int64_t cols() const { return k_; }  // the reduction length
   int64_t panels() const { return (n_ + kPanelColumns - 1) / kPanelColumns; }
   int64_t bytes() const { return panels() * kPanelColumns * k_ * 2; }
-  const uint16_t* panel(int64_t p) const { return data_.get() + p * kPanelColumns * k_; }
+  const uint16_t* panel(int64_t p) const { return data_.data() + p * kPanelColumns * k_; }
   // W[j][i] as bf16 bits, and row j of W widened to fp32 (the embedding lookup).
   uint16_t At(int64_t j, int64_t i) const;
   void RowToFloat(int64_t j, float* out) const;
@@ -54,11 +53,8 @@ class PackedBf16 {
 
  private:
   static PackedBf16 Allocate(int64_t n, int64_t k);
-  struct Free {
-    void operator()(uint16_t* p) const;
-  };
   int64_t n_ = 0, k_ = 0;
-  std::unique_ptr<uint16_t[], Free> data_;
+  PageArray<uint16_t> data_;  // huge pages where it is large: decode streams it every token
 };
 
 }  // namespace anchorage::cpu

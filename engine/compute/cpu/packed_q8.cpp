@@ -20,22 +20,14 @@ constexpr float kLargestScale = 0x1p100f;
 
 }  // namespace
 
-void PackedQ8::Free::operator()(void* p) const { std::free(p); }
-
 PackedQ8 PackedQ8::Allocate(Q8Code code, int64_t n, int64_t k, int64_t block_k) {
   PackedQ8 m;
   m.code_ = code;
   m.n_ = n;
   m.k_ = k;
   m.block_k_ = block_k;
-  auto zeroed = [](size_t bytes) {
-    bytes = std::max<size_t>(64, (bytes + 63) / 64 * 64);
-    void* p = std::aligned_alloc(64, bytes);
-    std::memset(p, 0, bytes);
-    return p;
-  };
-  m.codes_.reset(static_cast<uint8_t*>(zeroed(static_cast<size_t>(m.panels() * m.panel_bytes()))));
-  m.scales_.reset(static_cast<float*>(zeroed(static_cast<size_t>(m.panels() * kPanelColumns * m.k_blocks()) * 4)));
+  m.codes_ = PageArray<uint8_t>(static_cast<size_t>(m.panels() * m.panel_bytes()));
+  m.scales_ = PageArray<float>(static_cast<size_t>(m.panels() * kPanelColumns * m.k_blocks()));
   return m;
 }
 
@@ -49,9 +41,9 @@ size_t PackedQ8::ScaleIndex(int64_t j, int64_t block) const {
   return static_cast<size_t>(((j / kPanelColumns) * k_blocks() + block) * kPanelColumns + j % kPanelColumns);
 }
 
-uint8_t& PackedQ8::CodeAt(int64_t j, int64_t i) { return codes_[CodeIndex(j, i)]; }
+uint8_t& PackedQ8::CodeAt(int64_t j, int64_t i) { return codes_.data()[CodeIndex(j, i)]; }
 
-float& PackedQ8::ScaleAt(int64_t j, int64_t block) { return scales_[ScaleIndex(j, block)]; }
+float& PackedQ8::ScaleAt(int64_t j, int64_t block) { return scales_.data()[ScaleIndex(j, block)]; }
 
 Result<PackedQ8> PackedQ8::FromFp8Blocks(int64_t n, int64_t k, const uint8_t* codes, const float* scales, int64_t block_n,
                                          int64_t block_k, ThreadPool* pool) {

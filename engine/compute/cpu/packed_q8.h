@@ -53,15 +53,15 @@ class PackedQ8 {
   // Code bytes a super-panel takes: int8 rounds k up to whole pairs.
   int64_t panel_bytes() const { return kPanelColumns * (code_ == Q8Code::kInt8 ? (k_ + 1) / 2 * 2 : k_); }
   int64_t bytes() const { return panels() * (panel_bytes() + kPanelColumns * 4 * k_blocks()); }
-  const uint8_t* panel(int64_t p) const { return codes_.get() + p * panel_bytes(); }
-  const float* panel_scales(int64_t p) const { return scales_.get() + p * kPanelColumns * k_blocks(); }
+  const uint8_t* panel(int64_t p) const { return codes_.data() + p * panel_bytes(); }
+  const float* panel_scales(int64_t p) const { return scales_.data() + p * kPanelColumns * k_blocks(); }
   static constexpr int64_t SlotOf(int64_t column_in_panel) {
     return (column_in_panel % 16 < 8 ? 0 : 16) + (column_in_panel / 16) * 8 + column_in_panel % 8;
   }
   // The fp32 weight W[j][i] = code x scale, and row j of W (the embedding lookup).
   float At(int64_t j, int64_t i) const;
-  uint8_t Code(int64_t j, int64_t i) const { return codes_[CodeIndex(j, i)]; }
-  float Scale(int64_t j, int64_t block) const { return scales_[ScaleIndex(j, block)]; }
+  uint8_t Code(int64_t j, int64_t i) const { return codes_.data()[CodeIndex(j, i)]; }
+  float Scale(int64_t j, int64_t block) const { return scales_.data()[ScaleIndex(j, block)]; }
   void RowToFloat(int64_t j, float* out) const;
 
  private:
@@ -70,13 +70,10 @@ class PackedQ8 {
   size_t ScaleIndex(int64_t j, int64_t block) const;
   uint8_t& CodeAt(int64_t j, int64_t i);
   float& ScaleAt(int64_t j, int64_t block);
-  struct Free {
-    void operator()(void* p) const;
-  };
   Q8Code code_ = Q8Code::kInt8;
   int64_t n_ = 0, k_ = 0, block_k_ = 1;
-  std::unique_ptr<uint8_t[], Free> codes_;
-  std::unique_ptr<float[], Free> scales_;
+  PageArray<uint8_t> codes_;
+  PageArray<float> scales_;
 };
 
 // Activations for int8 weights: each row's block of PackedQ8::kInt8Block inputs as int16 codes with one fp32
