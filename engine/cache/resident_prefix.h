@@ -94,7 +94,7 @@ struct CacheRequest {
   std::string session;          // conversation id or x-session-id; empty when unknown
   int64_t max_new_tokens = 0;   // rows a guest may write past its prompt
   int64_t context_tokens = 0;   // the served prompt plus its output must fit this; 0: the model's
-  ImageCatalog images;          // the images whose key ids the prompt holds
+  ImageCatalog images{};        // the images whose key ids the prompt holds
 };
 
 // Where a request resumed and what the engine runs.
