@@ -8,6 +8,7 @@
 #include <bit>
 #include <chrono>
 #include <cstdint>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -129,7 +130,7 @@ inline Peaks MeasurePeaks(const cpu::CpuFeatures& f) {
 }
 
 // Streaming read rate in GB/s with `threads` readers over a buffer much larger than the caches; best of 3.
-inline double StreamGBs(const std::vector<float>& buffer, int threads) {
+inline double StreamGBs(std::span<const float> buffer, int threads) {
   double best = 0;
   for (int round = 0; round < 3; ++round) {
     std::vector<double> sums(static_cast<size_t>(threads));
