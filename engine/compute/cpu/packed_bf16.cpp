@@ -1,9 +1,5 @@
 #include "engine/compute/cpu/packed_bf16.h"
 
-#include <algorithm>
-#include <cstdlib>
-#include <cstring>
-
 #include "engine/core/bf16.h"
 
 namespace anchorage::cpu {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+
 #include "engine/core/page_buffer.h"
 #include "engine/core/thread_pool.h"
 
@@ -33,6 +34,10 @@ void ForEachPanel(int64_t panels, ThreadPool* pool, const Fill& fill) {
 class PackedBf16 {
  public:
   PackedBf16() = default;
+  PackedBf16(PackedBf16&&) = default;
+  PackedBf16& operator=(PackedBf16&&) = default;
+  PackedBf16(const PackedBf16&) = delete;  // hundreds of MB: never copied by accident
+  PackedBf16& operator=(const PackedBf16&) = delete;
   // element(j, i) gives W[j][i] as bf16 bits for j < n, i < k; with a pool, super-panels are filled on
   // its threads (element is then called from several at once).
   static PackedBf16 Pack(int64_t n, int64_t k, const std::function<uint16_t(int64_t j, int64_t i)>& element,

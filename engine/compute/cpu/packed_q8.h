@@ -33,6 +33,10 @@ void QuantizeInt8Row(const float* row, int64_t k, int8_t* codes, float* scales);
 class PackedQ8 {
  public:
   PackedQ8() = default;
+  PackedQ8(PackedQ8&&) = default;
+  PackedQ8& operator=(PackedQ8&&) = default;
+  PackedQ8(const PackedQ8&) = delete;  // the weights' size: never copied by accident
+  PackedQ8& operator=(const PackedQ8&) = delete;
   // Hugging Face's block-scaled FP8: codes [n, k] row-major, scales [ceil(n / block_n), ceil(k / block_k)]
   // row-major (weight = code x scale). Refuses NaN codes and scales that are not finite and positive.
   static Result<PackedQ8> FromFp8Blocks(int64_t n, int64_t k, const uint8_t* codes, const float* scales, int64_t block_n,
