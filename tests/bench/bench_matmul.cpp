@@ -1,6 +1,10 @@
 // GEMM kernel benchmark: MatMul on every kernel path this CPU runs, at the `small` model's matrix
 // shapes, with bf16, FP8 or int8 weights, as GFLOP/s, a fraction of the path's measured peak, and the
 // weights' bytes read a second. Prints figures only.
+// --decode-rows 1,2,4 runs decode's pattern instead: every shape once for each of 12 layers, then the lm_head,
+// each matrix its own (about 600 MB of bf16, past the caches), so the weights stream from memory as in a
+// decode step of that many sequences; the row counts take turns, and each prints its best pass.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -49,14 +53,57 @@ cpu::PackedMatrix RandomWeights(cpu::WeightFormat format, int64_t n, int64_t k, 
   return cpu::PackedMatrix(cpu::PackedBf16::Pack(n, k, bf16));
 }
 
+// "1,2,4" as {1, 2, 4}.
+std::vector<int> IntList(const std::string& v) {
+  std::vector<int> out;
+  for (size_t p = 0;;) {
+    out.push_back(std::atoi(v.c_str() + p));
+    p = v.find(',', p);
+    if (p == std::string::npos) return out;
+    ++p;
+  }
+}
+
+// Passes over 12 layers of kShapes and a 32,768-row lm_head, each row count of rows_list in turn, for rounds rounds.
+void DecodeLoop(cpu::KernelPath path, int threads, const std::vector<int>& rows_list, int rounds, double fma_peak) {
+  std::vector<cpu::PackedMatrix> matrices;
+  double weight_bytes = 0, elements = 0;
+  for (int layer = 0; layer < 12; ++layer)
+    for (const Shape& s : kShapes) matrices.push_back(RandomWeights(cpu::WeightFormat::kBf16, s.n, s.k, static_cast<uint32_t>(layer * 97 + s.n)));
+  matrices.push_back(RandomWeights(cpu::WeightFormat::kBf16, 32768, 1024, 5u));
+  for (const auto& w : matrices) {
+    weight_bytes += static_cast<double>(w.bytes());
+    elements += static_cast<double>(w.rows() * w.cols());
+  }
+  const int widest = *std::max_element(rows_list.begin(), rows_list.end());
+  std::vector<float> x(static_cast<size_t>(widest) * 4096, 0.01f), y(static_cast<size_t>(widest) * 32768);
+  ThreadPool pool(threads);
+  std::vector<double> best(rows_list.size(), 1e30);
+  for (int round = 0; round < rounds; ++round)
+    for (size_t i = 0; i < rows_list.size(); ++i) {
+      const double t0 = bench::LimitsNow();
+      for (const auto& w : matrices) cpu::MatMulOn(path, pool, x.data(), rows_list[i], w.cols(), w, y.data(), w.rows());
+      best[i] = std::min(best[i], bench::LimitsNow() - t0);
+    }
+  std::printf("%s threads %d, decode loop over %.0f MB of bf16 weights, best of %d passes:\n", cpu::PathName(path), threads,
+              weight_bytes / 1e6, rounds);
+  for (size_t i = 0; i < rows_list.size(); ++i) {
+    const double gflops = 2.0 * elements * rows_list[i] / best[i] / 1e9;
+    std::printf("  %2d rows: %6.2f ms, weights %.1f GB/s, %.1f GFLOP/s (%.0f%% of the FMA peak)\n", rows_list[i], best[i] * 1e3,
+                weight_bytes / best[i] / 1e9, gflops, fma_peak > 0 ? 100 * gflops / (fma_peak * threads) : 0.0);
+  }
+}
+
 }  // namespace
 
 // Usage: anchorage-bench-matmul [--rows M] [--threads 1,2] [--seconds S] [--path NAME] [--weights bf16|fp8-e4m3|int8]
+//                              [--decode-rows 1,2,4]
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int64_t rows = 1024;
   double min_seconds = 1.0;
   std::vector<int> thread_counts = {1, 2};
+  std::vector<int> decode_rows;
   bool only_path = false;
   cpu::WeightFormat format = cpu::WeightFormat::kBf16;
   for (int i = 1; i + 1 < argc; ++i) {
@@ -80,15 +127,8 @@ int main(int argc, char** argv) {
       }
       format = *parsed;
     }
-    else if (a == "--threads") {
-      thread_counts.clear();
-      for (size_t p = 0;;) {
-        thread_counts.push_back(std::atoi(v.c_str() + p));
-        p = v.find(',', p);
-        if (p == std::string::npos) break;
-        ++p;
-      }
-    }
+    else if (a == "--threads") thread_counts = IntList(v);
+    else if (a == "--decode-rows") decode_rows = IntList(v);
   }
   const cpu::CpuFeatures& f = cpu::DetectCpu();
   const bench::Peaks peaks = bench::MeasurePeaks(f);
@@ -97,7 +137,14 @@ int main(int argc, char** argv) {
   std::printf("limits: fp32 FMA %.1f GFLOP/s a core (%s)", peaks.fma, f.avx512f ? "avx512" : "avx2");
   if (peaks.bf16_dot > 0) std::printf("; bf16 dot %.1f GFLOP/s a core", peaks.bf16_dot);
   if (peaks.amx > 0) std::printf("; AMX bf16 %.1f GFLOP/s a core", peaks.amx);
-  std::printf("\nrows %lld, weights %s\n", static_cast<long long>(rows), cpu::WeightFormatName(format));
+  std::printf("\n");
+  if (!decode_rows.empty()) {
+    for (cpu::KernelPath path : cpu::AvailablePaths())
+      if (!only_path || path == cpu::ActivePath())
+        for (int threads : thread_counts) DecodeLoop(path, threads, decode_rows, 5, peaks.fma);
+    return 0;
+  }
+  std::printf("rows %lld, weights %s\n", static_cast<long long>(rows), cpu::WeightFormatName(format));
 
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
