@@ -97,7 +97,7 @@ void DecodeLoop(cpu::KernelPath path, int threads, const std::vector<int>& rows_
 }  // namespace
 
 // Usage: anchorage-bench-matmul [--rows M] [--threads 1,2] [--seconds S] [--path NAME] [--weights bf16|fp8-e4m3|int8]
-//                              [--decode-rows 1,2,4]
+//                              [--decode-rows 1,2,4] [--precision exact|fast]
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int64_t rows = 1024;
@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
   std::vector<int> decode_rows;
   bool only_path = false;
   cpu::WeightFormat format = cpu::WeightFormat::kBf16;
+  cpu::Precision precision = cpu::Precision::kExact;
   for (int i = 1; i + 1 < argc; ++i) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--rows") rows = std::atoll(v.c_str());
@@ -129,7 +130,18 @@ int main(int argc, char** argv) {
     }
     else if (a == "--threads") thread_counts = IntList(v);
     else if (a == "--decode-rows") decode_rows = IntList(v);
+    else if (a == "--precision") {
+      auto parsed = cpu::PrecisionFromName(v);
+      if (!parsed.ok()) {
+        std::fprintf(stderr, "%s\n", parsed.status().message().c_str());
+        return 2;
+      }
+      precision = *parsed;
+    }
   }
+  const cpu::KernelPath chosen = cpu::ActivePath();
+  cpu::SetPrecision(precision);
+  if (only_path) (void)cpu::SetActivePath(chosen);
   const cpu::CpuFeatures& f = cpu::DetectCpu();
   const bench::Peaks peaks = bench::MeasurePeaks(f);
   std::printf("machine: %s (%s family %d model %d); kernel families: %s\n", f.brand.c_str(), f.vendor.c_str(), f.family,
@@ -144,7 +156,8 @@ int main(int argc, char** argv) {
         for (int threads : thread_counts) DecodeLoop(path, threads, decode_rows, 5, peaks.fma);
     return 0;
   }
-  std::printf("rows %lld, weights %s\n", static_cast<long long>(rows), cpu::WeightFormatName(format));
+  std::printf("rows %lld, weights %s, precision %s\n", static_cast<long long>(rows), cpu::WeightFormatName(format),
+              cpu::PrecisionName(precision));
 
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);

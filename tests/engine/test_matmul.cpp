@@ -340,11 +340,19 @@ class TestMatmul : public QObject {
         const int64_t stride = cpu::PairCount(k) + pad;
         const size_t words = static_cast<size_t>(rows * cpu::kBf16Parts * stride);
         std::vector<uint32_t> vec(words, 0xdeadbeef), portable(words, 0xfeedface);
-        cpu::SplitRowsAvx512Bf16(x.data(), ldx, rows, k, stride, vec.data());
-        cpu::SplitRowsPortable(x.data(), ldx, rows, k, stride, portable.data());
+        cpu::SplitRowsAvx512Bf16(x.data(), ldx, rows, k, stride, vec.data(), cpu::kBf16Parts);
+        cpu::SplitRowsPortable(x.data(), ldx, rows, k, stride, portable.data(), cpu::kBf16Parts);
         QVERIFY2(vec == portable, qPrintable(QString("k = %1, stride %2").arg(k).arg(stride)));
         for (int64_t part_row = 0; part_row < rows * cpu::kBf16Parts; ++part_row)
           for (int64_t t = cpu::PairCount(k); t < stride; ++t) QCOMPARE(portable[size_t(part_row * stride + t)], 0u);
+        // Fast precision's split: part 0 alone, the other parts' words untouched.
+        std::vector<uint32_t> first(words, 0xdeadbeef);
+        cpu::SplitRowsAvx512Bf16(x.data(), ldx, rows, k, stride, first.data(), 1);
+        for (int64_t part_row = 0; part_row < rows * cpu::kBf16Parts; ++part_row)
+          for (int64_t t = 0; t < stride; ++t) {
+            const size_t at = size_t(part_row * stride + t);
+            QCOMPARE(first[at], part_row % cpu::kBf16Parts == 0 ? portable[at] : 0xdeadbeefu);
+          }
       }
     }
   }
@@ -362,17 +370,20 @@ class TestMatmul : public QObject {
       x[x.size() / 2] = 1e-40f;
       const size_t words = static_cast<size_t>(rows * cpu::kBf16Parts * stride);
       std::vector<uint32_t> tiles(size_t(32 * cpu::kBf16Parts * stride), 0xdeadbeef), portable(words, 0xfeedface);
-      for (int64_t r0 = 0; r0 < rows; r0 += 16)
-        cpu::SplitRowsAmxBf16(x.data() + r0 * ldx, ldx, std::min<int64_t>(16, rows - r0), k, stride,
-                              tiles.data() + r0 * cpu::kBf16Parts * stride);
-      cpu::SplitRowsPortable(x.data(), ldx, rows, k, stride, portable.data());
-      for (int64_t r = 0; r < rows; ++r)
-        for (int p = 0; p < cpu::kBf16Parts; ++p)
-          for (int64_t t = 0; t < stride; ++t) {
-            const int64_t at = (r / 16) * 16 * cpu::kBf16Parts * stride + ((t / 16) * cpu::kBf16Parts + p) * 256 + (r % 16) * 16 + t % 16;
-            QVERIFY2(tiles[size_t(at)] == portable[size_t((r * cpu::kBf16Parts + p) * stride + t)],
-                     qPrintable(QString("k %1 row %2 part %3 pair %4").arg(k).arg(r).arg(p).arg(t)));
-          }
+      cpu::SplitRowsPortable(x.data(), ldx, rows, k, stride, portable.data(), cpu::kBf16Parts);
+      for (int parts : {cpu::kBf16Parts, 1}) {  // fast precision writes part 0 alone
+        std::fill(tiles.begin(), tiles.end(), 0xdeadbeef);
+        for (int64_t r0 = 0; r0 < rows; r0 += 16)
+          cpu::SplitRowsAmxBf16(x.data() + r0 * ldx, ldx, std::min<int64_t>(16, rows - r0), k, stride,
+                                tiles.data() + r0 * cpu::kBf16Parts * stride, parts);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int p = 0; p < cpu::kBf16Parts; ++p)
+            for (int64_t t = 0; t < stride; ++t) {
+              const int64_t at = (r / 16) * 16 * cpu::kBf16Parts * stride + ((t / 16) * cpu::kBf16Parts + p) * 256 + (r % 16) * 16 + t % 16;
+              const uint32_t want = p < parts ? portable[size_t((r * cpu::kBf16Parts + p) * stride + t)] : 0xdeadbeefu;
+              QVERIFY2(tiles[size_t(at)] == want, qPrintable(QString("k %1 row %2 part %3 pair %4, %5 parts").arg(k).arg(r).arg(p).arg(t).arg(parts)));
+            }
+      }
     }
   }
 

@@ -60,8 +60,8 @@ inline void InterleavePairs(__m512i even, __m512i odd, __m512i& lo, __m512i& hi)
   hi = _mm512_unpackhi_epi16(even, odd);
 }
 
-// 32 consecutive activations as bf16_split.h's 16 words a part: part p's at part0 + p * part_words.
-inline void SplitSixteenPairs(__m512 first16, __m512 next16, uint32_t* part0, int64_t part_words) {
+// 32 consecutive activations as bf16_split.h's 16 words a part, parts [0, parts): part p's at part0 + p * part_words.
+inline void SplitSixteenPairs(__m512 first16, __m512 next16, uint32_t* part0, int64_t part_words, int parts) {
   alignas(64) static constexpr std::array<uint16_t, 32> kHighHalves = [] {
     std::array<uint16_t, 32> a{};
     for (int i = 0; i < 32; ++i) a[i] = static_cast<uint16_t>(2 * i + 1);
@@ -74,7 +74,7 @@ inline void SplitSixteenPairs(__m512 first16, __m512 next16, uint32_t* part0, in
                                              _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
     return _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(rounded, _mm512_set1_epi32(0x7f800000)), rounded);
   };
-  for (int p = 0; p < kBf16Parts; ++p) {
+  for (int p = 0; p < parts; ++p) {
     const __m512i a = round(_mm512_castps_si512(first16)), b = round(_mm512_castps_si512(next16));
     _mm512_storeu_si512(part0 + p * part_words, _mm512_permutex2var_epi16(a, high_halves, b));
     first16 = _mm512_sub_ps(first16, _mm512_castsi512_ps(a));

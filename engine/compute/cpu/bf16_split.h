@@ -29,24 +29,25 @@ inline void SplitToBf16Parts(float x, uint32_t (&parts)[kBf16Parts]) {
 
 // Split rows of x [rows, k] (row stride ldx) into words: row r's part p is the words at
 // out + (r * kBf16Parts + p) * pair_stride; word t < PairCount(k) holds x[2t] in its low half and
-// x[2t + 1] (or 0) in its high, and the words from PairCount(k) to pair_stride are 0.
+// x[2t + 1] (or 0) in its high, and the words from PairCount(k) to pair_stride are 0. The splits write
+// parts [0, parts) and leave the others' words as they were (fast precision reads part 0 alone).
 inline int64_t PairCount(int64_t k) { return (k + 1) / 2; }
 
 // Pairs [first, pair_stride) of one row (row_out: that row's part 0).
-inline void SplitPairsPortable(const float* row, int64_t k, int64_t first, int64_t pair_stride, uint32_t* row_out) {
+inline void SplitPairsPortable(const float* row, int64_t k, int64_t first, int64_t pair_stride, uint32_t* row_out, int parts) {
   const int64_t pairs = PairCount(k);
   for (int64_t t = first; t < pairs; ++t) {
     uint32_t even[kBf16Parts], odd[kBf16Parts] = {};
     SplitToBf16Parts(row[2 * t], even);
     if (2 * t + 1 < k) SplitToBf16Parts(row[2 * t + 1], odd);
-    for (int p = 0; p < kBf16Parts; ++p) row_out[p * pair_stride + t] = (even[p] >> 16) | odd[p];
+    for (int p = 0; p < parts; ++p) row_out[p * pair_stride + t] = (even[p] >> 16) | odd[p];
   }
-  for (int p = 0; p < kBf16Parts; ++p)
+  for (int p = 0; p < parts; ++p)
     for (int64_t t = std::max(first, pairs); t < pair_stride; ++t) row_out[p * pair_stride + t] = 0;
 }
 
-inline void SplitRowsPortable(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out) {
-  for (int64_t r = 0; r < rows; ++r) SplitPairsPortable(x + r * ldx, k, 0, pair_stride, out + r * kBf16Parts * pair_stride);
+inline void SplitRowsPortable(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out, int parts) {
+  for (int64_t r = 0; r < rows; ++r) SplitPairsPortable(x + r * ldx, k, 0, pair_stride, out + r * kBf16Parts * pair_stride, parts);
 }
 
 // x == 0 for subnormals, as the instruction reads its inputs and writes its results.

@@ -265,7 +265,7 @@ void Run(const GemmBlock& b) {
   _tile_release();
 }
 
-void Split(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out) {
+void Split(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out, int parts) {
   const int64_t chunks = pair_stride / kChunkPairs;
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = x + r * ldx;
@@ -275,7 +275,7 @@ void Split(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_st
       const __m512 first16 = _mm512_maskz_loadu_ps(Mask(static_cast<int>(std::clamp<int64_t>(k - k0, 0, 16))), row + std::min(k0, k));
       const __m512 next16 =
           _mm512_maskz_loadu_ps(Mask(static_cast<int>(std::clamp<int64_t>(k - k0 - 16, 0, 16))), row + std::min(k0 + 16, k));
-      SplitSixteenPairs(first16, next16, tile_row + c * kBf16Parts * kTileWords, kTileWords);
+      SplitSixteenPairs(first16, next16, tile_row + c * kBf16Parts * kTileWords, kTileWords, parts);
     }
   }
 }
@@ -285,8 +285,8 @@ void Split(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_st
 #pragma GCC pop_options
 
 void GemmBlockAmxBf16(const GemmBlock& b) { Run(b); }
-void SplitRowsAmxBf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out) {
-  Split(x, ldx, rows, k, pair_stride, out);
+void SplitRowsAmxBf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out, int parts) {
+  Split(x, ldx, rows, k, pair_stride, out, parts);
 }
 
 }  // namespace anchorage::cpu

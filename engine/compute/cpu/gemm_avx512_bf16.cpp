@@ -111,14 +111,14 @@ void Run(const GemmBlock& b) {
 }
 
 // SplitRowsPortable's words, 16 pairs at a time.
-void Split(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out) {
+void Split(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out, int parts) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = x + r * ldx;
     int64_t t = 0;
     for (; 2 * t + 32 <= k; t += 16)
       SplitSixteenPairs(_mm512_loadu_ps(row + 2 * t), _mm512_loadu_ps(row + 2 * t + 16), out + r * kBf16Parts * pair_stride + t,
-                        pair_stride);
-    SplitPairsPortable(row, k, t, pair_stride, out + r * kBf16Parts * pair_stride);
+                        pair_stride, parts);
+    SplitPairsPortable(row, k, t, pair_stride, out + r * kBf16Parts * pair_stride, parts);
   }
 }
 
@@ -127,8 +127,8 @@ void Split(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_st
 #pragma GCC pop_options
 
 void GemmBlockAvx512Bf16(const GemmBlock& b) { Run(b); }
-void SplitRowsAvx512Bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out) {
-  Split(x, ldx, rows, k, pair_stride, out);
+void SplitRowsAvx512Bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out, int parts) {
+  Split(x, ldx, rows, k, pair_stride, out, parts);
 }
 
 }  // namespace anchorage::cpu

@@ -63,11 +63,11 @@ struct Q8Kernels {
 extern const Q8Kernels kQ8Portable, kQ8Emulated16, kQ8Avx2, kQ8Avx512;
 // int8 weights on AVX-512 with VPDPWSSD (the AVX-512F path's int8 kernel adds VPMADDWD's sums instead: same bits).
 void GemmBlockInt8Avx512Vnni(const GemmBlock& b);
-void SplitRowsAvx512Bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out);
+void SplitRowsAvx512Bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out, int parts);
 // The same words laid out as the AMX kernel's A tiles: rows in tiles of 16, row tile R's chunk c (16 pairs,
 // pair_stride / 16 of them) part p at out + R * 16 * kBf16Parts * pair_stride + (c * kBf16Parts + p) * 256, row i of
 // it at + 16 i. Rows come in whole tiles from the first (rows <= 16 unless out is a tile's start).
-void SplitRowsAmxBf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out);
+void SplitRowsAmxBf16(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out, int parts);
 
 // x [rows, k] (row stride ldx) into kRowGroup groups: row r, column t at out[((r / 12) * k + t) * 12 + r % 12].
 void PackRowGroups(const float* x, int64_t ldx, int64_t rows, int64_t k, float* out);

@@ -27,7 +27,7 @@ GemmBlockFn BlockOf(KernelPath path) {
   return GemmBlockPortable;
 }
 
-using SplitFn = void (*)(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out);
+using SplitFn = void (*)(const float* x, int64_t ldx, int64_t rows, int64_t k, int64_t pair_stride, uint32_t* out, int parts);
 
 // The activation split of a bf16 path; null for the fp32 paths.
 SplitFn SplitOf(KernelPath path) {
@@ -160,10 +160,10 @@ std::atomic<bool>& VnniAllowed() {
   return allowed;
 }
 
-// The rows split into bf16 parts in the calling thread's buffer (the AMX layout gives a partial last row tile a
+// The rows' first `parts` bf16 parts in the calling thread's buffer (the AMX layout gives a partial last row tile a
 // whole tile's words).
 const uint32_t* SplitRows(ThreadPool& pool, SplitFn split, const float* x, int64_t m, int64_t ldx, int64_t k,
-                          int64_t pair_stride) {
+                          int64_t pair_stride, int parts) {
   thread_local std::vector<uint32_t> buf;
   const int64_t rows_held = split == SplitRowsAmxBf16 ? (m + 15) / 16 * 16 : m;
   buf.resize(static_cast<size_t>(rows_held * kBf16Parts * pair_stride));
@@ -172,7 +172,7 @@ const uint32_t* SplitRows(ThreadPool& pool, SplitFn split, const float* x, int64
   static_assert(kGemmRowBlock % rows_a_task == 0, "a row block starts a row tile");
   pool.Run(static_cast<size_t>((m + rows_a_task - 1) / rows_a_task), [&](size_t t) {
     const int64_t r0 = static_cast<int64_t>(t) * rows_a_task;
-    split(x + r0 * ldx, ldx, std::min(rows_a_task, m - r0), k, pair_stride, out + r0 * kBf16Parts * pair_stride);
+    split(x + r0 * ldx, ldx, std::min(rows_a_task, m - r0), k, pair_stride, out + r0 * kBf16Parts * pair_stride, parts);
   });
   return out;
 }
@@ -403,16 +403,15 @@ void MatMulSharedOn(KernelPath path, ThreadPool& pool, const float* x, int64_t m
       job.proto.pair_stride = PairStrideOf(path, k);
       job.proto.parts = RunsFast(path, ActivePrecision()) ? 1 : kBf16Parts;
       if (split != nullptr) {
-        if (split_rows == nullptr) split_rows = SplitRows(pool, split, x, m, ldx, k, job.proto.pair_stride);
+        if (split_rows == nullptr) split_rows = SplitRows(pool, split, x, m, ldx, k, job.proto.pair_stride, job.proto.parts);
         job.proto.x_pairs = split_rows;
       } else {
         if (x_groups == nullptr) x_groups = RowGroupsFor(pool, x, m, ldx, k);
         job.proto.x_groups = x_groups;
       }
-      // The AMX kernel keeps its sums in tiles over the whole k (its blocks would be multiples of kAmxChunk).
-      const Arithmetic arithmetic = ArithmeticOf(path);
-      const bool whole_k = m <= kFewRows || arithmetic == Arithmetic::kBf16Amx ||
-                           (arithmetic == Arithmetic::kFp32Fma && m <= kStreamRows);
+      // The bf16 kernels keep their sums in registers (AMX: tiles) over the whole k: a k block would store and
+      // reload every sum through lane permutes, and the few broadcast words a step reads stay cached anyway.
+      const bool whole_k = m <= kStreamRows || ArithmeticOf(path) != Arithmetic::kFp32Fma;
       job.k_block = whole_k ? k : kGemmKBlock;
     } else {
       const PackedQ8& w = *product.q8;
