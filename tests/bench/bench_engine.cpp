@@ -143,10 +143,14 @@ int main(int argc, char** argv) {
   const bench::Peaks peaks = bench::MeasurePeaks(cpu_features);
   const double fma_peak = peaks.fma, bf16_peak = peaks.bf16_dot, amx_peak = peaks.amx;
   const double path_peak = peaks.Of(cpu::ActivePath());
-  // GEMM work and weight bytes of one token: every matrix once (the embedding is a row read).
+  // GEMM work and weight bytes of one token: every matrix of the text model once (the embedding is a row read; the
+  // vision tower and the MTP head take no part in a text prefill).
   double matrix_elements = 0;
+  const auto in_text_model = [](const std::string& name) {
+    return name.find("embed_tokens") == std::string::npos && name.find("visual") == std::string::npos && !name.starts_with("mtp.");
+  };
   for (const auto& [name, t] : set->tensors())
-    if (t.shape.size() == 2 && name.find("embed_tokens") == std::string::npos) matrix_elements += static_cast<double>(t.numel());
+    if (t.shape.size() == 2 && in_text_model(name)) matrix_elements += static_cast<double>(t.numel());
   if (c.tie_word_embeddings) matrix_elements += static_cast<double>(c.vocab_size * c.hidden_size);
   const double lm_head_elements = static_cast<double>(c.vocab_size * c.hidden_size);
   const double prefill_flops_per_token = 2.0 * (matrix_elements - lm_head_elements);
