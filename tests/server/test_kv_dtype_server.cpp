@@ -7,37 +7,20 @@
 
 #include <map>
 
+#include "tests/server/resume_walk.h"
 #include "tests/server/server_fixture.h"
 
-using anchorage::testing::AnswerLogprobs;
-using anchorage::testing::AnswerText;
-using anchorage::testing::CachedTokens;
+using anchorage::testing::CacheStats;
+using anchorage::testing::LogprobTurn;
+using anchorage::testing::NotesAboutRows;
 using anchorage::testing::ServerProcess;
 using json = nlohmann::json;
-
-namespace {
-
-std::string Notes(int seed) {
-  std::string text = "Keep these notes about rows and anchors in mind.";
-  for (int i = 0; i < 150; ++i) text += " note" + std::to_string((i * 7919 + seed) % 1000) + " says row " + std::to_string(i);
-  return text;
-}
-
-json Turn(const json& messages, const std::string& session) {
-  return {{"messages", messages}, {"max_tokens", 10}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}, {"session_id", session}};
-}
-
-
-
-}  // namespace
 
 class TestKvDtypeServer : public QObject {
   Q_OBJECT
 
   QTemporaryDir cold_data_[3];
   std::map<std::string, ServerProcess> cold_;  // a server a dtype without caches: every answer a cold prefill's
-
-  json Stats(ServerProcess& s) { return json::parse(s.Get("/v1/cache/stats")->body); }
 
  private slots:
   void initTestCase() {
@@ -57,73 +40,28 @@ class TestKvDtypeServer : public QObject {
     QFETCH(QString, dtype);
     QFETCH(QString, other);
     QFETCH(int64_t, bytes_in_128);
-    QTemporaryDir data;
-    QVERIFY(anchorage::testing::WriteSettingsWithoutDiskFloor(data.path()));
-    ServerProcess& cold = cold_[dtype.toStdString()];
-    ServerProcess& other_cold = cold_[other.toStdString()];
-    const json first = json::array({{{"role", "system"}, {"content", Notes(1)}}, {{"role", "user"}, {"content", "Which row comes first?"}}});
-    json second = first;
-    json third;
-    {
-      ServerProcess s;
-      QVERIFY(s.Start(data.path(), {"--grid", "64", "--kv-dtype", dtype}));
-      const json health = json::parse(s.Get("/health")->body);
-      QCOMPARE(health["kv_dtype"].get<std::string>(), dtype.toStdString());
-      QVERIFY(health["state_fingerprint"] != json::parse(other_cold.Get("/health")->body)["state_fingerprint"]);
-      const json r1 = s.Chat(Turn(first, "A"));
-      QCOMPARE(AnswerLogprobs(r1), AnswerLogprobs(cold.Chat(Turn(first, "cold"))));
-      QVERIFY2(AnswerLogprobs(r1) != AnswerLogprobs(other_cold.Chat(Turn(first, "cold"))), "the rows answered another dtype's logprobs");
-      // A follow-up resumes at A's end anchor.
-      second.push_back({{"role", "assistant"}, {"content", AnswerText(r1)}});
-      second.push_back({{"role", "user"}, {"content", "And which comes last?"}});
-      const json r2 = s.Chat(Turn(second, "A"));
-      QVERIFY2(CachedTokens(r2) > r1["usage"]["prompt_tokens"].get<int64_t>() - 64, r2["usage"].dump().c_str());
-      QCOMPARE(AnswerLogprobs(r2), AnswerLogprobs(cold.Chat(Turn(second, "cold"))));
-      // Another session with the same notes resumes at a grid anchor of A's rows.
-      const json other = json::array({{{"role", "system"}, {"content", Notes(1)}}, {{"role", "user"}, {"content", "Name a middle row."}}});
-      const json rb = s.Chat(Turn(other, "B"));
-      QVERIFY2(CachedTokens(rb) >= 512, rb["usage"].dump().c_str());
-      QCOMPARE(AnswerLogprobs(rb), AnswerLogprobs(cold.Chat(Turn(other, "cold"))));
+    anchorage::testing::ResumeWalk walk;
+    walk.flags = {"--grid", "64", "--kv-dtype", dtype};
+    walk.restart_flags = dtype == "bf16" ? QStringList{"--grid", "64"} : walk.flags;  // bf16: the default
+    walk.other_flags = {"--grid", "64", "--kv-dtype", other};
+    walk.cold = &cold_[dtype.toStdString()];
+    walk.other_cold = &cold_[other.toStdString()];
+    walk.while_running = [&](ServerProcess& s) {
+      QCOMPARE(json::parse(s.Get("/health")->body)["kv_dtype"].get<std::string>(), dtype.toStdString());
       // A token's rows take the dtype's share of f32 rows' bytes.
       const auto bytes_a_row = [&](ServerProcess& server) {
-        const json resident = Stats(server)["resident"];
+        const json resident = CacheStats(server)["resident"];
         return resident["row_bytes"].get<int64_t>() / std::max<int64_t>(1, resident["rows"].get<int64_t>());
       };
       ServerProcess f32;
       QTemporaryDir f32_data;
       QVERIFY(f32.Start(f32_data.path(), {"--grid", "64", "--kv-dtype", "f32"}));
-      QVERIFY(f32.Chat(Turn(first, "size")).is_object());
+      const json first = json::array({{{"role", "system"}, {"content", NotesAboutRows(1)}}, {{"role", "user"}, {"content", "Which row comes first?"}}});
+      QVERIFY(f32.Chat(LogprobTurn(first, "size")).is_object());
       QVERIFY(bytes_a_row(s) > 0);
       QCOMPARE(bytes_a_row(s) * 128, bytes_a_row(f32) * bytes_in_128);
-      // Back to A, then a planned stop: the drain spills A's rows.
-      QVERIFY(s.Chat(Turn(second, "A")).is_object());
-      third = second;
-      third.push_back({{"role", "assistant"}, {"content", AnswerText(r2)}});
-      third.push_back({{"role", "user"}, {"content", "Now count them."}});
-      QVERIFY(s.Terminate());
-    }
-    {
-      ServerProcess s;
-      QVERIFY(s.Start(data.path(), dtype == "bf16" ? QStringList{"--grid", "64"} : QStringList{"--grid", "64", "--kv-dtype", dtype}));  // bf16: the default
-      QCOMPARE(json::parse(s.Get("/health")->body)["kv_dtype"].get<std::string>(), dtype.toStdString());
-      const json r3 = s.Chat(Turn(third, "A"));
-      QVERIFY2(CachedTokens(r3) > 256, r3["usage"].dump().c_str());
-      QCOMPARE(Stats(s)["spill"]["restores"].get<int64_t>(), int64_t(1));
-      QCOMPARE(AnswerLogprobs(r3), AnswerLogprobs(cold.Chat(Turn(third, "cold"))));
-      QVERIFY(s.Terminate());
-    }
-    // A server of the other dtype on the same folders: the files are another fingerprint's, never read.
-    ServerProcess s;
-    QVERIFY(s.Start(data.path(), {"--grid", "64", "--kv-dtype", other}));
-    const json before = Stats(s);
-    QVERIFY2(before["spill"]["swept"].get<int64_t>() > 0, before["spill"].dump().c_str());
-    QCOMPARE(before["spill"]["entries"].get<int64_t>(), int64_t(0));
-    const json r = s.Chat(Turn(third, "A"));
-    QCOMPARE(CachedTokens(r), int64_t(0));
-    QCOMPARE(AnswerLogprobs(r), AnswerLogprobs(other_cold.Chat(Turn(third, "cold"))));
-    const json after = Stats(s);
-    QCOMPARE(after["spill"]["restores"].get<int64_t>(), int64_t(0));
-    QCOMPARE(after["disk"]["restores"].get<int64_t>(), int64_t(0));
+    };
+    anchorage::testing::WalkResumes(walk);
   }
 
   void anUnknownDtypeIsRefusedAtStart() {

@@ -211,7 +211,9 @@ class TestParallelServer : public QObject {
       const json row = NewestRequestRow(server_, session);
       QVERIFY2(row.value("drafted_tokens", 0) > 0 && row.value("accepted_tokens", 0) > 0, (row.dump() + costs.dump()).c_str());
     }
-    QVERIFY2(costs["fitted"].get<bool>() && costs["step_row_ms"].get<double>() > 0, costs.dump().c_str());  // the steps it measured
+    // It fitted a line to the steps it timed (the slope's sign is the machine's noise on the tiny model: not asserted).
+    QVERIFY2(costs["fitted"].get<bool>() && costs["step_fixed_ms"].get<double>() + costs["step_row_ms"].get<double>() > 0,
+             costs.dump().c_str());
     const std::string metrics = server_.Get("/metrics")->body;  // windows ran in shared forwards
     const size_t at = metrics.find("\nanchorage_batched_window_rows_total ");
     QVERIFY2(at != std::string::npos && std::atoll(metrics.c_str() + at + 37) > 0, metrics.c_str());
