@@ -94,6 +94,17 @@ void DecodeLoop(cpu::KernelPath path, int threads, const std::vector<int>& rows_
   }
 }
 
+// out = the parsed value, or false with the reason on stderr.
+template <typename T>
+bool ParsedInto(const Result<T>& parsed, T& out) {
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "%s\n", parsed.status().message().c_str());
+    return false;
+  }
+  out = *parsed;
+  return true;
+}
+
 }  // namespace
 
 // Usage: anchorage-bench-matmul [--rows M] [--threads 1,2] [--seconds S] [--path NAME] [--weights bf16|fp8-e4m3|int8]
@@ -121,22 +132,12 @@ int main(int argc, char** argv) {
     }
     else if (a == "--seconds") min_seconds = std::atof(v.c_str());
     else if (a == "--weights") {
-      auto parsed = cpu::WeightFormatFromName(v);
-      if (!parsed.ok()) {
-        std::fprintf(stderr, "%s\n", parsed.status().message().c_str());
-        return 2;
-      }
-      format = *parsed;
+      if (!ParsedInto(cpu::WeightFormatFromName(v), format)) return 2;
     }
     else if (a == "--threads") thread_counts = IntList(v);
     else if (a == "--decode-rows") decode_rows = IntList(v);
     else if (a == "--precision") {
-      auto parsed = cpu::PrecisionFromName(v);
-      if (!parsed.ok()) {
-        std::fprintf(stderr, "%s\n", parsed.status().message().c_str());
-        return 2;
-      }
-      precision = *parsed;
+      if (!ParsedInto(cpu::PrecisionFromName(v), precision)) return 2;
     }
   }
   const cpu::KernelPath chosen = cpu::ActivePath();
