@@ -13,7 +13,7 @@
 // --port P runs the same rounds against another server already listening on 127.0.0.1:P (llama-server on
 // the GGUF of the same weights: tests/bench/compare-llama-server.sh), its prompt cache off per request.
 // usage: anchorage-bench-server [--size small|tiny] [--tokens N] [--threads N] [--parallel N] [--clients 1,4,16] [--prompt-words N]
-//                               [--drafts off|lookup] [--soak S] [--port P]
+//                               [--drafts off|lookup] [--precision exact|fast] [--soak S] [--port P]
 #include <httplib.h>
 
 #include <algorithm>
@@ -255,6 +255,7 @@ int main(int argc, char** argv) {
   std::string size = "small";
   int tokens = 64, threads = 0, parallel = 4, soak_s = 0, prompt_words = 0, external_port = 0;
   std::string drafts = "off";
+  std::string precision = "exact";
   std::vector<int> client_counts = {1, 4, 16};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -265,6 +266,7 @@ int main(int argc, char** argv) {
     else if (k == "--soak") soak_s = std::atoi(v.c_str());
     else if (k == "--prompt-words") prompt_words = std::atoi(v.c_str());
     else if (k == "--drafts") drafts = v;
+    else if (k == "--precision") precision = v;
     else if (k == "--port") external_port = std::atoi(v.c_str());
     else if (k == "--clients") {
       client_counts.clear();
@@ -290,6 +292,11 @@ int main(int argc, char** argv) {
   }
   settings["speculative"]["mode"] = drafts;
   settings["speculative"]["suffix_store"] = "off";
+  if (!cpu::PrecisionFromName(precision).ok()) {
+    std::fprintf(stderr, "--precision is exact or fast\n");
+    return 2;
+  }
+  settings["engine"]["precision"] = precision;
   if (!MakeDirectories(config.data_dir, 0700).ok() || !WriteFileAtomic(config.data_dir + "/settings.json", settings.dump()).ok()) return 1;
   if (drafts != "off") {  // answers that repeat themselves (a recital forced through the real forward), so lookup drafts hit
     std::string recital;
@@ -317,8 +324,9 @@ int main(int argc, char** argv) {
   auto body = [&](int i) { return RequestBody(i, tokens, prompt_words, no_end, false); };
   Stream(port, body(99));  // warm-up
 
-  std::printf("model %s, %d threads, %s, %d slots, %d tokens per request (no early end), caches off, drafts %s\n", size.c_str(),
-              s.scheduler().forward().threads(), cpu::PathName(cpu::ActivePath()), parallel, tokens, drafts.c_str());
+  std::printf("model %s, %d threads, %s (precision %s), %d slots, %d tokens per request (no early end), caches off, drafts %s\n",
+              size.c_str(), s.scheduler().forward().threads(), cpu::PathName(cpu::ActivePath()), cpu::PrecisionName(cpu::ActivePrecision()),
+              parallel, tokens, drafts.c_str());
   const double one_decode = Rounds(port, client_counts, body, drafts != "off");
 
   if (drafts != "off") {  // what the scheduler measured of its steps, and the acceptance a window beside others must beat
