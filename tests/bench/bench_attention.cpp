@@ -14,22 +14,12 @@
 #include "engine/compute/cpu/cpu_features.h"
 #include "engine/compute/cpu/matmul.h"
 #include "engine/core/thread_pool.h"
+#include "bench_util.h"
 #include "machine_limits.h"
 
 using namespace anchorage;
 
 namespace {
-
-std::vector<int64_t> ParseList(const std::string& v) {
-  std::vector<int64_t> out;
-  for (size_t p = 0;;) {
-    out.push_back(std::atoll(v.c_str() + p));
-    p = v.find(',', p);
-    if (p == std::string::npos) break;
-    ++p;
-  }
-  return out;
-}
 
 // Seconds a call of fn takes: the best of 5 rounds of enough calls to fill 0.2 s.
 template <class Fn>
@@ -56,7 +46,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--threads") threads = std::atoi(v.c_str());
-    else if (a == "--contexts") contexts = ParseList(v);
+    else if (a == "--contexts") contexts = bench::NumberList<int64_t>(v);
     else if (a == "--heads") shape.num_heads = std::atoll(v.c_str());
     else if (a == "--kv-heads") shape.num_kv_heads = std::atoll(v.c_str());
     else if (a == "--head-dim") shape.head_dim = std::atoll(v.c_str());

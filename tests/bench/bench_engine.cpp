@@ -77,13 +77,8 @@ int main(int argc, char** argv) {
     else if (a == "--weights") int8_weights = v == "int8";
     else if (a == "--decode-steps") decode_steps = std::max(1, std::atoi(v.c_str()));
     else if (a == "--batches") {
-      batch_sizes.clear();
-      for (size_t p = 0; p < v.size();) {
-        batch_sizes.push_back(std::max<int64_t>(1, std::atoll(v.c_str() + p)));
-        p = v.find(',', p);
-        if (p == std::string::npos) break;
-        ++p;
-      }
+      batch_sizes = bench::NumberList<int64_t>(v);
+      for (int64_t& b : batch_sizes) b = std::max<int64_t>(1, b);
     }
     else if (a == "--precision") {
       auto parsed = cpu::PrecisionFromName(v);
@@ -95,15 +90,7 @@ int main(int argc, char** argv) {
       if (!parsed.ok()) return bench::Fail(parsed.status());
       kv_dtype = *parsed;
     }
-    else if (a == "--threads") {
-      thread_counts.clear();
-      for (size_t p = 0; p < v.size();) {
-        thread_counts.push_back(std::atoi(v.c_str() + p));
-        p = v.find(',', p);
-        if (p == std::string::npos) break;
-        ++p;
-      }
-    }
+    else if (a == "--threads") thread_counts = bench::NumberList(v);
   }
   bool made_dir = false;
   if (dir.empty()) {

@@ -16,6 +16,7 @@
 #include "engine/compute/cpu/matmul.h"
 #include "engine/core/bf16.h"
 #include "engine/core/thread_pool.h"
+#include "bench_util.h"
 #include "machine_limits.h"
 
 using namespace anchorage;
@@ -51,17 +52,6 @@ cpu::PackedMatrix RandomWeights(cpu::WeightFormat format, int64_t n, int64_t k, 
     case cpu::WeightFormat::kBf16: break;
   }
   return cpu::PackedMatrix(cpu::PackedBf16::Pack(n, k, bf16));
-}
-
-// "1,2,4" as {1, 2, 4}.
-std::vector<int> IntList(const std::string& v) {
-  std::vector<int> out;
-  for (size_t p = 0;;) {
-    out.push_back(std::atoi(v.c_str() + p));
-    p = v.find(',', p);
-    if (p == std::string::npos) return out;
-    ++p;
-  }
 }
 
 // Passes over 12 layers of kShapes and a 32,768-row lm_head, each row count of rows_list in turn, for rounds rounds.
@@ -134,8 +124,8 @@ int main(int argc, char** argv) {
     else if (a == "--weights") {
       if (!ParsedInto(cpu::WeightFormatFromName(v), format)) return 2;
     }
-    else if (a == "--threads") thread_counts = IntList(v);
-    else if (a == "--decode-rows") decode_rows = IntList(v);
+    else if (a == "--threads") thread_counts = bench::NumberList(v);
+    else if (a == "--decode-rows") decode_rows = bench::NumberList(v);
     else if (a == "--precision") {
       if (!ParsedInto(cpu::PrecisionFromName(v), precision)) return 2;
     }

@@ -268,14 +268,7 @@ int main(int argc, char** argv) {
     else if (k == "--drafts") drafts = v;
     else if (k == "--precision") precision = v;
     else if (k == "--port") external_port = std::atoi(v.c_str());
-    else if (k == "--clients") {
-      client_counts.clear();
-      for (size_t at = 0; at < v.size();) {
-        const size_t comma = std::min(v.find(',', at), v.size());
-        client_counts.push_back(std::atoi(v.substr(at, comma - at).c_str()));
-        at = comma + 1;
-      }
-    }
+    else if (k == "--clients") client_counts = bench::NumberList(v);
   }
   if (soak_s > 0) return Soak(size, threads, parallel, tokens, soak_s);
   if (external_port > 0) return External(external_port, size, tokens, prompt_words, client_counts);

@@ -28,6 +28,19 @@ inline std::string ModelFolder(const std::string& size) {
   return dir;
 }
 
+// "1,2,4" as {1, 2, 4}; an empty string as none.
+template <class T = int>
+std::vector<T> NumberList(const std::string& v) {
+  std::vector<T> out;
+  for (size_t p = 0; p < v.size();) {
+    out.push_back(static_cast<T>(std::atoll(v.c_str() + p)));
+    p = v.find(',', p);
+    if (p == std::string::npos) break;
+    ++p;
+  }
+  return out;
+}
+
 // Prints the error and returns the exit status of a failed benchmark.
 inline int Fail(const Status& s) {
   std::fprintf(stderr, "%s\n", s.ToString().c_str());

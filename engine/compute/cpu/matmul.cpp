@@ -409,8 +409,8 @@ void MatMulSharedOn(KernelPath path, ThreadPool& pool, const float* x, int64_t m
         if (x_groups == nullptr) x_groups = RowGroupsFor(pool, x, m, ldx, k);
         job.proto.x_groups = x_groups;
       }
-      // The bf16 kernels keep their sums in registers (AMX: tiles) over the whole k: a k block would store and
-      // reload every sum through lane permutes, and the few broadcast words a step reads stay cached anyway.
+      // The whole k for a decode batch (each weight streamed once) and always for the bf16 kernels, whose sums stay in
+      // registers (AMX: tiles): a k block would store and reload every sum through lane permutes.
       const bool whole_k = m <= kStreamRows || ArithmeticOf(path) != Arithmetic::kFp32Fma;
       job.k_block = whole_k ? k : kGemmKBlock;
     } else {
